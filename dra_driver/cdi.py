@@ -1,0 +1,77 @@
+"""Per-claim CDI specs (CONTRACTS §D): one transient spec file per claim UID.
+
+Runtimes cache specs, so the spec name is unique per claim: ``gpu.rose.io-gpu_<claimUID>.json``
+in the dynamic CDI directory (``/var/run/cdi``). Writes are atomic (temp, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dra_driver.claims import CDI_CLASS, CDI_KIND, CDI_VENDOR, PreparedDevice, cdi_device_name
+from dra_driver.fsutil import atomic_write
+
+CDI_VERSION = "0.6.0"  # annotations need 0.6.0; env and deviceNodes need less
+SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+
+
+def spec_filename(claim_uid: str) -> str:
+    return f"{SPEC_PREFIX}{claim_uid}.json"
+
+
+def build_spec(
+    claim_uid: str, devices: list[PreparedDevice], minors: dict[int, int], simulated: bool
+) -> dict[str, Any]:
+    """The CDI spec for one claim. ``minors`` maps GPU index → /dev/nvidia<minor>."""
+    if not devices:
+        raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    cdi_devices: list[dict[str, Any]] = []
+    for d in devices:
+        env = [
+            f"ROSE_GPU_UUID={d.gpu_uuid}",
+            f"ROSE_GPU_ROLE={d.role}",
+            f"NVIDIA_VISIBLE_DEVICES={d.gpu_uuid}",
+        ]
+        edits: dict[str, Any] = {"env": env}
+        if not simulated:
+            edits["deviceNodes"] = [{"path": f"/dev/nvidia{minors.get(d.gpu_index, d.gpu_index)}"}]
+        cdi_devices.append({"name": cdi_device_name(claim_uid, d.device), "containerEdits": edits})
+    common: dict[str, Any] = {"env": [f"ROSE_CLAIM_UID={claim_uid}", f"ROSE_SIMULATED_GPU={int(simulated)}"]}
+    if not simulated:
+        common["deviceNodes"] = [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}]
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "annotations": {"gpu.rose.io/claim-uid": claim_uid},
+        "devices": cdi_devices,
+        "containerEdits": common,
+    }
+
+
+def write_spec(cdi_dir: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
+    path = cdi_dir / spec_filename(claim_uid)
+    atomic_write(path, (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
+    return path
+
+
+def delete_spec(cdi_dir: Path, claim_uid: str) -> bool:
+    path = cdi_dir / spec_filename(claim_uid)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def list_specs(cdi_dir: Path) -> list[str]:
+    """Claim UIDs that have a spec file of ours in ``cdi_dir``."""
+    if not cdi_dir.is_dir():
+        return []
+    return sorted(
+        n[len(SPEC_PREFIX) : -len(".json")]
+        for n in os.listdir(cdi_dir)
+        if n.startswith(SPEC_PREFIX) and n.endswith(".json")
+    )

@@ -1,0 +1,167 @@
+"""Pure checks of a ResourceClaim read from the API: which of this node's devices it holds.
+
+No I/O here: the caller GETs the claim and passes the plain JSON dict. Every refusal is a
+:class:`ClaimError` whose message says what is wrong and what to fix; the gRPC layer turns it
+into that claim's ``error`` field, never into a failed RPC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_common import names
+from rose_common.slices import parse_device_name
+
+CDI_VENDOR = names.DRIVER_NAME
+CDI_CLASS = "gpu"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared here; the message is returned to the kubelet."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    gpu_index: int
+    gpu_uuid: str
+    role: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requestNames": list(self.request_names),
+            "pool": self.pool,
+            "device": self.device,
+            "cdiIDs": list(self.cdi_ids),
+            "gpuIndex": self.gpu_index,
+            "gpuUUID": self.gpu_uuid,
+            "role": self.role,
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> PreparedDevice:
+        return PreparedDevice(
+            request_names=tuple(d["requestNames"]),
+            pool=str(d["pool"]),
+            device=str(d["device"]),
+            cdi_ids=tuple(d["cdiIDs"]),
+            gpu_index=int(d["gpuIndex"]),
+            gpu_uuid=str(d["gpuUUID"]),
+            role=str(d["role"]),
+        )
+
+
+@dataclass(frozen=True)
+class ValidClaim:
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+    pods: tuple[PodRef, ...] = field(default_factory=tuple)
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def cdi_device_id(claim_uid: str, device: str) -> str:
+    return f"{CDI_KIND}={cdi_device_name(claim_uid, device)}"
+
+
+def base_request_name(request: str) -> str:
+    """``main/sub`` → ``main`` (the kubelet matches container claims on the base name)."""
+    return request.split("/", 1)[0]
+
+
+def validate_claim(
+    claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str, gpu_uuids: dict[int, str]
+) -> ValidClaim:
+    """Check a claim GET from the API against the kubelet's request and this node's GPUs.
+
+    ``gpu_uuids`` maps the GPU index to the physical GPU uuid of every GPU this driver serves.
+    """
+    meta = claim.get("metadata") or {}
+    uid = meta.get("uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"ResourceClaim {ref.key()} has UID {uid}, the kubelet asked for {ref.uid}: the claim got "
+            "replaced; the kubelet will retry with the new claim"
+        )
+    if meta.get("deletionTimestamp") and not (claim.get("status") or {}).get("reservedFor"):
+        raise ClaimError(f"ResourceClaim {ref.key()} is being deleted and reserved for no pod")
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    if not allocation:
+        raise ClaimError(
+            f"ResourceClaim {ref.key()} is not allocated (status.allocation is empty): the scheduler "
+            "must allocate it before the kubelet prepares it"
+        )
+    results = (allocation.get("devices") or {}).get("results") or []
+    ours = [r for r in results if r.get("driver") == driver]
+    if not ours:
+        others = sorted({str(r.get("driver")) for r in results})
+        raise ClaimError(
+            f"ResourceClaim {ref.key()} has no devices of driver {driver} (allocated drivers: "
+            f"{', '.join(others) or 'none'}): it was sent to the wrong driver"
+        )
+    devices: list[PreparedDevice] = []
+    seen: set[str] = set()
+    for r in ours:
+        dev = str(r.get("device", ""))
+        rpool = str(r.get("pool", ""))
+        request = str(r.get("request", ""))
+        if rpool != pool:
+            raise ClaimError(
+                f"ResourceClaim {ref.key()}: device {dev} is allocated from pool {rpool!r}, this driver "
+                f"serves pool {pool!r} (node {pool}): the claim belongs to another node"
+            )
+        try:
+            index, role = parse_device_name(dev)
+        except ValueError as e:
+            raise ClaimError(f"ResourceClaim {ref.key()}: {e}") from e
+        if index not in gpu_uuids:
+            raise ClaimError(
+                f"ResourceClaim {ref.key()}: device {dev} names GPU {index}, but this node has GPUs "
+                f"{sorted(gpu_uuids)}: the ResourceSlice was stale when the claim was allocated"
+            )
+        if dev in seen:
+            continue
+        seen.add(dev)
+        reqs = tuple(sorted({base_request_name(x.get("request", "")) for x in ours if x.get("device") == dev}))
+        devices.append(
+            PreparedDevice(
+                request_names=reqs or (base_request_name(request),),
+                pool=pool,
+                device=dev,
+                cdi_ids=(cdi_device_id(ref.uid, dev),),
+                gpu_index=index,
+                gpu_uuid=gpu_uuids[index],
+                role=role,
+            )
+        )
+    pods = tuple(
+        PodRef(namespace=ref.namespace, name=str(p.get("name", "")), uid=str(p.get("uid", "")))
+        for p in status.get("reservedFor") or []
+        if p.get("resource") == "pods"
+    )
+    return ValidClaim(ref=ref, devices=tuple(devices), pods=pods)

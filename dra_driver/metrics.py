@@ -1,0 +1,86 @@
+"""The driver's Prometheus metrics (``rose_driver_`` prefix, base units, series pre-set to zero)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+RESULTS = ("ok", "error")
+RESIDENTS = ("none", "serving", "lent")
+SUSPEND_OUTCOMES = ("suspended", "checkpoint_evict", "failed", "timeout")
+_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class DriverMetrics:
+    def __init__(self, gpu_indexes: list[int], registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.prepare_total = Counter(
+            "rose_driver_prepare", "NodePrepareResources claims handled, by result", ["result"], registry=r
+        )
+        self.unprepare_total = Counter(
+            "rose_driver_unprepare", "NodeUnprepareResources claims handled, by result", ["result"], registry=r
+        )
+        self.prepare_seconds = Histogram(
+            "rose_driver_prepare_duration_seconds", "Time to prepare one claim", buckets=_BUCKETS, registry=r
+        )
+        self.unprepare_seconds = Histogram(
+            "rose_driver_unprepare_duration_seconds", "Time to unprepare one claim", buckets=_BUCKETS, registry=r
+        )
+        self.serving_wait_seconds = Histogram(
+            "rose_driver_serving_wait_seconds",
+            "Time a serving claim's prepare waited for the lent occupant to be suspended",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.occupant_suspend_total = Counter(
+            "rose_driver_occupant_suspend",
+            "Lent occupants the driver asked the suspend engine to suspend, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.occupant_resume_total = Counter(
+            "rose_driver_occupant_resume", "Lent occupants resumed, by result", ["result"], registry=r
+        )
+        self.residency = Gauge(
+            "rose_driver_gpu_residency",
+            "1 for the workload kind resident on each physical GPU (none, serving, lent)",
+            ["gpu", "resident"],
+            registry=r,
+        )
+        self.suspended_occupants = Gauge(
+            "rose_driver_suspended_occupants", "Lent occupants currently suspended by this node", registry=r
+        )
+        self.suspended_bytes = Gauge(
+            "rose_driver_suspended_state_bytes",
+            "Bytes of suspended state the engine reported moving to host memory",
+            registry=r,
+        )
+        self.slice_publish_total = Counter(
+            "rose_driver_slice_publish", "ResourceSlice reconciles that wrote to the API, by result",
+            ["result"], registry=r,
+        )
+        self.registration_total = Counter(
+            "rose_driver_registration", "Kubelet registration notifications, by result", ["result"], registry=r
+        )
+        self.suspend_requests_total = Counter(
+            "rose_driver_suspend_requests",
+            "rose.io/suspend-request annotations acted on, by result",
+            ["result"],
+            registry=r,
+        )
+        for res in RESULTS:
+            self.prepare_total.labels(res)
+            self.unprepare_total.labels(res)
+            self.occupant_resume_total.labels(res)
+            self.slice_publish_total.labels(res)
+            self.registration_total.labels(res)
+            self.suspend_requests_total.labels(res)
+        for o in SUSPEND_OUTCOMES:
+            self.occupant_suspend_total.labels(o)
+        for i in gpu_indexes:
+            for resident in RESIDENTS:
+                self.residency.labels(str(i), resident).set(0)
+
+    def set_residency(self, gpu: int, resident: str) -> None:
+        for r in RESIDENTS:
+            self.residency.labels(str(gpu), r).set(1 if r == resident else 0)

@@ -1,0 +1,500 @@
+"""The node driver core: prepare / unprepare, serving wins, suspend requests, crash recovery.
+
+Plain data in, plain data out: the API server is reached only through the :class:`ClaimSource`
+and :class:`Notifier` protocols (implemented in :mod:`dra_driver.kube`), the GPUs' state only
+through the :class:`~dra_driver.engine_api.SuspendEngine`. Every operation runs under one
+process lock and the node's file lock, so calls are serialized and two driver instances never
+write the checkpoint at once. Every step that changes the world is recorded first
+(``...Started``), then done, then recorded as done, so :meth:`NodeDriver.recover` can roll back
+or complete whatever a crash interrupted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from filelock import FileLock
+
+from dra_driver import cdi
+from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
+from dra_driver.discovery import GpuDevice
+from dra_driver.engine_api import SuspendEngine, SuspendResult
+from dra_driver.metrics import DriverMetrics
+from dra_driver.state import (
+    CHECKPOINTED_EVICTED,
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    RESUME_STARTED,
+    SUSPEND_FAILED,
+    SUSPEND_STARTED,
+    SUSPENDED,
+    UNPREPARE_STARTED,
+    CheckpointFile,
+    ClaimRecord,
+    NodeStateData,
+    Suspension,
+    crash_point,
+)
+from rose_common import names
+
+log = logging.getLogger("rose.driver")
+
+REQUEST_HOLDER_PREFIX = "request/"
+# Pod-visible suspend states (annotation rose.io/suspend-state)
+POD_SUSPENDING = "Suspending"
+POD_SUSPENDED = "Suspended"
+POD_RESUMING = "Resuming"
+POD_RUNNING = "Running"
+POD_CHECKPOINTED_EVICTED = "CheckpointedEvicted"
+
+
+class ClaimNotFoundError(LookupError):
+    """The API server has no such ResourceClaim."""
+
+
+class ClaimSource(Protocol):
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim as JSON; raises :class:`ClaimNotFoundError` when it does not exist."""
+        ...
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class Notifier(Protocol):
+    def suspend_state(self, pod: PodRef, state: str, message: str) -> None:
+        """Record ``rose.io/suspend-state`` on the pod."""
+        ...
+
+    def event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None: ...
+
+
+class NullNotifier:
+    """Tells nobody: for runs without an API server (state-machine tests)."""
+
+    def suspend_state(self, pod: PodRef, state: str, message: str) -> None:
+        return None
+
+    def event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class NodeDriver:
+    def __init__(
+        self,
+        node_name: str,
+        gpus: list[GpuDevice],
+        cdi_dir: Path,
+        state_dir: Path,
+        claims: ClaimSource,
+        engine: SuspendEngine | None,
+        notifier: Notifier,
+        boot_id: str,
+        metrics: DriverMetrics | None = None,
+        default_grace_seconds: float = 30.0,
+        grace_slack_seconds: float = 5.0,
+        lock_timeout_seconds: float = 30.0,
+        driver_name: str = names.DRIVER_NAME,
+    ) -> None:
+        self.node_name = node_name
+        self.driver_name = driver_name
+        self.gpus = {g.info.index: g for g in gpus}
+        self.gpu_uuids = {g.info.index: g.info.uuid for g in gpus}
+        self.simulated = all(g.simulated for g in gpus)
+        self.cdi_dir = cdi_dir
+        self.state_dir = state_dir
+        self.claims = claims
+        self.engine = engine
+        self.notifier = notifier
+        self.boot_id = boot_id
+        self.metrics = metrics or DriverMetrics(sorted(self.gpus))
+        self.default_grace = default_grace_seconds
+        self.grace_slack = grace_slack_seconds
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cdi_dir.mkdir(parents=True, exist_ok=True)
+        self._ckpt = CheckpointFile(state_dir / "checkpoint.json")
+        self._flock = FileLock(str(state_dir / "checkpoint.lock"), timeout=lock_timeout_seconds)
+        self._mu = threading.Lock()
+        self._data = NodeStateData(boot_id=boot_id)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine")
+
+    # ------------------------------------------------------------------ plumbing
+    @contextmanager
+    def _locked(self) -> Iterator[NodeStateData]:
+        with self._mu, self._flock:
+            data, stale = self._ckpt.load(self.boot_id)
+            if stale:
+                log.warning("checkpoint from a previous boot discarded", extra={"node": self.node_name})
+                self._data = data
+                self._save()
+            self._data = data
+            try:
+                yield data
+            finally:
+                self._update_gauges()
+
+    def _save(self) -> None:
+        self._ckpt.save(self._data)
+
+    def snapshot(self) -> NodeStateData:
+        with self._locked() as data:
+            return data.copy()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _update_gauges(self) -> None:
+        d = self._data
+        for idx in self.gpus:
+            resident = "none"
+            for rec in d.claims.values():
+                for dev in rec.devices:
+                    if dev.gpu_index != idx:
+                        continue
+                    if dev.role == names.ROLE_SERVING:
+                        resident = "serving"
+                    elif resident == "none" and rec.uid not in d.suspensions:
+                        resident = "lent"
+            self.metrics.set_residency(idx, resident)
+        held = [s for s in d.suspensions.values() if s.state == SUSPENDED]
+        self.metrics.suspended_occupants.set(len(held))
+        self.metrics.suspended_bytes.set(sum(s.bytes_moved for s in held))
+
+    def _notify(self, pods: list[PodRef], state: str, message: str, reason: str = "", warning: bool = False) -> None:
+        for p in pods:
+            try:
+                self.notifier.suspend_state(p, state, message)
+                if reason:
+                    self.notifier.event(p, reason, message, warning)
+            except Exception as e:  # the API being down must not block serving
+                log.warning("notify failed", extra={"pod": f"{p.namespace}/{p.name}", "err": str(e)})
+
+    # ------------------------------------------------------------------ public API
+    def recover(self) -> None:
+        """Roll back or complete whatever a crash interrupted; safe to run any number of times."""
+        with self._locked() as data:
+            for rec in list(data.claims.values()):
+                if rec.state in (PREPARE_STARTED, UNPREPARE_STARTED):
+                    log.info("recovery: finishing interrupted claim", extra={"claim": rec.uid, "state": rec.state})
+                    cdi.delete_spec(self.cdi_dir, rec.uid)
+                    self._drop_claim(rec)
+            for s in list(data.suspensions.values()):
+                s.held_by = [h for h in s.held_by if h.startswith(REQUEST_HOLDER_PREFIX) or h in data.claims]
+                owner = data.claims.get(s.claim_uid)
+                if owner is None:
+                    del data.suspensions[s.claim_uid]
+                    self._save()
+                elif not s.held_by:
+                    self._resume(owner, s)
+                elif s.state in (SUSPEND_STARTED, RESUME_STARTED):
+                    self._suspend(owner, s)
+            for rec in data.claims.values():  # PrepareCompleted: make sure its CDI spec exists
+                cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
+            for uid in cdi.list_specs(self.cdi_dir):
+                if uid not in data.claims:
+                    cdi.delete_spec(self.cdi_dir, uid)
+
+    def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
+        out: dict[str, PrepareOutcome] = {}
+        with self._locked():
+            for ref in refs:
+                t0 = time.monotonic()
+                try:
+                    out[ref.uid] = PrepareOutcome(devices=self._prepare_one(ref))
+                    self.metrics.prepare_total.labels("ok").inc()
+                except ClaimError as e:
+                    out[ref.uid] = PrepareOutcome(error=str(e))
+                    self.metrics.prepare_total.labels("error").inc()
+                    log.warning("prepare refused", extra={"claim": ref.key(), "err": str(e)})
+                except Exception as e:
+                    out[ref.uid] = PrepareOutcome(error=f"prepare of {ref.key()} failed: {e!r}")
+                    self.metrics.prepare_total.labels("error").inc()
+                    log.exception("prepare failed", extra={"claim": ref.key(), "err": repr(e)})
+                self.metrics.prepare_seconds.observe(time.monotonic() - t0)
+        return out
+
+    def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with self._locked():
+            for ref in refs:
+                t0 = time.monotonic()
+                try:
+                    self._unprepare_one(ref)
+                    out[ref.uid] = ""
+                    self.metrics.unprepare_total.labels("ok").inc()
+                except Exception as e:
+                    out[ref.uid] = f"unprepare of {ref.key()} failed: {e!r}"
+                    self.metrics.unprepare_total.labels("error").inc()
+                    log.exception("unprepare failed", extra={"claim": ref.key(), "err": repr(e)})
+                self.metrics.unprepare_seconds.observe(time.monotonic() - t0)
+        return out
+
+    def request_suspend(self, pod: PodRef, grace_seconds: float | None) -> str:
+        """Act on a pod's ``rose.io/suspend-request``: suspend its lent claims. Returns the pod state."""
+        holder = REQUEST_HOLDER_PREFIX + pod.uid
+        with self._locked() as data:
+            recs = self._lent_claims_of(pod.uid)
+            if not recs:
+                self.metrics.suspend_requests_total.labels("error").inc()
+                return ""
+            states = []
+            for rec in recs:
+                s = self._hold(rec, holder, grace_seconds)
+                states.append(s.state)
+            self.metrics.suspend_requests_total.labels("ok").inc()
+            del data
+            if CHECKPOINTED_EVICTED in states:
+                return POD_CHECKPOINTED_EVICTED
+            return POD_SUSPENDED if all(s == SUSPENDED for s in states) else ""
+
+    def cancel_suspend(self, pod: PodRef) -> str:
+        """The pod's suspend request was withdrawn: release its hold (resume if nobody else holds)."""
+        holder = REQUEST_HOLDER_PREFIX + pod.uid
+        with self._locked():
+            recs = self._lent_claims_of(pod.uid)
+            for rec in recs:
+                self._release(rec.uid, holder)
+            return POD_RUNNING if recs else ""
+
+    def held_pods(self) -> set[str]:
+        """Pod UIDs with a suspend request this node is holding."""
+        with self._locked() as data:
+            return {
+                h[len(REQUEST_HOLDER_PREFIX) :]
+                for s in data.suspensions.values()
+                for h in s.held_by
+                if h.startswith(REQUEST_HOLDER_PREFIX)
+            }
+
+    # ------------------------------------------------------------------ prepare / unprepare
+    def _spec(self, rec: ClaimRecord) -> dict[str, Any]:
+        minors = {i: g.minor for i, g in self.gpus.items()}
+        return cdi.build_spec(rec.uid, rec.devices, minors, self.simulated)
+
+    def _lent_claims_of(self, pod_uid: str) -> list[ClaimRecord]:
+        return [
+            r
+            for r in self._data.claims.values()
+            if r.state == PREPARE_COMPLETED
+            and names.ROLE_LENDABLE in r.roles()
+            and any(p.uid == pod_uid for p in r.pods)
+        ]
+
+    def _grace_of(self, pods: list[PodRef]) -> float:
+        for p in pods:
+            try:
+                pod = self.claims.get_pod(p.namespace, p.name)
+            except Exception as e:
+                log.warning("reading pod for grace period failed", extra={"pod": f"{p.namespace}/{p.name}",
+                                                                          "err": str(e)})
+                continue
+            raw = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(names.ANNOTATION_GRACE)
+            if raw is None:
+                continue
+            try:
+                g = float(raw)
+            except ValueError:
+                log.warning("bad grace annotation", extra={"pod": f"{p.namespace}/{p.name}", "value": raw})
+                continue
+            if g >= 0:
+                return g
+        return self.default_grace
+
+    def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        data = self._data
+        rec = data.claims.get(ref.uid)
+        if rec is not None and rec.state == PREPARE_COMPLETED:
+            return tuple(rec.devices)  # idempotent: the kubelet repeats calls
+        if rec is not None:  # a leftover of an interrupted call: roll it back first
+            cdi.delete_spec(self.cdi_dir, rec.uid)
+            self._drop_claim(rec)
+        try:
+            claim = self.claims.get_claim(ref.namespace, ref.name)
+        except ClaimNotFoundError as e:
+            raise ClaimError(
+                f"ResourceClaim {ref.key()} (uid {ref.uid}) not found in the API: it was deleted or "
+                "never existed"
+            ) from e
+        except Exception as e:
+            raise ClaimError(f"reading ResourceClaim {ref.key()} from the API failed: {e}") from e
+        valid = validate_claim(claim, ref, self.driver_name, self.node_name, self.gpu_uuids)
+        for dev in valid.devices:
+            for other in data.claims.values():
+                if other.uid != ref.uid and any(d.device == dev.device for d in other.devices):
+                    raise ClaimError(
+                        f"ResourceClaim {ref.key()}: device {dev.device} is already prepared for claim "
+                        f"{other.namespace}/{other.name} ({other.uid}); unprepare that claim first"
+                    )
+            if dev.role == names.ROLE_LENDABLE:
+                for other in data.claims.values():
+                    if other.uid != ref.uid and any(
+                        d.gpu_index == dev.gpu_index and d.role == names.ROLE_SERVING for d in other.devices
+                    ):
+                        raise ClaimError(
+                            f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is held by "
+                            f"serving claim {other.namespace}/{other.name}; serving wins, so this lent "
+                            "claim can be prepared only after the serving claim is unprepared (the kubelet "
+                            "retries)"
+                        )
+        grace = self._grace_of(list(valid.pods)) if any(
+            d.role == names.ROLE_LENDABLE for d in valid.devices) else self.default_grace
+        rec = ClaimRecord(
+            uid=ref.uid, namespace=ref.namespace, name=ref.name, state=PREPARE_STARTED,
+            devices=list(valid.devices), pods=list(valid.pods), grace_seconds=grace,
+        )
+        data.claims[ref.uid] = rec
+        self._save()
+        crash_point("prepare-started")
+        serving_gpus = {d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}
+        if serving_gpus:
+            t0 = time.monotonic()
+            for occupant in list(data.claims.values()):
+                if occupant.uid == rec.uid or occupant.state != PREPARE_COMPLETED:
+                    continue
+                if any(d.role == names.ROLE_LENDABLE and d.gpu_index in serving_gpus for d in occupant.devices):
+                    self._hold(occupant, rec.uid, None)
+            self.metrics.serving_wait_seconds.observe(time.monotonic() - t0)
+        cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
+        crash_point("prepare-cdi-written")
+        rec.state = PREPARE_COMPLETED
+        self._save()
+        crash_point("prepare-completed")
+        log.info("claim prepared", extra={"claim": ref.key(), "uid": ref.uid,
+                                          "devices": [d.device for d in rec.devices]})
+        return tuple(rec.devices)
+
+    def _unprepare_one(self, ref: ClaimRef) -> None:
+        rec = self._data.claims.get(ref.uid)
+        if rec is None:  # not prepared here (or already unprepared): not an error
+            cdi.delete_spec(self.cdi_dir, ref.uid)
+            return
+        rec.state = UNPREPARE_STARTED
+        self._save()
+        crash_point("unprepare-started")
+        cdi.delete_spec(self.cdi_dir, rec.uid)
+        crash_point("unprepare-cdi-removed")
+        self._drop_claim(rec)
+        log.info("claim unprepared", extra={"claim": ref.key(), "uid": ref.uid})
+
+    def _drop_claim(self, rec: ClaimRecord) -> None:
+        """Release what the claim holds (resuming occupants), forget it; the CDI spec is gone."""
+        data = self._data
+        for s in list(data.suspensions.values()):
+            if rec.uid in s.held_by:
+                self._release(s.claim_uid, rec.uid)
+        if rec.uid in data.suspensions:  # a lent claim going away while suspended
+            del data.suspensions[rec.uid]
+        data.claims.pop(rec.uid, None)
+        self._save()
+        crash_point("unprepare-completed")
+
+    # ------------------------------------------------------------------ suspend / resume
+    def _run_engine(self, fn: str, claim_uid: str, timeout: float, *args: float) -> SuspendResult:
+        assert self.engine is not None
+        t0 = time.monotonic()
+        fut = self._pool.submit(getattr(self.engine, fn), claim_uid, *args)
+        try:
+            res: SuspendResult = fut.result(timeout=timeout)
+            return res
+        except concurrent.futures.TimeoutError:
+            return SuspendResult(False, "none", 0, time.monotonic() - t0, None,
+                                 f"suspend engine did not finish {fn} within {timeout:.1f}s")
+        except Exception as e:
+            return SuspendResult(False, "none", 0, time.monotonic() - t0, None, f"suspend engine {fn} raised {e!r}")
+
+    def _hold(self, occupant: ClaimRecord, holder: str, grace: float | None) -> Suspension:
+        data = self._data
+        s = data.suspensions.get(occupant.uid)
+        if s is None:
+            s = Suspension(claim_uid=occupant.uid, state=SUSPEND_STARTED, held_by=[holder])
+            data.suspensions[occupant.uid] = s
+        elif holder not in s.held_by:
+            s.held_by.append(holder)
+        if s.state in (SUSPENDED, CHECKPOINTED_EVICTED):
+            self._save()
+            return s
+        self._suspend(occupant, s, grace)
+        return s
+
+    def _suspend(self, occupant: ClaimRecord, s: Suspension, grace: float | None = None) -> None:
+        grace_s = occupant.grace_seconds if grace is None else grace
+        s.state = SUSPEND_STARTED
+        self._save()
+        crash_point("suspend-started")
+        pods = list(occupant.pods)
+        self._notify(pods, POD_SUSPENDING, f"suspending lent GPU workload (grace {grace_s:g}s), held by {s.held_by}")
+        if self.engine is None:
+            res = SuspendResult(False, "none", 0, 0.0, None, "no suspend engine configured (--suspend-engine=none)")
+        else:
+            res = self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s)
+        crash_point("suspend-engine-returned")
+        s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
+        if res.ok and res.fallback is None:
+            s.state, outcome = SUSPENDED, "suspended"
+            self._notify(pods, POD_SUSPENDED, f"suspended into host memory via {res.backend}: "
+                         f"{res.bytes_moved} bytes in {res.seconds:.3f}s", "Suspended")
+        elif res.fallback is not None:
+            s.state, outcome = CHECKPOINTED_EVICTED, "checkpoint_evict"
+            self._notify(pods, POD_CHECKPOINTED_EVICTED, f"suspend fell back to {res.fallback}: {res.message}",
+                         "SuspendFallback", warning=True)
+        else:
+            s.state = SUSPEND_FAILED
+            outcome = "timeout" if "within" in res.message else "failed"
+            self._notify(pods, POD_SUSPENDING, f"suspend failed, serving proceeds: {res.message}",
+                         "SuspendFailed", warning=True)
+        self.metrics.occupant_suspend_total.labels(outcome).inc()
+        log.info("occupant suspend done", extra={"claim": occupant.uid, "state": s.state,
+                                                 "backend": res.backend, "seconds": res.seconds})
+        self._save()
+        crash_point("suspend-completed")
+
+    def _release(self, occupant_uid: str, holder: str) -> None:
+        data = self._data
+        s = data.suspensions.get(occupant_uid)
+        if s is None or holder not in s.held_by:
+            return
+        s.held_by.remove(holder)
+        occupant = data.claims.get(occupant_uid)
+        if s.held_by or occupant is None:
+            self._save()
+            return
+        self._resume(occupant, s)
+
+    def _resume(self, occupant: ClaimRecord, s: Suspension) -> None:
+        data = self._data
+        if s.state == CHECKPOINTED_EVICTED:  # nothing left on this node to resume
+            del data.suspensions[occupant.uid]
+            self._save()
+            return
+        s.state = RESUME_STARTED
+        self._save()
+        crash_point("resume-started")
+        pods = list(occupant.pods)
+        self._notify(pods, POD_RESUMING, "resuming lent GPU workload")
+        if self.engine is None:
+            res = SuspendResult(True, "none", 0, 0.0, None, "no suspend engine configured")
+        else:
+            res = self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0)
+        crash_point("resume-engine-returned")
+        if res.ok:
+            del data.suspensions[occupant.uid]
+            self.metrics.occupant_resume_total.labels("ok").inc()
+            self._notify(pods, POD_RUNNING, f"resumed via {res.backend} in {res.seconds:.3f}s", "Resumed")
+        else:  # stays recorded (nobody holds it): the next recovery retries the resume
+            s.state, s.message = SUSPENDED, res.message
+            self.metrics.occupant_resume_total.labels("error").inc()
+            self._notify(pods, POD_SUSPENDED, f"resume failed: {res.message}", "ResumeFailed", warning=True)
+        self._save()

@@ -1,0 +1,219 @@
+"""The ``cuda-checkpoint`` backend: the CUDA driver API's process checkpoint, by PID, via ctypes.
+
+cuCheckpointProcessLock → cuCheckpointProcessCheckpoint suspends (device memory moves into host
+memory the driver manages inside the target process, the process stays alive);
+cuCheckpointProcessRestore → cuCheckpointProcessUnlock resumes it at the same virtual addresses
+(SUSPEND.md §1.2). Needs driver r570+ (CUDA 12.8). The library is loaded and ``cuInit`` called once,
+in the long-lived agent, so no call pays CUDA start-up (SUSPEND.md §1.3). The caller must see the
+target's PID namespace (hostPID) and be root or hold CAP_SYS_PTRACE.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from typing import Any
+
+from dra_driver.suspend.model import BACKEND_CUDA_CHECKPOINT, BackendOutcome, OpContext
+from dra_driver.suspend.registry import Workload
+
+# CUprocessState
+PROCESS_STATE_RUNNING = 0
+PROCESS_STATE_LOCKED = 1
+PROCESS_STATE_CHECKPOINTED = 2
+PROCESS_STATE_FAILED = 3
+PROCESS_STATE_NAMES = {
+    0: "running",
+    1: "locked",
+    2: "checkpointed",
+    3: "failed",
+    4: "checkpointing",
+    5: "restoring",
+}
+MIN_DRIVER_API_VERSION = 12080  # CUDA 12.8 / driver r570
+
+_CU_ERRORS = {
+    0: "CUDA_SUCCESS",
+    1: "CUDA_ERROR_INVALID_VALUE",
+    2: "CUDA_ERROR_OUT_OF_MEMORY",
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    100: "CUDA_ERROR_NO_DEVICE",
+    101: "CUDA_ERROR_INVALID_DEVICE",
+    304: "CUDA_ERROR_OPERATING_SYSTEM",
+    401: "CUDA_ERROR_ILLEGAL_STATE",
+    801: "CUDA_ERROR_NOT_SUPPORTED",
+    802: "CUDA_ERROR_SYSTEM_NOT_READY",
+    909: "CUDA_ERROR_TIMEOUT",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+
+
+class CUcheckpointLockArgs(ctypes.Structure):
+    """64 bytes, zeroed; ``timeoutMs`` first (the Sphinx docs' order, not the alphabetical one)."""
+
+    _fields_ = [
+        ("timeoutMs", ctypes.c_uint),
+        ("reserved0", ctypes.c_uint),
+        ("reserved1", ctypes.c_uint64 * 7),
+    ]
+
+
+class CUcheckpointCheckpointArgs(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_uint64 * 8)]
+
+
+class CUcheckpointUnlockArgs(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_uint64 * 8)]
+
+
+class CudaCheckpointUnavailable(RuntimeError):
+    """libcuda (or its checkpoint API) is missing; the message says what to install or choose."""
+
+
+class CudaCheckpointError(RuntimeError):
+    def __init__(self, call: str, pid: int, code: int) -> None:
+        self.call, self.pid, self.code = call, pid, code
+        super().__init__(f"{call}(pid={pid}) failed: {_CU_ERRORS.get(code, 'CUresult')} ({code})")
+
+
+class CudaDriver:
+    """Thin typed wrapper of the six checkpoint calls on one loaded libcuda (thread-safe per call)."""
+
+    _SYMBOLS = (
+        "cuInit",
+        "cuDriverGetVersion",
+        "cuCheckpointProcessLock",
+        "cuCheckpointProcessCheckpoint",
+        "cuCheckpointProcessRestore",
+        "cuCheckpointProcessUnlock",
+        "cuCheckpointProcessGetState",
+    )
+
+    def __init__(self, lib: Any) -> None:
+        missing = [s for s in self._SYMBOLS if not hasattr(lib, s)]
+        if missing:
+            raise CudaCheckpointUnavailable(
+                f"libcuda lacks {', '.join(missing)}: the cuda-checkpoint backend needs NVIDIA driver"
+                " r570 or newer (CUDA 12.8 driver API); upgrade the driver or use --backends cooperative"
+            )
+        self._lib = lib
+        self._init_lock = threading.Lock()
+        self._initialised = False
+
+    @classmethod
+    def load(cls, path: str = "libcuda.so.1") -> CudaDriver:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise CudaCheckpointUnavailable(
+                f"cannot load {path} ({e}): the cuda-checkpoint backend needs the NVIDIA driver's libcuda"
+                " on this node (mount it into the driver pod, e.g. via the NVIDIA container toolkit);"
+                " without a GPU choose --backends cooperative or simulated"
+            ) from e
+        return cls(lib)
+
+    def init(self) -> None:
+        with self._init_lock:
+            if self._initialised:
+                return
+            self._check("cuInit", 0, self._lib.cuInit(0))
+            ver = ctypes.c_int(0)
+            self._check("cuDriverGetVersion", 0, self._lib.cuDriverGetVersion(ctypes.byref(ver)))
+            if ver.value < MIN_DRIVER_API_VERSION:
+                raise CudaCheckpointUnavailable(
+                    f"driver API version {ver.value} < {MIN_DRIVER_API_VERSION}: process checkpoint needs"
+                    " driver r570+ (CUDA 12.8)"
+                )
+            self._initialised = True
+
+    @staticmethod
+    def _check(call: str, pid: int, code: int) -> None:
+        if code != 0:
+            raise CudaCheckpointError(call, pid, int(code))
+
+    def get_state(self, pid: int) -> int:
+        st = ctypes.c_int(-1)
+        self._check("cuCheckpointProcessGetState", pid, self._lib.cuCheckpointProcessGetState(pid, ctypes.byref(st)))
+        return st.value
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        args = CUcheckpointLockArgs()
+        ctypes.memset(ctypes.byref(args), 0, ctypes.sizeof(args))
+        args.timeoutMs = max(0, timeout_ms)
+        self._check("cuCheckpointProcessLock", pid, self._lib.cuCheckpointProcessLock(pid, ctypes.byref(args)))
+
+    def checkpoint(self, pid: int) -> None:
+        args = CUcheckpointCheckpointArgs()
+        self._check(
+            "cuCheckpointProcessCheckpoint", pid, self._lib.cuCheckpointProcessCheckpoint(pid, ctypes.byref(args))
+        )
+
+    def restore(self, pid: int) -> None:
+        # NULL args: restore on the same GPUs (no UUID remapping); avoids the restore-args ABI
+        # differences between CUDA releases (SUSPEND.md §1.2).
+        self._check("cuCheckpointProcessRestore", pid, self._lib.cuCheckpointProcessRestore(pid, None))
+
+    def unlock(self, pid: int) -> None:
+        args = CUcheckpointUnlockArgs()
+        self._check("cuCheckpointProcessUnlock", pid, self._lib.cuCheckpointProcessUnlock(pid, ctypes.byref(args)))
+
+
+class CudaCheckpointBackend:
+    """Suspend / resume a workload process by PID. Always unlocks on a failed checkpoint."""
+
+    name = BACKEND_CUDA_CHECKPOINT
+
+    def __init__(self, driver: CudaDriver) -> None:
+        self._drv = driver
+        self._drv.init()
+
+    def process_state(self, pid: int) -> str:
+        try:
+            return PROCESS_STATE_NAMES.get(self._drv.get_state(pid), "unknown")
+        except CudaCheckpointError:
+            return "unknown"
+
+    def suspend(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome:
+        del op
+        pid = w.reg.pid
+        t0 = time.monotonic()
+        try:
+            st = self._drv.get_state(pid)
+            if st == PROCESS_STATE_CHECKPOINTED:
+                return BackendOutcome(True, 0, "process already checkpointed")
+            if st == PROCESS_STATE_RUNNING:
+                left_ms = int((deadline_monotonic - t0) * 1000)
+                if left_ms <= 0:
+                    return BackendOutcome(False, 0, "grace period already spent before lock", timed_out=True)
+                try:
+                    self._drv.lock(pid, left_ms)
+                except CudaCheckpointError as e:
+                    # On timeout the driver leaves the process RUNNING.
+                    return BackendOutcome(False, 0, f"lock: {e}", timed_out=e.code == 909)
+            try:
+                self._drv.checkpoint(pid)
+            except CudaCheckpointError as e:
+                try:
+                    self._drv.unlock(pid)
+                except CudaCheckpointError as e2:
+                    return BackendOutcome(False, 0, f"checkpoint: {e}; unlock after failure: {e2}")
+                return BackendOutcome(False, 0, f"checkpoint: {e} (process unlocked, still running)")
+        except CudaCheckpointError as e:
+            return BackendOutcome(False, 0, str(e))
+        return BackendOutcome(True, w.reg.state_bytes, "device memory checkpointed to host (registered size)")
+
+    def resume(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome:
+        del op
+        del deadline_monotonic  # restore cannot be bounded; it is awaited
+        pid = w.reg.pid
+        try:
+            st = self._drv.get_state(pid)
+            if st == PROCESS_STATE_RUNNING:
+                return BackendOutcome(True, 0, "process already running")
+            if st == PROCESS_STATE_CHECKPOINTED:
+                self._drv.restore(pid)
+            self._drv.unlock(pid)
+        except CudaCheckpointError as e:
+            return BackendOutcome(False, 0, str(e))
+        return BackendOutcome(True, w.reg.state_bytes, "device memory restored (registered size)")

@@ -1,0 +1,80 @@
+"""Prometheus metrics of the suspend engine (``rose_`` prefix, base units, series pre-initialised)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dra_driver.suspend.model import BACKENDS, FALLBACK_REASONS
+
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+DIRECTIONS = ("to_host", "to_device")
+OPERATIONS = ("suspend", "resume")
+RESULTS = ("ok", "failed", "fallback")
+
+
+class SuspendMetrics:
+    """All engine metrics, registered in ``registry`` (a fresh one per engine in tests)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.suspend_seconds = Histogram(
+            "rose_suspend_duration_seconds",
+            "Time to move a workload's device state into host memory, by backend.",
+            ["backend"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.resume_seconds = Histogram(
+            "rose_resume_duration_seconds",
+            "Time to move a suspended workload's state back onto its GPU, by backend.",
+            ["backend"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.moved_bytes = Counter(
+            "rose_suspend_moved_bytes_total",
+            "Bytes of workload state moved between device and host memory.",
+            ["backend", "direction"],
+            registry=r,
+        )
+        self.host_held_bytes = Gauge(
+            "rose_suspend_host_memory_held_bytes",
+            "Host memory held by suspended workload state on this node.",
+            registry=r,
+        )
+        self.host_budget_bytes = Gauge(
+            "rose_suspend_host_memory_budget_bytes",
+            "Host memory this node may hold for suspended workload state.",
+            registry=r,
+        )
+        self.operations = Counter(
+            "rose_suspend_operations_total",
+            "Suspend and resume operations, by backend and result.",
+            ["operation", "backend", "result"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "rose_suspend_fallbacks_total",
+            "Suspends that took the durable-checkpoint-then-evict fallback, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.workloads = Gauge(
+            "rose_agent_registered_workloads",
+            "Workloads registered with the node agent.",
+            registry=r,
+        )
+        for b in BACKENDS:
+            self.suspend_seconds.labels(b)
+            self.resume_seconds.labels(b)
+            for d in DIRECTIONS:
+                self.moved_bytes.labels(b, d)
+            for op in OPERATIONS:
+                for res in RESULTS:
+                    self.operations.labels(op, b, res)
+        for op in OPERATIONS:
+            for res in RESULTS:
+                self.operations.labels(op, "none", res)
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.labels(reason)

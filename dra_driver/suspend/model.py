@@ -1,0 +1,118 @@
+"""Plain data of the suspend engine: backend names, workload states, commands, acknowledgements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+BACKEND_CUDA_CHECKPOINT: Final = "cuda-checkpoint"
+BACKEND_COOPERATIVE: Final = "cooperative"
+BACKEND_SIMULATED: Final = "simulated"
+BACKENDS: Final = (BACKEND_CUDA_CHECKPOINT, BACKEND_COOPERATIVE, BACKEND_SIMULATED)
+
+FALLBACK_CHECKPOINT_EVICT: Final = "checkpoint-evict"
+
+# Values written to the pod annotation rose.io/suspend-state (names.ANNOTATION_SUSPEND_STATE).
+STATE_RUNNING: Final = "Running"
+STATE_SUSPENDING: Final = "Suspending"
+STATE_SUSPENDED: Final = "Suspended"
+STATE_RESUMING: Final = "Resuming"
+STATE_CHECKPOINTED_EVICTED: Final = "CheckpointedEvicted"
+WORKLOAD_STATES: Final = (
+    STATE_RUNNING,
+    STATE_SUSPENDING,
+    STATE_SUSPENDED,
+    STATE_RESUMING,
+    STATE_CHECKPOINTED_EVICTED,
+)
+
+CommandKind = Literal["suspend", "resume", "checkpoint"]
+COMMAND_KINDS: Final = ("suspend", "resume", "checkpoint")
+
+# Fallback reasons (metric label values).
+FALLBACK_REASONS: Final = ("host_memory_budget", "deadline_exceeded", "backend_failed", "no_backend")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a workload tells the node agent when it registers."""
+
+    pod_uid: str
+    pid: int
+    state_bytes: int
+    backends: frozenset[str]
+    pod_namespace: str = ""
+    pod_name: str = ""
+    claim_uids: frozenset[str] = frozenset()
+    checkpoint_path: str = ""
+    current_state: str = STATE_RUNNING
+
+    @property
+    def pod_ref(self) -> str:
+        """``ns/name`` when known (the k8s structured-logging form), else the UID."""
+        if self.pod_namespace and self.pod_name:
+            return f"{self.pod_namespace}/{self.pod_name}"
+        return self.pod_uid
+
+
+@dataclass(frozen=True)
+class Command:
+    """One request pushed to a workload over its command stream."""
+
+    operation_id: str
+    kind: CommandKind
+    backend: str
+    deadline_unix_ms: int
+    grace_seconds: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A workload's answer to one command, sent from its safe point."""
+
+    operation_id: str
+    ok: bool
+    bytes_moved: int = 0
+    seconds: float = 0.0
+    message: str = ""
+    checkpoint_path: str = ""
+    checkpoint_sha256: str = ""
+
+
+@dataclass
+class OperationRecord:
+    """One suspend / resume / fallback as NodeControl reports it."""
+
+    id: str
+    pod_uid: str
+    kind: CommandKind
+    state: Literal["pending", "running", "succeeded", "failed"] = "pending"
+    backend: str = ""
+    bytes_moved: int = 0
+    duration_seconds: float = 0.0
+    fallback: str | None = None
+    message: str = ""
+    started_unix_ms: int = 0
+    finished_unix_ms: int = 0
+    checkpoint_path: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendOutcome:
+    """What a backend reports for one move of state."""
+
+    ok: bool
+    bytes_moved: int
+    message: str
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """Identifies the operation a backend call belongs to."""
+
+    operation_id: str
+    grace_seconds: float = 0.0
+    reason: str = ""

@@ -1,0 +1,178 @@
+"""Workloads registered with the node agent, and the command channel to each of them.
+
+The channel is a queue the WorkloadAgent.Commands stream drains, plus a table of acknowledgements
+the engine waits on with a deadline. Commands survive a stream reconnect within one session.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from dra_driver.suspend.model import (
+    BACKENDS,
+    STATE_RUNNING,
+    STATE_SUSPENDED,
+    WORKLOAD_STATES,
+    Ack,
+    Command,
+    Registration,
+)
+
+MAX_STATE_BYTES = 1 << 50  # 1 PiB: anything larger is a unit mistake
+_UID_MAX = 128
+
+
+class RegistrationError(ValueError):
+    """A malformed registration; the message names the field and what to fix."""
+
+
+def validate_registration(reg: Registration) -> None:
+    """Pure check of a registration; raises RegistrationError saying what to fix."""
+    problems: list[str] = []
+    if not reg.pod_uid or len(reg.pod_uid) > _UID_MAX or any(c.isspace() for c in reg.pod_uid):
+        problems.append(
+            "pod_uid must be the pod's metadata.uid (non-empty, no spaces, at most 128 characters);"
+            " pass it with the downward API (env ROSE_POD_UID from fieldRef metadata.uid)"
+        )
+    if reg.pid <= 0:
+        problems.append(f"pid must be the workload's process id (> 0), got {reg.pid}")
+    if reg.state_bytes < 0 or reg.state_bytes > MAX_STATE_BYTES:
+        problems.append(f"state_bytes must be between 0 and {MAX_STATE_BYTES}, got {reg.state_bytes}")
+    if not reg.backends:
+        problems.append(f"supported_backends must name at least one of {', '.join(BACKENDS)}")
+    unknown = sorted(b for b in reg.backends if b not in BACKENDS)
+    if unknown:
+        problems.append(f"unknown backend(s) {unknown}; supported: {', '.join(BACKENDS)}")
+    if reg.current_state not in (STATE_RUNNING, STATE_SUSPENDED):
+        problems.append(
+            f"current_state must be {STATE_RUNNING} or {STATE_SUSPENDED} at registration,"
+            f" got {reg.current_state!r}"
+        )
+    for c in reg.claim_uids:
+        if not c or len(c) > _UID_MAX:
+            problems.append(f"claim_uids entries must be non-empty UIDs, got {c!r}")
+    if problems:
+        raise RegistrationError("invalid registration: " + "; ".join(problems))
+
+
+@dataclass
+class Workload:
+    """A registered workload and its live state as the engine tracks it."""
+
+    reg: Registration
+    session_id: str
+    state: str = STATE_RUNNING
+    suspended_by: str | None = None
+    host_bytes_held: int = 0
+    streams_open: int = 0
+    commands: queue.Queue[Command | None] = field(default_factory=queue.Queue)
+    acks: dict[str, Ack] = field(default_factory=dict)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    op_lock: threading.Lock = field(default_factory=threading.Lock)
+    simulated: bool = False  # a stand-in occupant of the explicit simulated backend
+
+    @property
+    def pod_uid(self) -> str:
+        return self.reg.pod_uid
+
+    @property
+    def connected(self) -> bool:
+        return self.streams_open > 0
+
+    def send(self, cmd: Command) -> None:
+        self.commands.put(cmd)
+
+    def deliver_ack(self, ack: Ack) -> None:
+        with self.cond:
+            self.acks[ack.operation_id] = ack
+            self.cond.notify_all()
+
+    def wait_ack(self, operation_id: str, deadline_monotonic: float) -> Ack | None:
+        """Block until the ack for ``operation_id`` arrives or the deadline passes (None)."""
+        with self.cond:
+            while operation_id not in self.acks:
+                left = deadline_monotonic - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(timeout=left)
+            return self.acks.pop(operation_id)
+
+
+class WorkloadRegistry:
+    """Thread-safe table of workloads by pod UID, plus the claim → pod binding."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_pod: dict[str, Workload] = {}
+        self._claims: dict[str, str] = {}
+
+    def register(self, reg: Registration, *, simulated: bool = False) -> Workload:
+        validate_registration(reg)
+        with self._lock:
+            old = self._by_pod.get(reg.pod_uid)
+            w = Workload(reg=reg, session_id=uuid.uuid4().hex, state=reg.current_state, simulated=simulated)
+            if old is not None:
+                # A re-registration (workload or agent restarted): keep the operation lock so an
+                # operation in flight on the old session serialises with the new one, end old streams.
+                w.op_lock = old.op_lock
+                old.commands.put(None)
+            self._by_pod[reg.pod_uid] = w
+            for c in reg.claim_uids:
+                self._claims[c] = reg.pod_uid
+            return w
+
+    def bind_claim(self, claim_uid: str, pod_uid: str) -> None:
+        with self._lock:
+            self._claims[claim_uid] = pod_uid
+
+    def unbind_claim(self, claim_uid: str) -> None:
+        with self._lock:
+            self._claims.pop(claim_uid, None)
+
+    def pod_for_claim(self, claim_uid: str) -> str | None:
+        with self._lock:
+            return self._claims.get(claim_uid)
+
+    def get(self, pod_uid: str) -> Workload | None:
+        with self._lock:
+            return self._by_pod.get(pod_uid)
+
+    def session(self, pod_uid: str, session_id: str) -> Workload | None:
+        """The workload only if ``session_id`` is its current session (stale sessions get None)."""
+        with self._lock:
+            w = self._by_pod.get(pod_uid)
+            return w if w is not None and w.session_id == session_id else None
+
+    def remove(self, pod_uid: str) -> Workload | None:
+        with self._lock:
+            w = self._by_pod.pop(pod_uid, None)
+            for c in [c for c, p in self._claims.items() if p == pod_uid]:
+                del self._claims[c]
+        if w is not None:
+            w.commands.put(None)
+        return w
+
+    def all(self) -> list[Workload]:
+        with self._lock:
+            return list(self._by_pod.values())
+
+    def set_state(self, w: Workload, state: str) -> None:
+        if state not in WORKLOAD_STATES:
+            raise ValueError(f"unknown workload state {state!r}")
+        w.state = state
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (signal 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes binaries ROSE's local cluster runs, from their Go modules,
+# at pinned versions, into a cache outside the repository keyed by version.
+#
+#   hack/build-binaries.sh            # build what is missing, print the bin dir
+#   ROSE_K8S_VERSION=v1.37.2 ...      # override a pinned version
+#
+# Cache layout: $ROSE_CACHE_DIR/bin/<component>-<version>/<binary> plus a .sha256 stamp.
+# An entry whose stamp does not match its binary is treated as corrupt and rebuilt.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=hack/versions.env
+source "$HERE/versions.env"
+
+K8S_VERSION="${ROSE_K8S_VERSION:-$K8S_VERSION}"
+ETCD_VERSION="${ROSE_ETCD_VERSION:-$ETCD_VERSION}"
+KWOK_VERSION="${ROSE_KWOK_VERSION:-$KWOK_VERSION}"
+CACHE="${ROSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rose}"
+export GOFLAGS="${GOFLAGS:--buildvcs=false} -trimpath"
+export CGO_ENABLED=0
+export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
+
+log() { printf '[build-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'build-binaries: error: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH. Install Go >= 1.26 (https://go.dev/doc/install) or put it on PATH, then re-run."
+
+semver_re='^v[0-9]+\.[0-9]+\.[0-9]+$'
+for pair in "K8S_VERSION=$K8S_VERSION" "ETCD_VERSION=$ETCD_VERSION" "KWOK_VERSION=$KWOK_VERSION"; do
+  [[ "${pair#*=}" =~ $semver_re ]] || die "${pair%%=*} '${pair#*=}' is not a version like v1.37.2"
+done
+
+# k8s.io/kubernetes v1.X.Y pairs with staging modules v0.X.Y
+STAGING_VERSION="v0.${K8S_VERSION#v1.}"
+
+stamp_ok() { # dir binary...
+  local dir="$1"; shift
+  [ -f "$dir/.sha256" ] || return 1
+  (cd "$dir" && sha256sum --quiet -c .sha256 >/dev/null 2>&1) || return 1
+  for b in "$@"; do [ -f "$dir/$b" ] || return 1; done
+}
+
+write_stamp() { # dir binary...
+  local dir="$1"; shift
+  (cd "$dir" && sha256sum "$@" > .sha256.tmp && mv .sha256.tmp .sha256)
+}
+
+check_module_version() { # module version
+  if ! go list -m -json "$1@$2" >/dev/null 2>&1; then
+    local avail
+    avail=$(go list -m -versions "$1" 2>/dev/null | tr ' ' '\n' | tail -n 6 | tr '\n' ' ')
+    die "unknown version $2 of $1. Available recent versions: ${avail:-none found (is the Go module proxy reachable?)}"
+  fi
+}
+
+build_one() { # name version binaries... -- go-build-args...
+  local name="$1" version="$2"; shift 2
+  local bins=() ; while [ "$1" != "--" ]; do bins+=("$1"); shift; done; shift
+  local dir="$CACHE/bin/$name-$version"
+  if stamp_ok "$dir" "${bins[@]}"; then
+    log "$name $version: cached in $dir"
+    return 0
+  fi
+  if [ -d "$dir" ]; then log "$name $version: cache entry incomplete or corrupt, rebuilding"; fi
+  rm -rf "$dir"
+  local work="$CACHE/src/$name-$version"
+  rm -rf "$work"; mkdir -p "$work" "$dir.tmp"
+  "$@" "$work" "$dir.tmp"
+  write_stamp "$dir.tmp" "${bins[@]}"
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  log "$name $version: built into $dir"
+}
+
+go_mod_init() { # workdir
+  (cd "$1" && go mod init rose.local/build >/dev/null 2>&1)
+}
+
+write_tools_go() { # workdir pkg...
+  local work="$1"; shift
+  { echo "//go:build tools"; echo "package tools"; echo "import ("
+    for p in "$@"; do echo "  _ \"$p\""; done; echo ")"; } > "$work/tools.go"
+}
+
+simple_module_build() { # name module version out work pkg=>binary...
+  local name="$1" module="$2" version="$3" work="$4" out="$5"; shift 5
+  check_module_version "$module" "$version"
+  go_mod_init "$work"
+  local pkgs=() pb
+  for pb in "$@"; do pkgs+=("${pb%%=>*}"); done
+  write_tools_go "$work" "${pkgs[@]}"
+  log "$name $version: resolving modules"
+  (cd "$work" && go get "$module@$version" >&2 && go mod tidy >&2)
+  for pb in "$@"; do
+    log "$name $version: compiling ${pb##*=>}"
+    (cd "$work" && go build -v -o "$out/${pb##*=>}" "${pb%%=>*}" 2>&1 | progress)
+  done
+}
+
+do_etcd() { simple_module_build etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$1" "$2" "go.etcd.io/etcd/server/v3=>etcd"; }
+do_kwok() {
+  simple_module_build kwok sigs.k8s.io/kwok "$KWOK_VERSION" "$1" "$2" "sigs.k8s.io/kwok/cmd/kwok=>kwok"
+  # kwok needs Stage objects in its config; take the "fast" node/pod stages and the lease
+  # heartbeat from the same pinned module, so they always match the binary.
+  local st; st="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
+  { for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+             pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+      echo "---"; cat "$st/$f"; done; } > "$2/kwok-stages.yaml"
+}
+
+do_k8s() { local work="$1" out="$2"
+  check_module_version k8s.io/kubernetes "$K8S_VERSION"
+  go_mod_init "$work"
+  local modfile
+  modfile="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$K8S_VERSION.mod"
+  [ -f "$modfile" ] || (cd "$work" && go mod download k8s.io/kubernetes@"$K8S_VERSION")
+  # Every staging module the release's own go.mod points at ./staging gets the matching v0.X.Y.
+  local replaces
+  replaces=$(grep -E '=> \./staging/' "$modfile" | awk '{print $1}' | sort -u)
+  [ -n "$replaces" ] || die "could not read the staging modules from $modfile"
+  {
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo "replace ("
+    for m in $replaces; do echo "  $m => $m $STAGING_VERSION"; done
+    echo ")"
+  } >> "$work/go.mod"
+  log "kubernetes $K8S_VERSION: resolving modules ($(echo "$replaces" | wc -l) staging replaces at $STAGING_VERSION)"
+  write_tools_go "$work" k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+  (cd "$work" && go mod tidy >&2)
+  log "kubernetes $K8S_VERSION: compiling kube-apiserver, kube-controller-manager, kube-scheduler (cold: many minutes on 2 cores)"
+  (cd "$work" && go build -v -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler 2>&1 | progress)
+}
+
+# go build -v prints each package as it is compiled: show a running count, not the flood.
+progress() {
+  local n=0 line
+  while IFS= read -r line; do
+    case "$line" in
+      *.go:*|*error*|*cannot*|*undefined*) printf '%s\n' "$line" >&2 ;;
+      *) n=$((n+1)); if (( n % 100 == 0 )); then log "  ... $n packages compiled"; fi ;;
+    esac
+  done
+  log "  ... $n packages compiled"
+  return 0
+}
+
+set -o pipefail
+mkdir -p "$CACHE/bin"
+build_one etcd "$ETCD_VERSION" etcd -- do_etcd
+build_one kwok "$KWOK_VERSION" kwok kwok-stages.yaml -- do_kwok
+build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
+
+cat > "$CACHE/bin/current.env" <<ENV
+ROSE_ETCD_BIN=$CACHE/bin/etcd-$ETCD_VERSION/etcd
+ROSE_KWOK_BIN=$CACHE/bin/kwok-$KWOK_VERSION/kwok
+ROSE_KWOK_STAGES=$CACHE/bin/kwok-$KWOK_VERSION/kwok-stages.yaml
+ROSE_KUBE_APISERVER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-apiserver
+ROSE_KUBE_CONTROLLER_MANAGER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-controller-manager
+ROSE_KUBE_SCHEDULER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-scheduler
+ENV
+echo "$CACHE/bin"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Everything ROSE needs on a fresh machine, idempotent and cheap when already done:
+#   - Debian packages (prometheus for the predictor's end-to-end test),
+#   - a virtual environment .venv with the Python dependencies,
+#   - the Kubernetes binaries, built from their Go modules into the version-keyed cache.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+APT_PACKAGES=(prometheus)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  log "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # the package starts a system prometheus on :9090; ROSE's tests start their own
+  $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || $SUDO service prometheus stop >/dev/null 2>&1 || true
+fi
+
+PY="${PYTHON:-python3}"
+stamp=".venv/.rose-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "creating .venv and installing the Python dependencies (first run: a few minutes)"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade "pip>=25.1" "setuptools>=77" wheel
+  .venv/bin/python -m pip install -q -e '.[workload]' --group test --group lint
+  echo "$want" > "$stamp"
+fi
+
+log "Kubernetes binaries (cached by version)"
+bash hack/build-binaries.sh >/dev/null

@@ -1,0 +1,92 @@
+"""`rose cluster up|down|status|env`: the local cluster from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from local_cluster.cluster import (
+    DEFAULT_EXTENDER_PORT,
+    ClusterConfig,
+    ClusterError,
+    LocalCluster,
+    default_workdir,
+)
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    return int(v) if v else default
+
+
+def _progress(msg: str) -> None:
+    print(f"[rose cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rose cluster", description=__doc__)
+    p.add_argument(
+        "--dir", type=Path, default=default_workdir(),
+        help="cluster work directory: pki, logs, pids, kubeconfig (env ROSE_CLUSTER_DIR)",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start etcd, kube-apiserver, kube-controller-manager, schedulers and KWOK")
+    up.add_argument("--nodes", type=int, default=_env_int("ROSE_CLUSTER_NODES", 4),
+                    help="KWOK nodes (env ROSE_CLUSTER_NODES; default 4)")
+    up.add_argument("--gpus-per-node", type=int, default=_env_int("ROSE_CLUSTER_GPUS_PER_NODE", 8),
+                    help="simulated GPUs per node in the seed ResourceSlices (env ROSE_CLUSTER_GPUS_PER_NODE)")
+    up.add_argument("--pools", type=int, default=_env_int("ROSE_CLUSTER_POOLS", 1),
+                    help="serving pools the nodes are spread over (env ROSE_CLUSTER_POOLS)")
+    up.add_argument("--kubernetes-version", default=os.environ.get("ROSE_K8S_VERSION"),
+                    help="k8s.io/kubernetes version to build and run (env ROSE_K8S_VERSION; default pinned)")
+    up.add_argument("--apiserver-port", type=int, default=_env_int("ROSE_CLUSTER_APISERVER_PORT", 0),
+                    help="kube-apiserver port (env ROSE_CLUSTER_APISERVER_PORT; 0 = pick a free one)")
+    up.add_argument("--etcd-port", type=int, default=_env_int("ROSE_CLUSTER_ETCD_PORT", 0),
+                    help="etcd client port (env ROSE_CLUSTER_ETCD_PORT; 0 = pick a free one)")
+    up.add_argument("--extender-url",
+                    default=os.environ.get("ROSE_CLUSTER_EXTENDER_URL", f"http://127.0.0.1:{DEFAULT_EXTENDER_PORT}"),
+                    help="URL the rose-scheduler profile calls the extender at; '' for none")
+    up.add_argument("--no-seed-slices", action="store_true",
+                    help="do not publish ResourceSlices (leave it to the DRA driver processes)")
+    sub.add_parser("down", help="stop every component; leaves no process or port behind")
+    sub.add_parser("status", help="components, pids, ports; the log tail of any that died")
+    sub.add_parser("env", help="print `export KUBECONFIG=…` for this cluster")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    lc = LocalCluster(ClusterConfig(workdir=args.dir), progress=_progress)
+    try:
+        if args.cmd == "up":
+            cfg = ClusterConfig(
+                nodes=args.nodes, gpus_per_node=args.gpus_per_node, pools=args.pools, workdir=args.dir,
+                kubernetes_version=args.kubernetes_version, apiserver_port=args.apiserver_port,
+                etcd_port=args.etcd_port, extender_url=args.extender_url or None,
+                seed_slices=not args.no_seed_slices,
+            )
+            h = LocalCluster(cfg, progress=_progress).up()
+            print(f"cluster up: {len(h.node_names)} nodes, Kubernetes {h.kubernetes_version}, API {h.server}")
+            print(f"export KUBECONFIG={h.kubeconfig}")
+        elif args.cmd == "down":
+            stopped = lc.down()
+            print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        elif args.cmd == "status":
+            rows = lc.status()
+            dead = False
+            for r in rows:
+                state = "running" if r["alive"] else ("DIED" if r["pid"] else "not started")
+                print(f"{r['component']:<25} {state:<12} pid={r['pid'] or '-':<8} port={r['port'] or '-':<6} {r['log']}")
+                if r.get("log_tail"):
+                    dead = True
+                    print("    last log lines:\n    " + r["log_tail"].replace("\n", "\n    "))
+            return 1 if dead else 0
+        elif args.cmd == "env":
+            print(f"export KUBECONFIG={lc.handle().kubeconfig}")
+    except ClusterError as e:
+        print(f"rose cluster: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+

@@ -1,0 +1,616 @@
+"""A real Kubernetes control plane as local processes on loopback.
+
+etcd → kube-apiserver (TLS, RBAC, Node authorizer) → kube-controller-manager (with the
+resourceclaim controller) → kube-scheduler (default profile) → a second kube-scheduler
+(profile ``rose-scheduler``, carrying the ROSE extender) → kwok (keeps fake nodes Ready and
+moves pods to Running). Each process has its own log file and pid file under the cluster's
+work directory; ``down`` leaves no process and no listening port behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from local_cluster import binaries, pki
+from rose_common import names, slices
+
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "rose-scheduler",
+    "kwok",
+)
+DEFAULT_EXTENDER_PORT = 18787
+MANIFESTS = binaries.REPO_ROOT / "manifests"
+# Cluster-wide objects every ROSE install has; applied by `rose cluster up`.
+BOOTSTRAP_MANIFESTS = ("deviceclasses.yaml", "crd/elasticrljob.yaml", "priorityclasses.yaml")
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started or is unhealthy; the message says what to fix."""
+
+
+def default_workdir(name: str = "rose") -> Path:
+    env = os.environ.get("ROSE_CLUSTER_DIR")
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME")
+    return (Path(state) if state else Path.home() / ".local" / "state") / "rose" / "clusters" / name
+
+
+@dataclass
+class ClusterConfig:
+    """What to start. Ports of 0 are picked free at start-up; explicit ports are checked."""
+
+    nodes: int = 4
+    gpus_per_node: int = 8
+    pools: int = 1
+    workdir: Path = field(default_factory=default_workdir)
+    kubernetes_version: str | None = None
+    apiserver_port: int = 0
+    etcd_port: int = 0
+    extender_url: str | None = f"http://127.0.0.1:{DEFAULT_EXTENDER_PORT}"
+    seed_slices: bool = True
+    node_cpu: str = "64"
+    node_memory: str = "512Gi"
+    node_pods: str = "110"
+    build: bool = True
+
+
+@dataclass
+class ClusterHandle:
+    """A running cluster: what tests, the CLI and the demo need to talk to it."""
+
+    kubeconfig: Path
+    server: str
+    node_names: list[str]
+    gpus_per_node: int
+    extender_url: str | None
+    workdir: Path
+    pools: dict[str, str] = field(default_factory=dict)  # node → pool
+    ports: dict[str, int] = field(default_factory=dict)
+    kubernetes_version: str = ""
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` authenticated as the cluster admin."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["kubeconfig"] = str(self.kubeconfig)
+        d["workdir"] = str(self.workdir)
+        return json.dumps(d, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterHandle:
+        d = json.loads(text)
+        d["kubeconfig"] = Path(d["kubeconfig"])
+        d["workdir"] = Path(d["workdir"])
+        return cls(**d)
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        data = path.read_bytes()[-20000:].decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _kubeconfig(path: Path, server: str, p: pki.Pki, user: str) -> None:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "rose-local", "cluster": {"server": server, "certificate-authority": str(p.ca_crt)}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate": str(p.crt(user)), "client-key": str(p.key(user))},
+            }
+        ],
+        "contexts": [{"name": "rose-local", "context": {"cluster": "rose-local", "user": user}}],
+        "current-context": "rose-local",
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(doc, f)
+
+
+class LocalCluster:
+    """Start, inspect and stop one local cluster living in ``config.workdir``."""
+
+    def __init__(self, config: ClusterConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.cfg = config
+        self.dir = config.workdir
+        self.logs = self.dir / "logs"
+        self.pids = self.dir / "pids"
+        self._progress = progress or (lambda _msg: None)
+
+    # ---------------------------------------------------------------- state on disk
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "cluster.json"
+
+    def handle(self) -> ClusterHandle:
+        if not self.state_file.exists():
+            raise ClusterError(f"no cluster in {self.dir}: run `rose cluster up` first")
+        return ClusterHandle.from_json(self.state_file.read_text())
+
+    def _pid(self, component: str) -> int | None:
+        f = self.pids / f"{component}.pid"
+        try:
+            return int(f.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # a zombie child of ours counts as dead
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ", 1)[1][0] != "Z"
+        except OSError:
+            return False
+
+    # ---------------------------------------------------------------- up
+    def up(self) -> ClusterHandle:
+        t0 = time.monotonic()
+        if self.state_file.exists() and any(
+            (pid := self._pid(c)) is not None and self._alive(pid) for c in COMPONENTS
+        ):
+            raise ClusterError(
+                f"a cluster is already running from {self.dir}; `rose cluster down` first "
+                "(or set ROSE_CLUSTER_DIR for a second one)"
+            )
+        if self.cfg.nodes < 0 or self.cfg.gpus_per_node < 0 or self.cfg.gpus_per_node > 64:
+            raise ClusterError("--nodes must be ≥ 0 and --gpus-per-node between 0 and 64")
+        self._progress("checking binaries (building them on first use; cached by version)")
+        try:
+            bins = binaries.ensure(self.cfg.kubernetes_version, build=self.cfg.build)
+        except binaries.BinariesError as e:
+            raise ClusterError(str(e)) from e
+
+        ports = self._ports()
+        for d in (self.dir, self.logs, self.pids):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        etcd_data = self.dir / "etcd-data"
+        if etcd_data.exists():
+            import shutil
+
+            shutil.rmtree(etcd_data)
+        p = pki.generate(self.dir / "pki")
+        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+        kc = {u: self.dir / f"{u}.kubeconfig" for u in ("admin", "controller-manager", "scheduler")}
+        for user, path in kc.items():
+            _kubeconfig(path, server, p, user)
+
+        try:
+            self._start_all(bins, p, ports, kc)
+            node_names, pools = self._nodes()
+            handle = ClusterHandle(
+                kubeconfig=kc["admin"],
+                server=server,
+                node_names=node_names,
+                gpus_per_node=self.cfg.gpus_per_node,
+                extender_url=self.cfg.extender_url,
+                workdir=self.dir,
+                pools=pools,
+                ports=ports,
+                kubernetes_version=bins.versions.kubernetes,
+            )
+            self.state_file.write_text(handle.to_json())
+            self._progress("installing DeviceClasses and the ElasticRLJob CRD")
+            self._bootstrap(handle)
+            self._progress(f"registering {len(node_names)} KWOK nodes")
+            self._create_nodes(handle)
+            self._wait_nodes_ready(handle)
+        except BaseException:
+            self.down()
+            raise
+        self._progress(f"cluster up in {time.monotonic() - t0:.1f}s")
+        return handle
+
+    def _ports(self) -> dict[str, int]:
+        wanted = {
+            "etcd": self.cfg.etcd_port,
+            "etcd-peer": 0,
+            "kube-apiserver": self.cfg.apiserver_port,
+            "kube-controller-manager": 0,
+            "kube-scheduler": 0,
+            "rose-scheduler": 0,
+            "kwok": 0,
+        }
+        flags = {"etcd": "--etcd-port", "kube-apiserver": "--apiserver-port"}
+        out: dict[str, int] = {}
+        for comp, port in wanted.items():
+            if port:
+                if port_in_use(port):
+                    raise ClusterError(
+                        f"port {port} for {comp} is already in use on 127.0.0.1: stop what listens there "
+                        f"(`ss -ltnp 'sport = :{port}'`) or choose another with {flags.get(comp, 'its flag')}"
+                    )
+                out[comp] = port
+            else:
+                out[comp] = free_port()
+        return out
+
+    def _spawn(self, component: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{component}.log", "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=self.dir,
+        )
+        log.close()
+        (self.pids / f"{component}.pid").write_text(str(proc.pid))
+        self._procs[component] = proc
+        return proc
+
+    def _wait(self, component: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self._procs.get(component)
+            if proc is not None and proc.poll() is not None:
+                raise ClusterError(
+                    f"{component} exited with code {proc.returncode} during start-up. Last lines of "
+                    f"{self.logs / (component + '.log')}:\n{log_tail(self.logs / (component + '.log'))}"
+                )
+            with contextlib.suppress(Exception):
+                if check():
+                    return
+            time.sleep(0.2)
+        raise ClusterError(
+            f"{component} was not ready within {timeout:.0f}s. Last lines of its log:\n"
+            f"{log_tail(self.logs / (component + '.log'))}"
+        )
+
+    @staticmethod
+    def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
+            return bool(r.status == 200)
+
+    def _start_all(
+        self, bins: binaries.Binaries, p: pki.Pki, ports: dict[str, int], kc: dict[str, Path]
+    ) -> None:
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+        self._progress("starting etcd")
+        self._spawn(
+            "etcd",
+            [
+                str(bins.etcd), "--name=rose", f"--data-dir={self.dir / 'etcd-data'}",
+                f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=rose={peer_url}", "--listen-metrics-urls=",
+                "--auto-compaction-retention=1", "--quota-backend-bytes=4294967296",
+                "--unsafe-no-fsync=true", "--log-level=warn",
+            ],
+        )
+
+        def etcd_ok() -> bool:
+            with urllib.request.urlopen(f"{etcd_url}/health", timeout=2) as r:
+                return bool(json.loads(r.read()).get("health") == "true")
+
+        self._wait("etcd", etcd_ok, 30)
+
+        self._progress("starting kube-apiserver")
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bins.kube_apiserver), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1", f"--secure-port={ports['kube-apiserver']}",
+                f"--tls-cert-file={p.crt('apiserver')}", f"--tls-private-key-file={p.key('apiserver')}",
+                f"--client-ca-file={p.ca_crt}", f"--service-account-key-file={p.sa_pub}",
+                f"--service-account-signing-key-file={p.sa_key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                "--endpoint-reconciler-type=none", "--service-cluster-ip-range=10.96.0.0/16",
+                # a test cluster on loopback: no request throttling in the way of benchmarks
+                "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+                "--enable-priority-and-fairness=false", "--watch-cache=true", "--v=1",
+            ],
+        )
+        ctx = ssl.create_default_context(cafile=str(p.ca_crt))
+        ctx.load_cert_chain(str(p.crt("admin")), str(p.key("admin")))
+        self._wait("kube-apiserver", lambda: self._https_ok(
+            f"https://127.0.0.1:{ports['kube-apiserver']}/readyz", ctx), 90)
+
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certs of kcm/scheduler, health only
+
+        self._progress("starting kube-controller-manager")
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins.kube_controller_manager), f"--kubeconfig={kc['controller-manager']}",
+                "--bind-address=127.0.0.1", f"--secure-port={ports['kube-controller-manager']}",
+                f"--root-ca-file={p.ca_crt}", f"--service-account-private-key-file={p.sa_key}",
+                "--use-service-account-credentials=true", "--leader-elect=false", "--controllers=*",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                "--kube-api-qps=500", "--kube-api-burst=1000", "--v=1",
+            ],
+        )
+        sched_dir = self.dir / "scheduler"
+        sched_dir.mkdir(exist_ok=True)
+        for comp, profile, ext in (
+            ("kube-scheduler", "default-scheduler", None),
+            ("rose-scheduler", names.SCHEDULER_NAME, self.cfg.extender_url),
+        ):
+            conf = sched_dir / f"{comp}.yaml"
+            conf.write_text(yaml.safe_dump(scheduler_config(kc["scheduler"], profile, ext)))
+            self._progress(f"starting {comp} (profile {profile}{', extender ' + ext if ext else ''})")
+            self._spawn(
+                comp,
+                [
+                    str(bins.kube_scheduler), f"--config={conf}", "--bind-address=127.0.0.1",
+                    f"--secure-port={ports[comp]}",
+                    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics", "--v=1",
+                ],
+            )
+        for comp in ("kube-controller-manager", "kube-scheduler", "rose-scheduler"):
+            self._wait(comp, lambda c=comp: self._https_ok(  # type: ignore[misc]
+                f"https://127.0.0.1:{ports[c]}/healthz", insecure), 60)
+
+        self._progress("starting kwok")
+        kwok_conf = self.dir / "kwok.yaml"
+        kwok_conf.write_text(bins.kwok_stages.read_text())
+        self._spawn(
+            "kwok",
+            [
+                str(bins.kwok), f"--kubeconfig={kc['admin']}", f"--config={kwok_conf}",
+                "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--server-address=127.0.0.1:{ports['kwok']}", "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40", "--tls-cert-file=", "--tls-private-key-file=",
+            ],
+        )
+        self._wait("kwok", lambda: self._http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"), 30)
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+
+    def _bootstrap(self, h: ClusterHandle) -> None:
+        api = h.api_client()
+        try:
+            for path in BOOTSTRAP_MANIFESTS:
+                apply_file(api, MANIFESTS / path)
+        finally:
+            api.close()
+
+    def _node_body(self, name: str, pool: str) -> dict[str, Any]:
+        cap = {"cpu": self.cfg.node_cpu, "memory": self.cfg.node_memory, "pods": self.cfg.node_pods}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "type": "kwok",
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    names.LABEL_GPU_NODE: "true",
+                    names.LABEL_POOL: pool,
+                },
+            },
+            "spec": {},
+            "status": {"allocatable": cap, "capacity": cap},
+        }
+
+    def _nodes(self) -> tuple[list[str], dict[str, str]]:
+        node_names = [f"rose-node-{i}" for i in range(self.cfg.nodes)]
+        pools = {n: f"pool-{chr(ord('a') + i % max(1, self.cfg.pools))}" for i, n in enumerate(node_names)}
+        return node_names, pools
+
+    def _create_nodes(self, h: ClusterHandle) -> None:
+        from kubernetes import client
+
+        api = h.api_client()
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+
+        def one(name: str) -> None:
+            core.create_node(self._node_body(name, h.pools[name]))
+            if self.cfg.seed_slices and self.cfg.gpus_per_node > 0:
+                body = slices.resource_slice(name, slices.simulated_gpus(name, self.cfg.gpus_per_node), 1)
+                custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", body)
+
+        try:
+            with ThreadPoolExecutor(max_workers=8) as ex:
+                list(ex.map(one, h.node_names))
+        finally:
+            api.close()
+
+    def _wait_nodes_ready(self, h: ClusterHandle, timeout: float = 60.0) -> None:
+        from kubernetes import client
+
+        api = h.api_client()
+        core = client.CoreV1Api(api)
+        want = set(h.node_names)
+
+        def ready() -> bool:
+            got = set()
+            for n in core.list_node(label_selector=f"{names.LABEL_GPU_NODE}=true").items:
+                if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])):
+                    got.add(n.metadata.name)
+            return want <= got
+
+        try:
+            self._wait("kwok", ready, timeout)
+        finally:
+            api.close()
+
+    # ---------------------------------------------------------------- status / down
+    def status(self) -> list[dict[str, Any]]:
+        """One row per component: pid, alive, port, and the log tail of a dead one."""
+        ports: dict[str, int] = {}
+        if self.state_file.exists():
+            ports = self.handle().ports
+        rows = []
+        for comp in COMPONENTS:
+            pid = self._pid(comp)
+            alive = pid is not None and self._alive(pid)
+            row: dict[str, Any] = {
+                "component": comp, "pid": pid, "alive": alive, "port": ports.get(comp),
+                "log": str(self.logs / f"{comp}.log"),
+            }
+            if pid is not None and not alive:
+                row["log_tail"] = log_tail(self.logs / f"{comp}.log")
+            rows.append(row)
+        return rows
+
+    def down(self, timeout: float = 15.0) -> list[str]:
+        """Stop every component (SIGTERM to its process group, then SIGKILL); return what was stopped."""
+        stopped = []
+        pids = {c: self._pid(c) for c in reversed(COMPONENTS)}
+        for comp, pid in pids.items():
+            if pid is not None and self._alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGTERM)
+                stopped.append(comp)
+        deadline = time.monotonic() + timeout
+        for comp, pid in pids.items():
+            if pid is None:
+                continue
+            while self._alive(pid) and time.monotonic() < deadline:
+                self._reap(comp)
+                time.sleep(0.05)
+            if self._alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+                while self._alive(pid):
+                    self._reap(comp)
+                    time.sleep(0.05)
+            self._reap(comp)
+            with contextlib.suppress(FileNotFoundError):
+                (self.pids / f"{comp}.pid").unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.state_file.unlink()
+        return stopped
+
+    def _reap(self, comp: str) -> None:
+        proc = getattr(self, "_procs", {}).get(comp)
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.poll()
+
+
+def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:
+    """KubeSchedulerConfiguration for one scheduler process (leader election off: one replica)."""
+    conf: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 500, "burst": 1000},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": profile}],
+    }
+    if extender_url:
+        conf["extenders"] = [extender_entry(extender_url)]
+    return conf
+
+
+def extender_entry(url: str) -> dict[str, Any]:
+    """The extender stanza: the same values as manifests/extender (see scheduler_extender/README)."""
+    return {
+        "urlPrefix": url,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "preemptVerb": "preempt",
+        "weight": 5,
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "ignorable": True,
+        "httpTimeout": "2s",
+    }
+
+
+_PLURALS = {
+    "DeviceClass": ("resource.k8s.io", "v1", "deviceclasses", False),
+    "CustomResourceDefinition": ("apiextensions.k8s.io", "v1", "customresourcedefinitions", False),
+    "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates", True),
+    "PriorityClass": ("scheduling.k8s.io", "v1", "priorityclasses", False),
+    "ValidatingAdmissionPolicy": ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": (
+        "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", False),
+}
+
+
+def apply_file(api: Any, path: Path, namespace: str = "default") -> None:
+    """Create (or replace) every object of a YAML file whose kind is listed in _PLURALS."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    custom = client.CustomObjectsApi(api)
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc:
+            continue
+        kind = doc.get("kind")
+        if kind not in _PLURALS:
+            raise ClusterError(f"{path}: cannot apply kind {kind!r} (supported: {', '.join(_PLURALS)})")
+        group, version, plural, namespaced = _PLURALS[kind]
+        name = doc["metadata"]["name"]
+        try:
+            if namespaced:
+                custom.create_namespaced_custom_object(group, version, namespace, plural, doc)
+            else:
+                custom.create_cluster_custom_object(group, version, plural, doc)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            if namespaced:
+                cur = custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+                doc["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+                custom.replace_namespaced_custom_object(group, version, namespace, plural, name, doc)
+            else:
+                cur = custom.get_cluster_custom_object(group, version, plural, name)
+                doc["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+                custom.replace_cluster_custom_object(group, version, plural, name, doc)

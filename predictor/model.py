@@ -1,0 +1,227 @@
+"""The forecaster: per-horizon scikit-learn quantile gradient boosting, split-conformal calibrated.
+
+For every horizon ``h`` and quantile ``q`` a ``HistGradientBoostingRegressor(loss="quantile")``
+learns the change ``z[i+h] - z[i]`` (see :mod:`predictor.features`). Calibration: the models
+are first fit on the older part of the history and scored on the most recent slice
+(``calibration_fraction``); the ``q``-quantile of those out-of-sample residuals is the
+correction added to the ``q`` prediction (split-conformal), so the ``q``-quantile is exceeded
+close to ``1 - q`` of the time. The models are then refit on the whole history and keep that
+correction. Quantiles are sorted per row, so they never cross.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.pipeline import Pipeline
+
+from predictor.features import DAY, WEEK, FeatureSpec, Transform, build_features, targets
+from predictor.series import FloatArray, Series
+
+
+class NotEnoughHistory(ValueError):
+    """The history is too short for a horizon; the message says how much is needed."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    horizons: tuple[int, ...] = (600, 1800, 3600)  # seconds
+    quantiles: tuple[float, ...] = (0.5, 0.9)
+    day: int = DAY
+    week: int = WEEK
+    max_iter: int = 120
+    learning_rate: float = 0.06
+    max_leaf_nodes: int = 15
+    min_samples_leaf: int = 30
+    l2_regularization: float = 1.0
+    calibration_fraction: float = 0.25
+    max_train_rows: int = 40_000
+    min_train_rows: int = 96
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.horizons:
+            raise ValueError("at least one horizon is needed")
+        for q in self.quantiles:
+            if not 0.0 < q < 1.0:
+                raise ValueError(f"quantile {q} must be strictly between 0 and 1")
+        if not 0.05 <= self.calibration_fraction <= 0.5:
+            raise ValueError("calibration_fraction must be between 0.05 and 0.5")
+
+    @property
+    def all_quantiles(self) -> tuple[float, ...]:
+        """The configured quantiles plus the median (the point forecast), sorted."""
+        return tuple(sorted({*self.quantiles, 0.5}))
+
+
+def _new_model(cfg: ModelConfig, q: float) -> Pipeline:
+    return Pipeline(
+        [
+            (
+                "gbm",
+                HistGradientBoostingRegressor(
+                    loss="quantile",
+                    quantile=q,
+                    max_iter=cfg.max_iter,
+                    learning_rate=cfg.learning_rate,
+                    max_leaf_nodes=cfg.max_leaf_nodes,
+                    min_samples_leaf=cfg.min_samples_leaf,
+                    l2_regularization=cfg.l2_regularization,
+                    early_stopping=False,
+                    random_state=cfg.seed,
+                ),
+            )
+        ]
+    )
+
+
+@dataclass
+class HorizonModel:
+    horizon_steps: int
+    models: dict[float, Pipeline]
+    corrections: dict[float, float]
+    columns: np.ndarray  # indices of the feature columns the models use (informative in training)
+    train_rows: int
+    calibration_rows: int
+
+
+@dataclass
+class QuantileForecaster:
+    """Fit on a :class:`Series` prefix; predict quantiles for any origins after it."""
+
+    config: ModelConfig
+    step: int = 0
+    transform: Transform | None = None
+    horizons: dict[int, HorizonModel] = field(default_factory=dict)
+    fit_seconds: float = 0.0
+    fitted_until: int = -1  # index of the last point of the series the fit saw
+
+    @property
+    def spec(self) -> FeatureSpec:
+        return FeatureSpec(step=self.step, day=self.config.day, week=self.config.week)
+
+    def horizon_steps(self, horizon_seconds: int, step: int) -> int:
+        if horizon_seconds % step:
+            raise ValueError(
+                f"horizon {horizon_seconds}s is not a whole number of steps of {step}s: "
+                "pick horizons that are multiples of the series step"
+            )
+        return horizon_seconds // step
+
+    def fit(self, series: Series, upto: int | None = None) -> QuantileForecaster:
+        """Fit on ``series.values[: upto + 1]`` (default: all of it). No later value is read."""
+        t0 = time.perf_counter()
+        cfg = self.config
+        last = len(series) - 1 if upto is None else upto
+        y = series.values[: last + 1]
+        if np.nanmin(y) < 0:
+            raise ValueError("values must be >= 0 (serving demand); found negative values")
+        self.step = series.step
+        self.transform = Transform.fit(y)
+        z = self.transform.forward(y)
+        times = series.times[: last + 1].astype(np.float64)
+        self.horizons = {}
+        for hs in cfg.horizons:
+            h = self.horizon_steps(hs, series.step)
+            x = build_features(z, times, h, self.spec)
+            tgt = targets(z, h)
+            rows = np.flatnonzero(~np.isnan(tgt))
+            rows = rows[-cfg.max_train_rows :]
+            if len(rows) < cfg.min_train_rows:
+                raise NotEnoughHistory(
+                    f"history too short for horizon {hs}s: {len(rows)} usable (origin, target) pairs, "
+                    f"need at least {cfg.min_train_rows} (about {cfg.min_train_rows + h} observed steps "
+                    f"of {series.step}s)"
+                )
+            cols = informative_columns(x[rows])
+            x = x[:, cols]
+            n_cal = max(20, int(len(rows) * cfg.calibration_fraction))
+            fit_rows, cal_rows = rows[: -n_cal - h], rows[-n_cal:]
+            corrections: dict[float, float] = {}
+            models: dict[float, Pipeline] = {}
+            for q in cfg.all_quantiles:
+                if len(fit_rows) >= cfg.min_train_rows // 2:
+                    m = _new_model(cfg, q).fit(x[fit_rows], tgt[fit_rows])
+                    scores = tgt[cal_rows] - m.predict(x[cal_rows])
+                    method = "higher" if q >= 0.5 else "lower"
+                    level = min(1.0, q * (1 + 1 / len(scores))) if q >= 0.5 else q
+                    corrections[q] = float(np.quantile(scores, level, method=method))
+                else:
+                    corrections[q] = 0.0
+                models[q] = _new_model(cfg, q).fit(x[rows], tgt[rows])
+            self.horizons[hs] = HorizonModel(h, models, corrections, cols, len(rows), len(cal_rows))
+        self.fitted_until = last
+        self.fit_seconds = time.perf_counter() - t0
+        return self
+
+    def predict(self, series: Series, origins: np.ndarray | None = None) -> dict[int, FloatArray]:
+        """Quantile forecasts (in the series' unit) per horizon: array ``[len(origins), n_quantiles]``.
+
+        Features at origin ``i`` read ``series.values[: i + 1]`` only. Origins whose own value is
+        a gap get NaN rows (the forecast is anchored on the current level).
+        """
+        if self.transform is None:
+            raise RuntimeError("fit the forecaster before predicting")
+        if series.step != self.step:
+            raise ValueError(f"series step {series.step}s differs from the fitted step {self.step}s")
+        idx = np.arange(len(series)) if origins is None else np.asarray(origins, dtype=np.int64)
+        if len(idx) == 0:
+            return {hs: np.empty((0, len(self.config.all_quantiles))) for hs in self.horizons}
+        lo = max(0, int(idx.min()) - self._lookback())
+        hi = int(idx.max()) + 1
+        y = series.values[lo:hi]
+        z = self.transform.forward(y)
+        times = series.times[lo:hi].astype(np.float64)
+        rel = idx - lo
+        out: dict[int, FloatArray] = {}
+        qs = self.config.all_quantiles
+        for hs, hm in self.horizons.items():
+            x = build_features(z, times, hm.horizon_steps, self.spec)[rel][:, hm.columns]
+            cols = [hm.models[q].predict(x) + hm.corrections[q] for q in qs]
+            delta = np.sort(np.column_stack(cols), axis=1)
+            pred = self.transform.inverse(z[rel][:, None] + delta)
+            pred[np.isnan(z[rel])] = np.nan
+            out[hs] = pred
+        return out
+
+    def _lookback(self) -> int:
+        """Steps of history the features read before an origin."""
+        spec = self.spec
+        need = [*spec.lag_steps(), *spec.window_steps(), *[p + 2 for p in spec.periods()]]
+        return max(need) + 2
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "step_seconds": self.step,
+            "offset": None if self.transform is None else self.transform.offset,
+            "fit_seconds": round(self.fit_seconds, 4),
+            "horizons": {
+                str(hs): {
+                    "train_rows": hm.train_rows,
+                    "calibration_rows": hm.calibration_rows,
+                    "corrections": {str(q): round(c, 5) for q, c in hm.corrections.items()},
+                }
+                for hs, hm in self.horizons.items()
+            },
+        }
+
+
+def informative_columns(x: FloatArray) -> np.ndarray:
+    """Columns with at least two distinct observed values (an all-gap lag teaches nothing)."""
+    keep = []
+    for j in range(x.shape[1]):
+        col = x[:, j]
+        col = col[~np.isnan(col)]
+        if len(col) >= 2 and float(col.max()) > float(col.min()):
+            keep.append(j)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def quantile_key(q: float) -> str:
+    """0.9 → ``"0.9"``: the key used in the wire format."""
+    s = f"{q:.4f}".rstrip("0").rstrip(".")
+    return s if not math.isnan(q) else "nan"

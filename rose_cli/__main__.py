@@ -1,0 +1,5 @@
+import sys
+
+from rose_cli.main import main
+
+sys.exit(main())

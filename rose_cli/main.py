@@ -1,0 +1,57 @@
+"""`rose`: one command with a sub-command per component.
+
+    rose cluster up|down|status|env     the local Kubernetes (development and tests)
+    rose extender ...                   the kube-scheduler HTTP extender
+    rose driver ...                     the DRA node driver and suspend engine
+    rose predictor ...                  the serving-demand forecaster (serve, backtest, generate)
+    rose demo                           the whole story on a local cluster
+
+Each component's own parser handles its arguments; components are imported only when their
+sub-command runs, so the CLI never couples them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "cluster": ("local_cluster.cli", "the local Kubernetes: up, down, status, env"),
+    "extender": ("scheduler_extender.cli", "the kube-scheduler HTTP extender"),
+    "driver": ("dra_driver.cli", "the DRA node driver (kubelet plugin, slices, suspend engine)"),
+    "agent": ("dra_driver.agent.cli", "the node agent alone (suspend engine, workload socket)"),
+    "predictor": ("predictor.cli", "serving-demand forecasts: serve, backtest, generate"),
+    "demo": ("rose_cli.demo", "the whole story on a local cluster"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: rose <command> [args...]", "", "commands:"]
+    lines += [f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`rose <command> --help` for a command's flags."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd not in COMMANDS:
+        print(f"rose: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name = COMMANDS[cmd][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_name.startswith(e.name):
+            print(f"rose: {cmd!r} is not available in this build ({module_name} is missing)", file=sys.stderr)
+            return 2
+        raise
+    rc = module.main(rest)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

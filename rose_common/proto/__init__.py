@@ -1,0 +1,1 @@
+"""Protocol buffers and generated gRPC stubs (regenerate with hack/gen-protos.sh)."""

@@ -1,0 +1,97 @@
+"""The shape of ROSE's GPU ResourceSlices: every physical GPU published twice.
+
+ARCHITECTURE §3: each physical GPU appears once as a *serving* device and once as a
+*lendable* device. Both devices carry the same ``physicalGPU`` attribute, so the driver can
+enforce "serving wins" at prepare time. This module is pure data shaping, shared by the DRA
+driver's publisher and the local cluster's seed slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rose_common import names
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU as discovered on a node (NVML or the simulated backend)."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_bytes: int
+
+
+def device_name(index: int, role: str) -> str:
+    """DNS-label device name within the node's pool, e.g. ``gpu-3-lendable``."""
+    if role not in (names.ROLE_SERVING, names.ROLE_LENDABLE):
+        raise ValueError(f"role must be {names.ROLE_SERVING!r} or {names.ROLE_LENDABLE!r}, got {role!r}")
+    return f"gpu-{index}-{role}"
+
+
+def parse_device_name(name: str) -> tuple[int, str]:
+    """Inverse of :func:`device_name`: ``gpu-3-lendable`` → ``(3, "lendable")``."""
+    parts = name.split("-")
+    if len(parts) != 3 or parts[0] != "gpu" or not parts[1].isdigit():
+        raise ValueError(f"not a ROSE GPU device name: {name!r} (expected gpu-<index>-<role>)")
+    role = parts[2]
+    if role not in (names.ROLE_SERVING, names.ROLE_LENDABLE):
+        raise ValueError(f"not a ROSE GPU device name: {name!r} (unknown role {role!r})")
+    return int(parts[1]), role
+
+
+def gpu_devices(gpus: list[GpuInfo]) -> list[dict[str, Any]]:
+    """The ``spec.devices`` list for these GPUs: serving devices first (first-fit allocator)."""
+    devices: list[dict[str, Any]] = []
+    for role in (names.ROLE_SERVING, names.ROLE_LENDABLE):
+        for gpu in sorted(gpus, key=lambda g: g.index):
+            devices.append(
+                {
+                    "name": device_name(gpu.index, role),
+                    "attributes": {
+                        names.ATTR_UUID: {"string": f"{gpu.uuid}-{role}"},
+                        names.ATTR_INDEX: {"int": gpu.index},
+                        names.ATTR_MODEL: {"string": gpu.model[:64]},
+                        names.ATTR_ROLE: {"string": role},
+                        names.ATTR_PHYSICAL_GPU: {"string": gpu.uuid},
+                    },
+                    "capacity": {names.CAPACITY_MEMORY: {"value": str(gpu.memory_bytes)}},
+                }
+            )
+    return devices
+
+
+def resource_slice(node_name: str, gpus: list[GpuInfo], generation: int) -> dict[str, Any]:
+    """One ResourceSlice (resource.k8s.io/v1) holding a node's whole pool.
+
+    At most 128 devices fit a slice; two per GPU allows 64 GPUs per node, far above any
+    real node. Larger inputs are refused rather than silently split.
+    """
+    if len(gpus) > 64:
+        raise ValueError(f"{len(gpus)} GPUs on node {node_name}: at most 64 fit one ResourceSlice")
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-{names.DRIVER_NAME}".replace(".", "-")},
+        "spec": {
+            "driver": names.DRIVER_NAME,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+            "devices": gpu_devices(gpus),
+        },
+    }
+
+
+def simulated_gpus(node_name: str, count: int, model: str = "NVIDIA H200 (simulated)",
+                   memory_bytes: int = 141 * 1024**3) -> list[GpuInfo]:
+    """Deterministic simulated GPUs for a node (uuid derived from node name and index)."""
+    import hashlib
+
+    out = []
+    for i in range(count):
+        h = hashlib.sha256(f"{node_name}/{i}".encode()).hexdigest()
+        uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+        out.append(GpuInfo(index=i, uuid=uuid, model=model, memory_bytes=memory_bytes))
+    return out

@@ -1,0 +1,343 @@
+"""The extender's own cluster cache (nodeCacheCapable): nodes, pods, ResourceClaims, ResourceSlices.
+
+Fed with watch events as plain JSON dicts (``kube.py`` does the watching); derives one
+:class:`NodeState` per node, recomputed only for nodes an event touched, so a scheduling call
+reads precomputed state and costs O(nodes) with small constants. No I/O here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from rose_common import names
+from scheduler_extender import policy
+from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolState, Snapshot
+
+KINDS = ("Node", "Pod", "ResourceClaim", "ResourceSlice")
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    pool: str
+    host_mem_free: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    node: str
+    pool: str
+    generation: int
+    # device name → (role, physical GPU id)
+    devices: tuple[tuple[str, str, str], ...]
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _attr_str(attrs: Mapping[str, Any], key: str) -> str:
+    for name in (key, f"{names.DRIVER_NAME}/{key}"):
+        value = attrs.get(name)
+        if isinstance(value, Mapping) and isinstance(value.get("string"), str):
+            return str(value["string"])
+    return ""
+
+
+class ClusterCache:
+    """Thread-safe: watch threads call :meth:`apply`, request threads call :meth:`snapshot`."""
+
+    def __init__(self, cfg: policy.PolicyConfig | None = None) -> None:
+        self._cfg = cfg or policy.PolicyConfig()
+        self._lock = threading.Lock()
+        self._nodes: dict[str, _Node] = {}
+        self._slices: dict[str, _Slice] = {}
+        self._node_slices: dict[str, set[str]] = defaultdict(set)
+        self._pool_nodes: dict[str, set[str]] = defaultdict(set)  # DRA pool → node names
+        self._claims: dict[str, tuple[tuple[str, str], ...]] = {}  # ns/name → ((pool, device),...)
+        self._allocated: dict[tuple[str, str], int] = defaultdict(int)
+        self._pods: dict[str, PodInfo] = {}
+        self._node_pods: dict[str, set[str]] = defaultdict(set)
+        self._states: dict[str, NodeState] = {}
+        self._dirty: set[str] = set()
+        self._snapshot: Snapshot | None = None
+        self._synced: set[str] = set()
+
+    # ----------------------------------------------------------------------------- sync state
+    def mark_synced(self, kind: str) -> None:
+        with self._lock:
+            self._synced.add(kind)
+
+    @property
+    def synced(self) -> bool:
+        return all(k in self._synced for k in KINDS)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "Node": len(self._nodes),
+                "Pod": len(self._pods),
+                "ResourceClaim": len(self._claims),
+                "ResourceSlice": len(self._slices),
+            }
+
+    # ----------------------------------------------------------------------------- events
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """Apply one watch event (``ADDED``/``MODIFIED``/``DELETED``) of a raw JSON object."""
+        with self._lock:
+            deleted = event == "DELETED"
+            if kind == "Node":
+                self._apply_node(obj, deleted)
+            elif kind == "Pod":
+                self._apply_pod(obj, deleted)
+            elif kind == "ResourceClaim":
+                self._apply_claim(obj, deleted)
+            elif kind == "ResourceSlice":
+                self._apply_slice(obj, deleted)
+            else:
+                raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
+            self._snapshot = None
+
+    def replace(self, kind: str, objs: list[Mapping[str, Any]]) -> None:
+        """A fresh LIST: drop what is gone, apply what is there."""
+        with self._lock:
+            keep: set[str] = set()
+            for obj in objs:
+                meta = _meta(obj)
+                keep.add(str(meta.get("uid") if kind == "Pod" else self._key(kind, meta)))
+            if kind == "Node":
+                gone = [n for n in self._nodes if n not in keep]
+                for n in gone:
+                    self._apply_node({"metadata": {"name": n}}, True)
+            elif kind == "Pod":
+                for uid in [u for u in self._pods if u not in keep]:
+                    self._drop_pod(uid)
+            elif kind == "ResourceClaim":
+                for key in [k for k in self._claims if k not in keep]:
+                    ns, _, name = key.partition("/")
+                    self._apply_claim({"metadata": {"namespace": ns, "name": name}}, True)
+            elif kind == "ResourceSlice":
+                for key in [k for k in self._slices if k not in keep]:
+                    self._apply_slice({"metadata": {"name": key}}, True)
+        for obj in objs:
+            self.apply(kind, "ADDED", obj)
+
+    @staticmethod
+    def _key(kind: str, meta: Mapping[str, Any]) -> str:
+        if kind == "ResourceClaim":
+            return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        return str(meta.get("name", ""))
+
+    def _apply_node(self, obj: Mapping[str, Any], deleted: bool) -> None:
+        meta = _meta(obj)
+        name = str(meta.get("name", ""))
+        if deleted:
+            self._nodes.pop(name, None)
+        else:
+            labels = meta.get("labels") or {}
+            annotations = meta.get("annotations") or {}
+            raw = annotations.get(names.ANNOTATION_HOST_MEM_FREE)
+            try:
+                mem: int | None = int(raw) if raw is not None else None
+            except (TypeError, ValueError):
+                mem = None
+            self._nodes[name] = _Node(pool=str(labels.get(names.LABEL_POOL, "")), host_mem_free=mem)
+        self._dirty.add(name)
+
+    def _apply_slice(self, obj: Mapping[str, Any], deleted: bool) -> None:
+        name = str(_meta(obj).get("name", ""))
+        old = self._slices.pop(name, None)
+        if old is not None:
+            self._node_slices[old.node].discard(name)
+            self._dirty.add(old.node)
+            if not any(s.pool == old.pool for s in self._slices.values() if s.node == old.node):
+                self._pool_nodes[old.pool].discard(old.node)
+        if deleted:
+            return
+        spec = _spec(obj)
+        if spec.get("driver") != names.DRIVER_NAME or not spec.get("nodeName"):
+            return
+        node = str(spec["nodeName"])
+        pool_obj = spec.get("pool") or {}
+        devices: list[tuple[str, str, str]] = []
+        for dev in spec.get("devices") or []:
+            if not isinstance(dev, Mapping):
+                continue
+            attrs = dev.get("attributes") or {}
+            role = _attr_str(attrs, names.ATTR_ROLE)
+            phys = _attr_str(attrs, names.ATTR_PHYSICAL_GPU)
+            if role in (names.ROLE_SERVING, names.ROLE_LENDABLE) and phys:
+                devices.append((str(dev.get("name", "")), role, phys))
+        sl = _Slice(
+            node=node,
+            pool=str(pool_obj.get("name", node)),
+            generation=int(pool_obj.get("generation", 0) or 0),
+            devices=tuple(devices),
+        )
+        self._slices[name] = sl
+        self._node_slices[node].add(name)
+        self._pool_nodes[sl.pool].add(node)
+        self._dirty.add(node)
+
+    def _claim_nodes(self, results: tuple[tuple[str, str], ...]) -> set[str]:
+        out: set[str] = set()
+        for pool, _ in results:
+            out |= self._pool_nodes.get(pool, set())
+        return out
+
+    def _apply_claim(self, obj: Mapping[str, Any], deleted: bool) -> None:
+        meta = _meta(obj)
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        old = self._claims.pop(key, None)
+        if old is not None:
+            for dev in old:
+                self._allocated[dev] -= 1
+                if self._allocated[dev] <= 0:
+                    del self._allocated[dev]
+            self._dirty |= self._claim_nodes(old)
+        if deleted:
+            return
+        status = obj.get("status") or {}
+        alloc = (status.get("allocation") or {}).get("devices") or {}
+        results = tuple(
+            (str(r.get("pool", "")), str(r.get("device", "")))
+            for r in alloc.get("results") or []
+            if isinstance(r, Mapping) and r.get("driver") == names.DRIVER_NAME
+        )
+        if not results:
+            return
+        self._claims[key] = results
+        for dev in results:
+            self._allocated[dev] += 1
+        self._dirty |= self._claim_nodes(results)
+
+    def _drop_pod(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is not None and old.node:
+            self._node_pods[old.node].discard(uid)
+            self._dirty.add(old.node)
+
+    def _apply_pod(self, obj: Mapping[str, Any], deleted: bool) -> None:
+        meta = _meta(obj)
+        uid = str(meta.get("uid", ""))
+        self._drop_pod(uid)
+        if deleted or not uid:
+            return
+        spec = _spec(obj)
+        status = obj.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        owners = [
+            (str(o.get("kind", "")), str(o.get("name", "")))
+            for o in meta.get("ownerReferences") or []
+            if isinstance(o, Mapping)
+        ]
+        info = policy.pod_info(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=uid,
+            labels=meta.get("labels"),
+            annotations=meta.get("annotations"),
+            owners=owners,
+            node=spec.get("nodeName"),
+            priority=spec.get("priority"),
+            termination_grace_s=spec.get("terminationGracePeriodSeconds"),
+            claim_count=len(spec.get("resourceClaims") or []),
+            terminating=meta.get("deletionTimestamp") is not None,
+            cfg=self._cfg,
+        )
+        self._pods[uid] = info
+        if info.node:
+            self._node_pods[info.node].add(uid)
+            self._dirty.add(info.node)
+
+    # ----------------------------------------------------------------------------- derived
+    def _node_state(self, name: str) -> NodeState | None:
+        node = self._nodes.get(name)
+        if node is None:
+            return None
+        # Highest generation per DRA pool wins (consumers ignore older generations).
+        best_gen: dict[str, int] = {}
+        slices = [self._slices[s] for s in self._node_slices.get(name, ()) if s in self._slices]
+        for sl in slices:
+            best_gen[sl.pool] = max(best_gen.get(sl.pool, sl.generation), sl.generation)
+        serving: dict[str, bool] = {}
+        lendable: dict[str, bool] = {}
+        for sl in slices:
+            if sl.generation != best_gen[sl.pool]:
+                continue
+            for dev, role, phys in sl.devices:
+                used = (sl.pool, dev) in self._allocated
+                target = serving if role == names.ROLE_SERVING else lendable
+                target[phys] = target.get(phys, False) or used
+        physical = set(serving) | set(lendable)
+        serving_used = sum(1 for used in serving.values() if used)
+        lent = sum(1 for used in lendable.values() if used)
+        lendable_free = sum(1 for p, used in lendable.items() if not used and not serving.get(p, False))
+        occupants = [
+            self._pods[uid] for uid in self._node_pods.get(name, ()) if self._pods[uid].kind is PodKind.RL
+        ]
+        jobs = frozenset(f"{p.namespace}/{p.job}" for p in occupants if p.job)
+        return NodeState(
+            name=name,
+            pool=node.pool,
+            gpus=len(physical),
+            serving_used=serving_used,
+            lent=lent,
+            lendable_free=lendable_free,
+            host_mem_free=node.host_mem_free,
+            reclaim_cost_s=policy.reclaim_cost_s(occupants, self._cfg) if lent else 0.0,
+            jobs=jobs,
+        )
+
+    def snapshot(self) -> Snapshot:
+        """The current view; rebuilt only when something changed since the last call."""
+        with self._lock:
+            if self._snapshot is not None and not self._dirty:
+                return self._snapshot
+            for name in self._dirty:
+                state = self._node_state(name)
+                if state is None:
+                    self._states.pop(name, None)
+                else:
+                    self._states[name] = state
+            self._dirty.clear()
+            pools: dict[str, list[int]] = {}
+            job_nodes: dict[str, set[str]] = defaultdict(set)
+            for state in self._states.values():
+                acc = pools.setdefault(state.pool, [0, 0, 0])
+                acc[0] += state.gpus
+                acc[1] += state.serving_used
+                acc[2] += state.lent
+                for job in state.jobs:
+                    job_nodes[job].add(state.name)
+            self._snapshot = Snapshot(
+                nodes=MappingProxyType(dict(self._states)),
+                pools=MappingProxyType({p: PoolState(*v) for p, v in pools.items()}),
+                # A live read-only view: pod lookups by UID are single dict reads.
+                pods=MappingProxyType(self._pods),
+                job_nodes=MappingProxyType({j: frozenset(n) for j, n in job_nodes.items()}),
+            )
+            return self._snapshot
+
+    def pod(self, uid: str) -> PodInfo | None:
+        return self._pods.get(uid)
+
+    def mark_suspend_requested(self, uid: str) -> None:
+        """Remember locally that a suspend request was sent (the watch confirms it later)."""
+        with self._lock:
+            info = self._pods.get(uid)
+            if info is not None and not info.suspend_requested:
+                from dataclasses import replace
+
+                self._pods[uid] = replace(info, suspend_requested=True)

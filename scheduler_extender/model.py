@@ -1,0 +1,86 @@
+"""Plain data the policy decides on: per-node and per-pool state, pods, forecasts.
+
+The cache (``cache.py``) derives these from watched Kubernetes objects; the policy
+(``policy.py``) is a set of pure functions of them. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class PodKind(enum.StrEnum):
+    RL = "rl-worker"
+    SERVING = "serving"
+    OTHER = "other"
+
+
+POD_KINDS: tuple[PodKind, ...] = tuple(PodKind)
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the extender knows about one pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    kind: PodKind
+    job: str = ""  # ElasticRLJob name for RL workers
+    gpus: int = 1  # GPUs the pod needs (RL workers: lendable GPUs)
+    state_bytes: int = 0  # device state that suspend moves to host memory
+    grace_s: float = 30.0  # seconds the workload may take to reach a safe point
+    at_safe_point: bool = False
+    min_run_s: float | None = None  # minimum useful uninterrupted run (RL workers)
+    node: str = ""  # spec.nodeName, "" while pending
+    priority: int = 0
+    suspend_requested: bool = False
+    terminating: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A GPU node as published by the ROSE DRA driver (ResourceSlices) and its pods."""
+
+    name: str
+    pool: str  # rose.io/gpu-pool label; "" when unlabelled
+    gpus: int  # physical GPUs published by gpu.rose.io on this node
+    serving_used: int  # physical GPUs whose serving device is allocated
+    lent: int  # physical GPUs whose lendable device is allocated
+    lendable_free: int  # lendable devices free whose serving twin is free too
+    host_mem_free: int | None  # bytes free for suspended state; None = not published
+    reclaim_cost_s: float  # estimated seconds to take back every lent GPU on the node
+    jobs: frozenset[str] = frozenset()  # ElasticRLJobs with a worker on the node
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    capacity: int  # physical GPUs in the pool
+    serving_used: int
+    lent: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolForecast:
+    """A pool's serving-demand forecast reduced to what the policy needs."""
+
+    pool: str
+    # (horizon seconds, upper-quantile serving demand in GPUs), sorted by horizon
+    points: tuple[tuple[int, float], ...]
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent view of the cluster for one scheduling call."""
+
+    nodes: Mapping[str, NodeState]
+    pools: Mapping[str, PoolState]
+    pods: Mapping[str, PodInfo]  # by UID
+    job_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "ns/job" → nodes

@@ -1,0 +1,375 @@
+"""The extender's decisions: pure functions of plain data (no I/O, no clock, no globals).
+
+- RL workers (ElasticRLJob pods) are filtered to nodes with a free lendable GPU, room in host
+  memory for suspended state, and a pool the forecast says serving will not need within the
+  job's minimum useful run; they are scored by predicted idle window, free lendable GPUs and
+  closeness to the job's other workers.
+- Serving pods are never filtered; they are scored towards GPUs with no lent occupant, then
+  towards those cheapest to take back.
+- Preemption never evicts an RL worker: RL victims are taken out of the lists and suspended.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rose_common import extender_names, names
+from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
+from scheduler_extender.wire import MAX_EXTENDER_PRIORITY, MIN_EXTENDER_PRIORITY
+
+RL_OWNER_KIND = names.KIND
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    default_min_run_s: float = 600.0
+    default_grace_s: float = 30.0
+    # Quantile of serving demand used as "what serving may need" (upper quantile: conservative).
+    quantile: str = "0.9"
+    # Fallback when a pool has no usable forecast: lend only when at least this fraction of the
+    # pool stays free after placing the pod, and then assume this idle window.
+    fallback_headroom: float = 0.25
+    fallback_window_s: float = 600.0
+    # Longest horizon scored; windows at or beyond it get the full idle-window score.
+    max_horizon_s: float = 3600.0
+    # Host to device link for suspend cost estimates (PCIe Gen5 x16, pinned, one direction).
+    link_bytes_per_s: float = 55e9
+    # One point of serving score per this many seconds of reclaim cost.
+    reclaim_cost_step_s: float = 10.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Pods
+
+
+def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def classify(labels: Mapping[str, str], owner_kinds: Iterable[str]) -> tuple[PodKind, str]:
+    """RL worker by label ``rose.io/elastic-rl-job`` or an ElasticRLJob owner; serving by role label."""
+    job = labels.get(names.LABEL_JOB, "")
+    if job:
+        return PodKind.RL, job
+    if RL_OWNER_KIND in owner_kinds:
+        return PodKind.RL, ""
+    if labels.get(names.LABEL_ROLE) == names.ROLE_SERVING:
+        return PodKind.SERVING, ""
+    return PodKind.OTHER, ""
+
+
+def pod_info(
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    owners: Sequence[tuple[str, str]] = (),  # (kind, name)
+    node: str | None = None,
+    priority: int | None = None,
+    termination_grace_s: int | None = None,
+    claim_count: int = 0,
+    terminating: bool = False,
+    cfg: PolicyConfig | None = None,
+) -> PodInfo:
+    """Build :class:`PodInfo` from a pod's fields (request bodies and the watch cache share this)."""
+    cfg = cfg or PolicyConfig()
+    labels = labels or {}
+    annotations = annotations or {}
+    kind, job = classify(labels, (k for k, _ in owners))
+    if kind is PodKind.RL and not job:
+        job = next((n for k, n in owners if k == RL_OWNER_KIND), "")
+    gpus = _int_annotation(annotations, extender_names.ANNOTATION_GPUS)
+    if gpus is None or gpus == 0:
+        gpus = max(1, claim_count)
+    grace = _int_annotation(annotations, names.ANNOTATION_GRACE)
+    if grace is None:
+        grace = termination_grace_s if termination_grace_s is not None else int(cfg.default_grace_s)
+    min_run = _int_annotation(annotations, extender_names.ANNOTATION_MIN_RUN)
+    return PodInfo(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        kind=kind,
+        job=job,
+        gpus=gpus,
+        state_bytes=_int_annotation(annotations, names.ANNOTATION_STATE_BYTES) or 0,
+        grace_s=float(grace),
+        at_safe_point=annotations.get(extender_names.ANNOTATION_AT_SAFE_POINT, "").lower() == "true",
+        min_run_s=float(min_run) if min_run is not None else None,
+        node=node or "",
+        priority=priority or 0,
+        suspend_requested=names.ANNOTATION_SUSPEND_REQUEST in annotations,
+        terminating=terminating,
+    )
+
+
+def reclaim_cost_s(occupants: Iterable[PodInfo], cfg: PolicyConfig) -> float:
+    """Seconds to take back every lent GPU of a node: the longest wait for a safe point
+    (none for occupants already at one) plus the state transfer over the host link."""
+    wait = 0.0
+    total_bytes = 0
+    for pod in occupants:
+        if not pod.at_safe_point:
+            wait = max(wait, pod.grace_s)
+        total_bytes += pod.state_bytes
+    return wait + total_bytes / cfg.link_bytes_per_s
+
+
+# ---------------------------------------------------------------------------------------------
+# Forecast → idle window
+
+
+def upper_demand(quantiles: Mapping[str, float], wanted: str) -> float | None:
+    """The wanted quantile, else the highest one given (the conservative side)."""
+    if wanted in quantiles:
+        return quantiles[wanted]
+    best: tuple[float, float] | None = None
+    for level, value in quantiles.items():
+        try:
+            q = float(level)
+        except ValueError:
+            continue
+        if best is None or q > best[0]:
+            best = (q, value)
+    return None if best is None else best[1]
+
+
+def idle_window_s(
+    pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig
+) -> tuple[float, bool]:
+    """How long ``need`` more GPUs of the pool are predicted to stay free of serving.
+
+    Returns ``(seconds, fallback_used)``. With a forecast: the longest horizon up to which, at
+    every forecast point, capacity − upper-quantile demand − GPUs already lent ≥ need (0 if not
+    even now). Without one: the conservative rule — ``fallback_window_s`` only when at least
+    ``fallback_headroom`` of the pool stays free after placing the pod, else 0.
+    """
+    free_now = pool.capacity - pool.serving_used - pool.lent
+    if forecast is None or not forecast.points:
+        ok = free_now - need >= cfg.fallback_headroom * pool.capacity
+        return (cfg.fallback_window_s if ok and free_now >= need else 0.0), True
+    if free_now < need:
+        return 0.0, False
+    window = 0.0
+    for horizon, demand in forecast.points:
+        if pool.capacity - demand - pool.lent >= need:
+            window = float(horizon)
+        else:
+            break
+    return window, False
+
+
+def pool_windows(
+    snapshot: Snapshot,
+    forecasts: Mapping[str, PoolForecast | None],
+    need: int,
+    cfg: PolicyConfig,
+) -> tuple[dict[str, float], list[str]]:
+    """Idle window per pool for a pod needing ``need`` GPUs, and the pools that used the fallback."""
+    windows: dict[str, float] = {}
+    fallbacks: list[str] = []
+    for pool_name, pool in snapshot.pools.items():
+        window, fallback = idle_window_s(pool, forecasts.get(pool_name), need, cfg)
+        windows[pool_name] = window
+        if fallback:
+            fallbacks.append(pool_name)
+    return windows, fallbacks
+
+
+# ---------------------------------------------------------------------------------------------
+# filter
+
+
+@dataclass
+class FilterDecision:
+    passed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+def filter_nodes(
+    pod: PodInfo,
+    node_names: Sequence[str],
+    snapshot: Snapshot,
+    windows: Mapping[str, float],
+    cfg: PolicyConfig,
+) -> FilterDecision:
+    """Serving and other pods pass every node (ROSE never blocks them). RL workers need:
+
+    - a node the cache knows (else ``FailedNodes``: the cache may catch up; resolvable),
+    - ``gpus`` free lendable GPUs, host memory for their suspended state, and a pool whose idle
+      window covers the minimum useful run. Evicting pods cannot change any of these (RL
+      victims are suspended, never evicted, so their lendable devices stay allocated; the
+      forecast does not depend on pods), so they go to ``FailedAndUnresolvableNodes`` and
+      kube-scheduler does not try preemption on those nodes.
+    """
+    if pod.kind is not PodKind.RL:
+        return FilterDecision(passed=list(node_names))
+    need = pod.gpus
+    min_run = pod.min_run_s if pod.min_run_s is not None else cfg.default_min_run_s
+    state = pod.state_bytes
+    nodes = snapshot.nodes
+    out = FilterDecision(passed=[])
+    passed = out.passed
+    for name in node_names:
+        node = nodes.get(name)
+        if node is None:
+            out.failed[name] = "node not in the ROSE extender cache yet"
+        elif node.lendable_free < need:
+            out.unresolvable[name] = f"{node.lendable_free} lendable GPUs free, pod needs {need}"
+        elif node.host_mem_free is not None and node.host_mem_free < state:
+            out.unresolvable[name] = (
+                f"host memory for suspended state: {node.host_mem_free} bytes free, pod needs {state}"
+            )
+        elif windows.get(node.pool, 0.0) < min_run:
+            out.unresolvable[name] = (
+                f"serving forecast needs pool {node.pool!r} within "
+                f"{windows.get(node.pool, 0.0):.0f}s < min useful run {min_run:.0f}s"
+            )
+        else:
+            passed.append(name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# prioritize
+
+
+def _clamp(score: int) -> int:
+    return max(MIN_EXTENDER_PRIORITY, min(MAX_EXTENDER_PRIORITY, score))
+
+
+def prioritize_nodes(
+    pod: PodInfo,
+    node_names: Sequence[str],
+    snapshot: Snapshot,
+    windows: Mapping[str, float],
+    cfg: PolicyConfig,
+) -> list[tuple[str, int]]:
+    """Scores 0..10 (MaxExtenderPriority) for every input node, in input order.
+
+    RL worker: idle window (0..6, linear up to ``max_horizon_s``) + free lendable GPUs
+    (0..2: fits once → 1, twice → 2) + togetherness (2 on a node with a worker of the same
+    job, 1 in a pool with one). Serving: 10 on a node with no lent GPU, else 9 minus one point
+    per ``reclaim_cost_step_s`` of reclaim cost (at least 1). Others and unknown nodes: 0.
+    """
+    nodes = snapshot.nodes
+    if pod.kind is PodKind.SERVING:
+        step = cfg.reclaim_cost_step_s
+        out: list[tuple[str, int]] = []
+        for name in node_names:
+            node = nodes.get(name)
+            if node is None:
+                out.append((name, 0))
+            elif node.lent == 0:
+                out.append((name, MAX_EXTENDER_PRIORITY))
+            else:
+                out.append((name, max(1, 9 - math.floor(node.reclaim_cost_s / step))))
+        return out
+    if pod.kind is not PodKind.RL:
+        return [(name, 0) for name in node_names]
+    need = max(1, pod.gpus)
+    horizon = cfg.max_horizon_s
+    pool_score = {p: round(6 * min(w, horizon) / horizon) for p, w in windows.items()}
+    job_nodes = snapshot.job_nodes.get(f"{pod.namespace}/{pod.job}", frozenset()) if pod.job else frozenset()
+    job_pools = {nodes[n].pool for n in job_nodes if n in nodes}
+    out = []
+    for name in node_names:
+        node = nodes.get(name)
+        if node is None:
+            out.append((name, 0))
+            continue
+        score = pool_score.get(node.pool, 0)
+        if node.lendable_free >= need:
+            score += 1 if node.lendable_free < 2 * need else 2
+        if name in job_nodes:
+            score += 2
+        elif node.pool in job_pools:
+            score += 1
+        out.append((name, _clamp(score)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# preempt
+
+
+@dataclass
+class PreemptDecision:
+    # node → (victim UIDs in the order given, NumPDBViolations)
+    victims: dict[str, tuple[list[str], int]]
+    suspend: list[PodInfo]  # RL workers to suspend instead of evicting
+    kept_unknown: int = 0  # victims the cache does not know (kept: they cannot be RL workers we track)
+    dropped_nodes: list[str] = field(default_factory=list)
+
+
+def preempt(
+    candidates: Mapping[str, tuple[Sequence[str], int]],
+    snapshot: Snapshot,
+) -> PreemptDecision:
+    """Turn kube-scheduler's preemption candidates into ones that never evict an RL worker.
+
+    For each candidate node the victims split into RL workers and the rest.
+    1. Nodes whose victims include no RL worker ("pure") are returned unchanged. If any exist,
+       only they are returned and nothing is suspended: kube-scheduler can make room without
+       touching RL work. Mixed nodes are dropped, because their other victims alone would not
+       make room (evicting them would be wasted).
+    2. Otherwise one node is chosen — the fewest victims that must be evicted, then RL workers
+       already asked to suspend (a retry keeps its choice), then the cheapest reclaim, then the
+       name — and its RL workers are suspended instead of evicted. It is returned with its other
+       victims if it has any; a node left with no victim is dropped (kube-scheduler requires at
+       least one victim per node), and the pod is retried once the suspended workers give back
+       their resources.
+    Victims the cache does not know are kept (never silently protected or dropped). Victim order
+    (decreasing priority, which kube-scheduler relies on) is preserved.
+    """
+    pods = snapshot.pods
+    pure: dict[str, tuple[list[str], int]] = {}
+    mixed: dict[str, tuple[list[str], list[PodInfo], int]] = {}
+    unknown = 0
+    for node, (uids, pdb) in candidates.items():
+        others: list[str] = []
+        rl: list[PodInfo] = []
+        for uid in uids:
+            info = pods.get(uid)
+            if info is None:
+                unknown += 1
+                others.append(uid)
+            elif info.kind is PodKind.RL:
+                rl.append(info)
+            else:
+                others.append(uid)
+        if rl:
+            mixed[node] = (others, rl, pdb)
+        elif others:
+            pure[node] = (others, pdb)
+    if pure:
+        return PreemptDecision(
+            victims=pure, suspend=[], kept_unknown=unknown, dropped_nodes=sorted(mixed)
+        )
+    if not mixed:
+        return PreemptDecision(victims={}, suspend=[], kept_unknown=unknown)
+    nodes = snapshot.nodes
+
+    def rank(item: tuple[str, tuple[list[str], list[PodInfo], int]]) -> tuple[int, int, int, float, str]:
+        name, (others, rl, pdb) = item
+        pending = sum(1 for p in rl if not p.suspend_requested)
+        node = nodes.get(name)
+        cost = node.reclaim_cost_s if node is not None else math.inf
+        return (len(others), pdb, pending, cost, name)
+
+    chosen, (others, rl, pdb) = min(mixed.items(), key=rank)
+    victims = {chosen: (others, pdb)} if others else {}
+    dropped = sorted(n for n in mixed if n not in victims)
+    return PreemptDecision(victims=victims, suspend=rl, kept_unknown=unknown, dropped_nodes=dropped)
