@@ -10,7 +10,7 @@ idempotent: ``suspend`` of an already suspended occupant and ``resume`` of a run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -41,3 +41,11 @@ class SuspendEngine(Protocol):
     def occupant_state(self, claim_uid: str) -> str:
         """``"running"``, ``"suspended"`` or ``"unknown"``."""
         ...
+
+
+@runtime_checkable
+class ClaimBinder(Protocol):
+    """Optional engine capability: learn which pod uses a lent claim (from ``status.reservedFor``),
+    for workloads that registered with the node agent by pod UID only."""
+
+    def bind_claim(self, claim_uid: str, pod_uid: str) -> None: ...

@@ -15,9 +15,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(
-    path: Path, data: bytes, mode: int = 0o600, hook: Callable[[str], None] | None = None
-) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o600, hook: Callable[[str], None] | None = None) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content.
 
     ``hook`` is called with ``"temp-written"`` (temp fsynced, not renamed) and ``"renamed"``

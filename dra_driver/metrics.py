@@ -18,13 +18,19 @@ class DriverMetrics:
             "rose_driver_prepare", "NodePrepareResources claims handled, by result", ["result"], registry=r
         )
         self.unprepare_total = Counter(
-            "rose_driver_unprepare", "NodeUnprepareResources claims handled, by result", ["result"], registry=r
+            "rose_driver_unprepare",
+            "NodeUnprepareResources claims handled, by result",
+            ["result"],
+            registry=r,
         )
         self.prepare_seconds = Histogram(
             "rose_driver_prepare_duration_seconds", "Time to prepare one claim", buckets=_BUCKETS, registry=r
         )
         self.unprepare_seconds = Histogram(
-            "rose_driver_unprepare_duration_seconds", "Time to unprepare one claim", buckets=_BUCKETS, registry=r
+            "rose_driver_unprepare_duration_seconds",
+            "Time to unprepare one claim",
+            buckets=_BUCKETS,
+            registry=r,
         )
         self.serving_wait_seconds = Histogram(
             "rose_driver_serving_wait_seconds",
@@ -56,11 +62,16 @@ class DriverMetrics:
             registry=r,
         )
         self.slice_publish_total = Counter(
-            "rose_driver_slice_publish", "ResourceSlice reconciles that wrote to the API, by result",
-            ["result"], registry=r,
+            "rose_driver_slice_publish",
+            "ResourceSlice reconciles that wrote to the API, by result",
+            ["result"],
+            registry=r,
         )
         self.registration_total = Counter(
-            "rose_driver_registration", "Kubelet registration notifications, by result", ["result"], registry=r
+            "rose_driver_registration",
+            "Kubelet registration notifications, by result",
+            ["result"],
+            registry=r,
         )
         self.suspend_requests_total = Counter(
             "rose_driver_suspend_requests",

@@ -26,7 +26,7 @@ from filelock import FileLock
 from dra_driver import cdi
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
-from dra_driver.engine_api import SuspendEngine, SuspendResult
+from dra_driver.engine_api import ClaimBinder, SuspendEngine, SuspendResult
 from dra_driver.metrics import DriverMetrics
 from dra_driver.state import (
     CHECKPOINTED_EVICTED,
@@ -95,6 +95,7 @@ class PrepareOutcome:
 class NodeDriver:
     def __init__(
         self,
+        *,
         node_name: str,
         gpus: list[GpuDevice],
         cdi_dir: Path,
@@ -203,6 +204,7 @@ class NodeDriver:
                     self._suspend(owner, s)
             for rec in data.claims.values():  # PrepareCompleted: make sure its CDI spec exists
                 cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
+                self._bind(rec)
             for uid in cdi.list_specs(self.cdi_dir):
                 if uid not in data.claims:
                     cdi.delete_spec(self.cdi_dir, uid)
@@ -269,6 +271,21 @@ class NodeDriver:
                 self._release(rec.uid, holder)
             return POD_RUNNING if recs else ""
 
+    def reconcile(self) -> None:
+        """Periodic repair: retry resumes nobody holds any more (e.g. the engine did not know the
+        workload yet after a restart) and re-suspend held occupants the engine reports running.
+        Suspends that failed (``SuspendFailed``) are not retried here: a retry would block the
+        node's prepare calls for up to a grace period; the next serving prepare retries them."""
+        with self._locked() as data:
+            for s in list(data.suspensions.values()):
+                owner = data.claims.get(s.claim_uid)
+                if owner is None or owner.state != PREPARE_COMPLETED:
+                    continue
+                if not s.held_by:
+                    self._resume(owner, s)
+                elif s.state == SUSPENDED and self._engine_says_running(s.claim_uid):
+                    self._suspend(owner, s)
+
     def held_pods(self) -> set[str]:
         """Pod UIDs with a suspend request this node is holding."""
         with self._locked() as data:
@@ -298,8 +315,10 @@ class NodeDriver:
             try:
                 pod = self.claims.get_pod(p.namespace, p.name)
             except Exception as e:
-                log.warning("reading pod for grace period failed", extra={"pod": f"{p.namespace}/{p.name}",
-                                                                          "err": str(e)})
+                log.warning(
+                    "reading pod for grace period failed",
+                    extra={"pod": f"{p.namespace}/{p.name}", "err": str(e)},
+                )
                 continue
             raw = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(names.ANNOTATION_GRACE)
             if raw is None:
@@ -325,8 +344,7 @@ class NodeDriver:
             claim = self.claims.get_claim(ref.namespace, ref.name)
         except ClaimNotFoundError as e:
             raise ClaimError(
-                f"ResourceClaim {ref.key()} (uid {ref.uid}) not found in the API: it was deleted or "
-                "never existed"
+                f"ResourceClaim {ref.key()} (uid {ref.uid}) not found in the API: it was deleted or never existed"
             ) from e
         except Exception as e:
             raise ClaimError(f"reading ResourceClaim {ref.key()} from the API failed: {e}") from e
@@ -349,11 +367,19 @@ class NodeDriver:
                             "claim can be prepared only after the serving claim is unprepared (the kubelet "
                             "retries)"
                         )
-        grace = self._grace_of(list(valid.pods)) if any(
-            d.role == names.ROLE_LENDABLE for d in valid.devices) else self.default_grace
+        grace = (
+            self._grace_of(list(valid.pods))
+            if any(d.role == names.ROLE_LENDABLE for d in valid.devices)
+            else self.default_grace
+        )
         rec = ClaimRecord(
-            uid=ref.uid, namespace=ref.namespace, name=ref.name, state=PREPARE_STARTED,
-            devices=list(valid.devices), pods=list(valid.pods), grace_seconds=grace,
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state=PREPARE_STARTED,
+            devices=list(valid.devices),
+            pods=list(valid.pods),
+            grace_seconds=grace,
         )
         data.claims[ref.uid] = rec
         self._save()
@@ -372,9 +398,24 @@ class NodeDriver:
         rec.state = PREPARE_COMPLETED
         self._save()
         crash_point("prepare-completed")
-        log.info("claim prepared", extra={"claim": ref.key(), "uid": ref.uid,
-                                          "devices": [d.device for d in rec.devices]})
+        self._bind(rec)
+        log.info(
+            "claim prepared",
+            extra={"claim": ref.key(), "uid": ref.uid, "devices": [d.device for d in rec.devices]},
+        )
         return tuple(rec.devices)
+
+    def _bind(self, rec: ClaimRecord) -> None:
+        """Tell an engine that wants it which pods use a lent claim."""
+        if not isinstance(self.engine, ClaimBinder) or names.ROLE_LENDABLE not in rec.roles():
+            return
+        for p in rec.pods:
+            try:
+                self.engine.bind_claim(rec.uid, p.uid)
+            except Exception as e:
+                log.warning(
+                    "bind_claim failed", extra={"claim": rec.uid, "pod": f"{p.namespace}/{p.name}", "err": repr(e)}
+                )
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
         rec = self._data.claims.get(ref.uid)
@@ -410,8 +451,14 @@ class NodeDriver:
             res: SuspendResult = fut.result(timeout=timeout)
             return res
         except concurrent.futures.TimeoutError:
-            return SuspendResult(False, "none", 0, time.monotonic() - t0, None,
-                                 f"suspend engine did not finish {fn} within {timeout:.1f}s")
+            return SuspendResult(
+                False,
+                "none",
+                0,
+                time.monotonic() - t0,
+                None,
+                f"suspend engine did not finish {fn} within {timeout:.1f}s",
+            )
         except Exception as e:
             return SuspendResult(False, "none", 0, time.monotonic() - t0, None, f"suspend engine {fn} raised {e!r}")
 
@@ -423,11 +470,20 @@ class NodeDriver:
             data.suspensions[occupant.uid] = s
         elif holder not in s.held_by:
             s.held_by.append(holder)
-        if s.state in (SUSPENDED, CHECKPOINTED_EVICTED):
+        if s.state == CHECKPOINTED_EVICTED or (s.state == SUSPENDED and not self._engine_says_running(occupant.uid)):
             self._save()
             return s
         self._suspend(occupant, s, grace)
         return s
+
+    def _engine_says_running(self, claim_uid: str) -> bool:
+        """The engine (restarted since, its workload re-registered as running) disagrees with our record."""
+        if self.engine is None:
+            return False
+        try:
+            return self.engine.occupant_state(claim_uid) == "running"
+        except Exception:
+            return False
 
     def _suspend(self, occupant: ClaimRecord, s: Suspension, grace: float | None = None) -> None:
         grace_s = occupant.grace_seconds if grace is None else grace
@@ -444,20 +500,36 @@ class NodeDriver:
         s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
         if res.ok and res.fallback is None:
             s.state, outcome = SUSPENDED, "suspended"
-            self._notify(pods, POD_SUSPENDED, f"suspended into host memory via {res.backend}: "
-                         f"{res.bytes_moved} bytes in {res.seconds:.3f}s", "Suspended")
+            self._notify(
+                pods,
+                POD_SUSPENDED,
+                f"suspended into host memory via {res.backend}: {res.bytes_moved} bytes in {res.seconds:.3f}s",
+                "Suspended",
+            )
         elif res.fallback is not None:
             s.state, outcome = CHECKPOINTED_EVICTED, "checkpoint_evict"
-            self._notify(pods, POD_CHECKPOINTED_EVICTED, f"suspend fell back to {res.fallback}: {res.message}",
-                         "SuspendFallback", warning=True)
+            self._notify(
+                pods,
+                POD_CHECKPOINTED_EVICTED,
+                f"suspend fell back to {res.fallback}: {res.message}",
+                "SuspendFallback",
+                warning=True,
+            )
         else:
             s.state = SUSPEND_FAILED
             outcome = "timeout" if "within" in res.message else "failed"
-            self._notify(pods, POD_SUSPENDING, f"suspend failed, serving proceeds: {res.message}",
-                         "SuspendFailed", warning=True)
+            self._notify(
+                pods,
+                POD_SUSPENDING,
+                f"suspend failed, serving proceeds: {res.message}",
+                "SuspendFailed",
+                warning=True,
+            )
         self.metrics.occupant_suspend_total.labels(outcome).inc()
-        log.info("occupant suspend done", extra={"claim": occupant.uid, "state": s.state,
-                                                 "backend": res.backend, "seconds": res.seconds})
+        log.info(
+            "occupant suspend done",
+            extra={"claim": occupant.uid, "state": s.state, "backend": res.backend, "seconds": res.seconds},
+        )
         self._save()
         crash_point("suspend-completed")
 

@@ -74,7 +74,9 @@ class DRAPluginV1(k8s_dra_v1_pb2_grpc.DRAPluginServicer):
                 continue
             for d in o.devices:
                 entry.devices.add(
-                    request_names=list(d.request_names), pool_name=d.pool, device_name=d.device,
+                    request_names=list(d.request_names),
+                    pool_name=d.pool,
+                    device_name=d.device,
                     cdi_device_ids=list(d.cdi_ids),
                 )
         return resp
@@ -112,7 +114,11 @@ class DRAPluginV1beta1(k8s_dra_v1beta1_pb2_grpc.DRAPluginServicer):
 
 class Registration(k8s_pluginregistration_pb2_grpc.RegistrationServicer):
     def __init__(
-        self, driver_name: str, endpoint: str, on_registered: Callable[[], None], on_failed: Callable[[str], None]
+        self,
+        driver_name: str,
+        endpoint: str,
+        on_registered: Callable[[], None],
+        on_failed: Callable[[str], None],
     ) -> None:
         self.driver_name = driver_name
         self.endpoint = endpoint
@@ -121,7 +127,9 @@ class Registration(k8s_pluginregistration_pb2_grpc.RegistrationServicer):
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         return k8s_pluginregistration_pb2.PluginInfo(
-            type=PLUGIN_TYPE, name=self.driver_name, endpoint=self.endpoint,
+            type=PLUGIN_TYPE,
+            name=self.driver_name,
+            endpoint=self.endpoint,
             supported_versions=list(SUPPORTED_VERSIONS),
         )
 
@@ -171,6 +179,7 @@ def start_plugin(
     driver: NodeDriver,
     plugin_dir: Path,
     registry_dir: Path,
+    *,
     kubelet_endpoint: str | None = None,
     on_registered: Callable[[], None] = lambda: None,
     on_failed: Callable[[str], None] = lambda err: None,

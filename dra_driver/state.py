@@ -62,16 +62,26 @@ _crash_hits: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """Test hook: exit abruptly (like kill -9) when ``ROSE_DRIVER_CRASH_AT`` names this point."""
+    """Test hook: exit abruptly (like kill -9) when ``ROSE_DRIVER_CRASH_AT`` names this point.
+
+    While the variable is set, every point's hits are counted (``crash_hits``), so a test can
+    learn from a clean run which ``name:N`` exist.
+    """
     spec = os.environ.get(CRASH_ENV)
     if not spec:
         return
-    target, _, nth = spec.partition(":")
-    if target != name:
-        return
     _crash_hits[name] = _crash_hits.get(name, 0) + 1
-    if _crash_hits[name] == (int(nth) if nth else 1):
+    target, _, nth = spec.partition(":")
+    if target == name and _crash_hits[name] == (int(nth) if nth else 1):
         os._exit(137)
+
+
+def crash_hits() -> dict[str, int]:
+    return dict(_crash_hits)
+
+
+def reset_crash_hits() -> None:
+    _crash_hits.clear()
 
 
 class StateCorruptError(RuntimeError):

@@ -138,7 +138,7 @@ progress() {
   local n=0 line
   while IFS= read -r line; do
     case "$line" in
-      *.go:*|*error*|*cannot*|*undefined*) printf '%s\n' "$line" >&2 ;;
+      *.go:*|'#'*|go:*|*' '*) printf '%s\n' "$line" >&2 ;;  # compiler messages, not package names
       *) n=$((n+1)); if (( n % 100 == 0 )); then log "  ... $n packages compiled"; fi ;;
     esac
   done

@@ -85,9 +85,7 @@ def _stamps_ok(bins: Binaries) -> bool:
         stamp = d / ".sha256"
         if not stamp.exists():
             return False
-        r = subprocess.run(
-            ["sha256sum", "--quiet", "-c", ".sha256"], cwd=d, capture_output=True, check=False
-        )
+        r = subprocess.run(["sha256sum", "--quiet", "-c", ".sha256"], cwd=d, capture_output=True, check=False)
         if r.returncode != 0:
             return False
     return True

@@ -28,28 +28,58 @@ def _progress(msg: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rose cluster", description=__doc__)
     p.add_argument(
-        "--dir", type=Path, default=default_workdir(),
+        "--dir",
+        type=Path,
+        default=default_workdir(),
         help="cluster work directory: pki, logs, pids, kubeconfig (env ROSE_CLUSTER_DIR)",
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start etcd, kube-apiserver, kube-controller-manager, schedulers and KWOK")
-    up.add_argument("--nodes", type=int, default=_env_int("ROSE_CLUSTER_NODES", 4),
-                    help="KWOK nodes (env ROSE_CLUSTER_NODES; default 4)")
-    up.add_argument("--gpus-per-node", type=int, default=_env_int("ROSE_CLUSTER_GPUS_PER_NODE", 8),
-                    help="simulated GPUs per node in the seed ResourceSlices (env ROSE_CLUSTER_GPUS_PER_NODE)")
-    up.add_argument("--pools", type=int, default=_env_int("ROSE_CLUSTER_POOLS", 1),
-                    help="serving pools the nodes are spread over (env ROSE_CLUSTER_POOLS)")
-    up.add_argument("--kubernetes-version", default=os.environ.get("ROSE_K8S_VERSION"),
-                    help="k8s.io/kubernetes version to build and run (env ROSE_K8S_VERSION; default pinned)")
-    up.add_argument("--apiserver-port", type=int, default=_env_int("ROSE_CLUSTER_APISERVER_PORT", 0),
-                    help="kube-apiserver port (env ROSE_CLUSTER_APISERVER_PORT; 0 = pick a free one)")
-    up.add_argument("--etcd-port", type=int, default=_env_int("ROSE_CLUSTER_ETCD_PORT", 0),
-                    help="etcd client port (env ROSE_CLUSTER_ETCD_PORT; 0 = pick a free one)")
-    up.add_argument("--extender-url",
-                    default=os.environ.get("ROSE_CLUSTER_EXTENDER_URL", f"http://127.0.0.1:{DEFAULT_EXTENDER_PORT}"),
-                    help="URL the rose-scheduler profile calls the extender at; '' for none")
-    up.add_argument("--no-seed-slices", action="store_true",
-                    help="do not publish ResourceSlices (leave it to the DRA driver processes)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=_env_int("ROSE_CLUSTER_NODES", 4),
+        help="KWOK nodes (env ROSE_CLUSTER_NODES; default 4)",
+    )
+    up.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=_env_int("ROSE_CLUSTER_GPUS_PER_NODE", 8),
+        help="simulated GPUs per node in the seed ResourceSlices (env ROSE_CLUSTER_GPUS_PER_NODE)",
+    )
+    up.add_argument(
+        "--pools",
+        type=int,
+        default=_env_int("ROSE_CLUSTER_POOLS", 1),
+        help="serving pools the nodes are spread over (env ROSE_CLUSTER_POOLS)",
+    )
+    up.add_argument(
+        "--kubernetes-version",
+        default=os.environ.get("ROSE_K8S_VERSION"),
+        help="k8s.io/kubernetes version to build and run (env ROSE_K8S_VERSION; default pinned)",
+    )
+    up.add_argument(
+        "--apiserver-port",
+        type=int,
+        default=_env_int("ROSE_CLUSTER_APISERVER_PORT", 0),
+        help="kube-apiserver port (env ROSE_CLUSTER_APISERVER_PORT; 0 = pick a free one)",
+    )
+    up.add_argument(
+        "--etcd-port",
+        type=int,
+        default=_env_int("ROSE_CLUSTER_ETCD_PORT", 0),
+        help="etcd client port (env ROSE_CLUSTER_ETCD_PORT; 0 = pick a free one)",
+    )
+    up.add_argument(
+        "--extender-url",
+        default=os.environ.get("ROSE_CLUSTER_EXTENDER_URL", f"http://127.0.0.1:{DEFAULT_EXTENDER_PORT}"),
+        help="URL the rose-scheduler profile calls the extender at; '' for none",
+    )
+    up.add_argument(
+        "--no-seed-slices",
+        action="store_true",
+        help="do not publish ResourceSlices (leave it to the DRA driver processes)",
+    )
     sub.add_parser("down", help="stop every component; leaves no process or port behind")
     sub.add_parser("status", help="components, pids, ports; the log tail of any that died")
     sub.add_parser("env", help="print `export KUBECONFIG=…` for this cluster")
@@ -62,9 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "up":
             cfg = ClusterConfig(
-                nodes=args.nodes, gpus_per_node=args.gpus_per_node, pools=args.pools, workdir=args.dir,
-                kubernetes_version=args.kubernetes_version, apiserver_port=args.apiserver_port,
-                etcd_port=args.etcd_port, extender_url=args.extender_url or None,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                pools=args.pools,
+                workdir=args.dir,
+                kubernetes_version=args.kubernetes_version,
+                apiserver_port=args.apiserver_port,
+                etcd_port=args.etcd_port,
+                extender_url=args.extender_url or None,
                 seed_slices=not args.no_seed_slices,
             )
             h = LocalCluster(cfg, progress=_progress).up()
@@ -78,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             dead = False
             for r in rows:
                 state = "running" if r["alive"] else ("DIED" if r["pid"] else "not started")
-                print(f"{r['component']:<25} {state:<12} pid={r['pid'] or '-':<8} port={r['port'] or '-':<6} {r['log']}")
+                print(
+                    f"{r['component']:<25} {state:<12} pid={r['pid'] or '-':<8} port={r['port'] or '-':<6} {r['log']}"
+                )
                 if r.get("log_tail"):
                     dead = True
                     print("    last log lines:\n    " + r["log_tail"].replace("\n", "\n    "))
@@ -89,4 +126,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rose cluster: error: {e}", file=sys.stderr)
         return 1
     return 0
-

@@ -139,9 +139,7 @@ def _kubeconfig(path: Path, server: str, p: pki.Pki, user: str) -> None:
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": "rose-local", "cluster": {"server": server, "certificate-authority": str(p.ca_crt)}}
-        ],
+        "clusters": [{"name": "rose-local", "cluster": {"server": server, "certificate-authority": str(p.ca_crt)}}],
         "users": [
             {
                 "name": user,
@@ -201,9 +199,7 @@ class LocalCluster:
     # ---------------------------------------------------------------- up
     def up(self) -> ClusterHandle:
         t0 = time.monotonic()
-        if self.state_file.exists() and any(
-            (pid := self._pid(c)) is not None and self._alive(pid) for c in COMPONENTS
-        ):
+        if self.state_file.exists() and any((pid := self._pid(c)) is not None and self._alive(pid) for c in COMPONENTS):
             raise ClusterError(
                 f"a cluster is already running from {self.dir}; `rose cluster down` first "
                 "(or set ROSE_CLUSTER_DIR for a second one)"
@@ -283,7 +279,11 @@ class LocalCluster:
     def _spawn(self, component: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{component}.log", "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
             cwd=self.dir,
         )
         log.close()
@@ -314,9 +314,7 @@ class LocalCluster:
         with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
             return bool(r.status == 200)
 
-    def _start_all(
-        self, bins: binaries.Binaries, p: pki.Pki, ports: dict[str, int], kc: dict[str, Path]
-    ) -> None:
+    def _start_all(self, bins: binaries.Binaries, p: pki.Pki, ports: dict[str, int], kc: dict[str, Path]) -> None:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
         peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
@@ -324,12 +322,19 @@ class LocalCluster:
         self._spawn(
             "etcd",
             [
-                str(bins.etcd), "--name=rose", f"--data-dir={self.dir / 'etcd-data'}",
-                f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=rose={peer_url}", "--listen-metrics-urls=",
-                "--auto-compaction-retention=1", "--quota-backend-bytes=4294967296",
-                "--unsafe-no-fsync=true", "--log-level=warn",
+                str(bins.etcd),
+                "--name=rose",
+                f"--data-dir={self.dir / 'etcd-data'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=rose={peer_url}",
+                "--listen-metrics-urls=",
+                "--auto-compaction-retention=1",
+                "--quota-backend-bytes=4294967296",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
             ],
         )
 
@@ -343,23 +348,36 @@ class LocalCluster:
         self._spawn(
             "kube-apiserver",
             [
-                str(bins.kube_apiserver), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1", f"--secure-port={ports['kube-apiserver']}",
-                f"--tls-cert-file={p.crt('apiserver')}", f"--tls-private-key-file={p.key('apiserver')}",
-                f"--client-ca-file={p.ca_crt}", f"--service-account-key-file={p.sa_pub}",
+                str(bins.kube_apiserver),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['kube-apiserver']}",
+                f"--tls-cert-file={p.crt('apiserver')}",
+                f"--tls-private-key-file={p.key('apiserver')}",
+                f"--client-ca-file={p.ca_crt}",
+                f"--service-account-key-file={p.sa_pub}",
                 f"--service-account-signing-key-file={p.sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-                "--endpoint-reconciler-type=none", "--service-cluster-ip-range=10.96.0.0/16",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--service-cluster-ip-range=10.96.0.0/16",
                 # a test cluster on loopback: no request throttling in the way of benchmarks
-                "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
-                "--enable-priority-and-fairness=false", "--watch-cache=true", "--v=1",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                "--enable-priority-and-fairness=false",
+                "--watch-cache=true",
+                "--v=1",
             ],
         )
         ctx = ssl.create_default_context(cafile=str(p.ca_crt))
         ctx.load_cert_chain(str(p.crt("admin")), str(p.key("admin")))
-        self._wait("kube-apiserver", lambda: self._https_ok(
-            f"https://127.0.0.1:{ports['kube-apiserver']}/readyz", ctx), 90)
+        self._wait(
+            "kube-apiserver",
+            lambda: self._https_ok(f"https://127.0.0.1:{ports['kube-apiserver']}/readyz", ctx),
+            90,
+        )
 
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
@@ -369,12 +387,19 @@ class LocalCluster:
         self._spawn(
             "kube-controller-manager",
             [
-                str(bins.kube_controller_manager), f"--kubeconfig={kc['controller-manager']}",
-                "--bind-address=127.0.0.1", f"--secure-port={ports['kube-controller-manager']}",
-                f"--root-ca-file={p.ca_crt}", f"--service-account-private-key-file={p.sa_key}",
-                "--use-service-account-credentials=true", "--leader-elect=false", "--controllers=*",
+                str(bins.kube_controller_manager),
+                f"--kubeconfig={kc['controller-manager']}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['kube-controller-manager']}",
+                f"--root-ca-file={p.ca_crt}",
+                f"--service-account-private-key-file={p.sa_key}",
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                "--controllers=*",
                 "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                "--kube-api-qps=500", "--kube-api-burst=1000", "--v=1",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--v=1",
             ],
         )
         sched_dir = self.dir / "scheduler"
@@ -389,14 +414,22 @@ class LocalCluster:
             self._spawn(
                 comp,
                 [
-                    str(bins.kube_scheduler), f"--config={conf}", "--bind-address=127.0.0.1",
+                    str(bins.kube_scheduler),
+                    f"--config={conf}",
+                    "--bind-address=127.0.0.1",
                     f"--secure-port={ports[comp]}",
-                    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics", "--v=1",
+                    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                    "--v=1",
                 ],
             )
         for comp in ("kube-controller-manager", "kube-scheduler", "rose-scheduler"):
-            self._wait(comp, lambda c=comp: self._https_ok(  # type: ignore[misc]
-                f"https://127.0.0.1:{ports[c]}/healthz", insecure), 60)
+            self._wait(
+                comp,
+                lambda c=comp: self._https_ok(  # type: ignore[misc]
+                    f"https://127.0.0.1:{ports[c]}/healthz", insecure
+                ),
+                60,
+            )
 
         self._progress("starting kwok")
         kwok_conf = self.dir / "kwok.yaml"
@@ -404,10 +437,16 @@ class LocalCluster:
         self._spawn(
             "kwok",
             [
-                str(bins.kwok), f"--kubeconfig={kc['admin']}", f"--config={kwok_conf}",
-                "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                f"--server-address=127.0.0.1:{ports['kwok']}", "--node-ip=127.0.0.1",
-                "--node-lease-duration-seconds=40", "--tls-cert-file=", "--tls-private-key-file=",
+                str(bins.kwok),
+                f"--kubeconfig={kc['admin']}",
+                f"--config={kwok_conf}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+                "--tls-cert-file=",
+                "--tls-private-key-file=",
             ],
         )
         self._wait("kwok", lambda: self._http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"), 30)
@@ -500,7 +539,10 @@ class LocalCluster:
             pid = self._pid(comp)
             alive = pid is not None and self._alive(pid)
             row: dict[str, Any] = {
-                "component": comp, "pid": pid, "alive": alive, "port": ports.get(comp),
+                "component": comp,
+                "pid": pid,
+                "alive": alive,
+                "port": ports.get(comp),
                 "log": str(self.logs / f"{comp}.log"),
             }
             if pid is not None and not alive:
@@ -533,6 +575,12 @@ class LocalCluster:
             self._reap(comp)
             with contextlib.suppress(FileNotFoundError):
                 (self.pids / f"{comp}.pid").unlink()
+        # reap every child this object spawned (they are all dead by now)
+        for proc in getattr(self, "_procs", {}).values():
+            with contextlib.suppress(Exception):
+                proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=10)
         with contextlib.suppress(FileNotFoundError):
             self.state_file.unlink()
         return stopped
@@ -580,7 +628,11 @@ _PLURALS = {
     "PriorityClass": ("scheduling.k8s.io", "v1", "priorityclasses", False),
     "ValidatingAdmissionPolicy": ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": (
-        "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", False),
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
 }
 
 

@@ -4,7 +4,7 @@ The first ``initial_train`` steps are history only. From there the model is refi
 ``refit_every`` steps on everything seen so far (``series.values[: r + 1]`` at refit origin
 ``r``) and forecasts every origin until the next refit; each forecast reads only values up to
 its own origin. Every method is scored on the same origins: those whose current value and
-target value are both observed. WAPE = Σ|actual − forecast| / Σ|actual|; MASE = mean absolute
+target value are both observed. WAPE = sum|actual - forecast| / sum|actual|; MASE = mean absolute
 error / the in-sample mean absolute one-step change of the initial history; coverage = the
 share of targets at or below the forecast ``quantile``.
 """
@@ -143,8 +143,7 @@ def backtest(
     bad = [h for h in horizons if h % step]
     if bad:
         raise ValueError(
-            f"horizon(s) {', '.join(format_duration(h) for h in bad)} are not multiples of the "
-            f"series step ({step}s)"
+            f"horizon(s) {', '.join(format_duration(h) for h in bad)} are not multiples of the series step ({step}s)"
         )
     n = len(series)
     cfg = config or ModelConfig()

@@ -42,7 +42,8 @@ def seasonal_naive(y: FloatArray, origins: IndexArray, horizon: int, period: int
 def ewma_levels(y: FloatArray, alpha: float) -> FloatArray:
     """``e[i] = alpha * y[i] + (1 - alpha) * e[i-1]``, skipping gaps (``e`` carries over a gap)."""
     s = pd.Series(y)
-    return s.ewm(alpha=alpha, adjust=False, ignore_na=True).mean().to_numpy(dtype=np.float64)
+    out: FloatArray = s.ewm(alpha=alpha, adjust=False, ignore_na=True).mean().to_numpy(dtype=np.float64)
+    return out
 
 
 def ewma(y: FloatArray, origins: IndexArray, alpha: float) -> FloatArray:

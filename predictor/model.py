@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.pipeline import Pipeline
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from predictor.features import DAY, WEEK, FeatureSpec, Transform, build_features, targets
 from predictor.series import FloatArray, Series
@@ -33,15 +35,18 @@ class ModelConfig:
     quantiles: tuple[float, ...] = (0.5, 0.9)
     day: int = DAY
     week: int = WEEK
-    max_iter: int = 120
-    learning_rate: float = 0.06
+    max_iter: int = 80
+    learning_rate: float = 0.08
     max_leaf_nodes: int = 15
     min_samples_leaf: int = 30
     l2_regularization: float = 1.0
     calibration_fraction: float = 0.25
-    max_train_rows: int = 40_000
+    # more (origin, target) pairs than this: keep every k-th origin, newest first (neighbouring
+    # origins of 1-minute data are nearly duplicates; this bounds the fit time)
+    max_train_rows: int = 10_000
     min_train_rows: int = 96
     seed: int = 0
+    threads: int = 1  # OpenMP threads for a fit (1: predictable on a shared node)
 
     def __post_init__(self) -> None:
         if not self.horizons:
@@ -85,6 +90,7 @@ class HorizonModel:
     models: dict[float, Pipeline]
     corrections: dict[float, float]
     columns: np.ndarray  # indices of the feature columns the models use (informative in training)
+    alpha: float  # smoothing of the anchor level (1.0: the last value itself)
     train_rows: int
     calibration_rows: int
 
@@ -114,6 +120,10 @@ class QuantileForecaster:
 
     def fit(self, series: Series, upto: int | None = None) -> QuantileForecaster:
         """Fit on ``series.values[: upto + 1]`` (default: all of it). No later value is read."""
+        with threadpool_limits(limits=self.config.threads):
+            return self._fit(series, upto)
+
+    def _fit(self, series: Series, upto: int | None) -> QuantileForecaster:
         t0 = time.perf_counter()
         cfg = self.config
         last = len(series) - 1 if upto is None else upto
@@ -127,33 +137,35 @@ class QuantileForecaster:
         self.horizons = {}
         for hs in cfg.horizons:
             h = self.horizon_steps(hs, series.step)
-            x = build_features(z, times, h, self.spec)
-            tgt = targets(z, h)
+            alpha = tune_anchor_alpha(z, h)
+            level = ewm_level(z, alpha)
+            x = np.column_stack([build_features(z, times, h, self.spec), z - level])
+            tgt = targets(z, h) + z - level  # z[i+h] - level[i]
             rows = np.flatnonzero(~np.isnan(tgt))
-            rows = rows[-cfg.max_train_rows :]
+            stride = -(-len(rows) // cfg.max_train_rows)
+            rows = rows[::-1][::stride][::-1]
             if len(rows) < cfg.min_train_rows:
                 raise NotEnoughHistory(
                     f"history too short for horizon {hs}s: {len(rows)} usable (origin, target) pairs, "
                     f"need at least {cfg.min_train_rows} (about {cfg.min_train_rows + h} observed steps "
                     f"of {series.step}s)"
                 )
-            cols = informative_columns(x[rows])
-            x = x[:, cols]
             n_cal = max(20, int(len(rows) * cfg.calibration_fraction))
             fit_rows, cal_rows = rows[: -n_cal - h], rows[-n_cal:]
+            calibrate = len(fit_rows) >= cfg.min_train_rows // 2
+            cols = informative_columns(x[fit_rows] if calibrate else x[rows])
+            x = x[:, cols]
             corrections: dict[float, float] = {}
             models: dict[float, Pipeline] = {}
             for q in cfg.all_quantiles:
-                if len(fit_rows) >= cfg.min_train_rows // 2:
+                if calibrate:
                     m = _new_model(cfg, q).fit(x[fit_rows], tgt[fit_rows])
                     scores = tgt[cal_rows] - m.predict(x[cal_rows])
-                    method = "higher" if q >= 0.5 else "lower"
-                    level = min(1.0, q * (1 + 1 / len(scores))) if q >= 0.5 else q
-                    corrections[q] = float(np.quantile(scores, level, method=method))
+                    corrections[q] = conformal_correction(np.asarray(scores, dtype=np.float64), q)
                 else:
                     corrections[q] = 0.0
                 models[q] = _new_model(cfg, q).fit(x[rows], tgt[rows])
-            self.horizons[hs] = HorizonModel(h, models, corrections, cols, len(rows), len(cal_rows))
+            self.horizons[hs] = HorizonModel(h, models, corrections, cols, alpha, len(rows), len(cal_rows))
         self.fitted_until = last
         self.fit_seconds = time.perf_counter() - t0
         return self
@@ -164,6 +176,10 @@ class QuantileForecaster:
         Features at origin ``i`` read ``series.values[: i + 1]`` only. Origins whose own value is
         a gap get NaN rows (the forecast is anchored on the current level).
         """
+        with threadpool_limits(limits=self.config.threads):
+            return self._predict(series, origins)
+
+    def _predict(self, series: Series, origins: np.ndarray | None) -> dict[int, FloatArray]:
         if self.transform is None:
             raise RuntimeError("fit the forecaster before predicting")
         if series.step != self.step:
@@ -180,10 +196,12 @@ class QuantileForecaster:
         out: dict[int, FloatArray] = {}
         qs = self.config.all_quantiles
         for hs, hm in self.horizons.items():
-            x = build_features(z, times, hm.horizon_steps, self.spec)[rel][:, hm.columns]
+            level = ewm_level(z, hm.alpha)
+            x = np.column_stack([build_features(z, times, hm.horizon_steps, self.spec), z - level])
+            x = x[rel][:, hm.columns]
             cols = [hm.models[q].predict(x) + hm.corrections[q] for q in qs]
             delta = np.sort(np.column_stack(cols), axis=1)
-            pred = self.transform.inverse(z[rel][:, None] + delta)
+            pred = self.transform.inverse(level[rel][:, None] + delta)
             pred[np.isnan(z[rel])] = np.nan
             out[hs] = pred
         return out
@@ -203,11 +221,51 @@ class QuantileForecaster:
                 str(hs): {
                     "train_rows": hm.train_rows,
                     "calibration_rows": hm.calibration_rows,
+                    "anchor_alpha": hm.alpha,
                     "corrections": {str(q): round(c, 5) for q, c in hm.corrections.items()},
                 }
                 for hs, hm in self.horizons.items()
             },
         }
+
+
+ANCHOR_ALPHAS = (1.0, 0.7, 0.5, 0.3, 0.2, 0.1)
+
+
+def ewm_level(z: FloatArray, alpha: float) -> FloatArray:
+    """Exponentially weighted level of ``z`` (gaps carried over); ``alpha=1`` is ``z`` itself."""
+    if alpha >= 1.0:
+        return z.copy()
+    out: FloatArray = pd.Series(z).ewm(alpha=alpha, adjust=False, ignore_na=True).mean().to_numpy(np.float64)
+    return out
+
+
+def tune_anchor_alpha(z: FloatArray, horizon: int) -> float:
+    """The level smoothing whose flat forecast ``h`` steps ahead has the lowest MAE on this history.
+
+    The model then learns the change from that level, so its default (a zero change) is already
+    the best of persistence and the exponentially weighted mean, and noise at the origin does
+    not propagate into the forecast.
+    """
+    future = np.concatenate([z[horizon:], np.full(horizon, np.nan)])
+    best, best_err = 1.0, np.inf
+    for a in ANCHOR_ALPHAS:
+        err_v = np.abs(future - ewm_level(z, a))
+        ok = ~np.isnan(err_v) & ~np.isnan(z)
+        if not ok.any():
+            continue
+        err = float(np.mean(err_v[ok]))
+        if err < best_err:
+            best, best_err = a, err
+    return best
+
+
+def conformal_correction(scores: FloatArray, q: float) -> float:
+    """Split-conformal: the finite-sample ``q``-quantile of the held-out residuals (conservative)."""
+    if q >= 0.5:
+        level = min(1.0, q * (1 + 1 / len(scores)))
+        return float(np.quantile(scores, level, method="higher"))
+    return float(np.quantile(scores, q, method="lower"))
 
 
 def informative_columns(x: FloatArray) -> np.ndarray:

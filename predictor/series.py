@@ -134,7 +134,7 @@ def regularize(times: FloatArray, values: FloatArray, step: int | None = None, n
     if len(times) == 0:
         raise SeriesError("the series is empty")
     st = infer_step(times) if step is None else step
-    start = int(math.floor(times[0]))
+    start = math.floor(float(times[0]))
     idx = np.floor((times - start) / st + 1e-9).astype(np.int64)
     n = int(idx[-1]) + 1
     sums = np.zeros(n)

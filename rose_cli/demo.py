@@ -63,7 +63,9 @@ def gpu_table(api: Any) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = f"{'NODE':<14}{'POOL':<9}{'READY':<7}{'GPUS':>5}{'SERVING':>9}{'LENDABLE':>10}  {'MODEL':<26}{'MEM/GPU':>9}"
+    header = (
+        f"{'NODE':<14}{'POOL':<9}{'READY':<7}{'GPUS':>5}{'SERVING':>9}{'LENDABLE':>10}  {'MODEL':<26}{'MEM/GPU':>9}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
@@ -78,8 +80,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from local_cluster import ClusterConfig, ClusterError, LocalCluster, default_workdir
 
-    p = argparse.ArgumentParser(prog="rose demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="rose demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nodes", type=int, default=int(os.environ.get("ROSE_DEMO_NODES", "4")))
     p.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("ROSE_DEMO_GPUS_PER_NODE", "8")))
     p.add_argument("--dir", type=Path, default=default_workdir("demo"), help="cluster work directory")

@@ -84,8 +84,9 @@ def resource_slice(node_name: str, gpus: list[GpuInfo], generation: int) -> dict
     }
 
 
-def simulated_gpus(node_name: str, count: int, model: str = "NVIDIA H200 (simulated)",
-                   memory_bytes: int = 141 * 1024**3) -> list[GpuInfo]:
+def simulated_gpus(
+    node_name: str, count: int, model: str = "NVIDIA H200 (simulated)", memory_bytes: int = 141 * 1024**3
+) -> list[GpuInfo]:
     """Deterministic simulated GPUs for a node (uuid derived from node name and index)."""
     import hashlib
 

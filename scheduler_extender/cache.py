@@ -69,6 +69,14 @@ class ClusterCache:
         self._pods: dict[str, PodInfo] = {}
         self._node_pods: dict[str, set[str]] = defaultdict(set)
         self._states: dict[str, NodeState] = {}
+        # incremental indexes behind Snapshot
+        self._pool_acc: dict[str, list[int]] = {}
+        self._job_nodes: dict[str, set[str]] = {}
+        self._group_index: dict[tuple[str, int], int] = {}
+        self._groups: list[tuple[str, int]] = []
+        self._group_of: dict[str, int] = {}
+        self._host_mem: dict[str, int] = {}
+        self._serving_score: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._snapshot: Snapshot | None = None
         self._synced: set[str] = set()
@@ -284,9 +292,7 @@ class ClusterCache:
         serving_used = sum(1 for used in serving.values() if used)
         lent = sum(1 for used in lendable.values() if used)
         lendable_free = sum(1 for p, used in lendable.items() if not used and not serving.get(p, False))
-        occupants = [
-            self._pods[uid] for uid in self._node_pods.get(name, ()) if self._pods[uid].kind is PodKind.RL
-        ]
+        occupants = [self._pods[uid] for uid in self._node_pods.get(name, ()) if self._pods[uid].kind is PodKind.RL]
         jobs = frozenset(f"{p.namespace}/{p.job}" for p in occupants if p.job)
         return NodeState(
             name=name,
@@ -300,33 +306,66 @@ class ClusterCache:
             jobs=jobs,
         )
 
+    def _index(self, name: str, old: NodeState | None, new: NodeState | None) -> None:
+        """Move one node's contribution in the incremental indexes from ``old`` to ``new``."""
+        if old is not None:
+            acc = self._pool_acc[old.pool]
+            acc[0] -= old.gpus
+            acc[1] -= old.serving_used
+            acc[2] -= old.lent
+            acc[3] -= 1  # nodes in the pool
+            if acc[3] == 0:
+                del self._pool_acc[old.pool]
+            for job in old.jobs:
+                members = self._job_nodes.get(job)
+                if members is not None:
+                    members.discard(name)
+                    if not members:
+                        del self._job_nodes[job]
+        if new is None:
+            self._states.pop(name, None)
+            self._group_of.pop(name, None)
+            self._host_mem.pop(name, None)
+            self._serving_score.pop(name, None)
+            return
+        self._states[name] = new
+        acc = self._pool_acc.setdefault(new.pool, [0, 0, 0, 0])
+        acc[0] += new.gpus
+        acc[1] += new.serving_used
+        acc[2] += new.lent
+        acc[3] += 1
+        for job in new.jobs:
+            self._job_nodes.setdefault(job, set()).add(name)
+        key = (new.pool, new.lendable_free)
+        group = self._group_index.get(key)
+        if group is None:
+            group = self._group_index[key] = len(self._groups)
+            self._groups.append(key)
+        self._group_of[name] = group
+        if new.host_mem_free is None:
+            self._host_mem.pop(name, None)
+        else:
+            self._host_mem[name] = new.host_mem_free
+        self._serving_score[name] = policy.serving_score(new, self._cfg)
+
     def snapshot(self) -> Snapshot:
-        """The current view; rebuilt only when something changed since the last call."""
+        """The current view. Only nodes touched since the last call are recomputed; the per-node
+        maps are shared live (read by key only), the small per-pool and per-job maps are copied."""
         with self._lock:
             if self._snapshot is not None and not self._dirty:
                 return self._snapshot
             for name in self._dirty:
-                state = self._node_state(name)
-                if state is None:
-                    self._states.pop(name, None)
-                else:
-                    self._states[name] = state
+                self._index(name, self._states.get(name), self._node_state(name))
             self._dirty.clear()
-            pools: dict[str, list[int]] = {}
-            job_nodes: dict[str, set[str]] = defaultdict(set)
-            for state in self._states.values():
-                acc = pools.setdefault(state.pool, [0, 0, 0])
-                acc[0] += state.gpus
-                acc[1] += state.serving_used
-                acc[2] += state.lent
-                for job in state.jobs:
-                    job_nodes[job].add(state.name)
             self._snapshot = Snapshot(
-                nodes=MappingProxyType(dict(self._states)),
-                pools=MappingProxyType({p: PoolState(*v) for p, v in pools.items()}),
-                # A live read-only view: pod lookups by UID are single dict reads.
+                nodes=MappingProxyType(self._states),
+                pools=MappingProxyType({p: PoolState(*v[:3]) for p, v in self._pool_acc.items()}),
                 pods=MappingProxyType(self._pods),
-                job_nodes=MappingProxyType({j: frozenset(n) for j, n in job_nodes.items()}),
+                job_nodes=MappingProxyType({j: frozenset(n) for j, n in self._job_nodes.items()}),
+                group_of=MappingProxyType(self._group_of),
+                groups=tuple(self._groups),
+                host_mem=MappingProxyType(self._host_mem),
+                serving_score=MappingProxyType(self._serving_score),
             )
             return self._snapshot
 

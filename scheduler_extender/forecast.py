@@ -75,7 +75,7 @@ class HttpForecastSource:
         query = urllib.parse.urlencode({"pool": pool, "horizon": self._horizons})
         url = f"{self._base}/v1/forecast?{query}"
         try:
-            with urllib.request.urlopen(url, timeout=self._timeout) as resp:  # noqa: S310 - URL validated
+            with urllib.request.urlopen(url, timeout=self._timeout) as resp:
                 body = resp.read(8 * 1024 * 1024)
         except (urllib.error.URLError, TimeoutError, OSError) as err:
             raise ForecastError(f"GET {url}: {err}") from err
@@ -113,7 +113,7 @@ class StaticFileForecastSource:
         except (OSError, ValueError, ValidationError) as err:
             raise ForecastError(
                 f"forecast file {self._path}: expected a JSON list of ForecastResponse "
-                f"objects or {{\"forecasts\": [...]}}: {err}"
+                f'objects or {{"forecasts": [...]}}: {err}'
             ) from err
         self._by_pool = {f.pool: f for f in parsed}
         self._mtime = mtime

@@ -7,7 +7,7 @@ The cache (``cache.py``) derives these from watched Kubernetes objects; the poli
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -78,9 +78,18 @@ class PoolForecast:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A consistent view of the cluster for one scheduling call."""
+    """The cluster as one scheduling call sees it, with per-node precomputed indexes.
+
+    The per-node maps may be live views that the cache updates between calls (single dict
+    reads are atomic); the policy only reads them by key and never iterates them.
+    """
 
     nodes: Mapping[str, NodeState]
     pools: Mapping[str, PoolState]
     pods: Mapping[str, PodInfo]  # by UID
     job_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "ns/job" → nodes
+    # Nodes grouped by (pool, lendable_free): RL decisions are computed once per group.
+    group_of: Mapping[str, int] = field(default_factory=dict)
+    groups: Sequence[tuple[str, int]] = ()
+    host_mem: Mapping[str, int] = field(default_factory=dict)  # only nodes that publish it
+    serving_score: Mapping[str, int] = field(default_factory=dict)

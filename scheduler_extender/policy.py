@@ -145,13 +145,11 @@ def upper_demand(quantiles: Mapping[str, float], wanted: str) -> float | None:
     return None if best is None else best[1]
 
 
-def idle_window_s(
-    pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig
-) -> tuple[float, bool]:
+def idle_window_s(pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig) -> tuple[float, bool]:
     """How long ``need`` more GPUs of the pool are predicted to stay free of serving.
 
     Returns ``(seconds, fallback_used)``. With a forecast: the longest horizon up to which, at
-    every forecast point, capacity − upper-quantile demand − GPUs already lent ≥ need (0 if not
+    every forecast point, capacity - upper-quantile demand - GPUs already lent ≥ need (0 if not
     even now). Without one: the conservative rule — ``fallback_window_s`` only when at least
     ``fallback_headroom`` of the pool stays free after placing the pod, else 0.
     """
@@ -198,6 +196,17 @@ class FilterDecision:
     unresolvable: dict[str, str] = field(default_factory=dict)
 
 
+def _rl_group_reason(
+    pool: str, lendable_free: int, need: int, windows: Mapping[str, float], min_run: float
+) -> str | None:
+    if lendable_free < need:
+        return f"{lendable_free} lendable GPUs free, pod needs {need}"
+    window = windows.get(pool, 0.0)
+    if window < min_run:
+        return f"serving forecast needs pool {pool!r} within {window:.0f}s < min useful run {min_run:.0f}s"
+    return None
+
+
 def filter_nodes(
     pod: PodInfo,
     node_names: Sequence[str],
@@ -208,37 +217,42 @@ def filter_nodes(
     """Serving and other pods pass every node (ROSE never blocks them). RL workers need:
 
     - a node the cache knows (else ``FailedNodes``: the cache may catch up; resolvable),
-    - ``gpus`` free lendable GPUs, host memory for their suspended state, and a pool whose idle
-      window covers the minimum useful run. Evicting pods cannot change any of these (RL
+    - ``gpus`` free lendable GPUs, a pool whose idle window covers the minimum useful run, and
+      host memory for their suspended state. Evicting pods cannot change any of these (RL
       victims are suspended, never evicted, so their lendable devices stay allocated; the
       forecast does not depend on pods), so they go to ``FailedAndUnresolvableNodes`` and
       kube-scheduler does not try preemption on those nodes.
+
+    Decisions are computed once per (pool, free lendable GPUs) group, then looked up per node.
     """
     if pod.kind is not PodKind.RL:
         return FilterDecision(passed=list(node_names))
     need = pod.gpus
     min_run = pod.min_run_s if pod.min_run_s is not None else cfg.default_min_run_s
+    reasons = [_rl_group_reason(pool, free, need, windows, min_run) for pool, free in snapshot.groups]
+    ok = [r is None for r in reasons]
+    ok.append(False)  # index -1: node unknown
+    group_get = snapshot.group_of.get
+    passed = [n for n in node_names if ok[group_get(n, -1)]]
+    out = FilterDecision(passed=passed)
+    if len(passed) < len(node_names):
+        for name in node_names:
+            g = group_get(name)
+            if g is None:
+                out.failed[name] = "node not in the ROSE extender cache yet"
+            elif reasons[g] is not None:
+                out.unresolvable[name] = str(reasons[g])
     state = pod.state_bytes
-    nodes = snapshot.nodes
-    out = FilterDecision(passed=[])
-    passed = out.passed
-    for name in node_names:
-        node = nodes.get(name)
-        if node is None:
-            out.failed[name] = "node not in the ROSE extender cache yet"
-        elif node.lendable_free < need:
-            out.unresolvable[name] = f"{node.lendable_free} lendable GPUs free, pod needs {need}"
-        elif node.host_mem_free is not None and node.host_mem_free < state:
-            out.unresolvable[name] = (
-                f"host memory for suspended state: {node.host_mem_free} bytes free, pod needs {state}"
-            )
-        elif windows.get(node.pool, 0.0) < min_run:
-            out.unresolvable[name] = (
-                f"serving forecast needs pool {node.pool!r} within "
-                f"{windows.get(node.pool, 0.0):.0f}s < min useful run {min_run:.0f}s"
-            )
-        else:
-            passed.append(name)
+    if state > 0 and snapshot.host_mem:
+        mem_get = snapshot.host_mem.get
+        keep = []
+        for name in passed:
+            free = mem_get(name)
+            if free is not None and free < state:
+                out.unresolvable[name] = f"host memory for suspended state: {free} bytes free, pod needs {state}"
+            else:
+                keep.append(name)
+        out.passed = keep
     return out
 
 
@@ -250,55 +264,98 @@ def _clamp(score: int) -> int:
     return max(MIN_EXTENDER_PRIORITY, min(MAX_EXTENDER_PRIORITY, score))
 
 
+def serving_score(node: NodeState, cfg: PolicyConfig) -> int:
+    """10 with no lent GPU, else 9 minus one point per ``reclaim_cost_step_s`` (at least 1)."""
+    if node.lent == 0:
+        return MAX_EXTENDER_PRIORITY
+    return max(1, 9 - int(node.reclaim_cost_s // cfg.reclaim_cost_step_s))
+
+
 def prioritize_nodes(
     pod: PodInfo,
     node_names: Sequence[str],
     snapshot: Snapshot,
     windows: Mapping[str, float],
     cfg: PolicyConfig,
-) -> list[tuple[str, int]]:
+) -> list[int]:
     """Scores 0..10 (MaxExtenderPriority) for every input node, in input order.
 
     RL worker: idle window (0..6, linear up to ``max_horizon_s``) + free lendable GPUs
     (0..2: fits once → 1, twice → 2) + togetherness (2 on a node with a worker of the same
-    job, 1 in a pool with one). Serving: 10 on a node with no lent GPU, else 9 minus one point
-    per ``reclaim_cost_step_s`` of reclaim cost (at least 1). Others and unknown nodes: 0.
+    job, 1 in a pool with one). Serving: :func:`serving_score`. Others and unknown nodes: 0.
     """
-    nodes = snapshot.nodes
     if pod.kind is PodKind.SERVING:
-        step = cfg.reclaim_cost_step_s
-        out: list[tuple[str, int]] = []
-        for name in node_names:
-            node = nodes.get(name)
-            if node is None:
-                out.append((name, 0))
-            elif node.lent == 0:
-                out.append((name, MAX_EXTENDER_PRIORITY))
-            else:
-                out.append((name, max(1, 9 - math.floor(node.reclaim_cost_s / step))))
-        return out
+        get = snapshot.serving_score.get
+        return [get(n, 0) for n in node_names]
     if pod.kind is not PodKind.RL:
-        return [(name, 0) for name in node_names]
+        return [0] * len(node_names)
     need = max(1, pod.gpus)
     horizon = cfg.max_horizon_s
-    pool_score = {p: round(6 * min(w, horizon) / horizon) for p, w in windows.items()}
     job_nodes = snapshot.job_nodes.get(f"{pod.namespace}/{pod.job}", frozenset()) if pod.job else frozenset()
+    nodes = snapshot.nodes
     job_pools = {nodes[n].pool for n in job_nodes if n in nodes}
-    out = []
-    for name in node_names:
-        node = nodes.get(name)
-        if node is None:
-            out.append((name, 0))
-            continue
-        score = pool_score.get(node.pool, 0)
-        if node.lendable_free >= need:
-            score += 1 if node.lendable_free < 2 * need else 2
-        if name in job_nodes:
-            score += 2
-        elif node.pool in job_pools:
+    table = []
+    for pool, free in snapshot.groups:
+        score = round(6 * min(windows.get(pool, 0.0), horizon) / horizon)
+        if free >= need:
+            score += 1 if free < 2 * need else 2
+        if pool in job_pools:
             score += 1
-        out.append((name, _clamp(score)))
-    return out
+        table.append(_clamp(score))
+    table.append(0)  # unknown node
+    group_get = snapshot.group_of.get
+    scores = [table[group_get(n, -1)] for n in node_names]
+    if job_nodes:
+        # one more point (2 in all) on nodes already running a worker of the job
+        for i, name in enumerate(node_names):
+            if name in job_nodes:
+                scores[i] = _clamp(scores[i] + 1)
+    return scores
+
+
+def index_nodes(
+    states: Mapping[str, NodeState], cfg: PolicyConfig
+) -> tuple[dict[str, int], list[tuple[str, int]], dict[str, int], dict[str, int]]:
+    """Per-node indexes of a :class:`Snapshot`: group_of, groups, host_mem, serving_score."""
+    group_of: dict[str, int] = {}
+    groups: list[tuple[str, int]] = []
+    index: dict[tuple[str, int], int] = {}
+    host_mem: dict[str, int] = {}
+    serving: dict[str, int] = {}
+    for name, node in states.items():
+        key = (node.pool, node.lendable_free)
+        if key not in index:
+            index[key] = len(groups)
+            groups.append(key)
+        group_of[name] = index[key]
+        if node.host_mem_free is not None:
+            host_mem[name] = node.host_mem_free
+        serving[name] = serving_score(node, cfg)
+    return group_of, groups, host_mem, serving
+
+
+def build_snapshot(
+    states: Mapping[str, NodeState],
+    pods: Mapping[str, PodInfo],
+    cfg: PolicyConfig,
+    job_nodes: Mapping[str, frozenset[str]] | None = None,
+) -> Snapshot:
+    """A snapshot from plain node states (tests, tools); the cache maintains the same incrementally."""
+    pools: dict[str, PoolState] = {}
+    for n in states.values():
+        p = pools.get(n.pool, PoolState(0, 0, 0))
+        pools[n.pool] = PoolState(p.capacity + n.gpus, p.serving_used + n.serving_used, p.lent + n.lent)
+    group_of, groups, host_mem, serving = index_nodes(states, cfg)
+    return Snapshot(
+        nodes=states,
+        pools=pools,
+        pods=pods,
+        job_nodes=job_nodes or {},
+        group_of=group_of,
+        groups=groups,
+        host_mem=host_mem,
+        serving_score=serving,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +374,7 @@ class PreemptDecision:
 def preempt(
     candidates: Mapping[str, tuple[Sequence[str], int]],
     snapshot: Snapshot,
+    victim_pods: Mapping[str, PodInfo] | None = None,
 ) -> PreemptDecision:
     """Turn kube-scheduler's preemption candidates into ones that never evict an RL worker.
 
@@ -331,10 +389,12 @@ def preempt(
        victims if it has any; a node left with no victim is dropped (kube-scheduler requires at
        least one victim per node), and the pod is retried once the suspended workers give back
        their resources.
-    Victims the cache does not know are kept (never silently protected or dropped). Victim order
+    ``victim_pods`` are full victims sent in the request (nodeCacheCapable false); they win over
+    the cache. Victims the cache does not know are kept (never silently protected or dropped). Victim order
     (decreasing priority, which kube-scheduler relies on) is preserved.
     """
-    pods = snapshot.pods
+    cached = snapshot.pods
+    given = victim_pods or {}
     pure: dict[str, tuple[list[str], int]] = {}
     mixed: dict[str, tuple[list[str], list[PodInfo], int]] = {}
     unknown = 0
@@ -342,7 +402,7 @@ def preempt(
         others: list[str] = []
         rl: list[PodInfo] = []
         for uid in uids:
-            info = pods.get(uid)
+            info = given.get(uid) or cached.get(uid)
             if info is None:
                 unknown += 1
                 others.append(uid)
@@ -355,9 +415,7 @@ def preempt(
         elif others:
             pure[node] = (others, pdb)
     if pure:
-        return PreemptDecision(
-            victims=pure, suspend=[], kept_unknown=unknown, dropped_nodes=sorted(mixed)
-        )
+        return PreemptDecision(victims=pure, suspend=[], kept_unknown=unknown, dropped_nodes=sorted(mixed))
     if not mixed:
         return PreemptDecision(victims={}, suspend=[], kept_unknown=unknown)
     nodes = snapshot.nodes

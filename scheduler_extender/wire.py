@@ -8,9 +8,10 @@ normal camelCase JSON; only the fields the extender reads are modelled, the rest
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
+from typing_extensions import TypedDict
 
 MIN_EXTENDER_PRIORITY = 0
 MAX_EXTENDER_PRIORITY = 10
@@ -64,9 +65,7 @@ class ResourceClaimStatus(_K8s):
 
 
 class PodStatus(_K8s):
-    resource_claim_statuses: list[ResourceClaimStatus] | None = Field(
-        default=None, alias="resourceClaimStatuses"
-    )
+    resource_claim_statuses: list[ResourceClaimStatus] | None = Field(default=None, alias="resourceClaimStatuses")
 
 
 class V1Pod(_K8s):
@@ -119,13 +118,17 @@ class HostPriorityList(RootModel[list[HostPriority]]):
     """Prioritize reply: a bare JSON array, never wrapped in an object."""
 
 
-class MetaPod(_Go):
+class MetaPod(TypedDict):
+    """``{"UID": ...}``. MetaPod and MetaVictims are pydantic-validated TypedDicts rather than
+    models: a preempt call at 5,000 nodes carries ~500 of them, and plain dicts validate ~3x
+    faster than model instances."""
+
     UID: str
 
 
-class MetaVictims(_Go):
-    Pods: list[MetaPod] | None = Field(default=None, max_length=MAX_VICTIMS_PER_NODE)
-    NumPDBViolations: int = 0
+class MetaVictims(TypedDict, total=False):
+    Pods: Annotated[list[MetaPod] | None, Field(max_length=MAX_VICTIMS_PER_NODE)]
+    NumPDBViolations: int
 
 
 class Victims(_Go):

@@ -66,7 +66,7 @@ def _existing_cluster() -> ClusterHandle:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
-    """One real cluster for the whole end-to-end session: 4 KWOK nodes × 2 simulated GPUs,
+    """One real cluster for the whole end-to-end session: 4 KWOK nodes with 2 simulated GPUs,
     2 pools; the rose-scheduler profile calls an extender at a free loopback port
     (``cluster.extender_url``) that the extender's tests start themselves."""
     if os.environ.get("ROSE_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
@@ -74,7 +74,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
         return
     workdir = tmp_path_factory.mktemp("cluster")
     cfg = ClusterConfig(
-        nodes=4, gpus_per_node=2, pools=2, workdir=workdir,
+        nodes=4,
+        gpus_per_node=2,
+        pools=2,
+        workdir=workdir,
         extender_url=f"http://127.0.0.1:{free_port()}",
     )
     lc = LocalCluster(cfg)

@@ -31,8 +31,7 @@ def new_namespace(api: Any, prefix: str = "e2e") -> str:
     wait_for(
         f"default ServiceAccount in {name}",
         lambda: any(
-            sa.metadata.name == "default"
-            for sa in client.CoreV1Api(api).list_namespaced_service_account(name).items
+            sa.metadata.name == "default" for sa in client.CoreV1Api(api).list_namespaced_service_account(name).items
         ),
         timeout=30,
     )

@@ -24,10 +24,7 @@ class CooperativeBackend:
     def _roundtrip(
         self, w: Workload, kind: CommandKind, deadline_monotonic: float, op: OpContext
     ) -> tuple[Ack | None, str]:
-        if not w.connected:
-            note = " (its command stream is not connected now; the command waits for it)"
-        else:
-            note = ""
+        note = "" if w.connected else " (its command stream is not connected now; the command waits for it)"
         w.send(
             Command(
                 operation_id=op.operation_id,
@@ -44,7 +41,10 @@ class CooperativeBackend:
         ack, note = self._roundtrip(w, "suspend", deadline_monotonic, op)
         if ack is None:
             return BackendOutcome(
-                False, 0, f"workload did not acknowledge the suspend within its grace period{note}", timed_out=True
+                False,
+                0,
+                f"workload did not acknowledge the suspend within its grace period{note}",
+                timed_out=True,
             )
         if not ack.ok:
             return BackendOutcome(False, 0, f"workload refused or failed the suspend: {ack.message}")

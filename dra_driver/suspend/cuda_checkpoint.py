@@ -13,9 +13,11 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dra_driver.suspend.model import BACKEND_CUDA_CHECKPOINT, BackendOutcome, OpContext
+from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.registry import Workload
 
 # CUprocessState
@@ -127,6 +129,12 @@ class CudaDriver:
                 )
             self._initialised = True
 
+    def driver_version(self) -> int:
+        """cuDriverGetVersion, e.g. 12080 for CUDA 12.8."""
+        ver = ctypes.c_int(0)
+        self._check("cuDriverGetVersion", 0, self._lib.cuDriverGetVersion(ctypes.byref(ver)))
+        return ver.value
+
     @staticmethod
     def _check(call: str, pid: int, code: int) -> None:
         if code != 0:
@@ -146,7 +154,9 @@ class CudaDriver:
     def checkpoint(self, pid: int) -> None:
         args = CUcheckpointCheckpointArgs()
         self._check(
-            "cuCheckpointProcessCheckpoint", pid, self._lib.cuCheckpointProcessCheckpoint(pid, ctypes.byref(args))
+            "cuCheckpointProcessCheckpoint",
+            pid,
+            self._lib.cuCheckpointProcessCheckpoint(pid, ctypes.byref(args)),
         )
 
     def restore(self, pid: int) -> None:
@@ -164,9 +174,13 @@ class CudaCheckpointBackend:
 
     name = BACKEND_CUDA_CHECKPOINT
 
-    def __init__(self, driver: CudaDriver) -> None:
+    def __init__(self, driver: CudaDriver, pid_resolver: Callable[[str, int], int | None] = resolve_pid) -> None:
         self._drv = driver
         self._drv.init()
+        self._resolve = pid_resolver
+
+    def _pid(self, w: Workload) -> int | None:
+        return self._resolve(w.reg.pod_uid, w.reg.pid)
 
     def process_state(self, pid: int) -> str:
         try:
@@ -176,7 +190,10 @@ class CudaCheckpointBackend:
 
     def suspend(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome:
         del op
-        pid = w.reg.pid
+        found = self._pid(w)
+        if found is None:
+            return BackendOutcome(False, 0, _no_pid(w))
+        pid = found
         t0 = time.monotonic()
         try:
             st = self._drv.get_state(pid)
@@ -206,7 +223,10 @@ class CudaCheckpointBackend:
     def resume(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome:
         del op
         del deadline_monotonic  # restore cannot be bounded; it is awaited
-        pid = w.reg.pid
+        found = self._pid(w)
+        if found is None:
+            return BackendOutcome(False, 0, _no_pid(w))
+        pid = found
         try:
             st = self._drv.get_state(pid)
             if st == PROCESS_STATE_RUNNING:
@@ -217,3 +237,10 @@ class CudaCheckpointBackend:
         except CudaCheckpointError as e:
             return BackendOutcome(False, 0, str(e))
         return BackendOutcome(True, w.reg.state_bytes, "device memory restored (registered size)")
+
+
+def _no_pid(w: Workload) -> str:
+    return (
+        f"cannot find pod {w.reg.pod_ref}'s process {w.reg.pid} in this agent's PID namespace: the agent needs"
+        " hostPID (and /proc), and the process must belong to the pod's cgroup"
+    )

@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from dra_driver.claims import PodRef
+
 EventType = Literal["Normal", "Warning"]
 
 # Event reasons the engine emits.
@@ -41,9 +43,7 @@ class LogEventSink:
     def record(self, event: EngineEvent) -> None:
         pod = f"{event.pod_namespace}/{event.pod_name}" if event.pod_name else event.pod_uid
         level = logging.WARNING if event.type == "Warning" else logging.INFO
-        self._log.log(
-            level, "event", extra={"pod": pod, "reason": event.reason, "detail": event.message}
-        )
+        self._log.log(level, "event", extra={"pod": pod, "reason": event.reason, "detail": event.message})
 
 
 class RecordingEventSink:
@@ -67,3 +67,36 @@ class RecordingEventSink:
 
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]
+
+
+class PodEventWriter(Protocol):
+    """What the driver's API module offers (dra_driver.kube.KubeNotifier.event)."""
+
+    def event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None: ...
+
+
+class NotifierEventSink:
+    """Engine events as Kubernetes Events on the pod, through the driver's notifier; also logged.
+
+    Simulated occupants (no pod name) are only logged.
+    """
+
+    def __init__(self, notifier: PodEventWriter, logger: logging.Logger | None = None) -> None:
+        self._notifier = notifier
+        self._log = LogEventSink(logger)
+
+    def record(self, event: EngineEvent) -> None:
+        self._log.record(event)
+        if not (event.pod_namespace and event.pod_name):
+            return
+        try:
+            self._notifier.event(
+                PodRef(event.pod_namespace, event.pod_name, event.pod_uid),
+                event.reason,
+                event.message,
+                event.type == "Warning",
+            )
+        except Exception as e:  # an Event is a report; failing to write one must not fail a suspend
+            logging.getLogger("rose.suspend.events").warning(
+                "event not written", extra={"pod": f"{event.pod_namespace}/{event.pod_name}", "err": repr(e)}
+            )

@@ -50,8 +50,7 @@ def validate_registration(reg: Registration) -> None:
         problems.append(f"unknown backend(s) {unknown}; supported: {', '.join(BACKENDS)}")
     if reg.current_state not in (STATE_RUNNING, STATE_SUSPENDED):
         problems.append(
-            f"current_state must be {STATE_RUNNING} or {STATE_SUSPENDED} at registration,"
-            f" got {reg.current_state!r}"
+            f"current_state must be {STATE_RUNNING} or {STATE_SUSPENDED} at registration, got {reg.current_state!r}"
         )
     for c in reg.claim_uids:
         if not c or len(c) > _UID_MAX:

@@ -42,7 +42,10 @@ class SimulatedBackend:
         if need > left:
             self._sleep(max(0.0, left))
             return BackendOutcome(
-                False, 0, f"simulated {what} needs {need:.3f}s, more than the {left:.3f}s left", timed_out=True
+                False,
+                0,
+                f"simulated {what} needs {need:.3f}s, more than the {left:.3f}s left",
+                timed_out=True,
             )
         self._sleep(need)
         return BackendOutcome(True, w.reg.state_bytes, f"simulated {what} at {self._bw / 1e9:.1f} GB/s")

@@ -141,6 +141,22 @@ class AcknowledgeResponse(_message.Message):
     message: str
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
+class UpdateStateSizeRequest(_message.Message):
+    __slots__ = ("pod_uid", "session_id", "state_bytes")
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pod_uid: str
+    session_id: str
+    state_bytes: int
+    def __init__(self, pod_uid: _Optional[str] = ..., session_id: _Optional[str] = ..., state_bytes: _Optional[int] = ...) -> None: ...
+
+class UpdateStateSizeResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
 class SuspendRequest(_message.Message):
     __slots__ = ("pod_uid", "grace_seconds", "reason", "no_wait")
     POD_UID_FIELD_NUMBER: _ClassVar[int]

@@ -51,6 +51,11 @@ class WorkloadAgentStub:
                 request_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.AcknowledgeRequest.SerializeToString,
                 response_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.AcknowledgeResponse.FromString,
                 _registered_method=True)
+        self.UpdateStateSize = channel.unary_unary(
+                '/rose.agent.v1.WorkloadAgent/UpdateStateSize',
+                request_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeRequest.SerializeToString,
+                response_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeResponse.FromString,
+                _registered_method=True)
 
 
 class WorkloadAgentServicer:
@@ -76,6 +81,14 @@ class WorkloadAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateStateSize(self, request, context):
+        """The workload's device state grew or shrank (e.g. the optimizer allocated its moments after the
+        first step): the host-memory budget admits suspends on the size reported last.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkloadAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +106,11 @@ def add_WorkloadAgentServicer_to_server(servicer, server):
                     servicer.Acknowledge,
                     request_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.AcknowledgeRequest.FromString,
                     response_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.AcknowledgeResponse.SerializeToString,
+            ),
+            'UpdateStateSize': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateStateSize,
+                    request_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeRequest.FromString,
+                    response_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +196,33 @@ class WorkloadAgent:
             '/rose.agent.v1.WorkloadAgent/Acknowledge',
             rose__common_dot_proto_dot_rose__agent__v1__pb2.AcknowledgeRequest.SerializeToString,
             rose__common_dot_proto_dot_rose__agent__v1__pb2.AcknowledgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateStateSize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rose.agent.v1.WorkloadAgent/UpdateStateSize',
+            rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeRequest.SerializeToString,
+            rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,8 +44,12 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def _rose(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rose_cli", *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})}, check=False,
+        [sys.executable, "-m", "rose_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
     )
 
 
@@ -107,7 +111,12 @@ def test_malformed_kubernetes_version_is_refused(tmp_path: Path) -> None:
 
 def test_unknown_kubernetes_version_names_available_ones(tmp_path: Path) -> None:
     r = _rose(
-        "cluster", "--dir", str(tmp_path / "c"), "up", "--kubernetes-version", "v1.99.0",
+        "cluster",
+        "--dir",
+        str(tmp_path / "c"),
+        "up",
+        "--kubernetes-version",
+        "v1.99.0",
         env={"ROSE_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert r.returncode == 1
@@ -123,8 +132,11 @@ def test_no_go_toolchain_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(BinariesError, match="no Go toolchain on PATH"):
         binaries.ensure()
     r = subprocess.run(
-        ["bash", str(REPO / "hack" / "build-binaries.sh")], capture_output=True, text=True,
-        env={**os.environ, "PATH": "/usr/bin:/bin"}, check=False,
+        ["bash", str(REPO / "hack" / "build-binaries.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+        check=False,
     )
     assert r.returncode == 1 and "no Go toolchain on PATH" in r.stderr
 
@@ -142,8 +154,12 @@ def test_corrupt_cache_entry_is_rebuilt_not_trusted(tmp_path: Path, monkeypatch:
         f.write(b"\0corrupt")
     monkeypatch.setenv("ROSE_CACHE_DIR", str(cache))
     r = subprocess.run(
-        ["bash", str(REPO / "hack" / "build-binaries.sh")], capture_output=True, text=True,
-        env={**os.environ, "ROSE_CACHE_DIR": str(cache)}, check=False, timeout=600,
+        ["bash", str(REPO / "hack" / "build-binaries.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ROSE_CACHE_DIR": str(cache)},
+        check=False,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "cache entry incomplete or corrupt, rebuilding" in r.stderr

@@ -1,0 +1,501 @@
+"""kube-scheduler throughput with and without the ROSE extender, and extender latency per verb.
+
+    python -m benchmarks.scheduler_throughput --nodes 1000 --pods 2000 --json OUT.json
+
+1. Throughput, side by side: a local cluster (real etcd, kube-apiserver, kube-controller-manager,
+   kube-scheduler, KWOK) with ``--nodes`` KWOK nodes x 8 simulated GPUs is brought up twice: once
+   with the ``rose-scheduler`` profile calling our extender (started as a process at the
+   profile's URL, static-file forecasts), once with the same profile and no extender. ``--pods``
+   ElasticRLJob worker pods, each with a lendable-GPU ResourceClaimTemplate, are created by 8
+   client threads; pods/s = pods / (time the last pod was bound - time the first was created).
+2. Extender latency per verb (p50/p99, client-measured round trip over HTTP/1.1 keep-alive to an
+   extender process) at 1,000 and 5,000 nodes, by posting realistic requests directly: a full
+   Pod body as kube-scheduler sends it, and as many NodeNames as kube-scheduler sends at that
+   size (its adaptive percentageOfNodesToScore: 420 at 1,000 nodes, 500 at 5,000), plus the
+   worst case with every node. The extender's cache is filled with a synthetic cluster of that
+   size (nodes, 8-GPU slices, a quarter of GPUs lent, RL pods) through the same cache code the
+   watch feeds. The in-cluster histogram from run 1 is reported too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rose_common import names, slices
+from rose_common.forecast_api import ForecastPoint, ForecastResponse
+
+REPO = Path(__file__).resolve().parent.parent
+VERBS = ("filter", "prioritize", "preempt")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def feasible_nodes_to_find(n: int) -> int:
+    """kube-scheduler's numFeasibleNodesToFind with the default adaptive percentage."""
+    if n < 100:
+        return n
+    pct = max(5, 50 - n // 125)
+    return max(100, n * pct // 100)
+
+
+def forecasts(pools: list[str], capacity: dict[str, int]) -> list[dict[str, Any]]:
+    now = datetime.now(UTC)
+    out = []
+    for i, pool in enumerate(pools):
+        # pools differ in how long they stay idle; every pool keeps ≥ 10 minutes (passes the filter)
+        demand = {600: 0.1 * capacity[pool], 1800: (0.2 + 0.2 * i) * capacity[pool], 3600: 0.5 * capacity[pool]}
+        out.append(
+            json.loads(
+                ForecastResponse(
+                    pool=pool,
+                    model_version="bench",
+                    generated_at=now,
+                    last_observation_at=now,
+                    data_age_seconds=0.0,
+                    stale=False,
+                    current=None,
+                    points=[
+                        ForecastPoint(horizon_seconds=h, timestamp=now, quantiles={"0.9": d}) for h, d in demand.items()
+                    ],
+                ).model_dump_json()
+            )
+        )
+    return out
+
+
+def rl_pod(name: str, job: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {names.LABEL_JOB: job}},
+        "spec": {
+            "schedulerName": names.SCHEDULER_NAME,
+            "priorityClassName": "rose-rl",
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "lendable-1"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/rose/rl:1",
+                    "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpu"}]},
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def wait_http(host: str, port: int, path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            c = http.client.HTTPConnection(host, port, timeout=2)
+            c.request("GET", path)
+            if c.getresponse().status == 200:
+                c.close()
+                return
+            c.close()
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"http://{host}:{port}{path} not ready after {timeout}s")
+
+
+def histogram_quantiles(metrics_text: str, verb: str) -> dict[str, float]:
+    """p50/p99 from the extender's latency histogram (linear inside a bucket, as PromQL does)."""
+    buckets: list[tuple[float, float]] = []
+    prefix = "rose_extender_request_duration_seconds_bucket{"
+    for line in metrics_text.splitlines():
+        if line.startswith(prefix) and f'verb="{verb}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0.0
+    out: dict[str, float] = {"count": total}
+    for q in (0.5, 0.99):
+        rank = q * total
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in buckets:
+            if c >= rank and total > 0:
+                hi = le if le != float("inf") else prev_le
+                frac = 0.0 if c == prev_c else (rank - prev_c) / (c - prev_c)
+                out[f"p{int(q * 100)}_ms"] = round((prev_le + (hi - prev_le) * frac) * 1000, 3)
+                break
+            prev_le, prev_c = le, c
+    return out
+
+
+def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) -> dict[str, Any]:
+    from kubernetes import client, watch
+
+    from local_cluster import ClusterConfig, LocalCluster, free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}" if with_extender else None
+    cfg = ClusterConfig(nodes=nodes, gpus_per_node=8, pools=4, workdir=workdir, extender_url=url)
+    lc = LocalCluster(cfg, progress=log)
+    t_up = time.monotonic()
+    handle = lc.up()
+    result: dict[str, Any] = {"cluster_up_s": round(time.monotonic() - t_up, 1)}
+    ext: subprocess.Popen[bytes] | None = None
+    ext_log = (workdir / "extender.log").open("wb")
+    api = handle.api_client()
+    try:
+        if with_extender:
+            pools = sorted(set(handle.pools.values()))
+            cap = {p: 8 * sum(1 for n in handle.pools if handle.pools[n] == p) for p in pools}
+            fc = workdir / "forecasts.json"
+            fc.write_text(json.dumps({"forecasts": forecasts(pools, cap)}))
+            ext = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "scheduler_extender",
+                    f"--listen=127.0.0.1:{port}",
+                    f"--kubeconfig={handle.kubeconfig}",
+                    "--forecast-backend=static-file",
+                    f"--forecast-file={fc}",
+                    "--forecast-refresh=2",
+                    "--log-level=warning",
+                ],
+                cwd=REPO,
+                stdout=ext_log,
+                stderr=subprocess.STDOUT,
+            )
+            wait_http("127.0.0.1", port, "/readyz", 120)
+            time.sleep(2.5)  # first forecast refresh
+        core = client.CoreV1Api(api)
+        ns = "bench"
+        core.create_namespace({"metadata": {"name": ns}})
+        deadline = time.monotonic() + 60
+        while not any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no default ServiceAccount in the bench namespace")
+            time.sleep(0.2)
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "resource.k8s.io",
+            "v1",
+            ns,
+            "resourceclaimtemplates",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "lendable-1"},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE, "count": 1}}
+                            ]
+                        }
+                    }
+                },
+            },
+        )
+        bound: dict[str, float] = {}
+        done = threading.Event()
+        w_api = handle.api_client()
+
+        def watch_binds() -> None:
+            core_w = client.CoreV1Api(w_api)
+            while not done.is_set() and len(bound) < pods:
+                try:
+                    listed = core_w.list_namespaced_pod(ns)
+                    for obj in listed.items:
+                        if obj.spec.node_name and obj.metadata.name not in bound:
+                            bound[obj.metadata.name] = time.monotonic()
+                    w = watch.Watch()
+                    for ev in w.stream(
+                        core_w.list_namespaced_pod,
+                        ns,
+                        timeout_seconds=300,
+                        resource_version=listed.metadata.resource_version,
+                    ):
+                        obj = ev["object"]
+                        if obj.spec.node_name and obj.metadata.name not in bound:
+                            bound[obj.metadata.name] = time.monotonic()
+                        if done.is_set() or len(bound) >= pods:
+                            w.stop()
+                            break
+                except Exception as err:  # relist and go on; the measurement keeps its timestamps
+                    log(f"bind watch restarted: {err}")
+                    time.sleep(0.2)
+
+        watcher = threading.Thread(target=watch_binds, daemon=True)
+        watcher.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=8) as ex:
+            list(ex.map(lambda i: core.create_namespaced_pod(ns, rl_pod(f"w-{i:05d}", f"job-{i % 50}")), range(pods)))
+        created = time.monotonic()
+        log(f"created {pods} pods in {created - t0:.1f}s; waiting for binds")
+        deadline = time.monotonic() + max(600.0, pods * 0.5)
+        while len(bound) < pods and time.monotonic() < deadline:
+            time.sleep(0.5)
+        done.set()
+        w_api.close()
+        if len(bound) < pods:
+            raise RuntimeError(f"only {len(bound)}/{pods} pods bound before the deadline")
+        elapsed = max(bound.values()) - t0
+        result.update(
+            pods=pods,
+            nodes=nodes,
+            seconds=round(elapsed, 2),
+            pods_per_s=round(pods / elapsed, 2),
+            create_seconds=round(created - t0, 2),
+        )
+        if with_extender:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/metrics")
+            text = c.getresponse().read().decode()
+            c.close()
+            result["extender_histogram"] = {v: histogram_quantiles(text, v) for v in VERBS}
+            fails = [
+                ln
+                for ln in text.splitlines()
+                if ln.startswith("rose_extender_requests_total") and 'code="200"' not in ln and not ln.endswith(" 0.0")
+            ]
+            result["extender_non_200"] = fails
+    finally:
+        api.close()
+        if ext is not None:
+            ext.terminate()
+            try:
+                ext.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                ext.kill()
+                ext.wait()
+        ext_log.close()
+        lc.down()
+    return result
+
+
+# ----------------------------------------------------------------------------- direct latency
+
+
+def synthetic_cache(n: int) -> Any:
+    from scheduler_extender.cache import ClusterCache
+
+    cache = ClusterCache()
+    for i in range(n):
+        name = f"node-{i:05d}"
+        cache.apply(
+            "Node",
+            "ADDED",
+            {
+                "metadata": {
+                    "name": name,
+                    "labels": {names.LABEL_POOL: f"pool-{i % 4}", names.LABEL_GPU_NODE: "true"},
+                    "annotations": {names.ANNOTATION_HOST_MEM_FREE: str((512 + i % 7) * 2**30)},
+                }
+            },
+        )
+        cache.apply("ResourceSlice", "ADDED", slices.resource_slice(name, slices.simulated_gpus(name, 8), 1))
+        lent = i % 4  # a quarter of the GPUs lent on average... 0..3 per node
+        if lent:
+            cache.apply(
+                "ResourceClaim",
+                "ADDED",
+                {
+                    "metadata": {"namespace": "rl", "name": f"c-{i}"},
+                    "status": {
+                        "allocation": {
+                            "devices": {
+                                "results": [
+                                    {
+                                        "request": "gpu",
+                                        "driver": names.DRIVER_NAME,
+                                        "pool": name,
+                                        "device": f"gpu-{g}-lendable",
+                                    }
+                                    for g in range(lent)
+                                ]
+                            }
+                        }
+                    },
+                },
+            )
+            cache.apply(
+                "Pod",
+                "ADDED",
+                {
+                    "metadata": {
+                        "namespace": "rl",
+                        "name": f"w-{i}",
+                        "uid": f"uid-{i}",
+                        "labels": {names.LABEL_JOB: f"job-{i % 50}"},
+                        "annotations": {names.ANNOTATION_STATE_BYTES: str(40 * 2**30)},
+                    },
+                    "spec": {"nodeName": name},
+                    "status": {"phase": "Running"},
+                },
+            )
+    for kind in ("Node", "Pod", "ResourceClaim", "ResourceSlice"):
+        cache.mark_synced(kind)
+    cache.snapshot()
+    return cache
+
+
+def _serve(n: int, conn: Any) -> None:
+    from scheduler_extender.forecast import reduce
+    from scheduler_extender.server import Extender, ExtenderServer
+
+    cache = synthetic_cache(n)
+    pools = [f"pool-{i}" for i in range(4)]
+    cap = {p: 8 * (n // 4) for p in pools}
+    fcs = {f["pool"]: reduce(ForecastResponse.model_validate(f), "0.9") for f in forecasts(pools, cap)}
+
+    class Static:
+        def get(self, pool: str) -> Any:
+            return fcs.get(pool)
+
+    class NoSuspend:
+        def request(self, pod: Any, reason: str) -> None:
+            return
+
+    srv = ExtenderServer(Extender(cache, forecasts=Static(), suspender=NoSuspend()), "127.0.0.1", 0)
+    conn.send(srv.port)
+    srv.serve_forever()
+
+
+def _pod_json(name: str, labels: dict[str, str], priority: int) -> dict[str, Any]:
+    golden = REPO / "tests" / "unit" / "extender_golden" / "filter-rl-request.json"
+    pod: dict[str, Any] = json.loads(golden.read_text())["Pod"]
+    pod["metadata"]["name"] = name
+    pod["metadata"]["labels"] = labels
+    pod["spec"]["priority"] = priority
+    return pod
+
+
+def direct_latency(n: int, iterations: int) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(n, child), daemon=True)
+    t_build = time.monotonic()
+    proc.start()
+    port = parent.recv()
+    log(f"synthetic extender with {n} nodes ready in {time.monotonic() - t_build:.1f}s")
+    rl = _pod_json("worker-x", {names.LABEL_JOB: "job-7"}, 0)
+    serving = _pod_json("llm-x", {names.LABEL_ROLE: names.ROLE_SERVING}, 100000)
+    all_names = [f"node-{i:05d}" for i in range(n)]
+    out: dict[str, Any] = {}
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for label, count in (("realistic", feasible_nodes_to_find(n)), ("all_nodes", n)):
+            step = max(1, n // count)
+            sent = all_names[::step][:count]
+            cand = min(count, max(100, n // 10))  # DefaultPreemption candidates (10 %, at least 100)
+            bodies = {
+                "filter": json.dumps({"Pod": rl, "Nodes": None, "NodeNames": sent}).encode(),
+                "prioritize": json.dumps({"Pod": rl, "Nodes": None, "NodeNames": sent}).encode(),
+                "prioritize_serving": json.dumps({"Pod": serving, "Nodes": None, "NodeNames": sent}).encode(),
+                "preempt": json.dumps(
+                    {
+                        "Pod": serving,
+                        "NodeNameToVictims": None,
+                        "NodeNameToMetaVictims": {
+                            all_names[j]: {"Pods": [{"UID": f"uid-{j}"}, {"UID": f"other-{j}"}], "NumPDBViolations": 0}
+                            for j in range(0, n, max(1, n // cand))[:cand]
+                        },
+                    }
+                ).encode(),
+            }
+            res: dict[str, Any] = {"node_names": count, "preempt_candidates": cand}
+            for verb, body in bodies.items():
+                lat = []
+                for k in range(iterations + 20):
+                    t = time.perf_counter()
+                    c.request("POST", "/" + verb.split("_")[0], body=body, headers={"Content-Type": "application/json"})
+                    r = c.getresponse()
+                    r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{verb}: HTTP {r.status}")
+                    if k >= 20:  # warm-up excluded
+                        lat.append((time.perf_counter() - t) * 1000)
+                lat.sort()
+                res[verb] = {
+                    "p50_ms": round(statistics.median(lat), 3),
+                    "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3),
+                    "calls": len(lat),
+                    "body_bytes": len(body),
+                }
+            out[label] = res
+        c.close()
+    finally:
+        proc.terminate()
+        proc.join(5)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.scheduler_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nodes", type=int, default=int(os.environ.get("ROSE_BENCH_NODES", "1000")))
+    p.add_argument("--pods", type=int, default=int(os.environ.get("ROSE_BENCH_PODS", "2000")))
+    p.add_argument(
+        "--latency-nodes",
+        default=os.environ.get("ROSE_BENCH_LATENCY_NODES", "1000,5000"),
+        help="cluster sizes for the direct per-verb latency measurement",
+    )
+    p.add_argument("--iterations", type=int, default=int(os.environ.get("ROSE_BENCH_ITERATIONS", "300")))
+    p.add_argument("--skip-cluster", action="store_true", help="only the direct latency measurement")
+    p.add_argument("--workdir", default=os.environ.get("ROSE_BENCH_WORKDIR", ""))
+    p.add_argument("--json", dest="json_out", default="", help="write the results here")
+    args = p.parse_args(argv)
+    report: dict[str, Any] = {
+        "nodes": args.nodes,
+        "pods": args.pods,
+        "machine_cpus": os.cpu_count(),
+        "started_at": datetime.now(UTC).isoformat(),
+        "load_average_at_start": os.getloadavg(),
+    }
+    report["latency"] = {}
+    for n in (int(x) for x in args.latency_nodes.split(",") if x):
+        report["latency"][str(n)] = direct_latency(n, args.iterations)
+        log(f"latency at {n} nodes: {json.dumps(report['latency'][str(n)])}")
+    if not args.skip_cluster:
+        base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="rose-bench-"))
+        with_ext = run_cluster_case(args.nodes, args.pods, True, base / "with")
+        log(f"with extender: {with_ext}")
+        without = run_cluster_case(args.nodes, args.pods, False, base / "without")
+        log(f"without extender: {without}")
+        report["with_extender"] = with_ext
+        report["without_extender"] = without
+        report["pods_per_s_with"] = with_ext["pods_per_s"]
+        report["pods_per_s_without"] = without["pods_per_s"]
+        report["ratio"] = round(with_ext["pods_per_s"] / without["pods_per_s"], 3)
+        report["latency"].setdefault(str(args.nodes), {})["in_cluster_histogram"] = with_ext.get("extender_histogram")
+    # flat per-verb figures (realistic request sizes) for the issue's table
+    for lat in report["latency"].values():
+        if "realistic" in lat:
+            for verb in VERBS:
+                lat[verb] = {k: lat["realistic"][verb][k] for k in ("p50_ms", "p99_ms")}
+    report["finished_at"] = datetime.now(UTC).isoformat()
+    report["load_average_at_end"] = os.getloadavg()
+    text = json.dumps(report, indent=2)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

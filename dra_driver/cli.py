@@ -1,0 +1,338 @@
+"""``rose driver``: the DRA node driver (kubelet plugin, slice publisher, serving-wins suspend).
+
+Every flag has an environment twin ``ROSE_DRIVER_<FLAG>`` (upper case, dashes → underscores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from rose_common import names
+
+ENV_PREFIX = "ROSE_DRIVER_"
+_QTY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_MULT = {
+    None: 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+def parse_bytes(s: str) -> int:
+    """``"64Gi"`` → bytes (Kubernetes quantity suffixes K/M/G/T and Ki/Mi/Gi/Ti)."""
+    m = _QTY.match(s.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a byte quantity: {s!r} (examples: 1073741824, 64Gi, 500M)")
+    return int(float(m.group(1)) * _MULT[m.group(2)])
+
+
+def _env(flag: str) -> str:
+    return ENV_PREFIX + flag.upper().replace("-", "_")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rose driver",
+        description="ROSE DRA node driver (gpu.rose.io). Every flag can also be set by the environment "
+        f"variable shown in its help ({ENV_PREFIX}<FLAG>).",
+    )
+
+    def add(flag: str, help: str, **kw: Any) -> None:
+        env = _env(flag)
+        if env in os.environ:
+            kw["default"] = os.environ[env]
+            kw.pop("required", None)
+        p.add_argument(f"--{flag}", help=f"{help} [env {env}]", **kw)
+
+    add("node-name", "this node's name (the pool name of its ResourceSlice)", required=True)
+    add("kubeconfig", "kubeconfig file; empty: in-cluster service account", default="")
+    add(
+        "gpu-backend",
+        "GPU discovery backend, chosen explicitly (no fallback)",
+        choices=["nvml", "simulated"],
+        required=True,
+    )
+    add("simulated-gpus", "simulated backend: GPUs on this node", type=int, default=8)
+    add(
+        "simulated-gpu-memory",
+        "simulated backend: memory per GPU",
+        type=parse_bytes,
+        default=parse_bytes("141Gi"),
+    )
+    add("simulated-gpu-model", "simulated backend: model name", default="NVIDIA H200 (simulated)")
+    add(
+        "simulated-host-link-gbps",
+        "simulated backend: host<->device GB/s per direction",
+        type=float,
+        default=55.0,
+    )
+    add(
+        "plugin-dir",
+        "where the DRA socket (dra.sock) lives",
+        default=f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}",
+    )
+    add(
+        "kubelet-plugin-dir",
+        "plugin-dir as the kubelet sees it (endpoint in GetInfo); default: plugin-dir",
+        default="",
+    )
+    add(
+        "registry-dir",
+        "kubelet plugin registry dir (registration socket)",
+        default="/var/lib/kubelet/plugins_registry",
+    )
+    add("cdi-dir", "dynamic CDI spec directory", default="/var/run/cdi")
+    add("state-dir", "checkpoint directory; default: plugin-dir", default="")
+    add("boot-id-file", "file holding the node boot ID", default="/proc/sys/kernel/random/boot_id")
+    add("metrics-port", "Prometheus /metrics port on 0.0.0.0 (-1: off, 0: ephemeral)", type=int, default=9400)
+    add("metrics-address", "address the metrics server binds", default="0.0.0.0")
+    add(
+        "host-memory-budget",
+        "host memory the suspend engine may fill with suspended state",
+        type=parse_bytes,
+        default=parse_bytes("64Gi"),
+    )
+    add(
+        "suspend-engine",
+        "suspend engine: 'node' (dra_driver.suspend) or 'none' (lent occupants are not "
+        "suspended; serving-wins suspends are recorded as failed)",
+        choices=["node", "none"],
+        default="node",
+    )
+    add(
+        "suspend-backends",
+        "comma-separated suspend backends in preference order (cuda-checkpoint, cooperative, simulated)",
+        default="cooperative",
+    )
+    add(
+        "simulated-occupant-bytes",
+        "simulated suspend backend: state size of a claim with no registered "
+        "workload (KWOK end-to-end runs); 0: such claims are unknown",
+        type=parse_bytes,
+        default=0,
+    )
+    add("agent-socket", "node agent gRPC socket that workload pods mount; empty: no agent server", default="")
+    add(
+        "agent-control-socket",
+        "node agent control socket (controller / orchestrator); default: <agent-socket dir>/control.sock",
+        default="",
+    )
+    add(
+        "default-grace-seconds",
+        "grace period when the RL pod has no rose.io/graceful-shutdown-seconds",
+        type=float,
+        default=30.0,
+    )
+    add(
+        "publish-slices",
+        "publish this node's ResourceSlices (true/false)",
+        default="true",
+        choices=["true", "false"],
+    )
+    add(
+        "watch-pods",
+        "act on rose.io/suspend-request annotations of this node's pods (true/false)",
+        default="true",
+        choices=["true", "false"],
+    )
+    add(
+        "reconcile-seconds",
+        "period of the repair loop (retry resumes, re-suspend occupants the engine reports running)",
+        type=float,
+        default=10.0,
+    )
+    add(
+        "node-facts-seconds",
+        "how often to publish rose.io/host-memory-free-bytes and rose.io/lent-gpus "
+        "on the Node when they changed (<= 0: never)",
+        type=float,
+        default=5.0,
+    )
+    add("log-level", "debug, info, warning, error", default="info")
+    return p
+
+
+def build_engine(args: argparse.Namespace, gpus: list[Any], notifier: Any, evictor: Any, registry: Any) -> Any:
+    """The suspend engine (``dra_driver.suspend``) with the chosen backends, imported only when used.
+
+    Its Events go to the API through the driver's notifier, its evictions through ``evictor``,
+    its metrics to the driver's registry.
+    """
+    from dra_driver.suspend.engine import EngineConfig
+    from dra_driver.suspend.events import NotifierEventSink
+    from dra_driver.suspend.factory import build_engine as factory
+
+    backends = tuple(b.strip() for b in str(args.suspend_backends).split(",") if b.strip())
+    cfg = EngineConfig(
+        host_memory_budget_bytes=int(args.host_memory_budget),
+        backends=backends,
+        simulated_occupant_bytes=int(args.simulated_occupant_bytes),
+        node_name=args.node_name,
+    )
+    gbps = min((g.host_link_gbps for g in gpus), default=float(args.simulated_host_link_gbps))
+    return factory(
+        cfg,
+        simulated_host_link_bytes_per_second=gbps * 1e9,
+        events=NotifierEventSink(notifier),
+        evictor=evictor,
+        metrics_registry=registry,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from dra_driver import logs
+
+    logs.setup(args.log_level)
+    import logging
+
+    log = logging.getLogger("rose.driver")
+    from prometheus_client import start_http_server
+
+    from dra_driver import discovery, kube
+    from dra_driver.metrics import DriverMetrics
+    from dra_driver.node import NodeDriver
+    from dra_driver.nodefacts import NodeFactsPublisher, node_facts
+    from dra_driver.plugin import SocketPathError, start_plugin
+    from dra_driver.podwatch import PodWatcher
+    from dra_driver.publisher import SlicePublisher
+    from dra_driver.state import StateCorruptError, read_boot_id
+    from rose_common.slices import resource_slice
+
+    try:
+        gpus = discovery.discover(
+            args.gpu_backend,
+            args.node_name,
+            discovery.SimulatedConfig(
+                count=int(args.simulated_gpus),
+                memory_bytes=int(args.simulated_gpu_memory),
+                model=args.simulated_gpu_model,
+                host_link_gbps=float(args.simulated_host_link_gbps),
+            ),
+        )
+    except discovery.DiscoveryError as e:
+        print(f"rose driver: {e}", file=sys.stderr)
+        return 2
+    metrics = DriverMetrics([g.info.index for g in gpus])
+    try:
+        api = kube.api_client(args.kubeconfig or None)
+    except Exception as e:
+        where = args.kubeconfig or "the in-cluster service account"
+        print(f"rose driver: cannot build an API client from {where}: {e}; set --kubeconfig", file=sys.stderr)
+        return 2
+    notifier = kube.KubeNotifier(api, args.node_name)
+    try:
+        engine = (
+            build_engine(args, gpus, notifier, kube.KubeEvictor(api), metrics.registry)
+            if args.suspend_engine == "node"
+            else None
+        )
+    except Exception as e:
+        print(f"rose driver: cannot start the suspend engine: {e}", file=sys.stderr)
+        return 2
+    plugin_dir = Path(args.plugin_dir)
+    state_dir = Path(args.state_dir or args.plugin_dir)
+    driver = NodeDriver(
+        node_name=args.node_name,
+        gpus=gpus,
+        cdi_dir=Path(args.cdi_dir),
+        state_dir=state_dir,
+        claims=kube.KubeClaimSource(api),
+        engine=engine,
+        notifier=notifier,
+        boot_id=read_boot_id(Path(args.boot_id_file)),
+        metrics=metrics,
+        default_grace_seconds=float(args.default_grace_seconds),
+    )
+    try:
+        driver.recover()
+    except StateCorruptError as e:
+        print(
+            f"rose driver: node state {state_dir / 'checkpoint.json'} is corrupt: {e}; "
+            "inspect it, then move it away to start from an empty state",
+            file=sys.stderr,
+        )
+        return 3
+    publisher = SlicePublisher(
+        kube.KubeSlices(api, args.node_name),
+        resource_slice(args.node_name, [g.info for g in gpus], 1),
+        metrics,
+    )
+    if args.metrics_port >= 0:
+        server, _ = start_http_server(args.metrics_port, addr=args.metrics_address, registry=metrics.registry)
+        log.info("metrics serving", extra={"port": server.server_port})
+    agent_server: Any = None
+    if args.agent_socket and engine is not None:
+        from dra_driver.agent.server import AgentServer
+
+        control = Path(args.agent_control_socket or Path(args.agent_socket).parent / "control.sock")
+        agent_server = AgentServer(engine, Path(args.agent_socket), control)
+        agent_server.start()
+
+    def republish() -> None:
+        if args.publish_slices == "true":
+            threading.Thread(target=publisher.reconcile, name="republish", daemon=True).start()
+
+    def on_registered() -> None:
+        metrics.registration_total.labels("ok").inc()
+        republish()
+
+    try:
+        servers = start_plugin(
+            driver,
+            plugin_dir,
+            Path(args.registry_dir),
+            kubelet_endpoint=str(Path(args.kubelet_plugin_dir) / "dra.sock") if args.kubelet_plugin_dir else None,
+            on_registered=on_registered,
+            on_failed=lambda err: metrics.registration_total.labels("error").inc(),
+        )
+    except SocketPathError as e:
+        print(f"rose driver: {e}", file=sys.stderr)
+        return 2
+    if args.publish_slices == "true":
+        publisher.start()
+    facts = NodeFactsPublisher(
+        kube.KubeNode(api, args.node_name),
+        lambda: node_facts(driver.snapshot(), int(args.host_memory_budget)),
+        float(args.node_facts_seconds),
+    )
+    if float(args.node_facts_seconds) > 0:
+        facts.start()
+    watcher = PodWatcher(kube.KubePods(api, args.node_name), driver)
+    if args.watch_pods == "true":
+        watcher.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("driver started", extra={"node": args.node_name, "gpus": len(gpus), "backend": args.gpu_backend})
+    while not stop.wait(float(args.reconcile_seconds)):
+        try:
+            driver.reconcile()
+        except Exception as e:
+            log.warning("reconcile failed", extra={"err": repr(e)})
+    log.info("driver stopping", extra={"node": args.node_name})
+    watcher.stop()
+    facts.stop()
+    servers.stop()
+    if agent_server is not None:
+        agent_server.stop()
+    if args.publish_slices == "true":
+        try:
+            publisher.remove()
+        except Exception as e:
+            log.warning("removing resourceslices failed", extra={"err": repr(e)})
+    driver.close()
+    return 0

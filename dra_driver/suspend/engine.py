@@ -1,0 +1,493 @@
+"""The node's suspend engine: picks a backend, enforces the host-memory budget, takes the fallback.
+
+``NodeSuspendEngine`` implements ``dra_driver.engine_api.SuspendEngine`` (by claim UID) and the
+pod-level operations the NodeControl service exposes. Invariants:
+
+* idempotent: suspending a suspended occupant or resuming a running one moves nothing, ``ok=True``;
+* one operation at a time per workload (a per-workload lock);
+* a suspend that would not fit the host-memory budget is refused before anything moves, and the
+  workload takes the fallback: an atomic durable checkpoint, then eviction, with an Event;
+* suspended state is never released: a failed resume leaves the workload Suspended (state intact
+  in host memory) and says so; the budget is released only after a successful resume.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from dra_driver.engine_api import SuspendResult
+from dra_driver.suspend.budget import HostMemoryBudget
+from dra_driver.suspend.cooperative import CooperativeBackend
+from dra_driver.suspend.events import (
+    REASON_FALLBACK_CHECKPOINT,
+    REASON_FALLBACK_FAILED,
+    REASON_RESUME_FAILED,
+    REASON_RESUMED,
+    REASON_SUSPEND_FAILED,
+    REASON_SUSPENDED,
+    EngineEvent,
+    EventSink,
+    EventType,
+    LogEventSink,
+)
+from dra_driver.suspend.metrics import SuspendMetrics
+from dra_driver.suspend.model import (
+    BACKEND_COOPERATIVE,
+    BACKEND_SIMULATED,
+    BACKENDS,
+    FALLBACK_CHECKPOINT_EVICT,
+    STATE_CHECKPOINTED_EVICTED,
+    STATE_RESUMING,
+    STATE_RUNNING,
+    STATE_SUSPENDED,
+    STATE_SUSPENDING,
+    Ack,
+    BackendOutcome,
+    CommandKind,
+    OpContext,
+    OperationRecord,
+    Registration,
+)
+from dra_driver.suspend.registry import MAX_STATE_BYTES, RegistrationError, Workload, WorkloadRegistry
+
+log = logging.getLogger("rose.suspend")
+
+_MAX_OPERATIONS = 1024
+
+
+class Backend(Protocol):
+    name: str
+
+    def suspend(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome: ...
+
+    def resume(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome: ...
+
+
+class Evictor(Protocol):
+    """Evicts a workload's pod after its durable checkpoint is confirmed (the driver's API module)."""
+
+    def evict(self, reg: Registration, reason: str) -> None: ...
+
+
+class UnknownOccupantError(LookupError):
+    """No registered workload for a claim or pod UID on this node."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    host_memory_budget_bytes: int
+    # Enabled backends in order of preference; a workload gets the first one it supports.
+    backends: tuple[str, ...] = (BACKEND_COOPERATIVE,)
+    checkpoint_timeout_seconds: float = 60.0
+    resume_timeout_seconds: float = 120.0
+    # With the simulated backend enabled and this > 0, a claim with no registered workload is
+    # treated as a simulated occupant of this many bytes (end-to-end tests on KWOK nodes).
+    simulated_occupant_bytes: int = 0
+    node_name: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown:
+            raise ValueError(f"unknown suspend backend(s) {unknown}; choose from {', '.join(BACKENDS)}")
+        if not self.backends:
+            raise ValueError(f"enable at least one suspend backend ({', '.join(BACKENDS)})")
+        if self.host_memory_budget_bytes < 0:
+            raise ValueError("host memory budget must be >= 0 bytes")
+        if self.checkpoint_timeout_seconds <= 0 or self.resume_timeout_seconds <= 0:
+            raise ValueError("checkpoint and resume timeouts must be > 0 seconds")
+        if self.simulated_occupant_bytes < 0:
+            raise ValueError("simulated occupant bytes must be >= 0")
+
+
+def choose_backend(supported: Iterable[str], enabled: Sequence[str]) -> str | None:
+    """Pure: the first enabled backend (in the operator's order) that the workload supports."""
+    s = set(supported)
+    for b in enabled:
+        if b in s:
+            return b
+    return None
+
+
+def occupant_state_of(state: str) -> str:
+    """Pure: the engine_api view of a workload state — is its state resident on the GPU?"""
+    if state in (STATE_RUNNING, STATE_SUSPENDING, STATE_RESUMING):
+        return "running"
+    if state in (STATE_SUSPENDED, STATE_CHECKPOINTED_EVICTED):
+        return "suspended"
+    return "unknown"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class NodeSuspendEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        backends: Mapping[str, Backend],
+        *,
+        registry: WorkloadRegistry | None = None,
+        events: EventSink | None = None,
+        metrics: SuspendMetrics | None = None,
+        evictor: Evictor | None = None,
+    ) -> None:
+        missing = [b for b in config.backends if b not in backends]
+        if missing:
+            raise ValueError(f"backend instance(s) missing for enabled backend(s) {missing}")
+        self.config = config
+        self._backends = dict(backends)
+        self.registry = registry if registry is not None else WorkloadRegistry()
+        self._events = events if events is not None else LogEventSink()
+        self.metrics = metrics if metrics is not None else SuspendMetrics()
+        self._evictor = evictor
+        self.budget = HostMemoryBudget(config.host_memory_budget_bytes)
+        self.metrics.host_budget_bytes.set(config.host_memory_budget_bytes)
+        self._ops: collections.OrderedDict[str, OperationRecord] = collections.OrderedDict()
+        self._ops_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ registration
+
+    def register(self, reg: Registration) -> Workload:
+        """Validate and record a workload (raises RegistrationError saying what to fix)."""
+        w = self.registry.register(reg)
+        if reg.current_state == STATE_SUSPENDED:
+            # Re-registration after an agent restart: the state is parked in the workload's host
+            # memory; account for it and remember how to bring it back.
+            w.suspended_by = BACKEND_COOPERATIVE if BACKEND_COOPERATIVE in reg.backends else None
+            w.host_bytes_held = reg.state_bytes
+            self.budget.force(reg.pod_uid, reg.state_bytes)
+        else:
+            self.budget.release(reg.pod_uid)
+        self._refresh_gauges()
+        log.info(
+            "workload registered",
+            extra={
+                "pod": reg.pod_ref,
+                "podUID": reg.pod_uid,
+                "pid": reg.pid,
+                "stateBytes": reg.state_bytes,
+                "backends": sorted(reg.backends),
+                "state": reg.current_state,
+            },
+        )
+        return w
+
+    def bind_claim(self, claim_uid: str, pod_uid: str) -> None:
+        """Tell the engine which pod uses a claim (when the workload did not say so itself)."""
+        self.registry.bind_claim(claim_uid, pod_uid)
+
+    def forget(self, pod_uid: str) -> None:
+        """The pod is gone: drop it and anything it held."""
+        self.registry.remove(pod_uid)
+        self.budget.release(pod_uid)
+        self._refresh_gauges()
+
+    def _refresh_gauges(self) -> None:
+        self.metrics.host_held_bytes.set(self.budget.held_bytes())
+        self.metrics.workloads.set(len(self.registry.all()))
+
+    # ------------------------------------------------------------------ engine_api.SuspendEngine
+
+    def _occupant(self, claim_uid: str, *, create_simulated: bool) -> Workload | None:
+        pod = self.registry.pod_for_claim(claim_uid)
+        if pod is not None:
+            w = self.registry.get(pod)
+            if w is not None:
+                return w
+        if create_simulated and BACKEND_SIMULATED in self.config.backends and self.config.simulated_occupant_bytes > 0:
+            reg = Registration(
+                pod_uid=f"simulated-claim-{claim_uid}",
+                pid=1,
+                state_bytes=self.config.simulated_occupant_bytes,
+                backends=frozenset({BACKEND_SIMULATED}),
+                claim_uids=frozenset({claim_uid}),
+            )
+            w = self.registry.register(reg, simulated=True)
+            self._refresh_gauges()
+            return w
+        return None
+
+    def suspend(self, claim_uid: str, grace_seconds: float) -> SuspendResult:
+        w = self._occupant(claim_uid, create_simulated=True)
+        if w is None:
+            return SuspendResult(
+                False,
+                "none",
+                0,
+                0.0,
+                None,
+                f"no workload registered for claim {claim_uid} on this node: the workload must register"
+                " with the node agent (rose_sdk) or the driver must bind_claim() it",
+            )
+        rec = self._run(w, "suspend", grace_seconds, f"claim {claim_uid} reclaimed")
+        return self._result(rec)
+
+    def resume(self, claim_uid: str) -> SuspendResult:
+        w = self._occupant(claim_uid, create_simulated=False)
+        if w is None:
+            return SuspendResult(False, "none", 0, 0.0, None, f"no workload registered for claim {claim_uid}")
+        rec = self._run(w, "resume", 0.0, f"claim {claim_uid} given back")
+        return self._result(rec)
+
+    def occupant_state(self, claim_uid: str) -> str:
+        w = self._occupant(claim_uid, create_simulated=False)
+        return "unknown" if w is None else occupant_state_of(w.state)
+
+    @staticmethod
+    def _result(rec: OperationRecord) -> SuspendResult:
+        return SuspendResult(
+            ok=rec.state == "succeeded",
+            backend=rec.backend or "none",
+            bytes_moved=rec.bytes_moved,
+            seconds=rec.duration_seconds,
+            fallback=rec.fallback,
+            message=rec.message,
+        )
+
+    # ------------------------------------------------------------------ pod-level (NodeControl)
+
+    def suspend_pod(
+        self, pod_uid: str, grace_seconds: float, reason: str = "", *, wait: bool = True
+    ) -> OperationRecord:
+        w = self._require(pod_uid)
+        return self._start(w, "suspend", grace_seconds, reason or "NodeControl.Suspend", wait)
+
+    def resume_pod(self, pod_uid: str, *, wait: bool = True) -> OperationRecord:
+        w = self._require(pod_uid)
+        return self._start(w, "resume", 0.0, "NodeControl.Resume", wait)
+
+    def operation(self, operation_id: str) -> OperationRecord | None:
+        with self._ops_lock:
+            rec = self._ops.get(operation_id)
+            return None if rec is None else replace(rec)
+
+    def operations(self, pod_uid: str = "") -> list[OperationRecord]:
+        with self._ops_lock:
+            return [replace(r) for r in self._ops.values() if not pod_uid or r.pod_uid == pod_uid]
+
+    def _require(self, pod_uid: str) -> Workload:
+        w = self.registry.get(pod_uid)
+        if w is None:
+            raise UnknownOccupantError(
+                f"no workload with pod UID {pod_uid!r} is registered with this node's agent"
+                " (check the UID with `kubectl get pod -o jsonpath={.metadata.uid}` and the node)"
+            )
+        return w
+
+    def _new_record(self, w: Workload, kind: CommandKind) -> OperationRecord:
+        rec = OperationRecord(id=uuid.uuid4().hex, pod_uid=w.pod_uid, kind=kind, started_unix_ms=_now_ms())
+        with self._ops_lock:
+            self._ops[rec.id] = rec
+            while len(self._ops) > _MAX_OPERATIONS:
+                self._ops.popitem(last=False)
+        return rec
+
+    def _start(self, w: Workload, kind: CommandKind, grace: float, reason: str, wait: bool) -> OperationRecord:
+        rec = self._new_record(w, kind)
+        if wait:
+            self._execute(w, rec, grace, reason)
+            return replace(rec)
+        snapshot = replace(rec)
+        threading.Thread(
+            target=self._execute, args=(w, rec, grace, reason), name=f"rose-op-{rec.id[:8]}", daemon=True
+        ).start()
+        return snapshot
+
+    def _run(self, w: Workload, kind: CommandKind, grace: float, reason: str) -> OperationRecord:
+        rec = self._new_record(w, kind)
+        self._execute(w, rec, grace, reason)
+        return replace(rec)
+
+    def _execute(self, w: Workload, rec: OperationRecord, grace: float, reason: str) -> None:
+        t0 = time.monotonic()
+        try:
+            with w.op_lock:
+                # Re-read the current registration (a re-register may have replaced the session).
+                cur = self.registry.get(w.pod_uid) or w
+                rec.state = "running"
+                if rec.kind == "suspend":
+                    self._do_suspend(cur, rec, grace, reason, t0)
+                else:
+                    self._do_resume(cur, rec)
+        except Exception as e:  # a bug or an I/O error must end the operation, never hang it
+            log.exception("operation failed", extra={"podUID": w.pod_uid, "op": rec.id})
+            rec.state, rec.message = "failed", f"internal error: {e!r}"
+        finally:
+            rec.duration_seconds = time.monotonic() - t0
+            rec.finished_unix_ms = _now_ms()
+            self._refresh_gauges()
+
+    # ------------------------------------------------------------------ suspend / resume
+
+    def _event(self, w: Workload, reason: str, message: str, type_: EventType) -> None:
+        self._events.record(EngineEvent(w.pod_uid, w.reg.pod_namespace, w.reg.pod_name, reason, message, type_))
+
+    def _do_suspend(self, w: Workload, rec: OperationRecord, grace: float, reason: str, t0: float) -> None:
+        if grace < 0:
+            raise ValueError(f"grace_seconds must be >= 0, got {grace}")
+        if w.state == STATE_SUSPENDED:
+            rec.state, rec.backend = "succeeded", w.suspended_by or ""
+            rec.message = "already suspended; nothing moved"
+            return
+        if w.state == STATE_CHECKPOINTED_EVICTED:
+            rec.state, rec.fallback = "succeeded", FALLBACK_CHECKPOINT_EVICT
+            rec.message = "already checkpointed for eviction; nothing moved"
+            return
+        deadline = t0 + grace
+        name = BACKEND_SIMULATED if w.simulated else choose_backend(w.reg.backends, self.config.backends)
+        if name is None:
+            self._fallback(
+                w,
+                rec,
+                "no_backend",
+                f"none of the workload's backends {sorted(w.reg.backends)} is enabled on this node"
+                f" ({', '.join(self.config.backends)})",
+            )
+            return
+        rec.backend = name
+        if not self.budget.try_reserve(w.pod_uid, w.reg.state_bytes):
+            self._fallback(
+                w,
+                rec,
+                "host_memory_budget",
+                f"suspend refused: {w.reg.state_bytes} B of state does not fit the host-memory budget"
+                f" ({self.budget.held_bytes()} of {self.budget.capacity_bytes} B held)",
+            )
+            return
+        self.registry.set_state(w, STATE_SUSPENDING)
+        op = OpContext(rec.id, grace, reason)
+        try:
+            out = self._backends[name].suspend(w, deadline, op)
+        except Exception as e:
+            out = BackendOutcome(False, 0, f"backend error: {e!r}")
+        if out.ok:
+            held = max(out.bytes_moved, w.reg.state_bytes)
+            self.budget.force(w.pod_uid, held)
+            w.host_bytes_held, w.suspended_by = held, name
+            self.registry.set_state(w, STATE_SUSPENDED)
+            rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
+            secs = time.monotonic() - t0
+            self.metrics.suspend_seconds.labels(name).observe(secs)
+            self.metrics.moved_bytes.labels(name, "to_host").inc(out.bytes_moved)
+            self.metrics.operations.labels("suspend", name, "ok").inc()
+            self._event(
+                w,
+                REASON_SUSPENDED,
+                f"suspended into host memory by {name}: {out.bytes_moved} B in {secs:.3f}s ({reason})",
+                "Normal",
+            )
+            return
+        self.budget.release(w.pod_uid)
+        self.registry.set_state(w, STATE_RUNNING)
+        self._event(w, REASON_SUSPEND_FAILED, f"{name} suspend failed: {out.message}", "Warning")
+        self._fallback(w, rec, "deadline_exceeded" if out.timed_out else "backend_failed", out.message)
+
+    def _fallback(self, w: Workload, rec: OperationRecord, why: str, detail: str) -> None:
+        """Atomic durable checkpoint, then eviction. Never evicts without a confirmed checkpoint."""
+        self.metrics.fallbacks.labels(why).inc()
+        self.metrics.operations.labels("suspend", rec.backend or "none", "fallback").inc()
+        rec.fallback = FALLBACK_CHECKPOINT_EVICT
+        coop = self._backends.get(BACKEND_COOPERATIVE)
+        if BACKEND_COOPERATIVE not in w.reg.backends or not isinstance(coop, CooperativeBackend):
+            rec.state = "failed"
+            rec.message = (
+                f"{detail}; fallback impossible: the workload has no SDK checkpoint channel (cooperative"
+                " backend not supported or not enabled), so no durable checkpoint can be taken; the"
+                " engine did not evict it"
+            )
+            self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
+            return
+        deadline = time.monotonic() + self.config.checkpoint_timeout_seconds
+        ack = coop.checkpoint(w, deadline, OpContext(rec.id + "-ckpt", self.config.checkpoint_timeout_seconds, why))
+        if ack is None or not ack.ok:
+            why_not = (
+                f"no acknowledgement within {self.config.checkpoint_timeout_seconds}s" if ack is None else ack.message
+            )
+            rec.state = "failed"
+            rec.message = (
+                f"{detail}; durable checkpoint not confirmed"
+                f" ({why_not}); the engine did not evict the workload:"
+                " evicting now loses its work since its last checkpoint"
+            )
+            self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
+            return
+        self.registry.set_state(w, STATE_CHECKPOINTED_EVICTED)
+        rec.state, rec.checkpoint_path = "succeeded", ack.checkpoint_path
+        evicted = "evicting the pod" if self._evictor is not None else "the caller must evict the pod"
+        rec.message = (
+            f"{detail}; fallback: durable checkpoint {ack.checkpoint_path}"
+            f" (sha256 {ack.checkpoint_sha256[:16]}…)"
+            f" written in {ack.seconds:.3f}s; {evicted}"
+        )
+        self._event(w, REASON_FALLBACK_CHECKPOINT, rec.message, "Warning")
+        if self._evictor is not None:
+            self._evictor.evict(w.reg, rec.message)
+
+    def _do_resume(self, w: Workload, rec: OperationRecord) -> None:
+        if w.state == STATE_RUNNING:
+            rec.state, rec.message = "succeeded", "already running; nothing moved"
+            return
+        if w.state == STATE_CHECKPOINTED_EVICTED:
+            rec.state, rec.fallback = "failed", FALLBACK_CHECKPOINT_EVICT
+            rec.message = "the workload took the checkpoint-evict fallback; restart it from its durable checkpoint"
+            return
+        name = w.suspended_by
+        if name is None or name not in self._backends:
+            rec.state = "failed"
+            rec.message = (
+                f"workload is {w.state} but its backend {name!r} is not enabled here; state kept in host memory"
+            )
+            return
+        rec.backend = name
+        t0 = time.monotonic()
+        self.registry.set_state(w, STATE_RESUMING)
+        try:
+            out = self._backends[name].resume(
+                w, t0 + self.config.resume_timeout_seconds, OpContext(rec.id, 0.0, "resume")
+            )
+        except Exception as e:
+            out = BackendOutcome(False, 0, f"backend error: {e!r}")
+        if not out.ok:
+            # Never drop suspended state: it stays where it is, accounted, and the resume can be retried.
+            self.registry.set_state(w, STATE_SUSPENDED)
+            rec.state = "failed"
+            rec.message = f"{name} resume failed: {out.message}; state kept in host memory, retry the resume"
+            self.metrics.operations.labels("resume", name, "failed").inc()
+            self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
+            return
+        self.budget.release(w.pod_uid)
+        w.host_bytes_held, w.suspended_by = 0, None
+        self.registry.set_state(w, STATE_RUNNING)
+        secs = time.monotonic() - t0
+        rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
+        self.metrics.resume_seconds.labels(name).observe(secs)
+        self.metrics.moved_bytes.labels(name, "to_device").inc(out.bytes_moved)
+        self.metrics.operations.labels("resume", name, "ok").inc()
+        self._event(w, REASON_RESUMED, f"resumed by {name}: {out.bytes_moved} B in {secs:.3f}s", "Normal")
+
+    # ------------------------------------------------------------------ workload side (agent servicer)
+
+    def update_state_bytes(self, pod_uid: str, session_id: str, state_bytes: int) -> tuple[bool, str]:
+        """The workload's state size changed; later suspends are admitted on the new size."""
+        if state_bytes < 0 or state_bytes > MAX_STATE_BYTES:
+            raise RegistrationError(f"state_bytes must be between 0 and {MAX_STATE_BYTES}, got {state_bytes}")
+        w = self.registry.session(pod_uid, session_id)
+        if w is None:
+            return False, f"no current registration for pod {pod_uid!r} with this session; register again"
+        w.reg = replace(w.reg, state_bytes=state_bytes)
+        return True, ""
+
+    def acknowledge(self, pod_uid: str, session_id: str, ack: Ack) -> tuple[bool, str]:
+        w = self.registry.session(pod_uid, session_id)
+        if w is None:
+            return False, f"no current registration for pod {pod_uid!r} with this session; register again"
+        w.deliver_ack(ack)
+        return True, ""

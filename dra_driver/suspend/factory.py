@@ -1,0 +1,34 @@
+"""Builds a NodeSuspendEngine with the backends an operator enabled (and only those)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from dra_driver.suspend.cooperative import CooperativeBackend
+from dra_driver.suspend.cuda_checkpoint import CudaCheckpointBackend, CudaDriver
+from dra_driver.suspend.engine import Backend, EngineConfig, Evictor, NodeSuspendEngine
+from dra_driver.suspend.events import EventSink
+from dra_driver.suspend.metrics import SuspendMetrics
+from dra_driver.suspend.model import BACKEND_COOPERATIVE, BACKEND_CUDA_CHECKPOINT, BACKEND_SIMULATED
+from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND, SimulatedBackend
+
+
+def build_engine(
+    config: EngineConfig,
+    *,
+    simulated_host_link_bytes_per_second: float = DEFAULT_HOST_LINK_BYTES_PER_SECOND,
+    libcuda_path: str = "libcuda.so.1",
+    events: EventSink | None = None,
+    evictor: Evictor | None = None,
+    metrics_registry: CollectorRegistry | None = None,
+) -> NodeSuspendEngine:
+    """Raises CudaCheckpointUnavailable when cuda-checkpoint is enabled but libcuda cannot serve it."""
+    backends: dict[str, Backend] = {}
+    for name in config.backends:
+        if name == BACKEND_COOPERATIVE:
+            backends[name] = CooperativeBackend()
+        elif name == BACKEND_SIMULATED:
+            backends[name] = SimulatedBackend(simulated_host_link_bytes_per_second)
+        elif name == BACKEND_CUDA_CHECKPOINT:
+            backends[name] = CudaCheckpointBackend(CudaDriver.load(libcuda_path))
+    return NodeSuspendEngine(config, backends, events=events, evictor=evictor, metrics=SuspendMetrics(metrics_registry))

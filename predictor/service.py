@@ -1,0 +1,302 @@
+"""The forecasting service: per pool, ingest → bounded history → periodic retrain → cached forecast.
+
+:func:`build_response` is the pure decision (forecast or safe upper bound, and the ``stale``
+flag); :class:`PredictorService` is the thin loop around it. A request only reads the cached
+forecast of its pool, so it never waits for Prometheus or a fit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from predictor import logs
+from predictor.ingest import HistoryBuffer, IngestError
+from predictor.metrics import PredictorMetrics
+from predictor.model import ModelConfig, NotEnoughHistory, QuantileForecaster, quantile_key
+from predictor.series import Series, format_duration
+from predictor.store import ModelStore
+from rose_common.forecast_api import ForecastPoint, ForecastResponse
+
+
+class PoolConfig(BaseModel):
+    """One GPU pool: the PromQL whose value is forecast, its unit, and its capacity (the safe bound)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$", max_length=63)
+    query: str = Field(min_length=1)
+    unit: str = "gpus"
+    capacity: float | None = Field(default=None, ge=0)
+
+
+class PoolsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pools: list[PoolConfig] = Field(min_length=1)
+
+
+def load_pools(path: Path) -> list[PoolConfig]:
+    """Read the pools file (YAML); errors name the file and the field to fix."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read pools file {path}: {e}") from None
+    try:
+        pools = PoolsFile.model_validate(raw).pools
+    except ValidationError as e:
+        raise ValueError(f"pools file {path} is invalid: {e}") from None
+    names = [p.name for p in pools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pools file {path}: duplicate pool names in {names}")
+    return pools
+
+
+class Source(Protocol):
+    def range(self, query: str, start: int, end: int, step: int) -> Series: ...
+
+
+class NoForecast(RuntimeError):
+    """Neither data nor a configured capacity: there is no honest answer to give."""
+
+
+def build_response(
+    pool: PoolConfig,
+    series: Series | None,
+    model: QuantileForecaster | None,
+    version: str,
+    now: float,
+    horizons: list[int],
+    quantiles: tuple[float, ...],
+    max_data_age: float,
+) -> ForecastResponse:
+    """The forecast for ``pool`` at ``now``, or an explicit stale upper bound.
+
+    Not stale: the model's quantiles from the newest observation, at ``last_obs + horizon``.
+    Stale (no data, data older than ``max_data_age``, or no fitted model yet): every quantile
+    is the pool's ``capacity`` or, without one, the maximum seen in the retained history.
+    """
+    last_t: int | None = None
+    current: float | None = None
+    origin: int | None = None
+    if series is not None:
+        idx = np.flatnonzero(~np.isnan(series.values))
+        if len(idx):
+            origin = int(idx[-1])
+            last_t = series.start + origin * series.step
+            current = float(series.values[origin])
+    age = None if last_t is None else max(0.0, now - last_t)
+    stale = model is None or age is None or age > max_data_age
+    keys = [quantile_key(q) for q in quantiles]
+    points: list[ForecastPoint] = []
+    if not stale and model is not None and series is not None and origin is not None and last_t is not None:
+        preds = model.predict(series, np.asarray([origin]))
+        for h in horizons:
+            row = preds[h][0]
+            if np.any(np.isnan(row)):
+                stale = True
+                break
+            points.append(
+                ForecastPoint(
+                    horizon_seconds=h,
+                    timestamp=datetime.fromtimestamp(last_t + h, UTC),
+                    quantiles={k: float(v) for k, v in zip(keys, row.tolist(), strict=True)},
+                )
+            )
+    if stale:
+        if pool.capacity is not None:
+            bound = pool.capacity
+        elif series is not None and np.any(~np.isnan(series.values)):
+            bound = float(np.nanmax(series.values))
+        else:
+            raise NoForecast(f"pool {pool.name}: no data yet and no capacity configured for a safe bound")
+        points = [
+            ForecastPoint(
+                horizon_seconds=h,
+                timestamp=datetime.fromtimestamp(now + h, UTC),
+                quantiles=dict.fromkeys(keys, bound),
+            )
+            for h in horizons
+        ]
+    return ForecastResponse(
+        pool=pool.name,
+        unit=pool.unit,
+        model_version=version,
+        generated_at=datetime.fromtimestamp(now, UTC),
+        last_observation_at=None if last_t is None else datetime.fromtimestamp(last_t, UTC),
+        data_age_seconds=age,
+        stale=stale,
+        current=current,
+        points=points,
+    )
+
+
+@dataclass
+class Settings:
+    step: int = 60
+    history: int = 14 * 86400  # seconds kept and trained on
+    retrain_interval: float = 3600.0
+    refresh_interval: float = 30.0
+    max_data_age: float = 300.0
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+
+@dataclass
+class PoolState:
+    config: PoolConfig
+    buffer: HistoryBuffer
+    model: QuantileForecaster | None = None
+    version: str = "none"
+    fitted_at: float = 0.0
+    response: ForecastResponse | None = None
+    error: str | None = None
+
+
+class PredictorService:
+    def __init__(
+        self,
+        pools: list[PoolConfig],
+        source: Source,
+        settings: Settings,
+        store: ModelStore | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.store = store
+        self.clock = clock
+        capacity = settings.history // settings.step + 1
+        self.pools = {p.name: PoolState(p, HistoryBuffer(settings.step, capacity)) for p in pools}
+        self.metrics = PredictorMetrics(
+            [p.name for p in pools], list(settings.model.horizons), list(settings.model.all_quantiles)
+        )
+        self._lock = threading.Lock()
+        if store is not None:
+            for st in self.pools.values():
+                self._load_persisted(st)
+
+    def _load_persisted(self, st: PoolState) -> None:
+        assert self.store is not None
+        try:
+            found = self.store.load_latest(st.config.name)
+        except Exception as e:
+            logs.warning("Cannot load persisted model", pool=st.config.name, err=str(e))
+            return
+        if found is None:
+            return
+        version, model, meta = found
+        cfg = self.settings.model
+        if (
+            model.step != self.settings.step
+            or sorted(model.horizons) != sorted(cfg.horizons)
+            or model.config.all_quantiles != cfg.all_quantiles
+            or (model.config.day, model.config.week) != (cfg.day, cfg.week)
+        ):
+            logs.info("Persisted model does not match the settings; will refit", pool=st.config.name, version=version)
+            return
+        st.model, st.version, st.fitted_at = model, version, float(meta.get("fitted_at", 0.0))
+        logs.info("Loaded persisted model", pool=st.config.name, version=version)
+
+    def refresh(self) -> None:
+        """One cycle for every pool: ingest, retrain when due, recompute the cached forecast."""
+        for st in self.pools.values():
+            self.refresh_pool(st)
+
+    def refresh_pool(self, st: PoolState) -> None:
+        s = self.settings
+        name = st.config.name
+        now = self.clock()
+        end = int(now) - int(now) % s.step
+        start = end - s.history
+        if st.buffer.end is not None:
+            start = max(start, st.buffer.end - 5 * s.step)  # re-read the tail: late samples
+        try:
+            st.buffer.merge(self.source.range(st.config.query, start, end, s.step))
+            self.metrics.ingests.labels(name, "ok").inc()
+            st.error = None
+        except IngestError as e:
+            self.metrics.ingests.labels(name, "error").inc()
+            st.error = str(e)
+            logs.warning("Ingest failed", pool=name, err=str(e))
+        series = st.buffer.series(name)
+        if series is not None and (st.model is None or now - st.fitted_at >= s.retrain_interval):
+            self._fit(st, series, now)
+        try:
+            resp = build_response(
+                st.config,
+                series,
+                st.model,
+                st.version,
+                now,
+                list(s.model.horizons),
+                s.model.all_quantiles,
+                s.max_data_age,
+            )
+        except NoForecast as e:
+            resp = None
+            st.error = str(e)
+        with self._lock:
+            st.response = resp
+        self._export(st, resp)
+
+    def _fit(self, st: PoolState, series: Series, now: float) -> None:
+        name = st.config.name
+        try:
+            model = QuantileForecaster(self.settings.model).fit(series)
+        except NotEnoughHistory as e:
+            self.metrics.fits.labels(name, "skipped").inc()
+            logs.info("Not enough history to fit yet", pool=name, err=str(e))
+            return
+        except Exception as e:
+            self.metrics.fits.labels(name, "error").inc()
+            logs.error("Fit failed", pool=name, err=repr(e))
+            return
+        version = f"{name}-unsaved-{int(now)}"
+        if self.store is not None:
+            meta = {"pool": name, "fitted_at": now, "points": len(series), **model.describe()}
+            try:
+                version = self.store.save(name, model, meta, now)
+            except OSError as e:
+                logs.error("Cannot persist model", pool=name, err=str(e))
+        st.model, st.version, st.fitted_at = model, version, now
+        self.metrics.fits.labels(name, "ok").inc()
+        self.metrics.last_fit.labels(name).set(now)
+        self.metrics.fit_duration.labels(name).set(model.fit_seconds)
+        logs.info("Model fitted", pool=name, version=version, seconds=round(model.fit_seconds, 3))
+
+    def _export(self, st: PoolState, resp: ForecastResponse | None) -> None:
+        name = st.config.name
+        m = self.metrics
+        if resp is None:
+            m.stale.labels(name).set(1)
+            return
+        m.stale.labels(name).set(1 if resp.stale else 0)
+        m.data_age.labels(name).set(resp.data_age_seconds or 0.0)
+        m.current.labels(name).set(resp.current or 0.0)
+        for p in resp.points:
+            for q, v in p.quantiles.items():
+                m.forecast.labels(name, format_duration(p.horizon_seconds), q).set(v)
+
+    def forecast(self, pool: str) -> ForecastResponse | None:
+        with self._lock:
+            st = self.pools[pool]
+            return st.response
+
+    def run(self, stop: threading.Event) -> None:
+        """Refresh every ``refresh_interval`` seconds until ``stop`` is set."""
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.refresh()
+            except Exception as e:  # never let one bad cycle end the loop
+                logs.error("Refresh failed", err=repr(e))
+            stop.wait(max(0.0, self.settings.refresh_interval - (time.monotonic() - t0)))

@@ -1,0 +1,399 @@
+"""The workload side of the node agent: register, receive commands, act only at safe points.
+
+    wl = rose_sdk.init(model=policy, optimizer=opt, checkpoint_path="/ckpt/job.rose")
+    for step in range(n):
+        ...train...
+        wl.safe_point(step)          # suspend / resume / checkpoint happen here, never elsewhere
+
+A background thread keeps the ``WorkloadAgent.Commands`` stream open (reconnecting and
+re-registering after an agent restart, reporting ``SUSPENDED`` if it is parked) and queues the
+commands; ``safe_point()`` runs them on the training thread. A suspend offloads the job's
+tensors (``CooperativeOffloader``), acknowledges, then blocks inside ``safe_point`` until the
+resume arrives, restores and returns: the training loop never sees a half-moved state.
+
+Environment: ROSE_AGENT_SOCKET (the node agent's workload socket; unset = no agent, safe_point
+does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME (downward API), ROSE_CLAIM_UIDS
+(comma-separated, injected by the driver through CDI), ROSE_CHECKPOINT_PATH.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import torch
+
+from rose_common.proto import rose_agent_v1_pb2 as pb
+from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
+from rose_sdk.checkpoint import CheckpointInfo, save_checkpoint
+from rose_sdk.offload import CooperativeOffloader
+
+log = logging.getLogger("rose.sdk")
+
+Hook = Callable[[], None]
+H = TypeVar("H", bound=Hook)
+
+_BACKENDS = {
+    "cooperative": pb.BACKEND_COOPERATIVE,
+    "cuda-checkpoint": pb.BACKEND_CUDA_CHECKPOINT,
+    "simulated": pb.BACKEND_SIMULATED,
+}
+
+
+class AgentError(RuntimeError):
+    """The node agent refused or could not be reached; the message says why."""
+
+
+class Workload:
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        checkpoint_path: str | os.PathLike[str] | None = None,
+        user_state: Callable[[], Any] | None = None,
+        socket_path: str | None = None,
+        pod_uid: str | None = None,
+        pod_namespace: str | None = None,
+        pod_name: str | None = None,
+        claim_uids: Sequence[str] | None = None,
+        backends: Sequence[str] = ("cooperative",),
+        state_bytes: int | None = None,
+        offloader: CooperativeOffloader | None = None,
+    ) -> None:
+        env = os.environ
+        self.model, self.optimizer = model, optimizer
+        self.offloader = offloader or CooperativeOffloader(model, optimizer, tensors)
+        ck = checkpoint_path if checkpoint_path is not None else env.get("ROSE_CHECKPOINT_PATH")
+        self.checkpoint_path = Path(ck) if ck else None
+        self._user_state = user_state
+        self.socket_path = socket_path if socket_path is not None else env.get("ROSE_AGENT_SOCKET", "")
+        self.pod_uid = pod_uid if pod_uid is not None else env.get("ROSE_POD_UID", "")
+        self.pod_namespace = pod_namespace if pod_namespace is not None else env.get("ROSE_POD_NAMESPACE", "")
+        self.pod_name = pod_name if pod_name is not None else env.get("ROSE_POD_NAME", "")
+        if claim_uids is None:
+            claim_uids = [c for c in env.get("ROSE_CLAIM_UIDS", "").split(",") if c]
+        self.claim_uids = list(claim_uids)
+        unknown = [b for b in backends if b not in _BACKENDS]
+        if unknown:
+            raise ValueError(f"unknown backend(s) {unknown}; choose from {sorted(_BACKENDS)}")
+        self.backends = list(backends)
+        self._state_bytes = state_bytes
+        self.step = 0
+        self.suspended = False
+        self.suspend_count = 0
+        self.resume_count = 0
+        self.last_checkpoint: CheckpointInfo | None = None
+        self._on_suspend: list[Hook] = []
+        self._on_resume: list[Hook] = []
+        self._pending: queue.Queue[pb.Command] = queue.Queue()
+        self._closing = threading.Event()
+        self._session = ""
+        self._session_lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.WorkloadAgentStub | None = None
+        self._thread: threading.Thread | None = None
+        self._reported_bytes = 0
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_suspend(self, fn: H) -> H:
+        """Register ``fn`` to run at the safe point before the offload (decorator)."""
+        self._on_suspend.append(fn)
+        return fn
+
+    def on_resume(self, fn: H) -> H:
+        """Register ``fn`` to run at the safe point after the restore (decorator)."""
+        self._on_resume.append(fn)
+        return fn
+
+    # ------------------------------------------------------------------ connection
+
+    @property
+    def connected_to_agent(self) -> bool:
+        return self._stub is not None
+
+    def _register(self) -> None:
+        assert self._stub is not None
+        req = pb.RegisterRequest(
+            pod_uid=self.pod_uid,
+            pid=os.getpid(),
+            state_bytes=self._state_bytes if self._state_bytes is not None else self.offloader.state_bytes(),
+            supported_backends=[_BACKENDS[b] for b in self.backends],
+            pod_namespace=self.pod_namespace,
+            pod_name=self.pod_name,
+            claim_uids=self.claim_uids,
+            checkpoint_path=str(self.checkpoint_path or ""),
+            current_state=pb.WORKLOAD_STATE_SUSPENDED if self.suspended else pb.WORKLOAD_STATE_RUNNING,
+        )
+        resp = self._stub.Register(req, timeout=10)
+        with self._session_lock:
+            self._session = resp.session_id
+        self._reported_bytes = req.state_bytes
+
+    def start(self) -> Workload:
+        """Register with the node agent and start the command stream (no-op without a socket)."""
+        if not self.socket_path:
+            log.info("no node agent socket (ROSE_AGENT_SOCKET unset): safe points do nothing")
+            return self
+        self._channel = grpc.insecure_channel(f"unix:{self.socket_path}")
+        self._stub = pb_grpc.WorkloadAgentStub(self._channel)  # type: ignore[no-untyped-call]
+        try:
+            self._register()
+        except grpc.RpcError as e:
+            self.close()
+            raise AgentError(f"node agent at {self.socket_path} refused the registration: {e.details()}") from e
+        self._thread = threading.Thread(target=self._stream_loop, name="rose-sdk-commands", daemon=True)
+        self._thread.start()
+        return self
+
+    def _stream_loop(self) -> None:
+        backoff = 0.1
+        while not self._closing.is_set():
+            assert self._stub is not None
+            try:
+                with self._session_lock:
+                    session = self._session
+                stream = self._stub.Commands(pb.CommandsRequest(pod_uid=self.pod_uid, session_id=session))
+                for cmd in stream:
+                    self._pending.put(cmd)
+                    backoff = 0.1
+                if self._closing.is_set():
+                    return
+            except grpc.RpcError as e:
+                if self._closing.is_set():
+                    return
+                log.warning("command stream broken; reconnecting", extra={"err": str(e.details())})
+            # Stream ended (agent restart, superseded session): register again, then reconnect.
+            self._closing.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+            try:
+                self._register()
+            except grpc.RpcError as e:
+                log.warning("re-registration failed", extra={"err": str(e.details())})
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._channel is not None:
+            self._channel.close()
+        self._channel, self._stub = None, None
+
+    def __enter__(self) -> Workload:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ safe point
+
+    def safe_point(self, step: int | None = None, *, wait_seconds: float = 0.0) -> int:
+        """Run pending commands here; returns how many ran.
+
+        ``wait_seconds`` > 0 blocks up to that long for a first command (a phase boundary that
+        expects to be suspended). A suspend blocks inside this call until the resume arrives.
+        """
+        if step is not None:
+            self.step = step
+        if self._stub is None:
+            return 0
+        self._report_size()
+        ran = 0
+        wait_until = time.monotonic() + wait_seconds
+        while True:
+            left = wait_until - time.monotonic()
+            try:
+                cmd = self._pending.get(timeout=left) if left > 0 and ran == 0 else self._pending.get_nowait()
+            except queue.Empty:
+                return ran
+            self._handle(cmd)
+            ran += 1
+
+    def _report_size(self) -> None:
+        """Tell the agent when the state grew (> 5 %) or shrank (> 20 %): its budget admits on it."""
+        if self._state_bytes is not None or self.suspended or self._stub is None:
+            return
+        n = self.offloader.state_bytes()
+        if self._reported_bytes * 0.8 <= n <= self._reported_bytes * 1.05:
+            return
+        with self._session_lock:
+            session = self._session
+        try:
+            self._stub.UpdateStateSize(
+                pb.UpdateStateSizeRequest(pod_uid=self.pod_uid, session_id=session, state_bytes=n), timeout=10
+            )
+            self._reported_bytes = n
+        except grpc.RpcError as e:
+            log.warning("state size update failed", extra={"err": str(e.details())})
+
+    def _ack(
+        self,
+        cmd: pb.Command,
+        ok: bool,
+        *,
+        nbytes: int = 0,
+        seconds: float = 0.0,
+        message: str = "",
+        ckpt: CheckpointInfo | None = None,
+    ) -> None:
+        assert self._stub is not None
+        with self._session_lock:
+            session = self._session
+        req = pb.AcknowledgeRequest(
+            pod_uid=self.pod_uid,
+            session_id=session,
+            operation_id=cmd.operation_id,
+            ok=ok,
+            bytes_moved=nbytes,
+            seconds=seconds,
+            message=message,
+            checkpoint_path=str(ckpt.path) if ckpt else "",
+            checkpoint_sha256=ckpt.sha256 if ckpt else "",
+        )
+        try:
+            self._stub.Acknowledge(req, timeout=10)
+        except grpc.RpcError as e:
+            log.warning("acknowledge failed", extra={"op": cmd.operation_id, "err": str(e.details())})
+
+    def _handle(self, cmd: pb.Command) -> None:
+        late_ms = int(time.time() * 1000) - cmd.deadline_unix_ms
+        if cmd.kind == pb.COMMAND_KIND_SUSPEND:
+            if cmd.deadline_unix_ms and late_ms > 0:
+                self._ack(cmd, False, message=f"expired: safe point reached {late_ms} ms after the deadline")
+                return
+            self._suspend(cmd)
+        elif cmd.kind == pb.COMMAND_KIND_RESUME:
+            if not self.suspended:
+                self._ack(cmd, True, message="already running")
+                return
+            self._resume(cmd)
+        elif cmd.kind == pb.COMMAND_KIND_CHECKPOINT:
+            self._checkpoint(cmd)
+        else:
+            self._ack(cmd, False, message=f"unknown command kind {cmd.kind}; upgrade rose_sdk")
+
+    def _suspend(self, cmd: pb.Command) -> None:
+        if self.suspended:
+            self._ack(cmd, True, message="already suspended")
+            return
+        t0 = time.perf_counter()
+        try:
+            for fn in self._on_suspend:
+                fn()
+            rep = self.offloader.offload()
+        except Exception as e:
+            log.exception("offload failed")
+            self._ack(cmd, False, message=f"offload failed: {e!r}")
+            return
+        self.suspended = True
+        self.suspend_count += 1
+        self._ack(
+            cmd,
+            True,
+            nbytes=rep.bytes_moved,
+            seconds=time.perf_counter() - t0,
+            message=f"offloaded {rep.tensors} tensors (arena reused: {rep.arena_reused})",
+        )
+        self._park()
+
+    def _park(self) -> None:
+        """Suspended: block the training thread until a resume (or the agent goes away for good)."""
+        while self.suspended:
+            try:
+                cmd = self._pending.get(timeout=0.5)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return
+                continue
+            if cmd.kind == pb.COMMAND_KIND_RESUME:
+                self._resume(cmd)
+            elif cmd.kind == pb.COMMAND_KIND_CHECKPOINT:
+                self._checkpoint(cmd)
+            elif cmd.kind == pb.COMMAND_KIND_SUSPEND:
+                self._ack(cmd, True, message="already suspended")
+            else:
+                self._ack(cmd, False, message=f"unknown command kind {cmd.kind}")
+
+    def _resume(self, cmd: pb.Command) -> None:
+        t0 = time.perf_counter()
+        try:
+            rep = self.offloader.restore()
+            for fn in self._on_resume:
+                fn()
+        except Exception as e:
+            log.exception("restore failed")
+            self._ack(cmd, False, message=f"restore failed: {e!r}; state is still in host memory")
+            return
+        self.suspended = False
+        self.resume_count += 1
+        self._ack(
+            cmd,
+            True,
+            nbytes=rep.bytes_moved,
+            seconds=time.perf_counter() - t0,
+            message=f"restored {rep.tensors} tensors",
+        )
+
+    def checkpoint_now(self) -> CheckpointInfo:
+        """Write the atomic durable checkpoint (model, optimizer, RNG, step, user state)."""
+        if self.checkpoint_path is None:
+            raise AgentError("no checkpoint path: pass checkpoint_path= or set ROSE_CHECKPOINT_PATH")
+        info = save_checkpoint(
+            self.checkpoint_path,
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step,
+            user_state=self._user_state() if self._user_state else None,
+        )
+        self.last_checkpoint = info
+        return info
+
+    def _checkpoint(self, cmd: pb.Command) -> None:
+        try:
+            info = self.checkpoint_now()
+        except Exception as e:
+            log.exception("durable checkpoint failed")
+            self._ack(cmd, False, message=f"durable checkpoint failed: {e!r}")
+            return
+        self._ack(
+            cmd, True, nbytes=info.nbytes, seconds=info.seconds, message=f"checkpoint at step {self.step}", ckpt=info
+        )
+
+
+# ---------------------------------------------------------------------- module-level convenience
+
+_default: list[Workload] = []  # the process's workload (at most one)
+
+
+def init(**kwargs: Any) -> Workload:
+    """Create the process's Workload from keyword arguments and the environment, and start it."""
+    while _default:
+        _default.pop().close()
+    w = Workload(**kwargs).start()
+    _default.append(w)
+    return w
+
+
+def current() -> Workload:
+    if not _default:
+        raise RuntimeError("rose_sdk.init(...) must be called before safe_point / on_suspend / on_resume")
+    return _default[0]
+
+
+def safe_point(step: int | None = None, *, wait_seconds: float = 0.0) -> int:
+    return current().safe_point(step, wait_seconds=wait_seconds)
+
+
+def on_suspend(fn: H) -> H:
+    return current().on_suspend(fn)
+
+
+def on_resume(fn: H) -> H:
+    return current().on_resume(fn)

@@ -1,0 +1,166 @@
+"""``rose extender`` / ``python -m scheduler_extender``: run the kube-scheduler HTTP extender.
+
+Every flag can also be set with an environment variable ``ROSE_EXTENDER_<FLAG>`` (upper case,
+dashes as underscores), e.g. ``ROSE_EXTENDER_LISTEN=127.0.0.1:18787``; the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import ssl
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from scheduler_extender import logs, policy
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.forecast import (
+    ForecastCache,
+    ForecastSource,
+    HttpForecastSource,
+    StaticFileForecastSource,
+)
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.server import Extender, ExtenderServer, ForecastLookup, NoForecasts
+
+log = logging.getLogger("scheduler_extender")
+
+ENV_PREFIX = "ROSE_EXTENDER_"
+
+
+def _env(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+class _Parser(argparse.ArgumentParser):
+    def add(self, flag: str, *, default: Any, help: str, type: Any = str, **kw: Any) -> None:
+        env = _env(flag)
+        raw = os.environ.get(env)
+        value = type(raw) if raw is not None else default
+        self.add_argument(flag, default=value, type=type, help=f"{help} [env {env}; default {default!r}]", **kw)
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"--listen must be HOST:PORT, got {value!r}")
+    return host or "0.0.0.0", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="rose extender", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add("--listen", default="0.0.0.0:8888", help="HOST:PORT to serve filter/prioritize/preempt on")
+    p.add("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
+    p.add(
+        "--forecast-backend",
+        default="http",
+        help="where forecasts come from: http (the predictor), static-file, or none (always fall back)",
+        choices=["http", "static-file", "none"],
+    )
+    p.add(
+        "--predictor-url",
+        default="",
+        help="predictor base URL for the http backend, e.g. http://predictor:8080",
+    )
+    p.add(
+        "--forecast-file",
+        default="",
+        help="JSON file of ForecastResponse objects for the static-file backend",
+    )
+    p.add("--forecast-timeout", default=0.5, type=float, help="seconds one forecast fetch may take")
+    p.add("--forecast-refresh", default=30.0, type=float, help="seconds between background forecast refreshes")
+    p.add("--forecast-max-age", default=300.0, type=float, help="seconds a fetched forecast stays usable")
+    p.add("--quantile", default="0.9", help="serving-demand quantile treated as what serving may need")
+    p.add("--default-min-run", default=600.0, type=float, help="RL worker min useful run (s) without annotation")
+    p.add("--fallback-headroom", default=0.25, type=float, help="pool fraction kept free when no forecast")
+    p.add("--fallback-window", default=600.0, type=float, help="idle window (s) assumed by the fallback rule")
+    p.add("--max-body-bytes", default=64 * 1024 * 1024, type=int, help="largest request body accepted")
+    p.add("--tls-cert-file", default="", help="serve HTTPS with this certificate (optional)")
+    p.add("--tls-key-file", default="", help="private key for --tls-cert-file")
+    p.add("--capture-dir", default="", help="debug: write the first request/reply bodies of each verb here")
+    p.add("--log-level", default="info", help="debug, info, warning or error")
+    return p
+
+
+def make_forecasts(args: argparse.Namespace, metrics: ExtenderMetrics) -> tuple[ForecastLookup, ForecastCache | None]:
+    source: ForecastSource
+    if args.forecast_backend == "none":
+        return NoForecasts(), None
+    if args.forecast_backend == "http":
+        if not args.predictor_url:
+            raise SystemExit("--forecast-backend http needs --predictor-url (or ROSE_EXTENDER_PREDICTOR_URL)")
+        source = HttpForecastSource(args.predictor_url, timeout_s=args.forecast_timeout)
+    else:
+        if not args.forecast_file:
+            raise SystemExit("--forecast-backend static-file needs --forecast-file (or ROSE_EXTENDER_FORECAST_FILE)")
+        source = StaticFileForecastSource(Path(args.forecast_file))
+    fc = ForecastCache(
+        source,
+        quantile=args.quantile,
+        refresh_s=args.forecast_refresh,
+        max_age_s=args.forecast_max_age,
+        on_fetch=metrics.on_forecast_fetch,
+    )
+    return fc, fc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.setup(args.log_level)
+    host, port = _listen(args.listen)
+    cfg = policy.PolicyConfig(
+        default_min_run_s=args.default_min_run,
+        quantile=args.quantile,
+        fallback_headroom=args.fallback_headroom,
+        fallback_window_s=args.fallback_window,
+    )
+    metrics = ExtenderMetrics(forecast_backend=args.forecast_backend)
+    forecasts, refresher = make_forecasts(args, metrics)
+    from scheduler_extender import kube  # the API-server module, imported only when running
+
+    api = kube.api_client(Path(args.kubeconfig) if args.kubeconfig else None)
+    cache = ClusterCache(cfg)
+    watcher = kube.Watcher(api, cache)
+    suspender = kube.KubeSuspender(api, on_result=lambda r: metrics.suspend_requests.labels(r).inc())
+    extender = Extender(
+        cache,
+        forecasts=forecasts,
+        suspender=suspender,
+        cfg=cfg,
+        metrics=metrics,
+        capture_dir=Path(args.capture_dir) if args.capture_dir else None,
+    )
+    server = ExtenderServer(extender, host, port, max_body=args.max_body_bytes)
+    if args.tls_cert_file:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file or None)
+        server.httpd.socket = ctx.wrap_socket(server.httpd.socket, server_side=True)
+    watcher.start()
+    if refresher is not None:
+        refresher.start()
+    stop = threading.Event()
+
+    def _term(signum: int, frame: object) -> None:
+        stop.set()
+        threading.Thread(target=server.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    log.info(
+        "extender serving",
+        extra={"listen": f"{host}:{server.port}", "forecastBackend": args.forecast_backend},
+    )
+    # Write the bound address for callers that asked for port 0.
+    print(f"listening on {host}:{server.port}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        watcher.stop()
+        suspender.stop()
+        if refresher is not None:
+            refresher.stop()
+    return 0

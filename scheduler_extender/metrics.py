@@ -1,0 +1,103 @@
+"""Prometheus metrics of the extender (prefix ``rose_extender_``), every label series pre-set to zero."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scheduler_extender.model import POD_KINDS
+
+VERBS = ("filter", "prioritize", "preempt")
+CODES = ("200", "400", "404", "405", "411", "413", "500")
+FILTER_RESULTS = ("passed", "failed", "unresolvable")
+VICTIM_ACTIONS = ("kept", "suspended", "unknown")
+NODE_RESULTS = ("kept", "dropped")
+OK_ERROR = ("ok", "error")
+CACHE_KINDS = ("Node", "Pod", "ResourceClaim", "ResourceSlice")
+# Sub-millisecond resolution: the goal is p99 <= 5 ms per call.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.0)
+
+
+class ExtenderMetrics:
+    """One registry per server instance (tests run several servers in one process)."""
+
+    def __init__(self, forecast_backend: str = "none") -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.latency = Histogram(
+            "rose_extender_request_duration_seconds",
+            "Time to answer one extender call, by verb.",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "rose_extender_requests_total",
+            "Extender calls by verb and HTTP status.",
+            ["verb", "code"],
+            registry=r,
+        )
+        self.filter_nodes = Counter(
+            "rose_extender_filter_nodes_total",
+            "Filter decisions per node, by pod kind and result.",
+            ["pod_kind", "result"],
+            registry=r,
+        )
+        self.prioritize_calls = Counter(
+            "rose_extender_prioritize_calls_total", "Prioritize calls by pod kind.", ["pod_kind"], registry=r
+        )
+        self.preempt_victims = Counter(
+            "rose_extender_preempt_victims_total",
+            "Preemption victims proposed by kube-scheduler, by what the extender did with them.",
+            ["action"],
+            registry=r,
+        )
+        self.preempt_nodes = Counter(
+            "rose_extender_preempt_nodes_total",
+            "Preemption candidate nodes kept or dropped by the extender.",
+            ["result"],
+            registry=r,
+        )
+        self.suspend_requests = Counter(
+            "rose_extender_suspend_requests_total",
+            "Suspend requests written to RL worker pods instead of eviction.",
+            ["result"],
+            registry=r,
+        )
+        self.forecast_fallback = Counter(
+            "rose_extender_forecast_fallback_total",
+            "Pool decisions made with the conservative fallback rule because no fresh forecast was cached.",
+            registry=r,
+        )
+        self.forecast_fetch = Counter(
+            "rose_extender_forecast_fetch_total",
+            "Forecast fetches by backend and result.",
+            ["backend", "result"],
+            registry=r,
+        )
+        self.cache_objects = Gauge(
+            "rose_extender_cache_objects", "Objects in the extender's watch cache.", ["kind"], registry=r
+        )
+        self.cache_synced = Gauge(
+            "rose_extender_cache_synced", "1 once every watched kind has been listed.", registry=r
+        )
+        for verb in VERBS:
+            self.latency.labels(verb)
+            for code in CODES:
+                self.requests.labels(verb, code)
+        for kind in POD_KINDS:
+            self.prioritize_calls.labels(kind.value)
+            for res in FILTER_RESULTS:
+                self.filter_nodes.labels(kind.value, res)
+        for action in VICTIM_ACTIONS:
+            self.preempt_victims.labels(action)
+        for res in NODE_RESULTS:
+            self.preempt_nodes.labels(res)
+        for res in OK_ERROR:
+            self.suspend_requests.labels(res)
+            self.forecast_fetch.labels(forecast_backend, res)
+        for kind_name in CACHE_KINDS:
+            self.cache_objects.labels(kind_name)
+        self._backend = forecast_backend
+
+    def on_forecast_fetch(self, result: str) -> None:
+        self.forecast_fetch.labels(self._backend, result).inc()

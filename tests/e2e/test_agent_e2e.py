@@ -1,0 +1,224 @@
+"""The cooperative suspend path end to end: real control plane, real scheduler allocation, the
+real ``rose driver`` process with its node agent socket, and a real training process using
+rose_sdk that registers as the RL pod.
+
+KWOK runs no containers, so the workload process (REINFORCE on CartPole, tests/agent_fixtures.py)
+is started by the test with the RL pod's UID, as the container would be; and the test plays the
+kubelet's DRA manager (NodePrepareResources / NodeUnprepareResources over the driver's socket).
+Preparing a serving claim on the same physical GPU suspends the RL workload at its safe point
+through the agent; unpreparing it resumes it; the training ends bit-identical to an
+uninterrupted run, and the RL pod is never deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from agent_fixtures import reaped, start_workload  # tests/ is on sys.path (tests/conftest.py)
+from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
+from kubernetes import client
+
+from local_cluster import ClusterHandle
+from rose_common import names
+from rose_common.proto import k8s_dra_v1_pb2 as v1
+from rose_common.proto import k8s_pluginregistration_pb2 as reg
+from rose_common.proto import rose_agent_v1_pb2 as pb
+from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
+from rose_common.slices import resource_slice, simulated_gpus
+from rose_sdk import tensors_equal
+
+REPO = Path(__file__).resolve().parents[2]
+V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+
+
+def _call(sock: Path, method: str, body: bytes) -> bytes:
+    wait_for(f"socket {sock}", sock.exists, timeout=30)
+    with grpc.insecure_channel(f"unix://{sock}") as ch:
+        fn = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        out: bytes = fn(body, timeout=120)
+        return out
+
+
+class Driver:
+    """One ``rose driver`` for one KWOK node, with the cooperative backend and the agent sockets."""
+
+    def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
+        self.root = root
+        self.registry_dir = root / "r"
+        self.agent_socket = root / "a" / "workload.sock"
+        self.control_socket = root / "a" / "control.sock"
+        self.log_path = root / "driver.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115
+        args = [
+            sys.executable, "-m", "dra_driver",
+            "--node-name", node,
+            "--kubeconfig", str(cluster.kubeconfig),
+            "--gpu-backend", "simulated",
+            "--simulated-gpus", str(cluster.gpus_per_node),
+            "--plugin-dir", str(root / "p"),
+            "--registry-dir", str(self.registry_dir),
+            "--cdi-dir", str(root / "cdi"),
+            "--metrics-port", "-1",
+            "--suspend-engine", "node",
+            "--suspend-backends", "cooperative",
+            "--host-memory-budget", "1Gi",
+            "--agent-socket", str(self.agent_socket),
+            "--agent-control-socket", str(self.control_socket),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            args, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO))
+        )
+
+    def endpoint(self) -> Path:
+        sock = self.registry_dir / "gpu.rose.io-reg.sock"
+        info = reg.PluginInfo.FromString(_call(sock, "/pluginregistration.Registration/GetInfo", b""))
+        _call(sock, "/pluginregistration.Registration/NotifyRegistrationStatus", b"\x08\x01")
+        return Path(info.endpoint)
+
+    def prepare(self, claim: dict[str, Any]) -> Any:
+        m = claim["metadata"]
+        req = v1.NodePrepareResourcesRequest()
+        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
+        raw = _call(self.endpoint(), V1 + "NodePrepareResources", req.SerializeToString())
+        return v1.NodePrepareResourcesResponse.FromString(raw).claims[m["uid"]]
+
+    def unprepare(self, claim: dict[str, Any]) -> Any:
+        m = claim["metadata"]
+        req = v1.NodeUnprepareResourcesRequest()
+        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
+        raw = _call(self.endpoint(), V1 + "NodeUnprepareResources", req.SerializeToString())
+        return v1.NodeUnprepareResourcesResponse.FromString(raw).claims[m["uid"]]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return int(self.proc.returncode)
+
+
+def _slices(api: Any, node: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = client.CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        field_selector=f"spec.driver={names.DRIVER_NAME},spec.nodeName={node}",
+    )["items"]
+    return items
+
+
+def _claim_of(api: Any, ns: str, pod: str) -> dict[str, Any] | None:
+    p = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
+    for st in p.status.resource_claim_statuses or []:
+        if st.resource_claim_name:
+            c: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "resource.k8s.io", "v1", ns, "resourceclaims", st.resource_claim_name
+            )
+            if (c.get("status") or {}).get("allocation") and (c.get("status") or {}).get("reservedFor"):
+                return c
+    return None
+
+
+def _ann(api: Any, ns: str, pod: str) -> dict[str, str]:
+    return client.CoreV1Api(api).read_namespaced_pod(pod, ns).metadata.annotations or {}
+
+
+@pytest.fixture
+def env(cluster: ClusterHandle) -> Iterator[tuple[Driver, Any, str, str]]:
+    node = cluster.node_names[-1]
+    root = Path(tempfile.mkdtemp(prefix="rose-agt-", dir="/tmp"))  # short: unix socket paths <= 107 bytes
+    api = cluster.api_client()
+    drv = Driver(cluster, node, root)
+    ns = new_namespace(api, "agt")
+    try:
+        yield drv, api, ns, node
+    finally:
+        delete_namespace(api, ns)
+        code = drv.stop()
+        try:
+            wait_for("driver slices removed on shutdown", lambda: not _slices(api, node), timeout=30)
+            assert code == 0, drv.log_path.read_text()[-3000:]
+        finally:
+            if not _slices(api, node):  # restore the session's seed slice for other tests
+                client.CustomObjectsApi(api).create_cluster_custom_object(
+                    "resource.k8s.io",
+                    "v1",
+                    "resourceslices",
+                    resource_slice(node, simulated_gpus(node, cluster.gpus_per_node), 1),
+                )
+            api.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_serving_claim_suspends_training_cooperatively_and_training_is_unharmed(
+    env: tuple[Driver, Any, str, str], tmp_path: Path
+) -> None:
+    drv, api, ns, node = env
+    core = client.CoreV1Api(api)
+    wait_for("driver published its slice", lambda: len(_slices(api, node)) == 1 or None, timeout=60)
+    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
+    create_claim_template(api, ns, claim_template("lent", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
+    create_claim_template(api, ns, claim_template("serve", names.DEVICE_CLASS_SERVING, selectors=gpu0))
+    rl = gpu_pod("rl-0", "lent", labels={names.LABEL_JOB: "job-a"}, node_name=node)
+    rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "60"}
+    core.create_namespaced_pod(ns, rl)
+    rl_claim = wait_for("RL claim allocated and reserved", lambda: _claim_of(api, ns, "rl-0"), timeout=90)
+    rl_uid = core.read_namespaced_pod("rl-0", ns).metadata.uid
+    out = drv.prepare(rl_claim)
+    assert out.error == "" and out.devices[0].device_name == "gpu-0-lendable"
+
+    # the RL pod's container process: registers with the node agent under the pod's UID
+    args = ["--updates", "24", "--seed", "3", "--suspend-points", "1"]
+    wl = start_workload(tmp_path, "rl-0", socket=drv.agent_socket, pod_uid=rl_uid, extra=args, namespace=ns)
+    base = start_workload(tmp_path, "base", socket=None, extra=args)
+    with reaped(wl, base), grpc.insecure_channel(f"unix://{drv.control_socket}") as ch:
+        control = pb_grpc.NodeControlStub(ch)
+        wl.wait_ready()
+
+        def connected() -> bool | None:
+            st = control.Status(pb.StatusRequest())
+            return any(w.pod_uid == rl_uid and w.connected for w in st.workloads) or None
+
+        wait_for("workload registered with the driver's agent", connected, timeout=60)
+
+        core.create_namespaced_pod(
+            ns, gpu_pod("serve-0", "serve", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+        )
+        srv_claim = wait_for("serving claim allocated", lambda: _claim_of(api, ns, "serve-0"), timeout=90)
+        assert srv_claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0-serving"
+
+        out = drv.prepare(srv_claim)  # serving wins: returns once the occupant is suspended
+        assert out.error == "" and out.devices[0].device_name == "gpu-0-serving"
+        st = control.Status(pb.StatusRequest(pod_uid=rl_uid))
+        assert st.workloads[0].state == pb.WORKLOAD_STATE_SUSPENDED
+        assert st.workloads[0].suspended_by == pb.BACKEND_COOPERATIVE and st.host_bytes_held > 0
+        sus = [o for o in st.recent_operations if o.kind == pb.COMMAND_KIND_SUSPEND]
+        assert sus and sus[-1].state == pb.OPERATION_STATE_SUCCEEDED and sus[-1].bytes_moved > 0
+        assert _ann(api, ns, "rl-0")[names.ANNOTATION_SUSPEND_STATE] == "Suspended"
+        assert drv.unprepare(srv_claim).error == ""  # serving leaves: the occupant resumes
+        assert _ann(api, ns, "rl-0")[names.ANNOTATION_SUSPEND_STATE] == "Running"
+        st = control.Status(pb.StatusRequest(pod_uid=rl_uid))
+        assert st.workloads[0].state == pb.WORKLOAD_STATE_RUNNING and st.host_bytes_held == 0
+        text = wl.finish()
+        base.finish()
+    assert "suspends=1 resumes=1" in text
+    a, b = torch.load(wl.out, weights_only=True), torch.load(base.out, weights_only=True)
+    assert tensors_equal(a["model"], b["model"]) and tensors_equal(a["optimizer"], b["optimizer"])
+    rl_now = core.read_namespaced_pod("rl-0", ns)
+    assert rl_now.metadata.uid == rl_uid and rl_now.metadata.deletion_timestamp is None
+    assert drv.unprepare(rl_claim).error == ""

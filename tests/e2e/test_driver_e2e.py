@@ -1,0 +1,461 @@
+"""The DRA driver end to end on the real control plane (kube-apiserver, kube-scheduler's
+DynamicResources plugin, the resourceclaim controller, KWOK nodes).
+
+One ``rose driver`` process per KWOK node (simulated GPUs, the agent's suspend engine with its
+explicit ``simulated`` backend) publishes that node's ResourceSlices. KWOK has no kubelet, so
+this test plays the kubelet's DRA manager: it reads the registration socket (GetInfo), then
+calls NodePrepareResources / NodeUnprepareResources on the driver's DRA socket with the real
+method names, as the kubelet would once a pod is bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
+from kubernetes import client, watch
+from urllib3.exceptions import ProtocolError
+
+from dra_driver import cdi
+from dra_driver.publisher import HASH_ANNOTATION
+from dra_driver.state import PREPARE_COMPLETED, decode
+from local_cluster import ClusterHandle, free_port
+from rose_common import names
+from rose_common.proto import k8s_dra_v1_pb2 as v1
+from rose_common.proto import k8s_pluginregistration_pb2 as reg
+from rose_common.slices import resource_slice, simulated_gpus
+
+REPO = Path(__file__).resolve().parents[2]
+V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+
+
+class DriverProc:
+    def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
+        self.node = node
+        self.root = root / node
+        self.plugin_dir = self.root / "p"
+        self.registry_dir = self.root / "r"
+        self.cdi_dir = self.root / "cdi"
+        self.metrics_port = free_port()
+        self.log = open(self.root.parent / f"{node}.log", "w")  # noqa: SIM115
+        args = [
+            sys.executable,
+            "-m",
+            "dra_driver",
+            "--node-name",
+            node,
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--gpu-backend",
+            "simulated",
+            "--simulated-gpus",
+            str(cluster.gpus_per_node),
+            "--plugin-dir",
+            str(self.plugin_dir),
+            "--registry-dir",
+            str(self.registry_dir),
+            "--cdi-dir",
+            str(self.cdi_dir),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+            "--suspend-engine",
+            "node",
+            "--suspend-backends",
+            "simulated",
+            "--simulated-occupant-bytes",
+            "1Gi",
+            "--host-memory-budget",
+            "8Gi",
+            "--default-grace-seconds",
+            "10",
+            "--node-facts-seconds",
+            "0.5",
+        ]
+        self.args = args
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.args, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO))
+        )
+
+    def kill9_and_restart(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc = self._spawn()
+
+    def channel(self, sock: Path) -> grpc.Channel:
+        wait_for(f"socket {sock}", sock.exists, timeout=30)
+        return grpc.insecure_channel(f"unix://{sock}")
+
+    def call(self, sock: Path, method: str, body: bytes) -> bytes:
+        with self.channel(sock) as ch:
+            fn = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            out: bytes = fn(body, timeout=60)
+            return out
+
+    def endpoint(self) -> Path:
+        info = reg.PluginInfo.FromString(
+            self.call(self.registry_dir / "gpu.rose.io-reg.sock", "/pluginregistration.Registration/GetInfo", b"")
+        )
+        assert info.name == "gpu.rose.io" and next(iter(info.supported_versions)) == "v1.DRAPlugin"
+        # the kubelet then tells the plugin it is registered
+        self.call(
+            self.registry_dir / "gpu.rose.io-reg.sock",
+            "/pluginregistration.Registration/NotifyRegistrationStatus",
+            b"\x08\x01",
+        )
+        return Path(info.endpoint)
+
+    def prepare(self, claim: dict[str, Any]) -> Any:
+        req = v1.NodePrepareResourcesRequest()
+        m = claim["metadata"]
+        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
+        raw = self.call(self.endpoint(), V1 + "NodePrepareResources", req.SerializeToString())
+        return v1.NodePrepareResourcesResponse.FromString(raw).claims[m["uid"]]
+
+    def unprepare(self, claim: dict[str, Any]) -> Any:
+        req = v1.NodeUnprepareResourcesRequest()
+        m = claim["metadata"]
+        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
+        raw = self.call(self.endpoint(), V1 + "NodeUnprepareResources", req.SerializeToString())
+        return v1.NodeUnprepareResourcesResponse.FromString(raw).claims[m["uid"]]
+
+    def metrics(self) -> list[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return int(self.proc.returncode)
+
+
+def _slices(api: Any, node: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = client.CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        field_selector=f"spec.driver={names.DRIVER_NAME},spec.nodeName={node}",
+    )["items"]
+    return items
+
+
+def _published(api: Any, node: str) -> dict[str, Any] | None:
+    items = _slices(api, node)
+    if len(items) == 1 and HASH_ANNOTATION in (items[0]["metadata"].get("annotations") or {}):
+        return items[0]
+    return None
+
+
+@pytest.fixture(scope="module")
+def drivers(cluster: ClusterHandle) -> Iterator[dict[str, DriverProc]]:
+    root = Path(tempfile.mkdtemp(prefix="rose-drv-", dir="/tmp"))  # short: unix socket paths <= 107 bytes
+    procs = {n: DriverProc(cluster, n, root) for n in cluster.node_names}
+    api = cluster.api_client()
+    try:
+        yield procs
+    finally:
+        codes = {n: p.stop() for n, p in procs.items()}
+        try:
+            # removed on shutdown ...
+            for n in procs:
+                wait_for(f"slices of {n} removed on shutdown", lambda n=n: not _slices(api, n), timeout=30)
+            assert codes == {n: 0 for n in procs}, codes
+        finally:
+            # ... and the session's seed slices restored for the other tests
+            for n in procs:
+                if not _slices(api, n):
+                    client.CustomObjectsApi(api).create_cluster_custom_object(
+                        "resource.k8s.io",
+                        "v1",
+                        "resourceslices",
+                        resource_slice(n, simulated_gpus(n, cluster.gpus_per_node), 1),
+                    )
+            api.close()
+            if os.environ.get("ROSE_E2E_KEEP_DRIVER_LOGS") != "1":
+                shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def api(cluster: ClusterHandle) -> Iterator[Any]:
+    a = cluster.api_client()
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def ns(api: Any) -> Iterator[str]:
+    name = new_namespace(api, "drv")
+    yield name
+    delete_namespace(api, name)
+
+
+def test_every_driver_publishes_and_republishes_after_wipe(
+    cluster: ClusterHandle, drivers: dict[str, DriverProc], api: Any
+) -> None:
+    for node in cluster.node_names:
+        s = wait_for(f"slice of {node} published by its driver", lambda node=node: _published(api, node), timeout=60)
+        assert len(s["spec"]["devices"]) == 2 * cluster.gpus_per_node
+        assert s["spec"]["pool"]["name"] == node and s["spec"]["pool"]["generation"] >= 2  # above the seed's
+    node = cluster.node_names[0]
+    before = _published(api, node)
+    assert before is not None
+    client.CustomObjectsApi(api).delete_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", before["metadata"]["name"]
+    )  # the kubelet's wipe
+    after = wait_for(
+        "slice republished after wipe",
+        lambda: (
+            _published(api, node)
+            if ((_published(api, node) or {}).get("metadata", {}).get("uid") != before["metadata"]["uid"])
+            else None
+        ),
+        timeout=60,
+    )
+    assert after["spec"]["pool"]["generation"] > before["spec"]["pool"]["generation"]
+
+
+def _claim_of(api: Any, ns: str, pod: str) -> dict[str, Any] | None:
+    p = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
+    for st in p.status.resource_claim_statuses or []:
+        if st.resource_claim_name:
+            c: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "resource.k8s.io", "v1", ns, "resourceclaims", st.resource_claim_name
+            )
+            if (c.get("status") or {}).get("allocation") and (c.get("status") or {}).get("reservedFor"):
+                return c
+    return None
+
+
+def _ann(api: Any, ns: str, pod: str) -> dict[str, str]:
+    return client.CoreV1Api(api).read_namespaced_pod(pod, ns).metadata.annotations or {}
+
+
+def _node_ann(api: Any, node: str) -> dict[str, str]:
+    return client.CoreV1Api(api).read_node(node).metadata.annotations or {}
+
+
+def _events(api: Any, ns: str, pod: str) -> list[str]:
+    evs = client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={pod}").items
+    return [e.reason for e in sorted(evs, key=lambda e: e.metadata.creation_timestamp)]
+
+
+def test_serving_wins_on_a_shared_physical_gpu(
+    cluster: ClusterHandle, drivers: dict[str, DriverProc], api: Any, ns: str
+) -> None:
+    node = cluster.node_names[0]
+    drv = drivers[node]
+    wait_for("driver slice", lambda: _published(api, node), timeout=60)
+    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
+    create_claim_template(api, ns, claim_template("lent-gpu0", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
+    create_claim_template(api, ns, claim_template("serve-gpu0", names.DEVICE_CLASS_SERVING, selectors=gpu0))
+    core = client.CoreV1Api(api)
+    rl = gpu_pod("rl-0", "lent-gpu0", labels={names.LABEL_JOB: "job-a"}, node_name=node)
+    rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "15"}
+    core.create_namespaced_pod(ns, rl)
+    rl_claim = wait_for("RL claim allocated and reserved", lambda: _claim_of(api, ns, "rl-0"), timeout=90)
+    rl_uid = core.read_namespaced_pod("rl-0", ns).metadata.uid
+
+    # the kubelet prepares the RL pod's claim
+    out = drv.prepare(rl_claim)
+    assert out.error == "" and out.devices[0].device_name == "gpu-0-lendable"
+    cdi_id = f"gpu.rose.io/gpu={rl_claim['metadata']['uid']}-gpu-0-lendable"
+    assert list(out.devices[0].cdi_device_ids) == [cdi_id]
+    spec = json.loads((drv.cdi_dir / f"gpu.rose.io-gpu_{rl_claim['metadata']['uid']}.json").read_text())
+    assert spec["kind"] == "gpu.rose.io/gpu"
+
+    # a serving pod lands on the same physical GPU (the real scheduler allocates gpu-0-serving)
+    core.create_namespaced_pod(
+        ns, gpu_pod("serve-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+    )
+    srv_claim = wait_for("serving claim allocated", lambda: _claim_of(api, ns, "serve-0"), timeout=90)
+    srv_dev = srv_claim["status"]["allocation"]["devices"]["results"][0]["device"]
+    assert srv_dev == "gpu-0-serving"
+    assert names.ANNOTATION_SUSPEND_STATE not in _ann(api, ns, "rl-0")
+
+    # watch the RL pod: every change of its suspend-state annotation, in the API server's order
+    seen: list[str] = []
+    w = watch.Watch()
+    rv = core.read_namespaced_pod("rl-0", ns).metadata.resource_version
+
+    def watch_rl() -> None:
+        stream = w.stream(
+            core.list_namespaced_pod, ns, field_selector="metadata.name=rl-0", resource_version=rv, timeout_seconds=30
+        )
+        try:
+            for ev in stream:
+                st = (ev["object"].metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_STATE, "")
+                if not seen or seen[-1] != st:
+                    seen.append(st)
+        except ProtocolError:  # the watch connection closing after stop(): what it saw is recorded
+            pass
+
+    t = threading.Thread(target=watch_rl, daemon=True)
+    t.start()
+    time.sleep(0.5)  # the watch is established
+    out = drv.prepare(srv_claim)
+    # observed order: when the serving prepare returns, the occupant is already Suspended and the
+    # Event says so (nothing else could have written them after the call returned)
+    assert out.error == "" and out.devices[0].device_name == "gpu-0-serving"
+    assert _ann(api, ns, "rl-0")[names.ANNOTATION_SUSPEND_STATE] == "Suspended"
+    assert "Suspended" in _events(api, ns, "rl-0")
+    wait_for("watch saw Suspended", lambda: "Suspended" in seen, timeout=10)
+    # node facts for the extender: GPU 0 lent, the suspended 1Gi counted against the 8Gi budget
+    wait_for("node facts", lambda: _node_ann(api, node).get(names.ANNOTATION_HOST_MEM_FREE) == str(7 * 2**30), 15)
+    assert _node_ann(api, node)[names.ANNOTATION_LENT] == "0"
+    m = drv.metrics()
+    assert 'rose_driver_gpu_residency{gpu="0",resident="serving"} 1.0' in m
+    assert "rose_driver_suspended_occupants 1.0" in m
+    assert 'rose_driver_occupant_suspend_total{outcome="suspended"} 1.0' in m
+    assert seen[seen.index("Suspending") + 1] == "Suspended", seen
+
+    # serving leaves: unprepare resumes the occupant
+    assert drv.unprepare(srv_claim).error == ""
+    assert _ann(api, ns, "rl-0")[names.ANNOTATION_SUSPEND_STATE] == "Running"
+    evs = _events(api, ns, "rl-0")
+    assert "Suspended" in evs and "Resumed" in evs
+    wait_for("watch saw Running", lambda: seen[-1:] == ["Running"], timeout=10)
+    k = seen.index("Suspending")
+    assert seen[k : k + 4] == ["Suspending", "Suspended", "Resuming", "Running"], seen
+    rl_now = core.read_namespaced_pod("rl-0", ns)
+    assert rl_now.metadata.uid == rl_uid and rl_now.metadata.deletion_timestamp is None  # never deleted
+
+    # a suspend request through the API server (the extender's / controller's path)
+    req = {"by": "e2e", "reason": "planned reclaim", "graceSeconds": 5, "at": "2026-11-29T00:00:00Z"}
+    core.patch_namespaced_pod(
+        "rl-0", ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_REQUEST: json.dumps(req)}}}
+    )
+    wait_for(
+        "Suspended by request",
+        lambda: _ann(api, ns, "rl-0").get(names.ANNOTATION_SUSPEND_STATE) == "Suspended",
+        timeout=30,
+    )
+    core.patch_namespaced_pod("rl-0", ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_REQUEST: None}}})
+    wait_for(
+        "Running after the request is withdrawn",
+        lambda: _ann(api, ns, "rl-0").get(names.ANNOTATION_SUSPEND_STATE) == "Running",
+        timeout=30,
+    )
+    assert core.read_namespaced_pod("rl-0", ns).metadata.uid == rl_uid
+    w.stop()  # end the watch: one more event wakes the stream so it sees the stop
+    core.patch_namespaced_pod("rl-0", ns, {"metadata": {"labels": {"e2e-done": "1"}}})
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert drv.unprepare(rl_claim).error == ""
+
+
+def test_bad_claims_get_clear_per_claim_errors(
+    cluster: ClusterHandle, drivers: dict[str, DriverProc], api: Any, ns: str
+) -> None:
+    node0, node1 = cluster.node_names[0], cluster.node_names[1]
+    drv = drivers[node0]
+    create_claim_template(api, ns, claim_template("lent", names.DEVICE_CLASS_LENDABLE))
+    client.CoreV1Api(api).create_namespaced_pod(ns, gpu_pod("elsewhere", "lent", node_name=node1))
+    other_node = wait_for("claim on another node", lambda: _claim_of(api, ns, "elsewhere"), timeout=90)
+    assert "belongs to another node" in drv.prepare(other_node).error
+    # an unallocated claim (no pod uses it, so the scheduler never allocated it)
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "idle"},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE}}]}
+        },
+    }
+    idle = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "resource.k8s.io", "v1", ns, "resourceclaims", body
+    )
+    assert "not allocated" in drv.prepare(idle).error
+    gone = {"metadata": {"namespace": ns, "name": "no-such-claim", "uid": "00000000-0000-0000-0000-000000000000"}}
+    assert "not found" in drv.prepare(gone).error
+    assert drv.unprepare(gone).error == ""  # unprepare of an unknown claim is not an error
+
+
+def _quietly(call: Any, claim: dict[str, Any]) -> None:
+    """The kubelet's call that the kill interrupts: its failure is expected."""
+    with contextlib.suppress(grpc.RpcError):
+        call(claim)
+
+
+def _retry(what: str, fn: Any) -> Any:
+    """Call like the kubelet does after a plugin restart: retry while the socket is not served yet."""
+
+    def attempt() -> Any:
+        try:
+            return fn()
+        except grpc.RpcError:
+            return None
+
+    return wait_for(what, attempt, timeout=60, interval=0.5)
+
+
+def test_driver_process_killed_mid_call_recovers(
+    cluster: ClusterHandle, drivers: dict[str, DriverProc], api: Any, ns: str
+) -> None:
+    """A few full-driver kill -9 trials: the real driver process, the real API, the real sockets."""
+    node = cluster.node_names[-1]
+    drv = drivers[node]
+    wait_for("driver slice", lambda: _published(api, node), timeout=60)
+    create_claim_template(
+        api,
+        ns,
+        claim_template("s1", names.DEVICE_CLASS_SERVING, selectors=['device.attributes["gpu.rose.io"].index == 0']),
+    )
+    create_claim_template(
+        api,
+        ns,
+        claim_template("l1", names.DEVICE_CLASS_LENDABLE, selectors=['device.attributes["gpu.rose.io"].index == 1']),
+    )
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(ns, gpu_pod("srv", "s1", node_name=node))
+    core.create_namespaced_pod(ns, gpu_pod("rl", "l1", labels={names.LABEL_JOB: "j"}, node_name=node))
+    claims = [wait_for(f"claim of {p}", lambda p=p: _claim_of(api, ns, p), timeout=90) for p in ("srv", "rl")]
+    uids = sorted(c["metadata"]["uid"] for c in claims)
+    checkpoint = drv.plugin_dir / "checkpoint.json"
+    rng = random.Random(11)
+    for _trial in range(3):
+        for op in ("prepare", "unprepare"):
+            for claim in claims:
+                call = getattr(drv, op)
+                t = threading.Thread(target=_quietly, args=(call, claim))
+                t.start()
+                time.sleep(rng.uniform(0.0, 0.3))
+                drv.kill9_and_restart()
+                t.join(timeout=60)
+                if checkpoint.exists():
+                    decode(checkpoint.read_bytes())  # never corrupt
+                out = _retry(f"{op} after restart", lambda call=call, claim=claim: call(claim))
+                assert out.error == "", out.error
+            data = decode(checkpoint.read_bytes())
+            if op == "prepare":  # both prepared exactly once, CDI specs for both, nothing else
+                assert sorted(data.claims) == uids and {r.state for r in data.claims.values()} == {PREPARE_COMPLETED}
+                assert cdi.list_specs(drv.cdi_dir) == uids
+                again = drv.prepare(claims[0])  # idempotent after all that
+                assert again.error == "" and again.devices[0].device_name == "gpu-0-serving"
+            else:
+                assert data.claims == {} and cdi.list_specs(drv.cdi_dir) == []

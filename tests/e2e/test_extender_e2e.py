@@ -1,0 +1,265 @@
+"""The extender end to end: the real kube-scheduler (profile ``rose-scheduler`` of the local
+cluster) calls our extender process over HTTP at ``cluster.extender_url``; the extender watches
+the real API server (nodes, pods, ResourceClaims, ResourceSlices) and reads forecasts from the
+explicit ``static-file`` backend (the predictor server is another component; the forecast file
+holds ForecastResponse objects exactly as the predictor's /v1/forecast returns them).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+from extender_fixtures import forecast
+from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
+from kubernetes import client
+
+from local_cluster import ClusterHandle
+from rose_common import extender_names, names
+from scheduler_extender import wire
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pools(cluster: ClusterHandle) -> tuple[str, str]:
+    pools = sorted(set(cluster.pools.values()))
+    assert len(pools) >= 2, f"the e2e cluster needs two pools, got {cluster.pools}"
+    return pools[0], pools[1]  # (quiet, busy)
+
+
+@pytest.fixture(scope="module")
+def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Our extender as a real process, listening exactly where the rose-scheduler profile calls."""
+    assert cluster.extender_url, "the cluster must run the rose-scheduler profile with an extender URL"
+    tmp = tmp_path_factory.mktemp("extender")
+    quiet, busy = _pools(cluster)
+    capacity = {p: sum(cluster.gpus_per_node for n in cluster.pools if cluster.pools[n] == p) for p in (quiet, busy)}
+    items = [
+        json.loads(forecast(quiet, {600: 0, 1800: 0, 3600: 0}).model_dump_json()),
+        # busy: serving needs the whole pool from 30 minutes on → idle window 10 minutes
+        json.loads(forecast(busy, {600: 0, 1800: capacity[busy], 3600: capacity[busy]}).model_dump_json()),
+    ]
+    (tmp / "forecasts.json").write_text(json.dumps({"forecasts": items}))
+    url = urlparse(cluster.extender_url)
+    # what the real kube-scheduler sends is kept here (ROSE_EXTENDER_CAPTURE_DIR to keep it)
+    capture = Path(os.environ.get("ROSE_EXTENDER_CAPTURE_DIR") or tmp / "capture")
+    log = (tmp / "extender.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "scheduler_extender",
+            f"--listen={url.hostname}:{url.port}",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--forecast-backend=static-file",
+            f"--forecast-file={tmp / 'forecasts.json'}",
+            "--forecast-refresh=1",
+            f"--capture-dir={capture}",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def ready() -> bool:
+        try:
+            conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=1)
+            conn.request("GET", "/readyz")
+            ok = conn.getresponse().status == 200
+            conn.close()
+            return ok
+        except OSError:
+            return False
+
+    try:
+        wait_for("extender ready (cache synced)", lambda: proc.poll() is None and ready(), timeout=30)
+        time.sleep(1.5)  # one forecast refresh
+        yield {"proc": proc, "capture": capture, "quiet": quiet, "busy": busy, "host": url.hostname, "port": url.port}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def api(cluster: ClusterHandle) -> Iterator[Any]:
+    a = cluster.api_client()
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def ns(api: Any) -> Iterator[str]:
+    name = new_namespace(api, "ext")
+    create_claim_template(api, name, claim_template("lendable-1", names.DEVICE_CLASS_LENDABLE))
+    create_claim_template(api, name, claim_template("serving-1", names.DEVICE_CLASS_SERVING))
+    yield name
+    delete_namespace(api, name)
+
+
+def _metric(extender: dict[str, Any], line_start: str) -> float:
+    conn = http.client.HTTPConnection(extender["host"], extender["port"], timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {line_start} not exposed")
+
+
+def _node_of(api: Any, ns: str, pod: str) -> str | None:
+    p = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
+    return p.spec.node_name or None
+
+
+def _rl_pod(
+    name: str, job: str, *, cpu: str = "100m", node: str | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    body = gpu_pod(
+        name,
+        "lendable-1",
+        scheduler=names.SCHEDULER_NAME,
+        labels={names.LABEL_JOB: job},
+        priority_class="rose-rl",
+        cpu=cpu,
+        node_name=node,
+    )
+    body["metadata"]["annotations"] = annotations or {}
+    return body
+
+
+def test_rl_workers_land_on_the_pool_forecast_idle_longest(
+    cluster: ClusterHandle, extender: dict[str, Any], api: Any, ns: str
+) -> None:
+    """Pool ``quiet`` is forecast idle for the full hour; pool ``busy`` only for 10 minutes.
+    Four 1-GPU workers (as many as the quiet pool has lendable GPUs) all land in the quiet pool;
+    a fifth that needs 20 minutes of uninterrupted run finds no node: the quiet pool has no
+    lendable GPU left and the busy pool's window is too short (FailedAndUnresolvableNodes)."""
+    core = client.CoreV1Api(api)
+    quiet, _busy = extender["quiet"], extender["busy"]
+    quiet_nodes = {n for n, p in cluster.pools.items() if p == quiet}
+    lendable_in_quiet = len(quiet_nodes) * cluster.gpus_per_node
+    placed: dict[str, str] = {}
+    for i in range(lendable_in_quiet):
+        core.create_namespaced_pod(ns, _rl_pod(f"worker-{i}", "grpo"))
+        placed[f"worker-{i}"] = wait_for(f"worker-{i} bound", lambda i=i: _node_of(api, ns, f"worker-{i}"), 60)
+    assert set(placed.values()) <= quiet_nodes, (placed, cluster.pools)
+    assert _metric(extender, 'rose_extender_prioritize_calls_total{pod_kind="rl-worker"}') >= 1
+
+    core.create_namespaced_pod(ns, _rl_pod("picky", "grpo", annotations={extender_names.ANNOTATION_MIN_RUN: "1200"}))
+
+    def refused() -> str | None:
+        events = core.list_namespaced_event(ns, field_selector="involvedObject.name=picky").items
+        msgs = [e.message or "" for e in events if e.reason == "FailedScheduling"]
+        return next((m for m in msgs if "min useful run" in m or "lendable GPUs free" in m), None)
+
+    message = wait_for("FailedScheduling event from the extender's filter", refused, 60)
+    assert _node_of(api, ns, "picky") is None, message
+    # the capture of what the real kube-scheduler sent parses with our wire models
+    captured = sorted(extender["capture"].glob("filter-*-request.json"))
+    assert captured
+    args = wire.ExtenderArgs.model_validate_json(captured[0].read_bytes())
+    assert args.Nodes is None and args.NodeNames  # nodeCacheCapable: names only
+
+
+def _set_status_resources(api: Any, ns: str, pod: str, cpu: str) -> None:
+    """Report the container's actual resources in its status, as a kubelet does (KWOK does not)."""
+    core = client.CoreV1Api(api)
+    p = core.read_namespaced_pod(pod, ns)
+    statuses = api.sanitize_for_serialization(p.status.container_statuses or [])
+    for st in statuses:
+        st["resources"] = {"requests": {"cpu": cpu}}
+        st["allocatedResources"] = {"cpu": cpu}
+    core.patch_namespaced_pod_status(pod, ns, {"status": {"containerStatuses": statuses}})
+
+
+def _node_agent_stand_in(api: Any, ns: str, pod: str) -> dict[str, Any]:
+    """What the node does on a suspend request, played here because KWOK nodes run no kubelet
+    and no ROSE driver: the agent reports ``Suspended`` and shrinks the suspended worker's CPU
+    request through the pods/resize subresource (a suspended worker needs no CPU); the kubelet
+    part (actuating the resize and reporting it in the container status) is written directly."""
+    core = client.CoreV1Api(api)
+
+    def requested() -> dict[str, Any] | None:
+        p = core.read_namespaced_pod(pod, ns)
+        raw = (p.metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_REQUEST)
+        return json.loads(raw) if raw else None
+
+    request = wait_for("suspend request on the RL pod", requested, 60)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    core.patch_namespaced_pod(
+        pod,
+        ns,
+        {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_STATE: "Suspended", "rose.io/suspended-at": stamp}}},
+    )
+    core.patch_namespaced_pod_resize(
+        pod, ns, {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "100m"}}}]}}
+    )
+    _set_status_resources(api, ns, pod, "100m")
+    return request
+
+
+def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
+    cluster: ClusterHandle, extender: dict[str, Any], api: Any, ns: str
+) -> None:
+    """How preemption genuinely arises here: serving and lendable devices are distinct devices of
+    the same physical GPU, so DRA alone never makes a serving pod preempt an RL pod. Priority plus
+    node CPU does: an RL worker (priority rose-rl) takes 60 of the node's 64 CPUs; a serving pod
+    (priority rose-serving) pinned to that node asks for 10 CPUs and a serving GPU. The real
+    kube-scheduler's DefaultPreemption dry run proposes the RL worker as the victim and calls our
+    preempt verb (nodeCacheCapable: UIDs only). The extender takes the RL pod out of the victim
+    list, patches ``rose.io/suspend-request`` on it and records an Event, and drops the node (no
+    other victims), so kube-scheduler deletes nothing. The node agent (played by the test, see
+    :func:`_node_agent_stand_in`) suspends the worker and shrinks its CPU request; the scheduler
+    retries and binds the serving pod to that node. The RL pod is never deleted: same UID, no
+    deletionTimestamp, no DisruptionTarget condition."""
+    core = client.CoreV1Api(api)
+    node = sorted(n for n, p in cluster.pools.items() if p == extender["busy"])[0]
+    core.create_namespaced_pod(ns, _rl_pod("rl-victim", "grpo-e2e", cpu="60", node=node))
+    assert wait_for("RL worker bound", lambda: _node_of(api, ns, "rl-victim"), 60) == node
+    uid = core.read_namespaced_pod("rl-victim", ns).metadata.uid
+    wait_for("RL worker Running", lambda: core.read_namespaced_pod("rl-victim", ns).status.phase == "Running", 30)
+    _set_status_resources(api, ns, "rl-victim", "60")  # the kubelet's report of what runs
+    suspended_before = _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}')
+
+    serving = gpu_pod(
+        "llm-0",
+        "serving-1",
+        scheduler=names.SCHEDULER_NAME,
+        labels={names.LABEL_ROLE: names.ROLE_SERVING},
+        priority_class="rose-serving",
+        cpu="10",
+        node_name=node,
+    )
+    core.create_namespaced_pod(ns, serving)
+    request = _node_agent_stand_in(api, ns, "rl-victim")
+    assert request["by"] == extender_names.EXTENDER_COMPONENT and request["graceSeconds"] >= 0
+
+    assert wait_for("serving pod bound", lambda: _node_of(api, ns, "llm-0"), 120) == node
+    rl = core.read_namespaced_pod("rl-victim", ns)
+    assert rl.metadata.uid == uid and rl.metadata.deletion_timestamp is None
+    assert not any(c.type == "DisruptionTarget" for c in rl.status.conditions or [])
+    assert _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}') >= suspended_before + 1
+    events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-victim").items
+    assert any(
+        e.reason == extender_names.EVENT_REASON_SUSPEND_REQUESTED and e.involved_object.uid == uid for e in events
+    )
+    captured = sorted(extender["capture"].glob("preempt-*-request.json"))
+    assert captured, "kube-scheduler never called the preempt verb"
+    args = wire.ExtenderPreemptionArgs.model_validate_json(captured[-1].read_bytes())
+    assert args.NodeNameToMetaVictims and args.NodeNameToVictims is None

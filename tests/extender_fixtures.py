@@ -1,0 +1,143 @@
+"""Builders of raw Kubernetes objects and extender request bodies for the extender's tests."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rose_common import names, slices
+from rose_common.forecast_api import ForecastPoint, ForecastResponse
+from scheduler_extender.cache import ClusterCache
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def node(name: str, pool: str, host_mem_free: int | None = None) -> dict[str, Any]:
+    ann = {} if host_mem_free is None else {names.ANNOTATION_HOST_MEM_FREE: str(host_mem_free)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {names.LABEL_POOL: pool, names.LABEL_GPU_NODE: "true"},
+            "annotations": ann,
+        },
+    }
+
+
+def slice_for(node_name: str, gpus: int, generation: int = 1) -> dict[str, Any]:
+    return slices.resource_slice(node_name, slices.simulated_gpus(node_name, gpus), generation)
+
+
+def claim(ns: str, name: str, node_name: str, devices: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": ns, "name": name},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": names.DRIVER_NAME, "pool": node_name, "device": d} for d in devices
+                    ]
+                }
+            }
+        },
+    }
+
+
+def pod(
+    name: str,
+    uid: str,
+    *,
+    ns: str = "default",
+    node_name: str | None = None,
+    job: str | None = None,
+    serving: bool = False,
+    annotations: dict[str, str] | None = None,
+    priority: int = 0,
+) -> dict[str, Any]:
+    labels: dict[str, str] = {}
+    if job:
+        labels[names.LABEL_JOB] = job
+    if serving:
+        labels[names.LABEL_ROLE] = names.ROLE_SERVING
+    spec: dict[str, Any] = {
+        "schedulerName": names.SCHEDULER_NAME,
+        "priority": priority,
+        "containers": [{"name": "main", "image": "registry.invalid/x:1"}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": uid,
+            "labels": labels,
+            "annotations": annotations or {},
+        },
+        "spec": spec,
+        "status": {"phase": "Running" if node_name else "Pending"},
+    }
+
+
+def forecast(pool: str, demands: dict[int, float], capacity_quantile: str = "0.9") -> ForecastResponse:
+    """A ForecastResponse with the given upper-quantile demand per horizon (seconds)."""
+    return ForecastResponse(
+        pool=pool,
+        model_version="test",
+        generated_at=T0,
+        last_observation_at=T0,
+        data_age_seconds=0.0,
+        stale=False,
+        current=None,
+        points=[
+            ForecastPoint(
+                horizon_seconds=h,
+                timestamp=T0,
+                quantiles={"0.5": d / 2, capacity_quantile: d},
+            )
+            for h, d in sorted(demands.items())
+        ],
+    )
+
+
+def cluster_cache(
+    pools: dict[str, list[str]],
+    gpus: int = 4,
+    host_mem_free: int | None = 10**12,
+    objects: list[tuple[str, dict[str, Any]]] | None = None,
+) -> ClusterCache:
+    """A cache with the given pools → nodes, ``gpus`` per node, plus extra (kind, object) pairs."""
+    cache = ClusterCache()
+    for pool, node_names in pools.items():
+        for n in node_names:
+            cache.apply("Node", "ADDED", node(n, pool, host_mem_free))
+            cache.apply("ResourceSlice", "ADDED", slice_for(n, gpus))
+    for kind, obj in objects or []:
+        cache.apply(kind, "ADDED", obj)
+    for kind in ("Node", "Pod", "ResourceClaim", "ResourceSlice"):
+        cache.mark_synced(kind)
+    return cache
+
+
+def args_body(pod_obj: dict[str, Any], node_names: list[str]) -> bytes:
+    """What kube-scheduler sends with nodeCacheCapable true."""
+    return json.dumps({"Pod": pod_obj, "Nodes": None, "NodeNames": node_names}).encode()
+
+
+def preempt_body(pod_obj: dict[str, Any], victims: dict[str, list[str]]) -> bytes:
+    return json.dumps(
+        {
+            "Pod": pod_obj,
+            "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": {
+                n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for n, uids in victims.items()
+            },
+        }
+    ).encode()

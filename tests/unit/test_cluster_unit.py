@@ -1,0 +1,105 @@
+"""Pure parts of the local cluster harness and the shared slice shape."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from local_cluster import BinariesError, binaries, port_in_use
+from local_cluster.cluster import ClusterHandle, scheduler_config
+from local_cluster.pki import generate
+from rose_common import names, slices
+
+
+def test_seed_slice_publishes_each_gpu_as_serving_and_lendable() -> None:
+    gpus = slices.simulated_gpus("n1", 3)
+    body = slices.resource_slice("n1", gpus, generation=7)
+    spec = body["spec"]
+    assert spec["driver"] == names.DRIVER_NAME and spec["nodeName"] == "n1"
+    assert spec["pool"] == {"name": "n1", "generation": 7, "resourceSliceCount": 1}
+    devs = spec["devices"]
+    assert [d["name"] for d in devs] == [
+        "gpu-0-serving",
+        "gpu-1-serving",
+        "gpu-2-serving",
+        "gpu-0-lendable",
+        "gpu-1-lendable",
+        "gpu-2-lendable",
+    ]
+    for d in devs:
+        idx, role = slices.parse_device_name(d["name"])
+        assert d["attributes"]["role"]["string"] == role
+        assert d["attributes"]["physicalGPU"]["string"] == gpus[idx].uuid
+        assert len(d["attributes"]) + len(d["capacity"]) <= 32
+
+
+def test_simulated_gpus_are_deterministic_and_distinct() -> None:
+    a, b = slices.simulated_gpus("n1", 4), slices.simulated_gpus("n1", 4)
+    assert a == b
+    assert len({g.uuid for g in a + slices.simulated_gpus("n2", 4)}) == 8
+
+
+@pytest.mark.parametrize("bad", ["gpu-x-serving", "gpu-1-other", "cpu-1-serving", "gpu-1"])
+def test_parse_device_name_rejects_foreign_names(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a ROSE GPU device name"):
+        slices.parse_device_name(bad)
+
+
+def test_too_many_gpus_for_one_slice_is_refused() -> None:
+    with pytest.raises(ValueError, match="at most 64"):
+        slices.resource_slice("n", slices.simulated_gpus("n", 65), 1)
+
+
+def test_scheduler_config_carries_the_extender_only_for_rose_scheduler(tmp_path: Path) -> None:
+    plain = scheduler_config(tmp_path / "kc", "default-scheduler", None)
+    assert "extenders" not in plain
+    rose = scheduler_config(tmp_path / "kc", names.SCHEDULER_NAME, "http://127.0.0.1:1234")
+    assert rose["profiles"] == [{"schedulerName": "rose-scheduler"}]
+    (ext,) = rose["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:1234"
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"]) == (
+        "filter",
+        "prioritize",
+        "preempt",
+    )
+    assert "bindVerb" not in ext
+
+
+def test_pki_has_admin_in_system_masters_and_serving_sans(tmp_path: Path) -> None:
+    p = generate(tmp_path)
+    admin = x509.load_pem_x509_certificate(p.crt("admin").read_bytes())
+    assert "O=system:masters" in admin.subject.rfc4514_string()
+    srv = x509.load_pem_x509_certificate(p.crt("apiserver").read_bytes())
+    sans = srv.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert p.key("admin").stat().st_mode & 0o777 == 0o600
+
+
+def test_port_in_use_sees_a_listener() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        assert port_in_use(s.getsockname()[1])
+
+
+def test_handle_round_trips_through_json(tmp_path: Path) -> None:
+    h = ClusterHandle(
+        kubeconfig=tmp_path / "kc",
+        server="https://127.0.0.1:1",
+        node_names=["a"],
+        gpus_per_node=2,
+        extender_url=None,
+        workdir=tmp_path,
+        pools={"a": "pool-a"},
+        ports={"etcd": 1},
+    )
+    assert ClusterHandle.from_json(h.to_json()) == h
+
+
+def test_malformed_version_is_refused_before_any_build() -> None:
+    with pytest.raises(BinariesError, match=r"not of the form v1\.MINOR\.PATCH"):
+        binaries.ensure("1.37")

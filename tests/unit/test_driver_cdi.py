@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from dra_driver import cdi
+from dra_driver.claims import PreparedDevice
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*[A-Za-z0-9]$")
+
+
+def _dev(i: int, role: str) -> PreparedDevice:
+    return PreparedDevice(
+        ("gpu",), "n", f"gpu-{i}-{role}", (f"gpu.rose.io/gpu=u1-gpu-{i}-{role}",), i, f"GPU-{i}", role
+    )
+
+
+def test_spec_shape_and_ids_match() -> None:
+    spec = cdi.build_spec("u1", [_dev(0, "serving"), _dev(3, "lendable")], {0: 0, 3: 5}, simulated=False)
+    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "gpu.rose.io/gpu"
+    names = [d["name"] for d in spec["devices"]]
+    assert names == ["u1-gpu-0-serving", "u1-gpu-3-lendable"]
+    assert all(NAME_RE.match(n) for n in names)
+    # the CDI id returned to the kubelet is <kind>=<device name>
+    assert f"{spec['kind']}={names[1]}" == "gpu.rose.io/gpu=u1-gpu-3-lendable"
+    assert spec["devices"][1]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia5"}]
+    assert set(spec) == {"cdiVersion", "kind", "annotations", "devices", "containerEdits"}
+
+
+def test_simulated_spec_has_no_device_nodes() -> None:
+    spec = cdi.build_spec("u1", [_dev(0, "serving")], {}, simulated=True)
+    assert "deviceNodes" not in json.dumps(spec)
+
+
+def test_write_list_delete(tmp_path: Path) -> None:
+    p = cdi.write_spec(tmp_path, "u1", cdi.build_spec("u1", [_dev(0, "serving")], {}, True))
+    assert p.name == "gpu.rose.io-gpu_u1.json"
+    assert json.loads(p.read_text())["devices"][0]["name"] == "u1-gpu-0-serving"
+    (tmp_path / "other-vendor.json").write_text("{}")
+    assert cdi.list_specs(tmp_path) == ["u1"]
+    assert cdi.delete_spec(tmp_path, "u1") and not cdi.delete_spec(tmp_path, "u1")

@@ -1,0 +1,59 @@
+"""The driver's manifests: least-privilege RBAC, the node-pinning policy, flags the CLI knows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra_driver import cli
+
+DIR = Path(__file__).resolve().parents[2] / "manifests" / "driver"
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((DIR / name).read_text()) if d]
+
+
+def test_kustomization_lists_every_file() -> None:
+    k = _docs("kustomization.yaml")[0]
+    assert sorted(k["resources"]) == sorted(p.name for p in DIR.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def test_rbac_is_least_privilege() -> None:
+    role = next(d for d in _docs("rbac.yaml") if d["kind"] == "ClusterRole")
+    rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
+        ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+        ("", "pods"): {"get", "list", "watch", "patch"},
+        ("", "pods/eviction"): {"create"},
+        ("", "nodes"): {"get", "patch"},
+        ("", "events"): {"create", "patch"},
+    }
+    assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in role["rules"])
+
+
+def test_policies_pin_writes_to_the_tokens_node() -> None:
+    docs = _docs("admission-policy.yaml")
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert (
+        set(policies)
+        == bindings
+        == {
+            "rose-dra-driver-resourceslices",
+            "rose-dra-driver-pods",
+            "rose-dra-driver-nodes",
+        }
+    )
+    text = yaml.safe_dump(policies["rose-dra-driver-resourceslices"])
+    assert "authentication.kubernetes.io/node-name" in text and "spec.?nodeName" in text
+
+
+def test_daemonset_env_names_are_driver_flags() -> None:
+    ds = _docs("daemonset.yaml")[0]
+    env = [e["name"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]]
+    flags = {cli._env(a.option_strings[0][2:]) for a in cli.build_parser()._actions if a.option_strings}
+    assert set(env) <= flags, set(env) - flags

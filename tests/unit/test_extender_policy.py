@@ -1,0 +1,277 @@
+"""The extender's pure decisions: filter, prioritize, preempt, idle windows, reclaim cost."""
+
+from __future__ import annotations
+
+from rose_common import extender_names, names
+from scheduler_extender import policy
+from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
+from extender_fixtures import claim, cluster_cache, pod
+
+CFG = policy.PolicyConfig()
+
+
+def rl(job: str = "j", gpus: int = 1, state: int = 0, min_run: float | None = None) -> PodInfo:
+    return PodInfo("ns", "w", "u-w", PodKind.RL, job=job, gpus=gpus, state_bytes=state, min_run_s=min_run)
+
+
+def serving() -> PodInfo:
+    return PodInfo("ns", "s", "u-s", PodKind.SERVING)
+
+
+def state(name: str, pool: str = "p", **kw: object) -> NodeState:
+    base: dict[str, object] = dict(
+        name=name,
+        pool=pool,
+        gpus=4,
+        serving_used=0,
+        lent=0,
+        lendable_free=4,
+        host_mem_free=None,
+        reclaim_cost_s=0.0,
+    )
+    base.update(kw)
+    return NodeState(**base)  # type: ignore[arg-type]
+
+
+def snap(
+    *nodes: NodeState, pods: dict[str, PodInfo] | None = None, job_nodes: dict[str, frozenset[str]] | None = None
+) -> Snapshot:
+    return policy.build_snapshot({n.name: n for n in nodes}, pods or {}, CFG, job_nodes)
+
+
+def scores_of(pod: PodInfo, names: list[str], s: Snapshot, windows: dict[str, float]) -> dict[str, int]:
+    return dict(zip(names, policy.prioritize_nodes(pod, names, s, windows, CFG), strict=True))
+
+
+def test_classify_by_label_owner_and_role() -> None:
+    assert policy.classify({names.LABEL_JOB: "a"}, []) == (PodKind.RL, "a")
+    assert policy.classify({}, ["ElasticRLJob"]) == (PodKind.RL, "")
+    assert policy.classify({names.LABEL_ROLE: "serving"}, []) == (PodKind.SERVING, "")
+    assert policy.classify({}, ["ReplicaSet"]) == (PodKind.OTHER, "")
+    info = policy.pod_info(
+        namespace="n", name="x", uid="u", labels={}, annotations={}, owners=[("ElasticRLJob", "job7")]
+    )
+    assert info.kind is PodKind.RL and info.job == "job7"
+
+
+def test_pod_info_reads_annotations_and_ignores_garbage() -> None:
+    info = policy.pod_info(
+        namespace="n",
+        name="x",
+        uid="u",
+        labels={names.LABEL_JOB: "j"},
+        annotations={
+            extender_names.ANNOTATION_GPUS: "2",
+            names.ANNOTATION_STATE_BYTES: "1000",
+            names.ANNOTATION_GRACE: "7",
+            extender_names.ANNOTATION_MIN_RUN: "120",
+            extender_names.ANNOTATION_AT_SAFE_POINT: "True",
+        },
+    )
+    assert (info.gpus, info.state_bytes, info.grace_s, info.min_run_s, info.at_safe_point) == (
+        2,
+        1000,
+        7.0,
+        120.0,
+        True,
+    )
+    bad = policy.pod_info(
+        namespace="n",
+        name="x",
+        uid="u",
+        labels={},
+        claim_count=3,
+        annotations={extender_names.ANNOTATION_GPUS: "lots", names.ANNOTATION_STATE_BYTES: "-5"},
+    )
+    assert (bad.gpus, bad.state_bytes) == (3, 0)
+
+
+def test_idle_window_walks_horizons_until_demand_exceeds_free() -> None:
+    pool = PoolState(capacity=16, serving_used=4, lent=2)
+    fc = PoolForecast("p", ((600, 8.0), (1800, 10.0), (3600, 14.0)))
+    # free at each horizon = 16 - demand - lent: 6, 4, 0
+    assert policy.idle_window_s(pool, fc, 4, CFG) == (1800.0, False)
+    assert policy.idle_window_s(pool, fc, 5, CFG) == (600.0, False)
+    assert policy.idle_window_s(pool, fc, 7, CFG) == (0.0, False)
+    # not even free now
+    assert policy.idle_window_s(PoolState(16, 15, 0), fc, 2, CFG) == (0.0, False)
+
+
+def test_idle_window_fallback_is_conservative() -> None:
+    # 16 GPUs, 25 % headroom = 4 must stay free after placing the pod.
+    assert policy.idle_window_s(PoolState(16, 8, 0), None, 4, CFG) == (CFG.fallback_window_s, True)
+    assert policy.idle_window_s(PoolState(16, 8, 0), None, 5, CFG) == (0.0, True)
+    assert policy.idle_window_s(PoolState(16, 0, 0), PoolForecast("p", ()), 1, CFG)[1] is True
+
+
+def test_upper_demand_prefers_wanted_then_highest_quantile() -> None:
+    assert policy.upper_demand({"0.5": 1, "0.9": 3}, "0.9") == 3
+    assert policy.upper_demand({"0.5": 1, "0.95": 4, "bogus": 9}, "0.9") == 4
+    assert policy.upper_demand({}, "0.9") is None
+
+
+def test_filter_serving_and_other_pods_pass_every_node() -> None:
+    s = snap(state("a", lendable_free=0))
+    for p in (serving(), PodInfo("n", "o", "u", PodKind.OTHER)):
+        d = policy.filter_nodes(p, ["a", "unknown"], s, {}, CFG)
+        assert d.passed == ["a", "unknown"] and not d.failed and not d.unresolvable
+
+
+def test_filter_rl_reasons_and_resolvability() -> None:
+    s = snap(
+        state("ok", pool="long"),
+        state("full", pool="long", lendable_free=0),
+        state("nomem", pool="long", host_mem_free=10),
+        state("soon", pool="short"),
+    )
+    windows = {"long": 3600.0, "short": 600.0}
+    d = policy.filter_nodes(rl(state=100, min_run=1800), ["ok", "full", "nomem", "soon", "ghost"], s, windows, CFG)
+    assert d.passed == ["ok"]
+    assert set(d.unresolvable) == {"full", "nomem", "soon"}
+    assert d.failed == {"ghost": "node not in the ROSE extender cache yet"}
+    assert "min useful run 1800s" in d.unresolvable["soon"]
+    assert "lendable" in d.unresolvable["full"] and "host memory" in d.unresolvable["nomem"]
+    # default min run (600 s) accepts the short pool
+    assert "soon" in policy.filter_nodes(rl(), ["soon"], s, windows, CFG).passed
+
+
+def test_prioritize_rl_prefers_longest_idle_window_then_free_then_job() -> None:
+    s = snap(
+        state("long1", pool="long", lendable_free=1),
+        state("long4", pool="long", lendable_free=4),
+        state("mid", pool="mid"),
+        state("short", pool="short"),
+        state("jobnode", pool="mid", lendable_free=1),
+        job_nodes={"ns/j": frozenset({"jobnode"})},
+    )
+    windows = {"long": 3600.0, "mid": 1800.0, "short": 0.0}
+    scores = scores_of(rl(), ["long1", "long4", "mid", "short", "jobnode", "ghost"], s, windows)
+    assert scores == {"long1": 7, "long4": 8, "mid": 6, "short": 2, "jobnode": 6, "ghost": 0}
+    assert all(0 <= v <= 10 for v in scores.values())
+
+
+def test_prioritize_serving_prefers_unlent_then_cheapest_reclaim() -> None:
+    s = snap(
+        state("clean"),
+        state("cheap", lent=1, reclaim_cost_s=2.0),
+        state("dear", lent=2, reclaim_cost_s=45.0),
+        state("awful", lent=4, reclaim_cost_s=10_000.0),
+    )
+    scores = scores_of(serving(), ["clean", "cheap", "dear", "awful", "ghost"], s, {})
+    assert scores == {"clean": 10, "cheap": 9, "dear": 5, "awful": 1, "ghost": 0}
+
+
+def test_reclaim_cost_is_longest_wait_plus_transfer() -> None:
+    a = PodInfo("n", "a", "1", PodKind.RL, grace_s=30, state_bytes=55 * 10**9)
+    b = PodInfo("n", "b", "2", PodKind.RL, grace_s=90, state_bytes=55 * 10**9, at_safe_point=True)
+    assert policy.reclaim_cost_s([a, b], CFG) == 30 + 2.0
+
+
+def _pods() -> dict[str, PodInfo]:
+    return {
+        "rl1": PodInfo("n", "rl1", "rl1", PodKind.RL, job="j"),
+        "rl2": PodInfo("n", "rl2", "rl2", PodKind.RL, job="j"),
+        "b1": PodInfo("n", "b1", "b1", PodKind.OTHER),
+        "b2": PodInfo("n", "b2", "b2", PodKind.OTHER),
+    }
+
+
+def test_preempt_keeps_pure_nodes_only_and_suspends_nothing_when_they_exist() -> None:
+    s = snap(state("a"), state("b"), state("c"), pods=_pods())
+    d = policy.preempt({"a": (["rl1"], 0), "b": (["b1", "rl2"], 0), "c": (["b2"], 1)}, s)
+    assert d.victims == {"c": (["b2"], 1)}
+    assert d.suspend == [] and d.dropped_nodes == ["a", "b"]
+
+
+def test_preempt_only_rl_victims_suspends_on_one_node_and_drops_it() -> None:
+    s = snap(state("a", reclaim_cost_s=50.0), state("b", reclaim_cost_s=5.0), pods=_pods())
+    d = policy.preempt({"a": (["rl1"], 0), "b": (["rl2"], 0)}, s)
+    assert d.victims == {}
+    assert [p.uid for p in d.suspend] == ["rl2"]  # the cheaper node
+    assert d.dropped_nodes == ["a", "b"]
+
+
+def test_preempt_mixed_node_returns_other_victims_in_order() -> None:
+    s = snap(state("a"), pods=_pods())
+    d = policy.preempt({"a": (["b1", "rl1", "b2"], 0)}, s)
+    assert d.victims == {"a": (["b1", "b2"], 0)}
+    assert [p.uid for p in d.suspend] == ["rl1"]
+
+
+def test_preempt_retry_sticks_to_node_already_suspending() -> None:
+    pods = _pods()
+    pods["rl1"] = PodInfo("n", "rl1", "rl1", PodKind.RL, job="j", suspend_requested=True)
+    s = snap(state("a", reclaim_cost_s=50.0), state("b", reclaim_cost_s=5.0), pods=pods)
+    d = policy.preempt({"a": (["rl1"], 0), "b": (["rl2"], 0)}, s)
+    assert [p.uid for p in d.suspend] == ["rl1"]
+
+
+def test_preempt_unknown_victims_are_kept_and_empty_nodes_dropped() -> None:
+    s = snap(state("a"), pods=_pods())
+    d = policy.preempt({"a": (["nobody"], 2), "ghost": ([], 0)}, s)
+    assert d.victims == {"a": (["nobody"], 2)} and d.kept_unknown == 1
+
+
+def test_preempt_full_victims_override_cache() -> None:
+    s = snap(state("a"), pods={})
+    given = {"x": PodInfo("n", "x", "x", PodKind.RL, job="j")}
+    d = policy.preempt({"a": (["x"], 0)}, s, given)
+    assert d.victims == {} and [p.uid for p in d.suspend] == ["x"]
+
+
+def test_cache_derives_node_state_from_slices_claims_and_pods() -> None:
+    cache = cluster_cache(
+        {"p": ["n1", "n2"]},
+        gpus=4,
+        objects=[
+            ("ResourceClaim", claim("ns", "c-serving", "n1", ["gpu-0-serving", "gpu-1-serving"])),
+            ("ResourceClaim", claim("ns", "c-lent", "n1", ["gpu-1-lendable", "gpu-2-lendable"])),
+            (
+                "Pod",
+                pod(
+                    "w",
+                    "uid-w",
+                    ns="ns",
+                    node_name="n1",
+                    job="j",
+                    annotations={names.ANNOTATION_STATE_BYTES: str(110 * 10**9), names.ANNOTATION_GRACE: "20"},
+                ),
+            ),
+        ],
+    )
+    s = cache.snapshot()
+    n1 = s.nodes["n1"]
+    assert (n1.gpus, n1.serving_used, n1.lent, n1.lendable_free) == (4, 2, 2, 1)  # gpu-3 only
+    assert n1.jobs == frozenset({"ns/j"}) and n1.reclaim_cost_s == 22.0
+    assert s.pools["p"].capacity == 8 and s.job_nodes["ns/j"] == frozenset({"n1"})
+    # delete the lendable claim and the pod: state follows
+    cache.apply("ResourceClaim", "DELETED", claim("ns", "c-lent", "n1", []))
+    cache.apply("Pod", "DELETED", pod("w", "uid-w", ns="ns", node_name="n1", job="j"))
+    n1 = cache.snapshot().nodes["n1"]
+    assert (n1.lent, n1.lendable_free, n1.jobs, n1.reclaim_cost_s) == (0, 2, frozenset(), 0.0)
+
+
+def test_cache_uses_highest_slice_generation_and_replace_drops_gone_objects() -> None:
+    cache = cluster_cache({"p": ["n1"]}, gpus=2)
+    from extender_fixtures import slice_for
+
+    newer = slice_for("n1", 4, generation=2)
+    newer["metadata"]["name"] = "n1-other-slice"
+    cache.apply("ResourceSlice", "ADDED", newer)
+    assert cache.snapshot().nodes["n1"].gpus == 4
+    cache.replace("ResourceSlice", [])
+    cache.replace("Node", [])
+    assert "n1" not in cache.snapshot().nodes
+    assert cache.counts()["ResourceSlice"] == 0
+
+
+def test_cache_ignores_other_drivers_and_finished_pods() -> None:
+    cache = cluster_cache({"p": ["n1"]}, gpus=2)
+    other = claim("ns", "c", "n1", ["gpu-0-serving"])
+    other["status"]["allocation"]["devices"]["results"][0]["driver"] = "other.example.com"
+    cache.apply("ResourceClaim", "ADDED", other)
+    done = pod("d", "uid-d", node_name="n1", job="j")
+    done["status"]["phase"] = "Succeeded"
+    cache.apply("Pod", "ADDED", done)
+    s = cache.snapshot()
+    assert s.nodes["n1"].serving_used == 0 and "uid-d" not in s.pods
