@@ -109,10 +109,19 @@ def main(argv: list[str] | None = None) -> int:
             _say(format_table(gpu_table(api)))
         finally:
             api.close()
+        ok = True
+        api = h.api_client()
+        try:
+            from rose_cli.demo_node import act_serving_wins
+
+            _say("\nAct 2: serving wins: the RL job is suspended into host memory, not evicted")
+            ok &= act_serving_wins(h, api, _say)
+        finally:
+            api.close()
         _say(f"\nexport KUBECONFIG={h.kubeconfig}   # to look around with kubectl")
     finally:
         if not args.keep:
             _say("\nstopping the cluster (rose demo --keep leaves it running)")
             lc.down()
     _say(f"demo finished in {time.monotonic() - t0:.0f}s")
-    return 0
+    return 0 if ok else 1

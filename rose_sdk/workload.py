@@ -122,7 +122,9 @@ class Workload:
         return self._stub is not None
 
     def _register(self) -> None:
-        assert self._stub is not None
+        stub = self._stub
+        if stub is None:
+            raise ValueError("workload closed")
         req = pb.RegisterRequest(
             pod_uid=self.pod_uid,
             pid=os.getpid(),
@@ -134,7 +136,7 @@ class Workload:
             checkpoint_path=str(self.checkpoint_path or ""),
             current_state=pb.WORKLOAD_STATE_SUSPENDED if self.suspended else pb.WORKLOAD_STATE_RUNNING,
         )
-        resp = self._stub.Register(req, timeout=10)
+        resp = stub.Register(req, timeout=10)
         with self._session_lock:
             self._session = resp.session_id
         self._reported_bytes = req.state_bytes
@@ -158,27 +160,31 @@ class Workload:
     def _stream_loop(self) -> None:
         backoff = 0.1
         while not self._closing.is_set():
-            assert self._stub is not None
+            stub = self._stub
+            if stub is None:  # closed
+                return
             try:
                 with self._session_lock:
                     session = self._session
-                stream = self._stub.Commands(pb.CommandsRequest(pod_uid=self.pod_uid, session_id=session))
+                stream = stub.Commands(pb.CommandsRequest(pod_uid=self.pod_uid, session_id=session))
                 for cmd in stream:
                     self._pending.put(cmd)
                     backoff = 0.1
                 if self._closing.is_set():
                     return
-            except grpc.RpcError as e:
+            except (grpc.RpcError, ValueError) as e:  # ValueError: the channel was closed under us
                 if self._closing.is_set():
                     return
-                log.warning("command stream broken; reconnecting", extra={"err": str(e.details())})
+                log.warning("command stream broken; reconnecting", extra={"err": repr(e)})
             # Stream ended (agent restart, superseded session): register again, then reconnect.
             self._closing.wait(backoff)
             backoff = min(backoff * 2, 5.0)
+            if self._closing.is_set() or self._stub is None:
+                return
             try:
                 self._register()
-            except grpc.RpcError as e:
-                log.warning("re-registration failed", extra={"err": str(e.details())})
+            except (grpc.RpcError, ValueError) as e:
+                log.warning("re-registration failed", extra={"err": repr(e)})
 
     def close(self) -> None:
         self._closing.set()

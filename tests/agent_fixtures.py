@@ -1,15 +1,9 @@
-"""Fixtures of the agent/SDK tests, and the workload they run as a real subprocess.
-
-``python tests/agent_fixtures.py --updates N --out F [...]`` trains a REINFORCE policy on a
-CartPole written here in NumPy (the classic-control dynamics, no gym download) on the CPU, calling
-``rose_sdk`` safe points after every update. Without ROSE_AGENT_SOCKET it runs uninterrupted.
-"""
+"""Fixtures of the agent/SDK tests. The workload they run as a real subprocess is
+``examples/01_cartpole_reinforce.py`` (REINFORCE on a NumPy CartPole, rose_sdk safe points)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import math
 import os
 import subprocess
 import sys
@@ -18,152 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = Path(__file__).resolve()
-
-
-class CartPole:
-    """CartPole-v1 dynamics (Barto, Sutton & Anderson 1983; gym's constants), explicit Euler."""
-
-    gravity, masscart, masspole, length, force_mag, tau = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
-    theta_threshold = 12 * 2 * math.pi / 360
-    x_threshold = 2.4
-
-    def __init__(self, rng: np.random.Generator, max_steps: int = 200) -> None:
-        self.rng = rng
-        self.max_steps = max_steps
-        self.state = np.zeros(4)
-        self.t = 0
-
-    def reset(self) -> np.ndarray:
-        self.state = self.rng.uniform(-0.05, 0.05, size=4)
-        self.t = 0
-        return self.state.astype(np.float32)
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool]:
-        x, x_dot, theta, theta_dot = self.state
-        force = self.force_mag if action == 1 else -self.force_mag
-        total_mass = self.masspole + self.masscart
-        pml = self.masspole * self.length
-        cos, sin = math.cos(theta), math.sin(theta)
-        temp = (force + pml * theta_dot**2 * sin) / total_mass
-        theta_acc = (self.gravity * sin - cos * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * cos**2 / total_mass)
-        )
-        x_acc = temp - pml * theta_acc * cos / total_mass
-        x, x_dot = x + self.tau * x_dot, x_dot + self.tau * x_acc
-        theta, theta_dot = theta + self.tau * theta_dot, theta_dot + self.tau * theta_acc
-        self.state = np.array([x, x_dot, theta, theta_dot])
-        self.t += 1
-        done = abs(x) > self.x_threshold or abs(theta) > self.theta_threshold or self.t >= self.max_steps
-        return self.state.astype(np.float32), 1.0, bool(done)
-
-
-def train(args: argparse.Namespace) -> None:
-    import torch
-
-    import rose_sdk
-
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
-    env = CartPole(rng)
-    policy = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    replay = torch.zeros(256, 4)  # a registered tensor the offload must carry too
-    wl = rose_sdk.Workload(
-        model=policy,
-        optimizer=opt,
-        tensors={"replay": replay},
-        checkpoint_path=args.checkpoint,
-        user_state=lambda: {"env_rng": str(env.rng.bit_generator.state), "episodes": len(lengths)},
-    )
-    lengths: list[int] = []
-    hooks = {"suspend": 0, "resume": 0, "offloaded_at_resume_hook": 0}
-
-    @wl.on_suspend
-    def before_offload() -> None:
-        hooks["suspend"] += 1
-
-    @wl.on_resume
-    def after_restore() -> None:
-        hooks["resume"] += 1
-        hooks["offloaded_at_resume_hook"] += int(wl.offloader.offloaded)
-
-    wl.start()
-    print(f"READY {os.getpid()}", flush=True)
-    stall_until = time.monotonic() + args.stall_seconds
-    wait_points = set()
-    if args.suspend_points:
-        every = max(1, args.updates // (args.suspend_points + 1))
-        wait_points = {every * (k + 1) for k in range(args.suspend_points)}
-    for update in range(args.updates):
-        obs = env.reset()
-        logps, rewards = [], []
-        done = False
-        while not done:
-            logits = policy(torch.from_numpy(obs))
-            dist = torch.distributions.Categorical(logits=logits)
-            a = dist.sample()
-            logps.append(dist.log_prob(a))
-            obs, r, done = env.step(int(a.item()))
-            rewards.append(r)
-        returns, g = [], 0.0
-        for r in reversed(rewards):
-            g = r + 0.99 * g
-            returns.append(g)
-        ret = torch.tensor(list(reversed(returns)))
-        ret = (ret - ret.mean()) / (ret.std() + 1e-8)
-        loss = -(torch.stack(logps) * ret).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        with torch.no_grad():
-            replay[update % 256] = torch.from_numpy(obs)
-        lengths.append(len(rewards))
-        if time.monotonic() < stall_until:
-            continue  # a long stretch with no safe point: the agent's deadline must fire
-        if update + 1 in wait_points:
-            k = sorted(wait_points).index(update + 1) + 1
-            deadline = time.monotonic() + 60
-            while wl.suspend_count < k and time.monotonic() < deadline:
-                wl.safe_point(update + 1, wait_seconds=0.5)
-        else:
-            wl.safe_point(update + 1)
-    if args.linger_seconds:
-        end = time.monotonic() + args.linger_seconds
-        while time.monotonic() < end:
-            wl.safe_point(args.updates, wait_seconds=0.1)
-    torch.save(
-        {
-            "model": policy.state_dict(),
-            "optimizer": opt.state_dict(),
-            "replay": replay,
-            "lengths": lengths,
-            "suspends": wl.suspend_count,
-            "resumes": wl.resume_count,
-            "rng": torch.get_rng_state(),
-            "hooks": hooks,
-        },
-        args.out,
-    )
-    wl.close()
-    print(f"DONE suspends={wl.suspend_count} resumes={wl.resume_count} last_len={lengths[-1]}", flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--updates", type=int, default=60)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--out", required=True)
-    p.add_argument("--checkpoint", default=None)
-    p.add_argument("--suspend-points", type=int, default=0)
-    p.add_argument("--stall-seconds", type=float, default=0.0)
-    p.add_argument("--linger-seconds", type=float, default=0.0)
-    train(p.parse_args(argv))
-    return 0
+SCRIPT = REPO / "examples" / "01_cartpole_reinforce.py"  # the RL workload these tests run
 
 
 # ---------------------------------------------------------------------- helpers for the tests
@@ -300,8 +150,3 @@ def wait_registered(engine: object, pod_uid: str, timeout: float = 60.0) -> None
             return
         time.sleep(0.05)
     raise AssertionError(f"workload {pod_uid} did not register and connect within {timeout}s")
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    sys.exit(main())

@@ -42,8 +42,8 @@ from rose_common.proto import k8s_dra_v1_pb2 as v1
 
 FIXTURES = Path(__file__).resolve().parent.parent / "driver_fixtures.py"
 REPO = FIXTURES.parent.parent
-NAMED_TRIALS = 84  # kills at a named checkpoint line (name:N), sampled from those a clean run reaches
-RANDOM_TRIALS = 24  # kills by SIGKILL after a random delay
+NAMED_TRIALS = 80  # kills at a named checkpoint line (name:N), sampled from those a clean run reaches
+RANDOM_TRIALS = 22  # kills by SIGKILL after a random delay
 
 
 def _setup(d: Path) -> None:
@@ -102,22 +102,29 @@ def _trial(
         )
         out, crashed, how = r.stdout, r.returncode == 137, crash_at
         assert r.returncode in (0, 137), r.stderr[-2000:]
-    else:  # SIGKILL after a random delay
-        delay = rng.uniform(0.0, 0.08)
-        p = subprocess.Popen(
-            [sys.executable, str(FIXTURES), "crash-child", str(d), script, "0"],
-            env=_env(None),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert p.stdout is not None
-        first = p.stdout.readline()  # "begin 0": recovery done, the script is running
-        time.sleep(delay)
-        p.send_signal(signal.SIGKILL)
-        rest, err = p.communicate(timeout=60)
-        out, crashed, how = first + rest, p.returncode == -signal.SIGKILL, f"sigkill+{delay * 1000:.0f}ms"
-        assert p.returncode in (0, -signal.SIGKILL), err[-2000:]
+    else:  # SIGKILL after a random delay; if the script finished first, start over with a shorter delay
+        limit = 0.08
+        for _attempt in range(4):
+            shutil.rmtree(d)
+            _setup(d)
+            delay = rng.uniform(0.0, limit)
+            p = subprocess.Popen(
+                [sys.executable, str(FIXTURES), "crash-child", str(d), script, "0"],
+                env=_env(None),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            assert p.stdout is not None
+            first = p.stdout.readline()  # "begin 0": recovery done, the script is running
+            time.sleep(delay)
+            p.send_signal(signal.SIGKILL)
+            rest, err = p.communicate(timeout=60)
+            assert p.returncode in (0, -signal.SIGKILL), err[-2000:]
+            out, crashed, how = first + rest, p.returncode == -signal.SIGKILL, f"sigkill+{delay * 1000:.0f}ms"
+            if crashed:
+                break
+            limit /= 2
     cp = d / "state" / "checkpoint.json"
     if cp.exists():
         decode(cp.read_bytes())  # never corrupt, whatever line the process died on
@@ -167,7 +174,7 @@ def test_randomized_kill9_trials(tmp_path: Path) -> None:
     )
     assert points_hit == set(CRASH_POINTS), f"checkpoint lines never hit: {set(CRASH_POINTS) - points_hit}"
     assert crashed - random_kills == len(named), "a named kill did not happen"
-    assert crashed >= 100 and random_kills >= 10, (crashed, random_kills)
+    assert crashed >= 100 and random_kills >= RANDOM_TRIALS - 2, (crashed, random_kills)
 
 
 def _grpc_call(sock: Path, method: str, uid: str, name: str) -> Any:

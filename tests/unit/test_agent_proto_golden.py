@@ -7,6 +7,7 @@ RegisterRequest was decoded by hand once: 0a05 "uid-1" (field 1), 10 9221 (pid 4
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,22 +134,13 @@ def test_service_method_paths() -> None:
 
 def test_stubs_are_current(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
-    proto = "rose_common/proto/rose_agent_v1.proto"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            "-I",
-            ".",
-            f"--python_out={tmp_path}",
-            f"--pyi_out={tmp_path}",
-            f"--grpc_python_out={tmp_path}",
-            proto,
-        ],
+        ["bash", str(repo / "hack" / "gen-protos.sh"), str(tmp_path)],
         cwd=repo,
         check=True,
-        timeout=60,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
     )
     for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
         rel = f"rose_common/proto/rose_agent_v1{suffix}"

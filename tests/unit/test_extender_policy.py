@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from extender_fixtures import claim, cluster_cache, pod
+
 from rose_common import extender_names, names
 from scheduler_extender import policy
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
-from extender_fixtures import claim, cluster_cache, pod
 
 CFG = policy.PolicyConfig()
 

@@ -135,3 +135,50 @@ def test_go_casing_is_exact_in_models() -> None:
     assert set(wire.MetaVictims.__annotations__) == {"Pods", "NumPDBViolations"}
     assert set(wire.MetaPod.__annotations__) == {"UID"}
     assert set(wire.HostPriority.model_fields) == {"Host", "Score"}
+
+
+CAPTURED = sorted(GOLDEN.glob("captured-*-request.json"))
+
+
+def test_captured_bodies_from_the_real_kube_scheduler_exist() -> None:
+    verbs = {p.name.split("-")[1] for p in CAPTURED}
+    assert verbs >= {"filter", "prioritize", "preempt"}, (
+        "capture them with ROSE_EXTENDER_CAPTURE_DIR=... pytest tests/e2e/test_extender_e2e.py"
+    )
+
+
+@pytest.mark.parametrize("path", CAPTURED, ids=[p.name for p in CAPTURED])
+def test_captured_request_parses_and_matches_hand_written_shape(path: Path) -> None:
+    """What kube-scheduler v1.37 really sent (nodeCacheCapable: names and UIDs only): our models
+    read it, and the hand-written golden requests use the same top-level keys."""
+    verb = path.name.split("-")[1]
+    raw = json.loads(path.read_bytes())
+    if verb == "preempt":
+        args = wire.ExtenderPreemptionArgs.model_validate(raw)
+        assert args.NodeNameToVictims is None and args.NodeNameToMetaVictims
+        for mv in args.NodeNameToMetaVictims.values():
+            assert mv.get("Pods") and all(p["UID"] for p in mv.get("Pods") or [])
+        hand = json.loads((GOLDEN / "preempt-serving-request.json").read_bytes())
+    else:
+        fargs = wire.ExtenderArgs.model_validate(raw)
+        assert fargs.Nodes is None and fargs.NodeNames
+        assert fargs.Pod.metadata.uid and fargs.Pod.spec.scheduler_name == "rose-scheduler"
+        hand = json.loads((GOLDEN / f"{verb}-rl-request.json").read_bytes())
+    assert set(raw) == set(hand)
+    assert {"metadata", "spec", "status"} <= set(raw["Pod"])
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("captured-*-reply-200.json")), ids=lambda p: p.name)
+def test_captured_reply_accepted_by_kube_scheduler_has_our_exact_shape(path: Path) -> None:
+    """Replies the real kube-scheduler accepted in the e2e run: the shape our code still emits."""
+    verb = path.name.split("-")[1]
+    raw = json.loads(path.read_bytes())
+    if verb == "filter":
+        assert set(raw) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+        wire.ExtenderFilterResult.model_validate(raw)
+    elif verb == "prioritize":
+        assert isinstance(raw, list)
+        wire.HostPriorityList.model_validate(raw)
+    else:
+        assert set(raw) == {"NodeNameToMetaVictims"}
+        wire.ExtenderPreemptionResult.model_validate(raw)
