@@ -74,7 +74,8 @@ class KubeletDRA:
 
 
 class DriverProcess:
-    """One ``rose driver`` process for a KWOK node, simulated GPUs, its own sockets and state."""
+    """One ``rose driver`` process for a KWOK node, simulated GPUs, its own sockets and state
+    (under ``root/<node>``; node state in the plugin dir, as on a real node)."""
 
     def __init__(
         self,
@@ -87,24 +88,46 @@ class DriverProcess:
     ) -> None:
         self.node = node
         self.root = root / node
+        self.plugin_dir = self.root / "p"
         self.registry_dir = self.root / "r"
+        self.cdi_dir = self.root / "cdi"
         self.metrics_port = metrics_port
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.log_path = root / f"{node}.log"
         self.args = [
             sys.executable, "-m", "dra_driver", "--node-name", node, "--kubeconfig", str(kubeconfig),
             "--gpu-backend", "simulated", "--simulated-gpus", str(gpus),
-            "--plugin-dir", str(self.root / "p"), "--registry-dir", str(self.registry_dir),
-            "--cdi-dir", str(self.root / "cdi"), "--state-dir", str(self.root / "state"),
+            "--plugin-dir", str(self.plugin_dir), "--registry-dir", str(self.registry_dir),
+            "--cdi-dir", str(self.cdi_dir),
             "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
             *(extra_args or []),
         ]  # fmt: skip
         self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=dict(os.environ),
-        )  # fmt: skip
+        self.proc = self._spawn()
         self.kubelet = KubeletDRA(self.registry_dir)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(os.environ)
+        )
+
+    def prepare(self, claim: dict[str, Any]) -> Any:
+        return self.kubelet.prepare(claim)
+
+    def unprepare(self, claim: dict[str, Any]) -> Any:
+        return self.kubelet.unprepare(claim)
+
+    def kill9_and_restart(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc = self._spawn()
+
+    def metrics(self) -> list[str]:
+        """The driver's /metrics samples (comment lines dropped)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

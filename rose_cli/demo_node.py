@@ -98,11 +98,13 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         procs.append(_start_training(base_out, {"PYTHONPATH": str(REPO_ROOT)}))  # the same seed, never suspended
         _wait_ready(procs[0])
         with grpc.insecure_channel(f"unix://{control_sock}") as ch:
-            control = pb_grpc.NodeControlStub(ch)
+            control = pb_grpc.NodeControlStub(ch)  # type: ignore[no-untyped-call]
             wait_for(
                 "training registered with the node agent",
-                lambda: any(w.pod_uid == rl_uid and w.connected for w in control.Status(pb.StatusRequest()).workloads)
-                or None,
+                lambda: (
+                    any(w.pod_uid == rl_uid and w.connected for w in control.Status(pb.StatusRequest()).workloads)
+                    or None
+                ),
                 timeout=60,
             )
             say("   · examples/01_cartpole_reinforce.py (REINFORCE, torch) is training as that pod, "

@@ -12,11 +12,7 @@ uninterrupted run, and the RL pod is never deleted.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +25,9 @@ from agent_fixtures import reaped, start_workload  # tests/ is on sys.path (test
 from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client
 
-from local_cluster import ClusterHandle
+from local_cluster import ClusterHandle, free_port
+from local_cluster.kubelet import DriverProcess
 from rose_common import names
-from rose_common.proto import k8s_dra_v1_pb2 as v1
-from rose_common.proto import k8s_pluginregistration_pb2 as reg
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_common.slices import resource_slice, simulated_gpus
@@ -42,74 +37,20 @@ REPO = Path(__file__).resolve().parents[2]
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 
 
-def _call(sock: Path, method: str, body: bytes) -> bytes:
-    wait_for(f"socket {sock}", sock.exists, timeout=30)
-    with grpc.insecure_channel(f"unix://{sock}") as ch:
-        fn = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
-        out: bytes = fn(body, timeout=120)
-        return out
-
-
-class Driver:
-    """One ``rose driver`` for one KWOK node, with the cooperative backend and the agent sockets."""
+class Driver(DriverProcess):
+    """One ``rose driver`` for one KWOK node, with the cooperative backend and the agent sockets;
+    the harness's KubeletDRA plays the kubelet (local_cluster/kubelet.py)."""
 
     def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
-        self.root = root
-        self.registry_dir = root / "r"
         self.agent_socket = root / "a" / "workload.sock"
         self.control_socket = root / "a" / "control.sock"
-        self.log_path = root / "driver.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        args = [
-            sys.executable, "-m", "dra_driver",
-            "--node-name", node,
-            "--kubeconfig", str(cluster.kubeconfig),
-            "--gpu-backend", "simulated",
-            "--simulated-gpus", str(cluster.gpus_per_node),
-            "--plugin-dir", str(root / "p"),
-            "--registry-dir", str(self.registry_dir),
-            "--cdi-dir", str(root / "cdi"),
-            "--metrics-port", "-1",
-            "--suspend-engine", "node",
-            "--suspend-backends", "cooperative",
-            "--host-memory-budget", "1Gi",
-            "--agent-socket", str(self.agent_socket),
-            "--agent-control-socket", str(self.control_socket),
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            args, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO))
-        )
-
-    def endpoint(self) -> Path:
-        sock = self.registry_dir / "gpu.rose.io-reg.sock"
-        info = reg.PluginInfo.FromString(_call(sock, "/pluginregistration.Registration/GetInfo", b""))
-        _call(sock, "/pluginregistration.Registration/NotifyRegistrationStatus", b"\x08\x01")
-        return Path(info.endpoint)
-
-    def prepare(self, claim: dict[str, Any]) -> Any:
-        m = claim["metadata"]
-        req = v1.NodePrepareResourcesRequest()
-        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
-        raw = _call(self.endpoint(), V1 + "NodePrepareResources", req.SerializeToString())
-        return v1.NodePrepareResourcesResponse.FromString(raw).claims[m["uid"]]
-
-    def unprepare(self, claim: dict[str, Any]) -> Any:
-        m = claim["metadata"]
-        req = v1.NodeUnprepareResourcesRequest()
-        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
-        raw = _call(self.endpoint(), V1 + "NodeUnprepareResources", req.SerializeToString())
-        return v1.NodeUnprepareResourcesResponse.FromString(raw).claims[m["uid"]]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return int(self.proc.returncode)
+        super().__init__(
+            cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
+            extra_args=[
+                "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
+                "--agent-socket", str(self.agent_socket), "--agent-control-socket", str(self.control_socket),
+            ],
+        )  # fmt: skip
 
 
 def _slices(api: Any, node: str) -> list[dict[str, Any]]:

@@ -15,13 +15,9 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,123 +32,26 @@ from dra_driver import cdi
 from dra_driver.publisher import HASH_ANNOTATION
 from dra_driver.state import PREPARE_COMPLETED, decode
 from local_cluster import ClusterHandle, free_port
+from local_cluster.kubelet import DriverProcess
 from rose_common import names
-from rose_common.proto import k8s_dra_v1_pb2 as v1
-from rose_common.proto import k8s_pluginregistration_pb2 as reg
 from rose_common.slices import resource_slice, simulated_gpus
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 
 
-class DriverProc:
+class DriverProc(DriverProcess):
+    """The driver under test; the harness's KubeletDRA plays the kubelet (local_cluster/kubelet.py)."""
+
     def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
-        self.node = node
-        self.root = root / node
-        self.plugin_dir = self.root / "p"
-        self.registry_dir = self.root / "r"
-        self.cdi_dir = self.root / "cdi"
-        self.metrics_port = free_port()
-        self.log = open(self.root.parent / f"{node}.log", "w")  # noqa: SIM115
-        args = [
-            sys.executable,
-            "-m",
-            "dra_driver",
-            "--node-name",
-            node,
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "--gpu-backend",
-            "simulated",
-            "--simulated-gpus",
-            str(cluster.gpus_per_node),
-            "--plugin-dir",
-            str(self.plugin_dir),
-            "--registry-dir",
-            str(self.registry_dir),
-            "--cdi-dir",
-            str(self.cdi_dir),
-            "--metrics-port",
-            str(self.metrics_port),
-            "--metrics-address",
-            "127.0.0.1",
-            "--suspend-engine",
-            "node",
-            "--suspend-backends",
-            "simulated",
-            "--simulated-occupant-bytes",
-            "1Gi",
-            "--host-memory-budget",
-            "8Gi",
-            "--default-grace-seconds",
-            "10",
-            "--node-facts-seconds",
-            "0.5",
-        ]
-        self.args = args
-        self.proc = self._spawn()
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            self.args, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO))
-        )
-
-    def kill9_and_restart(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        self.proc = self._spawn()
-
-    def channel(self, sock: Path) -> grpc.Channel:
-        wait_for(f"socket {sock}", sock.exists, timeout=30)
-        return grpc.insecure_channel(f"unix://{sock}")
-
-    def call(self, sock: Path, method: str, body: bytes) -> bytes:
-        with self.channel(sock) as ch:
-            fn = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
-            out: bytes = fn(body, timeout=60)
-            return out
-
-    def endpoint(self) -> Path:
-        info = reg.PluginInfo.FromString(
-            self.call(self.registry_dir / "gpu.rose.io-reg.sock", "/pluginregistration.Registration/GetInfo", b"")
-        )
-        assert info.name == "gpu.rose.io" and next(iter(info.supported_versions)) == "v1.DRAPlugin"
-        # the kubelet then tells the plugin it is registered
-        self.call(
-            self.registry_dir / "gpu.rose.io-reg.sock",
-            "/pluginregistration.Registration/NotifyRegistrationStatus",
-            b"\x08\x01",
-        )
-        return Path(info.endpoint)
-
-    def prepare(self, claim: dict[str, Any]) -> Any:
-        req = v1.NodePrepareResourcesRequest()
-        m = claim["metadata"]
-        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
-        raw = self.call(self.endpoint(), V1 + "NodePrepareResources", req.SerializeToString())
-        return v1.NodePrepareResourcesResponse.FromString(raw).claims[m["uid"]]
-
-    def unprepare(self, claim: dict[str, Any]) -> Any:
-        req = v1.NodeUnprepareResourcesRequest()
-        m = claim["metadata"]
-        req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
-        raw = self.call(self.endpoint(), V1 + "NodeUnprepareResources", req.SerializeToString())
-        return v1.NodeUnprepareResourcesResponse.FromString(raw).claims[m["uid"]]
-
-    def metrics(self) -> list[str]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
-            return [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return int(self.proc.returncode)
+        super().__init__(
+            cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
+            extra_args=[
+                "--suspend-engine", "node", "--suspend-backends", "simulated",
+                "--simulated-occupant-bytes", "1Gi", "--host-memory-budget", "8Gi",
+                "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
+            ],
+        )  # fmt: skip
 
 
 def _slices(api: Any, node: str) -> list[dict[str, Any]]:
