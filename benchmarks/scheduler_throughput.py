@@ -420,7 +420,7 @@ def synthetic_cache(n: int) -> Any:
 
 def _serve(n: int, conn: Any) -> None:
     from scheduler_extender.forecast import reduce
-    from scheduler_extender.server import Extender, ExtenderServer
+    from scheduler_extender.server import Extender, ExtenderServer, settle_heap
 
     cache = synthetic_cache(n)
     pools = [f"pool-{i}" for i in range(4)]
@@ -435,6 +435,7 @@ def _serve(n: int, conn: Any) -> None:
         def request(self, pod: Any, reason: str) -> None:
             return
 
+    settle_heap()  # what the extender does once its cache has synced
     srv = ExtenderServer(Extender(cache, forecasts=Static(), suspender=NoSuspend()), "127.0.0.1", 0)
     conn.send(srv.port)
     srv.serve_forever()

@@ -73,6 +73,10 @@ class ClusterConfig:
     node_memory: str = "512Gi"
     node_pods: str = "110"
     build: bool = True
+    # For in-process users (the pytest fixture, benchmarks): the components get SIGKILL when the
+    # process that started them dies, so a killed test run never leaves a cluster behind.
+    # `rose cluster up` leaves it off: its cluster outlives the command by design.
+    die_with_parent: bool = False
 
 
 @dataclass
@@ -285,6 +289,7 @@ class LocalCluster:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=self.dir,
+            preexec_fn=_die_with_parent if self.cfg.die_with_parent else None,  # noqa: PLW1509
         )
         log.close()
         (self.pids / f"{component}.pid").write_text(str(proc.pid))
@@ -590,6 +595,14 @@ class LocalCluster:
         if proc is not None:
             with contextlib.suppress(Exception):
                 proc.poll()
+
+
+def _die_with_parent() -> None:
+    """In the child between fork and exec: ask Linux for SIGKILL when the parent dies."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:

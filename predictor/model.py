@@ -91,6 +91,7 @@ class HorizonModel:
     corrections: dict[float, float]
     columns: np.ndarray  # indices of the feature columns the models use (informative in training)
     alpha: float  # smoothing of the anchor level (1.0: the last value itself)
+    flat_median: bool  # the held-out slice preferred the anchor itself as the median
     train_rows: int
     calibration_rows: int
 
@@ -157,15 +158,24 @@ class QuantileForecaster:
             x = x[:, cols]
             corrections: dict[float, float] = {}
             models: dict[float, Pipeline] = {}
+            flat_median = False
             for q in cfg.all_quantiles:
                 if calibrate:
                     m = _new_model(cfg, q).fit(x[fit_rows], tgt[fit_rows])
-                    scores = tgt[cal_rows] - m.predict(x[cal_rows])
+                    raw = m.predict(x[cal_rows])
+                    scores = tgt[cal_rows] - raw
                     corrections[q] = conformal_correction(np.asarray(scores, dtype=np.float64), q)
+                    if q == 0.5:
+                        # validation-based guard: keep the learnt median only where it beats the
+                        # anchor's flat forecast on the held-out (most recent) slice, in the unit
+                        actual = self.transform.inverse(level[cal_rows] + tgt[cal_rows])
+                        learnt = self.transform.inverse(level[cal_rows] + raw + corrections[q])
+                        flat = self.transform.inverse(level[cal_rows])
+                        flat_median = float(np.sum(np.abs(actual - flat))) < float(np.sum(np.abs(actual - learnt)))
                 else:
                     corrections[q] = 0.0
                 models[q] = _new_model(cfg, q).fit(x[rows], tgt[rows])
-            self.horizons[hs] = HorizonModel(h, models, corrections, cols, alpha, len(rows), len(cal_rows))
+            self.horizons[hs] = HorizonModel(h, models, corrections, cols, alpha, flat_median, len(rows), len(cal_rows))
         self.fitted_until = last
         self.fit_seconds = time.perf_counter() - t0
         return self
@@ -199,7 +209,10 @@ class QuantileForecaster:
             level = ewm_level(z, hm.alpha)
             x = np.column_stack([build_features(z, times, hm.horizon_steps, self.spec), z - level])
             x = x[rel][:, hm.columns]
-            cols = [hm.models[q].predict(x) + hm.corrections[q] for q in qs]
+            cols = [
+                np.zeros(len(x)) if q == 0.5 and hm.flat_median else hm.models[q].predict(x) + hm.corrections[q]
+                for q in qs
+            ]
             delta = np.sort(np.column_stack(cols), axis=1)
             pred = self.transform.inverse(level[rel][:, None] + delta)
             pred[np.isnan(z[rel])] = np.nan
@@ -222,6 +235,7 @@ class QuantileForecaster:
                     "train_rows": hm.train_rows,
                     "calibration_rows": hm.calibration_rows,
                     "anchor_alpha": hm.alpha,
+                    "flat_median": hm.flat_median,
                     "corrections": {str(q): round(c, 5) for q, c in hm.corrections.items()},
                 }
                 for hs, hm in self.horizons.items()
@@ -269,12 +283,16 @@ def conformal_correction(scores: FloatArray, q: float) -> float:
 
 
 def informative_columns(x: FloatArray) -> np.ndarray:
-    """Columns with at least two distinct observed values (an all-gap lag teaches nothing)."""
+    """Columns observed in at least a quarter of the rows, with at least two distinct values.
+
+    A feature that only just became available (the weekly lag after seven days of history) would
+    otherwise be learnt from a handful of recent rows and then drive every forecast.
+    """
     keep = []
     for j in range(x.shape[1]):
         col = x[:, j]
         col = col[~np.isnan(col)]
-        if len(col) >= 2 and float(col.max()) > float(col.min()):
+        if len(col) >= max(2, 0.25 * x.shape[0]) and float(col.max()) > float(col.min()):
             keep.append(j)
     return np.asarray(keep, dtype=np.int64)
 

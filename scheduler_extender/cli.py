@@ -25,7 +25,7 @@ from scheduler_extender.forecast import (
     StaticFileForecastSource,
 )
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import Extender, ExtenderServer, ForecastLookup, NoForecasts
+from scheduler_extender.server import Extender, ExtenderServer, ForecastLookup, NoForecasts, settle_heap
 
 log = logging.getLogger("scheduler_extender")
 
@@ -143,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     if refresher is not None:
         refresher.start()
     stop = threading.Event()
+
+    def _settle() -> None:
+        while not stop.is_set() and not cache.synced:
+            stop.wait(0.5)
+        while not stop.is_set():
+            settle_heap()
+            stop.wait(300)
+
+    threading.Thread(target=_settle, name="settle-heap", daemon=True).start()
 
     def _term(signum: int, frame: object) -> None:
         stop.set()

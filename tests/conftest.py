@@ -79,6 +79,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
         pools=2,
         workdir=workdir,
         extender_url=f"http://127.0.0.1:{free_port()}",
+        die_with_parent=True,
     )
     lc = LocalCluster(cfg)
     handle = lc.up()

@@ -182,3 +182,17 @@ def test_captured_reply_accepted_by_kube_scheduler_has_our_exact_shape(path: Pat
     else:
         assert set(raw) == {"NodeNameToMetaVictims"}
         wire.ExtenderPreemptionResult.model_validate(raw)
+
+
+def test_captured_filter_is_answered_byte_for_byte_like_in_the_e2e_run() -> None:
+    """Replays the real kube-scheduler's filter call for the ``picky`` worker (min useful run
+    1200 s) against the e2e cluster's state (pool-a quiet, pool-b needed by serving at 30 min)."""
+    cache = cluster_cache({"pool-a": ["rose-node-0", "rose-node-2"], "pool-b": ["rose-node-1", "rose-node-3"]}, gpus=2)
+    fcs = {
+        "pool-a": reduce(forecast("pool-a", {600: 0, 1800: 0, 3600: 0}), "0.9"),
+        "pool-b": reduce(forecast("pool-b", {600: 0, 1800: 4, 3600: 4}), "0.9"),
+    }
+    ext = Extender(cache, forecasts=Forecasts(fcs), suspender=Recorder())
+    code, body = ext.handle("filter", (GOLDEN / "captured-filter-004-request.json").read_bytes())
+    assert code == 200
+    assert body == (GOLDEN / "captured-filter-004-reply-200.json").read_bytes().strip()
