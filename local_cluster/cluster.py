@@ -514,7 +514,9 @@ class LocalCluster:
         finally:
             api.close()
 
-    def _wait_nodes_ready(self, h: ClusterHandle, timeout: float = 60.0) -> None:
+    def _wait_nodes_ready(self, h: ClusterHandle, timeout: float | None = None) -> None:
+        # KWOK initialises nodes at a bounded rate: allow more time for large fake clusters
+        timeout = timeout if timeout is not None else max(60.0, 0.5 * len(h.node_names))
         from kubernetes import client
 
         api = h.api_client()

@@ -2,7 +2,10 @@
 
 Act 1 brings up the local cluster (real etcd, kube-apiserver, kube-controller-manager, two
 kube-schedulers, KWOK nodes with simulated GPUs) and shows the nodes and their GPUs as a
-table. Each later capability adds an act.
+table. Act 2 forecasts serving demand per pool with the predictor's model and lets the real
+kube-scheduler, through the ROSE extender, place an RL job's workers in the pool forecast idle
+longest. Act 3 runs the DRA driver and a real training process: a serving pod takes the GPU
+back, the RL job is suspended into host memory (not evicted) and resumes bit-exact.
 """
 
 from __future__ import annotations
@@ -113,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         api = h.api_client()
         try:
             from rose_cli.demo_node import act_serving_wins
+            from rose_cli.demo_placement import act_lend_by_forecast
 
-            _say("\nAct 2: serving wins: the RL job is suspended into host memory, not evicted")
+            _say("\nAct 2: lend by forecast: RL workers go where serving is forecast idle longest")
+            ok &= act_lend_by_forecast(h, api, _say)
+            _say("\nAct 3: serving wins: the RL job is suspended into host memory, not evicted")
             ok &= act_serving_wins(h, api, _say)
         finally:
             api.close()

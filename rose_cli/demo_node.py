@@ -87,7 +87,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         rl_uid = core.read_namespaced_pod("rl-worker-0", ns).metadata.uid
         out = drv.kubelet.prepare(rl_claim)
         say(f"   · RL pod rl-worker-0 got {out.devices[0].device_name} on {node}; kubelet (played) prepared it: "
-            f"CDI {list(out.devices[0].cdi_device_ids)[0]}")  # fmt: skip
+            f"CDI {next(iter(out.devices[0].cdi_device_ids))}")  # fmt: skip
 
         run_out, base_out = root / "run.pt", root / "baseline.pt"
         pod_env = {
