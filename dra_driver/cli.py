@@ -194,7 +194,7 @@ def build_engine(args: argparse.Namespace, gpus: list[Any], notifier: Any, evict
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from dra_driver import logs
+    from rose_common import logs
 
     logs.setup(args.log_level)
     import logging

@@ -6,7 +6,6 @@ driver never depends on the client's generated models.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from kubernetes.watch import watch as _watch
 from dra_driver.claims import PodRef
 from dra_driver.node import ClaimNotFoundError
 from rose_common import names
+from rose_common.events import pod_event
 
 log = logging.getLogger("rose.driver.kube")
 
@@ -137,26 +137,9 @@ class KubeNotifier:
                 raise
 
     def event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
-        now = dt.datetime.now(dt.UTC)
-        ev = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": pod.uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "rose-dra-driver", "host": self.node_name},
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
-            "count": 1,
-        }
+        ev = pod_event(
+            pod.name, pod.namespace, pod.uid, reason, message, "rose-dra-driver", warning=warning, host=self.node_name
+        )
         self.raw.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=ev)
 
 

@@ -2,38 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import time
 from typing import Any
+
+from rose_common import logs as shared_logs
 
 _LOGGER = logging.getLogger("rose.predictor")
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        kv = getattr(record, "kv", None)
-        if isinstance(kv, dict):
-            entry.update(kv)
-        if record.exc_info and "err" not in entry:
-            entry["err"] = repr(record.exc_info[1])
-        return json.dumps(entry, default=str)
-
-
 def setup(level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("rose")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    """The predictor logs under ``rose``, as JSON lines (rose_common.logs)."""
+    shared_logs.setup(level, "rose")
 
 
 def log(level: int, msg: str, **kv: Any) -> None:

@@ -16,7 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from scheduler_extender import logs, policy
+from rose_common import logs
+from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.forecast import (
     ForecastCache,

@@ -24,6 +24,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from rose_common import extender_names, names
+from rose_common.events import pod_event
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.model import PodInfo
 
@@ -164,26 +165,14 @@ class KubeSuspender:
             }
         }
         self._core.patch_namespaced_pod(pod.name, pod.namespace, patch)
-        event: Any = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": pod.uid,
-            },
-            "reason": extender_names.EVENT_REASON_SUSPEND_REQUESTED,
-            "message": reason,
-            "type": "Normal",
-            "source": {"component": extender_names.EXTENDER_COMPONENT},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "reportingComponent": extender_names.EXTENDER_COMPONENT,
-            "reportingInstance": extender_names.EXTENDER_COMPONENT,
-        }
+        event = pod_event(
+            pod.name,
+            pod.namespace,
+            pod.uid,
+            extender_names.EVENT_REASON_SUSPEND_REQUESTED,
+            reason,
+            extender_names.EXTENDER_COMPONENT,
+            now=now,
+        )
         self._core.create_namespaced_event(pod.namespace, event)
         log.info("suspend requested", extra={"pod": pod.key, "uid": pod.uid, "node": pod.node})

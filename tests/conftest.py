@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
         yield handle
     finally:
         lc.down()
+
+
+@pytest.fixture
+def api(cluster: ClusterHandle) -> Iterator[Any]:
+    """A kubernetes ApiClient for the session cluster, closed after the test."""
+    a = cluster.api_client()
+    yield a
+    a.close()

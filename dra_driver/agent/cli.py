@@ -16,12 +16,12 @@ from pathlib import Path
 
 from prometheus_client import start_http_server
 
-from dra_driver.agent.logjson import setup as setup_logging
 from dra_driver.agent.server import AgentServer
 from dra_driver.suspend.cuda_checkpoint import CudaCheckpointUnavailable
 from dra_driver.suspend.engine import EngineConfig
 from dra_driver.suspend.factory import build_engine
 from dra_driver.suspend.model import BACKENDS
+from rose_common.logs import setup as setup_logging
 
 log = logging.getLogger("rose.agent")
 _ENV_PREFIX = "ROSE_AGENT_"

@@ -9,16 +9,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from local_cluster import ClusterHandle
 from rose_common import names
 from tests.k8s_helpers import delete_namespace, new_namespace
-
-
-@pytest.fixture
-def api(cluster: ClusterHandle) -> Iterator[Any]:
-    a = cluster.api_client()
-    yield a
-    a.close()
 
 
 @pytest.fixture

@@ -30,13 +30,6 @@ from tests.k8s_helpers import (
 
 
 @pytest.fixture
-def api(cluster: ClusterHandle) -> Iterator[Any]:
-    a = cluster.api_client()
-    yield a
-    a.close()
-
-
-@pytest.fixture
 def ns(api: Any) -> Iterator[str]:
     name = new_namespace(api, "dra")
     yield name

@@ -101,13 +101,6 @@ def drivers(cluster: ClusterHandle) -> Iterator[dict[str, DriverProc]]:
 
 
 @pytest.fixture
-def api(cluster: ClusterHandle) -> Iterator[Any]:
-    a = cluster.api_client()
-    yield a
-    a.close()
-
-
-@pytest.fixture
 def ns(api: Any) -> Iterator[str]:
     name = new_namespace(api, "drv")
     yield name

@@ -96,13 +96,6 @@ def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture
-def api(cluster: ClusterHandle) -> Iterator[Any]:
-    a = cluster.api_client()
-    yield a
-    a.close()
-
-
-@pytest.fixture
 def ns(api: Any) -> Iterator[str]:
     name = new_namespace(api, "ext")
     create_claim_template(api, name, claim_template("lendable-1", names.DEVICE_CLASS_LENDABLE))
