@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from rose_common import names
+
 T = TypeVar("T")
 
 
@@ -115,3 +117,20 @@ def pod_claim(api: Any, ns: str, pod_name: str) -> dict[str, Any] | None:
             )
             return obj
     return None
+
+
+def allocated_claim(api: Any, ns: str, pod_name: str) -> dict[str, Any] | None:
+    """The pod's ``gpu`` claim once the scheduler has allocated it and reserved it for the pod."""
+    claim = pod_claim(api, ns, pod_name)
+    status = (claim or {}).get("status") or {}
+    return claim if status.get("allocation") and status.get("reservedFor") else None
+
+
+def driver_slices(api: Any, node: str, driver: str = names.DRIVER_NAME) -> list[dict[str, Any]]:
+    """The ResourceSlices ``driver`` publishes for ``node``."""
+    from kubernetes import client
+
+    items: list[dict[str, Any]] = client.CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.driver={driver},spec.nodeName={node}"
+    )["items"]
+    return items

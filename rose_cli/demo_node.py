@@ -24,18 +24,19 @@ import grpc
 from local_cluster import ClusterHandle, free_port
 from local_cluster.binaries import REPO_ROOT
 from local_cluster.kubelet import DriverProcess
-from local_cluster.objects import claim_template, create_claim_template, gpu_pod, new_namespace, pod_claim, wait_for
+from local_cluster.objects import (
+    allocated_claim,
+    claim_template,
+    create_claim_template,
+    gpu_pod,
+    new_namespace,
+    wait_for,
+)
 from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 
 EXAMPLE = REPO_ROOT / "examples" / "01_cartpole_reinforce.py"
-
-
-def _allocated(api: Any, ns: str, pod: str) -> dict[str, Any] | None:
-    c = pod_claim(api, ns, pod)
-    st = (c or {}).get("status") or {}
-    return c if st.get("allocation") and st.get("reservedFor") else None
 
 
 def _start_training(out: Path, env_extra: dict[str, str]) -> subprocess.Popen[str]:
@@ -83,7 +84,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         rl = gpu_pod("rl-worker-0", "lent-gpu0", labels={names.LABEL_JOB: "cartpole"}, node_name=node)
         rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "60"}
         core.create_namespaced_pod(ns, rl)
-        rl_claim = wait_for("RL claim allocated", lambda: _allocated(api, ns, "rl-worker-0"), timeout=90)
+        rl_claim = wait_for("RL claim allocated", lambda: allocated_claim(api, ns, "rl-worker-0"), timeout=90)
         rl_uid = core.read_namespaced_pod("rl-worker-0", ns).metadata.uid
         out = drv.kubelet.prepare(rl_claim)
         say(f"   · RL pod rl-worker-0 got {out.devices[0].device_name} on {node}; kubelet (played) prepared it: "
@@ -113,7 +114,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
             core.create_namespaced_pod(
                 ns, gpu_pod("llm-serving-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
             )
-            srv = wait_for("serving claim allocated", lambda: _allocated(api, ns, "llm-serving-0"), timeout=90)
+            srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "llm-serving-0"), timeout=90)
             dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
             say(f"   · a serving pod arrives; the real scheduler gives it {dev}: the same physical GPU")
             t0 = time.monotonic()

@@ -27,6 +27,7 @@ from kubernetes import client
 
 from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
+from local_cluster.objects import allocated_claim, driver_slices
 from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
@@ -53,28 +54,6 @@ class Driver(DriverProcess):
         )  # fmt: skip
 
 
-def _slices(api: Any, node: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = client.CustomObjectsApi(api).list_cluster_custom_object(
-        "resource.k8s.io",
-        "v1",
-        "resourceslices",
-        field_selector=f"spec.driver={names.DRIVER_NAME},spec.nodeName={node}",
-    )["items"]
-    return items
-
-
-def _claim_of(api: Any, ns: str, pod: str) -> dict[str, Any] | None:
-    p = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
-    for st in p.status.resource_claim_statuses or []:
-        if st.resource_claim_name:
-            c: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
-                "resource.k8s.io", "v1", ns, "resourceclaims", st.resource_claim_name
-            )
-            if (c.get("status") or {}).get("allocation") and (c.get("status") or {}).get("reservedFor"):
-                return c
-    return None
-
-
 def _ann(api: Any, ns: str, pod: str) -> dict[str, str]:
     return client.CoreV1Api(api).read_namespaced_pod(pod, ns).metadata.annotations or {}
 
@@ -92,10 +71,10 @@ def env(cluster: ClusterHandle) -> Iterator[tuple[Driver, Any, str, str]]:
         delete_namespace(api, ns)
         code = drv.stop()
         try:
-            wait_for("driver slices removed on shutdown", lambda: not _slices(api, node), timeout=30)
+            wait_for("driver slices removed on shutdown", lambda: not driver_slices(api, node), timeout=30)
             assert code == 0, drv.log_path.read_text()[-3000:]
         finally:
-            if not _slices(api, node):  # restore the session's seed slice for other tests
+            if not driver_slices(api, node):  # restore the session's seed slice for other tests
                 client.CustomObjectsApi(api).create_cluster_custom_object(
                     "resource.k8s.io",
                     "v1",
@@ -111,14 +90,14 @@ def test_serving_claim_suspends_training_cooperatively_and_training_is_unharmed(
 ) -> None:
     drv, api, ns, node = env
     core = client.CoreV1Api(api)
-    wait_for("driver published its slice", lambda: len(_slices(api, node)) == 1 or None, timeout=60)
+    wait_for("driver published its slice", lambda: len(driver_slices(api, node)) == 1 or None, timeout=60)
     gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
     create_claim_template(api, ns, claim_template("lent", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
     create_claim_template(api, ns, claim_template("serve", names.DEVICE_CLASS_SERVING, selectors=gpu0))
     rl = gpu_pod("rl-0", "lent", labels={names.LABEL_JOB: "job-a"}, node_name=node)
     rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "60"}
     core.create_namespaced_pod(ns, rl)
-    rl_claim = wait_for("RL claim allocated and reserved", lambda: _claim_of(api, ns, "rl-0"), timeout=90)
+    rl_claim = wait_for("RL claim allocated and reserved", lambda: allocated_claim(api, ns, "rl-0"), timeout=90)
     rl_uid = core.read_namespaced_pod("rl-0", ns).metadata.uid
     out = drv.prepare(rl_claim)
     assert out.error == "" and out.devices[0].device_name == "gpu-0-lendable"
@@ -140,7 +119,7 @@ def test_serving_claim_suspends_training_cooperatively_and_training_is_unharmed(
         core.create_namespaced_pod(
             ns, gpu_pod("serve-0", "serve", labels={names.LABEL_ROLE: "serving"}, node_name=node)
         )
-        srv_claim = wait_for("serving claim allocated", lambda: _claim_of(api, ns, "serve-0"), timeout=90)
+        srv_claim = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "serve-0"), timeout=90)
         assert srv_claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0-serving"
 
         out = drv.prepare(srv_claim)  # serving wins: returns once the occupant is suspended

@@ -33,6 +33,7 @@ from dra_driver.publisher import HASH_ANNOTATION
 from dra_driver.state import PREPARE_COMPLETED, decode
 from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
+from local_cluster.objects import allocated_claim, driver_slices
 from rose_common import names
 from rose_common.slices import resource_slice, simulated_gpus
 
@@ -54,18 +55,8 @@ class DriverProc(DriverProcess):
         )  # fmt: skip
 
 
-def _slices(api: Any, node: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = client.CustomObjectsApi(api).list_cluster_custom_object(
-        "resource.k8s.io",
-        "v1",
-        "resourceslices",
-        field_selector=f"spec.driver={names.DRIVER_NAME},spec.nodeName={node}",
-    )["items"]
-    return items
-
-
 def _published(api: Any, node: str) -> dict[str, Any] | None:
-    items = _slices(api, node)
+    items = driver_slices(api, node)
     if len(items) == 1 and HASH_ANNOTATION in (items[0]["metadata"].get("annotations") or {}):
         return items[0]
     return None
@@ -83,12 +74,12 @@ def drivers(cluster: ClusterHandle) -> Iterator[dict[str, DriverProc]]:
         try:
             # removed on shutdown ...
             for n in procs:
-                wait_for(f"slices of {n} removed on shutdown", lambda n=n: not _slices(api, n), timeout=30)
+                wait_for(f"slices of {n} removed on shutdown", lambda n=n: not driver_slices(api, n), timeout=30)
             assert codes == {n: 0 for n in procs}, codes
         finally:
             # ... and the session's seed slices restored for the other tests
             for n in procs:
-                if not _slices(api, n):
+                if not driver_slices(api, n):
                     client.CustomObjectsApi(api).create_cluster_custom_object(
                         "resource.k8s.io",
                         "v1",
@@ -132,18 +123,6 @@ def test_every_driver_publishes_and_republishes_after_wipe(
     assert after["spec"]["pool"]["generation"] > before["spec"]["pool"]["generation"]
 
 
-def _claim_of(api: Any, ns: str, pod: str) -> dict[str, Any] | None:
-    p = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
-    for st in p.status.resource_claim_statuses or []:
-        if st.resource_claim_name:
-            c: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
-                "resource.k8s.io", "v1", ns, "resourceclaims", st.resource_claim_name
-            )
-            if (c.get("status") or {}).get("allocation") and (c.get("status") or {}).get("reservedFor"):
-                return c
-    return None
-
-
 def _ann(api: Any, ns: str, pod: str) -> dict[str, str]:
     return client.CoreV1Api(api).read_namespaced_pod(pod, ns).metadata.annotations or {}
 
@@ -170,7 +149,7 @@ def test_serving_wins_on_a_shared_physical_gpu(
     rl = gpu_pod("rl-0", "lent-gpu0", labels={names.LABEL_JOB: "job-a"}, node_name=node)
     rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "15"}
     core.create_namespaced_pod(ns, rl)
-    rl_claim = wait_for("RL claim allocated and reserved", lambda: _claim_of(api, ns, "rl-0"), timeout=90)
+    rl_claim = wait_for("RL claim allocated and reserved", lambda: allocated_claim(api, ns, "rl-0"), timeout=90)
     rl_uid = core.read_namespaced_pod("rl-0", ns).metadata.uid
 
     # the kubelet prepares the RL pod's claim
@@ -185,7 +164,7 @@ def test_serving_wins_on_a_shared_physical_gpu(
     core.create_namespaced_pod(
         ns, gpu_pod("serve-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
     )
-    srv_claim = wait_for("serving claim allocated", lambda: _claim_of(api, ns, "serve-0"), timeout=90)
+    srv_claim = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "serve-0"), timeout=90)
     srv_dev = srv_claim["status"]["allocation"]["devices"]["results"][0]["device"]
     assert srv_dev == "gpu-0-serving"
     assert names.ANNOTATION_SUSPEND_STATE not in _ann(api, ns, "rl-0")
@@ -268,7 +247,7 @@ def test_bad_claims_get_clear_per_claim_errors(
     drv = drivers[node0]
     create_claim_template(api, ns, claim_template("lent", names.DEVICE_CLASS_LENDABLE))
     client.CoreV1Api(api).create_namespaced_pod(ns, gpu_pod("elsewhere", "lent", node_name=node1))
-    other_node = wait_for("claim on another node", lambda: _claim_of(api, ns, "elsewhere"), timeout=90)
+    other_node = wait_for("claim on another node", lambda: allocated_claim(api, ns, "elsewhere"), timeout=90)
     assert "belongs to another node" in drv.prepare(other_node).error
     # an unallocated claim (no pod uses it, so the scheduler never allocated it)
     body = {
@@ -326,7 +305,7 @@ def test_driver_process_killed_mid_call_recovers(
     core = client.CoreV1Api(api)
     core.create_namespaced_pod(ns, gpu_pod("srv", "s1", node_name=node))
     core.create_namespaced_pod(ns, gpu_pod("rl", "l1", labels={names.LABEL_JOB: "j"}, node_name=node))
-    claims = [wait_for(f"claim of {p}", lambda p=p: _claim_of(api, ns, p), timeout=90) for p in ("srv", "rl")]
+    claims = [wait_for(f"claim of {p}", lambda p=p: allocated_claim(api, ns, p), timeout=90) for p in ("srv", "rl")]
     uids = sorted(c["metadata"]["uid"] for c in claims)
     checkpoint = drv.plugin_dir / "checkpoint.json"
     rng = random.Random(11)
