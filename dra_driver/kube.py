@@ -18,7 +18,7 @@ from kubernetes.watch import watch as _watch
 
 from dra_driver.claims import PodRef
 from dra_driver.node import ClaimNotFoundError
-from rose_common import names
+from rose_common import kwatch, names
 from rose_common.events import pod_event
 
 log = logging.getLogger("rose.driver.kube")
@@ -83,14 +83,7 @@ class Raw:
         raw = resp.response
         try:
             lines: Any = _watch.iter_resp_lines
-            for line in lines(raw):
-                ev = json.loads(line)
-                if ev.get("type") == "ERROR":
-                    raise ApiException(
-                        status=int((ev.get("object") or {}).get("code", 500)),
-                        reason=str((ev.get("object") or {}).get("message", "watch error")),
-                    )
-                yield str(ev.get("type")), dict(ev.get("object") or {})
+            yield from kwatch.events(lines(raw))
         finally:
             raw.release_conn()
 

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     api = kube.api_client(Path(args.kubeconfig) if args.kubeconfig else None)
     cache = ClusterCache(cfg)
-    watcher = kube.Watcher(api, cache)
+    watcher = kube.Watcher(api, cache, on_restart=lambda kind: metrics.watch_restarts.labels(kind).inc())
     suspender = kube.KubeSuspender(api, on_result=lambda r: metrics.suspend_requests.labels(r).inc())
     extender = Extender(
         cache,

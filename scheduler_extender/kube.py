@@ -14,21 +14,22 @@ import json
 import logging
 import queue
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client, config
+from kubernetes.watch.watch import iter_resp_lines as _iter_resp_lines
 
-from rose_common import extender_names, names
+from rose_common import extender_names, kwatch, names
 from rose_common.events import pod_event
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.model import PodInfo
 
 log = logging.getLogger(__name__)
+
+_watch_lines: Callable[[Any], Iterator[str]] = _iter_resp_lines
 
 
 def api_client(kubeconfig: Path | None) -> client.ApiClient:
@@ -55,12 +56,24 @@ def _listers(api: client.ApiClient) -> dict[str, Callable[..., Any]]:
 
 
 class Watcher:
-    """One thread per kind: list, replace the cache's view, watch from the list's resourceVersion."""
+    """One thread per kind: list, replace the cache's view, watch from the list's resourceVersion.
 
-    def __init__(self, api: client.ApiClient, cache: ClusterCache, timeout_s: int = 300) -> None:
+    A watch that ends normally (server timeout) is resumed from the last resourceVersion seen; a
+    watch that fails (410 Gone, connection error, bad event) is followed by a relist, with a backoff
+    that only resets once a watch has delivered an event, so a watch that keeps failing cannot
+    turn into a relist loop. Every restart calls ``on_restart(kind)`` (a metric)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        cache: ClusterCache,
+        timeout_s: int = 300,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
         self._api = api
         self._cache = cache
         self._timeout_s = timeout_s
+        self._on_restart = on_restart or (lambda kind: None)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -73,48 +86,55 @@ class Watcher:
     def stop(self) -> None:
         self._stop.set()
 
+    @staticmethod
+    def _selector(kind: str) -> dict[str, Any]:
+        return {"field_selector": f"spec.driver={names.DRIVER_NAME}"} if kind == "ResourceSlice" else {}
+
     def _list(self, kind: str, lister: Callable[..., Any]) -> str:
-        kwargs: dict[str, Any] = {"_preload_content": False, "_request_timeout": 60}
-        if kind == "ResourceSlice":
-            kwargs["field_selector"] = f"spec.driver={names.DRIVER_NAME}"
-        resp = lister(**kwargs)
+        resp = lister(_preload_content=False, _request_timeout=60, **self._selector(kind))
         body = json.loads(resp.data)
         self._cache.replace(kind, list(body.get("items") or []))
         self._cache.mark_synced(kind)
         return str(body["metadata"]["resourceVersion"])
+
+    def _watch(self, kind: str, lister: Callable[..., Any], rv: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        resp = lister(
+            watch=True,
+            resource_version=rv,
+            timeout_seconds=self._timeout_s,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=(10, self._timeout_s + 30),
+            **self._selector(kind),
+        )
+        try:
+            status = getattr(resp, "status", 200)
+            if not 200 <= int(status) <= 299:
+                raise kwatch.WatchError(int(status), resp.data.decode(errors="replace")[:300])
+            yield from kwatch.events(_watch_lines(resp))
+        finally:
+            resp.close()
+            resp.release_conn()
 
     def _loop(self, kind: str, lister: Callable[..., Any]) -> None:
         backoff = 0.2
         while not self._stop.is_set():
             try:
                 rv = self._list(kind, lister)
-                backoff = 0.2
                 while not self._stop.is_set():
-                    w = watch.Watch()  # type: ignore[no-untyped-call,unused-ignore]
-                    kwargs: dict[str, Any] = {
-                        "resource_version": rv,
-                        "timeout_seconds": self._timeout_s,
-                        "allow_watch_bookmarks": True,
-                        "deserialize": False,
-                    }
-                    if kind == "ResourceSlice":
-                        kwargs["field_selector"] = f"spec.driver={names.DRIVER_NAME}"
-                    for event in w.stream(lister, **kwargs):  # type: ignore[no-untyped-call,unused-ignore]
-                        etype = event["type"]
-                        obj = event["object"]
-                        if etype == "ERROR":
-                            raise ApiException(status=obj.get("code", 500), reason=obj.get("message", ""))
+                    for etype, obj in self._watch(kind, lister, rv):
                         rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
-                        if etype == "BOOKMARK":
-                            continue
-                        self._cache.apply(kind, etype, obj)
+                        backoff = 0.2  # this watch works
+                        if etype != "BOOKMARK":
+                            self._cache.apply(kind, etype, obj)
                         if self._stop.is_set():
                             break
             except Exception as err:  # relist on anything (410 Gone included)
                 if self._stop.is_set():
                     return
-                log.warning("watch failed, relisting", extra={"kind": kind, "err": str(err)})
-                time.sleep(backoff)
+                self._on_restart(kind)
+                log.warning("watch failed, relisting", extra={"kind": kind, "err": str(err), "backoff_s": backoff})
+                self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
 
 

@@ -77,6 +77,12 @@ class ExtenderMetrics:
         self.cache_objects = Gauge(
             "rose_extender_cache_objects", "Objects in the extender's watch cache.", ["kind"], registry=r
         )
+        self.watch_restarts = Counter(
+            "rose_extender_watch_restarts_total",
+            "Watches that failed and were followed by a relist, by kind (a steady rise means the cache is stale).",
+            ["kind"],
+            registry=r,
+        )
         self.cache_synced = Gauge(
             "rose_extender_cache_synced", "1 once every watched kind has been listed.", registry=r
         )
@@ -97,6 +103,7 @@ class ExtenderMetrics:
             self.forecast_fetch.labels(forecast_backend, res)
         for kind_name in CACHE_KINDS:
             self.cache_objects.labels(kind_name)
+            self.watch_restarts.labels(kind_name)
         self._backend = forecast_backend
 
     def on_forecast_fetch(self, result: str) -> None:

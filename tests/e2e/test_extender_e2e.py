@@ -256,3 +256,23 @@ def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
     assert captured, "kube-scheduler never called the preempt verb"
     args = wire.ExtenderPreemptionArgs.model_validate_json(captured[-1].read_bytes())
     assert args.NodeNameToMetaVictims and args.NodeNameToVictims is None
+
+
+def test_the_cache_follows_every_kind_by_watch_not_by_relisting(
+    cluster: ClusterHandle, extender: dict[str, Any], api: Any, ns: str
+) -> None:
+    """A worker's claim is allocated and its pod bound: the extender learns both through its
+    watches. A watch that fails (as the official client's Watch did for ResourceClaims, whose
+    model class it could not find) shows as a restart; there must be none for any kind."""
+    core = client.CoreV1Api(api)
+    claims_before = _metric(extender, 'rose_extender_cache_objects{kind="ResourceClaim"}')
+    core.create_namespaced_pod(ns, _rl_pod("watched", "watch-job"))
+    wait_for("watched bound", lambda: _node_of(api, ns, "watched"), 60)
+    wait_for(
+        "the allocated claim in the extender's cache",
+        lambda: _metric(extender, 'rose_extender_cache_objects{kind="ResourceClaim"}') > claims_before,
+        30,
+    )
+    for kind in ("Node", "Pod", "ResourceClaim", "ResourceSlice"):
+        restarts = _metric(extender, f'rose_extender_watch_restarts_total{{kind="{kind}"}}')
+        assert restarts == 0, f"{kind} watch restarted {restarts:g} times; see the extender log"

@@ -1,0 +1,42 @@
+"""Raw Kubernetes watch events, parsed once as plain JSON.
+
+The official client's ``Watch`` looks up a generated model class for every kind, even when told
+not to deserialize, and fails for kinds whose model name it cannot derive (``resource.k8s.io/v1``
+ResourceClaim is ``ResourceV1ResourceClaim`` in kubernetes 37): every watch of ResourceClaims
+raised at once, so a caller relisted in a loop. Components stream the response lines themselves
+and parse them here. No I/O in this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+HTTP_GONE = 410
+
+
+class WatchError(RuntimeError):
+    """The API server ended a watch with an ERROR event (``status`` 410: the resourceVersion is too
+    old, relist)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"watch error {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def events(lines: Iterable[str | bytes]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(type, object)`` for each watch line (ADDED, MODIFIED, DELETED, BOOKMARK); blank lines are
+    skipped; an ERROR event raises :class:`WatchError`; a line that is not a watch event raises
+    ``ValueError`` naming what was received."""
+    for line in lines:
+        if not line or line.isspace():
+            continue
+        ev = json.loads(line)
+        if not isinstance(ev, dict) or not isinstance(ev.get("type"), str) or not isinstance(ev.get("object"), dict):
+            raise ValueError(f"not a watch event: {str(line)[:200]}")
+        obj: dict[str, Any] = ev["object"]
+        if ev["type"] == "ERROR":
+            raise WatchError(int(obj.get("code") or 500), str(obj.get("message") or obj.get("reason") or "watch error"))
+        yield ev["type"], obj
