@@ -67,6 +67,7 @@ class ClusterCache:
         self._claims: dict[str, tuple[tuple[str, str], ...]] = {}  # ns/name → ((pool, device),...)
         self._allocated: dict[tuple[str, str], int] = defaultdict(int)
         self._pods: dict[str, PodInfo] = {}
+        self._rl_pods: dict[str, PodInfo] = {}  # the RL workers among _pods
         self._node_pods: dict[str, set[str]] = defaultdict(set)
         self._states: dict[str, NodeState] = {}
         # incremental indexes behind Snapshot
@@ -231,6 +232,7 @@ class ClusterCache:
 
     def _drop_pod(self, uid: str) -> None:
         old = self._pods.pop(uid, None)
+        self._rl_pods.pop(uid, None)
         if old is not None and old.node:
             self._node_pods[old.node].discard(uid)
             self._dirty.add(old.node)
@@ -265,6 +267,8 @@ class ClusterCache:
             cfg=self._cfg,
         )
         self._pods[uid] = info
+        if info.kind is PodKind.RL:
+            self._rl_pods[uid] = info
         if info.node:
             self._node_pods[info.node].add(uid)
             self._dirty.add(info.node)
@@ -361,6 +365,7 @@ class ClusterCache:
                 nodes=MappingProxyType(self._states),
                 pools=MappingProxyType({p: PoolState(*v[:3]) for p, v in self._pool_acc.items()}),
                 pods=MappingProxyType(self._pods),
+                rl_pods=MappingProxyType(self._rl_pods),
                 job_nodes=MappingProxyType({j: frozenset(n) for j, n in self._job_nodes.items()}),
                 group_of=MappingProxyType(self._group_of),
                 groups=tuple(self._groups),
@@ -380,3 +385,5 @@ class ClusterCache:
                 from dataclasses import replace
 
                 self._pods[uid] = replace(info, suspend_requested=True)
+                if uid in self._rl_pods:
+                    self._rl_pods[uid] = self._pods[uid]

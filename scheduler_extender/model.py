@@ -93,3 +93,5 @@ class Snapshot:
     groups: Sequence[tuple[str, int]] = ()
     host_mem: Mapping[str, int] = field(default_factory=dict)  # only nodes that publish it
     serving_score: Mapping[str, int] = field(default_factory=dict)
+    # RL workers only, by UID (preempt screens victims against it); None: derived from ``pods``
+    rl_pods: Mapping[str, PodInfo] | None = None

@@ -350,6 +350,7 @@ def build_snapshot(
         nodes=states,
         pools=pools,
         pods=pods,
+        rl_pods={uid: p for uid, p in pods.items() if p.kind is PodKind.RL},
         job_nodes=job_nodes or {},
         group_of=group_of,
         groups=groups,
@@ -395,10 +396,21 @@ def preempt(
     """
     cached = snapshot.pods
     given = victim_pods or {}
+    rl_pods = snapshot.rl_pods
+    if rl_pods is None:
+        rl_pods = {uid: p for uid, p in cached.items() if p.kind is PodKind.RL}
+    rl_uids = rl_pods.keys()
     pure: dict[str, tuple[list[str], int]] = {}
     mixed: dict[str, tuple[list[str], list[PodInfo], int]] = {}
     unknown = 0
+    known = cached.__contains__
     for node, (uids, pdb) in candidates.items():
+        if not given and rl_uids.isdisjoint(uids):
+            # the common case, screened in C: no RL worker among this node's victims
+            if uids:
+                pure[node] = (uids if isinstance(uids, list) else list(uids), pdb)
+                unknown += len(uids) - sum(map(known, uids))
+            continue
         others: list[str] = []
         rl: list[PodInfo] = []
         for uid in uids:

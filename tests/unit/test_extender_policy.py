@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from extender_fixtures import claim, cluster_cache, pod
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rose_common import extender_names, names
 from scheduler_extender import policy
@@ -218,6 +222,33 @@ def test_preempt_full_victims_override_cache() -> None:
     given = {"x": PodInfo("n", "x", "x", PodKind.RL, job="j")}
     d = policy.preempt({"a": (["x"], 0)}, s, given)
     assert d.victims == {} and [p.uid for p in d.suspend] == ["x"]
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.tuples(st.lists(st.sampled_from(["rl1", "rl2", "b1", "b2", "nobody"]), max_size=4), st.integers(0, 2)),
+        max_size=4,
+    )
+)
+def test_preempt_screening_by_rl_index_decides_like_the_full_scan(
+    candidates: dict[str, tuple[list[str], int]],
+) -> None:
+    """The C-level screen against ``snapshot.rl_pods`` changes speed, not decisions: the same
+    candidates give the same decision as the per-victim scan (taken when full victims are given)."""
+    nodes = [state(n, reclaim_cost_s=float(i)) for i, n in enumerate("abcd")]
+    indexed = snap(*nodes, pods=_pods())
+    assert indexed.rl_pods is not None and set(indexed.rl_pods) == {"rl1", "rl2"}
+    derived = dataclasses.replace(indexed, rl_pods=None)  # index derived from pods
+    a, b = policy.preempt(candidates, indexed), policy.preempt(candidates, snap(*nodes, pods={}), _pods())
+    c = policy.preempt(candidates, derived)
+    assert (c.victims, [p.uid for p in c.suspend]) == (a.victims, [p.uid for p in a.suspend])
+    assert (a.victims, [p.uid for p in a.suspend], a.kept_unknown, a.dropped_nodes) == (
+        b.victims,
+        [p.uid for p in b.suspend],
+        b.kept_unknown,
+        b.dropped_nodes,
+    )
 
 
 def test_cache_derives_node_state_from_slices_claims_and_pods() -> None:
