@@ -3,9 +3,10 @@
     python -m benchmarks.scheduler_throughput --nodes 1000 --pods 2000 --json OUT.json
 
 1. Throughput, side by side: a local cluster (real etcd, kube-apiserver, kube-controller-manager,
-   kube-scheduler, KWOK) with ``--nodes`` KWOK nodes x 8 simulated GPUs is brought up twice: once
-   with the ``rose-scheduler`` profile calling our extender (started as a process at the
-   profile's URL, static-file forecasts), once with the same profile and no extender. ``--pods``
+   kube-scheduler, KWOK) with ``--nodes`` KWOK nodes x 8 simulated GPUs is brought up for each
+   case: with the ``rose-scheduler`` profile calling our extender (started as a process at the
+   profile's URL, static-file forecasts), and with the same profile and no extender, ``--rounds``
+   times each in ABBA order (the figures are each side's median). ``--pods``
    ElasticRLJob worker pods, each with a lendable-GPU ResourceClaimTemplate, are created by 8
    client threads; pods/s = pods / (time the last pod was bound - time the first was created).
 2. Extender latency per verb (p50/p99, client-measured round trip over HTTP/1.1 keep-alive to an
@@ -446,6 +447,7 @@ def _serve(n: int, conn: Any) -> None:
             return
 
     settle_heap()  # what the extender does once its cache has synced
+    sys.setswitchinterval(0.0005)  # the extender's --gil-switch-interval default
     srv = ExtenderServer(Extender(cache, forecasts=Static(), suspender=NoSuspend()), "127.0.0.1", 0)
     conn.send(srv.port)
     srv.serve_forever()
@@ -534,6 +536,12 @@ def main(argv: list[str] | None = None) -> int:
         help="cluster sizes for the direct per-verb latency measurement",
     )
     p.add_argument("--iterations", type=int, default=int(os.environ.get("ROSE_BENCH_ITERATIONS", "300")))
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=int(os.environ.get("ROSE_BENCH_ROUNDS", "2")),
+        help="cluster runs per side, in ABBA order; the figures are the medians (default 2)",
+    )
     p.add_argument("--skip-cluster", action="store_true", help="only the direct latency measurement")
     p.add_argument("--workdir", default=os.environ.get("ROSE_BENCH_WORKDIR", ""))
     p.add_argument("--json", dest="json_out", default="", help="write the results here")
@@ -551,16 +559,31 @@ def main(argv: list[str] | None = None) -> int:
         log(f"latency at {n} nodes: {json.dumps(report['latency'][str(n)])}")
     if not args.skip_cluster:
         base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="rose-bench-"))
-        with_ext = run_cluster_case(args.nodes, args.pods, True, base / "with")
-        log(f"with extender: {with_ext}")
-        without = run_cluster_case(args.nodes, args.pods, False, base / "without")
-        log(f"without extender: {without}")
-        report["with_extender"] = with_ext
-        report["without_extender"] = without
-        report["pods_per_s_with"] = with_ext["pods_per_s"]
-        report["pods_per_s_without"] = without["pods_per_s"]
-        report["ratio"] = round(with_ext["pods_per_s"] / without["pods_per_s"], 3)
-        report["latency"].setdefault(str(args.nodes), {})["in_cluster_histogram"] = with_ext.get("extender_histogram")
+        # ABBA order (with, without, without, with, ...): a drift in the machine's load during the
+        # run weighs on both sides alike; each side's figure is the median of its rounds.
+        cases: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+        for r in range(args.rounds):
+            order = (True, False) if r % 2 == 0 else (False, True)
+            for with_ext in order:
+                label = "with" if with_ext else "without"
+                res = run_cluster_case(args.nodes, args.pods, with_ext, base / f"{label}-{r + 1}")
+                res["round"] = r + 1
+                log(f"round {r + 1} {label} extender: {res}")
+                cases[with_ext].append(res)
+        with_ps = statistics.median(c["pods_per_s"] for c in cases[True])
+        without_ps = statistics.median(c["pods_per_s"] for c in cases[False])
+        report["rounds"] = args.rounds
+        report["with_extender"] = cases[True]
+        report["without_extender"] = cases[False]
+        report["pods_per_s_with"] = round(with_ps, 2)
+        report["pods_per_s_without"] = round(without_ps, 2)
+        report["ratio"] = round(with_ps / without_ps, 3)
+        report["ratio_per_round"] = [
+            round(w["pods_per_s"] / wo["pods_per_s"], 3) for w, wo in zip(cases[True], cases[False], strict=True)
+        ]
+        report["latency"].setdefault(str(args.nodes), {})["in_cluster_histogram"] = [
+            c.get("extender_histogram") for c in cases[True]
+        ]
     # flat per-verb figures (realistic request sizes) for the table
     for lat in report["latency"].values():
         if "realistic" in lat:
