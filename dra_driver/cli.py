@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
     )
+    add(
+        "suspended-cpu",
+        "cpu request a suspended RL worker keeps: the rest is given back through pods/resize and "
+        "restored on resume (rose.io/suspended-cpu holds the originals); empty: off",
+        default="100m",
+    )
     add("log-level", "debug, info, warning, error", default="info")
     return p
 
@@ -233,7 +239,15 @@ def main(argv: list[str] | None = None) -> int:
         where = args.kubeconfig or "the in-cluster service account"
         print(f"rose driver: cannot build an API client from {where}: {e}; set --kubeconfig", file=sys.stderr)
         return 2
-    notifier = kube.KubeNotifier(api, args.node_name)
+    from dra_driver.resize import QuantityError, cpu_millis
+
+    try:
+        if args.suspended_cpu:
+            cpu_millis(args.suspended_cpu)
+    except QuantityError as e:
+        print(f"rose driver: --suspended-cpu: {e} (examples: 100m, 0.5, 1)", file=sys.stderr)
+        return 2
+    notifier = kube.KubeNotifier(api, args.node_name, suspended_cpu=args.suspended_cpu, metrics=metrics)
     try:
         engine = (
             build_engine(args, gpus, notifier, kube.KubeEvictor(api), metrics.registry)
@@ -311,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if float(args.node_facts_seconds) > 0:
         facts.start()
-    watcher = PodWatcher(kube.KubePods(api, args.node_name), driver)
+    observers = [notifier.resizer.observe] if notifier.resizer is not None else []
+    watcher = PodWatcher(kube.KubePods(api, args.node_name), driver, observers=observers)
     if args.watch_pods == "true":
         watcher.start()
     stop = threading.Event()
@@ -325,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("reconcile failed", extra={"err": repr(e)})
     log.info("driver stopping", extra={"node": args.node_name})
     watcher.stop()
+    notifier.close()
     facts.stop()
     servers.stop()
     if agent_server is not None:

@@ -7,6 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 RESULTS = ("ok", "error")
 RESIDENTS = ("none", "serving", "lent")
 SUSPEND_OUTCOMES = ("suspended", "checkpoint_evict", "failed", "timeout")
+RESIZE_ACTIONS = ("shrink", "restore")
+RESIZE_RESULTS = ("ok", "skipped", "error")
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -79,6 +81,15 @@ class DriverMetrics:
             ["result"],
             registry=r,
         )
+        self.pod_resize_total = Counter(
+            "rose_driver_pod_resize",
+            "pods/resize of suspended RL workers' CPU (shrink on suspend, restore on resume), by result",
+            ["action", "result"],
+            registry=r,
+        )
+        for action in RESIZE_ACTIONS:
+            for res in RESIZE_RESULTS:
+                self.pod_resize_total.labels(action, res)
         for res in RESULTS:
             self.prepare_total.labels(res)
             self.unprepare_total.labels(res)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -71,13 +71,27 @@ def decide(pod: dict[str, Any], held: set[str]) -> Action | None:
 
 
 class PodWatcher:
-    def __init__(self, api: PodApi, driver: NodeDriver, watch_timeout_seconds: int = 60) -> None:
+    def __init__(
+        self,
+        api: PodApi,
+        driver: NodeDriver,
+        watch_timeout_seconds: int = 60,
+        observers: Sequence[Callable[[dict[str, Any]], None]] = (),
+    ) -> None:
         self.api = api
         self.driver = driver
         self.watch_timeout = watch_timeout_seconds
+        self.observers = list(observers)  # also see every pod (e.g. the CPU resizer's repair)
         self._stop = threading.Event()
 
     def handle(self, pod: dict[str, Any]) -> None:
+        for observe in self.observers:
+            try:
+                observe(pod)
+            except Exception as e:
+                meta = pod.get("metadata") or {}
+                log.warning("pod observer failed", extra={"pod": f"{meta.get('namespace')}/{meta.get('name')}",
+                                                          "err": repr(e)})  # fmt: skip
         try:
             action = decide(pod, self.driver.held_pods())
         except BadSuspendRequestError as e:

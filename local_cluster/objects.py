@@ -134,3 +134,33 @@ def driver_slices(api: Any, node: str, driver: str = names.DRIVER_NAME) -> list[
         "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.driver={driver},spec.nodeName={node}"
     )["items"]
     return items
+
+
+def report_container_resources(api: Any, ns: str, pod_name: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Play the kubelet's report of the resources its containers run with: copy each container's
+    spec resources into ``status.containerStatuses[].resources`` (and ``allocatedResources``).
+
+    A kubelet with in-place resize reports them (and again once it has actuated a resize); KWOK
+    does not, and the API server refuses ``pods/resize`` for a running container without them
+    ("Pod running on node without support for resize"). Waits until the pod has container
+    statuses; returns the pod as JSON after the update.
+    """
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+
+    def statuses() -> tuple[Any, list[dict[str, Any]]] | None:
+        p = core.read_namespaced_pod(pod_name, ns)
+        st = api.sanitize_for_serialization(p.status.container_statuses or [])
+        return (p, st) if st else None
+
+    p, sts = wait_for(f"container statuses of {ns}/{pod_name}", statuses, timeout=timeout)
+    spec = {c.name: api.sanitize_for_serialization(c.resources) or {} for c in p.spec.containers}
+    for st in sts:
+        res = {k: v for k, v in (spec.get(st["name"]) or {}).items() if k in ("requests", "limits")}
+        st["resources"] = res
+        st["allocatedResources"] = dict(res.get("requests") or {})
+    out: dict[str, Any] = api.sanitize_for_serialization(
+        core.patch_namespaced_pod_status(pod_name, ns, {"status": {"containerStatuses": sts}})
+    )
+    return out

@@ -30,6 +30,7 @@ from local_cluster.objects import (
     create_claim_template,
     gpu_pod,
     new_namespace,
+    report_container_resources,
     wait_for,
 )
 from rose_common import names
@@ -54,6 +55,22 @@ def _wait_ready(proc: subprocess.Popen[str]) -> None:
         if line.startswith("READY "):
             return
     raise RuntimeError(f"the training process exited before it was ready (rc={proc.wait()})")
+
+
+def _cpu_request(core: Any, ns: str, pod: str) -> str:
+    p = core.read_namespaced_pod(pod, ns)
+    return str((p.spec.containers[0].resources.requests or {}).get("cpu", ""))
+
+
+def _wait_cpu(core: Any, ns: str, pod: str, want: str, timeout: float = 15.0) -> str:
+    """The RL pod's cpu request once the driver's pods/resize (done in the background) shows
+    ``want``, or whatever it is after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    cpu = _cpu_request(core, ns, pod)
+    while cpu != want and time.monotonic() < deadline:
+        time.sleep(0.25)
+        cpu = _cpu_request(core, ns, pod)
+    return cpu
 
 
 def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> bool:
@@ -81,12 +98,13 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
         create_claim_template(api, ns, claim_template("lent-gpu0", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
         create_claim_template(api, ns, claim_template("serve-gpu0", names.DEVICE_CLASS_SERVING, selectors=gpu0))
-        rl = gpu_pod("rl-worker-0", "lent-gpu0", labels={names.LABEL_JOB: "cartpole"}, node_name=node)
+        rl = gpu_pod("rl-worker-0", "lent-gpu0", labels={names.LABEL_JOB: "cartpole"}, cpu="4", node_name=node)
         rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "60"}
         core.create_namespaced_pod(ns, rl)
         rl_claim = wait_for("RL claim allocated", lambda: allocated_claim(api, ns, "rl-worker-0"), timeout=90)
         rl_uid = core.read_namespaced_pod("rl-worker-0", ns).metadata.uid
         out = drv.kubelet.prepare(rl_claim)
+        report_container_resources(api, ns, "rl-worker-0")  # the kubelet (played) reports its 4 CPUs
         say(f"   · RL pod rl-worker-0 got {out.devices[0].device_name} on {node}; kubelet (played) prepared it: "
             f"CDI {next(iter(out.devices[0].cdi_device_ids))}")  # fmt: skip
 
@@ -126,9 +144,12 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
             say(f"   · serving wins: prepare returned after {wait:.2f}s with the RL occupant "
                 f"{ann.get(names.ANNOTATION_SUSPEND_STATE)} at its safe point "
                 f"({op.bytes_moved} bytes of model, Adam state and buffers now in host memory)")  # fmt: skip
+            say(f"   · its CPU goes back to the scheduler through pods/resize: cpu request 4 -> "
+                f"{_wait_cpu(core, ns, 'rl-worker-0', '100m')} while suspended (same pod)")  # fmt: skip
             assert drv.kubelet.unprepare(srv).error == ""
             ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
-            say(f"   · serving leaves (unprepare): the occupant is {ann.get(names.ANNOTATION_SUSPEND_STATE)} again")
+            say(f"   · serving leaves (unprepare): the occupant is {ann.get(names.ANNOTATION_SUSPEND_STATE)} again, "
+                f"cpu request {_wait_cpu(core, ns, 'rl-worker-0', '4')} restored")  # fmt: skip
         for p in procs:
             p.communicate(timeout=180)
         a = torch.load(run_out, weights_only=True)

@@ -48,3 +48,14 @@ METRIC_PREFIX: Final = "rose_"
 # ANNOTATION_SUSPEND_STATE. Value of the request: JSON {"by", "reason", "graceSeconds", "at"}.
 ANNOTATION_SUSPEND_REQUEST: Final = f"{LABEL_PREFIX}/suspend-request"
 ANNOTATION_SUSPEND_STATE: Final = f"{LABEL_PREFIX}/suspend-state"
+
+# CPU of a suspended RL worker (the DRA driver, dra_driver/resize.py): while the worker's GPU
+# state is in host memory the driver lowers its cpu requests through the pods/resize subresource
+# and keeps the originals here, JSON {"version": 1, "target": "100m", "containers": {"<name>":
+# {"request": "60"[, "limit": "60"]}}[, "skipped": {"<name>": "<reason>"}]}; on resume it writes
+# them back and removes the annotation.
+ANNOTATION_SUSPENDED_CPU: Final = f"{LABEL_PREFIX}/suspended-cpu"
+EVENT_CPU_RELEASED: Final = "CPUReleased"
+EVENT_CPU_RESTORED: Final = "CPURestored"
+EVENT_CPU_RESIZE_FAILED: Final = "CPUResizeFailed"  # warning
+EVENT_CPU_RESIZE_SKIPPED: Final = "CPUResizeSkipped"  # warning

@@ -33,7 +33,7 @@ from dra_driver.publisher import HASH_ANNOTATION
 from dra_driver.state import PREPARE_COMPLETED, decode
 from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
-from local_cluster.objects import allocated_claim, driver_slices
+from local_cluster.objects import allocated_claim, driver_slices, report_container_resources
 from rose_common import names
 from rose_common.slices import resource_slice, simulated_gpus
 
@@ -237,6 +237,90 @@ def test_serving_wins_on_a_shared_physical_gpu(
     core.patch_namespaced_pod("rl-0", ns, {"metadata": {"labels": {"e2e-done": "1"}}})
     t.join(timeout=30)
     assert not t.is_alive()
+    assert drv.unprepare(rl_claim).error == ""
+
+
+def _cpu(api: Any, ns: str, pod: str) -> tuple[str, str | None, str]:
+    """(cpu request, cpu limit, uid) of the pod's container ``main``."""
+    p = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
+    res = p.spec.containers[0].resources
+    return (res.requests or {}).get("cpu", ""), (res.limits or {}).get("cpu"), p.metadata.uid
+
+
+def _metric(drv: DriverProc, sample: str) -> float:
+    return next((float(ln.rsplit(" ", 1)[1]) for ln in drv.metrics() if ln.startswith(sample + " ")), 0.0)
+
+
+def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
+    cluster: ClusterHandle, drivers: dict[str, DriverProc], api: Any, ns: str
+) -> None:
+    """A suspended RL worker's CPU leaves the scheduler's accounting: when the driver reports it
+    ``Suspended`` (serving wins, then a suspend request), it saves the original cpu values in
+    ``rose.io/suspended-cpu`` and lowers the request to ``--suspended-cpu`` (100m) through the
+    real API server's ``pods/resize`` subresource: same pod UID, never deleted. After the resume
+    the originals are back and the annotation is gone. (KWOK runs no kubelet, so nothing actuates
+    the resize in a container here: the spec is what this checks; a real kubelet resizes in place.
+    The test plays the kubelet's report of container resources in the status, without which the
+    API server refuses any resize: "Pod running on node without support for resize".)"""
+    node = cluster.node_names[1]
+    drv = drivers[node]
+    wait_for("driver slice", lambda: _published(api, node), timeout=60)
+    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
+    create_claim_template(api, ns, claim_template("lent-cpu", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
+    create_claim_template(api, ns, claim_template("serve-cpu", names.DEVICE_CLASS_SERVING, selectors=gpu0))
+    core = client.CoreV1Api(api)
+    rl = gpu_pod("rl-cpu", "lent-cpu", labels={names.LABEL_JOB: "job-cpu"}, cpu="6", node_name=node)
+    rl["spec"]["containers"][0]["resources"]["limits"] = {"cpu": "8"}  # Burstable: only the request moves
+    core.create_namespaced_pod(ns, rl)
+    rl_claim = wait_for("RL claim allocated", lambda: allocated_claim(api, ns, "rl-cpu"), timeout=90)
+    assert drv.prepare(rl_claim).error == ""
+    report_container_resources(api, ns, "rl-cpu")  # the kubelet (played): it runs with 6 CPUs
+    req0, lim0, uid = _cpu(api, ns, "rl-cpu")
+    assert (req0, lim0) == ("6", "8")
+
+    def shrunk() -> bool:
+        return _cpu(api, ns, "rl-cpu")[0] == "100m" and names.ANNOTATION_SUSPENDED_CPU in _ann(api, ns, "rl-cpu")
+
+    def restored() -> bool:
+        return _cpu(api, ns, "rl-cpu")[0] == "6" and names.ANNOTATION_SUSPENDED_CPU not in _ann(api, ns, "rl-cpu")
+
+    # serving wins on the same physical GPU
+    core.create_namespaced_pod(ns, gpu_pod("srv-cpu", "serve-cpu", labels={names.LABEL_ROLE: "serving"},
+                                           node_name=node))  # fmt: skip
+    srv_claim = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "srv-cpu"), timeout=90)
+    assert drv.prepare(srv_claim).error == ""
+    assert _ann(api, ns, "rl-cpu")[names.ANNOTATION_SUSPEND_STATE] == "Suspended"
+    wait_for("cpu request lowered through pods/resize", shrunk, timeout=30)
+    req, lim, uid_now = _cpu(api, ns, "rl-cpu")
+    assert (req, lim, uid_now) == ("100m", "8", uid)  # limit untouched (Burstable), same pod
+    saved = json.loads(_ann(api, ns, "rl-cpu")[names.ANNOTATION_SUSPENDED_CPU])
+    assert saved["containers"] == {"main": {"request": "6"}} and saved["target"] == "100m"
+    assert names.EVENT_CPU_RELEASED in _events(api, ns, "rl-cpu")
+    assert _metric(drv, 'rose_driver_pod_resize_total{action="shrink",result="ok"}') >= 1
+    report_container_resources(api, ns, "rl-cpu")  # the kubelet (played) actuated the resize
+
+    # serving leaves: resumed, the originals back, the annotation gone
+    assert drv.unprepare(srv_claim).error == ""
+    assert _ann(api, ns, "rl-cpu")[names.ANNOTATION_SUSPEND_STATE] == "Running"
+    wait_for("cpu request restored", restored, timeout=30)
+    assert _cpu(api, ns, "rl-cpu") == ("6", "8", uid)
+    assert names.EVENT_CPU_RESTORED in _events(api, ns, "rl-cpu")
+    report_container_resources(api, ns, "rl-cpu")
+    assert _metric(drv, 'rose_driver_pod_resize_total{action="restore",result="ok"}') >= 1
+
+    # the same through a suspend request (the extender's path), then withdrawn
+    req_ann = {"by": "e2e", "reason": "serving needs cpu", "graceSeconds": 5, "at": "2026-11-29T00:00:00Z"}
+    core.patch_namespaced_pod(
+        "rl-cpu", ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_REQUEST: json.dumps(req_ann)}}}
+    )
+    wait_for("cpu lowered after a suspend request", shrunk, timeout=30)
+    report_container_resources(api, ns, "rl-cpu")
+    core.patch_namespaced_pod("rl-cpu", ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_REQUEST: None}}})
+    wait_for("cpu restored after the request is withdrawn", restored, timeout=30)
+    p = core.read_namespaced_pod("rl-cpu", ns)
+    assert p.metadata.uid == uid and p.metadata.deletion_timestamp is None
+    assert _metric(drv, 'rose_driver_pod_resize_total{action="shrink",result="error"}') == 0
+    assert _metric(drv, 'rose_driver_pod_resize_total{action="restore",result="error"}') == 0
     assert drv.unprepare(rl_claim).error == ""
 
 

@@ -1,6 +1,6 @@
 """The driver's RBAC and ValidatingAdmissionPolicies on the real kube-apiserver: a node's driver,
 authenticated by a service-account token bound to its pod on that node, may write only its own
-node's ResourceSlices of driver gpu.rose.io and patch only pods on its node."""
+node's ResourceSlices of driver gpu.rose.io and patch (or resize) only pods on its node."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dra_driver.kube import Raw
 from local_cluster import ClusterHandle
+from local_cluster.objects import report_container_resources
 from rose_common.slices import resource_slice, simulated_gpus
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "driver"
@@ -50,7 +51,13 @@ def _kwok_pod(name: str, node: str) -> dict[str, Any]:
             "nodeName": node,
             "serviceAccountName": SA,
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "driver", "image": "registry.invalid/rose/fake:1"}],
+            "containers": [
+                {
+                    "name": "driver",
+                    "image": "registry.invalid/rose/fake:1",
+                    "resources": {"requests": {"cpu": "1"}},  # Burstable: pods/resize may lower it
+                }
+            ],
         },
     }
 
@@ -185,3 +192,28 @@ def test_driver_may_annotate_only_its_own_node(cluster: ClusterHandle, installed
         body={"metadata": {"annotations": {"rose.io/policy-test": None}}},
         content_type="application/merge-patch+json",
     )
+
+
+def test_driver_may_resize_only_pods_on_its_node(installed: Any) -> None:
+    """pods/resize (a suspended RL worker's CPU given back) is pinned like the pod patch: the
+    subresource is named in the policy's matchConstraints, RBAC grants only its patch."""
+    admin, drv, pod0 = installed
+    for name in ("drv-policy-0", "drv-policy-1"):  # the kubelet's report (played): resize supported
+        report_container_resources(admin.api, NS, name)
+    patch = {"spec": {"containers": [{"name": "driver", "resources": {"requests": {"cpu": "500m"}}}]}}
+    smp = "application/strategic-merge-patch+json"
+    msg = _denied(drv, "PATCH", f"/api/v1/namespaces/{NS}/pods/drv-policy-1/resize", patch, admin, content_type=smp)
+    assert "may patch only pods bound to that node" in msg
+    assert (
+        admin.json("GET", f"/api/v1/namespaces/{NS}/pods/drv-policy-1")["spec"]["containers"][0]["resources"][
+            "requests"
+        ]["cpu"]
+        == "1"
+    )
+    name = pod0["metadata"]["name"]
+    out = drv.json("PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/resize", body=patch, content_type=smp)
+    assert out["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "500m"
+    assert out["metadata"]["uid"] == pod0["metadata"]["uid"]
+    with pytest.raises(ApiException) as e:  # RBAC: resize is patch only
+        drv.json("PUT", f"/api/v1/namespaces/{NS}/pods/{name}/resize", body=out)
+    assert e.value.status == 403

@@ -29,6 +29,7 @@ def test_rbac_is_least_privilege() -> None:
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
         ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "pods/eviction"): {"create"},
+        ("", "pods/resize"): {"patch"},
         ("", "nodes"): {"get", "patch"},
         ("", "events"): {"create", "patch"},
     }
@@ -50,6 +51,8 @@ def test_policies_pin_writes_to_the_tokens_node() -> None:
     )
     text = yaml.safe_dump(policies["rose-dra-driver-resourceslices"])
     assert "authentication.kubernetes.io/node-name" in text and "spec.?nodeName" in text
+    pod_rules = policies["rose-dra-driver-pods"]["spec"]["matchConstraints"]["resourceRules"]
+    assert {"pods", "pods/resize"} <= {r for rule in pod_rules for r in rule["resources"]}
 
 
 def test_daemonset_env_names_are_driver_flags() -> None:
