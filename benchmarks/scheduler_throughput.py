@@ -9,6 +9,8 @@
    times each in ABBA order (the figures are each side's median). ``--pods``
    ElasticRLJob worker pods, each with a lendable-GPU ResourceClaimTemplate, are created by 8
    client threads; pods/s = pods / (time the last pod was bound - time the first was created).
+   Each case also reports, from the rose-scheduler's own metrics, the mean per-pod scheduling
+   algorithm time split into in-tree plugins and the rest (the extender's round trips).
 2. Extender latency per verb (p50/p99, client-measured round trip over HTTP/1.1 keep-alive to an
    extender process) at 1,000 and 5,000 nodes, by posting realistic requests directly: a full
    Pod body as kube-scheduler sends it, and as many NodeNames as kube-scheduler sends at that
@@ -139,6 +141,41 @@ def histogram_quantiles(metrics_text: str, verb: str) -> dict[str, float]:
                 out[f"p{int(q * 100)}_ms"] = round((prev_le + (hi - prev_le) * frac) * 1000, 3)
                 break
             prev_le, prev_c = le, c
+    return out
+
+
+_SCHED_POINTS = ("PreFilter", "Filter", "PreScore", "Score")
+
+
+def scheduler_breakdown(port: int) -> dict[str, float]:
+    """Where the rose-scheduler's serial scheduling cycle went, per scheduled pod (means in ms,
+    from its own /metrics): the algorithm, its in-tree extension points, and the remainder —
+    the extender calls (HTTP round trips) when an extender is configured."""
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # localhost, the cluster's own CA; only /metrics is read
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        ext_point = line.startswith("scheduler_framework_extension_point_duration_seconds_")
+        if ext_point and 'profile="rose-scheduler"' in line:
+            point = line.split('extension_point="', 1)[1].split('"', 1)[0]
+            target = sums if "_sum{" in line else counts if "_count{" in line else None
+            if target is not None and point in _SCHED_POINTS:
+                target[point] = target.get(point, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("scheduler_scheduling_algorithm_duration_seconds_sum "):
+            sums["algorithm"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("scheduler_scheduling_algorithm_duration_seconds_count "):
+            counts["algorithm"] = float(line.rsplit(" ", 1)[1])
+    out = {f"{k}_ms": round(1000 * sums[k] / counts[k], 2) for k in sums if counts.get(k)}
+    if "algorithm_ms" in out:
+        out["outside_plugins_ms"] = round(out["algorithm_ms"] - sum(out.get(f"{p}_ms", 0.0) for p in _SCHED_POINTS), 2)
     return out
 
 
@@ -337,6 +374,10 @@ def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) 
             pods_per_s=round(pods / elapsed, 2),
             create_seconds=round(created - t0, 2),
         )
+        try:
+            result["scheduling_cycle_per_pod"] = scheduler_breakdown(handle.ports["rose-scheduler"])
+        except (OSError, KeyError, ValueError) as err:
+            result["scheduling_cycle_per_pod"] = {"error": str(err)}
         if with_extender:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             c.request("GET", "/metrics")

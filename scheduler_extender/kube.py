@@ -55,6 +55,12 @@ def _listers(api: client.ApiClient) -> dict[str, Callable[..., Any]]:
     }
 
 
+_SELECTORS: dict[str, dict[str, str]] = {
+    "Pod": {"field_selector": "spec.nodeName!="},
+    "ResourceSlice": {"field_selector": f"spec.driver={names.DRIVER_NAME}"},
+}
+
+
 class Watcher:
     """One thread per kind: list, replace the cache's view, watch from the list's resourceVersion.
 
@@ -88,7 +94,10 @@ class Watcher:
 
     @staticmethod
     def _selector(kind: str) -> dict[str, Any]:
-        return {"field_selector": f"spec.driver={names.DRIVER_NAME}"} if kind == "ResourceSlice" else {}
+        # Only bound pods matter (occupants, victims, a job's nodes): like kube-scheduler's
+        # assigned-pod informer, pending pods are filtered out by the API server (half the
+        # pod events of a burst of new workers never reach this process).
+        return _SELECTORS.get(kind, {})
 
     def _list(self, kind: str, lister: Callable[..., Any]) -> str:
         resp = lister(_preload_content=False, _request_timeout=60, **self._selector(kind))

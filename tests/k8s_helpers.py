@@ -7,6 +7,7 @@ from local_cluster.objects import (
     gpu_pod,
     new_namespace,
     pod_claim,
+    report_container_resources,
     wait_for,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "gpu_pod",
     "new_namespace",
     "pod_claim",
+    "report_container_resources",
     "wait_for",
 ]

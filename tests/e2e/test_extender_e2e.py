@@ -21,7 +21,15 @@ from urllib.parse import urlparse
 
 import pytest
 from extender_fixtures import forecast
-from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
+from k8s_helpers import (
+    claim_template,
+    create_claim_template,
+    delete_namespace,
+    gpu_pod,
+    new_namespace,
+    report_container_resources,
+    wait_for,
+)
 from kubernetes import client
 
 from local_cluster import ClusterHandle
@@ -170,22 +178,14 @@ def test_rl_workers_land_on_the_pool_forecast_idle_longest(
     assert args.Nodes is None and args.NodeNames  # nodeCacheCapable: names only
 
 
-def _set_status_resources(api: Any, ns: str, pod: str, cpu: str) -> None:
-    """Report the container's actual resources in its status, as a kubelet does (KWOK does not)."""
-    core = client.CoreV1Api(api)
-    p = core.read_namespaced_pod(pod, ns)
-    statuses = api.sanitize_for_serialization(p.status.container_statuses or [])
-    for st in statuses:
-        st["resources"] = {"requests": {"cpu": cpu}}
-        st["allocatedResources"] = {"cpu": cpu}
-    core.patch_namespaced_pod_status(pod, ns, {"status": {"containerStatuses": statuses}})
-
-
 def _node_agent_stand_in(api: Any, ns: str, pod: str) -> dict[str, Any]:
-    """What the node does on a suspend request, played here because KWOK nodes run no kubelet
-    and no ROSE driver: the agent reports ``Suspended`` and shrinks the suspended worker's CPU
-    request through the pods/resize subresource (a suspended worker needs no CPU); the kubelet
-    part (actuating the resize and reporting it in the container status) is written directly."""
+    """What the node does on a suspend request, played here because this test's KWOK nodes run
+    no kubelet and no ROSE driver: the driver reports ``Suspended`` and shrinks the suspended
+    worker's CPU request through the pods/resize subresource (a suspended worker needs no CPU) —
+    the real driver doing exactly this is tested in
+    ``test_driver_e2e.py::test_suspended_worker_gives_its_cpu_back_through_pods_resize``; the
+    kubelet part (actuating the resize and reporting it in the container status) is played by
+    ``report_container_resources``."""
     core = client.CoreV1Api(api)
 
     def requested() -> dict[str, Any] | None:
@@ -203,7 +203,7 @@ def _node_agent_stand_in(api: Any, ns: str, pod: str) -> dict[str, Any]:
     core.patch_namespaced_pod_resize(
         pod, ns, {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "100m"}}}]}}
     )
-    _set_status_resources(api, ns, pod, "100m")
+    report_container_resources(api, ns, pod)  # the kubelet actuated the resize
     return request
 
 
@@ -227,7 +227,7 @@ def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
     assert wait_for("RL worker bound", lambda: _node_of(api, ns, "rl-victim"), 60) == node
     uid = core.read_namespaced_pod("rl-victim", ns).metadata.uid
     wait_for("RL worker Running", lambda: core.read_namespaced_pod("rl-victim", ns).status.phase == "Running", 30)
-    _set_status_resources(api, ns, "rl-victim", "60")  # the kubelet's report of what runs
+    report_container_resources(api, ns, "rl-victim")  # the kubelet's report of what runs
     suspended_before = _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}')
 
     serving = gpu_pod(
