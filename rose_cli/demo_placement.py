@@ -138,6 +138,16 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
         say(f"   · every worker in {quiet}, the pool forecast idle longest: {'yes' if ok else 'NO'}")
         for line in _metrics(host, port, "rose_extender_prioritize_calls_total"):
             say(f"     {line}")
+        cached = {
+            ln.split('kind="', 1)[1].split('"', 1)[0]: int(float(ln.rsplit(" ", 1)[1]))
+            for ln in _metrics(host, port, "rose_extender_cache_objects{")
+        }
+        restarts = sum(float(ln.rsplit(" ", 1)[1]) for ln in _metrics(host, port, "rose_extender_watch_restarts_total"))
+        say(
+            "   · extender cache, fed by watches: "
+            + ", ".join(f"{n} {k}s" for k, n in sorted(cached.items()))
+            + f" (bound pods only); watch restarts: {restarts:g}"
+        )
         return ok
     finally:
         if ns:
