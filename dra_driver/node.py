@@ -506,7 +506,7 @@ class NodeDriver:
                 f"suspended into host memory via {res.backend}: {res.bytes_moved} bytes in {res.seconds:.3f}s",
                 "Suspended",
             )
-        elif res.fallback is not None:
+        elif res.ok and res.fallback is not None:  # checkpoint confirmed, pod evicted
             s.state, outcome = CHECKPOINTED_EVICTED, "checkpoint_evict"
             self._notify(
                 pods,

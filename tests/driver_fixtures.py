@@ -98,6 +98,7 @@ class RecordingEngine:
 
     suspend_seconds: float = 0.0
     fallback: str | None = None
+    fallback_fails: bool = False
     fail: bool = False
     fail_resume: bool = False
     calls: list[tuple[str, str, float]] = field(default_factory=list)
@@ -111,8 +112,12 @@ class RecordingEngine:
             if self.fail:
                 return SuspendResult(False, "recording", 0, 0.0, None, "test engine told to fail")
             if self.fallback:
-                self.states[claim_uid] = "suspended"
-                return SuspendResult(False, "recording", 0, 0.0, self.fallback, "over budget")
+                # as dra_driver.suspend.engine: ok once the durable checkpoint is confirmed (the pod
+                # is then evicted); a fallback that could not be taken leaves the workload running
+                if self.fallback_fails:
+                    return SuspendResult(False, "recording", 0, 0.0, self.fallback, "fallback impossible")
+                self.states[claim_uid] = "checkpointed-evicted"
+                return SuspendResult(True, "recording", 0, 0.0, self.fallback, "over budget; checkpointed")
             moved = 0 if self.states.get(claim_uid) == "suspended" else 1 << 20
             self.states[claim_uid] = "suspended"
             return SuspendResult(True, "recording", moved, self.suspend_seconds, None, "ok")
@@ -303,3 +308,37 @@ if __name__ == "__main__":
     if sys.argv[1] == "grpc-child":
         sys.exit(grpc_child(Path(sys.argv[2])))
     raise SystemExit(f"unknown mode {sys.argv[1]}")
+
+
+# ----------------------------------------------------------------------------- e2e: real drivers
+
+# A `rose driver` for a KWOK node in the e2e tier: simulated GPUs, the node agent's suspend engine
+# with its explicit `simulated` backend (each prepared lent claim is an occupant holding 1 GiB).
+E2E_DRIVER_ARGS = [
+    "--suspend-engine", "node", "--suspend-backends", "simulated",
+    "--simulated-occupant-bytes", "1Gi", "--host-memory-budget", "8Gi",
+    "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
+]  # fmt: skip
+
+
+def restore_seed_slices(cluster: Any, api: Any, nodes: list[str]) -> None:
+    """Once a test's drivers are stopped, check they removed their slices on shutdown, and give
+    their nodes back the session cluster's seed slices (the other tests schedule on them), even
+    when that check fails."""
+    from kubernetes import client
+
+    from local_cluster.objects import driver_slices, wait_for
+    from rose_common.slices import resource_slice, simulated_gpus
+
+    try:
+        for n in nodes:
+            wait_for(f"slices of {n} removed on driver shutdown", lambda n=n: not driver_slices(api, n), timeout=30)
+    finally:
+        for n in nodes:
+            if not driver_slices(api, n):
+                client.CustomObjectsApi(api).create_cluster_custom_object(
+                    "resource.k8s.io",
+                    "v1",
+                    "resourceslices",
+                    resource_slice(n, simulated_gpus(n, cluster.gpus_per_node), 1),
+                )

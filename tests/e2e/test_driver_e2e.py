@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import pytest
+from driver_fixtures import E2E_DRIVER_ARGS, restore_seed_slices
 from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client, watch
 from urllib3.exceptions import ProtocolError
@@ -35,7 +36,6 @@ from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim, driver_slices, report_container_resources
 from rose_common import names
-from rose_common.slices import resource_slice, simulated_gpus
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
@@ -47,11 +47,7 @@ class DriverProc(DriverProcess):
     def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
         super().__init__(
             cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
-            extra_args=[
-                "--suspend-engine", "node", "--suspend-backends", "simulated",
-                "--simulated-occupant-bytes", "1Gi", "--host-memory-budget", "8Gi",
-                "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
-            ],
+            extra_args=E2E_DRIVER_ARGS,
         )  # fmt: skip
 
 
@@ -72,20 +68,9 @@ def drivers(cluster: ClusterHandle) -> Iterator[dict[str, DriverProc]]:
     finally:
         codes = {n: p.stop() for n, p in procs.items()}
         try:
-            # removed on shutdown ...
-            for n in procs:
-                wait_for(f"slices of {n} removed on shutdown", lambda n=n: not driver_slices(api, n), timeout=30)
+            restore_seed_slices(cluster, api, list(procs))  # removed on shutdown, seeds back
             assert codes == {n: 0 for n in procs}, codes
         finally:
-            # ... and the session's seed slices restored for the other tests
-            for n in procs:
-                if not driver_slices(api, n):
-                    client.CustomObjectsApi(api).create_cluster_custom_object(
-                        "resource.k8s.io",
-                        "v1",
-                        "resourceslices",
-                        resource_slice(n, simulated_gpus(n, cluster.gpus_per_node), 1),
-                    )
             api.close()
             if os.environ.get("ROSE_E2E_KEEP_DRIVER_LOGS") != "1":
                 shutil.rmtree(root, ignore_errors=True)

@@ -7,19 +7,22 @@ holds ForecastResponse objects exactly as the predictor's /v1/forecast returns t
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+from driver_fixtures import E2E_DRIVER_ARGS, restore_seed_slices
 from extender_fixtures import forecast
 from k8s_helpers import (
     claim_template,
@@ -32,7 +35,10 @@ from k8s_helpers import (
 )
 from kubernetes import client
 
-from local_cluster import ClusterHandle
+from dra_driver.publisher import HASH_ANNOTATION
+from local_cluster import ClusterHandle, free_port
+from local_cluster.kubelet import DriverProcess
+from local_cluster.objects import allocated_claim, driver_slices
 from rose_common import extender_names, names
 from scheduler_extender import wire
 
@@ -178,33 +184,34 @@ def test_rl_workers_land_on_the_pool_forecast_idle_longest(
     assert args.Nodes is None and args.NodeNames  # nodeCacheCapable: names only
 
 
-def _node_agent_stand_in(api: Any, ns: str, pod: str) -> dict[str, Any]:
-    """What the node does on a suspend request, played here because this test's KWOK nodes run
-    no kubelet and no ROSE driver: the driver reports ``Suspended`` and shrinks the suspended
-    worker's CPU request through the pods/resize subresource (a suspended worker needs no CPU) —
-    the real driver doing exactly this is tested in
-    ``test_driver_e2e.py::test_suspended_worker_gives_its_cpu_back_through_pods_resize``; the
-    kubelet part (actuating the resize and reporting it in the container status) is played by
-    ``report_container_resources``."""
-    core = client.CoreV1Api(api)
+@contextlib.contextmanager
+def _driver_on(cluster: ClusterHandle, api: Any, node: str) -> Iterator[DriverProcess]:
+    """The real ROSE DRA driver (``rose driver``, simulated GPUs, the node agent's explicit
+    ``simulated`` suspend backend) for one KWOK node, its slice published; the session's seed
+    slice comes back afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="rose-extdrv-", dir="/tmp"))  # unix socket paths <= 107 bytes
+    drv = DriverProcess(cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(), E2E_DRIVER_ARGS)
+    passed = False
+    try:
 
-    def requested() -> dict[str, Any] | None:
-        p = core.read_namespaced_pod(pod, ns)
-        raw = (p.metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_REQUEST)
-        return json.loads(raw) if raw else None
+        def published() -> bool:
+            items = driver_slices(api, node)
+            return len(items) == 1 and HASH_ANNOTATION in (items[0]["metadata"].get("annotations") or {})
 
-    request = wait_for("suspend request on the RL pod", requested, 60)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    core.patch_namespaced_pod(
-        pod,
-        ns,
-        {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_STATE: "Suspended", "rose.io/suspended-at": stamp}}},
-    )
-    core.patch_namespaced_pod_resize(
-        pod, ns, {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "100m"}}}]}}
-    )
-    report_container_resources(api, ns, pod)  # the kubelet actuated the resize
-    return request
+        wait_for(f"the driver's slice for {node}", published, 60)
+        yield drv
+        passed = True
+    finally:
+        code = drv.stop()
+        restore_seed_slices(cluster, api, [node])
+        if passed and code == 0:  # else its log stays for the failure
+            shutil.rmtree(root, ignore_errors=True)
+        assert code == 0, f"driver exited {code}; log: {drv.log_path}"
+
+
+def _cpu_request(api: Any, ns: str, pod: str) -> str:
+    p = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
+    return str(p.spec.containers[0].resources.requests["cpu"])
 
 
 def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
@@ -217,41 +224,63 @@ def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
     kube-scheduler's DefaultPreemption dry run proposes the RL worker as the victim and calls our
     preempt verb (nodeCacheCapable: UIDs only). The extender takes the RL pod out of the victim
     list, patches ``rose.io/suspend-request`` on it and records an Event, and drops the node (no
-    other victims), so kube-scheduler deletes nothing. The node agent (played by the test, see
-    :func:`_node_agent_stand_in`) suspends the worker and shrinks its CPU request; the scheduler
-    retries and binds the serving pod to that node. The RL pod is never deleted: same UID, no
-    deletionTimestamp, no DisruptionTarget condition."""
+    other victims), so kube-scheduler deletes nothing. The real ROSE DRA driver on that node (it
+    prepared the worker's lent claim, played kubelet calling it) sees the request, suspends the
+    worker into host memory (its explicit ``simulated`` backend: KWOK runs no GPU process) and
+    gives the worker's CPU back through ``pods/resize``; the scheduler retries and binds the
+    serving pod to that node. The RL pod is never deleted: same UID, no deletionTimestamp, no
+    DisruptionTarget condition. KWOK has no kubelet: the test plays its reports of the resources
+    containers run with (``report_container_resources``) and its prepare call."""
     core = client.CoreV1Api(api)
     node = sorted(n for n, p in cluster.pools.items() if p == extender["busy"])[0]
-    core.create_namespaced_pod(ns, _rl_pod("rl-victim", "grpo-e2e", cpu="60", node=node))
-    assert wait_for("RL worker bound", lambda: _node_of(api, ns, "rl-victim"), 60) == node
-    uid = core.read_namespaced_pod("rl-victim", ns).metadata.uid
-    wait_for("RL worker Running", lambda: core.read_namespaced_pod("rl-victim", ns).status.phase == "Running", 30)
-    report_container_resources(api, ns, "rl-victim")  # the kubelet's report of what runs
-    suspended_before = _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}')
+    with _driver_on(cluster, api, node) as drv:
+        grace = {names.ANNOTATION_GRACE: "10"}  # what the extender passes on as the suspend's grace
+        core.create_namespaced_pod(ns, _rl_pod("rl-victim", "grpo-e2e", cpu="60", node=node, annotations=grace))
+        assert wait_for("RL worker bound", lambda: _node_of(api, ns, "rl-victim"), 60) == node
+        uid = core.read_namespaced_pod("rl-victim", ns).metadata.uid
+        rl_claim = wait_for("RL claim allocated", lambda: allocated_claim(api, ns, "rl-victim"), 60)
+        assert drv.prepare(rl_claim).error == ""  # the kubelet (played) prepares the lent GPU
+        wait_for("RL worker Running", lambda: core.read_namespaced_pod("rl-victim", ns).status.phase == "Running", 30)
+        report_container_resources(api, ns, "rl-victim")  # the kubelet's report of what runs
+        suspended_before = _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}')
 
-    serving = gpu_pod(
-        "llm-0",
-        "serving-1",
-        scheduler=names.SCHEDULER_NAME,
-        labels={names.LABEL_ROLE: names.ROLE_SERVING},
-        priority_class="rose-serving",
-        cpu="10",
-        node_name=node,
-    )
-    core.create_namespaced_pod(ns, serving)
-    request = _node_agent_stand_in(api, ns, "rl-victim")
-    assert request["by"] == extender_names.EXTENDER_COMPONENT and request["graceSeconds"] >= 0
+        serving = gpu_pod(
+            "llm-0",
+            "serving-1",
+            scheduler=names.SCHEDULER_NAME,
+            labels={names.LABEL_ROLE: names.ROLE_SERVING},
+            priority_class="rose-serving",
+            cpu="10",
+            node_name=node,
+        )
+        core.create_namespaced_pod(ns, serving)
 
-    assert wait_for("serving pod bound", lambda: _node_of(api, ns, "llm-0"), 120) == node
-    rl = core.read_namespaced_pod("rl-victim", ns)
-    assert rl.metadata.uid == uid and rl.metadata.deletion_timestamp is None
-    assert not any(c.type == "DisruptionTarget" for c in rl.status.conditions or [])
-    assert _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}') >= suspended_before + 1
-    events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-victim").items
-    assert any(
-        e.reason == extender_names.EVENT_REASON_SUSPEND_REQUESTED and e.involved_object.uid == uid for e in events
-    )
+        def annotations() -> dict[str, str]:
+            return dict(core.read_namespaced_pod("rl-victim", ns).metadata.annotations or {})
+
+        def state() -> str | None:
+            return annotations().get(names.ANNOTATION_SUSPEND_STATE)
+
+        raw = wait_for(
+            "suspend request from the extender", lambda: annotations().get(names.ANNOTATION_SUSPEND_REQUEST), 60
+        )
+        request = json.loads(raw)
+        assert request["by"] == extender_names.EXTENDER_COMPONENT and request["graceSeconds"] == 10
+        wait_for("worker Suspended by the driver", lambda: state() == "Suspended", 60)
+        wait_for("its CPU given back through pods/resize", lambda: _cpu_request(api, ns, "rl-victim") == "100m", 60)
+        report_container_resources(api, ns, "rl-victim")  # the kubelet (played) actuated the resize
+
+        assert wait_for("serving pod bound", lambda: _node_of(api, ns, "llm-0"), 120) == node
+        rl = core.read_namespaced_pod("rl-victim", ns)
+        assert rl.metadata.uid == uid and rl.metadata.deletion_timestamp is None
+        assert not any(c.type == "DisruptionTarget" for c in rl.status.conditions or [])
+        assert _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}') >= suspended_before + 1
+        events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-victim").items
+        reasons = {e.reason for e in events if e.involved_object.uid == uid}
+        assert {extender_names.EVENT_REASON_SUSPEND_REQUESTED, "Suspended", names.EVENT_CPU_RELEASED} <= reasons, (
+            reasons
+        )
+        assert drv.unprepare(rl_claim).error == ""
     captured = sorted(extender["capture"].glob("preempt-*-request.json"))
     assert captured, "kube-scheduler never called the preempt verb"
     args = wire.ExtenderPreemptionArgs.model_validate_json(captured[-1].read_bytes())

@@ -110,6 +110,16 @@ def test_fallback_and_failure_are_recorded_and_serving_proceeds(tmp_path: Path) 
     assert not d2.prepare([ref(S0)])["uid-s0"].error
     assert d2.snapshot().suspensions["uid-l0"].state == SUSPEND_FAILED
 
+    # a fallback that could not be taken (no SDK checkpoint channel): the workload still runs on
+    # the GPU, nothing was evicted — a failed suspend, never recorded as checkpointed-and-evicted
+    n3 = RecordingNotifier()
+    engine3 = RecordingEngine(fallback="checkpoint-evict", fallback_fails=True)
+    d3 = make_driver(tmp_path / "c", StaticClaims([L0, S0]), engine3, n3)
+    d3.prepare([ref(L0)])
+    assert not d3.prepare([ref(S0)])["uid-s0"].error
+    assert d3.snapshot().suspensions["uid-l0"].state == SUSPEND_FAILED
+    assert ("rl-0", "SuspendFallback", True) not in n3.events
+
 
 def test_engine_that_never_finishes_is_bounded_by_grace(tmp_path: Path) -> None:
     d = make_driver(
