@@ -121,15 +121,21 @@ def _events(api: Any, ns: str, pod: str) -> list[str]:
     return [e.reason for e in sorted(evs, key=lambda e: e.metadata.creation_timestamp)]
 
 
+def _gpu0_templates(api: Any, ns: str, node: str, lent: str, serve: str) -> None:
+    """Once the node's driver has published: a lendable and a serving claim template, both pinned
+    to physical GPU 0 (so the two claims share one physical GPU)."""
+    wait_for("driver slice", lambda: _published(api, node), timeout=60)
+    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
+    create_claim_template(api, ns, claim_template(lent, names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
+    create_claim_template(api, ns, claim_template(serve, names.DEVICE_CLASS_SERVING, selectors=gpu0))
+
+
 def test_serving_wins_on_a_shared_physical_gpu(
     cluster: ClusterHandle, drivers: dict[str, DriverProc], api: Any, ns: str
 ) -> None:
     node = cluster.node_names[0]
     drv = drivers[node]
-    wait_for("driver slice", lambda: _published(api, node), timeout=60)
-    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
-    create_claim_template(api, ns, claim_template("lent-gpu0", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
-    create_claim_template(api, ns, claim_template("serve-gpu0", names.DEVICE_CLASS_SERVING, selectors=gpu0))
+    _gpu0_templates(api, ns, node, "lent-gpu0", "serve-gpu0")
     core = client.CoreV1Api(api)
     rl = gpu_pod("rl-0", "lent-gpu0", labels={names.LABEL_JOB: "job-a"}, node_name=node)
     rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "15"}
@@ -249,10 +255,7 @@ def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
     API server refuses any resize: "Pod running on node without support for resize".)"""
     node = cluster.node_names[1]
     drv = drivers[node]
-    wait_for("driver slice", lambda: _published(api, node), timeout=60)
-    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
-    create_claim_template(api, ns, claim_template("lent-cpu", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
-    create_claim_template(api, ns, claim_template("serve-cpu", names.DEVICE_CLASS_SERVING, selectors=gpu0))
+    _gpu0_templates(api, ns, node, "lent-cpu", "serve-cpu")
     core = client.CoreV1Api(api)
     rl = gpu_pod("rl-cpu", "lent-cpu", labels={names.LABEL_JOB: "job-cpu"}, cpu="6", node_name=node)
     rl["spec"]["containers"][0]["resources"]["limits"] = {"cpu": "8"}  # Burstable: only the request moves
