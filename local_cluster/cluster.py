@@ -193,8 +193,12 @@ class LocalCluster:
             return False
         except PermissionError:
             return True
-        # a zombie child of ours counts as dead
+        # A zombie child of ours counts as dead, once it is a zombie as a whole: a process whose
+        # main thread has exited shows "Z" while its other threads are still exiting, and those
+        # still hold the process's files (a Go server's listening socket stays open meanwhile).
         try:
+            if len(os.listdir(f"/proc/{pid}/task")) > 1:
+                return True
             with open(f"/proc/{pid}/stat") as f:
                 return f.read().split(") ", 1)[1][0] != "Z"
         except OSError:
