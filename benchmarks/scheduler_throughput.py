@@ -180,37 +180,19 @@ def scheduler_breakdown(port: int) -> dict[str, float]:
 
 
 def register_nodes(handle: Any, n: int, gpus: int, pools: int, timeout_s: float = 900.0) -> dict[str, str]:
-    """Create ``n`` KWOK GPU nodes (labels and capacity like local_cluster's) with their seed
+    """Create ``n`` KWOK GPU nodes (local_cluster's, default capacity) with their seed
     ResourceSlices, and wait until KWOK reports them all Ready."""
     from kubernetes import client
+
+    from local_cluster import kwok_node
 
     api = handle.api_client()
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     pool_of = {f"rose-node-{i}": f"pool-{chr(ord('a') + i % pools)}" for i in range(n)}
-    cap = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 
     def one(name: str) -> None:
-        core.create_node(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {
-                        "type": "kwok",
-                        "kubernetes.io/hostname": name,
-                        "kubernetes.io/os": "linux",
-                        "kubernetes.io/arch": "amd64",
-                        names.LABEL_GPU_NODE: "true",
-                        names.LABEL_POOL: pool_of[name],
-                    },
-                },
-                "spec": {},
-                "status": {"allocatable": cap, "capacity": cap},
-            }
-        )
+        core.create_node(kwok_node(name, pool_of[name]))
         custom.create_cluster_custom_object(
             "resource.k8s.io", "v1", "resourceslices", slices.resource_slice(name, slices.simulated_gpus(name, gpus), 1)
         )
@@ -242,7 +224,7 @@ def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) 
     from kubernetes import client
     from kubernetes.watch.watch import iter_resp_lines
 
-    from local_cluster import ClusterConfig, LocalCluster, free_port
+    from local_cluster import ClusterConfig, LocalCluster, free_port, stop_process
 
     port = free_port()
     url = f"http://127.0.0.1:{port}" if with_extender else None
@@ -393,12 +375,7 @@ def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) 
     finally:
         api.close()
         if ext is not None:
-            ext.terminate()
-            try:
-                ext.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                ext.kill()
-                ext.wait()
+            stop_process(ext)
         ext_log.close()
         lc.down()
     return result

@@ -21,7 +21,9 @@ from local_cluster.cluster import (
     apply_file,
     default_workdir,
     free_port,
+    kwok_node,
     port_in_use,
+    stop_process,
 )
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "default_workdir",
     "ensure",
     "free_port",
+    "kwok_node",
     "port_in_use",
+    "stop_process",
 ]

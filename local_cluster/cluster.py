@@ -125,6 +125,41 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
+    """SIGTERM, up to ``timeout`` seconds for it to exit, then SIGKILL; the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
+def kwok_node(name: str, pool: str, cpu: str = "64", memory: str = "512Gi", pods: str = "110") -> dict[str, Any]:
+    """A KWOK-managed GPU node of ``pool``, labelled as ROSE's nodes are (allocatable = capacity)."""
+    cap = {"cpu": cpu, "memory": memory, "pods": pods}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                names.LABEL_GPU_NODE: "true",
+                names.LABEL_POOL: pool,
+            },
+        },
+        "spec": {},
+        "status": {"allocatable": cap, "capacity": cap},
+    }
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -473,27 +508,6 @@ class LocalCluster:
         finally:
             api.close()
 
-    def _node_body(self, name: str, pool: str) -> dict[str, Any]:
-        cap = {"cpu": self.cfg.node_cpu, "memory": self.cfg.node_memory, "pods": self.cfg.node_pods}
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                "labels": {
-                    "type": "kwok",
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    names.LABEL_GPU_NODE: "true",
-                    names.LABEL_POOL: pool,
-                },
-            },
-            "spec": {},
-            "status": {"allocatable": cap, "capacity": cap},
-        }
-
     def _nodes(self) -> tuple[list[str], dict[str, str]]:
         node_names = [f"rose-node-{i}" for i in range(self.cfg.nodes)]
         pools = {n: f"pool-{chr(ord('a') + i % max(1, self.cfg.pools))}" for i, n in enumerate(node_names)}
@@ -507,7 +521,9 @@ class LocalCluster:
         custom = client.CustomObjectsApi(api)
 
         def one(name: str) -> None:
-            core.create_node(self._node_body(name, h.pools[name]))
+            core.create_node(
+                kwok_node(name, h.pools[name], self.cfg.node_cpu, self.cfg.node_memory, self.cfg.node_pods)
+            )
             if self.cfg.seed_slices and self.cfg.gpus_per_node > 0:
                 body = slices.resource_slice(name, slices.simulated_gpus(name, self.cfg.gpus_per_node), 1)
                 custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", body)

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import grpc
 
+from local_cluster.cluster import stop_process
 from rose_common import names
 from rose_common.proto import k8s_dra_v1_pb2 as dra_v1
 from rose_common.proto import k8s_pluginregistration_pb2 as reg
@@ -130,12 +131,6 @@ class DriverProcess:
             return [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc, timeout)
         self._log.close()
-        return int(self.proc.returncode)
+        return code

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from local_cluster import ClusterHandle
+from local_cluster import ClusterHandle, stop_process
 from local_cluster.objects import (
     claim_template,
     create_claim_template,
@@ -152,10 +152,5 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
     finally:
         if ns:
             delete_namespace(api, ns)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from scheduler_extender import policy, wire
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.metrics import VERBS, ExtenderMetrics
-from scheduler_extender.model import PodInfo, PodKind, PoolForecast
+from scheduler_extender.model import PodInfo, PodKind, PoolForecast, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class Extender:
     def ready(self) -> bool:
         return self._ready()
 
-    def _windows(self, pod: PodInfo, snapshot: Any) -> dict[str, float]:
+    def _windows(self, pod: PodInfo, snapshot: Snapshot) -> dict[str, float]:
         lookups = {p: self.forecasts.get(p) for p in snapshot.pools}
         windows, fallbacks = policy.pool_windows(snapshot, lookups, pod.gpus, self.cfg)
         if fallbacks:
@@ -159,12 +159,18 @@ class Extender:
         return []
 
     # --------------------------------------------------------------------------- verbs
-    def filter(self, body: bytes) -> bytes:
+    def _node_call(self, body: bytes) -> tuple[wire.ExtenderArgs, list[str], PodInfo, Snapshot, dict[str, float]]:
+        """What filter and prioritize both start from: the parsed call, its node names, the pod,
+        the cache's snapshot and (RL workers only) each pool's idle window for the pod."""
         args = self._parse_args(body)
         names = self._names(args)
         pod = _pod_info(args.Pod, self.cfg)
         snapshot = self.cache.snapshot()
         windows = self._windows(pod, snapshot) if pod.kind is PodKind.RL else {}
+        return args, names, pod, snapshot, windows
+
+    def filter(self, body: bytes) -> bytes:
+        args, names, pod, snapshot, windows = self._node_call(body)
         decision = policy.filter_nodes(pod, names, snapshot, windows, self.cfg)
         kind = pod.kind.value
         m = self.metrics.filter_nodes
@@ -187,11 +193,7 @@ class Extender:
         return _dumps(reply)
 
     def prioritize(self, body: bytes) -> bytes:
-        args = self._parse_args(body)
-        names = self._names(args)
-        pod = _pod_info(args.Pod, self.cfg)
-        snapshot = self.cache.snapshot()
-        windows = self._windows(pod, snapshot) if pod.kind is PodKind.RL else {}
+        _, names, pod, snapshot, windows = self._node_call(body)
         scores = policy.prioritize_nodes(pod, names, snapshot, windows, self.cfg)
         self.metrics.prioritize_calls.labels(pod.kind.value).inc()
         # A bare array of {"Host","Score"} (HostPriorityList), built directly: names are

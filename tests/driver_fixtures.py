@@ -321,6 +321,17 @@ E2E_DRIVER_ARGS = [
 ]  # fmt: skip
 
 
+def driver_published(api: Any, node: str) -> dict[str, Any] | None:
+    """The node's one ResourceSlice once its ``rose driver`` (not the seed) has published it."""
+    from dra_driver.publisher import HASH_ANNOTATION
+    from local_cluster.objects import driver_slices
+
+    items = driver_slices(api, node)
+    if len(items) == 1 and HASH_ANNOTATION in (items[0]["metadata"].get("annotations") or {}):
+        return items[0]
+    return None
+
+
 def restore_seed_slices(cluster: Any, api: Any, nodes: list[str]) -> None:
     """Once a test's drivers are stopped, check they removed their slices on shutdown, and give
     their nodes back the session cluster's seed slices (the other tests schedule on them), even

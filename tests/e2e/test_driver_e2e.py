@@ -24,17 +24,16 @@ from typing import Any
 
 import grpc
 import pytest
-from driver_fixtures import E2E_DRIVER_ARGS, restore_seed_slices
+from driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
 from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client, watch
 from urllib3.exceptions import ProtocolError
 
 from dra_driver import cdi
-from dra_driver.publisher import HASH_ANNOTATION
 from dra_driver.state import PREPARE_COMPLETED, decode
 from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
-from local_cluster.objects import allocated_claim, driver_slices, report_container_resources
+from local_cluster.objects import allocated_claim, report_container_resources
 from rose_common import names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,13 +48,6 @@ class DriverProc(DriverProcess):
             cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
             extra_args=E2E_DRIVER_ARGS,
         )  # fmt: skip
-
-
-def _published(api: Any, node: str) -> dict[str, Any] | None:
-    items = driver_slices(api, node)
-    if len(items) == 1 and HASH_ANNOTATION in (items[0]["metadata"].get("annotations") or {}):
-        return items[0]
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +79,13 @@ def test_every_driver_publishes_and_republishes_after_wipe(
     cluster: ClusterHandle, drivers: dict[str, DriverProc], api: Any
 ) -> None:
     for node in cluster.node_names:
-        s = wait_for(f"slice of {node} published by its driver", lambda node=node: _published(api, node), timeout=60)
+        s = wait_for(
+            f"slice of {node} published by its driver", lambda node=node: driver_published(api, node), timeout=60
+        )
         assert len(s["spec"]["devices"]) == 2 * cluster.gpus_per_node
         assert s["spec"]["pool"]["name"] == node and s["spec"]["pool"]["generation"] >= 2  # above the seed's
     node = cluster.node_names[0]
-    before = _published(api, node)
+    before = driver_published(api, node)
     assert before is not None
     client.CustomObjectsApi(api).delete_cluster_custom_object(
         "resource.k8s.io", "v1", "resourceslices", before["metadata"]["name"]
@@ -99,8 +93,8 @@ def test_every_driver_publishes_and_republishes_after_wipe(
     after = wait_for(
         "slice republished after wipe",
         lambda: (
-            _published(api, node)
-            if ((_published(api, node) or {}).get("metadata", {}).get("uid") != before["metadata"]["uid"])
+            driver_published(api, node)
+            if ((driver_published(api, node) or {}).get("metadata", {}).get("uid") != before["metadata"]["uid"])
             else None
         ),
         timeout=60,
@@ -124,7 +118,7 @@ def _events(api: Any, ns: str, pod: str) -> list[str]:
 def _gpu0_templates(api: Any, ns: str, node: str, lent: str, serve: str) -> None:
     """Once the node's driver has published: a lendable and a serving claim template, both pinned
     to physical GPU 0 (so the two claims share one physical GPU)."""
-    wait_for("driver slice", lambda: _published(api, node), timeout=60)
+    wait_for("driver slice", lambda: driver_published(api, node), timeout=60)
     gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
     create_claim_template(api, ns, claim_template(lent, names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
     create_claim_template(api, ns, claim_template(serve, names.DEVICE_CLASS_SERVING, selectors=gpu0))
@@ -363,7 +357,7 @@ def test_driver_process_killed_mid_call_recovers(
     """A few full-driver kill -9 trials: the real driver process, the real API, the real sockets."""
     node = cluster.node_names[-1]
     drv = drivers[node]
-    wait_for("driver slice", lambda: _published(api, node), timeout=60)
+    wait_for("driver slice", lambda: driver_published(api, node), timeout=60)
     create_claim_template(
         api,
         ns,

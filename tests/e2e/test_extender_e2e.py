@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from driver_fixtures import E2E_DRIVER_ARGS, restore_seed_slices
+from driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
 from extender_fixtures import forecast
 from k8s_helpers import (
     claim_template,
@@ -35,10 +35,9 @@ from k8s_helpers import (
 )
 from kubernetes import client
 
-from dra_driver.publisher import HASH_ANNOTATION
-from local_cluster import ClusterHandle, free_port
+from local_cluster import ClusterHandle, free_port, stop_process
 from local_cluster.kubelet import DriverProcess
-from local_cluster.objects import allocated_claim, driver_slices
+from local_cluster.objects import allocated_claim
 from rose_common import extender_names, names
 from scheduler_extender import wire
 
@@ -100,12 +99,7 @@ def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
         time.sleep(1.5)  # one forecast refresh
         yield {"proc": proc, "capture": capture, "quiet": quiet, "busy": busy, "host": url.hostname, "port": url.port}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 
@@ -193,12 +187,7 @@ def _driver_on(cluster: ClusterHandle, api: Any, node: str) -> Iterator[DriverPr
     drv = DriverProcess(cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(), E2E_DRIVER_ARGS)
     passed = False
     try:
-
-        def published() -> bool:
-            items = driver_slices(api, node)
-            return len(items) == 1 and HASH_ANNOTATION in (items[0]["metadata"].get("annotations") or {})
-
-        wait_for(f"the driver's slice for {node}", published, 60)
+        wait_for(f"the driver's slice for {node}", lambda: driver_published(api, node), 60)
         yield drv
         passed = True
     finally:

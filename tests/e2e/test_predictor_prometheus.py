@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from local_cluster import stop_process
 from predictor.series import read_series_csv
 from rose_common.forecast_api import ForecastResponse
 from tests.predictor_fixtures import REPO, traces_dir
@@ -203,13 +204,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         }
     finally:
         for p in (pred, prom):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_process(p)
         replay.server.shutdown()
         replay.server.server_close()
         prom_log.close()
