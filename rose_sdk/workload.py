@@ -12,8 +12,9 @@ tensors (``CooperativeOffloader``), acknowledges, then blocks inside ``safe_poin
 resume arrives, restores and returns: the training loop never sees a half-moved state.
 
 Environment: ROSE_AGENT_SOCKET (the node agent's workload socket; unset = no agent, safe_point
-does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME (downward API), ROSE_CLAIM_UIDS
-(comma-separated, injected by the driver through CDI), ROSE_CHECKPOINT_PATH.
+does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME (downward API), ROSE_CLAIM_UID_<UID>=<UID>
+(one per claim, injected by the driver's CDI spec: ``rose_common.names.claim_uids_from_env``),
+ROSE_CHECKPOINT_PATH.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 import grpc
 import torch
 
+from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_sdk.checkpoint import CheckpointInfo, save_checkpoint
@@ -80,7 +82,7 @@ class Workload:
         self.pod_namespace = pod_namespace if pod_namespace is not None else env.get("ROSE_POD_NAMESPACE", "")
         self.pod_name = pod_name if pod_name is not None else env.get("ROSE_POD_NAME", "")
         if claim_uids is None:
-            claim_uids = [c for c in env.get("ROSE_CLAIM_UIDS", "").split(",") if c]
+            claim_uids = names.claim_uids_from_env(env)
         self.claim_uids = list(claim_uids)
         unknown = [b for b in backends if b not in _BACKENDS]
         if unknown:

@@ -106,7 +106,7 @@ def _reader(cache: ClusterCache, stop: threading.Event, errors: list[BaseExcepti
                 policy.prioritize_nodes(rl_pod(), NODES, snap, WINDOWS, CFG)
             assert frozen(snap) == before
             assert_consistent(snap)
-    except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+    except BaseException as exc:  # reported by the test thread
         errors.append(exc)
         stop.set()
 

@@ -14,7 +14,8 @@ from rose_sdk import AgentError, Workload, load_checkpoint
 def test_module_api_without_agent_is_a_no_op(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ROSE_AGENT_SOCKET", raising=False)
     monkeypatch.setenv("ROSE_CHECKPOINT_PATH", str(tmp_path / "c.rose"))
-    monkeypatch.setenv("ROSE_CLAIM_UIDS", "c1,c2")
+    monkeypatch.setenv("ROSE_CLAIM_UID_C1", "c1")
+    monkeypatch.setenv("ROSE_CLAIM_UID_C2", "c2")
     m = torch.nn.Linear(2, 2)
     wl = rose_sdk.init(model=m, user_state=lambda: {"k": 1})
     assert rose_sdk.current() is wl and not wl.connected_to_agent and wl.claim_uids == ["c1", "c2"]
