@@ -3,6 +3,7 @@ environment variables, suspend states. Pure: no I/O."""
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -75,6 +76,18 @@ METRIC_PREFIX: Final = "rose_"
 # ANNOTATION_SUSPEND_STATE. Value of the request: JSON {"by", "reason", "graceSeconds", "at"}.
 ANNOTATION_SUSPEND_REQUEST: Final = f"{LABEL_PREFIX}/suspend-request"
 ANNOTATION_SUSPEND_STATE: Final = f"{LABEL_PREFIX}/suspend-state"
+
+
+class SuspendState(enum.StrEnum):
+    """A lent workload's suspend state: the values of ANNOTATION_SUSPEND_STATE that the driver
+    writes on the pod, and the states the node agent's suspend engine keeps per workload."""
+
+    RUNNING = "Running"
+    SUSPENDING = "Suspending"
+    SUSPENDED = "Suspended"
+    RESUMING = "Resuming"
+    CHECKPOINTED_EVICTED = "CheckpointedEvicted"  # state checkpointed durably, pod evicted
+
 
 # CPU of a suspended RL worker (the DRA driver, dra_driver/resize.py): while the worker's GPU
 # state is in host memory the driver lowers its cpu requests through the pods/resize subresource
