@@ -95,6 +95,7 @@ class Workload:
         self.resume_count = 0
         self.last_checkpoint: CheckpointInfo | None = None
         self._on_suspend: list[Hook] = []
+        self._on_suspended: list[Hook] = []
         self._on_resume: list[Hook] = []
         self._pending: queue.Queue[pb.Command] = queue.Queue()
         self._closing = threading.Event()
@@ -110,6 +111,13 @@ class Workload:
     def on_suspend(self, fn: H) -> H:
         """Register ``fn`` to run at the safe point before the offload (decorator)."""
         self._on_suspend.append(fn)
+        return fn
+
+    def on_suspended(self, fn: H) -> H:
+        """Register ``fn`` to run right after the offload, before the suspend is acknowledged:
+        the job's tensors live in host memory then (decorator). If it raises, the state is
+        restored and the suspend refused."""
+        self._on_suspended.append(fn)
         return fn
 
     def on_resume(self, fn: H) -> H:
@@ -299,6 +307,14 @@ class Workload:
         except Exception as e:
             log.exception("offload failed")
             self._ack(cmd, False, message=f"offload failed: {e!r}")
+            return
+        try:
+            for fn in self._on_suspended:
+                fn()
+        except Exception as e:
+            log.exception("on_suspended hook failed; restoring")
+            self.offloader.restore()
+            self._ack(cmd, False, message=f"on_suspended hook failed: {e!r}; state restored, still running")
             return
         self.suspended = True
         self.suspend_count += 1
