@@ -2,6 +2,8 @@
 
 Runtimes cache specs, so the spec name is unique per claim: ``gpu.rose.io-gpu_<claimUID>.json``
 in the dynamic CDI directory (``/var/run/cdi``). Writes are atomic (temp, fsync, rename).
+Each spec injects ``ROSE_CLAIM_UID_<UID>=<UID>`` (``rose_common.names.claim_uid_env``: one
+variable per claim, since a container may hold several claims) and ``ROSE_SIMULATED_GPU``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from dra_driver.claims import CDI_CLASS, CDI_KIND, CDI_VENDOR, PreparedDevice, cdi_device_name
 from dra_driver.fsutil import atomic_write
+from rose_common import names
 
 CDI_VERSION = "0.6.0"  # annotations need 0.6.0; env and deviceNodes need less
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
@@ -39,7 +42,7 @@ def build_spec(
         if not simulated:
             edits["deviceNodes"] = [{"path": f"/dev/nvidia{minors.get(d.gpu_index, d.gpu_index)}"}]
         cdi_devices.append({"name": cdi_device_name(claim_uid, d.device), "containerEdits": edits})
-    common: dict[str, Any] = {"env": [f"ROSE_CLAIM_UID={claim_uid}", f"ROSE_SIMULATED_GPU={int(simulated)}"]}
+    common: dict[str, Any] = {"env": [names.claim_uid_env(claim_uid), f"{names.ENV_SIMULATED_GPU}={int(simulated)}"]}
     if not simulated:
         common["deviceNodes"] = [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}]
     return {

@@ -48,12 +48,12 @@ from rose_common import names
 log = logging.getLogger("rose.driver")
 
 REQUEST_HOLDER_PREFIX = "request/"
-# Pod-visible suspend states (annotation rose.io/suspend-state)
-POD_SUSPENDING = "Suspending"
-POD_SUSPENDED = "Suspended"
-POD_RESUMING = "Resuming"
-POD_RUNNING = "Running"
-POD_CHECKPOINTED_EVICTED = "CheckpointedEvicted"
+# Pod-visible suspend states (annotation rose.io/suspend-state): rose_common.names.SuspendState
+POD_SUSPENDING = names.SuspendState.SUSPENDING
+POD_SUSPENDED = names.SuspendState.SUSPENDED
+POD_RESUMING = names.SuspendState.RESUMING
+POD_RUNNING = names.SuspendState.RUNNING
+POD_CHECKPOINTED_EVICTED = names.SuspendState.CHECKPOINTED_EVICTED
 
 
 class ClaimNotFoundError(LookupError):

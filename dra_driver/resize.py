@@ -315,9 +315,9 @@ def decide(pod: dict[str, Any]) -> str | None:
         return None
     state = ann.get(names.ANNOTATION_SUSPEND_STATE)
     has_saved = names.ANNOTATION_SUSPENDED_CPU in ann
-    if state == "Suspended" and not has_saved:
+    if state == names.SuspendState.SUSPENDED and not has_saved:
         return "shrink"
-    if state in (None, "Running") and has_saved:
+    if state in (None, names.SuspendState.RUNNING) and has_saved:
         return "restore"
     return None
 

@@ -1,7 +1,11 @@
-"""Names shared across components: API groups, drivers, labels, annotations, device classes."""
+"""Names shared across components: API groups, drivers, labels, annotations, device classes,
+environment variables, suspend states. Pure: no I/O."""
 
 from __future__ import annotations
 
+import enum
+import re
+from collections.abc import Mapping
 from typing import Final
 
 # ElasticRLJob custom resource
@@ -36,6 +40,30 @@ ANNOTATION_STATE_BYTES: Final = f"{LABEL_PREFIX}/state-bytes"
 ANNOTATION_HOST_MEM_FREE: Final = f"{LABEL_PREFIX}/host-memory-free-bytes"
 ANNOTATION_LENT: Final = f"{LABEL_PREFIX}/lent-gpus"
 
+# Container environment injected by the DRA driver's per-claim CDI spec (dra_driver/cdi.py) and
+# read by the SDK (rose_sdk/workload.py). A container may hold several claims and each claim has
+# its own spec, whose env edits all land in the one container; one shared variable would keep
+# only the last claim. So every claim injects its own variable: ENV_CLAIM_UID_PREFIX + the UID
+# upper-cased with "-" as "_", whose value is the UID itself.
+ENV_CLAIM_UID_PREFIX: Final = "ROSE_CLAIM_UID_"
+ENV_SIMULATED_GPU: Final = "ROSE_SIMULATED_GPU"  # "1" when the claim's GPUs are simulated
+_CLAIM_UID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+
+
+def claim_uid_env(claim_uid: str) -> str:
+    """``"NAME=VALUE"`` of the variable that tells a container it holds claim ``claim_uid``."""
+    if not _CLAIM_UID_RE.match(claim_uid):
+        raise ValueError(
+            f"claim UID {claim_uid!r} cannot name an environment variable: expected letters, digits and '-'"
+        )
+    return f"{ENV_CLAIM_UID_PREFIX}{claim_uid.upper().replace('-', '_')}={claim_uid}"
+
+
+def claim_uids_from_env(env: Mapping[str, str]) -> list[str]:
+    """The claim UIDs the driver injected into this container (see :func:`claim_uid_env`), sorted."""
+    return sorted({v for k, v in env.items() if k.startswith(ENV_CLAIM_UID_PREFIX) and v})
+
+
 # Scheduler
 SCHEDULER_NAME: Final = "rose-scheduler"
 
@@ -48,6 +76,18 @@ METRIC_PREFIX: Final = "rose_"
 # ANNOTATION_SUSPEND_STATE. Value of the request: JSON {"by", "reason", "graceSeconds", "at"}.
 ANNOTATION_SUSPEND_REQUEST: Final = f"{LABEL_PREFIX}/suspend-request"
 ANNOTATION_SUSPEND_STATE: Final = f"{LABEL_PREFIX}/suspend-state"
+
+
+class SuspendState(enum.StrEnum):
+    """A lent workload's suspend state: the values of ANNOTATION_SUSPEND_STATE that the driver
+    writes on the pod, and the states the node agent's suspend engine keeps per workload."""
+
+    RUNNING = "Running"
+    SUSPENDING = "Suspending"
+    SUSPENDED = "Suspended"
+    RESUMING = "Resuming"
+    CHECKPOINTED_EVICTED = "CheckpointedEvicted"  # state checkpointed durably, pod evicted
+
 
 # CPU of a suspended RL worker (the DRA driver, dra_driver/resize.py): while the worker's GPU
 # state is in host memory the driver lowers its cpu requests through the pods/resize subresource

@@ -12,8 +12,9 @@ tensors (``CooperativeOffloader``), acknowledges, then blocks inside ``safe_poin
 resume arrives, restores and returns: the training loop never sees a half-moved state.
 
 Environment: ROSE_AGENT_SOCKET (the node agent's workload socket; unset = no agent, safe_point
-does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME (downward API), ROSE_CLAIM_UIDS
-(comma-separated, injected by the driver through CDI), ROSE_CHECKPOINT_PATH.
+does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME (downward API), ROSE_CLAIM_UID_<UID>=<UID>
+(one per claim, injected by the driver's CDI spec: ``rose_common.names.claim_uids_from_env``),
+ROSE_CHECKPOINT_PATH.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 import grpc
 import torch
 
+from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_sdk.checkpoint import CheckpointInfo, save_checkpoint
@@ -80,7 +82,7 @@ class Workload:
         self.pod_namespace = pod_namespace if pod_namespace is not None else env.get("ROSE_POD_NAMESPACE", "")
         self.pod_name = pod_name if pod_name is not None else env.get("ROSE_POD_NAME", "")
         if claim_uids is None:
-            claim_uids = [c for c in env.get("ROSE_CLAIM_UIDS", "").split(",") if c]
+            claim_uids = names.claim_uids_from_env(env)
         self.claim_uids = list(claim_uids)
         unknown = [b for b in backends if b not in _BACKENDS]
         if unknown:
@@ -93,6 +95,7 @@ class Workload:
         self.resume_count = 0
         self.last_checkpoint: CheckpointInfo | None = None
         self._on_suspend: list[Hook] = []
+        self._on_suspended: list[Hook] = []
         self._on_resume: list[Hook] = []
         self._pending: queue.Queue[pb.Command] = queue.Queue()
         self._closing = threading.Event()
@@ -108,6 +111,13 @@ class Workload:
     def on_suspend(self, fn: H) -> H:
         """Register ``fn`` to run at the safe point before the offload (decorator)."""
         self._on_suspend.append(fn)
+        return fn
+
+    def on_suspended(self, fn: H) -> H:
+        """Register ``fn`` to run right after the offload, before the suspend is acknowledged:
+        the job's tensors live in host memory then (decorator). If it raises, the state is
+        restored and the suspend refused."""
+        self._on_suspended.append(fn)
         return fn
 
     def on_resume(self, fn: H) -> H:
@@ -297,6 +307,14 @@ class Workload:
         except Exception as e:
             log.exception("offload failed")
             self._ack(cmd, False, message=f"offload failed: {e!r}")
+            return
+        try:
+            for fn in self._on_suspended:
+                fn()
+        except Exception as e:
+            log.exception("on_suspended hook failed; restoring")
+            self.offloader.restore()
+            self._ack(cmd, False, message=f"on_suspended hook failed: {e!r}; state restored, still running")
             return
         self.suspended = True
         self.suspend_count += 1

@@ -3,6 +3,11 @@
 Fed with watch events as plain JSON dicts (``kube.py`` does the watching); derives one
 :class:`NodeState` per node, recomputed only for nodes an event touched, so a scheduling call
 reads precomputed state and costs O(nodes) with small constants. No I/O here.
+
+Every :class:`Snapshot` is immutable and self-consistent: the maps it holds are never written
+again. The cache writes copy-on-write: the first write after a snapshot took a map copies that
+map (one C-level dict copy), so a call still running on an older snapshot (e.g. one past
+kube-scheduler's timeout) keeps reading the state it started with.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -80,6 +85,9 @@ class ClusterCache:
         self._serving_score: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._snapshot: Snapshot | None = None
+        # copy-on-write: True while a handed-out snapshot holds these very maps
+        self._node_maps_shared = False
+        self._pod_maps_shared = False
         self._synced: set[str] = set()
 
     # ----------------------------------------------------------------------------- sync state
@@ -230,7 +238,24 @@ class ClusterCache:
             self._allocated[dev] += 1
         self._dirty |= self._claim_nodes(results)
 
+    def _own_pod_maps(self) -> None:
+        """Copy the pod maps before their first write since a snapshot took them."""
+        if self._pod_maps_shared:
+            self._pods = dict(self._pods)
+            self._rl_pods = dict(self._rl_pods)
+            self._pod_maps_shared = False
+
+    def _own_node_maps(self) -> None:
+        """Copy the per-node index maps before their first write since a snapshot took them."""
+        if self._node_maps_shared:
+            self._states = dict(self._states)
+            self._group_of = dict(self._group_of)
+            self._host_mem = dict(self._host_mem)
+            self._serving_score = dict(self._serving_score)
+            self._node_maps_shared = False
+
     def _drop_pod(self, uid: str) -> None:
+        self._own_pod_maps()
         old = self._pods.pop(uid, None)
         self._rl_pods.pop(uid, None)
         if old is not None and old.node:
@@ -353,11 +378,14 @@ class ClusterCache:
         self._serving_score[name] = policy.serving_score(new, self._cfg)
 
     def snapshot(self) -> Snapshot:
-        """The current view. Only nodes touched since the last call are recomputed; the per-node
-        maps are shared live (read by key only), the small per-pool and per-job maps are copied."""
+        """The current view, immutable. Only nodes touched since the last call are recomputed;
+        the per-node and pod maps are handed over as they are and copied on the cache's next
+        write to them, the small per-pool and per-job maps are copied now."""
         with self._lock:
             if self._snapshot is not None and not self._dirty:
                 return self._snapshot
+            if self._dirty:
+                self._own_node_maps()
             for name in self._dirty:
                 self._index(name, self._states.get(name), self._node_state(name))
             self._dirty.clear()
@@ -372,6 +400,7 @@ class ClusterCache:
                 host_mem=MappingProxyType(self._host_mem),
                 serving_score=MappingProxyType(self._serving_score),
             )
+            self._node_maps_shared = self._pod_maps_shared = True
             return self._snapshot
 
     def pod(self, uid: str) -> PodInfo | None:
@@ -382,8 +411,8 @@ class ClusterCache:
         with self._lock:
             info = self._pods.get(uid)
             if info is not None and not info.suspend_requested:
-                from dataclasses import replace
-
+                self._own_pod_maps()
                 self._pods[uid] = replace(info, suspend_requested=True)
                 if uid in self._rl_pods:
                     self._rl_pods[uid] = self._pods[uid]
+                self._snapshot = None

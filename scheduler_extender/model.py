@@ -80,8 +80,9 @@ class PoolForecast:
 class Snapshot:
     """The cluster as one scheduling call sees it, with per-node precomputed indexes.
 
-    The per-node maps may be live views that the cache updates between calls (single dict
-    reads are atomic); the policy only reads them by key and never iterates them.
+    Immutable and self-consistent: ``group_of`` indexes exactly ``groups``, and no map changes
+    after the snapshot was taken (the cache copies a map on its first write after handing it
+    out), so a call still running on an older snapshot reads the state it started with.
     """
 
     nodes: Mapping[str, NodeState]

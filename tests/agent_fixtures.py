@@ -49,6 +49,7 @@ def start_workload(
     pod_uid: str = "",
     extra: list[str] | None = None,
     namespace: str = "rl",
+    script: Path = SCRIPT,
 ) -> WorkloadProc:
     out = tmp / f"{name}.pt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
@@ -59,7 +60,7 @@ def start_workload(
         env["ROSE_POD_NAMESPACE"] = namespace
         env["ROSE_POD_NAME"] = name
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--out", str(out), *(extra or [])],
+        [sys.executable, str(script), "--out", str(out), *(extra or [])],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

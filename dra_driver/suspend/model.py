@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from rose_common.names import SuspendState
+
 BACKEND_CUDA_CHECKPOINT: Final = "cuda-checkpoint"
 BACKEND_COOPERATIVE: Final = "cooperative"
 BACKEND_SIMULATED: Final = "simulated"
@@ -12,12 +14,13 @@ BACKENDS: Final = (BACKEND_CUDA_CHECKPOINT, BACKEND_COOPERATIVE, BACKEND_SIMULAT
 
 FALLBACK_CHECKPOINT_EVICT: Final = "checkpoint-evict"
 
-# Values written to the pod annotation rose.io/suspend-state (names.ANNOTATION_SUSPEND_STATE).
-STATE_RUNNING: Final = "Running"
-STATE_SUSPENDING: Final = "Suspending"
-STATE_SUSPENDED: Final = "Suspended"
-STATE_RESUMING: Final = "Resuming"
-STATE_CHECKPOINTED_EVICTED: Final = "CheckpointedEvicted"
+# Workload states: the one definition is rose_common.names.SuspendState (also the values of the
+# pod annotation rose.io/suspend-state).
+STATE_RUNNING: Final[str] = SuspendState.RUNNING
+STATE_SUSPENDING: Final[str] = SuspendState.SUSPENDING
+STATE_SUSPENDED: Final[str] = SuspendState.SUSPENDED
+STATE_RESUMING: Final[str] = SuspendState.RESUMING
+STATE_CHECKPOINTED_EVICTED: Final[str] = SuspendState.CHECKPOINTED_EVICTED
 WORKLOAD_STATES: Final = (
     STATE_RUNNING,
     STATE_SUSPENDING,

@@ -1,10 +1,15 @@
 """Map the PID a workload reports (inside its container's PID namespace) to the PID the agent sees.
 
+I/O boundary: reads ``<proc>/<pid>/cgroup`` and ``<proc>/<pid>/status`` only; writes nothing.
+
 cuda-checkpoint addresses its target by PID in the *caller's* namespace (SUSPEND.md §1.3); a
 workload in a pod reports ``os.getpid()`` in its own namespace. The agent runs with hostPID and
 scans /proc: the process whose cgroup path names the pod UID and whose ``NSpid`` ends with the
-reported PID is the one. A process in the agent's own namespace (one ``NSpid`` entry) is taken
-as is. Anything else is refused: checkpointing a wrong PID can disturb an unrelated process.
+reported PID is the one. When the pod UID is known, nothing else is: the reported PID is never
+taken as is, since with hostPID a container's PID 1 is the host's init. Only a workload that
+registered without a pod UID and lives in the agent's own namespace (one ``NSpid`` entry) is
+taken as reported. Anything else is refused (``None``; the backend reports why): checkpointing
+a wrong PID can disturb an unrelated process.
 """
 
 from __future__ import annotations
@@ -19,28 +24,38 @@ def _nspids(status: str) -> list[int]:
     return []
 
 
-def resolve_pid(pod_uid: str, reported_pid: int, proc: Path = Path("/proc")) -> int | None:
-    """The PID to pass to the driver API, or None when it cannot be determined safely."""
-    forms = {pod_uid, pod_uid.replace("-", "_")} if pod_uid else set()
-    if forms:
+def _pid_in_pod(pod_uid: str, reported_pid: int, proc: Path) -> int | None:
+    """The process in the pod's cgroup whose innermost PID is ``reported_pid``."""
+    forms = {pod_uid, pod_uid.replace("-", "_")}
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return None
+    for d in entries:
+        if not d.name.isdigit():
+            continue
         try:
-            entries = list(proc.iterdir())
+            cgroup = (d / "cgroup").read_text()
+            if not any(f in cgroup for f in forms):
+                continue
+            ns = _nspids((d / "status").read_text())
         except OSError:
-            entries = []
-        for d in entries:
-            if not d.name.isdigit():
-                continue
-            try:
-                cgroup = (d / "cgroup").read_text()
-                if not any(f in cgroup for f in forms):
-                    continue
-                ns = _nspids((d / "status").read_text())
-            except OSError:
-                continue
-            if ns and ns[-1] == reported_pid:
-                return int(d.name)
+            continue
+        if ns and ns[-1] == reported_pid:
+            return int(d.name)
+    return None
+
+
+def _pid_in_own_namespace(reported_pid: int, proc: Path) -> int | None:
     try:
         own = _nspids((proc / str(reported_pid) / "status").read_text())
     except OSError:
         return None
     return reported_pid if len(own) == 1 else None
+
+
+def resolve_pid(pod_uid: str, reported_pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The PID to pass to the driver API, or None when it cannot be determined safely."""
+    if pod_uid:
+        return _pid_in_pod(pod_uid, reported_pid, proc)
+    return _pid_in_own_namespace(reported_pid, proc)

@@ -1,8 +1,13 @@
 """Training is unharmed: REINFORCE on CartPole, suspended and resumed 6 times through the
-cooperative backend over the real agent socket, ends bit-identical to an uninterrupted run."""
+cooperative backend over the real agent socket, ends bit-identical to an uninterrupted run.
+
+The suspended run is the example under ``tests/next_tenant_workload.py``: while it is suspended,
+the memory its tensors used is overwritten with NaN bytes (the GPU's next tenant), and every
+parameter, gradient, optimizer state and registered tensor must have left that memory."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,24 +16,30 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_fixtures import reaped, running_agent, start_workload, wait_registered
+from agent_fixtures import REPO, reaped, running_agent, start_workload, wait_registered
 
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk import tensors_equal
 
 CYCLES = 6
 UPDATES = 42
+NEXT_TENANT = REPO / "tests" / "next_tenant_workload.py"
+# the example's tensors: 4 parameters, their 4 gradients, Adam's step/exp_avg/exp_avg_sq of each,
+# the registered replay buffer
+JOB_TENSORS = {"param": 4, "grad": 4, "optim": 12, "tensor": 1}
 
 
 def test_training_unharmed_by_six_suspend_resume_cycles(tmp_path: Path) -> None:
     args = ["--updates", str(UPDATES), "--seed", "11"]
+    report = tmp_path / "next-tenant.json"
     with running_agent(tmp_path) as agent:
         suspended = start_workload(
             tmp_path,
             "suspended",
             socket=agent.workload_socket,
             pod_uid="uid-rl",
-            extra=[*args, "--suspend-points", str(CYCLES)],
+            extra=[*args, "--suspend-points", str(CYCLES), "--report", str(report)],
+            script=NEXT_TENANT,
         )
         baseline = start_workload(tmp_path, "baseline", socket=None, extra=args)
         with reaped(suspended, baseline):
@@ -49,6 +60,10 @@ def test_training_unharmed_by_six_suspend_resume_cycles(tmp_path: Path) -> None:
             out = suspended.finish()
             baseline.finish()
     assert f"suspends={CYCLES} resumes={CYCLES}" in out
+    # every tensor of the job left its memory at every suspend, and that memory was overwritten
+    records = json.loads(report.read_text())["suspends"]
+    assert [r["checked"] for r in records] == [JOB_TENSORS] * CYCLES
+    assert [r["stayed"] for r in records] == [[]] * CYCLES
     # The host arena is reused after the first cycle (pinned-buffer reuse; here plain host memory).
     assert [("arena reused: True" in op.message) for op, _ in ops] == [False] + [True] * (CYCLES - 1)
     a = torch.load(suspended.out, weights_only=True)

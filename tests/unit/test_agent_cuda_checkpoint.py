@@ -160,7 +160,8 @@ def test_container_pid_is_mapped_to_the_host_pid(tmp_path: Path) -> None:
     (tmp_path / "self").mkdir()
     assert resolve_pid(uid, 1, tmp_path) == 4242
     assert resolve_pid("no-such-pod", 1, tmp_path) is None  # never guesses another pod's PID 1
-    assert resolve_pid("no-such-pod", 99, tmp_path) == 99
+    assert resolve_pid("no-such-pod", 99, tmp_path) is None  # a known pod UID never takes the PID as is
+    assert resolve_pid("", 99, tmp_path) == 99  # no pod UID: a process of the agent's own namespace
     assert resolve_pid(uid, 5, tmp_path) is None
 
 

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import json
+import resource
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,3 +52,40 @@ def test_file_boot_id_mismatch_discards(tmp_path: Path) -> None:
     assert not stale and "u" in same.claims
     fresh, stale = f.load("b2")
     assert stale and not fresh.claims and fresh.boot_id == "b2"
+
+
+@contextmanager
+def disk_full_after(nbytes: int) -> Iterator[None]:
+    """Writes past ``nbytes`` into any file fail (EFBIG), as on a full disk, whatever the writer
+    (os.write, file objects): RLIMIT_FSIZE is enforced by the kernel, SIGXFSZ ignored."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+def _bigger() -> NodeStateData:
+    d = _data()
+    for i in range(50):
+        d.claims[f"u{i}"] = ClaimRecord(f"u{i}", "ns", f"c{i}", PREPARE_COMPLETED, [], [], float(i))
+    return d
+
+
+def test_a_write_that_fails_part_way_leaves_the_previous_state_intact(tmp_path: Path) -> None:
+    """Deterministic: the disk fills half-way through the new state; the previous state file
+    must still load, unchanged (an in-place write would leave a truncated, unloadable file)."""
+    f = CheckpointFile(tmp_path / "cp.json")
+    f.save(_data())
+    before = (tmp_path / "cp.json").read_bytes()
+    new = _bigger()
+    with disk_full_after(len(encode(new)) // 2), pytest.raises(OSError):
+        f.save(new)
+    assert (tmp_path / "cp.json").read_bytes() == before
+    loaded, stale = f.load("b1")
+    assert not stale and loaded.body() == _data().body()
+    f.save(new)  # the next write (disk has room again) goes through
+    assert f.load("b1")[0].body() == new.body()

@@ -8,13 +8,15 @@ import pytest
 import torch
 
 import rose_sdk
+from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk import AgentError, Workload, load_checkpoint
 
 
 def test_module_api_without_agent_is_a_no_op(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ROSE_AGENT_SOCKET", raising=False)
     monkeypatch.setenv("ROSE_CHECKPOINT_PATH", str(tmp_path / "c.rose"))
-    monkeypatch.setenv("ROSE_CLAIM_UIDS", "c1,c2")
+    monkeypatch.setenv("ROSE_CLAIM_UID_C1", "c1")
+    monkeypatch.setenv("ROSE_CLAIM_UID_C2", "c2")
     m = torch.nn.Linear(2, 2)
     wl = rose_sdk.init(model=m, user_state=lambda: {"k": 1})
     assert rose_sdk.current() is wl and not wl.connected_to_agent and wl.claim_uids == ["c1", "c2"]
@@ -42,3 +44,52 @@ def test_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
         Workload(backends=["teleport"])
     with pytest.raises(AgentError, match="no checkpoint path"):
         Workload(checkpoint_path=None, socket_path="").checkpoint_now()
+
+
+class RecordingAgentStub:
+    """Stands in for the agent's gRPC stub in-process: records acknowledgements (the real agent
+    drives these commands in tests/contract/test_agent_training_unharmed.py)."""
+
+    def __init__(self) -> None:
+        self.acks: list[pb.AcknowledgeRequest] = []
+
+    def Acknowledge(self, req: pb.AcknowledgeRequest, timeout: float) -> None:
+        self.acks.append(req)
+
+
+def _commands(wl: Workload, *kinds: int) -> RecordingAgentStub:
+    stub = RecordingAgentStub()
+    wl._stub = stub  # type: ignore[assignment]
+    wl._state_bytes = 0  # no size reports
+    for i, kind in enumerate(kinds):
+        wl._pending.put(pb.Command(operation_id=f"op{i}", kind=kind))
+    return stub
+
+
+def test_on_suspended_runs_after_the_offload_while_suspended() -> None:
+    m = torch.nn.Linear(2, 2)
+    wl = Workload(model=m, socket_path="")
+    seen: list[tuple[str, bool]] = []
+    wl.on_suspend(lambda: seen.append(("suspend", wl.offloader.offloaded)))
+    wl.on_suspended(lambda: seen.append(("suspended", wl.offloader.offloaded)))
+    wl.on_resume(lambda: seen.append(("resume", wl.offloader.offloaded)))
+    stub = _commands(wl, pb.COMMAND_KIND_SUSPEND, pb.COMMAND_KIND_RESUME)
+    assert wl.safe_point(1) == 1  # the suspend parks inside and runs the resume
+    assert seen == [("suspend", False), ("suspended", True), ("resume", False)]
+    assert [a.ok for a in stub.acks] == [True, True] and wl.suspend_count == wl.resume_count == 1
+
+
+def test_a_failing_on_suspended_hook_restores_and_refuses_the_suspend() -> None:
+    m = torch.nn.Linear(2, 2)
+    want = {k: v.clone() for k, v in m.state_dict().items()}
+    wl = Workload(model=m, socket_path="")
+
+    @wl.on_suspended
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    stub = _commands(wl, pb.COMMAND_KIND_SUSPEND)
+    assert wl.safe_point(1) == 1
+    assert not stub.acks[0].ok and "on_suspended hook failed" in stub.acks[0].message
+    assert not wl.suspended and not wl.offloader.offloaded
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in want.items())
