@@ -13,8 +13,6 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rose_common import names
-
 SuspendPolicy = Literal["HostMemoryFirst", "CheckpointAndEvict"]
 Phase = Literal["Pending", "Running", "Scaling", "Suspending", "Suspended", "Resuming", "Failed", "Succeeded"]
 ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded"]
@@ -94,8 +92,8 @@ class ElasticRLJob(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_by_alias=True, serialize_by_alias=True)
 
-    api_version: Literal["elastic.rose.io/v1alpha1"] = Field(default=names.API_VERSION, alias="apiVersion")
-    kind: Literal["ElasticRLJob"] = names.KIND
+    api_version: Literal["elastic.rose.io/v1alpha1"] = Field(default="elastic.rose.io/v1alpha1", alias="apiVersion")
+    kind: Literal["ElasticRLJob"] = "ElasticRLJob"
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: ElasticRLJobSpec
     status: ElasticRLJobStatus | None = None

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rose_common import elasticrljob as erj
+from rose_common import names
 
 CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd" / "elasticrljob.yaml"
 FACETS = ("type", "format", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern")
@@ -81,7 +82,9 @@ def disagreements(crd: dict[str, Any]) -> list[str]:
     for p in sorted(want.keys() & have.keys()):
         for facet in sorted(want[p].keys() | have[p].keys()):
             if want[p].get(facet) != have[p].get(facet):
-                problems.append(f"{p}: {facet} is {want[p].get(facet)!r} in the CRD, {have[p].get(facet)!r} in the model")
+                problems.append(
+                    f"{p}: {facet} is {want[p].get(facet)!r} in the CRD, {have[p].get(facet)!r} in the model"
+                )
     return problems
 
 
@@ -165,6 +168,7 @@ def test_whole_object_and_status_parse() -> None:
         }
     )  # fmt: skip
     assert (job.name, job.namespace, job.uid, job.generation) == ("j", "ns", "u1", 3)
+    assert (job.api_version, job.kind) == (names.API_VERSION, names.KIND)
     assert job.status is not None and job.status.conditions is not None
     with pytest.raises(ValidationError, match="phase"):
         erj.ElasticRLJobStatus.model_validate({"phase": "Sleeping"})
