@@ -179,7 +179,8 @@ class _Book:
         return max((b.job.lead_s for b in self.jobs.values() if any(w.pool == pool for w in b.holding)), default=0.0)
 
     def need(self, pool: str, seconds: float) -> float:
-        return math.ceil(self.pools[pool].forecast.peak(self.now, self.now + seconds))
+        peak = self.pools[pool].forecast.peak(self.now, self.now + seconds)
+        return peak if math.isinf(peak) else math.ceil(peak)
 
     def free(self, pool: str, seconds: float) -> float:
         """GPUs serving leaves unused over ``[now, now + seconds]``, minus those already lent."""
