@@ -9,7 +9,8 @@ Rules (issue 10 §2):
 
 - **Planned reclaim.** In each pool, serving may need ``ceil(peak)`` GPUs over ``[now, now +
   lead]``, where ``peak`` is the forecast's upper quantile and ``lead`` the longest grace period
-  + estimated suspend time of the pool's occupants. Lent GPUs above ``capacity - ceil(peak)``
+  + estimated suspend time of the pool's occupants, plus the time to the next plan
+  (``Settings.interval_s``). Lent GPUs above ``capacity - ceil(peak)``
   are reclaimed *now*, cheapest first: smaller state, lower priority, nearer its safe point.
 - **Shrink before suspend.** A worker of a job that stays at or above ``minGPUs`` without it is
   suspended alone first (its pod and state kept, so a regrow resumes it); only when no such
@@ -95,6 +96,7 @@ class Worker:
 @dataclass(frozen=True)
 class Settings:
     dwell_s: float = 300.0
+    interval_s: float = 0.0  # time to the next plan: a reclaim decided then must still be in time
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ class _Book:
 
     def __init__(self, inp: PlanInput) -> None:
         self.now = inp.now
+        self.interval = inp.settings.interval_s
         self.pools = {p.name: p for p in inp.pools}
         self.jobs: dict[str, _JobBook] = {}
         for job in sorted(inp.jobs, key=lambda j: j.key):
@@ -176,7 +179,8 @@ class _Book:
         return sum(b.job.gpus_per_worker for b in self.jobs.values() for w in b.holding if w.pool == pool)
 
     def lead(self, pool: str) -> float:
-        return max((b.job.lead_s for b in self.jobs.values() if any(w.pool == pool for w in b.holding)), default=0.0)
+        leads = (b.job.lead_s for b in self.jobs.values() if any(w.pool == pool for w in b.holding))
+        return self.interval + max(leads, default=0.0)
 
     def need(self, pool: str, seconds: float) -> float:
         peak = self.pools[pool].forecast.peak(self.now, self.now + seconds)
@@ -244,7 +248,7 @@ def _reclaim(book: _Book) -> None:
 
 
 def _room(book: _Book, b: _JobBook, pool: str) -> float:
-    return book.free(pool, max(b.job.lead_s + b.job.min_useful_run_s, book.lead(pool)))
+    return book.free(pool, max(book.interval + b.job.lead_s + b.job.min_useful_run_s, book.lead(pool)))
 
 
 def _grow_step(book: _Book, b: _JobBook) -> bool:

@@ -26,7 +26,7 @@ MSG_CHECKPOINT: Final = "suspendPolicy CheckpointAndEvict needs checkpointPath"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", validate_by_alias=True, serialize_by_alias=True)
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
 
 class ElasticRLJobSpec(_Model):
@@ -90,7 +90,7 @@ class ElasticRLJobStatus(_Model):
 class ElasticRLJob(BaseModel):
     """A whole object as the API server returns it (metadata kept as a plain mapping)."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_by_alias=True, serialize_by_alias=True)
+    model_config = ConfigDict(extra="ignore", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
     api_version: Literal["elastic.rose.io/v1alpha1"] = Field(default="elastic.rose.io/v1alpha1", alias="apiVersion")
     kind: Literal["ElasticRLJob"] = "ElasticRLJob"

@@ -127,3 +127,20 @@ def test_new_workers_go_to_the_pool_with_most_headroom() -> None:
     pools = (Pool("busy", 16, flat(*[14] * 20)), Pool("idle", 16, flat(*[4] * 20)))
     t = plan(PlanInput(NOW, pools, (job(lo=1, hi=4),), ())).targets["ns/a"]
     assert t.add == ("idle",) * 4
+
+
+def test_a_grow_keeps_room_for_the_slowest_occupant_to_leave() -> None:
+    # ns/slow needs 120 s to give its GPU back; serving rises to 6 of 8 GPUs at +60 s. ns/fast
+    # (no lead, no minimum run) would fit for its own window, but a third lent GPU would leave
+    # serving short when it arrives, since ns/slow could not leave in time.
+    slow = job("ns/slow", 2, 2, grace_s=120, suspend_s=0)
+    fast = job("ns/fast", 1, 1, grace_s=0, suspend_s=0, min_useful_run_s=0)
+    t = plan(inp(flat(0, 6, 6, 6), (slow, fast), workers("ns/slow", 2))).targets
+    assert t["ns/slow"].active_gpus == 2 and t["ns/fast"].active_gpus == 0
+
+
+def test_the_cheapest_gang_is_suspended_when_every_job_is_at_min() -> None:
+    big, small = job("ns/big", 2, 2, state_bytes=8e9), job("ns/small", 2, 2, state_bytes=1e9)
+    p = plan(inp(flat(5, 5), (big, small), workers("ns/big", 2) + workers("ns/small", 2)))
+    assert p.targets["ns/small"].active_gpus == 0 and p.targets["ns/big"].active_gpus == 2
+    assert [(r.job, r.kind) for r in p.reclaims] == [("ns/small", "gang-suspend")]

@@ -60,7 +60,8 @@ def plan_inputs(draw: st.DrawFn) -> PlanInput:
             state = draw(st.sampled_from(STATES))
             pool = draw(st.sampled_from([p.name for p in pools]))
             workers.append(Worker(f"{job.key}-w{i}", job.key, state, pool))
-    return PlanInput(NOW, pools, the_jobs, tuple(workers), Settings(dwell_s=300.0))
+    interval = draw(st.sampled_from([0.0, 0.0, 30.0, 60.0]))
+    return PlanInput(NOW, pools, the_jobs, tuple(workers), Settings(dwell_s=300.0, interval_s=interval))
 
 
 def _gpw(inp: PlanInput) -> dict[str, int]:
@@ -126,12 +127,12 @@ def test_serving_never_planned_short_at_the_quantile(inp: PlanInput) -> None:
     after = holders_after(inp, p)
     by_key = {j.key: j for j in inp.jobs}
     lent: dict[str, int] = defaultdict(int)
-    lead: dict[str, float] = defaultdict(float)
+    lead: dict[str, float] = defaultdict(lambda: inp.settings.interval_s)
     for key, ws in after.items():
         for _, pool in ws:
             if pool is not None:
                 lent[pool] += by_key[key].gpus_per_worker
-                lead[pool] = max(lead[pool], by_key[key].lead_s)
+                lead[pool] = max(lead[pool], inp.settings.interval_s + by_key[key].lead_s)
     for pool in inp.pools:
         assert p.lent[pool.name] == lent[pool.name]
         if lent[pool.name]:
