@@ -112,9 +112,9 @@ def test_last_transition_time_moves_only_on_change() -> None:
 def test_gang_suspend_counts_once_and_adds_its_time_when_it_ends() -> None:
     job = make_job()
     running, _ = compute_status(job, observed(pod(0), pod(1)), JobTarget("rl/grpo", 2), None, NOW)
-    parked = observed(pod(0, request_by=CONTROLLER, state="Suspended"), pod(1, request_by=CONTROLLER, state="Suspended"))
+    parked = observed(*(pod(i, request_by=CONTROLLER, state="Suspended") for i in (0, 1)))
     gang = JobTarget("rl/grpo", 0, suspend=("grpo-w0", "grpo-w1"))
-    s1, ev = compute_status(job, parked, gang, running, NOW + timedelta(seconds=10))
+    s1, _ = compute_status(job, parked, gang, running, NOW + timedelta(seconds=10))
     assert (s1.phase, s1.suspend_count, s1.last_shrink_time) == ("Suspended", 1, NOW + timedelta(seconds=10))
     s2, _ = compute_status(job, parked, JobTarget("rl/grpo", 0), s1, NOW + timedelta(seconds=70))
     assert s2.suspend_count == 1 and s2.total_suspended_seconds == 0

@@ -12,7 +12,9 @@ from rose_common.elasticrljob import ElasticRLJob
 
 TEMPLATE = {
     "metadata": {"labels": {"team": "rl"}, "annotations": {"note": "x"}},
-    "spec": {"containers": [{"name": "trainer", "image": "trainer:1", "env": [{"name": "ROSE_JOB_NAME", "value": "old"}]}]},
+    "spec": {
+        "containers": [{"name": "trainer", "image": "trainer:1", "env": [{"name": "ROSE_JOB_NAME", "value": "old"}]}]
+    },
 }
 
 
