@@ -169,18 +169,39 @@ class _Book:
         self.interval = inp.settings.interval_s
         self.pools = {p.name: p for p in inp.pools}
         self.jobs: dict[str, _JobBook] = {}
+        self._lent: dict[str, int] = dict.fromkeys(self.pools, 0)
+        self._in: dict[str, dict[str, int]] = {p: {} for p in self.pools}
         for job in sorted(inp.jobs, key=lambda j: j.key):
             mine = sorted((w for w in inp.workers if w.job == job.key), key=lambda w: w.name)
-            self.jobs[job.key] = _JobBook(job, [w for w in mine if w.state in HOLDING],
-                                          [w for w in mine if w.state not in HOLDING])  # fmt: skip
+            b = self.jobs[job.key] = _JobBook(job, [], [w for w in mine if w.state not in HOLDING])
+            for w in mine:
+                if w.state in HOLDING:
+                    self.hold(b, w)
         self.reclaims: list[Reclaim] = []
 
+    def hold(self, b: _JobBook, w: Worker) -> None:
+        b.holding.append(w)
+        if w.pool in self._lent:
+            self._lent[w.pool] += b.job.gpus_per_worker
+            self._in[w.pool][b.job.key] = self._in[w.pool].get(b.job.key, 0) + 1
+
+    def release(self, b: _JobBook, w: Worker) -> None:
+        b.holding.remove(w)
+        if w.pool in self._lent:
+            self._lent[w.pool] -= b.job.gpus_per_worker
+            self._in[w.pool][b.job.key] -= 1
+            if not self._in[w.pool][b.job.key]:
+                del self._in[w.pool][b.job.key]
+
     def lent(self, pool: str) -> int:
-        return sum(b.job.gpus_per_worker for b in self.jobs.values() for w in b.holding if w.pool == pool)
+        return self._lent[pool]
+
+    def occupants(self, pool: str) -> list[_JobBook]:
+        """Jobs with a worker holding a GPU in ``pool``."""
+        return [self.jobs[k] for k in self._in[pool]]
 
     def lead(self, pool: str) -> float:
-        leads = (b.job.lead_s for b in self.jobs.values() if any(w.pool == pool for w in b.holding))
-        return self.interval + max(leads, default=0.0)
+        return self.interval + max((b.job.lead_s for b in self.occupants(pool)), default=0.0)
 
     def need(self, pool: str, seconds: float) -> float:
         peak = self.pools[pool].forecast.peak(self.now, self.now + seconds)
@@ -192,7 +213,7 @@ class _Book:
 
     def drop(self, b: _JobBook, w: Worker, why: str) -> None:
         """Take a worker off its GPU: pending ones are removed, running ones suspended."""
-        b.holding.remove(w)
+        self.release(b, w)
         if w.state == "pending":
             b.remove.append(w.name)
         else:
@@ -206,7 +227,8 @@ def _enforce_max(book: _Book) -> None:
     """Live edits of maxGPUs: workers beyond it (held or parked) are removed, newest first."""
     for b in book.jobs.values():
         while b.active > b.job.max_gpus:
-            w = b.holding.pop()
+            w = b.holding[-1]
+            book.release(b, w)
             b.remove.append(w.name)
             b.reasons.append(f"Shrink: {w.name} removed, maxGPUs is {b.job.max_gpus}")
         while b.parked and b.active + b.job.gpus_per_worker * len(b.parked) > b.job.max_gpus:
@@ -223,14 +245,14 @@ def _shrinkable(b: _JobBook, pool: str) -> list[Worker]:
 
 def _reclaim_one(book: _Book, pool: str, why: str) -> None:
     """Give back the cheapest lent GPUs in ``pool``: one worker of a job above min, else a whole gang."""
-    shrinkable = [b for b in book.jobs.values() if _shrinkable(b, pool)]
+    shrinkable = [b for b in book.occupants(pool) if _shrinkable(b, pool)]
     if shrinkable:
         b = min(shrinkable, key=lambda x: x.job.cost())
         w = _shrinkable(b, pool)[-1]
         book.drop(b, w, f"PlannedShrink: {w.name} in {pool}; {why}")
         book.reclaims.append(Reclaim(pool, b.job.key, "shrink", (w.name,)))
         return
-    b = min((x for x in book.jobs.values() if any(w.pool == pool for w in x.holding)), key=lambda x: x.job.cost())
+    b = min(book.occupants(pool), key=lambda x: x.job.cost())
     gang = tuple(w.name for w in b.holding)
     for w in list(b.holding):
         book.drop(b, w, f"PlannedGangSuspend: {w.name} (gang at minGPUs {b.job.min_gpus}); {why}")
@@ -257,7 +279,7 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
     for w in b.parked:
         if w.pool is not None and w.pool in book.pools and _room(book, b, w.pool) >= gpw:
             b.parked.remove(w)
-            b.holding.append(Worker(w.name, w.job, "resuming", w.pool))
+            book.hold(b, Worker(w.name, w.job, "resuming", w.pool))
             b.resume.append(w.name)
             return True
     rooms = sorted(((_room(book, b, p), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
@@ -266,7 +288,7 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
     pool = rooms[0][1]
     if b.parked and b.active + gpw * (len(b.parked) + 1) > b.job.max_gpus:  # move a parked worker here
         b.remove.append(b.parked.pop().name)
-    b.holding.append(Worker(f"+{len(b.add)}", b.job.key, "pending", pool))
+    book.hold(b, Worker(f"+{len(b.add)}", b.job.key, "pending", pool))
     b.add.append(pool)
     return True
 
@@ -281,7 +303,9 @@ def _grow(book: _Book, b: _JobBook) -> None:
     while b.active < b.job.min_gpus and _grow_step(book, b):
         pass
     if b.active < b.job.min_gpus:  # the gang does not fit: undo
-        b.holding, b.parked = before[0], before[1]
+        for w in b.holding[len(before[0]) :]:
+            book.release(b, w)
+        b.parked = before[1]
         del b.resume[before[2] :], b.add[before[3] :], b.remove[before[4] :]
         return
     while b.active + b.job.gpus_per_worker <= b.job.max_gpus and _grow_step(book, b):
