@@ -51,9 +51,9 @@ def jobs(draw: st.DrawFn, key: str) -> Job:
 def plan_inputs(draw: st.DrawFn) -> PlanInput:
     pools = tuple(
         Pool(f"pool-{i}", cap, draw(forecasts(cap)))
-        for i, cap in enumerate(draw(st.lists(st.integers(1, 16), min_size=1, max_size=3)))
+        for i, cap in enumerate(draw(st.lists(st.integers(1, 16), min_size=1, max_size=2)))
     )
-    the_jobs = tuple(draw(jobs(f"ns/job-{i}")) for i in range(draw(st.integers(1, 4))))
+    the_jobs = tuple(draw(jobs(f"ns/job-{i}")) for i in range(draw(st.integers(2, 4))))
     workers: list[Worker] = []
     for job in the_jobs:
         for i in range(draw(st.integers(0, job.max_gpus // job.gpus_per_worker + 1))):
