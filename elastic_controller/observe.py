@@ -1,7 +1,8 @@
 """What the controller sees of a worker Pod, and how the planner sees that worker.
 
 I/O boundary: none. Pure functions of a raw Pod dict (as the informer delivers it) to
-:class:`ObservedWorker`, and of that to the planner's :class:`~elastic_controller.planner.Worker`.
+:class:`ObservedWorker`, and of that to the planner's :class:`~elastic_controller.planner.Worker`;
+of an ElasticRLJob to the planner's :class:`~elastic_controller.planner.Job`.
 A suspend request names its owner (``by``); only this controller's own requests are its to clear.
 """
 
@@ -11,9 +12,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from elastic_controller.planner import Worker, WorkerState
+from elastic_controller.planner import Job, Worker, WorkerState
 from elastic_controller.workers import CONTROLLER, worker_index
 from rose_common import names
+from rose_common.elasticrljob import ElasticRLJob
+
+PCIE_BYTES_PER_SECOND: Final = 25e9  # a conservative pinned-memory PCIe rate (SUSPEND.md: ~55 GB/s Gen5)
 
 # Values of rose.io/suspend-state (written by the DRA driver).
 SUSPENDED: Final = "Suspended"
@@ -52,6 +56,27 @@ def _request_owner(raw: str | None) -> str | None:
     except ValueError:
         return ""
     return str(doc.get("by", "")) if isinstance(doc, dict) else ""
+
+
+def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0) -> Job:
+    """The planner's view of a job: bounds and priority from the spec, costs from the workload's
+    reports (``state_bytes`` overrides ``spec.stateBytesPerWorker``), dwell from ``lastShrinkTime``."""
+    s = job.spec
+    size = state_bytes if state_bytes is not None else (s.state_bytes_per_worker or 0)
+    shrunk = job.status.last_shrink_time if job.status is not None else None
+    return Job(
+        key=f"{job.namespace}/{job.name}",
+        min_gpus=s.min_gpus,
+        max_gpus=s.max_gpus,
+        gpus_per_worker=s.gpus_per_worker,
+        priority=s.priority,
+        state_bytes=size,
+        seconds_to_safe_point=seconds_to_safe_point,
+        grace_s=float(s.graceful_shutdown_period),
+        suspend_s=size / PCIE_BYTES_PER_SECOND,
+        min_useful_run_s=float(s.min_useful_run_seconds),
+        last_shrink_at=shrunk.timestamp() if shrunk is not None else None,
+    )
 
 
 def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> ObservedWorker | None:

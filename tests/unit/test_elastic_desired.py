@@ -134,3 +134,12 @@ def test_status_round_trips_through_the_crd_model() -> None:
     body = st.model_dump(mode="json", exclude_none=True)
     assert body["activeGPUs"] == 2 and body["conditions"][0]["lastTransitionTime"] == "2026-11-30T14:00:00Z"
     assert ElasticRLJobStatus.model_validate(body) == st
+
+
+def test_planner_job_takes_bounds_from_the_spec_and_dwell_from_the_status() -> None:
+    job = make_job(status={"lastShrinkTime": "2026-11-30T14:00:00Z"})
+    j = obs.planner_job(job, state_bytes=50 * 10**9, seconds_to_safe_point=3.0)
+    assert (j.key, j.min_gpus, j.max_gpus, j.grace_s, j.min_useful_run_s) == ("rl/grpo", 2, 4, 45.0, 600.0)
+    assert j.state_bytes == 50 * 10**9 and j.suspend_s == 2.0 and j.seconds_to_safe_point == 3.0
+    assert j.last_shrink_at == NOW.timestamp()
+    assert obs.planner_job(make_job()).last_shrink_at is None and obs.planner_job(make_job()).state_bytes == 0
