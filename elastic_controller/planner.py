@@ -1,0 +1,342 @@
+"""The reclaim planner: which lent GPUs to give back now, and which jobs may grow or resume.
+
+I/O boundary: none. Pure function :func:`plan` of frozen dataclasses (forecasts per pool,
+capacity, the lent workers and their jobs, ``now``) to a :class:`Plan`; no clock, no client,
+no threads. The controller's plan loop and ``benchmarks/planner_replay.py`` call the same
+function.
+
+Rules (issue 10 §2):
+
+- **Planned reclaim.** In each pool, serving may need ``ceil(peak)`` GPUs over ``[now, now +
+  lead]``, where ``peak`` is the forecast's upper quantile and ``lead`` the longest grace period
+  + estimated suspend time of the pool's occupants, plus the time to the next plan
+  (``Settings.interval_s``). Lent GPUs above ``capacity - ceil(peak)``
+  are reclaimed *now*, cheapest first: smaller state, lower priority, nearer its safe point.
+- **Shrink before suspend.** A worker of a job that stays at or above ``minGPUs`` without it is
+  suspended alone first (its pod and state kept, so a regrow resumes it); only when no such
+  worker is left in the pool is a whole gang suspended. Pending workers are removed, not suspended.
+- **Grow and resume** only where the forecast leaves room for the job's ``minUsefulRunSeconds``
+  after its lead time; never above ``maxGPUs``; from zero, ``minGPUs`` at once or nothing.
+- **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+WorkerState = Literal["active", "pending", "resuming", "suspending", "suspended"]
+HOLDING: frozenset[str] = frozenset({"active", "pending", "resuming"})  # states that hold a GPU
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Serving GPUs needed at the operator's quantile, a step function: ``upper[i]`` holds on
+    ``[start + i*step, start + (i+1)*step)``. Beyond the horizon nothing is known: infinite need."""
+
+    start: float
+    step: float
+    upper: tuple[float, ...]
+    quantile: str = "p90"
+
+    def __post_init__(self) -> None:
+        if self.step <= 0:
+            raise ValueError(f"forecast step must be > 0 seconds, got {self.step}")
+        if any(math.isnan(u) or u < 0 for u in self.upper):
+            raise ValueError("forecast values must be numbers >= 0 (serving GPUs needed)")
+
+    def peak(self, t0: float, t1: float) -> float:
+        """Most serving GPUs needed at any time in ``[t0, t1]``."""
+        i0 = max(0, math.floor((t0 - self.start) / self.step))
+        i1 = math.floor((t1 - self.start) / self.step)
+        if i1 >= len(self.upper) or i0 > i1:
+            return math.inf
+        return max(self.upper[i0 : max(i0, i1) + 1])
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    capacity: int  # physical GPUs serving and lending share
+    forecast: Forecast
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str  # namespace/name
+    min_gpus: int
+    max_gpus: int
+    gpus_per_worker: int = 1
+    priority: int = 0
+    state_bytes: int = 0  # per worker: what a suspend moves over PCIe
+    seconds_to_safe_point: float = 0.0  # the gang reaches its safe points together
+    grace_s: float = 30.0
+    suspend_s: float = 0.0  # estimated time to move the state out
+    min_useful_run_s: float = 600.0
+    last_shrink_at: float | None = None  # dwell starts here
+
+    @property
+    def lead_s(self) -> float:
+        return self.grace_s + self.suspend_s
+
+    def cost(self) -> tuple[int, int, float, str]:
+        """Reclaim cost, cheapest first: state size, priority, time to the next safe point."""
+        return (self.state_bytes, self.priority, self.seconds_to_safe_point, self.key)
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str
+    job: str
+    state: WorkerState
+    pool: str | None = None  # None: pending and not placed in a known pool
+
+
+@dataclass(frozen=True)
+class Settings:
+    dwell_s: float = 300.0
+    interval_s: float = 0.0  # time to the next plan: a reclaim decided then must still be in time
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    now: float
+    pools: tuple[Pool, ...]
+    jobs: tuple[Job, ...]
+    workers: tuple[Worker, ...]
+    settings: Settings = Settings()
+
+
+@dataclass(frozen=True)
+class JobTarget:
+    job: str
+    active_gpus: int
+    suspend: tuple[str, ...] = ()
+    resume: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+    add: tuple[str, ...] = ()  # one pool name per new worker
+    reasons: tuple[str, ...] = ()  # one Event message per decision
+
+    @property
+    def shrinks(self) -> bool:
+        """True when this target gives GPUs back (the controller stamps ``lastShrinkTime``)."""
+        return bool(self.suspend or self.remove)
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    pool: str
+    job: str
+    kind: Literal["shrink", "gang-suspend"]
+    workers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    now: float
+    targets: dict[str, JobTarget]
+    reclaims: tuple[Reclaim, ...]
+    lent: dict[str, int]  # GPUs lent per pool once the plan is carried out
+
+
+@dataclass
+class _JobBook:
+    job: Job
+    holding: list[Worker]
+    parked: list[Worker]  # suspended or suspending: resumable
+    suspend: list[str] = field(default_factory=list)
+    resume: list[str] = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
+    add: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    shrunk: bool = False
+
+    @property
+    def active(self) -> int:
+        return self.job.gpus_per_worker * len(self.holding)
+
+    def target(self) -> JobTarget:
+        return JobTarget(self.job.key, self.active, tuple(self.suspend), tuple(self.resume), tuple(self.remove),
+                         tuple(self.add), tuple(self.reasons))  # fmt: skip
+
+
+class _Book:
+    """The plan under construction: who holds which pool's GPUs."""
+
+    def __init__(self, inp: PlanInput) -> None:
+        self.now = inp.now
+        self.interval = inp.settings.interval_s
+        self.pools = {p.name: p for p in inp.pools}
+        self.jobs: dict[str, _JobBook] = {}
+        self._lent: dict[str, int] = dict.fromkeys(self.pools, 0)
+        self._in: dict[str, dict[str, int]] = {p: {} for p in self.pools}
+        for job in sorted(inp.jobs, key=lambda j: j.key):
+            mine = sorted((w for w in inp.workers if w.job == job.key), key=lambda w: w.name)
+            b = self.jobs[job.key] = _JobBook(job, [], [w for w in mine if w.state not in HOLDING])
+            for w in mine:
+                if w.state in HOLDING:
+                    self.hold(b, w)
+        self.reclaims: list[Reclaim] = []
+
+    def hold(self, b: _JobBook, w: Worker) -> None:
+        b.holding.append(w)
+        if w.pool in self._lent:
+            self._lent[w.pool] += b.job.gpus_per_worker
+            self._in[w.pool][b.job.key] = self._in[w.pool].get(b.job.key, 0) + 1
+
+    def release(self, b: _JobBook, w: Worker) -> None:
+        b.holding.remove(w)
+        if w.pool in self._lent:
+            self._lent[w.pool] -= b.job.gpus_per_worker
+            self._in[w.pool][b.job.key] -= 1
+            if not self._in[w.pool][b.job.key]:
+                del self._in[w.pool][b.job.key]
+
+    def lent(self, pool: str) -> int:
+        return self._lent[pool]
+
+    def occupants(self, pool: str) -> list[_JobBook]:
+        """Jobs with a worker holding a GPU in ``pool``."""
+        return [self.jobs[k] for k in self._in[pool]]
+
+    def lead(self, pool: str) -> float:
+        return self.interval + max((b.job.lead_s for b in self.occupants(pool)), default=0.0)
+
+    def need(self, pool: str, seconds: float) -> float:
+        peak = self.pools[pool].forecast.peak(self.now, self.now + seconds)
+        return peak if math.isinf(peak) else math.ceil(peak)
+
+    def free(self, pool: str, seconds: float) -> float:
+        """GPUs serving leaves unused over ``[now, now + seconds]``, minus those already lent."""
+        return self.pools[pool].capacity - self.need(pool, seconds) - self.lent(pool)
+
+    def drop(self, b: _JobBook, w: Worker, why: str) -> None:
+        """Take a worker off its GPU: pending ones are removed, running ones suspended."""
+        self.release(b, w)
+        if w.state == "pending":
+            b.remove.append(w.name)
+        else:
+            b.suspend.append(w.name)
+            b.parked.append(w)
+        b.shrunk = True
+        b.reasons.append(why)
+
+
+def _enforce_max(book: _Book) -> None:
+    """Live edits of maxGPUs: workers beyond it (held or parked) are removed, newest first."""
+    for b in book.jobs.values():
+        while b.active > b.job.max_gpus:
+            w = b.holding[-1]
+            book.release(b, w)
+            b.remove.append(w.name)
+            b.reasons.append(f"Shrink: {w.name} removed, maxGPUs is {b.job.max_gpus}")
+        while b.parked and b.active + b.job.gpus_per_worker * len(b.parked) > b.job.max_gpus:
+            w = b.parked.pop()
+            b.remove.append(w.name)
+            b.reasons.append(f"Shrink: suspended {w.name} removed, maxGPUs is {b.job.max_gpus}")
+
+
+def _shrinkable(b: _JobBook, pool: str) -> list[Worker]:
+    if b.active - b.job.gpus_per_worker < b.job.min_gpus:
+        return []
+    return [w for w in b.holding if w.pool == pool]
+
+
+def _reclaim_one(book: _Book, pool: str, why: str) -> None:
+    """Give back the cheapest lent GPUs in ``pool``: one worker of a job above min, else a whole gang."""
+    shrinkable = [b for b in book.occupants(pool) if _shrinkable(b, pool)]
+    if shrinkable:
+        b = min(shrinkable, key=lambda x: x.job.cost())
+        w = _shrinkable(b, pool)[-1]
+        book.drop(b, w, f"PlannedShrink: {w.name} in {pool}; {why}")
+        book.reclaims.append(Reclaim(pool, b.job.key, "shrink", (w.name,)))
+        return
+    b = min(book.occupants(pool), key=lambda x: x.job.cost())
+    gang = tuple(w.name for w in b.holding)
+    for w in list(b.holding):
+        book.drop(b, w, f"PlannedGangSuspend: {w.name} (gang at minGPUs {b.job.min_gpus}); {why}")
+    book.reclaims.append(Reclaim(pool, b.job.key, "gang-suspend", gang))
+
+
+def _reclaim(book: _Book) -> None:
+    for pool in sorted(book.pools):
+        lead = book.lead(pool)
+        while book.lent(pool) > 0 and book.free(pool, lead) < 0:
+            q = book.pools[pool].forecast.quantile
+            why = (f"serving {q} needs {book.need(pool, lead):g} of {book.pools[pool].capacity} GPUs within "
+                   f"{lead:g}s, {book.lent(pool)} lent")  # fmt: skip
+            _reclaim_one(book, pool, why)
+
+
+def _room(book: _Book, b: _JobBook, pool: str) -> float:
+    return book.free(pool, max(book.interval + b.job.lead_s + b.job.min_useful_run_s, book.lead(pool)))
+
+
+def _grow_step(book: _Book, b: _JobBook) -> bool:
+    """Resume one parked worker where its pool has room, else add one in the pool with most room."""
+    gpw = b.job.gpus_per_worker
+    for w in b.parked:
+        if w.pool is not None and w.pool in book.pools and _room(book, b, w.pool) >= gpw:
+            b.parked.remove(w)
+            book.hold(b, Worker(w.name, w.job, "resuming", w.pool))
+            b.resume.append(w.name)
+            return True
+    rooms = sorted(((_room(book, b, p), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
+    if not rooms or rooms[0][0] < gpw:
+        return False
+    pool = rooms[0][1]
+    if b.parked and b.active + gpw * (len(b.parked) + 1) > b.job.max_gpus:  # move a parked worker here
+        b.remove.append(b.parked.pop().name)
+    book.hold(b, Worker(f"+{len(b.add)}", b.job.key, "pending", pool))
+    b.add.append(pool)
+    return True
+
+
+def _snapshot(b: _JobBook) -> tuple[list[Worker], list[Worker], int, int, int]:
+    return list(b.holding), list(b.parked), len(b.resume), len(b.add), len(b.remove)
+
+
+def _grow(book: _Book, b: _JobBook) -> None:
+    """To minGPUs all at once (or not at all), then one worker at a time up to maxGPUs."""
+    before = _snapshot(b)
+    while b.active < b.job.min_gpus and _grow_step(book, b):
+        pass
+    if b.active < b.job.min_gpus:  # the gang does not fit: undo
+        for w in b.holding[len(before[0]) :]:
+            book.release(b, w)
+        b.parked = before[1]
+        del b.resume[before[2] :], b.add[before[3] :], b.remove[before[4] :]
+        return
+    while b.active + b.job.gpus_per_worker <= b.job.max_gpus and _grow_step(book, b):
+        pass
+    grown = len(b.resume) - before[2] + len(b.add) - before[3]
+    if grown:
+        b.reasons.append(f"Grow: {len(before[0])} -> {len(b.holding)} workers; the forecast leaves room for "
+                         f"{b.job.min_useful_run_s:g}s")  # fmt: skip
+
+
+def _partial_gangs(book: _Book) -> None:
+    """A job left running below minGPUs is suspended as a whole gang."""
+    for b in book.jobs.values():
+        if 0 < b.active < b.job.min_gpus:
+            for w in list(b.holding):
+                book.drop(b, w, f"GangSuspend: {w.name}; {b.active} of minGPUs {b.job.min_gpus} could run")
+
+
+def _may_grow(b: _JobBook, now: float, dwell_s: float) -> bool:
+    last = b.job.last_shrink_at
+    return not b.shrunk and (last is None or now - last >= dwell_s)
+
+
+def plan(inp: PlanInput) -> Plan:
+    """The target of every job at ``inp.now``; see the module docstring for the rules."""
+    book = _Book(inp)
+    _enforce_max(book)
+    _reclaim(book)
+    for b in sorted(book.jobs.values(), key=lambda x: (-x.job.priority, x.job.key)):
+        if _may_grow(b, inp.now, inp.settings.dwell_s):
+            _grow(book, b)
+    _partial_gangs(book)
+    return Plan(inp.now, {k: b.target() for k, b in book.jobs.items()}, tuple(book.reclaims),
+                {p: book.lent(p) for p in sorted(book.pools)})  # fmt: skip

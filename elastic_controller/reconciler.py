@@ -1,0 +1,63 @@
+"""Carry out one :class:`~elastic_controller.desired.Desired` through a small API Protocol.
+
+I/O boundary: every call goes through :class:`JobApi`, which ``kube.py`` implements against the
+API server (create → 409 is success, delete and patches carry the pod's UID as a precondition);
+unit tests use a recording fake. No client import, no threads, no clock. Each action is
+independent and idempotent, so a controller killed between two calls converges on the next
+reconcile; a failure of one action does not stop the others, and all failures are returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+from elastic_controller.desired import Desired, PodRef
+from elastic_controller.status import EventSpec
+from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
+
+
+class JobApi(Protocol):
+    def ensure_claim_template(self, body: dict[str, Any]) -> None: ...
+    def create_pod(self, body: dict[str, Any]) -> None: ...
+    def delete_pod(self, namespace: str, pod: PodRef) -> None: ...
+    def set_suspend_request(self, namespace: str, pod: PodRef, value: str | None) -> None: ...
+    def patch_status(self, job: ElasticRLJob, status: ElasticRLJobStatus) -> None: ...
+    def record_event(self, job: ElasticRLJob, event: EventSpec) -> None: ...
+
+
+@dataclass(frozen=True)
+class Failure:
+    action: str
+    target: str
+    error: str
+
+
+Step = tuple[str, str, Callable[[], None]]
+
+
+def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Step]:
+    ns = job.namespace
+    steps: list[Step] = [("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template))]
+    steps += [("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create]
+    steps += [("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete]
+    steps += [("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))
+              for r in d.set_requests]  # fmt: skip
+    steps += [("clear_suspend_request", p.name, partial(api.set_suspend_request, ns, p, None))
+              for p in d.clear_requests]  # fmt: skip
+    steps.append(("patch_status", job.name, partial(api.patch_status, job, d.status)))
+    steps += [("record_event", e.reason, partial(api.record_event, job, e)) for e in d.events]
+    return steps
+
+
+def converge(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Failure]:
+    """Pods first, then requests, then status and Events; every action is tried once."""
+    failures: list[Failure] = []
+    for action, target, call in _steps(api, job, d):
+        try:
+            call()
+        except Exception as e:  # the reconcile is retried as a whole; keep the others going
+            failures.append(Failure(action, target, repr(e)))
+    return failures

@@ -1,0 +1,117 @@
+"""The ElasticRLJob status: phase, counts, conditions, and an Event for every transition.
+
+I/O boundary: none. :func:`compute_status` is a pure function of the job, its observed workers,
+the planner's target, the previous status and ``now``. A condition keeps its
+``lastTransitionTime`` unless its status changes; ``suspendCount`` counts whole-gang suspends;
+``totalSuspendedSeconds`` grows by each suspended stretch when the job leaves ``Suspended``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from elastic_controller.observe import ObservedWorker, planner_state
+from elastic_controller.planner import JobTarget
+from rose_common.elasticrljob import Condition, ConditionType, ElasticRLJob, ElasticRLJobStatus, Phase
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    reason: str
+    message: str
+    type: str = "Normal"  # or "Warning"
+
+
+@dataclass(frozen=True)
+class _Counts:
+    active: int
+    suspended: int
+    suspending: int
+    resuming: int
+    lost: int
+
+
+def _count(observed: list[ObservedWorker]) -> _Counts:
+    live = [w for w in observed if not w.lost]
+    states = [planner_state(w) for w in live]
+    return _Counts(states.count("active"), states.count("suspended"), states.count("suspending"),
+                   states.count("resuming"), len(observed) - len(live))  # fmt: skip
+
+
+def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int) -> Phase:
+    gpw = job.spec.gpus_per_worker
+    if c.resuming:
+        return "Resuming"
+    if c.active == 0 and c.suspending:
+        return "Suspending"
+    if c.active == 0 and c.suspended:
+        return "Suspended"
+    if c.active == 0 and target_gpus == 0:
+        return "Pending"
+    return "Running" if c.active * gpw == target_gpus else "Scaling"
+
+
+def _wanted(job: ElasticRLJob, c: _Counts, phase: Phase, target_gpus: int) -> dict[ConditionType, tuple[bool, str]]:
+    active = c.active * job.spec.gpus_per_worker
+    return {
+        "Ready": (phase == "Running", f"{active} of {target_gpus} target GPUs active"),
+        "Scaling": (active != target_gpus, f"{active} GPUs active, target {target_gpus}"),
+        "Suspended": (c.active == 0 and c.suspended > 0, f"{c.suspended} workers suspended in host memory"),
+        "Degraded": (c.lost > 0, f"{c.lost} workers lost (failed, evicted or deleted); they are recreated"),
+    }
+
+
+def _conditions(prev: list[Condition], wanted: dict[ConditionType, tuple[bool, str]], gen: int,
+                now: datetime) -> tuple[list[Condition], list[EventSpec]]:  # fmt: skip
+    old = {c.type: c for c in prev}
+    out: list[Condition] = []
+    events: list[EventSpec] = []
+    for kind, (true, message) in wanted.items():
+        status = "True" if true else "False"
+        before = old.get(kind)
+        changed = before is None or before.status != status
+        since = now if changed or before is None else before.last_transition_time
+        out.append(Condition.model_validate({"type": kind, "status": status, "reason": kind if true else f"Not{kind}",
+                                             "message": message, "lastTransitionTime": since,
+                                             "observedGeneration": gen}))  # fmt: skip
+        if changed and (before is not None or true):
+            warn = kind == "Degraded" and true
+            events.append(EventSpec(kind if true else f"Not{kind}", message, "Warning" if warn else "Normal"))
+    return out, events
+
+
+def _was(prev: ElasticRLJobStatus, kind: ConditionType) -> Condition | None:
+    return next((c for c in prev.conditions or [] if c.type == kind and c.status == "True"), None)
+
+
+def compute_status(
+    job: ElasticRLJob,
+    observed: list[ObservedWorker],
+    target: JobTarget | None,
+    prev: ElasticRLJobStatus | None,
+    now: datetime,
+) -> tuple[ElasticRLJobStatus, list[EventSpec]]:
+    """The next status and the Events of its transitions."""
+    prev = prev or ElasticRLJobStatus()
+    c = _count(observed)
+    gpw = job.spec.gpus_per_worker
+    target_gpus = target.active_gpus if target is not None else (prev.target_gpus or 0)
+    phase = _phase(job, c, target_gpus)
+    conditions, events = _conditions(prev.conditions or [], _wanted(job, c, phase, target_gpus), job.generation, now)
+    was_suspended = _was(prev, "Suspended")
+    is_suspended = any(x.type == "Suspended" and x.status == "True" for x in conditions)
+    total = prev.total_suspended_seconds or 0.0
+    if was_suspended is not None and not is_suspended and was_suspended.last_transition_time is not None:
+        total += max(0.0, (now - was_suspended.last_transition_time).total_seconds())
+    count = (prev.suspend_count or 0) + (1 if is_suspended and was_suspended is None else 0)
+    if prev.phase != phase:
+        events.insert(0, EventSpec(phase, f"phase {prev.phase or 'None'} -> {phase}"))
+    shrink = now if target is not None and target.shrinks else prev.last_shrink_time
+    status = ElasticRLJobStatus.model_validate({
+        "phase": phase, "activeWorkers": c.active, "suspendedWorkers": c.suspended, "activeGPUs": c.active * gpw,
+        "suspendedGPUs": c.suspended * gpw, "targetGPUs": target_gpus, "lastSafePoint": prev.last_safe_point,
+        "lastShrinkTime": shrink, "suspendCount": count, "totalSuspendedSeconds": total,
+        "observedGeneration": job.generation, "conditions": conditions,
+    })  # fmt: skip
+    return status, events

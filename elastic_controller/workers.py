@@ -1,0 +1,136 @@
+"""Worker Pods and the per-job ResourceClaimTemplate of an ElasticRLJob, as plain API objects.
+
+I/O boundary: none. Pure functions of the validated job (``rose_common.elasticrljob``) to JSON
+dicts that ``kube.py`` will create; no client, no clock. What the other components read:
+
+- the extender: label ``rose.io/elastic-rl-job``, the owner reference, ``schedulerName:
+  rose-scheduler``, annotations ``rose.io/gpus``, ``rose.io/min-useful-run-seconds``,
+  ``rose.io/graceful-shutdown-seconds`` and ``rose.io/state-bytes``;
+- the DRA driver: the lendable claim (device class ``lendable.gpu.rose.io``, ``gpusPerWorker``
+  devices) and the grace period annotation;
+- the SDK in the worker: ``ROSE_POD_UID``/``NAME``/``NAMESPACE`` (downward API),
+  ``ROSE_CHECKPOINT_PATH``, ``ROSE_JOB_NAME``, ``ROSE_WORKER_INDEX``, ``ROSE_MIN_WORKERS`` and
+  ``ROSE_MAX_WORKERS``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any, Final
+
+from rose_common import extender_names, names
+from rose_common.elasticrljob import ElasticRLJob
+
+CONTROLLER: Final = "rose-elastic-controller"
+ROLE_RL_WORKER: Final = "rl-worker"
+LABEL_WORKER_INDEX: Final = f"{names.LABEL_PREFIX}/worker-index"
+CLAIM_NAME: Final = "gpus"  # the pod's claim entry and the template's request
+RESOURCE_API: Final = "resource.k8s.io/v1"
+_WORKER_RE = re.compile(r"^(?P<job>.+)-w(?P<index>\d+)$")
+MAX_NAME: Final = 63
+
+
+def worker_name(job: str, index: int) -> str:
+    name = f"{job}-w{index}"
+    if len(name) > MAX_NAME:
+        raise ValueError(f"worker name {name!r} is longer than {MAX_NAME} characters; shorten the job's name")
+    return name
+
+
+def worker_index(job: str, pod_name: str) -> int | None:
+    """The index in ``<job>-w<index>``, or None for a pod this controller did not name."""
+    m = _WORKER_RE.match(pod_name)
+    return int(m["index"]) if m and m["job"] == job else None
+
+
+def claim_template_name(job: str) -> str:
+    return f"{job}-{CLAIM_NAME}"
+
+
+def owner_reference(job: ElasticRLJob) -> dict[str, Any]:
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": job.name, "uid": job.uid,
+            "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+
+
+def claim_template(job: ElasticRLJob) -> dict[str, Any]:
+    """One ResourceClaimTemplate per job: ``gpusPerWorker`` lendable devices per worker."""
+    request = {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
+               "allocationMode": "ExactCount", "count": job.spec.gpus_per_worker}}  # fmt: skip
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": claim_template_name(job.name),
+            "namespace": job.namespace,
+            "labels": {names.LABEL_JOB: job.name},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def _annotations(job: ElasticRLJob, state_bytes: int | None) -> dict[str, str]:
+    s = job.spec
+    out = {
+        names.ANNOTATION_GRACE: str(s.graceful_shutdown_period),
+        extender_names.ANNOTATION_MIN_RUN: str(s.min_useful_run_seconds),
+        extender_names.ANNOTATION_GPUS: str(s.gpus_per_worker),
+    }
+    size = state_bytes if state_bytes is not None else s.state_bytes_per_worker
+    if size is not None:
+        out[names.ANNOTATION_STATE_BYTES] = str(size)
+    return out
+
+
+def _env(job: ElasticRLJob, index: int) -> list[dict[str, Any]]:
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    env: list[dict[str, Any]] = [
+        {"name": "ROSE_POD_UID", "valueFrom": field("metadata.uid")},
+        {"name": "ROSE_POD_NAME", "valueFrom": field("metadata.name")},
+        {"name": "ROSE_POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+        {"name": "ROSE_JOB_NAME", "value": job.name},
+        {"name": "ROSE_WORKER_INDEX", "value": str(index)},
+        {"name": "ROSE_MIN_WORKERS", "value": str(job.spec.min_workers)},
+        {"name": "ROSE_MAX_WORKERS", "value": str(job.spec.max_workers)},
+    ]
+    if job.spec.checkpoint_path is not None:
+        env.append({"name": "ROSE_CHECKPOINT_PATH", "value": job.spec.checkpoint_path})
+    return env
+
+
+def _container(c: dict[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
+    ours = {e["name"] for e in env}
+    c["env"] = [e for e in c.get("env", []) if e.get("name") not in ours] + env
+    resources = c.setdefault("resources", {})
+    claims = [x for x in resources.get("claims", []) if x.get("name") != CLAIM_NAME]
+    resources["claims"] = [*claims, {"name": CLAIM_NAME}]
+    return c
+
+
+def worker_pod(
+    job: ElasticRLJob, index: int, pool: str | None = None, state_bytes: int | None = None
+) -> dict[str, Any]:
+    """Worker ``index`` of the job, from its template; ``pool`` pins it to the pool the planner chose."""
+    template = copy.deepcopy(job.spec.template)
+    meta = template.get("metadata") or {}
+    spec: dict[str, Any] = template.get("spec") or {}
+    if not spec.get("containers"):
+        raise ValueError(f"ElasticRLJob {job.namespace}/{job.name}: spec.template.spec.containers is empty; "
+                         "give the worker Pod template at least one container")  # fmt: skip
+    env = _env(job, index)
+    spec["containers"] = [_container(c, env) for c in spec["containers"]]
+    spec["schedulerName"] = names.SCHEDULER_NAME
+    claims = [c for c in spec.get("resourceClaims", []) if c.get("name") != CLAIM_NAME]
+    spec["resourceClaims"] = [*claims, {"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template_name(job.name)}]
+    spec.setdefault("restartPolicy", "Never")
+    if pool is not None:
+        spec["nodeSelector"] = {**spec.get("nodeSelector", {}), names.LABEL_POOL: pool}
+    labels = {**meta.get("labels", {}), names.LABEL_JOB: job.name, names.LABEL_ROLE: ROLE_RL_WORKER,
+              LABEL_WORKER_INDEX: str(index)}  # fmt: skip
+    metadata = {"name": worker_name(job.name, index), "namespace": job.namespace, "labels": labels,
+                "annotations": {**meta.get("annotations", {}), **_annotations(job, state_bytes)},
+                "ownerReferences": [owner_reference(job)]}  # fmt: skip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

@@ -1,0 +1,115 @@
+"""Pydantic models of the ElasticRLJob custom resource (elastic.rose.io/v1alpha1).
+
+Pure data: no I/O. The CRD schema in ``manifests/crd/elasticrljob.yaml`` is the source of truth
+for the API server; these models mirror it field for field (names, types, defaults, enums and
+bounds) and repeat its CEL rules as validators with the same messages, so the controller refuses
+what the API server would refuse. ``tests/unit/test_elasticrljob_model.py`` walks both schemas.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SuspendPolicy = Literal["HostMemoryFirst", "CheckpointAndEvict"]
+Phase = Literal["Pending", "Running", "Scaling", "Suspending", "Suspended", "Resuming", "Failed", "Succeeded"]
+ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+MAX_STATE_BYTES: Final = 1 << 50
+# The CRD's CEL rules, message for message (kept equal by the unit test).
+MSG_MIN_LE_MAX: Final = "minGPUs must be less than or equal to maxGPUs"
+MSG_MULTIPLES: Final = "minGPUs and maxGPUs must be multiples of gpusPerWorker"
+MSG_CHECKPOINT: Final = "suspendPolicy CheckpointAndEvict needs checkpointPath"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+
+class ElasticRLJobSpec(_Model):
+    min_gpus: int = Field(alias="minGPUs", ge=1)
+    max_gpus: int = Field(alias="maxGPUs", ge=1, le=4096)
+    gpus_per_worker: int = Field(default=1, alias="gpusPerWorker", ge=1, le=64)
+    graceful_shutdown_period: int = Field(default=30, alias="gracefulShutdownPeriod", ge=0, le=3600)
+    checkpoint_path: str | None = Field(default=None, alias="checkpointPath", min_length=1, max_length=4096)
+    suspend_policy: SuspendPolicy = Field(default="HostMemoryFirst", alias="suspendPolicy")
+    timeslice_group: str | None = Field(
+        default=None, alias="timesliceGroup", max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+    priority: int = Field(default=0, ge=0, le=1000)
+    min_useful_run_seconds: int = Field(default=600, alias="minUsefulRunSeconds", ge=0, le=86400)
+    state_bytes_per_worker: int | None = Field(default=None, alias="stateBytesPerWorker", ge=0, le=MAX_STATE_BYTES)
+    template: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _cel_rules(self) -> ElasticRLJobSpec:
+        if self.min_gpus > self.max_gpus:
+            raise ValueError(MSG_MIN_LE_MAX)
+        if self.min_gpus % self.gpus_per_worker or self.max_gpus % self.gpus_per_worker:
+            raise ValueError(MSG_MULTIPLES)
+        if self.suspend_policy == "CheckpointAndEvict" and self.checkpoint_path is None:
+            raise ValueError(MSG_CHECKPOINT)
+        return self
+
+    @property
+    def min_workers(self) -> int:
+        return self.min_gpus // self.gpus_per_worker
+
+    @property
+    def max_workers(self) -> int:
+        return self.max_gpus // self.gpus_per_worker
+
+
+class Condition(_Model):
+    type: ConditionType
+    status: ConditionStatus
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: datetime | None = Field(default=None, alias="lastTransitionTime")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
+
+
+class ElasticRLJobStatus(_Model):
+    phase: Phase | None = None
+    active_workers: int | None = Field(default=None, alias="activeWorkers", ge=0)
+    suspended_workers: int | None = Field(default=None, alias="suspendedWorkers", ge=0)
+    active_gpus: int | None = Field(default=None, alias="activeGPUs", ge=0)
+    suspended_gpus: int | None = Field(default=None, alias="suspendedGPUs", ge=0)
+    target_gpus: int | None = Field(default=None, alias="targetGPUs", ge=0)
+    last_safe_point: datetime | None = Field(default=None, alias="lastSafePoint")
+    last_shrink_time: datetime | None = Field(default=None, alias="lastShrinkTime")
+    suspend_count: int | None = Field(default=None, alias="suspendCount", ge=0)
+    total_suspended_seconds: float | None = Field(default=None, alias="totalSuspendedSeconds", ge=0)
+    observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
+    conditions: list[Condition] | None = None
+
+
+class ElasticRLJob(BaseModel):
+    """A whole object as the API server returns it (metadata kept as a plain mapping)."""
+
+    model_config = ConfigDict(extra="ignore", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    api_version: Literal["elastic.rose.io/v1alpha1"] = Field(default="elastic.rose.io/v1alpha1", alias="apiVersion")
+    kind: Literal["ElasticRLJob"] = "ElasticRLJob"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: ElasticRLJobSpec
+    status: ElasticRLJobStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", ""))
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.metadata.get("generation", 0))
