@@ -407,10 +407,14 @@ class NodeSuspendEngine:
             return
         self.registry.set_state(w, STATE_SUSPENDING)
         op = OpContext(rec.id, grace, reason)
-        try:
-            out = self._backends[name].suspend(w, deadline, op)
-        except Exception as e:
-            out = BackendOutcome(False, 0, f"backend error: {e!r}")
+        out = self._backend_suspend(name, w, deadline, op)
+        alt = self._alternative(w, name) if out.unsupported else None
+        if alt is not None:
+            self._event(
+                w, REASON_SUSPEND_FAILED, f"{name} cannot suspend this workload, trying {alt}: {out.message}", "Warning"
+            )
+            name = rec.backend = alt
+            out = self._backend_suspend(name, w, deadline, op)
         if out.ok:
             held = max(out.bytes_moved, need)
             self.budget.force(w.pod_uid, held)
@@ -433,6 +437,16 @@ class NodeSuspendEngine:
         self._event(w, REASON_SUSPEND_FAILED, f"{name} suspend failed: {out.message}", "Warning")
         why = "unsupported_workload" if out.unsupported else "deadline_exceeded" if out.timed_out else "backend_failed"
         self._fallback(w, rec, why, out.message)
+
+    def _backend_suspend(self, name: str, w: Workload, deadline: float, op: OpContext) -> BackendOutcome:
+        try:
+            return self._backends[name].suspend(w, deadline, op)
+        except Exception as e:
+            return BackendOutcome(False, 0, f"backend error: {e!r}")
+
+    def _alternative(self, w: Workload, refused_by: str) -> str | None:
+        """The next enabled backend the workload supports, after ``refused_by`` said it cannot move it."""
+        return choose_backend(w.reg.backends - {refused_by}, [b for b in self.config.backends if b != refused_by])
 
     def _measure(self, name: str, w: Workload) -> int | None:
         """What the backend measures the workload's process to hold on the GPU (None: not measurable)."""

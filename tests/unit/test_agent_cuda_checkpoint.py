@@ -391,3 +391,20 @@ def test_checkpoint_calls_of_one_job_run_one_at_a_time() -> None:
     be2 = CudaCheckpointBackend(CudaDriver(lib2), pid_resolver=same_pid, process_facts=plain_process)
     assert _suspend_all(be2, [21, 22]) == [True, True]
     assert lib2.max_running == 2  # separate pods, no job file: independent, in parallel
+
+
+def test_a_refused_workload_is_suspended_by_the_next_backend_it_supports() -> None:
+    from dra_driver.suspend.engine import EngineConfig, NodeSuspendEngine
+    from dra_driver.suspend.simulated import SimulatedBackend
+
+    facts = ProcessFacts(environ={"WORLD_SIZE": "8"})
+    lib = FakeLibcuda()
+    be = CudaCheckpointBackend(CudaDriver(lib), pid_resolver=same_pid, process_facts=lambda pid: facts)
+    eng = NodeSuspendEngine(
+        EngineConfig(1 << 40, backends=("cuda-checkpoint", "simulated")),
+        {"cuda-checkpoint": be, "simulated": SimulatedBackend(1e12)},
+    )
+    both = frozenset({"cuda-checkpoint", "simulated"})
+    eng.register(Registration("p", 1234, 1 << 20, both, claim_uids=frozenset({"c"})))
+    r = eng.suspend("c", 3.0)
+    assert r.ok and r.backend == "simulated" and r.fallback is None and "lock" not in lib.calls
