@@ -16,6 +16,7 @@ I/O boundary: libcuda (``CudaDriver``), libnvidia-ml (an optional ``DeviceMemory
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ from dra_driver.suspend.model import BACKEND_CUDA_CHECKPOINT, BackendOutcome, Op
 from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.registry import Workload
 from dra_driver.suspend.support import ProcessFacts, job_key, read_process_facts, unsupported_reasons
+
+log = logging.getLogger("rose.suspend")
 
 # CUprocessState
 PROCESS_STATE_RUNNING = 0
@@ -262,6 +265,11 @@ class CudaCheckpointBackend:
         if pid is None:
             return BackendOutcome(False, 0, _no_pid(w))
         facts = self._facts(pid)
+        if facts.unreadable:
+            log.warning(
+                "cannot check the process for unsupported features",
+                extra={"pod": w.reg.pod_ref, "pid": pid, "unreadable": list(facts.unreadable)},
+            )
         refused = unsupported_reasons(facts)
         if refused:
             return BackendOutcome(

@@ -408,3 +408,19 @@ def test_a_refused_workload_is_suspended_by_the_next_backend_it_supports() -> No
     eng.register(Registration("p", 1234, 1 << 20, both, claim_uids=frozenset({"c"})))
     r = eng.suspend("c", 3.0)
     assert r.ok and r.backend == "simulated" and r.fallback is None and "lock" not in lib.calls
+
+
+def test_process_facts_are_read_from_proc_and_missing_files_are_named(tmp_path: Path) -> None:
+    from dra_driver.suspend.support import job_key, read_process_facts, unsupported_reasons
+
+    d = tmp_path / "77"
+    d.mkdir()
+    (d / "maps").write_text("7f00-7f10 r-xp 0 08:01 5 /usr/lib/libnccl.so.2\n")  # loaded, no communicator
+    (d / "environ").write_bytes(b"PATH=/bin\0CUDA_CHECKPOINT_JOB_FILE=/run/job.1\0WORLD_SIZE=1\0")
+    facts = read_process_facts(77, tmp_path)
+    assert facts.environ["CUDA_CHECKPOINT_JOB_FILE"] == "/run/job.1" and facts.unreadable == ()
+    assert unsupported_reasons(facts) == []  # libnccl mapped and WORLD_SIZE=1 alone: not refused
+    assert job_key("pod-x", facts) == "job-file:/run/job.1"
+    gone = read_process_facts(78, tmp_path)
+    assert len(gone.unreadable) == 2 and "78/maps" in gone.unreadable[0]
+    assert job_key("pod-x", gone) == "pod:pod-x"
