@@ -373,15 +373,46 @@ class NodeSuspendEngine:
     def _do_suspend(self, w: Workload, rec: OperationRecord, grace: float, reason: str, t0: float) -> None:
         if grace < 0:
             raise ValueError(f"grace_seconds must be >= 0, got {grace}")
+        if self._already_suspended(w, rec):
+            return
+        admitted = self._admit(w, rec)
+        if admitted is None:
+            return
+        name, need = admitted
+        self.registry.set_state(w, STATE_SUSPENDING)
+        op = OpContext(rec.id, grace, reason)
+        out = self._backend_suspend(name, w, t0 + grace, op)
+        alt = self._alternative(w, name) if out.unsupported else None
+        if alt is not None:
+            self._event(
+                w, REASON_SUSPEND_FAILED, f"{name} cannot suspend this workload, trying {alt}: {out.message}", "Warning"
+            )
+            name = rec.backend = alt
+            out = self._backend_suspend(name, w, t0 + grace, op)
+        if out.ok:
+            self._record_suspended(w, rec, name, out, need, time.monotonic() - t0, reason)
+            return
+        self.budget.release(w.pod_uid)
+        self.registry.set_state(w, STATE_RUNNING)
+        self._event(w, REASON_SUSPEND_FAILED, f"{name} suspend failed: {out.message}", "Warning")
+        why = "unsupported_workload" if out.unsupported else "deadline_exceeded" if out.timed_out else "backend_failed"
+        self._fallback(w, rec, why, out.message)
+
+    def _already_suspended(self, w: Workload, rec: OperationRecord) -> bool:
+        """Idempotence: a suspended (or checkpointed-and-evicted) workload moves nothing."""
         if w.state == STATE_SUSPENDED:
             rec.state, rec.backend = "succeeded", w.suspended_by or ""
             rec.message = "already suspended; nothing moved"
-            return
+            return True
         if w.state == STATE_CHECKPOINTED_EVICTED:
             rec.state, rec.fallback, rec.reason = "succeeded", FALLBACK_CHECKPOINT_EVICT, SuspendReason.FALLBACK
             rec.message = "already checkpointed for eviction; nothing moved"
-            return
-        deadline = t0 + grace
+            return True
+        return False
+
+    def _admit(self, w: Workload, rec: OperationRecord) -> tuple[str, int] | None:
+        """Choose the backend and reserve the host memory the suspend will take; None: the fallback
+        was taken instead (no usable backend, or the budget cannot hold it)."""
         name = BACKEND_SIMULATED if w.simulated else choose_backend(w.reg.backends, self.config.backends)
         if name is None:
             self._fallback(
@@ -391,7 +422,7 @@ class NodeSuspendEngine:
                 f"none of the workload's backends {sorted(w.reg.backends)} is enabled on this node"
                 f" ({', '.join(self.config.backends)})",
             )
-            return
+            return None
         rec.backend = name
         measured = self._measure(name, w)
         need = host_bytes_needed(w.reg.state_bytes, measured)
@@ -404,39 +435,26 @@ class NodeSuspendEngine:
                 f" ({self.budget.held_bytes()} of {self.budget.capacity_bytes} B held; registered"
                 f" {w.reg.state_bytes} B, measured on the GPU {'n/a' if measured is None else f'{measured} B'})",
             )
-            return
-        self.registry.set_state(w, STATE_SUSPENDING)
-        op = OpContext(rec.id, grace, reason)
-        out = self._backend_suspend(name, w, deadline, op)
-        alt = self._alternative(w, name) if out.unsupported else None
-        if alt is not None:
-            self._event(
-                w, REASON_SUSPEND_FAILED, f"{name} cannot suspend this workload, trying {alt}: {out.message}", "Warning"
-            )
-            name = rec.backend = alt
-            out = self._backend_suspend(name, w, deadline, op)
-        if out.ok:
-            held = max(out.bytes_moved, need)
-            self.budget.force(w.pod_uid, held)
-            w.host_bytes_held, w.suspended_by = held, name
-            self.registry.set_state(w, STATE_SUSPENDED)
-            rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
-            secs = time.monotonic() - t0
-            self.metrics.suspend_seconds.labels(name).observe(secs)
-            self.metrics.moved_bytes.labels(name, "to_host").inc(out.bytes_moved)
-            self.metrics.operations.labels("suspend", name, "ok").inc()
-            self._event(
-                w,
-                REASON_SUSPENDED,
-                f"suspended into host memory by {name}: {out.bytes_moved} B in {secs:.3f}s ({reason})",
-                "Normal",
-            )
-            return
-        self.budget.release(w.pod_uid)
-        self.registry.set_state(w, STATE_RUNNING)
-        self._event(w, REASON_SUSPEND_FAILED, f"{name} suspend failed: {out.message}", "Warning")
-        why = "unsupported_workload" if out.unsupported else "deadline_exceeded" if out.timed_out else "backend_failed"
-        self._fallback(w, rec, why, out.message)
+            return None
+        return name, need
+
+    def _record_suspended(
+        self, w: Workload, rec: OperationRecord, name: str, out: BackendOutcome, need: int, secs: float, reason: str
+    ) -> None:
+        held = max(out.bytes_moved, need)
+        self.budget.force(w.pod_uid, held)
+        w.host_bytes_held, w.suspended_by = held, name
+        self.registry.set_state(w, STATE_SUSPENDED)
+        rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
+        self.metrics.suspend_seconds.labels(name).observe(secs)
+        self.metrics.moved_bytes.labels(name, "to_host").inc(out.bytes_moved)
+        self.metrics.operations.labels("suspend", name, "ok").inc()
+        self._event(
+            w,
+            REASON_SUSPENDED,
+            f"suspended into host memory by {name}: {out.bytes_moved} B in {secs:.3f}s ({reason})",
+            "Normal",
+        )
 
     def _backend_suspend(self, name: str, w: Workload, deadline: float, op: OpContext) -> BackendOutcome:
         try:
