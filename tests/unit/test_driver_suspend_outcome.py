@@ -6,10 +6,12 @@ with a chosen ``SuspendResult`` (and, for the copy case, say a device-to-host co
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from driver_fixtures import NS, StaticClaims, make_claim, make_driver
 
@@ -133,5 +135,64 @@ def test_the_wait_for_a_started_copy_is_bounded(tmp_path: Path) -> None:
         s = d.snapshot().suspensions["uid-l0"]
         assert s.state == SUSPEND_FAILED and "still running" in s.message
         assert d.metrics.occupant_suspend_total.labels("timeout")._value.get() == 1
+    finally:
+        d.close()
+
+
+class SlowCheckpointLibcuda:
+    """libcuda at its ctypes boundary (explicit fake: no GPU here): the checkpoint call takes
+    ``seconds``, as cuCheckpointProcessCheckpoint does for a large process."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.state = seconds, 0
+
+    def cuInit(self, flags: int) -> int:
+        return 0
+
+    def cuDriverGetVersion(self, out: Any) -> int:
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = 12080
+        return 0
+
+    def cuCheckpointProcessGetState(self, pid: int, out: Any) -> int:
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = self.state
+        return 0
+
+    def cuCheckpointProcessLock(self, pid: int, args: Any) -> int:
+        self.state = 1
+        return 0
+
+    def cuCheckpointProcessCheckpoint(self, pid: int, args: Any) -> int:
+        time.sleep(self.seconds)
+        self.state = 2
+        return 0
+
+    def cuCheckpointProcessRestore(self, pid: int, args: Any) -> int:
+        self.state = 1
+        return 0
+
+    def cuCheckpointProcessUnlock(self, pid: int, args: Any) -> int:
+        self.state = 0
+        return 0
+
+
+def test_real_engine_and_cuda_checkpoint_backend_make_serving_wait_for_the_copy(tmp_path: Path) -> None:
+    from dra_driver.suspend.cuda_checkpoint import CudaCheckpointBackend, CudaDriver
+    from dra_driver.suspend.engine import EngineConfig, NodeSuspendEngine
+    from dra_driver.suspend.model import Registration
+    from dra_driver.suspend.support import ProcessFacts
+
+    lib = SlowCheckpointLibcuda(1.2)
+    be = CudaCheckpointBackend(
+        CudaDriver(lib), pid_resolver=lambda uid, pid: pid, process_facts=lambda p: ProcessFacts()
+    )
+    engine = NodeSuspendEngine(EngineConfig(1 << 40, backends=("cuda-checkpoint",)), {"cuda-checkpoint": be})
+    engine.register(Registration("pod-rl-0", 4242, 1 << 30, frozenset({"cuda-checkpoint"})))
+    d = make_driver(tmp_path, StaticClaims([L0, S0]), engine, default_grace_seconds=0.2, grace_slack_seconds=0.1)
+    try:
+        d.prepare([ref(L0)])  # binds claim uid-l0 to pod-rl-0 (status.reservedFor)
+        assert not d.prepare([ref(S0)])["uid-s0"].error
+        assert lib.state == 2  # checkpointed before serving's claim was prepared
+        assert d.snapshot().suspensions["uid-l0"].state == SUSPENDED
+        assert d.metrics.suspend_copy_wait_seconds._sum.get() > 0.5
     finally:
         d.close()
