@@ -10,7 +10,22 @@ idempotent: ``suspend`` of an already suspended occupant and ``resume`` of a run
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
+
+
+class SuspendReason(StrEnum):
+    """Why a suspend or resume ended as it did: the field decisions and metric labels read
+    (never the message text, which is for people)."""
+
+    DONE = "done"  # state moved (or already where it should be)
+    FALLBACK = "fallback"  # the fallback was taken (see ``SuspendResult.fallback``)
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # the engine's backend missed the grace period
+    ENGINE_TIMEOUT = "engine_timeout"  # the driver stopped waiting for the engine
+    UNSUPPORTED = "unsupported"  # the workload cannot be suspended by the enabled backends
+    NO_WORKLOAD = "no_workload"  # nothing registered for the claim
+    NO_ENGINE = "no_engine"  # the driver runs without a suspend engine
+    FAILED = "failed"  # any other failure; the message says what
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,11 @@ class SuspendResult:
     seconds: float
     fallback: str | None
     message: str
+    reason: SuspendReason = SuspendReason.DONE
+
+    @property
+    def timed_out(self) -> bool:
+        return self.reason in (SuspendReason.DEADLINE_EXCEEDED, SuspendReason.ENGINE_TIMEOUT)
 
 
 class SuspendEngine(Protocol):
@@ -41,6 +61,15 @@ class SuspendEngine(Protocol):
     def occupant_state(self, claim_uid: str) -> str:
         """``"running"``, ``"suspended"`` or ``"unknown"``."""
         ...
+
+
+@runtime_checkable
+class CopyWatcher(Protocol):
+    """Optional engine capability: is a device-to-host copy that cannot be interrupted (e.g.
+    ``cuCheckpointProcessCheckpoint``) running for the occupant of ``claim_uid``? The driver
+    does not let serving start on a GPU whose memory is still being copied off."""
+
+    def copy_in_progress(self, claim_uid: str) -> bool: ...
 
 
 @runtime_checkable

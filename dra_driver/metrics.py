@@ -40,6 +40,12 @@ class DriverMetrics:
             buckets=_BUCKETS,
             registry=r,
         )
+        self.suspend_copy_wait_seconds = Histogram(
+            "rose_driver_suspend_copy_wait_seconds",
+            "Time serving waited past the grace period for a device-to-host copy that had already started",
+            buckets=_BUCKETS,
+            registry=r,
+        )
         self.occupant_suspend_total = Counter(
             "rose_driver_occupant_suspend",
             "Lent occupants the driver asked the suspend engine to suspend, by outcome",

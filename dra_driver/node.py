@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ from filelock import FileLock
 from dra_driver import cdi
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
-from dra_driver.engine_api import ClaimBinder, SuspendEngine, SuspendResult
+from dra_driver.engine_api import ClaimBinder, CopyWatcher, SuspendEngine, SuspendReason, SuspendResult
 from dra_driver.metrics import DriverMetrics
 from dra_driver.state import (
     CHECKPOINTED_EVICTED,
@@ -109,6 +109,7 @@ class NodeDriver:
         grace_slack_seconds: float = 5.0,
         lock_timeout_seconds: float = 30.0,
         driver_name: str = names.DRIVER_NAME,
+        copy_wait_limit_seconds: float = 300.0,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -124,6 +125,7 @@ class NodeDriver:
         self.metrics = metrics or DriverMetrics(sorted(self.gpus))
         self.default_grace = default_grace_seconds
         self.grace_slack = grace_slack_seconds
+        self.copy_wait_limit = copy_wait_limit_seconds
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cdi_dir.mkdir(parents=True, exist_ok=True)
         self._ckpt = CheckpointFile(state_dir / "checkpoint.json")
@@ -451,6 +453,9 @@ class NodeDriver:
             res: SuspendResult = fut.result(timeout=timeout)
             return res
         except concurrent.futures.TimeoutError:
+            late = self._await_started_copy(fut, claim_uid) if fn == "suspend" else None
+            if late is not None:
+                return late
             return SuspendResult(
                 False,
                 "none",
@@ -458,9 +463,50 @@ class NodeDriver:
                 time.monotonic() - t0,
                 None,
                 f"suspend engine did not finish {fn} within {timeout:.1f}s",
+                SuspendReason.ENGINE_TIMEOUT,
             )
         except Exception as e:
-            return SuspendResult(False, "none", 0, time.monotonic() - t0, None, f"suspend engine {fn} raised {e!r}")
+            return SuspendResult(
+                False, "none", 0, time.monotonic() - t0, None, f"suspend engine {fn} raised {e!r}", SuspendReason.FAILED
+            )
+
+    def _await_started_copy(
+        self, fut: concurrent.futures.Future[SuspendResult], claim_uid: str
+    ) -> SuspendResult | None:
+        """Serving must not start on a GPU whose memory is still being copied off. When the engine
+        reports an uninterruptible copy running (cuda-checkpoint's checkpoint call takes no
+        timeout), wait for it — up to ``copy_wait_limit`` more seconds, measured in
+        ``rose_driver_suspend_copy_wait_seconds``. None: no copy runs, give up now."""
+        engine = self.engine
+        if not isinstance(engine, CopyWatcher):
+            return None
+        try:
+            running = engine.copy_in_progress(claim_uid)
+        except Exception as e:
+            log.warning("copy_in_progress failed", extra={"claim": claim_uid, "err": repr(e)})
+            return None
+        if not running:
+            return None
+        log.warning("grace period over with a device copy running; serving waits for it", extra={"claim": claim_uid})
+        t0 = time.monotonic()
+        try:
+            res: SuspendResult = fut.result(timeout=self.copy_wait_limit)
+        except concurrent.futures.TimeoutError:
+            res = SuspendResult(
+                False,
+                "none",
+                0,
+                time.monotonic() - t0,
+                None,
+                f"the device-to-host copy that had started was still running {self.copy_wait_limit:.0f}s after the"
+                " grace period; serving proceeds and may find the GPU's memory not yet free",
+                SuspendReason.ENGINE_TIMEOUT,
+            )
+        except Exception as e:
+            res = SuspendResult(False, "none", 0, 0.0, None, f"suspend engine raised {e!r}", SuspendReason.FAILED)
+        waited = time.monotonic() - t0
+        self.metrics.suspend_copy_wait_seconds.observe(waited)
+        return replace(res, message=f"{res.message} (serving waited {waited:.3f}s for the copy that had started)")
 
     def _hold(self, occupant: ClaimRecord, holder: str, grace: float | None) -> Suspension:
         data = self._data
@@ -493,7 +539,15 @@ class NodeDriver:
         pods = list(occupant.pods)
         self._notify(pods, POD_SUSPENDING, f"suspending lent GPU workload (grace {grace_s:g}s), held by {s.held_by}")
         if self.engine is None:
-            res = SuspendResult(False, "none", 0, 0.0, None, "no suspend engine configured (--suspend-engine=none)")
+            res = SuspendResult(
+                False,
+                "none",
+                0,
+                0.0,
+                None,
+                "no suspend engine configured (--suspend-engine=none)",
+                SuspendReason.NO_ENGINE,
+            )
         else:
             res = self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s)
         crash_point("suspend-engine-returned")
@@ -517,7 +571,7 @@ class NodeDriver:
             )
         else:
             s.state = SUSPEND_FAILED
-            outcome = "timeout" if "within" in res.message else "failed"
+            outcome = "timeout" if res.timed_out else "failed"
             self._notify(
                 pods,
                 POD_SUSPENDING,

@@ -2,7 +2,17 @@
 
 Safe points, suspend / resume hooks, cooperative offload of a torch model, its optimizer and
 registered tensors into reused (pinned) host buffers, and an atomic durable checkpoint.
+
+The offload and checkpoint paths import only torch and NumPy. The agent client (``init``,
+``Workload``, ``safe_point``…, in ``rose_sdk.workload``) needs grpc and the generated
+``rose.agent.v1`` stubs (a protobuf runtime as new as the one they were generated with); it is
+imported on first use, so ``from rose_sdk import CooperativeOffloader`` works without them.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from rose_sdk.checkpoint import (
     Checkpoint,
@@ -14,7 +24,19 @@ from rose_sdk.checkpoint import (
     set_rng_state,
 )
 from rose_sdk.offload import CooperativeOffloader, OffloadReport, tensors_equal
-from rose_sdk.workload import AgentError, Workload, current, init, on_resume, on_suspend, safe_point
+
+if TYPE_CHECKING:
+    from rose_sdk.workload import AgentError, Workload, current, init, on_resume, on_suspend, safe_point
+
+_AGENT_CLIENT = ("AgentError", "Workload", "current", "init", "on_resume", "on_suspend", "safe_point")
+
+
+def __getattr__(name: str) -> Any:
+    """The agent client's names, imported from rose_sdk.workload on first use."""
+    if name in _AGENT_CLIENT:
+        return getattr(importlib.import_module("rose_sdk.workload"), name)
+    raise AttributeError(f"module 'rose_sdk' has no attribute {name!r}")
+
 
 __all__ = [
     "AgentError",

@@ -39,6 +39,7 @@ class OffloadReport:
     tensors: int
     seconds: float
     arena_reused: bool
+    copy_seconds: float = 0.0  # the copies alone (issue to last sync), without allocation and free
 
 
 def _align(n: int) -> int:
@@ -151,6 +152,7 @@ class CooperativeOffloader:
         tensors = self.device_tensors()
         slots, reused = self._ensure_arena(tensors)
         views = [self._host_view(s) for s in slots]
+        tc = time.perf_counter()
         if self.device.type == "cuda":
             side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -161,6 +163,7 @@ class CooperativeOffloader:
         else:
             for v, t in zip(views, tensors, strict=True):
                 v.copy_(t.detach())
+        copy_s = time.perf_counter() - tc
         # Only after every copy landed: re-point the tensors (nothing changed if a copy failed).
         for v, t in zip(views, tensors, strict=True):
             t.data = v
@@ -169,7 +172,7 @@ class CooperativeOffloader:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         nbytes = sum(s.nbytes for s in slots)
-        return OffloadReport(nbytes, len(slots), time.perf_counter() - t0, reused)
+        return OffloadReport(nbytes, len(slots), time.perf_counter() - t0, reused, copy_s)
 
     def restore(self) -> OffloadReport:
         """Move every offloaded tensor back onto its device (the host arena stays for reuse)."""
@@ -178,6 +181,7 @@ class CooperativeOffloader:
         t0 = time.perf_counter()
         fresh = [torch.empty(s.shape, dtype=s.dtype, device=s.device) for _, s in self._moved]
         views = [self._host_view(s) for _, s in self._moved]
+        tc = time.perf_counter()
         if self.device.type == "cuda":
             side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -188,13 +192,14 @@ class CooperativeOffloader:
         else:
             for d, v in zip(fresh, views, strict=True):
                 d.copy_(v)
+        copy_s = time.perf_counter() - tc
         for (t, _), d in zip(self._moved, fresh, strict=True):
             t.data = d
         nbytes = sum(s.nbytes for _, s in self._moved)
         n = len(self._moved)
         self._moved = []
         self.offloaded = False
-        return OffloadReport(nbytes, n, time.perf_counter() - t0, True)
+        return OffloadReport(nbytes, n, time.perf_counter() - t0, True, copy_s)
 
     def release_host_buffers(self) -> None:
         """Free the reusable host arena (only while not offloaded)."""

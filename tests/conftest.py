@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from local_cluster import ClusterConfig, ClusterHandle, LocalCluster, free_port
+if TYPE_CHECKING:  # imported where used: the device tier collects without local_cluster's dependencies
+    from local_cluster import ClusterHandle
 
 TIERS = ("unit", "contract", "e2e", "device")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,8 @@ def _existing_cluster() -> ClusterHandle:
     """A handle on the user's own cluster named by KUBECONFIG."""
     from kubernetes import client, config
 
+    from local_cluster import ClusterHandle
+
     kubeconfig = Path(os.environ["KUBECONFIG"])
     cfg = client.Configuration()
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
@@ -73,6 +76,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
     if os.environ.get("ROSE_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
         yield _existing_cluster()
         return
+    from local_cluster import ClusterConfig, LocalCluster, free_port
+
     workdir = tmp_path_factory.mktemp("cluster")
     cfg = ClusterConfig(
         nodes=4,

@@ -6,19 +6,29 @@ cuCheckpointProcessRestore → cuCheckpointProcessUnlock resumes it at the same 
 (SUSPEND.md §1.2). Needs driver r570+ (CUDA 12.8). The library is loaded and ``cuInit`` called once,
 in the long-lived agent, so no call pays CUDA start-up (SUSPEND.md §1.3). The caller must see the
 target's PID namespace (hostPID) and be root or hold CAP_SYS_PTRACE.
+
+I/O boundary: libcuda (``CudaDriver``), libnvidia-ml (an optional ``DeviceMemoryProbe``) and
+``/proc`` (PID resolution, ``support.read_process_facts``). Refusals and serialisation follow
+``support.py``; while ``cuCheckpointProcessCheckpoint`` runs (it cannot be bounded or interrupted)
+``copy_started`` reports it, so the driver does not start serving on memory still being copied.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 from dra_driver.suspend.model import BACKEND_CUDA_CHECKPOINT, BackendOutcome, OpContext
 from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.registry import Workload
+from dra_driver.suspend.support import ProcessFacts, job_key, read_process_facts, unsupported_reasons
+
+log = logging.getLogger("rose.suspend")
 
 # CUprocessState
 PROCESS_STATE_RUNNING = 0
@@ -45,10 +55,16 @@ _CU_ERRORS = {
     304: "CUDA_ERROR_OPERATING_SYSTEM",
     401: "CUDA_ERROR_ILLEGAL_STATE",
     801: "CUDA_ERROR_NOT_SUPPORTED",
+    600: "CUDA_ERROR_NOT_READY",
     802: "CUDA_ERROR_SYSTEM_NOT_READY",
     909: "CUDA_ERROR_TIMEOUT",
     999: "CUDA_ERROR_UNKNOWN",
 }
+CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_TIMEOUT = 909
+# cuCheckpointProcessLock returns CUDA_ERROR_NOT_READY when timeoutMs passes (the process stays
+# RUNNING); 909 is read the same way in case a driver reports the generic timeout code.
+LOCK_TIMEOUT_CODES = frozenset({CUDA_ERROR_NOT_READY, CUDA_ERROR_TIMEOUT})
 
 
 class CUcheckpointLockArgs(ctypes.Structure):
@@ -119,7 +135,13 @@ class CudaDriver:
         with self._init_lock:
             if self._initialised:
                 return
-            self._check("cuInit", 0, self._lib.cuInit(0))
+            rc = int(self._lib.cuInit(0))
+            if rc != 0:
+                raise CudaCheckpointUnavailable(
+                    f"cuInit failed: {_CU_ERRORS.get(rc, 'CUresult')} ({rc}): no usable NVIDIA GPU or driver is"
+                    " visible to this process (run it with the NVIDIA runtime, NVIDIA_VISIBLE_DEVICES=all,"
+                    " NVIDIA_DRIVER_CAPABILITIES=compute,utility), or choose --backends cooperative"
+                )
             ver = ctypes.c_int(0)
             self._check("cuDriverGetVersion", 0, self._lib.cuDriverGetVersion(ctypes.byref(ver)))
             if ver.value < MIN_DRIVER_API_VERSION:
@@ -169,15 +191,32 @@ class CudaDriver:
         self._check("cuCheckpointProcessUnlock", pid, self._lib.cuCheckpointProcessUnlock(pid, ctypes.byref(args)))
 
 
+class DeviceMemoryProbe(Protocol):
+    def process_device_bytes(self, pid: int) -> int | None: ...
+
+
 class CudaCheckpointBackend:
-    """Suspend / resume a workload process by PID. Always unlocks on a failed checkpoint."""
+    """Suspend / resume a workload process by PID. Refuses workloads the driver cannot move,
+    serialises calls per job, always unlocks on a failed checkpoint."""
 
     name = BACKEND_CUDA_CHECKPOINT
 
-    def __init__(self, driver: CudaDriver, pid_resolver: Callable[[str, int], int | None] = resolve_pid) -> None:
+    def __init__(
+        self,
+        driver: CudaDriver,
+        pid_resolver: Callable[[str, int], int | None] = resolve_pid,
+        *,
+        memory_probe: DeviceMemoryProbe | None = None,
+        process_facts: Callable[[int], ProcessFacts] = read_process_facts,
+    ) -> None:
         self._drv = driver
         self._drv.init()
         self._resolve = pid_resolver
+        self._probe = memory_probe
+        self._facts = process_facts
+        self._guard = threading.Lock()
+        self._job_locks: dict[str, threading.Lock] = {}
+        self._copying: dict[str, float] = {}
 
     def _pid(self, w: Workload) -> int | None:
         return self._resolve(w.reg.pod_uid, w.reg.pid)
@@ -188,55 +227,120 @@ class CudaCheckpointBackend:
         except CudaCheckpointError:
             return "unknown"
 
+    # ------------------------------------------------------------------ optional engine capabilities
+
+    def device_bytes(self, w: Workload) -> int | None:
+        """What the workload's process holds on its GPUs now (NVML), or None when not measurable."""
+        pid = self._pid(w)
+        if pid is None or self._probe is None:
+            return None
+        return self._probe.process_device_bytes(pid)
+
+    def copy_started(self, w: Workload) -> float | None:
+        """Monotonic start of the checkpoint copy running now for ``w``, or None."""
+        with self._guard:
+            return self._copying.get(w.pod_uid)
+
+    # ------------------------------------------------------------------ serialisation
+
+    def _job_lock(self, key: str) -> threading.Lock:
+        with self._guard:
+            return self._job_locks.setdefault(key, threading.Lock())
+
+    @contextmanager
+    def _copy(self, w: Workload) -> Iterator[None]:
+        with self._guard:
+            self._copying[w.pod_uid] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._copying.pop(w.pod_uid, None)
+
+    # ------------------------------------------------------------------ suspend / resume
+
     def suspend(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome:
         del op
-        found = self._pid(w)
-        if found is None:
+        pid = self._pid(w)
+        if pid is None:
             return BackendOutcome(False, 0, _no_pid(w))
-        pid = found
-        t0 = time.monotonic()
+        facts = self._facts(pid)
+        if facts.unreadable:
+            log.warning(
+                "cannot check the process for unsupported features",
+                extra={"pod": w.reg.pod_ref, "pid": pid, "unreadable": list(facts.unreadable)},
+            )
+        refused = unsupported_reasons(facts)
+        if refused:
+            return BackendOutcome(
+                False, 0, f"cuda-checkpoint refuses pid {pid}: " + "; ".join(refused), unsupported=True
+            )
+        lock = self._job_lock(job_key(w.pod_uid, facts))
+        if not lock.acquire(timeout=max(0.0, deadline_monotonic - time.monotonic())):
+            return BackendOutcome(
+                False, 0, "another process of the same job was being checkpointed for the whole grace period",
+                timed_out=True,
+            )  # fmt: skip
+        try:
+            return self._suspend_locked(w, pid, deadline_monotonic)
+        finally:
+            lock.release()
+
+    def _suspend_locked(self, w: Workload, pid: int, deadline_monotonic: float) -> BackendOutcome:
         try:
             st = self._drv.get_state(pid)
             if st == PROCESS_STATE_CHECKPOINTED:
                 return BackendOutcome(True, 0, "process already checkpointed")
+            measured = self._probe.process_device_bytes(pid) if self._probe is not None else None
             if st == PROCESS_STATE_RUNNING:
-                left_ms = int((deadline_monotonic - t0) * 1000)
+                left_ms = int((deadline_monotonic - time.monotonic()) * 1000)
                 if left_ms <= 0:
                     return BackendOutcome(False, 0, "grace period already spent before lock", timed_out=True)
                 try:
                     self._drv.lock(pid, left_ms)
                 except CudaCheckpointError as e:
                     # On timeout the driver leaves the process RUNNING.
-                    return BackendOutcome(False, 0, f"lock: {e}", timed_out=e.code == 909)
-            try:
-                self._drv.checkpoint(pid)
-            except CudaCheckpointError as e:
-                try:
-                    self._drv.unlock(pid)
-                except CudaCheckpointError as e2:
-                    return BackendOutcome(False, 0, f"checkpoint: {e}; unlock after failure: {e2}")
-                return BackendOutcome(False, 0, f"checkpoint: {e} (process unlocked, still running)")
+                    return BackendOutcome(False, 0, f"lock: {e}", timed_out=e.code in LOCK_TIMEOUT_CODES)
+            with self._copy(w):
+                err = self._checkpoint_or_unlock(pid)
+            if err is not None:
+                return BackendOutcome(False, 0, err)
         except CudaCheckpointError as e:
             return BackendOutcome(False, 0, str(e))
-        return BackendOutcome(True, w.reg.state_bytes, "device memory checkpointed to host (registered size)")
+        if measured is None:
+            return BackendOutcome(True, w.reg.state_bytes, "device memory checkpointed to host (registered size)")
+        return BackendOutcome(True, measured, "device memory checkpointed to host (NVML-measured size)")
+
+    def _checkpoint_or_unlock(self, pid: int) -> str | None:
+        """Checkpoint a locked process; on failure unlock it so it keeps running. None = done."""
+        try:
+            self._drv.checkpoint(pid)
+        except CudaCheckpointError as e:
+            try:
+                self._drv.unlock(pid)
+            except CudaCheckpointError as e2:
+                return f"checkpoint: {e}; unlock after failure: {e2}"
+            return f"checkpoint: {e} (process unlocked, still running)"
+        return None
 
     def resume(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome:
         del op
         del deadline_monotonic  # restore cannot be bounded; it is awaited
-        found = self._pid(w)
-        if found is None:
+        pid = self._pid(w)
+        if pid is None:
             return BackendOutcome(False, 0, _no_pid(w))
-        pid = found
-        try:
-            st = self._drv.get_state(pid)
-            if st == PROCESS_STATE_RUNNING:
-                return BackendOutcome(True, 0, "process already running")
-            if st == PROCESS_STATE_CHECKPOINTED:
-                self._drv.restore(pid)
-            self._drv.unlock(pid)
-        except CudaCheckpointError as e:
-            return BackendOutcome(False, 0, str(e))
-        return BackendOutcome(True, w.reg.state_bytes, "device memory restored (registered size)")
+        with self._job_lock(job_key(w.pod_uid, self._facts(pid))):
+            try:
+                st = self._drv.get_state(pid)
+                if st == PROCESS_STATE_RUNNING:
+                    return BackendOutcome(True, 0, "process already running")
+                if st == PROCESS_STATE_CHECKPOINTED:
+                    self._drv.restore(pid)
+                self._drv.unlock(pid)
+            except CudaCheckpointError as e:
+                return BackendOutcome(False, 0, str(e))
+        held = w.host_bytes_held or w.reg.state_bytes
+        return BackendOutcome(True, held, "device memory restored")
 
 
 def _no_pid(w: Workload) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from dra_driver.engine_api import SuspendResult
+from dra_driver.engine_api import SuspendReason, SuspendResult
 from dra_driver.suspend.budget import HostMemoryBudget
 from dra_driver.suspend.cooperative import CooperativeBackend
 from dra_driver.suspend.events import (
@@ -63,6 +63,11 @@ _MAX_OPERATIONS = 1024
 
 
 class Backend(Protocol):
+    """A way to move a workload's state. Optional capabilities, looked up by name:
+    ``device_bytes(w) -> int | None`` (what its process holds on the GPU now, charged to the
+    budget when larger than the registered size) and ``copy_started(w) -> float | None`` (the
+    monotonic start of an uninterruptible device-to-host copy running now)."""
+
     name: str
 
     def suspend(self, w: Workload, deadline_monotonic: float, op: OpContext) -> BackendOutcome: ...
@@ -113,6 +118,26 @@ def choose_backend(supported: Iterable[str], enabled: Sequence[str]) -> str | No
         if b in s:
             return b
     return None
+
+
+def host_bytes_needed(registered_bytes: int, measured_device_bytes: int | None) -> int:
+    """Pure: host memory a suspend will take — the larger of what the workload registered and what
+    its process was measured to hold on the GPU (the driver copies every allocation: the caching
+    allocator's reserve, the CUDA context, library workspaces)."""
+    if measured_device_bytes is None or measured_device_bytes < 0:
+        return registered_bytes
+    return max(registered_bytes, measured_device_bytes)
+
+
+_FALLBACK_REASON_OF = {
+    "deadline_exceeded": SuspendReason.DEADLINE_EXCEEDED,
+    "unsupported_workload": SuspendReason.UNSUPPORTED,
+}
+
+
+def fallback_failure_reason(why: str) -> SuspendReason:
+    """Pure: the result reason of a suspend whose fallback could not be completed."""
+    return _FALLBACK_REASON_OF.get(why, SuspendReason.FAILED)
 
 
 def occupant_state_of(state: str) -> str:
@@ -226,6 +251,7 @@ class NodeSuspendEngine:
                 None,
                 f"no workload registered for claim {claim_uid} on this node: the workload must register"
                 " with the node agent (rose_sdk) or the driver must bind_claim() it",
+                SuspendReason.NO_WORKLOAD,
             )
         rec = self._run(w, "suspend", grace_seconds, f"claim {claim_uid} reclaimed")
         return self._result(rec)
@@ -233,13 +259,26 @@ class NodeSuspendEngine:
     def resume(self, claim_uid: str) -> SuspendResult:
         w = self._occupant(claim_uid, create_simulated=False)
         if w is None:
-            return SuspendResult(False, "none", 0, 0.0, None, f"no workload registered for claim {claim_uid}")
+            return SuspendResult(
+                False, "none", 0, 0.0, None, f"no workload registered for claim {claim_uid}", SuspendReason.NO_WORKLOAD
+            )
         rec = self._run(w, "resume", 0.0, f"claim {claim_uid} given back")
         return self._result(rec)
 
     def occupant_state(self, claim_uid: str) -> str:
         w = self._occupant(claim_uid, create_simulated=False)
         return "unknown" if w is None else occupant_state_of(w.state)
+
+    def copy_in_progress(self, claim_uid: str) -> bool:
+        """engine_api.CopyWatcher: an uninterruptible device-to-host copy of the claim's occupant runs."""
+        w = self._occupant(claim_uid, create_simulated=False)
+        if w is None:
+            return False
+        for b in self._backends.values():
+            started = getattr(b, "copy_started", None)
+            if started is not None and started(w) is not None:
+                return True
+        return False
 
     @staticmethod
     def _result(rec: OperationRecord) -> SuspendResult:
@@ -250,6 +289,7 @@ class NodeSuspendEngine:
             seconds=rec.duration_seconds,
             fallback=rec.fallback,
             message=rec.message,
+            reason=rec.reason,
         )
 
     # ------------------------------------------------------------------ pod-level (NodeControl)
@@ -319,7 +359,7 @@ class NodeSuspendEngine:
                     self._do_resume(cur, rec)
         except Exception as e:  # a bug or an I/O error must end the operation, never hang it
             log.exception("operation failed", extra={"podUID": w.pod_uid, "op": rec.id})
-            rec.state, rec.message = "failed", f"internal error: {e!r}"
+            rec.state, rec.message, rec.reason = "failed", f"internal error: {e!r}", SuspendReason.FAILED
         finally:
             rec.duration_seconds = time.monotonic() - t0
             rec.finished_unix_ms = _now_ms()
@@ -333,15 +373,46 @@ class NodeSuspendEngine:
     def _do_suspend(self, w: Workload, rec: OperationRecord, grace: float, reason: str, t0: float) -> None:
         if grace < 0:
             raise ValueError(f"grace_seconds must be >= 0, got {grace}")
+        if self._already_suspended(w, rec):
+            return
+        admitted = self._admit(w, rec)
+        if admitted is None:
+            return
+        name, need = admitted
+        self.registry.set_state(w, STATE_SUSPENDING)
+        op = OpContext(rec.id, grace, reason)
+        out = self._backend_suspend(name, w, t0 + grace, op)
+        alt = self._alternative(w, name) if out.unsupported else None
+        if alt is not None:
+            self._event(
+                w, REASON_SUSPEND_FAILED, f"{name} cannot suspend this workload, trying {alt}: {out.message}", "Warning"
+            )
+            name = rec.backend = alt
+            out = self._backend_suspend(name, w, t0 + grace, op)
+        if out.ok:
+            self._record_suspended(w, rec, name, out, need, time.monotonic() - t0, reason)
+            return
+        self.budget.release(w.pod_uid)
+        self.registry.set_state(w, STATE_RUNNING)
+        self._event(w, REASON_SUSPEND_FAILED, f"{name} suspend failed: {out.message}", "Warning")
+        why = "unsupported_workload" if out.unsupported else "deadline_exceeded" if out.timed_out else "backend_failed"
+        self._fallback(w, rec, why, out.message)
+
+    def _already_suspended(self, w: Workload, rec: OperationRecord) -> bool:
+        """Idempotence: a suspended (or checkpointed-and-evicted) workload moves nothing."""
         if w.state == STATE_SUSPENDED:
             rec.state, rec.backend = "succeeded", w.suspended_by or ""
             rec.message = "already suspended; nothing moved"
-            return
+            return True
         if w.state == STATE_CHECKPOINTED_EVICTED:
-            rec.state, rec.fallback = "succeeded", FALLBACK_CHECKPOINT_EVICT
+            rec.state, rec.fallback, rec.reason = "succeeded", FALLBACK_CHECKPOINT_EVICT, SuspendReason.FALLBACK
             rec.message = "already checkpointed for eviction; nothing moved"
-            return
-        deadline = t0 + grace
+            return True
+        return False
+
+    def _admit(self, w: Workload, rec: OperationRecord) -> tuple[str, int] | None:
+        """Choose the backend and reserve the host memory the suspend will take; None: the fallback
+        was taken instead (no usable backend, or the budget cannot hold it)."""
         name = BACKEND_SIMULATED if w.simulated else choose_backend(w.reg.backends, self.config.backends)
         if name is None:
             self._fallback(
@@ -351,50 +422,68 @@ class NodeSuspendEngine:
                 f"none of the workload's backends {sorted(w.reg.backends)} is enabled on this node"
                 f" ({', '.join(self.config.backends)})",
             )
-            return
+            return None
         rec.backend = name
-        if not self.budget.try_reserve(w.pod_uid, w.reg.state_bytes):
+        measured = self._measure(name, w)
+        need = host_bytes_needed(w.reg.state_bytes, measured)
+        if not self.budget.try_reserve(w.pod_uid, need):
             self._fallback(
                 w,
                 rec,
                 "host_memory_budget",
-                f"suspend refused: {w.reg.state_bytes} B of state does not fit the host-memory budget"
-                f" ({self.budget.held_bytes()} of {self.budget.capacity_bytes} B held)",
+                f"suspend refused: {need} B of state does not fit the host-memory budget"
+                f" ({self.budget.held_bytes()} of {self.budget.capacity_bytes} B held; registered"
+                f" {w.reg.state_bytes} B, measured on the GPU {'n/a' if measured is None else f'{measured} B'})",
             )
-            return
-        self.registry.set_state(w, STATE_SUSPENDING)
-        op = OpContext(rec.id, grace, reason)
+            return None
+        return name, need
+
+    def _record_suspended(
+        self, w: Workload, rec: OperationRecord, name: str, out: BackendOutcome, need: int, secs: float, reason: str
+    ) -> None:
+        held = max(out.bytes_moved, need)
+        self.budget.force(w.pod_uid, held)
+        w.host_bytes_held, w.suspended_by = held, name
+        self.registry.set_state(w, STATE_SUSPENDED)
+        rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
+        self.metrics.suspend_seconds.labels(name).observe(secs)
+        self.metrics.moved_bytes.labels(name, "to_host").inc(out.bytes_moved)
+        self.metrics.operations.labels("suspend", name, "ok").inc()
+        self._event(
+            w,
+            REASON_SUSPENDED,
+            f"suspended into host memory by {name}: {out.bytes_moved} B in {secs:.3f}s ({reason})",
+            "Normal",
+        )
+
+    def _backend_suspend(self, name: str, w: Workload, deadline: float, op: OpContext) -> BackendOutcome:
         try:
-            out = self._backends[name].suspend(w, deadline, op)
+            return self._backends[name].suspend(w, deadline, op)
         except Exception as e:
-            out = BackendOutcome(False, 0, f"backend error: {e!r}")
-        if out.ok:
-            held = max(out.bytes_moved, w.reg.state_bytes)
-            self.budget.force(w.pod_uid, held)
-            w.host_bytes_held, w.suspended_by = held, name
-            self.registry.set_state(w, STATE_SUSPENDED)
-            rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
-            secs = time.monotonic() - t0
-            self.metrics.suspend_seconds.labels(name).observe(secs)
-            self.metrics.moved_bytes.labels(name, "to_host").inc(out.bytes_moved)
-            self.metrics.operations.labels("suspend", name, "ok").inc()
-            self._event(
-                w,
-                REASON_SUSPENDED,
-                f"suspended into host memory by {name}: {out.bytes_moved} B in {secs:.3f}s ({reason})",
-                "Normal",
-            )
-            return
-        self.budget.release(w.pod_uid)
-        self.registry.set_state(w, STATE_RUNNING)
-        self._event(w, REASON_SUSPEND_FAILED, f"{name} suspend failed: {out.message}", "Warning")
-        self._fallback(w, rec, "deadline_exceeded" if out.timed_out else "backend_failed", out.message)
+            return BackendOutcome(False, 0, f"backend error: {e!r}")
+
+    def _alternative(self, w: Workload, refused_by: str) -> str | None:
+        """The next enabled backend the workload supports, after ``refused_by`` said it cannot move it."""
+        return choose_backend(w.reg.backends - {refused_by}, [b for b in self.config.backends if b != refused_by])
+
+    def _measure(self, name: str, w: Workload) -> int | None:
+        """What the backend measures the workload's process to hold on the GPU (None: not measurable)."""
+        probe = getattr(self._backends[name], "device_bytes", None)
+        if probe is None:
+            return None
+        try:
+            got = probe(w)
+        except Exception as e:  # a probe failure must not block the suspend; the registered size is used
+            log.warning("device memory probe failed", extra={"podUID": w.pod_uid, "err": repr(e)})
+            return None
+        return None if got is None else int(got)
 
     def _fallback(self, w: Workload, rec: OperationRecord, why: str, detail: str) -> None:
         """Atomic durable checkpoint, then eviction. Never evicts without a confirmed checkpoint."""
         self.metrics.fallbacks.labels(why).inc()
         self.metrics.operations.labels("suspend", rec.backend or "none", "fallback").inc()
         rec.fallback = FALLBACK_CHECKPOINT_EVICT
+        rec.reason = fallback_failure_reason(why)  # until the fallback is confirmed
         coop = self._backends.get(BACKEND_COOPERATIVE)
         if BACKEND_COOPERATIVE not in w.reg.backends or not isinstance(coop, CooperativeBackend):
             rec.state = "failed"
@@ -420,7 +509,7 @@ class NodeSuspendEngine:
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
         self.registry.set_state(w, STATE_CHECKPOINTED_EVICTED)
-        rec.state, rec.checkpoint_path = "succeeded", ack.checkpoint_path
+        rec.state, rec.checkpoint_path, rec.reason = "succeeded", ack.checkpoint_path, SuspendReason.FALLBACK
         evicted = "evicting the pod" if self._evictor is not None else "the caller must evict the pod"
         rec.message = (
             f"{detail}; fallback: durable checkpoint {ack.checkpoint_path}"
@@ -436,12 +525,12 @@ class NodeSuspendEngine:
             rec.state, rec.message = "succeeded", "already running; nothing moved"
             return
         if w.state == STATE_CHECKPOINTED_EVICTED:
-            rec.state, rec.fallback = "failed", FALLBACK_CHECKPOINT_EVICT
+            rec.state, rec.fallback, rec.reason = "failed", FALLBACK_CHECKPOINT_EVICT, SuspendReason.FALLBACK
             rec.message = "the workload took the checkpoint-evict fallback; restart it from its durable checkpoint"
             return
         name = w.suspended_by
         if name is None or name not in self._backends:
-            rec.state = "failed"
+            rec.state, rec.reason = "failed", SuspendReason.FAILED
             rec.message = (
                 f"workload is {w.state} but its backend {name!r} is not enabled here; state kept in host memory"
             )
@@ -459,6 +548,7 @@ class NodeSuspendEngine:
             # Never drop suspended state: it stays where it is, accounted, and the resume can be retried.
             self.registry.set_state(w, STATE_SUSPENDED)
             rec.state = "failed"
+            rec.reason = SuspendReason.DEADLINE_EXCEEDED if out.timed_out else SuspendReason.FAILED
             rec.message = f"{name} resume failed: {out.message}; state kept in host memory, retry the resume"
             self.metrics.operations.labels("resume", name, "failed").inc()
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")

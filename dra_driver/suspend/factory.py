@@ -5,11 +5,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from dra_driver.suspend.cooperative import CooperativeBackend
-from dra_driver.suspend.cuda_checkpoint import CudaCheckpointBackend, CudaDriver
+from dra_driver.suspend.cuda_checkpoint import CudaCheckpointBackend, CudaCheckpointUnavailable, CudaDriver
 from dra_driver.suspend.engine import Backend, EngineConfig, Evictor, NodeSuspendEngine
 from dra_driver.suspend.events import EventSink
 from dra_driver.suspend.metrics import SuspendMetrics
 from dra_driver.suspend.model import BACKEND_COOPERATIVE, BACKEND_CUDA_CHECKPOINT, BACKEND_SIMULATED
+from dra_driver.suspend.nvml import NvmlMemoryProbe, NvmlUnavailable
 from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND, SimulatedBackend
 
 
@@ -18,11 +19,13 @@ def build_engine(
     *,
     simulated_host_link_bytes_per_second: float = DEFAULT_HOST_LINK_BYTES_PER_SECOND,
     libcuda_path: str = "libcuda.so.1",
+    libnvml_path: str = "libnvidia-ml.so.1",
     events: EventSink | None = None,
     evictor: Evictor | None = None,
     metrics_registry: CollectorRegistry | None = None,
 ) -> NodeSuspendEngine:
-    """Raises CudaCheckpointUnavailable when cuda-checkpoint is enabled but libcuda cannot serve it."""
+    """Raises CudaCheckpointUnavailable when cuda-checkpoint is enabled but libcuda cannot serve it
+    or NVML cannot measure processes' GPU memory (the host-memory budget needs that measurement)."""
     backends: dict[str, Backend] = {}
     for name in config.backends:
         if name == BACKEND_COOPERATIVE:
@@ -30,5 +33,15 @@ def build_engine(
         elif name == BACKEND_SIMULATED:
             backends[name] = SimulatedBackend(simulated_host_link_bytes_per_second)
         elif name == BACKEND_CUDA_CHECKPOINT:
-            backends[name] = CudaCheckpointBackend(CudaDriver.load(libcuda_path))
+            backends[name] = _cuda_checkpoint(libcuda_path, libnvml_path)
     return NodeSuspendEngine(config, backends, events=events, evictor=evictor, metrics=SuspendMetrics(metrics_registry))
+
+
+def _cuda_checkpoint(libcuda_path: str, libnvml_path: str) -> CudaCheckpointBackend:
+    driver = CudaDriver.load(libcuda_path)
+    driver.init()  # cuInit first: its failure says more than a missing NVML
+    try:
+        probe = NvmlMemoryProbe.load(libnvml_path)
+    except NvmlUnavailable as e:
+        raise CudaCheckpointUnavailable(str(e)) from e
+    return CudaCheckpointBackend(driver, memory_probe=probe)

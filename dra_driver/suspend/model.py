@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from dra_driver.engine_api import SuspendReason
 from rose_common.names import SuspendState
 
 BACKEND_CUDA_CHECKPOINT: Final = "cuda-checkpoint"
@@ -33,7 +34,13 @@ CommandKind = Literal["suspend", "resume", "checkpoint"]
 COMMAND_KINDS: Final = ("suspend", "resume", "checkpoint")
 
 # Fallback reasons (metric label values).
-FALLBACK_REASONS: Final = ("host_memory_budget", "deadline_exceeded", "backend_failed", "no_backend")
+FALLBACK_REASONS: Final = (
+    "host_memory_budget",
+    "deadline_exceeded",
+    "backend_failed",
+    "no_backend",
+    "unsupported_workload",
+)
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,7 @@ class OperationRecord:
     finished_unix_ms: int = 0
     checkpoint_path: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    reason: SuspendReason = SuspendReason.DONE
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,8 @@ class BackendOutcome:
     bytes_moved: int
     message: str
     timed_out: bool = False
+    # The backend cannot move this workload at all (e.g. NCCL ranks for cuda-checkpoint).
+    unsupported: bool = False
 
 
 @dataclass(frozen=True)

@@ -60,3 +60,22 @@ def test_daemonset_env_names_are_driver_flags() -> None:
     env = [e["name"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]]
     flags = {cli._env(a.option_strings[0][2:]) for a in cli.build_parser()._actions if a.option_strings}
     assert set(env) <= flags, set(env) - flags
+
+
+NVIDIA = DIR.parent / "driver-nvidia"
+
+
+def test_nvidia_overlay_gives_the_driver_libcuda_and_nvml() -> None:
+    k = yaml.safe_load((NVIDIA / "kustomization.yaml").read_text())
+    assert k["resources"] == ["../driver"]
+    patch = yaml.safe_load((NVIDIA / k["patches"][0]["path"]).read_text())
+    assert k["patches"][0]["target"] == {"kind": "DaemonSet", "name": patch["metadata"]["name"]}
+    assert patch["metadata"]["name"] == _docs("daemonset.yaml")[0]["metadata"]["name"]
+    spec = patch["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
+    base = _docs("daemonset.yaml")[0]["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in base  # the base stays runnable without the NVIDIA toolkit
+    assert spec["containers"][0]["name"] == base["containers"][0]["name"]
