@@ -1,0 +1,187 @@
+"""How much serving may need over a window, at a risk the operator chooses: pure arrays in, arrays out.
+
+The quantity that decides lending is the **maximum** demand over ``[i, i + h]`` (a lent GPU must
+stay lent for the worker's minimum useful run), so that is what is forecast, directly. The
+bound at origin ``i`` is
+
+    R[i] = exp(z[i] + q[i] * (sd[i] + eps)) - offset,   z = log(y + offset)
+
+where ``sd`` is the recent volatility (std of one-step changes of ``z`` over the last ``w``
+steps): calm hours get a narrow band, bursty hours a wide one. ``q`` is the conformal
+``1 - risk`` quantile of the scores ``(log(max + offset) - z) / (sd + eps)`` on the training
+history, then tracked online (adaptive conformal: after each resolved window
+``q += eta * (missed - risk)``) so that the realized risk follows the target after a regime
+change. A window's outcome is used only once it has ended (``j + h <= i``): nothing reads past
+the origin. ``w`` and ``eps`` are chosen on the training history alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from predictor.features import rolling_mean_std
+from predictor.series import FloatArray
+
+VOL_WINDOW_SECONDS = (2 * 3600, 6 * 3600, 24 * 3600)
+EPS_CHOICES = (0.02, 0.05, 0.1, 0.2, 0.4)
+OFFSET_CHOICES = (0.1, 0.5, 2.0, 10.0)  # x the training mean: small = multiplicative band, large = additive
+ETA_FRACTION = 0.1  # online step, as a fraction of the training scores' spread
+
+
+class NotEnoughWindows(ValueError):
+    """Too few resolved windows to calibrate or to measure a risk; the message says how many."""
+
+
+def min_windows(risk: float) -> int:
+    """Resolved windows needed to estimate (or to measure) a ``1 - risk`` quantile: ``ceil(1/risk)``.
+
+    With fewer, even the largest score seen sits below the quantile asked for, so the bound
+    would be a guess, and a realized risk could not be told apart from zero.
+    """
+    return math.ceil(1.0 / risk - 1e-9)
+
+
+def window_max(y: FloatArray, h: int) -> FloatArray:
+    """``max(y[i : i + h + 1])``; NaN where the window runs past the end or holds a gap."""
+    n = len(y)
+    out = np.full(n, np.nan)
+    if n > h:
+        out[: n - h] = sliding_window_view(y, h + 1).max(axis=1)  # NaN propagates: a gap is unknown
+    return out
+
+
+def volatility(z: FloatArray, w: int) -> FloatArray:
+    """Std of the one-step changes of ``z`` over the last ``w`` steps (reads ``z[: i + 1]``)."""
+    dz = np.concatenate([[np.nan], np.diff(z)])
+    _, sd = rolling_mean_std(dz, w)
+    return sd
+
+
+@dataclass(frozen=True)
+class RiskParams:
+    """A fitted risk model for one horizon (in steps) and one target risk."""
+
+    risk: float
+    horizon: int
+    offset: float
+    vol_window: int
+    eps: float
+    q0: float  # the training quantile of the scores, where online tracking starts
+    eta: float  # online step for q
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "risk": self.risk,
+            "horizon_steps": self.horizon,
+            "offset": self.offset,
+            "vol_window_steps": self.vol_window,
+            "eps": self.eps,
+            "q0": self.q0,
+            "eta": self.eta,
+        }
+
+
+def conformal_upper(scores: FloatArray, risk: float) -> float:
+    """Finite-sample conformal ``1 - risk`` quantile (the ``ceil((n+1)(1-risk))``-th smallest)."""
+    s = np.sort(scores)
+    k = math.ceil((len(s) + 1) * (1.0 - risk))
+    return float(s[min(k, len(s)) - 1])
+
+
+def _scores(z: FloatArray, zmax: FloatArray, sd: FloatArray, eps: float) -> FloatArray:
+    return (zmax - z) / (sd + eps)
+
+
+def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int) -> RiskParams:
+    """Fit on ``y[: upto + 1]`` only: windows that ended by ``upto`` are the training outcomes."""
+    if not 0.0 < risk < 0.5:
+        raise ValueError(f"risk {risk} must be in (0, 0.5): it is the share of windows allowed to need more")
+    hist = y[: upto + 1]
+    if np.nanmin(hist) < 0:
+        raise ValueError("values must be >= 0 (serving demand); found negative values")
+    mean = max(float(np.nanmean(hist)), 1e-6)
+    best: tuple[float, RiskParams] | None = None
+    for rel in OFFSET_CHOICES:
+        best = _best_of(hist, h, risk, step, upto, rel * mean, best)
+    if best is None:
+        usable = int(np.count_nonzero(~np.isnan(window_max(hist, h)) & ~np.isnan(hist)))
+        raise NotEnoughWindows(
+            f"{usable} resolved windows of {h} steps in the training history; risk {risk} needs at least "
+            f"{min_windows(risk)} (ceil(1/risk)) with a volatility estimate, or the {1 - risk:.2f} quantile "
+            "is beyond every score seen"
+        )
+    return best[1]
+
+
+def _best_of(
+    hist: FloatArray, h: int, risk: float, step: int, upto: int, offset: float, best: tuple[float, RiskParams] | None
+) -> tuple[float, RiskParams] | None:
+    z = np.log(hist + offset)
+    zmax = np.log(window_max(hist, h) + offset)
+    # a short history (an hour-long trace) caps the window at a third of it
+    for w in sorted({max(3, min(round(ws / step), (upto + 1) // 3)) for ws in VOL_WINDOW_SECONDS}):
+        sd = volatility(z, w)
+        for eps in EPS_CHOICES:
+            s = _scores(z, zmax, sd, eps)
+            ok = ~np.isnan(s)
+            if np.count_nonzero(ok) < min_windows(risk):
+                continue
+            q = conformal_upper(s[ok], risk)
+            # the same coverage on the training windows for every candidate: keep the one that
+            # reserves least (lends most) on them
+            reserve = float(np.mean(np.exp(z[ok] + q * (sd[ok] + eps)))) - offset  # in demand units
+            spread = float(np.std(s[ok])) or 1.0
+            p = RiskParams(risk, h, offset, w, eps, q, ETA_FRACTION * spread)
+            if best is None or reserve < best[0]:
+                best = (reserve, p)
+    return best
+
+
+def track_q(p: RiskParams, y: FloatArray, start: int, stop: int) -> FloatArray:
+    """``q`` in effect at each origin in ``[start, stop)`` (NaN outside), starting from ``p.q0``.
+
+    Before answering at origin ``i`` the tracker takes in origin ``j = i - h`` (its window
+    ``[j, j + h]`` has just ended): ``q += eta * (missed_j - risk)``. Reads ``y[: i + 1]`` only.
+    """
+    z = np.log(np.clip(y[:stop], 0.0, None) + p.offset)
+    sd = volatility(z, p.vol_window) + p.eps
+    zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
+    q = np.full(stop, np.nan)
+    cur = p.q0
+    for i in range(start, stop):
+        j = i - p.horizon
+        if j >= start and not (math.isnan(zmax[j]) or math.isnan(q[j]) or math.isnan(sd[j]) or math.isnan(z[j])):
+            missed = zmax[j] > z[j] + q[j] * sd[j]
+            cur += p.eta * ((1.0 if missed else 0.0) - p.risk)
+        q[i] = cur
+    return q
+
+
+def bound(p: RiskParams, y: FloatArray, q: FloatArray, shift_q: float = 0.0) -> FloatArray:
+    """The window-max bound at every origin of ``y`` given ``q`` (NaN where unknown)."""
+    z = np.log(np.clip(y, 0.0, None) + p.offset)
+    sd = volatility(z, p.vol_window) + p.eps
+    out: FloatArray = np.clip(np.exp(z + (q + shift_q) * sd) - p.offset, 0.0, None)
+    return out
+
+
+def threshold_shift(p: RiskParams, y: FloatArray, q: FloatArray, limit: FloatArray) -> FloatArray:
+    """Per origin, the ``shift_q`` above which ``bound`` exceeds ``limit`` (for equal-risk sweeps)."""
+    z = np.log(np.clip(y, 0.0, None) + p.offset)
+    sd = volatility(z, p.vol_window) + p.eps
+    with np.errstate(invalid="ignore", divide="ignore"):
+        need = np.log(np.clip(limit, 0.0, None) + p.offset)
+        out: FloatArray = np.where(limit < 0, -np.inf, (need - z) / sd - q)
+    return out
+
+
+def forecast_now(p: RiskParams, y: FloatArray, warmup: int) -> float:
+    """The bound at the newest point of ``y``, q tracked over the last ``warmup`` steps."""
+    n = len(y)
+    start = max(0, n - warmup)
+    q = track_q(p, y, start, n)
+    return float(bound(p, y, q)[-1])
