@@ -24,7 +24,7 @@ from predictor.ingest import HistoryBuffer, IngestError
 from predictor.metrics import PredictorMetrics
 from predictor.model import ModelConfig, NotEnoughHistory, QuantileForecaster, quantile_key
 from predictor.series import Series, format_duration
-from predictor.store import ModelStore
+from predictor.store import ModelStore, runtime_mismatch
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 
 
@@ -194,6 +194,10 @@ class PredictorService:
         if found is None:
             return
         version, model, meta = found
+        mismatch = runtime_mismatch(meta)
+        if mismatch is not None:
+            logs.info("Persisted model was saved under other library versions; will refit", pool=st.config.name, version=version, why=mismatch)
+            return
         cfg = self.settings.model
         if (
             model.step != self.settings.step

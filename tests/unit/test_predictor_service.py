@@ -166,3 +166,22 @@ def test_restart_loads_the_newest_compatible_model_and_survives_ingest_errors(
     assert svc.metrics.ingests.labels("pool-a", "error")._value.get() == 1
     other = Settings(step=600, model=small_config(horizons=(600,)))
     assert PredictorService([POOL], _DownSource(), other, store).pools["pool-a"].model is None
+
+
+def test_a_model_saved_under_other_library_versions_is_refit_not_loaded(
+    tmp_path: Path, fitted: tuple[Series, QuantileForecaster]
+) -> None:
+    _, m = fitted
+    store = ModelStore(tmp_path)
+    v = store.save("pool-a", m, {"fitted_at": 123.0}, now=1_700_000_000)
+    meta_path = tmp_path / "pool-a" / f"{v}.json"
+    meta = json.loads(meta_path.read_text())
+    assert set(meta["runtime"]) == {"scikit-learn", "numpy"}
+    settings = Settings(step=600, model=m.config)
+    assert PredictorService([POOL], _DownSource(), settings, store).pools["pool-a"].version == v
+    for lib in ("scikit-learn", "numpy"):
+        other = {**meta, "runtime": {**meta["runtime"], lib: "0.0.1"}}
+        meta_path.write_text(json.dumps(other))
+        assert PredictorService([POOL], _DownSource(), settings, store).pools["pool-a"].model is None, lib
+    meta_path.write_text(json.dumps({k: x for k, x in meta.items() if k != "runtime"}))  # saved before recording
+    assert PredictorService([POOL], _DownSource(), settings, store).pools["pool-a"].model is None
