@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     _add(s, "--history", help="history kept in memory and trained on", default="14d", type=parse_duration)
     _add(s, "--horizons", help="forecast horizons", default="10m,30m,60m")
     _add(s, "--quantiles", help="quantiles besides the median", default="0.9")
+    _add(s, "--risks", help="target risks served as window-max bounds, e.g. 0.01,0.05 (empty: none)", default="")
     _add(s, "--retrain-interval", help="refit each pool's model this often", default="1h", type=parse_duration)
     _add(
         s,
@@ -118,9 +119,13 @@ def _add_evaluate(sub: Any) -> None:
 
 def _parse_risks(text: str) -> list[float]:
     try:
-        return sorted({float(x) for x in text.split(",") if x.strip()})
+        risks = sorted({float(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise ValueError(f"bad --risk {text!r}: use numbers in (0, 0.5), e.g. 0.01,0.05") from None
+        raise ValueError(f"bad risk list {text!r}: use numbers in (0, 0.5), e.g. 0.01,0.05") from None
+    bad = [r for r in risks if not 0.0 < r < 0.5]
+    if bad or not risks:
+        raise ValueError(f"bad risk list {text!r}: every risk must be in (0, 0.5), e.g. 0.01,0.05")
+    return risks
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
@@ -217,6 +222,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         for h in model_cfg.horizons:
             if h % int(a.step):
                 raise ValueError(f"horizon {h}s is not a multiple of --step {a.step}s")
+        risks = tuple(_parse_risks(a.risks)) if str(a.risks).strip() else ()
         host, _, port = str(a.listen).rpartition(":")
         address = (host or "0.0.0.0", int(port))
     except ValueError as e:
@@ -228,6 +234,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         retrain_interval=float(a.retrain_interval),
         refresh_interval=float(a.refresh_interval),
         max_data_age=float(a.max_data_age),
+        risks=risks,
         model=model_cfg,
     )
     store = ModelStore(Path(a.model_dir)) if a.model_dir else None
