@@ -38,15 +38,16 @@ def test_pool_sizing_and_gpus() -> None:
         Pool.sized(640.0, 64, 20.0)
 
 
-def test_a_constant_series_lends_what_the_oracle_lends_at_zero_risk() -> None:
+def test_a_flat_series_lends_nearly_what_the_oracle_lends() -> None:
     v = np.full(600, 32.0)
     v[10] = 64.0  # the peak, in the training half: a pool of 64 GPUs of 1.0
     s = Series(start=0, step=600, values=v)
     r = evaluate(s, [1800], [0.05], gpus_at_peak=64)
     (c,) = r.cases
     m = c.policies["model"]
-    assert m is not None and m.tuned.risk == 0.0
-    assert c.oracle_lent == pytest.approx(0.5) and m.equal_risk.lent == pytest.approx(0.5)
+    assert m is not None and m.tuned.risk <= 0.05
+    assert c.oracle_lent == pytest.approx(0.5)
+    assert 0.48 <= m.equal_risk.lent <= 0.5  # online calibration probes down now and then
 
 
 def test_evaluate_tracks_the_target_risk_and_reports_every_policy() -> None:
