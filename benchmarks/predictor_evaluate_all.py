@@ -34,7 +34,11 @@ def cases_for(series: Series) -> tuple[list[int], list[float]]:
     if len(series) * series.step >= 2 * 86400:
         return HORIZONS, RISKS
     risks = [r for r in RISKS if any(minimum_points(h // series.step, r) <= len(series) for h in SHORT_HORIZONS)]
-    hs = [h for h in SHORT_HORIZONS if h % series.step == 0 and all(minimum_points(h // series.step, r) <= len(series) for r in risks)]
+    hs = [
+        h
+        for h in SHORT_HORIZONS
+        if h % series.step == 0 and all(minimum_points(h // series.step, r) <= len(series) for r in risks)
+    ]
     return hs, risks
 
 
@@ -90,7 +94,8 @@ def markdown(results: list[dict[str, Any]], infos: list[dict[str, Any]], args: s
         f"`ratio` = model / best baseline at equal risk (goal >= {LEND_GOAL_RATIO}); goals: L/l lent goal",
         f"met/missed, R/r model's realized risk within +-{RISK_TOLERANCE:.0%} of the target met/missed.",
         "",
-        "| series | h | risk | n | model | persist. x(1+k) | persist. +k | seasonal | static | oracle | ratio | goals |",
+        "| series | h | risk | n | model | persist. x(1+k) | persist. +k | seasonal | static | oracle | ratio "
+        "| goals |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
@@ -106,11 +111,15 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
     out = [
         "## Summary",
         "",
-        "| series set | h | risk | cases | median ratio | ratio >= 1.15 | ratio >= 1 | median realized risk | risk within +-30 % |",
+        "| series set | h | risk | cases | median ratio | ratio >= 1.15 | ratio >= 1 | median realized risk "
+        "| risk within +-30 % |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     ok = [r for r in results if "error" not in r]
-    for label, sel in (("derived", [r for r in ok if "/" not in r["series"]]), ("per-client", [r for r in ok if "/" in r["series"]])):
+    for label, sel in (
+        ("derived", [r for r in ok if "/" not in r["series"]]),
+        ("per-client", [r for r in ok if "/" in r["series"]]),
+    ):
         for h in HORIZONS:
             for risk in RISKS:
                 cs = [c for r in sel for c in r["cases"] if c["horizon_seconds"] == h and c["risk"] == risk]

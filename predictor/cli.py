@@ -107,12 +107,25 @@ def _add_evaluate(sub: Any) -> None:
     from predictor.series import parse_duration
 
     e = sub.add_parser("evaluate", help="GPU-time lent at a target risk: the model vs. tuned baselines and an oracle")
-    _add(e, "--series", help="CSV with a header: time (seconds or ISO-8601), value; empty = gap", required=True, type=Path)
+    _add(
+        e,
+        "--series",
+        help="CSV with a header: time (seconds or ISO-8601), value; empty = gap",
+        required=True,
+        type=Path,
+    )
     _add(e, "--risk", help="target under-provision risks, comma-separated (e.g. 0.01,0.05)", default="0.01,0.05")
     _add(e, "--gpus-at-peak", help="pool size: the series' peak needs this many GPUs (default 64)", type=int)
-    _add(e, "--capacity-per-gpu", help="pool size from the demand one GPU serves (instead of --gpus-at-peak)", type=float)
+    _add(
+        e, "--capacity-per-gpu", help="pool size from the demand one GPU serves (instead of --gpus-at-peak)", type=float
+    )
     _add(e, "--horizons", help="comma-separated windows [now, now + H]", default="30m,60m")
-    _add(e, "--initial-train", help="training part before the first origin (default: half the series)", type=parse_duration)
+    _add(
+        e,
+        "--initial-train",
+        help="training part before the first origin (default: half the series)",
+        type=parse_duration,
+    )
     _add(e, "--json", help="write the results here (JSON)", required=True, type=Path)
     _add(e, "--plot", help="write a PNG (demand, reservations, GPUs lent, under-provisions) here", type=Path)
 

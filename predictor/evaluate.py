@@ -10,9 +10,9 @@ under-provision is a window where the reservation is below the need. Every polic
 the same origins (the second part of the series; the first is training only):
 
 * ``model``: :mod:`predictor.risk` fitted on the training part, calibrated online as windows end;
-* ``persistence``: ``y[i] * (1 + k)``; ``persistence_add``: ``y[i] + k``; ``seasonal``: yesterday's max over the same window
-  ``* (1 + k)``; ``static``: a constant reservation ``k`` — each ``k`` tuned on the training
-  part to the target risk;
+* ``persistence``: ``y[i] * (1 + k)``; ``persistence_add``: ``y[i] + k``; ``seasonal``:
+  yesterday's max over the same window ``* (1 + k)``; ``static``: a constant reservation ``k``
+  — each ``k`` tuned on the training part to the target risk;
 * ``oracle``: the need itself (risk 0; the most that can be lent).
 
 The fair comparison, **lent at equal realized risk**: every policy's knob swept on the
@@ -180,9 +180,7 @@ class EvaluateResult:
         lines = [
             f"series {self.series}: {self.n_points} points of {self.step}s, pool {self.pool.gpus} GPUs "
             f"of {self.pool.capacity:.4g}; lent share at equal risk (realized risk as tuned)",
-            f"{'h':>5} {'risk':>5} {'n':>6} "
-            + " ".join(f"{n:>18}" for n in names)
-            + f" {'oracle':>7} {'ratio':>6}",
+            f"{'h':>5} {'risk':>5} {'n':>6} " + " ".join(f"{n:>18}" for n in names) + f" {'oracle':>7} {'ratio':>6}",
         ]
         for c in self.cases:
             cells = []
@@ -219,7 +217,9 @@ def _times(base: FloatArray, factor: float) -> FloatArray:
 
 
 def _policy(pool: Pool, reserve_at: Any, need: FloatArray, k_train: float, k_test: float) -> PolicyResult:
-    return PolicyResult(_score(pool, reserve_at(k_train), need, k_train), _score(pool, reserve_at(k_test), need, k_test))
+    return PolicyResult(
+        _score(pool, reserve_at(k_train), need, k_train), _score(pool, reserve_at(k_test), need, k_test)
+    )
 
 
 def _baselines(
@@ -352,8 +352,8 @@ def plot(result: EvaluateResult, series: Series, path: Path, risk: float | None 
     for ax, c in zip(axes[:, 0], cases, strict=True):
         o = c.trace["origins"].astype(np.int64)
         grid = {k: np.full(result.n_points, np.nan) for k in ("model", "baseline", "need")}
-        for k in grid:
-            grid[k][o] = pool.gpus_for(c.trace[k][o])  # NaN outside the evaluated origins: gaps stay gaps
+        for k, arr in grid.items():
+            arr[o] = pool.gpus_for(c.trace[k][o])  # NaN outside the evaluated origins: gaps stay gaps
         demand = series.values / pool.capacity
         best, _ = c.best_baseline()
         lo = o.min()
@@ -362,9 +362,19 @@ def plot(result: EvaluateResult, series: Series, path: Path, risk: float | None 
         ax.plot(hours[sl], grid["model"][sl], lw=0.9, color="tab:blue", label=f"model: reserve at risk {r:g}")
         ax.plot(hours[sl], grid["baseline"][sl], lw=0.9, color="tab:orange", label=f"{best} (tuned): reserve")
         lent = pool.gpus - grid["model"]
-        ax.fill_between(hours[sl], pool.gpus, grid["model"][sl], color="tab:green", alpha=0.15, label="GPUs lent (model)")
+        ax.fill_between(
+            hours[sl], pool.gpus, grid["model"][sl], color="tab:green", alpha=0.15, label="GPUs lent (model)"
+        )
         miss = o[pool.gpus_for(c.trace["model"][o]) < pool.gpus_for(c.trace["need"][o])]
-        ax.scatter(hours[miss], grid["need"][miss], marker="x", color="red", s=28, zorder=5, label="under-provision (window max)")
+        ax.scatter(
+            hours[miss],
+            grid["need"][miss],
+            marker="x",
+            color="red",
+            s=28,
+            zorder=5,
+            label="under-provision (window max)",
+        )
         m = c.policies["model"]
         assert m is not None
         ax.set_title(

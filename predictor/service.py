@@ -229,7 +229,12 @@ class PredictorService:
         version, model, meta = found
         mismatch = runtime_mismatch(meta)
         if mismatch is not None:
-            logs.info("Persisted model was saved under other library versions; will refit", pool=st.config.name, version=version, why=mismatch)
+            logs.info(
+                "Persisted model was saved under other library versions; will refit",
+                pool=st.config.name,
+                version=version,
+                why=mismatch,
+            )
             return
         cfg = self.settings.model
         if (
