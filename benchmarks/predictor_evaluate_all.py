@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.predictor_backtest_all import servegen_clients, traces_dir
-from predictor.evaluate import LEND_GOAL_RATIO, RISK_TOLERANCE, evaluate, minimum_points
+from predictor.evaluate import LEND_GOAL_RATIO, RISK_TOLERANCE, binomial_band, evaluate, minimum_points
 from predictor.risk import NotEnoughWindows
 from predictor.series import Series, read_series_csv
 
@@ -71,7 +71,7 @@ def _row(name: str, c: dict[str, Any]) -> str:
     return (
         f"| {name} | {hl} | {c['risk']:g} | {c['n_eval']} | {cell('model')} | {cell('persistence')} | "
         f"{cell('persistence_add')} | {cell('seasonal')} | {cell('static')} | {c['oracle_lent_share']:.3f} | "
-        f"{c['lent_ratio_at_equal_risk']:.3f} | {goals} |"
+        f"{c['lent_ratio_at_equal_risk']:.3f} | {c['oracle_ratio']:.2f} | {goals} |"
     )
 
 
@@ -91,16 +91,17 @@ def markdown(results: list[dict[str, Any]], infos: list[dict[str, Any]], args: s
         "Each cell: share of the pool's GPU-time lent **at equal realized risk** (the policy's knob swept",
         "to the target on the evaluated windows), and in brackets the realized risk **as tuned** (the",
         "baselines' headroom tuned on the training half; the model as deployed, calibrated online).",
-        f"`ratio` = model / best baseline at equal risk (goal >= {LEND_GOAL_RATIO}); goals: L/l lent goal",
+        f"`ratio` = model / best baseline at equal risk (goal >= {LEND_GOAL_RATIO}); `oracle ratio` = the oracle",
+        "(perfect foresight) / the same best baseline: the most any policy could reach; goals: L/l lent goal",
         f"met/missed, R/r model's realized risk within +-{RISK_TOLERANCE:.0%} of the target met/missed.",
         "",
         "| series | h | risk | n | model | persist. x(1+k) | persist. +k | seasonal | static | oracle | ratio "
-        "| goals |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| oracle ratio | goals |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['series']} | - | - | - | {r['error']} | | | | | | | |")
+            lines.append(f"| {r['series']} | - | - | - | {r['error']} | | | | | | | | |")
             continue
         lines += [_row(r["series"], c) for c in r["cases"]]
     lines += ["", *summary(results), ""]
@@ -111,9 +112,9 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
     out = [
         "## Summary",
         "",
-        "| series set | h | risk | cases | median ratio | ratio >= 1.15 | ratio >= 1 | median realized risk "
-        "| risk within +-30 % |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| series set | h | risk | cases | median ratio | ratio >= 1.15 | ratio >= 1 | oracle ratio < 1.15 "
+        "| median realized risk | risk within +-30 % | binomial 5-95 % band (median n) | within its band |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     ok = [r for r in results if "error" not in r]
     for label, sel in (
@@ -127,10 +128,20 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
                     continue
                 ratios = np.array([c["lent_ratio_at_equal_risk"] for c in cs])
                 rr = np.array([c["policies"]["model"]["as_tuned"]["realized_risk"] for c in cs])
+                capped = int(sum(c["oracle_ratio"] < LEND_GOAL_RATIO for c in cs))
+                n_med = int(np.median([c["n_eval"] for c in cs]))
+                band = binomial_band(n_med, risk)
+                in_band = sum(
+                    c["binomial_band"][0]
+                    <= c["policies"]["model"]["as_tuned"]["realized_risk"]
+                    <= c["binomial_band"][1]
+                    for c in cs
+                )
                 out.append(
                     f"| {label} | {h // 60}m | {risk:g} | {len(cs)} | {np.median(ratios):.3f} | "
-                    f"{int(np.sum(ratios >= LEND_GOAL_RATIO))} | {int(np.sum(ratios >= 1))} | {np.median(rr):.4f} | "
-                    f"{int(sum(c['goals']['risk_met'] for c in cs))} |"
+                    f"{int(np.sum(ratios >= LEND_GOAL_RATIO))} | {int(np.sum(ratios >= 1))} | {capped} | "
+                    f"{np.median(rr):.4f} | {int(sum(c['goals']['risk_met'] for c in cs))} | "
+                    f"{band[0]:.4f}-{band[1]:.4f} (n {n_med}) | {in_band} |"
                 )
     return out
 

@@ -126,7 +126,7 @@ class CaseResult:
         return m.equal_risk.lent / best if best > 0 else math.inf
 
     def to_json(self) -> dict[str, Any]:
-        name, _ = self.best_baseline()
+        name, best = self.best_baseline()
         m = self.policies["model"]
         assert m is not None
         ratio = self.ratio()
@@ -140,6 +140,11 @@ class CaseResult:
             "oracle_lent_share": self.oracle_lent,
             "best_baseline": name,
             "lent_ratio_at_equal_risk": ratio,
+            # what perfect foresight would reach against the same baseline: the goal is out of
+            # reach for any policy when this is below it
+            "oracle_ratio": self.oracle_lent / best if best > 0 else math.inf,
+            # realized risk of a perfectly calibrated policy on n independent windows: 5-95 %
+            "binomial_band": binomial_band(self.n_eval, self.risk),
             "model_params": self.model_params,
             "goals": {
                 "lent_ratio_min": LEND_GOAL_RATIO,
@@ -195,6 +200,20 @@ class EvaluateResult:
         return "\n".join(lines)
 
 
+def binomial_band(n: int, risk: float) -> list[float]:
+    """5 % and 95 % quantiles of the miss share of a policy whose every window misses with ``risk``."""
+    if n <= 0:
+        return [math.nan, math.nan]
+    k = np.arange(n + 1)
+    logpmf = (
+        np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
+        + k * math.log(risk)
+        + (n - k) * math.log1p(-risk)
+    )
+    cdf = np.cumsum(np.exp(logpmf))
+    return [float(np.searchsorted(cdf, 0.05)) / n, float(np.searchsorted(cdf, 0.95)) / n]
+
+
 def _score(pool: Pool, reserve: FloatArray, need: FloatArray, knob: float) -> Scored:
     r = pool.gpus_for(reserve)
     missed = r < pool.gpus_for(need)
@@ -212,7 +231,8 @@ def _family(
 
 def _times(base: FloatArray, factor: float) -> FloatArray:
     """``base * factor`` where an infinite factor leaves a zero base at zero (never NaN)."""
-    out: FloatArray = np.where(base > 0, base * factor, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out: FloatArray = np.where(base > 0, base * factor, 0.0)
     return out
 
 
