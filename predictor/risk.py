@@ -8,11 +8,12 @@ bound at origin ``i`` is
 
 where ``sd`` is the recent volatility (std of one-step changes of ``z`` over the last ``w``
 steps): calm hours get a narrow band, bursty hours a wide one. ``q`` is the conformal
-``1 - risk`` quantile of the scores ``(log(max + offset) - z) / (sd + eps)`` on the training
-history, then tracked online (adaptive conformal: after each resolved window
-``q += eta * (missed - risk)``) so that the realized risk follows the target after a regime
-change. A window's outcome is used only once it has ended (``j + h <= i``): nothing reads past
-the origin. ``w`` and ``eps`` are chosen on the training history alone.
+``1 - alpha`` quantile of the scores ``(log(max + offset) - z) / (sd + eps)`` of the windows
+that have ended, where ``alpha`` starts at the target risk and is tracked online (adaptive
+conformal inference: after each resolved window ``alpha += gamma * (risk - missed)``), so the
+realized risk follows the target after a regime change. A window's outcome is used only once
+it has ended (``j + h <= i``): nothing reads past the origin. ``offset``, ``w`` and ``eps``
+are chosen on the training history alone.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from predictor.series import FloatArray
 VOL_WINDOW_SECONDS = (2 * 3600, 6 * 3600, 24 * 3600)
 EPS_CHOICES = (0.02, 0.05, 0.1, 0.2, 0.4)
 OFFSET_CHOICES = (0.1, 0.5, 2.0, 10.0)  # x the training mean: small = multiplicative band, large = additive
-ETA_FRACTION = (
-    0.1  # online step, as a fraction of the training scores' spread (0.2, 0.4 measured: risk closer, less lent)
-)
+ACI_GAMMA = 0.002  # online step of the miss level (measured 0.001-0.005: larger tracks closer, lends less)
+SCORE_POOL = 4032  # the newest resolved windows whose scores the quantile is taken over
+BEYOND_MAX_SLOPE = 10.0  # above the largest score: q grows by this x (max - median) per unit of level
 
 
 class NotEnoughWindows(ValueError):
@@ -72,8 +73,7 @@ class RiskParams:
     offset: float
     vol_window: int
     eps: float
-    q0: float  # the training quantile of the scores, where online tracking starts
-    eta: float  # online step for q
+    q0: float  # the training quantile of the scores (used until enough windows have ended)
 
     def to_json(self) -> dict[str, float | int]:
         return {
@@ -83,7 +83,6 @@ class RiskParams:
             "vol_window_steps": self.vol_window,
             "eps": self.eps,
             "q0": self.q0,
-            "eta": self.eta,
         }
 
 
@@ -137,45 +136,64 @@ def _best_of(
             # reserves least (lends most) on them
             with np.errstate(over="ignore"):  # an infinite reserve is simply never the best
                 reserve = float(np.mean(np.exp(z[ok] + q * (sd[ok] + eps)))) - offset  # in demand units
-            spread = float(np.std(s[ok])) or 1.0
-            p = RiskParams(risk, h, offset, w, eps, q, ETA_FRACTION * spread)
+            p = RiskParams(risk, h, offset, w, eps, q)
             if best is None or reserve < best[0]:
                 best = (reserve, p)
     return best
 
 
-def track_q(p: RiskParams, y: FloatArray, start: int, stop: int) -> FloatArray:
-    """``q`` in effect at each origin in ``[start, stop)`` (NaN outside), starting from ``p.q0``.
+def level_quantile(pool: FloatArray, level: float, fallback: float) -> float:
+    """The ``level`` quantile of ``pool``; above 1, linear beyond the largest score (never infinite)."""
+    if len(pool) == 0:
+        return fallback
+    if level <= 0.0:
+        return float(pool.min())
+    if level >= 1.0:
+        top = float(pool.max())
+        return top + BEYOND_MAX_SLOPE * (level - 1.0) * (top - float(np.median(pool)))
+    return float(np.quantile(pool, level, method="higher"))
 
-    Before answering at origin ``i`` the tracker takes in origin ``j = i - h`` (its window
-    ``[j, j + h]`` has just ended): ``q += eta * (missed_j - risk)``. Reads ``y[: i + 1]`` only.
+
+def track_q(p: RiskParams, y: FloatArray, start: int, stop: int) -> FloatArray:
+    """``q`` in effect at each origin in ``[start, stop)`` (NaN outside): adaptive conformal inference.
+
+    ``q[i]`` is the ``1 - alpha_i`` quantile of the scores of the newest :data:`SCORE_POOL`
+    windows that have ended by ``i`` (training windows included). Before answering at ``i``
+    the tracker takes in origin ``j = i - h``, whose window ``[j, j + h]`` has just ended:
+    ``alpha += ACI_GAMMA * (risk - missed_j)``. Reads ``y[: i + 1]`` only.
     """
-    z = np.log(np.clip(y[:stop], 0.0, None) + p.offset)
-    sd = volatility(z, p.vol_window) + p.eps
+    z, sd = _anchor(p, y[:stop])
     zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
+    s = _scores(z, zmax, sd, 0.0)
     q = np.full(stop, np.nan)
-    cur = p.q0
+    alpha = p.risk
+    few = min_windows(p.risk)
     for i in range(start, stop):
         j = i - p.horizon
-        if j >= start and not (math.isnan(zmax[j]) or math.isnan(q[j]) or math.isnan(sd[j]) or math.isnan(z[j])):
-            missed = zmax[j] > z[j] + q[j] * sd[j]
-            cur += p.eta * ((1.0 if missed else 0.0) - p.risk)
-        q[i] = cur
+        if j >= start and not (math.isnan(s[j]) or math.isnan(q[j])):
+            alpha += ACI_GAMMA * (p.risk - (1.0 if s[j] > q[j] else 0.0))
+        pool = s[max(0, j - SCORE_POOL + 1) : max(0, j + 1)]
+        pool = pool[~np.isnan(pool)]
+        q[i] = level_quantile(pool, 1.0 - alpha, p.q0) if len(pool) >= few else p.q0
     return q
+
+
+def _anchor(p: RiskParams, y: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``z`` (the log level the bound is anchored on) and the width ``sd + eps`` at each origin."""
+    z = np.log(np.clip(y, 0.0, None) + p.offset)
+    return z, volatility(z, p.vol_window) + p.eps
 
 
 def bound(p: RiskParams, y: FloatArray, q: FloatArray, shift_q: float = 0.0) -> FloatArray:
     """The window-max bound at every origin of ``y`` given ``q`` (NaN where unknown)."""
-    z = np.log(np.clip(y, 0.0, None) + p.offset)
-    sd = volatility(z, p.vol_window) + p.eps
+    z, sd = _anchor(p, y)
     out: FloatArray = np.clip(np.exp(z + (q + shift_q) * sd) - p.offset, 0.0, None)
     return out
 
 
 def threshold_shift(p: RiskParams, y: FloatArray, q: FloatArray, limit: FloatArray) -> FloatArray:
     """Per origin, the ``shift_q`` above which ``bound`` exceeds ``limit`` (for equal-risk sweeps)."""
-    z = np.log(np.clip(y, 0.0, None) + p.offset)
-    sd = volatility(z, p.vol_window) + p.eps
+    z, sd = _anchor(p, y)
     with np.errstate(invalid="ignore", divide="ignore"):
         need = np.log(np.clip(limit, 0.0, None) + p.offset)
         out: FloatArray = np.where(limit < 0, -np.inf, (need - z) / sd - q)
