@@ -33,9 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     series = generate(14, 60, seed=7)
-    settings = Settings(
-        step=60, history=14 * 86400, risks=(0.01, 0.05), model=ModelConfig(horizons=(600, 1800, 3600))
-    )
+    settings = Settings(step=60, history=14 * 86400, risks=(0.01, 0.05), model=ModelConfig(horizons=(600, 1800, 3600)))
     with tempfile.TemporaryDirectory() as d:
         svc = PredictorService(
             [PoolConfig(name="pool-a", query="replay", capacity=128, capacity_per_gpu=1.0)],
