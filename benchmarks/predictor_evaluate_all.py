@@ -88,6 +88,11 @@ def markdown(results: list[dict[str, Any]], infos: list[dict[str, Any]], args: s
         + "; ".join(f"{i['dataset']}: {i['clients']} clients, {i['gap_windows']} gap windows" for i in infos)
         + ".",
         "",
+        "Plots (`predictor-evaluate-m-large.png`, `predictor-evaluate-m-mid.png`, risk 1 %): `rose predictor",
+        "evaluate --series ../shared/data/traces/derived/servegen_m-large_10min.csv --risk 0.01,0.05",
+        "--gpus-at-peak 64 --horizons 30m,60m --json OUT.json --plot docs/predictor-evaluate-m-large.png`",
+        "(the same for m-mid).",
+        "",
         "Each cell: share of the pool's GPU-time lent **at equal realized risk** (the policy's knob swept",
         "to the target on the evaluated windows), and in brackets the realized risk **as tuned** (the",
         "baselines' headroom tuned on the training half; the model as deployed, calibrated online).",

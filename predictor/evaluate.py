@@ -366,7 +366,7 @@ def plot(result: EvaluateResult, series: Series, path: Path, risk: float | None 
 
     r = result.cases[0].risk if risk is None else risk
     cases = [c for c in result.cases if c.risk == r]
-    fig, axes = plt.subplots(len(cases), 1, figsize=(13, 3.6 * len(cases)), squeeze=False)
+    fig, axes = plt.subplots(len(cases), 1, figsize=(15, 3.6 * len(cases)), squeeze=False)
     pool = result.pool
     hours = (np.arange(result.n_points) * result.step) / 3600.0
     for ax, c in zip(axes[:, 0], cases, strict=True):
@@ -404,7 +404,7 @@ def plot(result: EvaluateResult, series: Series, path: Path, risk: float | None 
         ax.set_xlabel("hours since series start")
         ax.set_ylabel(f"GPUs (pool {pool.gpus})")
         ax.set_ylim(0, pool.gpus * 1.05)
-        ax.legend(loc="upper left", fontsize=7, ncol=3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7)  # outside: no data hidden
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
