@@ -95,3 +95,24 @@ def test_cli_evaluate_writes_json_and_plot(tmp_path: Path, capsys: pytest.Captur
 def test_risk_model_needs_enough_windows() -> None:
     with pytest.raises(rk.NotEnoughWindows, match=r"needs at least 100 \(ceil\(1/risk\)\)"):
         rk.fit_risk(np.arange(60, dtype=np.float64), 3, 0.01, 60, 59)
+
+
+def test_online_calibration_tracks_the_target_after_a_regime_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bursts become six times as frequent in the evaluated half: the training quantile alone
+    under-provisions too often; tracked online, the realized risk is back on target."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    y = 50 + rng.normal(0, 2, n)
+    bursts = rng.random(n) < np.where(np.arange(n) < n // 2, 0.005, 0.03)
+    y[bursts] += rng.uniform(10, 30, int(bursts.sum()))
+    s = Series(start=0, step=600, values=np.clip(y, 0, None))
+
+    def realized() -> list[float]:
+        r = evaluate(s, [1800], [0.01, 0.05], gpus_at_peak=64)
+        return [c.policies["model"].tuned.risk for c in r.cases if c.policies["model"] is not None]
+
+    tracked = realized()
+    assert abs(tracked[0] - 0.01) <= 0.003 and abs(tracked[1] - 0.05) <= 0.01, tracked
+    monkeypatch.setattr(rk, "ACI_GAMMA", 0.0)  # the training quantile, never updated
+    frozen = realized()
+    assert frozen[0] > 0.013 and frozen[1] > 0.065, frozen
