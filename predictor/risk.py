@@ -18,6 +18,7 @@ are chosen on the training history alone.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -142,25 +143,25 @@ def _best_of(
     return best
 
 
-def level_quantile(pool: FloatArray, level: float, fallback: float) -> float:
-    """The ``level`` quantile of ``pool``; above 1, linear beyond the largest score (never infinite)."""
-    if len(pool) == 0:
-        return fallback
+def level_quantile(srt: list[float], level: float) -> float:
+    """The ``level`` quantile of the sorted scores ``srt`` (numpy's ``method="higher"``); above 1,
+    linear beyond the largest score (never infinite)."""
+    n = len(srt)
     if level <= 0.0:
-        return float(pool.min())
+        return srt[0]
     if level >= 1.0:
-        top = float(pool.max())
-        return top + BEYOND_MAX_SLOPE * (level - 1.0) * (top - float(np.median(pool)))
-    return float(np.quantile(pool, level, method="higher"))
+        median = 0.5 * (srt[(n - 1) // 2] + srt[n // 2])
+        return srt[-1] + BEYOND_MAX_SLOPE * (level - 1.0) * (srt[-1] - median)
+    return srt[min(n - 1, math.ceil(level * (n - 1) - 1e-12))]
 
 
 def track_q(p: RiskParams, y: FloatArray, start: int, stop: int) -> FloatArray:
     """``q`` in effect at each origin in ``[start, stop)`` (NaN outside): adaptive conformal inference.
 
-    ``q[i]`` is the ``1 - alpha_i`` quantile of the scores of the newest :data:`SCORE_POOL`
-    windows that have ended by ``i`` (training windows included). Before answering at ``i``
-    the tracker takes in origin ``j = i - h``, whose window ``[j, j + h]`` has just ended:
-    ``alpha += ACI_GAMMA * (risk - missed_j)``. Reads ``y[: i + 1]`` only.
+    ``q[i]`` is the ``1 - alpha_i`` quantile of the scores of the windows that have ended by
+    ``i`` among the newest :data:`SCORE_POOL` origins (training windows included). Before
+    answering at ``i`` the tracker takes in origin ``j = i - h``, whose window ``[j, j + h]``
+    has just ended: ``alpha += ACI_GAMMA * (risk - missed_j)``. Reads ``y[: i + 1]`` only.
     """
     z, sd = _anchor(p, y[:stop])
     zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
@@ -168,14 +169,25 @@ def track_q(p: RiskParams, y: FloatArray, start: int, stop: int) -> FloatArray:
     q = np.full(stop, np.nan)
     alpha = p.risk
     few = min_windows(p.risk)
+    j0 = start - p.horizon
+    first = s[max(0, j0 - SCORE_POOL + 1) : max(0, j0 + 1)]
+    srt = sorted(first[~np.isnan(first)].tolist())  # the pool, kept sorted as windows end
     for i in range(start, stop):
         j = i - p.horizon
+        if i > start:
+            _slide(srt, s, j, j - SCORE_POOL)
         if j >= start and not (math.isnan(s[j]) or math.isnan(q[j])):
             alpha += ACI_GAMMA * (p.risk - (1.0 if s[j] > q[j] else 0.0))
-        pool = s[max(0, j - SCORE_POOL + 1) : max(0, j + 1)]
-        pool = pool[~np.isnan(pool)]
-        q[i] = level_quantile(pool, 1.0 - alpha, p.q0) if len(pool) >= few else p.q0
+        q[i] = level_quantile(srt, 1.0 - alpha) if len(srt) >= few else p.q0
     return q
+
+
+def _slide(srt: list[float], s: FloatArray, new: int, old: int) -> None:
+    """Window ``new`` has ended (insert its score), window ``old`` leaves the pool (remove it)."""
+    if new >= 0 and not math.isnan(s[new]):
+        bisect.insort(srt, float(s[new]))
+    if old >= 0 and not math.isnan(s[old]):
+        del srt[bisect.bisect_left(srt, float(s[old]))]
 
 
 def _anchor(p: RiskParams, y: FloatArray) -> tuple[FloatArray, FloatArray]:
