@@ -109,7 +109,7 @@ class CaseResult:
     n_eval: int
     policies: dict[str, PolicyResult | None]
     oracle_lent: float
-    model_params: dict[str, float | int]
+    model_params: dict[str, float | int | list[float]]
     notes: list[str] = field(default_factory=list)
     # for the plot: origins and the reservations (demand units) of model and the best baseline
     trace: dict[str, FloatArray] = field(default_factory=dict)
@@ -283,9 +283,10 @@ def evaluate_case(series: Series, h: int, risk: float, pool: Pool, initial_train
     idx = np.arange(n)
     train = np.flatnonzero(ok & (idx + h < initial_train))
     notes: list[str] = []
-    params = rk.fit_risk(y, h, risk, series.step, initial_train - 1)
-    q = rk.track_q(params, y, initial_train, n)
-    model_res = rk.bound(params, y, q)
+    t0 = series.start
+    params = rk.fit_risk(y, h, risk, series.step, initial_train - 1, t0)
+    q = rk.track_q(params, y, initial_train, n, t0)
+    model_res = rk.bound(params, y, q, 0.0, t0)
     test = np.flatnonzero(ok & (idx >= initial_train) & ~np.isnan(model_res))
     if len(test) < rk.min_windows(risk):
         raise rk.NotEnoughWindows(
@@ -295,12 +296,12 @@ def evaluate_case(series: Series, h: int, risk: float, pool: Pool, initial_train
     period = day // series.step if day % series.step == 0 else 0
     policies, lines = _baselines(y, h, period, pool, train, test, risk, notes)
     limit = pool.shortfall_limit(wm)
-    th = rk.threshold_shift(params, y, q, limit)
+    th = rk.threshold_shift(params, y, q, limit, t0)
     k_eq = knob_at_risk(th[test], risk)
     need = wm[test]
     policies["model"] = PolicyResult(
         _score(pool, model_res[test], need, 0.0),
-        _score(pool, rk.bound(params, y, q, k_eq)[test], need, k_eq),
+        _score(pool, rk.bound(params, y, q, k_eq, t0)[test], need, k_eq),
     )
     oracle = float(np.mean(pool.gpus - pool.gpus_for(need))) / pool.gpus
     case = CaseResult(h * series.step, h, risk, len(test), policies, oracle, params.to_json(), notes)

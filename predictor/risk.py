@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
-from predictor.features import rolling_mean_std
+from predictor.features import DAY, rolling_mean_std
 from predictor.series import FloatArray
 
 VOL_WINDOW_SECONDS = (2 * 3600, 6 * 3600, 24 * 3600)
@@ -33,7 +34,11 @@ EPS_CHOICES = (0.02, 0.05, 0.1, 0.2, 0.4)
 OFFSET_CHOICES = (0.1, 0.5, 2.0, 10.0)  # x the training mean: small = multiplicative band, large = additive
 ACI_GAMMA = 0.002  # online step of the miss level (measured 0.001-0.005: larger tracks closer, lends less)
 SCORE_POOL = 4032  # the newest resolved windows whose scores the quantile is taken over
-BEYOND_MAX_SLOPE = 10.0  # above the largest score: q grows by this x (max - median) per unit of level
+BEYOND_MAX_SLOPE = 10.0
+TOD_BUCKET_SECONDS = 3600
+TOD_LEVEL = 0.9  # the width factor compares this quantile of an hour's scores with the overall one
+TOD_SHRINK = 100  # an hour's factor is shrunk toward 1 by n / (n + this) (n: its training windows)
+TOD_FLOOR = 0.3  # above the largest score: q grows by this x (max - median) per unit of level
 
 
 class NotEnoughWindows(ValueError):
@@ -75,8 +80,11 @@ class RiskParams:
     vol_window: int
     eps: float
     q0: float  # the training quantile of the scores (used until enough windows have ended)
+    step: int = 60  # seconds per index (for the time of day)
+    # width factor per hour of the day (UTC), learnt on the training windows; empty: none
+    tod: tuple[float, ...] = ()
 
-    def to_json(self) -> dict[str, float | int]:
+    def to_json(self) -> dict[str, float | int | list[float]]:
         return {
             "risk": self.risk,
             "horizon_steps": self.horizon,
@@ -84,6 +92,7 @@ class RiskParams:
             "vol_window_steps": self.vol_window,
             "eps": self.eps,
             "q0": self.q0,
+            "time_of_day_factors": [round(f, 3) for f in self.tod],
         }
 
 
@@ -98,8 +107,9 @@ def _scores(z: FloatArray, zmax: FloatArray, sd: FloatArray, eps: float) -> Floa
     return (zmax - z) / (sd + eps)
 
 
-def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int) -> RiskParams:
-    """Fit on ``y[: upto + 1]`` only: windows that ended by ``upto`` are the training outcomes."""
+def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int = 0) -> RiskParams:
+    """Fit on ``y[: upto + 1]`` only (``y[0]`` at ``t0``): windows that ended by ``upto`` are the
+    training outcomes."""
     if not 0.0 < risk < 0.5:
         raise ValueError(f"risk {risk} must be in (0, 0.5): it is the share of windows allowed to need more")
     hist = y[: upto + 1]
@@ -116,7 +126,22 @@ def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int) -> RiskPa
             f"{min_windows(risk)} (ceil(1/risk)) with a volatility estimate, or the {1 - risk:.2f} quantile "
             "is beyond every score seen"
         )
-    return best[1]
+    return _with_time_of_day(replace(best[1], step=step), hist, t0)
+
+
+def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
+    """Width factors per hour of the day from the training windows (at least two days of them)."""
+    if len(hist) * p.step < 2 * DAY or DAY % p.step:
+        return p
+    z, width = _anchor(p, hist, t0)
+    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
+    tod = tod_factors(s, tod_bucket(t0, p.step, len(hist)))
+    if not tod:
+        return p
+    with_tod = replace(p, tod=tod)
+    z, width = _anchor(with_tod, hist, t0)
+    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
+    return replace(with_tod, q0=conformal_upper(s[~np.isnan(s)], p.risk))
 
 
 def _best_of(
@@ -155,7 +180,7 @@ def level_quantile(srt: list[float], level: float) -> float:
     return srt[min(n - 1, math.ceil(level * (n - 1) - 1e-12))]
 
 
-def track_q(p: RiskParams, y: FloatArray, start: int, stop: int) -> FloatArray:
+def track_q(p: RiskParams, y: FloatArray, start: int, stop: int, t0: int = 0) -> FloatArray:
     """``q`` in effect at each origin in ``[start, stop)`` (NaN outside): adaptive conformal inference.
 
     ``q[i]`` is the ``1 - alpha_i`` quantile of the scores of the windows that have ended by
@@ -163,7 +188,7 @@ def track_q(p: RiskParams, y: FloatArray, start: int, stop: int) -> FloatArray:
     answering at ``i`` the tracker takes in origin ``j = i - h``, whose window ``[j, j + h]``
     has just ended: ``alpha += ACI_GAMMA * (risk - missed_j)``. Reads ``y[: i + 1]`` only.
     """
-    z, sd = _anchor(p, y[:stop])
+    z, sd = _anchor(p, y[:stop], t0)
     zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
     s = _scores(z, zmax, sd, 0.0)
     q = np.full(stop, np.nan)
@@ -190,31 +215,58 @@ def _slide(srt: list[float], s: FloatArray, new: int, old: int) -> None:
         del srt[bisect.bisect_left(srt, float(s[old]))]
 
 
-def _anchor(p: RiskParams, y: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """``z`` (the log level the bound is anchored on) and the width ``sd + eps`` at each origin."""
+def _anchor(p: RiskParams, y: FloatArray, t0: int) -> tuple[FloatArray, FloatArray]:
+    """``z`` (the log level the bound is anchored on) and the width ``(sd + eps) * tod`` at each
+    origin; ``t0`` is the time (epoch seconds) of ``y[0]``."""
     z = np.log(np.clip(y, 0.0, None) + p.offset)
-    return z, volatility(z, p.vol_window) + p.eps
+    width = volatility(z, p.vol_window) + p.eps
+    if p.tod:
+        width = width * np.asarray(p.tod)[tod_bucket(t0, p.step, len(y))]
+    return z, width
 
 
-def bound(p: RiskParams, y: FloatArray, q: FloatArray, shift_q: float = 0.0) -> FloatArray:
+def tod_bucket(t0: int, step: int, n: int) -> npt.NDArray[np.int64]:
+    """Hour of the day (UTC) of each index."""
+    out: npt.NDArray[np.int64] = ((t0 + step * np.arange(n, dtype=np.int64)) % DAY) // TOD_BUCKET_SECONDS
+    return out
+
+
+def tod_factors(scores: FloatArray, buckets: npt.NDArray[np.int64]) -> tuple[float, ...]:
+    """Per hour of the day: the hour's 0.9 quantile of the scores over the overall one, shrunk
+    toward 1 by ``n / (n + TOD_SHRINK)`` (an hour seen in few windows keeps the plain width)."""
+    ok = ~np.isnan(scores)
+    overall = float(np.quantile(scores[ok], TOD_LEVEL))
+    if overall <= 0:
+        return ()
+    out = []
+    for b in range(DAY // TOD_BUCKET_SECONDS):
+        m = ok & (buckets == b)
+        n = int(m.sum())
+        f = float(np.quantile(scores[m], TOD_LEVEL)) / overall if n >= 5 else 1.0
+        w = n / (n + TOD_SHRINK)
+        out.append(max(TOD_FLOOR, w * f + (1 - w)))
+    return tuple(out)
+
+
+def bound(p: RiskParams, y: FloatArray, q: FloatArray, shift_q: float = 0.0, t0: int = 0) -> FloatArray:
     """The window-max bound at every origin of ``y`` given ``q`` (NaN where unknown)."""
-    z, sd = _anchor(p, y)
+    z, sd = _anchor(p, y, t0)
     out: FloatArray = np.clip(np.exp(z + (q + shift_q) * sd) - p.offset, 0.0, None)
     return out
 
 
-def threshold_shift(p: RiskParams, y: FloatArray, q: FloatArray, limit: FloatArray) -> FloatArray:
+def threshold_shift(p: RiskParams, y: FloatArray, q: FloatArray, limit: FloatArray, t0: int = 0) -> FloatArray:
     """Per origin, the ``shift_q`` above which ``bound`` exceeds ``limit`` (for equal-risk sweeps)."""
-    z, sd = _anchor(p, y)
+    z, sd = _anchor(p, y, t0)
     with np.errstate(invalid="ignore", divide="ignore"):
         need = np.log(np.clip(limit, 0.0, None) + p.offset)
         out: FloatArray = np.where(limit < 0, -np.inf, (need - z) / sd - q)
     return out
 
 
-def forecast_now(p: RiskParams, y: FloatArray, warmup: int) -> float:
-    """The bound at the newest point of ``y``, q tracked over the last ``warmup`` steps."""
+def forecast_now(p: RiskParams, y: FloatArray, warmup: int, t0: int = 0) -> float:
+    """The bound at the newest point of ``y`` (``y[0]`` at ``t0``), q tracked over the last ``warmup`` steps."""
     n = len(y)
     start = max(0, n - warmup)
-    q = track_q(p, y, start, n)
-    return float(bound(p, y, q)[-1])
+    q = track_q(p, y, start, n, t0)
+    return float(bound(p, y, q, 0.0, t0)[-1])

@@ -90,7 +90,9 @@ def _window_fields(pool: PoolConfig, bounds: dict[float, float]) -> dict[str, ob
 
 def _window_bounds(series: Series, origin: int, h: int, risk_models: RiskModels) -> dict[float, float]:
     y = series.values[: origin + 1]
-    return {r: forecast_now(p, y, RISK_WARMUP_STEPS) for (hs, r), p in sorted(risk_models.items()) if hs == h}
+    return {
+        r: forecast_now(p, y, RISK_WARMUP_STEPS, series.start) for (hs, r), p in sorted(risk_models.items()) if hs == h
+    }
 
 
 def build_response(
@@ -325,7 +327,9 @@ class PredictorService:
         for hs in self.settings.model.horizons:
             for r in self.settings.risks:
                 try:
-                    out[(hs, r)] = fit_risk(series.values, hs // series.step, r, series.step, len(series) - 1)
+                    out[(hs, r)] = fit_risk(
+                        series.values, hs // series.step, r, series.step, len(series) - 1, series.start
+                    )
                 except NotEnoughWindows as e:
                     logs.info("Not enough history for a window-max bound yet", pool=name, risk=r, err=str(e))
         return out

@@ -116,3 +116,17 @@ def test_online_calibration_tracks_the_target_after_a_regime_change(monkeypatch:
     monkeypatch.setattr(rk, "ACI_GAMMA", 0.0)  # the training quantile, never updated
     frozen = realized()
     assert frozen[0] > 0.013 and frozen[1] > 0.065, frozen
+
+
+def test_width_follows_the_hour_of_day_whose_windows_burst() -> None:
+    rng = np.random.default_rng(1)
+    n = 14 * 144  # 14 days of 10-minute steps
+    y = 50 + rng.normal(0, 1, n)
+    hour = (np.arange(n) * 600 % 86400) // 3600
+    burst = (hour == 18) & (rng.random(n) < 0.5)
+    y[burst] += rng.uniform(10, 20, int(burst.sum()))
+    p = rk.fit_risk(y, 3, 0.05, 600, n // 2 - 1)
+    assert len(p.tod) == 24
+    rest = float(np.median([p.tod[h] for h in range(24) if h not in (17, 18)]))
+    assert rest < 1.0
+    assert min(p.tod[17], p.tod[18]) > 1.5 * rest  # windows starting at 17:xx reach into 18:00

@@ -64,16 +64,19 @@ def test_quantile_forecasts_are_bit_identical_when_only_the_future_changes(serie
 
 
 @pytest.mark.parametrize("h", [1, 10, 60])
-def test_window_max_bounds_are_bit_identical_when_only_the_future_changes(series: Series, h: int) -> None:
-    train, origin = 1000, 1700
-    p = rk.fit_risk(series.values, h, 0.05, STEP, train - 1)
-    q = rk.track_q(p, series.values, train, len(series))
-    b = rk.bound(p, series.values, q)
+def test_window_max_bounds_are_bit_identical_when_only_the_future_changes(h: int) -> None:
+    series = generate(days=4, step=300, seed=12)  # long enough for the time-of-day widths
+    t0, train, origin = series.start, 600, 900
+    p = rk.fit_risk(series.values, h, 0.05, 300, train - 1, t0)
+    assert p.tod
+    q = rk.track_q(p, series.values, train, len(series), t0)
+    b = rk.bound(p, series.values, q, 0.0, t0)
     changed = _future_changed(series, origin, 5).values
-    p2 = rk.fit_risk(changed, h, 0.05, STEP, train - 1)
+    p2 = rk.fit_risk(changed, h, 0.05, 300, train - 1, t0)
     assert p2 == p
-    q2 = rk.track_q(p2, changed, train, len(series))
-    b2 = rk.bound(p2, changed, q2)
+    q2 = rk.track_q(p2, changed, train, len(series), t0)
+    b2 = rk.bound(p2, changed, q2, 0.0, t0)
     np.testing.assert_array_equal(q[: origin + 1], q2[: origin + 1])
     np.testing.assert_array_equal(b[: origin + 1], b2[: origin + 1])
-    assert rk.forecast_now(p, series.values[: origin + 1], 500) == rk.forecast_now(p, changed[: origin + 1], 500)
+    now = rk.forecast_now(p, series.values[: origin + 1], 500, t0)
+    assert now == rk.forecast_now(p, changed[: origin + 1], 500, t0)
