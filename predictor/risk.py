@@ -13,7 +13,8 @@ that have ended, where ``alpha`` starts at the target risk and is tracked online
 conformal inference: after each resolved window ``alpha += gamma * (risk - missed)``), so the
 realized risk follows the target after a regime change. A window's outcome is used only once
 it has ended (``j + h <= i``): nothing reads past the origin. ``offset``, ``w`` and ``eps``
-are chosen on the training history alone.
+are chosen on the training history alone, and so are the optional width factors per hour of
+the day (kept only where they validate on the newest 30 % of that history).
 """
 
 from __future__ import annotations
