@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     series = generate(14, 60, seed=7)
-    settings = Settings(step=60, history=14 * 86400, model=ModelConfig(horizons=(600, 1800, 3600)))
+    settings = Settings(step=60, history=14 * 86400, risks=(0.01, 0.05), model=ModelConfig(horizons=(600, 1800, 3600)))
     with tempfile.TemporaryDirectory() as d:
         svc = PredictorService(
-            [PoolConfig(name="pool-a", query="replay", capacity=128)],
+            [PoolConfig(name="pool-a", query="replay", capacity=128, capacity_per_gpu=1.0)],
             ReplaySource(series),
             settings,
             ModelStore(Path(d)),
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         svc.refresh()
         refresh_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        svc.refresh()  # no fit due: ingest + forecasts incl. the online-calibrated window-max bounds
+        refresh_no_fit_s = time.perf_counter() - t0
         srv = PredictorHTTPServer(("127.0.0.1", 0), svc)
         serve_in_thread(srv)
         host, port = srv.server_address[:2]
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             assert r.status == 200, body
             if i >= 200:  # warm-up
                 lat.append(dt * 1000)
+        point = json.loads(body)["points"][0]
+        assert point["window_max"] and point["gpus_needed"], point  # the reply carries the bounds
         conn.close()
         srv.shutdown()
         srv.server_close()
@@ -71,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_ms": float(arr.max()),
         "mean_ms": statistics.fmean(lat),
         "refresh_with_fit_seconds": refresh_s,
+        "refresh_without_fit_seconds": refresh_no_fit_s,
         "goal_p99_ms": 10.0,
         "goal_met": float(np.percentile(arr, 99)) <= 10.0,
     }

@@ -259,15 +259,23 @@ def plot(result: BacktestResult, series: Series, path: Path) -> None:
     fig, axes = plt.subplots(len(result.horizons), 1, figsize=(12, 3 * len(result.horizons)), squeeze=False)
     for ax, h in zip(axes[:, 0], result.horizons, strict=True):
         origins, actual, med, up = result.traces[h.horizon_seconds]
-        t = (series.start + (origins + h.steps) * series.step - series.start) / 3600.0
-        ax.plot(t, actual, lw=0.8, color="black", label="actual")
-        ax.plot(t, med, lw=0.8, color="tab:blue", label="model median")
-        ax.plot(t, up, lw=0.8, color="tab:orange", label=f"model q{quantile_key(result.quantile)}")
+        target = origins + h.steps
+        lo = int(target.min()) if len(target) else 0
+        t = np.arange(lo, len(series)) * series.step / 3600.0
+        for values, style in (
+            (actual, {"lw": 0.8, "color": "black", "label": "actual"}),
+            (med, {"lw": 0.8, "color": "tab:blue", "label": "model median"}),
+            (up, {"lw": 0.8, "color": "tab:orange", "label": f"model q{quantile_key(result.quantile)}"}),
+        ):
+            grid = np.full(len(series), np.nan)  # NaN where nothing was scored: gaps are not bridged
+            grid[target] = values
+            ax.plot(t, grid[lo:], **style)
         ax.set_title(
             f"{result.series}: {format_duration(h.horizon_seconds)} ahead, WAPE {h.model['wape']:.3f}, "
             f"coverage {h.model['coverage']:.3f}"
         )
-        ax.set_xlabel("hours since series start")
+        ax.set_xlabel("hours since series start (at the target time)")
+        ax.set_ylabel("demand (the series' unit)")
         ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

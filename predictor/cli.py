@@ -1,4 +1,4 @@
-"""``rose predictor {serve,backtest,generate}``: every flag also reads ROSE_PREDICTOR_<FLAG>."""
+"""``rose predictor {serve,backtest,evaluate,generate}``: every flag also reads ROSE_PREDICTOR_<FLAG>."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     _add(s, "--history", help="history kept in memory and trained on", default="14d", type=parse_duration)
     _add(s, "--horizons", help="forecast horizons", default="10m,30m,60m")
     _add(s, "--quantiles", help="quantiles besides the median", default="0.9")
+    _add(s, "--risks", help="target risks served as window-max bounds, e.g. 0.01,0.05 (empty: none)", default="")
     _add(s, "--retrain-interval", help="refit each pool's model this often", default="1h", type=parse_duration)
     _add(
         s,
@@ -90,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     _add(b, "--refit-every", help="refit interval (default: 1d, or a tenth of the series)", type=parse_duration)
     _add(b, "--threads", help="CPU threads for fitting", default="1", type=int)
 
+    _add_evaluate(sub)
+
     g = sub.add_parser("generate", help="write a deterministic synthetic serving-demand series (CSV)")
     _add(g, "--days", help="length in days", default="14", type=float)
     _add(g, "--step", help="step in seconds", default="60", type=int)
@@ -98,6 +101,72 @@ def _parser() -> argparse.ArgumentParser:
     _add(g, "--gaps", help="fraction of steps left as gaps", default="0", type=float)
     _add(g, "--out", help="CSV to write", required=True, type=Path)
     return ap
+
+
+def _add_evaluate(sub: Any) -> None:
+    from predictor.series import parse_duration
+
+    e = sub.add_parser("evaluate", help="GPU-time lent at a target risk: the model vs. tuned baselines and an oracle")
+    _add(
+        e,
+        "--series",
+        help="CSV with a header: time (seconds or ISO-8601), value; empty = gap",
+        required=True,
+        type=Path,
+    )
+    _add(e, "--risk", help="target under-provision risks, comma-separated (e.g. 0.01,0.05)", default="0.01,0.05")
+    _add(e, "--gpus-at-peak", help="pool size: the series' peak needs this many GPUs (default 64)", type=int)
+    _add(
+        e, "--capacity-per-gpu", help="pool size from the demand one GPU serves (instead of --gpus-at-peak)", type=float
+    )
+    _add(e, "--horizons", help="comma-separated windows [now, now + H]", default="30m,60m")
+    _add(
+        e,
+        "--initial-train",
+        help="training part before the first origin (default: half the series)",
+        type=parse_duration,
+    )
+    _add(e, "--json", help="write the results here (JSON)", required=True, type=Path)
+    _add(e, "--plot", help="write a PNG (demand, reservations, GPUs lent, under-provisions) here", type=Path)
+
+
+def _parse_risks(text: str) -> list[float]:
+    try:
+        risks = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"bad risk list {text!r}: use numbers in (0, 0.5), e.g. 0.01,0.05") from None
+    bad = [r for r in risks if not 0.0 < r < 0.5]
+    if bad or not risks:
+        raise ValueError(f"bad risk list {text!r}: every risk must be in (0, 0.5), e.g. 0.01,0.05")
+    return risks
+
+
+def cmd_evaluate(a: argparse.Namespace) -> int:
+    from predictor.evaluate import evaluate, plot, write_json
+    from predictor.risk import NotEnoughWindows
+    from predictor.series import SeriesError, parse_durations, read_series_csv
+
+    try:
+        horizons = parse_durations(a.horizons)
+        risks = _parse_risks(a.risk)
+        series = read_series_csv(a.series)
+        init = None if a.initial_train is None else -(-int(a.initial_train) // series.step)
+        result = evaluate(
+            series,
+            horizons,
+            risks,
+            gpus_at_peak=None if a.gpus_at_peak is None else int(a.gpus_at_peak),
+            capacity_per_gpu=None if a.capacity_per_gpu is None else float(a.capacity_per_gpu),
+            initial_train=init,
+        )
+    except (SeriesError, NotEnoughWindows, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result.table())
+    write_json(result, a.json)
+    if a.plot is not None:
+        plot(result, series, a.plot)
+    return 0
 
 
 def _parse_quantiles(text: str) -> tuple[float, ...]:
@@ -166,6 +235,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         for h in model_cfg.horizons:
             if h % int(a.step):
                 raise ValueError(f"horizon {h}s is not a multiple of --step {a.step}s")
+        risks = tuple(_parse_risks(a.risks)) if str(a.risks).strip() else ()
         host, _, port = str(a.listen).rpartition(":")
         address = (host or "0.0.0.0", int(port))
     except ValueError as e:
@@ -177,6 +247,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         retrain_interval=float(a.retrain_interval),
         refresh_interval=float(a.refresh_interval),
         max_data_age=float(a.max_data_age),
+        risks=risks,
         model=model_cfg,
     )
     store = ModelStore(Path(a.model_dir)) if a.model_dir else None
@@ -217,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "backtest":
         return cmd_backtest(args)
+    if args.command == "evaluate":
+        return cmd_evaluate(args)
     if args.command == "generate":
         return cmd_generate(args)
     return cmd_serve(args)

@@ -109,7 +109,8 @@ def rolling_mean_std(z: FloatArray, w: int) -> tuple[FloatArray, FloatArray]:
 def build_features(z: FloatArray, times: FloatArray, horizon: int, spec: FeatureSpec) -> FloatArray:
     """Feature matrix (one row per origin ``i``) for forecasting ``horizon`` steps ahead.
 
-    Column order is fixed for a given ``spec``; see :func:`feature_names`.
+    Column order is fixed for a given ``spec``: lags, rolling mean/std, seasonal (for periods
+    longer than the horizon), Fourier terms of the target's time of day and week.
     """
     cols: list[FloatArray] = []
     for k in spec.lag_steps():
@@ -119,7 +120,8 @@ def build_features(z: FloatArray, times: FloatArray, horizon: int, spec: Feature
         cols.append(mean - z)
         cols.append(std)
     for p in spec.periods():
-        if horizon > p:
+        if horizon >= p:
+            # the smoothed column reads z[i + horizon - p + 1]: past the origin unless horizon < p
             continue
         same_time = shift(z, p - horizon)  # z at (target time - one period): known at i
         cols.append(same_time - z)
@@ -133,20 +135,6 @@ def build_features(z: FloatArray, times: FloatArray, horizon: int, spec: Feature
             cols.append(np.sin(k * phase))
             cols.append(np.cos(k * phase))
     return np.column_stack(cols)
-
-
-def feature_names(horizon: int, spec: FeatureSpec) -> list[str]:
-    names = [f"lag{k}" for k in spec.lag_steps()]
-    for w in spec.window_steps():
-        names += [f"mean{w}", f"std{w}"]
-    for p in spec.periods():
-        if horizon > p:
-            continue
-        names += [f"season{p}", f"season{p}_delta", f"season{p}_smooth"]
-    for label, orders in (("day", 3), ("week", 2)):
-        for k in range(1, orders + 1):
-            names += [f"{label}_sin{k}", f"{label}_cos{k}"]
-    return names
 
 
 def targets(z: FloatArray, horizon: int) -> FloatArray:

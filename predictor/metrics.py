@@ -11,13 +11,21 @@ from predictor.series import format_duration
 class PredictorMetrics:
     """One registry per service instance (tests run several side by side)."""
 
-    def __init__(self, pools: list[str], horizons: list[int], quantiles: list[float]) -> None:
+    def __init__(
+        self, pools: list[str], horizons: list[int], quantiles: list[float], risks: tuple[float, ...] = ()
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.forecast = Gauge(
             "rose_forecast_demand",
             "Forecast serving demand per pool, horizon and quantile (in the pool's unit, e.g. GPUs)",
             ["pool", "horizon", "quantile"],
+            registry=r,
+        )
+        self.window_max = Gauge(
+            "rose_forecast_window_max",
+            "Upper bound on the maximum demand over [now, now + horizon] at a target risk (pool's unit)",
+            ["pool", "horizon", "risk"],
             registry=r,
         )
         self.stale = Gauge(
@@ -48,6 +56,8 @@ class PredictorMetrics:
             for h in horizons:
                 for q in quantiles:
                     self.forecast.labels(p, format_duration(h), quantile_key(q)).set(0)
+                for rk in risks:
+                    self.window_max.labels(p, format_duration(h), quantile_key(rk)).set(0)
             self.stale.labels(p).set(1)
             self.data_age.labels(p).set(0)
             self.current.labels(p).set(0)

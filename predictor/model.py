@@ -105,7 +105,6 @@ class QuantileForecaster:
     transform: Transform | None = None
     horizons: dict[int, HorizonModel] = field(default_factory=dict)
     fit_seconds: float = 0.0
-    fitted_until: int = -1  # index of the last point of the series the fit saw
 
     @property
     def spec(self) -> FeatureSpec:
@@ -176,7 +175,6 @@ class QuantileForecaster:
                     corrections[q] = 0.0
                 models[q] = _new_model(cfg, q).fit(x[rows], tgt[rows])
             self.horizons[hs] = HorizonModel(h, models, corrections, cols, alpha, flat_median, len(rows), len(cal_rows))
-        self.fitted_until = last
         self.fit_seconds = time.perf_counter() - t0
         return self
 

@@ -7,6 +7,7 @@ forecast of its pool, so it never waits for Prometheus or a fit.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -23,8 +24,9 @@ from predictor import logs
 from predictor.ingest import HistoryBuffer, IngestError
 from predictor.metrics import PredictorMetrics
 from predictor.model import ModelConfig, NotEnoughHistory, QuantileForecaster, quantile_key
+from predictor.risk import NotEnoughWindows, RiskParams, fit_risk, forecast_now
 from predictor.series import Series, format_duration
-from predictor.store import ModelStore
+from predictor.store import ModelStore, runtime_mismatch
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 
 
@@ -37,6 +39,8 @@ class PoolConfig(BaseModel):
     query: str = Field(min_length=1)
     unit: str = "gpus"
     capacity: float | None = Field(default=None, ge=0)
+    # demand one GPU serves: turns the window-max bounds into GPUs (``gpus_needed``)
+    capacity_per_gpu: float | None = Field(default=None, gt=0)
 
 
 class PoolsFile(BaseModel):
@@ -69,6 +73,28 @@ class NoForecast(RuntimeError):
     """Neither data nor a configured capacity: there is no honest answer to give."""
 
 
+RiskModels = dict[tuple[int, float], RiskParams]  # (horizon seconds, risk) → fitted window-max model
+RISK_WARMUP_STEPS = 1440  # online calibration replayed over this much recent history per forecast
+
+
+def _window_fields(pool: PoolConfig, bounds: dict[float, float]) -> dict[str, object]:
+    """``window_max`` (and ``gpus_needed`` with a capacity per GPU) for a point; empty without risks."""
+    if not bounds:
+        return {}
+    out: dict[str, object] = {"window_max": {quantile_key(r): b for r, b in bounds.items()}}
+    if pool.capacity_per_gpu is not None:
+        cpg = pool.capacity_per_gpu
+        out["gpus_needed"] = {quantile_key(r): math.ceil(b / cpg - 1e-9) for r, b in bounds.items()}
+    return out
+
+
+def _window_bounds(series: Series, origin: int, h: int, risk_models: RiskModels) -> dict[float, float]:
+    y = series.values[: origin + 1]
+    return {
+        r: forecast_now(p, y, RISK_WARMUP_STEPS, series.start) for (hs, r), p in sorted(risk_models.items()) if hs == h
+    }
+
+
 def build_response(
     pool: PoolConfig,
     series: Series | None,
@@ -78,12 +104,16 @@ def build_response(
     horizons: list[int],
     quantiles: tuple[float, ...],
     max_data_age: float,
+    risk_models: RiskModels | None = None,
+    risks: tuple[float, ...] = (),
 ) -> ForecastResponse:
     """The forecast for ``pool`` at ``now``, or an explicit stale upper bound.
 
     Not stale: the model's quantiles from the newest observation, at ``last_obs + horizon``.
     Stale (no data, data older than ``max_data_age``, or no fitted model yet): every quantile
     is the pool's ``capacity`` or, without one, the maximum seen in the retained history.
+    With ``risks``, each point also carries the window-max bound per risk (``risk_models``; a
+    missing or unusable one makes the response stale, with the same safe bound).
     """
     last_t: int | None = None
     current: float | None = None
@@ -102,7 +132,8 @@ def build_response(
         preds = model.predict(series, np.asarray([origin]))
         for h in horizons:
             row = preds[h][0]
-            if np.any(np.isnan(row)):
+            bounds = _window_bounds(series, origin, h, risk_models or {})
+            if np.any(np.isnan(row)) or len(bounds) != len(risks) or any(math.isnan(b) for b in bounds.values()):
                 stale = True
                 break
             points.append(
@@ -110,6 +141,7 @@ def build_response(
                     horizon_seconds=h,
                     timestamp=datetime.fromtimestamp(last_t + h, UTC),
                     quantiles={k: float(v) for k, v in zip(keys, row.tolist(), strict=True)},
+                    **_window_fields(pool, bounds),  # type: ignore[arg-type]
                 )
             )
     if stale:
@@ -124,6 +156,7 @@ def build_response(
                 horizon_seconds=h,
                 timestamp=datetime.fromtimestamp(now + h, UTC),
                 quantiles=dict.fromkeys(keys, bound),
+                **_window_fields(pool, dict.fromkeys(risks, bound)),  # type: ignore[arg-type]
             )
             for h in horizons
         ]
@@ -147,6 +180,7 @@ class Settings:
     retrain_interval: float = 3600.0
     refresh_interval: float = 30.0
     max_data_age: float = 300.0
+    risks: tuple[float, ...] = ()  # target risks served as window-max bounds (empty: none)
     model: ModelConfig = field(default_factory=ModelConfig)
 
 
@@ -155,6 +189,7 @@ class PoolState:
     config: PoolConfig
     buffer: HistoryBuffer
     model: QuantileForecaster | None = None
+    risk_models: RiskModels = field(default_factory=dict)
     version: str = "none"
     fitted_at: float = 0.0
     response: ForecastResponse | None = None
@@ -177,7 +212,7 @@ class PredictorService:
         capacity = settings.history // settings.step + 1
         self.pools = {p.name: PoolState(p, HistoryBuffer(settings.step, capacity)) for p in pools}
         self.metrics = PredictorMetrics(
-            [p.name for p in pools], list(settings.model.horizons), list(settings.model.all_quantiles)
+            [p.name for p in pools], list(settings.model.horizons), list(settings.model.all_quantiles), settings.risks
         )
         self._lock = threading.Lock()
         if store is not None:
@@ -194,6 +229,15 @@ class PredictorService:
         if found is None:
             return
         version, model, meta = found
+        mismatch = runtime_mismatch(meta)
+        if mismatch is not None:
+            logs.info(
+                "Persisted model was saved under other library versions; will refit",
+                pool=st.config.name,
+                version=version,
+                why=mismatch,
+            )
+            return
         cfg = self.settings.model
         if (
             model.step != self.settings.step
@@ -230,6 +274,8 @@ class PredictorService:
         series = st.buffer.series(name)
         if series is not None and (st.model is None or now - st.fitted_at >= s.retrain_interval):
             self._fit(st, series, now)
+        elif series is not None and s.risks and not st.risk_models:  # a loaded model: risks are cheap to fit
+            st.risk_models = self._fit_risks(name, series)
         try:
             resp = build_response(
                 st.config,
@@ -240,6 +286,8 @@ class PredictorService:
                 list(s.model.horizons),
                 s.model.all_quantiles,
                 s.max_data_age,
+                st.risk_models,
+                s.risks,
             )
         except NoForecast as e:
             resp = None
@@ -260,6 +308,7 @@ class PredictorService:
             self.metrics.fits.labels(name, "error").inc()
             logs.error("Fit failed", pool=name, err=repr(e))
             return
+        st.risk_models = self._fit_risks(name, series)
         version = f"{name}-unsaved-{int(now)}"
         if self.store is not None:
             meta = {"pool": name, "fitted_at": now, "points": len(series), **model.describe()}
@@ -273,6 +322,18 @@ class PredictorService:
         self.metrics.fit_duration.labels(name).set(model.fit_seconds)
         logs.info("Model fitted", pool=name, version=version, seconds=round(model.fit_seconds, 3))
 
+    def _fit_risks(self, name: str, series: Series) -> RiskModels:
+        out: RiskModels = {}
+        for hs in self.settings.model.horizons:
+            for r in self.settings.risks:
+                try:
+                    out[(hs, r)] = fit_risk(
+                        series.values, hs // series.step, r, series.step, len(series) - 1, series.start
+                    )
+                except NotEnoughWindows as e:
+                    logs.info("Not enough history for a window-max bound yet", pool=name, risk=r, err=str(e))
+        return out
+
     def _export(self, st: PoolState, resp: ForecastResponse | None) -> None:
         name = st.config.name
         m = self.metrics
@@ -285,6 +346,8 @@ class PredictorService:
         for p in resp.points:
             for q, v in p.quantiles.items():
                 m.forecast.labels(name, format_duration(p.horizon_seconds), q).set(v)
+            for r, v in (p.window_max or {}).items():
+                m.window_max.labels(name, format_duration(p.horizon_seconds), r).set(v)
 
     def forecast(self, pool: str) -> ForecastResponse | None:
         with self._lock:

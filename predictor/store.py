@@ -2,6 +2,8 @@
 
 Writes are atomic (temporary file, fsync, rename), so a crash never leaves half a model; the
 newest ``keep`` versions are kept. Only files this process wrote are ever loaded (pickle).
+The metadata records the scikit-learn and numpy versions the model was pickled with; a model
+saved under other versions is not loaded (:func:`runtime_mismatch`) but refit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,23 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def runtime_versions() -> dict[str, str]:
+    """The library versions a pickled model depends on."""
+    import numpy
+    import sklearn
+
+    return {"scikit-learn": sklearn.__version__, "numpy": numpy.__version__}
+
+
+def runtime_mismatch(meta: dict[str, Any]) -> str | None:
+    """Why a model with this metadata must be refit here (None: it may be loaded)."""
+    saved = meta.get("runtime")
+    now = runtime_versions()
+    if saved != now:
+        return f"saved with {saved or 'unrecorded library versions'}, running {now}"
+    return None
+
+
 class ModelStore:
     def __init__(self, root: Path, keep: int = 5) -> None:
         self.root = root
@@ -43,6 +62,7 @@ class ModelStore:
         version = f"{pool}-{stamp}-{hashlib.sha256(blob).hexdigest()[:8]}"
         d = self.root / pool
         _atomic_write(d / f"{version}.pkl", blob)
+        meta = {**meta, "runtime": runtime_versions()}
         _atomic_write(d / f"{version}.json", (json.dumps({"version": version, **meta}, indent=1) + "\n").encode())
         for old in self.versions(pool)[: -self.keep]:
             (d / f"{old}.pkl").unlink(missing_ok=True)

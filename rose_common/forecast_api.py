@@ -16,6 +16,13 @@ class ForecastPoint(BaseModel):
     timestamp: datetime
     # quantile level as a string ("0.5", "0.9") → predicted value (in the pool's unit)
     quantiles: dict[str, float]
+    # Optional, absent unless the predictor serves target risks (``--risks``): per risk ("0.01")
+    # an upper bound on the MAXIMUM demand over [last observation, timestamp], exceeded in at
+    # most that share of windows (calibrated online); when stale, the same safe bound as above.
+    window_max: dict[str, float] | None = None
+    # the same in GPUs, ceil(window_max / capacity_per_gpu), when the pool's capacity per GPU is
+    # configured: the GPUs serving may need over the window at that risk (lend the rest)
+    gpus_needed: dict[str, int] | None = None
 
 
 class ForecastResponse(BaseModel):

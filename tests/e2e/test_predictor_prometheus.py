@@ -11,6 +11,7 @@ then Prometheus is stopped and the forecast must turn ``stale`` with the pool's 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -154,7 +155,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     pools = tmp_path / "pools.yaml"
     pools.write_text(
         'pools:\n  - name: pool-a\n    query: sum(rose_serving_busy_gpus{pool="pool-a"})\n'
-        f"    unit: gpus\n    capacity: {CAPACITY}\n"
+        f"    unit: gpus\n    capacity: {CAPACITY}\n    capacity_per_gpu: {CAPACITY / 64}\n"
     )
     port = _free_port()
     env = {**os.environ, "ROSE_PREDICTOR_PROMETHEUS_URL": prom_url, "PYTHONPATH": str(REPO)}
@@ -177,6 +178,8 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             "10s,30s,60s",
             "--quantiles",
             "0.9",
+            "--risks",
+            "0.05",
             "--refresh-interval",
             "1s",
             "--max-data-age",
@@ -242,11 +245,16 @@ def test_forecasts_from_a_real_prometheus(stack: dict[str, Any]) -> None:
     for p in r.points:
         assert 0 < p.quantiles["0.5"] <= p.quantiles["0.9"] < CAPACITY
         assert p.timestamp.timestamp() > r.generated_at.timestamp() - 8
+        # the window-max bound at the served risk, and the GPUs it takes
+        assert p.window_max is not None and p.gpus_needed is not None
+        assert p.window_max["0.05"] >= r.current * 0.5
+        assert p.gpus_needed["0.05"] == math.ceil(p.window_max["0.05"] / (CAPACITY / 64) - 1e-9)
     # the same numbers as Prometheus gauges
     with urllib.request.urlopen(stack["url"] + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
     assert 'rose_forecast_demand{horizon="30s",pool="pool-a",quantile="0.9"}' in text
     assert 'rose_forecast_ingest_total{pool="pool-a",result="ok"}' in text
+    assert 'rose_forecast_window_max{horizon="30s",pool="pool-a",risk="0.05"}' in text
 
     # Prometheus goes away: the predictor keeps serving, and the answer turns stale + safe bound
     stack["prom"].terminate()
@@ -259,6 +267,7 @@ def test_forecasts_from_a_real_prometheus(stack: dict[str, Any]) -> None:
 
     s = _wait(stale_forecast, 60, "the forecast to turn stale once Prometheus is gone")
     assert s.points[0].quantiles == {"0.5": float(CAPACITY), "0.9": float(CAPACITY)}
+    assert s.points[0].window_max == {"0.05": float(CAPACITY)} and s.points[0].gpus_needed == {"0.05": 64}
     assert s.data_age_seconds is not None and s.data_age_seconds > 8
 
 

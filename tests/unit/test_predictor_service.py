@@ -166,3 +166,47 @@ def test_restart_loads_the_newest_compatible_model_and_survives_ingest_errors(
     assert svc.metrics.ingests.labels("pool-a", "error")._value.get() == 1
     other = Settings(step=600, model=small_config(horizons=(600,)))
     assert PredictorService([POOL], _DownSource(), other, store).pools["pool-a"].model is None
+
+
+def test_a_model_saved_under_other_library_versions_is_refit_not_loaded(
+    tmp_path: Path, fitted: tuple[Series, QuantileForecaster]
+) -> None:
+    _, m = fitted
+    store = ModelStore(tmp_path)
+    v = store.save("pool-a", m, {"fitted_at": 123.0}, now=1_700_000_000)
+    meta_path = tmp_path / "pool-a" / f"{v}.json"
+    meta = json.loads(meta_path.read_text())
+    assert set(meta["runtime"]) == {"scikit-learn", "numpy"}
+    settings = Settings(step=600, model=m.config)
+    assert PredictorService([POOL], _DownSource(), settings, store).pools["pool-a"].version == v
+    for lib in ("scikit-learn", "numpy"):
+        other = {**meta, "runtime": {**meta["runtime"], lib: "0.0.1"}}
+        meta_path.write_text(json.dumps(other))
+        assert PredictorService([POOL], _DownSource(), settings, store).pools["pool-a"].model is None, lib
+    meta_path.write_text(json.dumps({k: x for k, x in meta.items() if k != "runtime"}))  # saved before recording
+    assert PredictorService([POOL], _DownSource(), settings, store).pools["pool-a"].model is None
+
+
+def test_window_max_bounds_per_risk_in_the_forecast_and_gpus_with_a_capacity_per_gpu() -> None:
+    s = generate(days=4, step=600, seed=5)
+    pool = PoolConfig(name="pool-a", query="sum(x)", capacity=64, capacity_per_gpu=2.0)
+    settings = Settings(step=600, risks=(0.01, 0.05), model=small_config())
+    svc = PredictorService([pool], _DownSource(), settings)
+    st = svc.pools["pool-a"]
+    st.risk_models = svc._fit_risks("pool-a", s)
+    assert sorted(st.risk_models) == [(1800, 0.01), (1800, 0.05)]
+    m = QuantileForecaster(small_config()).fit(s)
+    r = build_response(pool, s, m, "v", s.end + 30.0, [1800], QS, 300.0, st.risk_models, settings.risks)
+    ForecastResponse.model_validate_json(r.model_dump_json())
+    (p,) = r.points
+    assert p.window_max is not None and p.gpus_needed is not None
+    assert set(p.window_max) == {"0.01", "0.05"}
+    assert p.window_max["0.01"] >= p.window_max["0.05"] >= s.values[-1] * 0.5
+    assert p.gpus_needed == {k: int(np.ceil(v / 2.0 - 1e-9)) for k, v in p.window_max.items()}
+    # stale: the same safe bound for the windows
+    old = build_response(pool, s, m, "v", s.end + 3600.0, [1800], QS, 300.0, st.risk_models, settings.risks)
+    assert old.stale and old.points[0].window_max == {"0.01": 64.0, "0.05": 64.0}
+    assert old.points[0].gpus_needed == {"0.01": 32, "0.05": 32}
+    # without risks the points carry nothing new (backward compatible)
+    plain = build_response(POOL, s, m, "v", s.end + 30.0, [1800], QS, 300.0)
+    assert plain.points[0].window_max is None and plain.points[0].gpus_needed is None

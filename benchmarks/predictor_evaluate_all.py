@@ -1,0 +1,218 @@
+"""GPU-time lent at a target risk on every derived trace and on per-client ServeGen series.
+
+    python -m benchmarks.predictor_evaluate_all --out docs/predictor-evaluate.md [--clients 12]
+
+Runs exactly what ``rose predictor evaluate`` runs (pool: the series' peak needs 64 GPUs;
+training part: the first half) at risks 1 % and 5 % and windows of 30 and 60 min; series
+shorter than a day (the Azure 2023 trace) at the horizons and risks they are long enough for
+(``predictor.evaluate.minimum_points``). Per-client series are binned as in
+``benchmarks.predictor_backtest_all``. Writes the markdown table and a JSON beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.predictor_backtest_all import servegen_clients, traces_dir
+from predictor.evaluate import LEND_GOAL_RATIO, RISK_TOLERANCE, binomial_band, evaluate, minimum_points
+from predictor.risk import NotEnoughWindows
+from predictor.series import Series, read_series_csv
+
+RISKS = [0.01, 0.05]
+HORIZONS = [1800, 3600]
+SHORT_HORIZONS = [60, 120, 300, 600]  # for series shorter than a day
+
+
+def cases_for(series: Series) -> tuple[list[int], list[float]]:
+    """The standard grid, or for a short series the horizons and risks it is long enough for."""
+    if len(series) * series.step >= 2 * 86400:
+        return HORIZONS, RISKS
+    risks = [r for r in RISKS if any(minimum_points(h // series.step, r) <= len(series) for h in SHORT_HORIZONS)]
+    hs = [
+        h
+        for h in SHORT_HORIZONS
+        if h % series.step == 0 and all(minimum_points(h // series.step, r) <= len(series) for r in risks)
+    ]
+    return hs, risks
+
+
+def run_one(series: Series) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    hs, risks = cases_for(series)
+    try:
+        if not hs or not risks:
+            raise NotEnoughWindows(f"{len(series)} points: too short for any window at risk {min(RISKS)} or more")
+        r = evaluate(series, hs, risks)
+    except NotEnoughWindows as e:
+        return {"series": series.name, "error": str(e), "n_points": len(series), "step_seconds": series.step}
+    out = r.to_json()
+    out["wall_seconds"] = time.perf_counter() - t0
+    print(r.table(), flush=True)
+    return out
+
+
+def _row(name: str, c: dict[str, Any]) -> str:
+    p = c["policies"]
+
+    def cell(k: str) -> str:
+        v = p.get(k)
+        return "n/a" if v is None else f"{v['at_equal_risk']['lent_share']:.3f} ({v['as_tuned']['realized_risk']:.3f})"
+
+    g = c["goals"]
+    goals = ("L" if g["lent_met"] else "l") + ("R" if g["risk_met"] else "r")
+    h = c["horizon_seconds"]
+    hl = f"{h // 60}m"
+    return (
+        f"| {name} | {hl} | {c['risk']:g} | {c['n_eval']} | {cell('model')} | {cell('persistence')} | "
+        f"{cell('persistence_add')} | {cell('seasonal')} | {cell('static')} | {c['oracle_lent_share']:.3f} | "
+        f"{c['lent_ratio_at_equal_risk']:.3f} | {c['oracle_ratio']:.2f} | {goals} |"
+    )
+
+
+def markdown(results: list[dict[str, Any]], infos: list[dict[str, Any]], args: str) -> str:
+    lines = [
+        "# Predictor evaluation: GPU-time lent at a target risk",
+        "",
+        f"Produced by `python -m benchmarks.predictor_evaluate_all {args}` (the same as",
+        "`rose predictor evaluate` per series). Rolling origin, no look-ahead: the first half of each",
+        "series is training only; the pool is sized so that the series' peak needs 64 GPUs; a window",
+        "[now, now + h] is under-provisioned when the GPUs reserved at `now` are fewer than its maximum",
+        "demand needs. Source data: ServeGen (Alibaba Bailian, Apache-2.0) and the Azure LLM inference",
+        "trace 2023 (CC-BY-4.0), from `../shared/data/traces/`. Per-client series: "
+        + "; ".join(f"{i['dataset']}: {i['clients']} clients, {i['gap_windows']} gap windows" for i in infos)
+        + ".",
+        "",
+        "Plots (`predictor-evaluate-m-large.png`, `predictor-evaluate-m-mid.png`, risk 1 %): `rose predictor",
+        "evaluate --series ../shared/data/traces/derived/servegen_m-large_10min.csv --risk 0.01,0.05",
+        "--gpus-at-peak 64 --horizons 30m,60m --json OUT.json --plot docs/predictor-evaluate-m-large.png`",
+        "(the same for m-mid).",
+        "",
+        "Each cell: share of the pool's GPU-time lent **at equal realized risk** (the policy's knob swept",
+        "to the target on the evaluated windows), and in brackets the realized risk **as tuned** (the",
+        "baselines' headroom tuned on the training half; the model as deployed, calibrated online).",
+        f"`ratio` = model / best baseline at equal risk (goal >= {LEND_GOAL_RATIO}); `oracle ratio` = the oracle",
+        "(perfect foresight) / the same best baseline: the most any policy could reach; goals: L/l lent goal",
+        f"met/missed, R/r model's realized risk within +-{RISK_TOLERANCE:.0%} of the target met/missed.",
+        "",
+        "| series | h | risk | n | model | persist. x(1+k) | persist. +k | seasonal | static | oracle | ratio "
+        "| oracle ratio | goals |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['series']} | - | - | - | {r['error']} | | | | | | | | |")
+            continue
+        lines += [_row(r["series"], c) for c in r["cases"]]
+    lines += ["", *summary(results), "", *misses(results), ""]
+    return "\n".join(lines)
+
+
+def misses(results: list[dict[str, Any]]) -> list[str]:
+    """Every missed goal, sorted by the evidence that explains it (computed, not asserted)."""
+    cases = [(r["series"], c) for r in results if "error" not in r for c in r["cases"]]
+    lent = [(n, c) for n, c in cases if not c["goals"]["lent_met"]]
+    capped = [(n, c) for n, c in lent if c["oracle_ratio"] < LEND_GOAL_RATIO]
+    risk = [(n, c) for n, c in cases if not c["goals"]["risk_met"]]
+
+    def in_band(c: dict[str, Any]) -> bool:
+        lo, hi = c["binomial_band"]
+        return bool(lo <= c["policies"]["model"]["as_tuned"]["realized_risk"] <= hi)
+
+    noisy = [(n, c) for n, c in risk if in_band(c)]
+    out = [
+        "## Misses and their evidence",
+        "",
+        f"* Lent goal missed in {len(lent)} of {len(cases)} cases. In {len(capped)} of them even the oracle",
+        f"  (perfect foresight) lends less than {LEND_GOAL_RATIO}x the best baseline (`oracle ratio` column): the",
+        "  best baseline is already that close to the most any policy can lend, so the goal is out of",
+        "  reach there for every model.",
+        f"* The other {len(lent) - len(capped)} lent misses, by best baseline at equal risk: "
+        + ", ".join(
+            f"{k} {sum(1 for _, c in lent if c['oracle_ratio'] >= LEND_GOAL_RATIO and c['best_baseline'] == k)}"
+            for k in ("persistence", "persistence_add", "seasonal", "static")
+        )
+        + ".",
+        f"* Realized-risk goal (+-{RISK_TOLERANCE:.0%}) missed in {len(risk)} of {len(cases)} cases; {len(noisy)} of",
+        "  them lie inside the 5-95 % binomial band of a perfectly calibrated policy with the same number",
+        "  of windows (`binomial_band` in the JSON): at risk 1 % and about 950 windows that band is",
+        "  0.005-0.016, i.e. +-50 %, wider than the goal; a single 7-day test half cannot resolve +-30 %",
+        "  at 1 %. Outside their band: "
+        + (", ".join(f"{n} {c['horizon_seconds'] // 60}m@{c['risk']:g}" for n, c in risk if not in_band(c)) or "none")
+        + ".",
+    ]
+    return out
+
+
+def summary(results: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "## Summary",
+        "",
+        "| series set | h | risk | cases | median ratio | ratio >= 1.15 | ratio >= 1 | oracle ratio < 1.15 "
+        "| median realized risk | risk within +-30 % | binomial 5-95 % band (median n) | within its band |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    ok = [r for r in results if "error" not in r]
+    for label, sel in (
+        ("derived", [r for r in ok if "/" not in r["series"]]),
+        ("per-client", [r for r in ok if "/" in r["series"]]),
+    ):
+        for h in HORIZONS:
+            for risk in RISKS:
+                cs = [c for r in sel for c in r["cases"] if c["horizon_seconds"] == h and c["risk"] == risk]
+                if not cs:
+                    continue
+                ratios = np.array([c["lent_ratio_at_equal_risk"] for c in cs])
+                rr = np.array([c["policies"]["model"]["as_tuned"]["realized_risk"] for c in cs])
+                capped = int(sum(c["oracle_ratio"] < LEND_GOAL_RATIO for c in cs))
+                n_med = int(np.median([c["n_eval"] for c in cs]))
+                band = binomial_band(n_med, risk)
+                in_band = sum(
+                    c["binomial_band"][0]
+                    <= c["policies"]["model"]["as_tuned"]["realized_risk"]
+                    <= c["binomial_band"][1]
+                    for c in cs
+                )
+                out.append(
+                    f"| {label} | {h // 60}m | {risk:g} | {len(cs)} | {np.median(ratios):.3f} | "
+                    f"{int(np.sum(ratios >= LEND_GOAL_RATIO))} | {int(np.sum(ratios >= 1))} | {capped} | "
+                    f"{np.median(rr):.4f} | {int(sum(c['goals']['risk_met'] for c in cs))} | "
+                    f"{band[0]:.4f}-{band[1]:.4f} (n {n_med}) | {in_band} |"
+                )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="markdown file to write (JSON beside it)")
+    ap.add_argument("--clients", type=int, default=12, help="largest clients per 14-day dataset")
+    ap.add_argument("--zero-run", type=int, default=3, help="all-client zero runs at least this long are gaps")
+    ap.add_argument("--from-json", type=Path, help="only re-render the tables from an earlier JSON")
+    a = ap.parse_args(argv)
+    args = f"--out {a.out} --clients {a.clients} --zero-run {a.zero_run}"
+    if a.from_json:
+        saved = json.loads(a.from_json.read_text())
+        a.out.write_text(markdown(saved["results"], saved["datasets"], args))
+        return 0
+    tdir = traces_dir()
+    series: list[Series] = [read_series_csv(p) for p in sorted((tdir / "derived").glob("*.csv"))]
+    infos = []
+    for ds in ("m-large", "m-mid"):
+        clients, info = servegen_clients(tdir / "servegen" / "language" / ds, a.clients, a.zero_run)
+        series += clients
+        infos.append(info)
+    results = [run_one(s) for s in series]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(markdown(results, infos, args))
+    a.out.with_suffix(".json").write_text(json.dumps({"datasets": infos, "results": results}, indent=1) + "\n")
+    print(f"wrote {a.out} and {a.out.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,295 @@
+"""How much serving may need over a window, at a risk the operator chooses: pure arrays in, arrays out.
+
+The quantity that decides lending is the **maximum** demand over ``[i, i + h]`` (a lent GPU must
+stay lent for the worker's minimum useful run), so that is what is forecast, directly. The
+bound at origin ``i`` is
+
+    R[i] = exp(z[i] + q[i] * (sd[i] + eps)) - offset,   z = log(y + offset)
+
+where ``sd`` is the recent volatility (std of one-step changes of ``z`` over the last ``w``
+steps): calm hours get a narrow band, bursty hours a wide one. ``q`` is the conformal
+``1 - alpha`` quantile of the scores ``(log(max + offset) - z) / (sd + eps)`` of the windows
+that have ended, where ``alpha`` starts at the target risk and is tracked online (adaptive
+conformal inference: after each resolved window ``alpha += gamma * (risk - missed)``), so the
+realized risk follows the target after a regime change. A window's outcome is used only once
+it has ended (``j + h <= i``): nothing reads past the origin. ``offset``, ``w`` and ``eps``
+are chosen on the training history alone, and so are the optional width factors per hour of
+the day (kept only where they validate on the newest 30 % of that history).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
+from predictor.features import DAY, rolling_mean_std
+from predictor.series import FloatArray
+
+VOL_WINDOW_SECONDS = (2 * 3600, 6 * 3600, 24 * 3600)
+EPS_CHOICES = (0.02, 0.05, 0.1, 0.2, 0.4)
+OFFSET_CHOICES = (0.1, 0.5, 2.0, 10.0)  # x the training mean: small = multiplicative band, large = additive
+ACI_GAMMA = 0.002  # online step of the miss level (measured 0.001-0.005: larger tracks closer, lends less)
+SCORE_POOL = 4032  # the newest resolved windows whose scores the quantile is taken over
+BEYOND_MAX_SLOPE = 10.0
+TOD_BUCKET_SECONDS = 3600
+TOD_LEVEL = 0.9  # the width factor compares this quantile of an hour's scores with the overall one
+TOD_SHRINK = 100  # an hour's factor is shrunk toward 1 by n / (n + this) (n: its training windows)
+TOD_FLOOR = 0.3  # above the largest score: q grows by this x (max - median) per unit of level
+
+
+class NotEnoughWindows(ValueError):
+    """Too few resolved windows to calibrate or to measure a risk; the message says how many."""
+
+
+def min_windows(risk: float) -> int:
+    """Resolved windows needed to estimate (or to measure) a ``1 - risk`` quantile: ``ceil(1/risk)``.
+
+    With fewer, even the largest score seen sits below the quantile asked for, so the bound
+    would be a guess, and a realized risk could not be told apart from zero.
+    """
+    return math.ceil(1.0 / risk - 1e-9)
+
+
+def window_max(y: FloatArray, h: int) -> FloatArray:
+    """``max(y[i : i + h + 1])``; NaN where the window runs past the end or holds a gap."""
+    n = len(y)
+    out = np.full(n, np.nan)
+    if n > h:
+        out[: n - h] = sliding_window_view(y, h + 1).max(axis=1)  # NaN propagates: a gap is unknown
+    return out
+
+
+def volatility(z: FloatArray, w: int) -> FloatArray:
+    """Std of the one-step changes of ``z`` over the last ``w`` steps (reads ``z[: i + 1]``)."""
+    dz = np.concatenate([[np.nan], np.diff(z)])
+    _, sd = rolling_mean_std(dz, w)
+    return sd
+
+
+@dataclass(frozen=True)
+class RiskParams:
+    """A fitted risk model for one horizon (in steps) and one target risk."""
+
+    risk: float
+    horizon: int
+    offset: float
+    vol_window: int
+    eps: float
+    q0: float  # the training quantile of the scores (used until enough windows have ended)
+    step: int = 60  # seconds per index (for the time of day)
+    # width factor per hour of the day (UTC), learnt on the training windows; empty: none
+    tod: tuple[float, ...] = ()
+
+    def to_json(self) -> dict[str, float | int | list[float]]:
+        return {
+            "risk": self.risk,
+            "horizon_steps": self.horizon,
+            "offset": self.offset,
+            "vol_window_steps": self.vol_window,
+            "eps": self.eps,
+            "q0": self.q0,
+            "time_of_day_factors": [round(f, 3) for f in self.tod],
+        }
+
+
+def conformal_upper(scores: FloatArray, risk: float) -> float:
+    """Finite-sample conformal ``1 - risk`` quantile (the ``ceil((n+1)(1-risk))``-th smallest)."""
+    s = np.sort(scores)
+    k = math.ceil((len(s) + 1) * (1.0 - risk))
+    return float(s[min(k, len(s)) - 1])
+
+
+def _scores(z: FloatArray, zmax: FloatArray, sd: FloatArray, eps: float) -> FloatArray:
+    return (zmax - z) / (sd + eps)
+
+
+def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int = 0) -> RiskParams:
+    """Fit on ``y[: upto + 1]`` only (``y[0]`` at ``t0``): windows that ended by ``upto`` are the
+    training outcomes."""
+    if not 0.0 < risk < 0.5:
+        raise ValueError(f"risk {risk} must be in (0, 0.5): it is the share of windows allowed to need more")
+    hist = y[: upto + 1]
+    if np.nanmin(hist) < 0:
+        raise ValueError("values must be >= 0 (serving demand); found negative values")
+    mean = max(float(np.nanmean(hist)), 1e-6)
+    best: tuple[float, RiskParams] | None = None
+    for rel in OFFSET_CHOICES:
+        best = _best_of(hist, h, risk, step, upto, rel * mean, best)
+    if best is None:
+        usable = int(np.count_nonzero(~np.isnan(window_max(hist, h)) & ~np.isnan(hist)))
+        raise NotEnoughWindows(
+            f"{usable} resolved windows of {h} steps in the training history; risk {risk} needs at least "
+            f"{min_windows(risk)} (ceil(1/risk)) with a volatility estimate, or the {1 - risk:.2f} quantile "
+            "is beyond every score seen"
+        )
+    return _with_time_of_day(replace(best[1], step=step), hist, t0)
+
+
+def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
+    """Width factors per hour of the day from the training windows (at least two days of them),
+    kept only where factors learnt on the older 70 % reserve less, at the same coverage, on the
+    newest 30 % than the plain width does."""
+    if len(hist) * p.step < 2 * DAY or DAY % p.step:
+        return p
+    cut = int(len(hist) * 0.7)
+    older = _time_of_day(p, hist[:cut], t0)
+    if not older.tod or _reserve_at_coverage(older, hist, t0, cut) >= _reserve_at_coverage(p, hist, t0, cut):
+        return p
+    return _time_of_day(p, hist, t0)
+
+
+def _time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
+    z, width = _anchor(p, hist, t0)
+    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
+    tod = tod_factors(s, tod_bucket(t0, p.step, len(hist)))
+    if not tod:
+        return p
+    with_tod = replace(p, tod=tod)
+    z, width = _anchor(with_tod, hist, t0)
+    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
+    return replace(with_tod, q0=conformal_upper(s[~np.isnan(s)], p.risk))
+
+
+def _reserve_at_coverage(p: RiskParams, hist: FloatArray, t0: int, start: int) -> float:
+    """Mean bound over the windows from ``start`` with ``q`` set to their ``1 - risk`` quantile."""
+    z, width = _anchor(p, hist, t0)
+    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)[start:]
+    ok = ~np.isnan(s)
+    if np.count_nonzero(ok) < min_windows(p.risk):
+        return math.inf
+    q = conformal_upper(s[ok], p.risk)
+    with np.errstate(over="ignore"):
+        return float(np.mean(np.exp(z[start:][ok] + q * width[start:][ok])))
+
+
+def _best_of(
+    hist: FloatArray, h: int, risk: float, step: int, upto: int, offset: float, best: tuple[float, RiskParams] | None
+) -> tuple[float, RiskParams] | None:
+    z = np.log(hist + offset)
+    zmax = np.log(window_max(hist, h) + offset)
+    # a short history (an hour-long trace) caps the window at a third of it
+    for w in sorted({max(3, min(round(ws / step), (upto + 1) // 3)) for ws in VOL_WINDOW_SECONDS}):
+        sd = volatility(z, w)
+        for eps in EPS_CHOICES:
+            s = _scores(z, zmax, sd, eps)
+            ok = ~np.isnan(s)
+            if np.count_nonzero(ok) < min_windows(risk):
+                continue
+            q = conformal_upper(s[ok], risk)
+            # the same coverage on the training windows for every candidate: keep the one that
+            # reserves least (lends most) on them
+            with np.errstate(over="ignore"):  # an infinite reserve is simply never the best
+                reserve = float(np.mean(np.exp(z[ok] + q * (sd[ok] + eps)))) - offset  # in demand units
+            p = RiskParams(risk, h, offset, w, eps, q)
+            if best is None or reserve < best[0]:
+                best = (reserve, p)
+    return best
+
+
+def level_quantile(srt: list[float], level: float) -> float:
+    """The ``level`` quantile of the sorted scores ``srt`` (numpy's ``method="higher"``); above 1,
+    linear beyond the largest score (never infinite)."""
+    n = len(srt)
+    if level <= 0.0:
+        return srt[0]
+    if level >= 1.0:
+        median = 0.5 * (srt[(n - 1) // 2] + srt[n // 2])
+        return srt[-1] + BEYOND_MAX_SLOPE * (level - 1.0) * (srt[-1] - median)
+    return srt[min(n - 1, math.ceil(level * (n - 1) - 1e-12))]
+
+
+def track_q(p: RiskParams, y: FloatArray, start: int, stop: int, t0: int = 0) -> FloatArray:
+    """``q`` in effect at each origin in ``[start, stop)`` (NaN outside): adaptive conformal inference.
+
+    ``q[i]`` is the ``1 - alpha_i`` quantile of the scores of the windows that have ended by
+    ``i`` among the newest :data:`SCORE_POOL` origins (training windows included). Before
+    answering at ``i`` the tracker takes in origin ``j = i - h``, whose window ``[j, j + h]``
+    has just ended: ``alpha += ACI_GAMMA * (risk - missed_j)``. Reads ``y[: i + 1]`` only.
+    """
+    z, sd = _anchor(p, y[:stop], t0)
+    zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
+    s = _scores(z, zmax, sd, 0.0)
+    q = np.full(stop, np.nan)
+    alpha = p.risk
+    few = min_windows(p.risk)
+    j0 = start - p.horizon
+    first = s[max(0, j0 - SCORE_POOL + 1) : max(0, j0 + 1)]
+    srt = sorted(first[~np.isnan(first)].tolist())  # the pool, kept sorted as windows end
+    for i in range(start, stop):
+        j = i - p.horizon
+        if i > start:
+            _slide(srt, s, j, j - SCORE_POOL)
+        if j >= start and not (math.isnan(s[j]) or math.isnan(q[j])):
+            alpha += ACI_GAMMA * (p.risk - (1.0 if s[j] > q[j] else 0.0))
+        q[i] = level_quantile(srt, 1.0 - alpha) if len(srt) >= few else p.q0
+    return q
+
+
+def _slide(srt: list[float], s: FloatArray, new: int, old: int) -> None:
+    """Window ``new`` has ended (insert its score), window ``old`` leaves the pool (remove it)."""
+    if new >= 0 and not math.isnan(s[new]):
+        bisect.insort(srt, float(s[new]))
+    if old >= 0 and not math.isnan(s[old]):
+        del srt[bisect.bisect_left(srt, float(s[old]))]
+
+
+def _anchor(p: RiskParams, y: FloatArray, t0: int) -> tuple[FloatArray, FloatArray]:
+    """``z`` (the log level the bound is anchored on) and the width ``(sd + eps) * tod`` at each
+    origin; ``t0`` is the time (epoch seconds) of ``y[0]``."""
+    z = np.log(np.clip(y, 0.0, None) + p.offset)
+    width = volatility(z, p.vol_window) + p.eps
+    if p.tod:
+        width = width * np.asarray(p.tod)[tod_bucket(t0, p.step, len(y))]
+    return z, width
+
+
+def tod_bucket(t0: int, step: int, n: int) -> npt.NDArray[np.int64]:
+    """Hour of the day (UTC) of each index."""
+    out: npt.NDArray[np.int64] = ((t0 + step * np.arange(n, dtype=np.int64)) % DAY) // TOD_BUCKET_SECONDS
+    return out
+
+
+def tod_factors(scores: FloatArray, buckets: npt.NDArray[np.int64]) -> tuple[float, ...]:
+    """Per hour of the day: the hour's 0.9 quantile of the scores over the overall one, shrunk
+    toward 1 by ``n / (n + TOD_SHRINK)`` (an hour seen in few windows keeps the plain width)."""
+    ok = ~np.isnan(scores)
+    overall = float(np.quantile(scores[ok], TOD_LEVEL))
+    if overall <= 0:
+        return ()
+    out = []
+    for b in range(DAY // TOD_BUCKET_SECONDS):
+        m = ok & (buckets == b)
+        n = int(m.sum())
+        f = float(np.quantile(scores[m], TOD_LEVEL)) / overall if n >= 5 else 1.0
+        w = n / (n + TOD_SHRINK)
+        out.append(max(TOD_FLOOR, w * f + (1 - w)))
+    return tuple(out)
+
+
+def bound(p: RiskParams, y: FloatArray, q: FloatArray, shift_q: float = 0.0, t0: int = 0) -> FloatArray:
+    """The window-max bound at every origin of ``y`` given ``q`` (NaN where unknown)."""
+    z, sd = _anchor(p, y, t0)
+    out: FloatArray = np.clip(np.exp(z + (q + shift_q) * sd) - p.offset, 0.0, None)
+    return out
+
+
+def threshold_shift(p: RiskParams, y: FloatArray, q: FloatArray, limit: FloatArray, t0: int = 0) -> FloatArray:
+    """Per origin, the ``shift_q`` above which ``bound`` exceeds ``limit`` (for equal-risk sweeps)."""
+    z, sd = _anchor(p, y, t0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        need = np.log(np.clip(limit, 0.0, None) + p.offset)
+        out: FloatArray = np.where(limit < 0, -np.inf, (need - z) / sd - q)
+    return out
+
+
+def forecast_now(p: RiskParams, y: FloatArray, warmup: int, t0: int = 0) -> float:
+    """The bound at the newest point of ``y`` (``y[0]`` at ``t0``), q tracked over the last ``warmup`` steps."""
+    n = len(y)
+    start = max(0, n - warmup)
+    q = track_q(p, y, start, n, t0)
+    return float(bound(p, y, q, 0.0, t0)[-1])

@@ -1,0 +1,84 @@
+"""No forecast reads past its origin: change only future values, every forecast stays bit-identical.
+
+The horizons include one equal to a seasonal period (the case where a seasonal feature once
+read ``z[i + 1]``) and one longer than it; the series uses compressed seasons (a one-hour
+"day") so the case arises on a small series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from predictor import risk as rk
+from predictor.features import FeatureSpec, Transform, build_features
+from predictor.generator import generate
+from predictor.model import QuantileForecaster
+from predictor.series import Series
+from tests.predictor_fixtures import small_config
+
+STEP = 60
+DAY = 3600  # compressed: a day of 60 steps, a week of 420
+WEEK = 7 * DAY
+
+
+def _future_changed(s: Series, origin: int, seed: int) -> Series:
+    v = s.values.copy()
+    rng = np.random.default_rng(seed)
+    v[origin + 1 :] = rng.uniform(0.0, 5.0 * float(np.nanmax(v)), len(v) - origin - 1)
+    v[origin + 5 : origin + 9] = np.nan  # and new gaps after the origin
+    return Series(start=s.start, step=s.step, values=v, name=s.name)
+
+
+@pytest.fixture(scope="module")
+def series() -> Series:
+    return generate(days=1.5, step=STEP, seed=11)  # 2160 points: three weeks of compressed time
+
+
+@pytest.mark.parametrize("horizon_steps", [1, 59, 60, 61, 420])
+def test_features_at_a_seasonal_horizon_read_nothing_after_the_origin(series: Series, horizon_steps: int) -> None:
+    spec = FeatureSpec(step=STEP, day=DAY, week=WEEK)
+    assert horizon_steps not in (60, 420) or horizon_steps in spec.periods()
+    z = Transform.fit(series.values).forward(series.values)
+    t = series.times.astype(np.float64)
+    x = build_features(z, t, horizon_steps, spec)
+    for origin in (900, 1500):
+        z2 = Transform.fit(series.values).forward(_future_changed(series, origin, origin).values)
+        x2 = build_features(z2, t, horizon_steps, spec)
+        np.testing.assert_array_equal(x[: origin + 1], x2[: origin + 1])
+
+
+def test_quantile_forecasts_are_bit_identical_when_only_the_future_changes(series: Series) -> None:
+    cfg = small_config(horizons=(DAY, DAY + STEP, 600), day=DAY, week=WEEK)
+    origin = 1500
+    # the later origin makes predict() read the series beyond ``origin``: the forecasts at and
+    # before ``origin`` must not see it
+    origins = np.array([*range(origin - 50, origin + 1), origin + 300])
+    m = QuantileForecaster(cfg).fit(series, upto=origin)
+    p1 = m.predict(series, origins)
+    changed = _future_changed(series, origin, 3)
+    m2 = QuantileForecaster(cfg).fit(changed, upto=origin)
+    p2 = m2.predict(changed, origins)
+    for h in cfg.horizons:
+        np.testing.assert_array_equal(p1[h][:-1], p2[h][:-1])
+
+
+@pytest.mark.parametrize("h", [1, 10, 60])
+def test_window_max_bounds_are_bit_identical_when_only_the_future_changes(h: int) -> None:
+    series = generate(days=4, step=300, seed=12)  # long enough for the time-of-day widths
+    t0, train, origin = series.start, 600, 900
+    fitted = rk.fit_risk(series.values, h, 0.05, 300, train - 1, t0)
+    p = fitted if fitted.tod else replace(fitted, tod=tuple(1.0 + 0.5 * np.sin(np.arange(24) / 4.0)))
+    q = rk.track_q(p, series.values, train, len(series), t0)
+    b = rk.bound(p, series.values, q, 0.0, t0)
+    changed = _future_changed(series, origin, 5).values
+    assert rk.fit_risk(changed, h, 0.05, 300, train - 1, t0) == fitted
+    p2 = p
+    q2 = rk.track_q(p2, changed, train, len(series), t0)
+    b2 = rk.bound(p2, changed, q2, 0.0, t0)
+    np.testing.assert_array_equal(q[: origin + 1], q2[: origin + 1])
+    np.testing.assert_array_equal(b[: origin + 1], b2[: origin + 1])
+    now = rk.forecast_now(p, series.values[: origin + 1], 500, t0)
+    assert now == rk.forecast_now(p, changed[: origin + 1], 500, t0)
