@@ -6,8 +6,6 @@ Every flag has an environment twin ``ROSE_DRIVER_<FLAG>`` (upper case, dashes â†
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import signal
 import sys
 import threading
@@ -15,47 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from rose_common import names
+from rose_common.cli import EnvArgumentParser, boolean, byte_size, port_type
 
 ENV_PREFIX = "ROSE_DRIVER_"
-_QTY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
-_MULT = {
-    None: 1,
-    "K": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
-
-
-def parse_bytes(s: str) -> int:
-    """``"64Gi"`` â†’ bytes (Kubernetes quantity suffixes K/M/G/T and Ki/Mi/Gi/Ti)."""
-    m = _QTY.match(s.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a byte quantity: {s!r} (examples: 1073741824, 64Gi, 500M)")
-    return int(float(m.group(1)) * _MULT[m.group(2)])
-
-
-def _env(flag: str) -> str:
-    return ENV_PREFIX + flag.upper().replace("-", "_")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = EnvArgumentParser(
+        env_prefix=ENV_PREFIX,
         prog="rose driver",
         description="ROSE DRA node driver (gpu.rose.io). Every flag can also be set by the environment "
         f"variable shown in its help ({ENV_PREFIX}<FLAG>).",
     )
 
     def add(flag: str, help: str, **kw: Any) -> None:
-        env = _env(flag)
-        if env in os.environ:
-            kw["default"] = os.environ[env]
-            kw.pop("required", None)
-        p.add_argument(f"--{flag}", help=f"{help} [env {env}]", **kw)
+        p.flag(f"--{flag}", help=help, **kw)
 
     add("node-name", "this node's name (the pool name of its ResourceSlice)", required=True)
     add("kubeconfig", "kubeconfig file; empty: in-cluster service account", default="")
@@ -69,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "simulated-gpu-memory",
         "simulated backend: memory per GPU",
-        type=parse_bytes,
-        default=parse_bytes("141Gi"),
+        type=byte_size,
+        default=byte_size("141Gi"),
     )
     add("simulated-gpu-model", "simulated backend: model name", default="NVIDIA H200 (simulated)")
     add(
@@ -97,13 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("cdi-dir", "dynamic CDI spec directory", default="/var/run/cdi")
     add("state-dir", "checkpoint directory; default: plugin-dir", default="")
     add("boot-id-file", "file holding the node boot ID", default="/proc/sys/kernel/random/boot_id")
-    add("metrics-port", "Prometheus /metrics port on 0.0.0.0 (-1: off, 0: ephemeral)", type=int, default=9400)
+    add(
+        "metrics-port",
+        "Prometheus /metrics port on 0.0.0.0 (-1: off, 0: ephemeral)",
+        type=port_type(-1, "-1: off, 0: ephemeral"),
+        default=9400,
+    )
     add("metrics-address", "address the metrics server binds", default="0.0.0.0")
     add(
         "host-memory-budget",
         "host memory the suspend engine may fill with suspended state",
-        type=parse_bytes,
-        default=parse_bytes("64Gi"),
+        type=byte_size,
+        default=byte_size("64Gi"),
     )
     add(
         "suspend-engine",
@@ -121,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "simulated-occupant-bytes",
         "simulated suspend backend: state size of a claim with no registered "
         "workload (KWOK end-to-end runs); 0: such claims are unknown",
-        type=parse_bytes,
+        type=byte_size,
         default=0,
     )
     add("agent-socket", "node agent gRPC socket that workload pods mount; empty: no agent server", default="")
@@ -139,14 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "publish-slices",
         "publish this node's ResourceSlices (true/false)",
-        default="true",
-        choices=["true", "false"],
+        type=boolean,
+        default=True,
     )
     add(
         "watch-pods",
         "act on rose.io/suspend-request annotations of this node's pods (true/false)",
-        default="true",
-        choices=["true", "false"],
+        type=boolean,
+        default=True,
     )
     add(
         "reconcile-seconds",
@@ -239,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         where = args.kubeconfig or "the in-cluster service account"
         print(f"rose driver: cannot build an API client from {where}: {e}; set --kubeconfig", file=sys.stderr)
         return 2
-    from dra_driver.resize import QuantityError, cpu_millis
+    from dra_driver.resize import cpu_millis
+    from rose_common.quantity import QuantityError
 
     try:
         if args.suspended_cpu:
@@ -297,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         agent_server.start()
 
     def republish() -> None:
-        if args.publish_slices == "true":
+        if args.publish_slices:
             threading.Thread(target=publisher.reconcile, name="republish", daemon=True).start()
 
     def on_registered() -> None:
@@ -316,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     except SocketPathError as e:
         print(f"rose driver: {e}", file=sys.stderr)
         return 2
-    if args.publish_slices == "true":
+    if args.publish_slices:
         publisher.start()
     facts = NodeFactsPublisher(
         kube.KubeNode(api, args.node_name),
@@ -327,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         facts.start()
     observers = [notifier.resizer.observe] if notifier.resizer is not None else []
     watcher = PodWatcher(kube.KubePods(api, args.node_name), driver, observers=observers)
-    if args.watch_pods == "true":
+    if args.watch_pods:
         watcher.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -345,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     servers.stop()
     if agent_server is not None:
         agent_server.stop()
-    if args.publish_slices == "true":
+    if args.publish_slices:
         try:
             publisher.remove()
         except Exception as e:
