@@ -16,14 +16,10 @@ from pathlib import Path
 
 from rose_common import logs
 from rose_common.cli import EnvArgumentParser, byte_size, duration, host_port
+from rose_common.forecast_client import BACKENDS, make_source
 from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.forecast import (
-    ForecastCache,
-    ForecastSource,
-    HttpForecastSource,
-    StaticFileForecastSource,
-)
+from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.server import Extender, ExtenderServer, ForecastLookup, NoForecasts, settle_heap
 
@@ -45,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--forecast-backend",
         default="http",
         help="where forecasts come from: http (the predictor), static-file, or none (always fall back)",
-        choices=["http", "static-file", "none"],
+        choices=list(BACKENDS),
     )
     p.flag(
         "--predictor-url",
@@ -80,17 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_forecasts(args: argparse.Namespace, metrics: ExtenderMetrics) -> tuple[ForecastLookup, ForecastCache | None]:
-    source: ForecastSource
-    if args.forecast_backend == "none":
+    try:
+        source = make_source(
+            args.forecast_backend, url=args.predictor_url, path=args.forecast_file, timeout_s=args.forecast_timeout
+        )
+    except ValueError as e:
+        raise SystemExit(
+            f"rose extender: {e}: set --predictor-url / --forecast-file "
+            f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)"
+        ) from None
+    if source is None:
         return NoForecasts(), None
-    if args.forecast_backend == "http":
-        if not args.predictor_url:
-            raise SystemExit("--forecast-backend http needs --predictor-url (or ROSE_EXTENDER_PREDICTOR_URL)")
-        source = HttpForecastSource(args.predictor_url, timeout_s=args.forecast_timeout)
-    else:
-        if not args.forecast_file:
-            raise SystemExit("--forecast-backend static-file needs --forecast-file (or ROSE_EXTENDER_FORECAST_FILE)")
-        source = StaticFileForecastSource(Path(args.forecast_file))
     fc = ForecastCache(
         source,
         quantile=args.quantile,
