@@ -276,8 +276,3 @@ def decide(pod: dict[str, Any]) -> str | None:
     if state in (None, "Running") and has_saved:
         return "restore"
     return None
-
-
-def cpu_requests(pod: dict[str, Any]) -> dict[str, str]:
-    """Container name → its cpu request (for logs and the demo)."""
-    return {str(c.get("name", "")): str(_res(c, "requests").get("cpu", "")) for c in _containers(pod)}
