@@ -174,7 +174,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         except SeriesError as e:
             print(f"error: --replay: {e}", file=sys.stderr)
             return 2
-        logs.warning("Replaying a recorded series instead of querying Prometheus", replay=a.replay)
+        logs.warning("replaying a recorded series instead of querying Prometheus", replay=a.replay)
     else:
         source = PrometheusSource(a.prometheus_url)
     service = PredictorService(pools, source, settings, store)
@@ -190,7 +190,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
     finally:
         server.shutdown()
         server.server_close()
-        logs.info("Stopped")
+        logs.info("stopped")
     return 0
 
 
