@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,23 @@ def test_missing_backend_exits_with_usage(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as e:
         cli.main(["--node-name", "n"])
     assert e.value.code == 2 and "--gpu-backend" in capsys.readouterr().err
+
+
+def test_startup_errors_name_what_to_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--node-name", "n", "--gpu-backend", "simulated", "--metrics-port", "-1"]
+    assert cli.main([*base, "--kubeconfig", str(tmp_path / "missing")]) == 2
+    assert f"cannot build an API client from {tmp_path / 'missing'}" in capsys.readouterr().err
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    args = [*base, "--kubeconfig", str(kubeconfig), "--plugin-dir", str(tmp_path / "plugin")]
+    assert cli.main([*args, "--suspended-cpu", "64K"]) == 2
+    assert "--suspended-cpu: not a quantity: '64K'" in capsys.readouterr().err
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "checkpoint.json").write_text("{not json")
+    assert cli.main([*args, "--boot-id-file", str(kubeconfig)]) == 3
+    assert "checkpoint.json is corrupt" in capsys.readouterr().err
