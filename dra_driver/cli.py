@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         "simulated-gpu-memory",
         "simulated backend: memory per GPU",
         type=byte_size,
-        default=byte_size("141Gi"),
+        default="141Gi",
     )
     add("simulated-gpu-model", "simulated backend: model name", default="NVIDIA H200 (simulated)")
     add(
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "host-memory-budget",
         "host memory the suspend engine may fill with suspended state",
         type=byte_size,
-        default=byte_size("64Gi"),
+        default="64Gi",
     )
     add(
         "suspend-engine",

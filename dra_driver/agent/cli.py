@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     def add(flag: str, default: str, help_: str, type_: Callable[[str], Any] = str) -> None:
-        p.flag(f"--{flag}", default=type_(default), type=type_, help=help_)
+        p.flag(f"--{flag}", default=default, type=type_, help=help_)
 
     add(
         "workload-socket",
