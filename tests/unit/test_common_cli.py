@@ -99,3 +99,39 @@ def test_value_types() -> None:
     for bad in ("yes", "1", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="true or false"):
             boolean(bad)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "module", "argv"),
+    [
+        ("driver/daemonset.yaml", "dra_driver.cli", []),
+        ("extender/deployment.yaml", "scheduler_extender.cli", []),
+        ("predictor/deployment.yaml", "predictor.cli", ["serve"]),
+    ],
+)
+def test_shipped_manifests_set_valid_environment_values(
+    monkeypatch: pytest.MonkeyPatch, manifest: str, module: str, argv: list[str]
+) -> None:
+    """Every literal env value in the shipped manifests parses as its flag (a typo would stop the pod)."""
+    import importlib
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "manifests"
+    docs = [
+        d
+        for d in yaml.safe_load_all((root / manifest).read_text())
+        if d and d.get("kind") in ("DaemonSet", "Deployment")
+    ]
+    env = [e for c in docs[0]["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])]
+    literal = {e["name"]: str(e["value"]) for e in env if "value" in e}
+    assert literal
+    for name, value in literal.items():
+        monkeypatch.setenv(name, value)
+    for e in env:
+        if "valueFrom" in e:
+            monkeypatch.setenv(e["name"], "from-the-downward-api")
+    mod = importlib.import_module(module)
+    parser = mod.build_parser() if hasattr(mod, "build_parser") else mod._parser()
+    parser.parse_args(argv)
