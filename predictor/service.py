@@ -224,7 +224,7 @@ class PredictorService:
         try:
             found = self.store.load_latest(st.config.name)
         except Exception as e:
-            logs.warning("Cannot load persisted model", pool=st.config.name, err=str(e))
+            logs.warning("cannot load persisted model", pool=st.config.name, err=str(e))
             return
         if found is None:
             return
@@ -232,7 +232,7 @@ class PredictorService:
         mismatch = runtime_mismatch(meta)
         if mismatch is not None:
             logs.info(
-                "Persisted model was saved under other library versions; will refit",
+                "persisted model was saved under other library versions; will refit",
                 pool=st.config.name,
                 version=version,
                 why=mismatch,
@@ -245,10 +245,10 @@ class PredictorService:
             or model.config.all_quantiles != cfg.all_quantiles
             or (model.config.day, model.config.week) != (cfg.day, cfg.week)
         ):
-            logs.info("Persisted model does not match the settings; will refit", pool=st.config.name, version=version)
+            logs.info("persisted model does not match the settings; will refit", pool=st.config.name, version=version)
             return
         st.model, st.version, st.fitted_at = model, version, float(meta.get("fitted_at", 0.0))
-        logs.info("Loaded persisted model", pool=st.config.name, version=version)
+        logs.info("loaded persisted model", pool=st.config.name, version=version)
 
     def refresh(self) -> None:
         """One cycle for every pool: ingest, retrain when due, recompute the cached forecast."""
@@ -270,7 +270,7 @@ class PredictorService:
         except IngestError as e:
             self.metrics.ingests.labels(name, "error").inc()
             st.error = str(e)
-            logs.warning("Ingest failed", pool=name, err=str(e))
+            logs.warning("ingest failed", pool=name, err=str(e))
         series = st.buffer.series(name)
         if series is not None and (st.model is None or now - st.fitted_at >= s.retrain_interval):
             self._fit(st, series, now)
@@ -302,11 +302,11 @@ class PredictorService:
             model = QuantileForecaster(self.settings.model).fit(series)
         except NotEnoughHistory as e:
             self.metrics.fits.labels(name, "skipped").inc()
-            logs.info("Not enough history to fit yet", pool=name, err=str(e))
+            logs.info("not enough history to fit yet", pool=name, err=str(e))
             return
         except Exception as e:
             self.metrics.fits.labels(name, "error").inc()
-            logs.error("Fit failed", pool=name, err=repr(e))
+            logs.error("fit failed", pool=name, err=repr(e))
             return
         st.risk_models = self._fit_risks(name, series)
         version = f"{name}-unsaved-{int(now)}"
@@ -315,12 +315,12 @@ class PredictorService:
             try:
                 version = self.store.save(name, model, meta, now)
             except OSError as e:
-                logs.error("Cannot persist model", pool=name, err=str(e))
+                logs.error("cannot persist model", pool=name, err=str(e))
         st.model, st.version, st.fitted_at = model, version, now
         self.metrics.fits.labels(name, "ok").inc()
         self.metrics.last_fit.labels(name).set(now)
         self.metrics.fit_duration.labels(name).set(model.fit_seconds)
-        logs.info("Model fitted", pool=name, version=version, seconds=round(model.fit_seconds, 3))
+        logs.info("model fitted", pool=name, version=version, seconds=round(model.fit_seconds, 3))
 
     def _fit_risks(self, name: str, series: Series) -> RiskModels:
         out: RiskModels = {}
@@ -331,7 +331,7 @@ class PredictorService:
                         series.values, hs // series.step, r, series.step, len(series) - 1, series.start
                     )
                 except NotEnoughWindows as e:
-                    logs.info("Not enough history for a window-max bound yet", pool=name, risk=r, err=str(e))
+                    logs.info("not enough history for a window-max bound yet", pool=name, risk=r, err=str(e))
         return out
 
     def _export(self, st: PoolState, resp: ForecastResponse | None) -> None:
@@ -361,5 +361,5 @@ class PredictorService:
             try:
                 self.refresh()
             except Exception as e:  # never let one bad cycle end the loop
-                logs.error("Refresh failed", err=repr(e))
+                logs.error("refresh failed", err=repr(e))
             stop.wait(max(0.0, self.settings.refresh_interval - (time.monotonic() - t0)))

@@ -142,7 +142,7 @@ class Watcher:
                 if self._stop.is_set():
                     return
                 self._on_restart(kind)
-                log.warning("watch failed, relisting", extra={"kind": kind, "err": str(err), "backoff_s": backoff})
+                log.warning("watch failed, relisting", extra={"kind": kind, "err": str(err), "backoffSeconds": backoff})
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
 
