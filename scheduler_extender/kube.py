@@ -113,12 +113,17 @@ class KubeSuspender:
     with the pod's exponential backoff, at most ``MAX_SUSPEND_ATTEMPTS`` times. Every attempt's
     outcome goes to ``on_result`` (a metric)."""
 
-    def __init__(self, api: client.ApiClient, on_result: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        on_result: Callable[[str], None] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
         self._raw = Raw(api)
         self._on_result = on_result or (lambda result: None)
         self._pending: dict[str, tuple[PodInfo, str]] = {}
         self._mu = threading.Lock()
-        self.queue: WorkQueue[str] = WorkQueue("suspender", backoff=Backoff(0.5, 10.0))
+        self.queue: WorkQueue[str] = WorkQueue("suspender", backoff=backoff or Backoff(0.5, 10.0))
         self._threads = start_workers(self.queue, self._work)
 
     def request(self, pod: PodInfo, reason: str) -> None:
