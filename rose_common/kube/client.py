@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import watch as _watch
 
 from rose_common import kwatch
-from rose_common.kube.errors import ApiError, error_for, from_api_exception, parse_status
+from rose_common.kube.errors import error_for, from_api_exception, parse_status
 
 CONNECT_TIMEOUT_S = 10.0
 WATCH_READ_SLACK_S = 30.0
@@ -34,11 +34,6 @@ def api_client(kubeconfig: str | Path | None) -> client.ApiClient:
     cfg = client.Configuration()
     cfg_mod.load_incluster_config(client_configuration=cfg)
     return client.ApiClient(cfg)
-
-
-def translate(e: ApiException) -> ApiError:
-    """The typed error for an ``ApiException`` raised by the generated API classes."""
-    return from_api_exception(e)
 
 
 class Raw:
@@ -57,7 +52,7 @@ class Raw:
         content_type: str = "application/json",
         timeout: float | tuple[float, float] | None = 30.0,
     ) -> Any:
-        """The raw response of one request; a non-2xx answer raises an :class:`ApiError`."""
+        """The raw response of one request; a non-2xx answer raises an :class:`~rose_common.kube.errors.ApiError`."""
         m, url, headers, data, _ = self.api.param_serialize(
             method=method,
             resource_path=path,
