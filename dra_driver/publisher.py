@@ -98,13 +98,10 @@ def needs_reconcile(event_type: str, obj: dict[str, Any], desired: dict[str, Any
 
 
 class SlicePublisher:
-    def __init__(
-        self, api: SliceApi, desired: dict[str, Any], metrics: DriverMetrics, watch_timeout_seconds: int = 60
-    ) -> None:
+    def __init__(self, api: SliceApi, desired: dict[str, Any], metrics: DriverMetrics) -> None:
         self.api = api
         self.desired = desired
         self.metrics = metrics
-        self.watch_timeout = watch_timeout_seconds
         self.generation = 0
         self._mu = threading.Lock()
         self._stop = threading.Event()
