@@ -332,6 +332,7 @@ class KubeSlices:
             path=SLICES_PATH,
             field_selector=self.selector,
             watch_timeout_seconds=watch_timeout_seconds,
+            resync_seconds=watch_timeout_seconds,  # level-triggered repair: every pod/slice seen again
             backoff_initial_s=1.0,
             backoff_max_s=30.0,
         )
@@ -367,6 +368,7 @@ class KubePods:
             path="/api/v1/pods",
             field_selector=f"spec.nodeName={node_name}",
             watch_timeout_seconds=watch_timeout_seconds,
+            resync_seconds=watch_timeout_seconds,  # level-triggered repair: every pod/slice seen again
             backoff_initial_s=1.0,
             backoff_max_s=30.0,
         )

@@ -4,7 +4,9 @@
 :class:`Informer` lists the objects (server-side label and field selectors), hands the list to
 its handler, then watches from the list's ``resourceVersion`` with bookmarks, delivering
 ``ADDED``, ``MODIFIED`` and ``DELETED`` to the handler (bookmarks only move the resume point).
-A watch the server ends normally is resumed from the last ``resourceVersion`` seen; a watch that
+A watch the server ends normally is resumed from the last ``resourceVersion`` seen (or, with
+``resync_seconds``, followed by a fresh list once that long has passed since the last one: a
+level-triggered handler sees every object again); a watch that
 fails (410 Gone, a connection error, a bad line, a handler error) is followed by a relist after a
 backoff that doubles up to a cap and resets only once a watch has delivered an event, so a watch
 that keeps failing cannot turn into a relist loop. Every relist after a failure calls the restart
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,6 +57,7 @@ class InformerSettings:
     label_selector: str = ""
     field_selector: str = ""
     watch_timeout_seconds: int = 300
+    resync_seconds: float = 0.0  # > 0: relist after a normal watch end once this long since the last list
     bookmarks: bool = True
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
@@ -63,6 +67,8 @@ class InformerSettings:
             raise ValueError(f"informer {self.kind}: path must be an API path like /api/v1/pods, got {self.path!r}")
         if self.watch_timeout_seconds < 1:
             raise ValueError(f"informer {self.kind}: watch_timeout_seconds must be >= 1")
+        if self.resync_seconds < 0:
+            raise ValueError(f"informer {self.kind}: resync_seconds must be >= 0 (0: never)")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise ValueError(f"informer {self.kind}: needs 0 < backoff_initial_s <= backoff_max_s")
 
@@ -143,9 +149,12 @@ class Informer:
         s = self.settings
         while not self.stop_event.is_set():
             try:
+                listed_at = time.monotonic()
                 rv = self.list_once()
                 while not self.stop_event.is_set():
                     rv = self.watch_once(rv)
+                    if s.resync_seconds and time.monotonic() - listed_at >= s.resync_seconds:
+                        break  # a normal end: list afresh (no restart, no backoff)
             except Exception as err:  # relist on anything (410 Gone included)
                 if self.stop_event.is_set():
                     return

@@ -229,3 +229,22 @@ def test_bad_settings_are_refused() -> None:
         InformerSettings(kind="Pod", path="api/v1/pods")
     with pytest.raises(ValueError, match="backoff"):
         InformerSettings(kind="Pod", path="/api/v1/pods", backoff_initial_s=2, backoff_max_s=1)
+
+
+def test_resync_lists_again_after_a_normal_watch_end(lists: list[dict[str, Any]]) -> None:
+    """With resync_seconds (the driver's level-triggered repair), a watch the server ends normally
+    is followed by a fresh list, not counted as a restart."""
+    watches: list[list[dict[str, Any]] | int] = [[], [{"type": "ADDED", "object": pod("d", "31")}]]
+    server = WatchServer(lists, watches)
+    box: list[Informer] = []
+    rec = Recorder(1, box)
+    restarts: list[str] = []
+    settings = InformerSettings(kind="Pod", path="/api/v1/pods", watch_timeout_seconds=5, resync_seconds=1e-6)
+    box.append(Informer(server.raw(), settings, rec, on_restart=restarts.append))
+    try:
+        t = box[0].start()
+        t.join(10)
+    finally:
+        server.close()
+    assert rec.lists == [["a"], ["c"]] and rec.events == [("ADDED", "d")] and restarts == []
+    assert [q["resourceVersion"] for q in server.watch_queries()] == ["10", "30"]
