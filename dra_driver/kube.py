@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -123,13 +124,15 @@ class PodResizer:
             "pod-resize", backoff=Backoff(min(5.0, retry_after_error_seconds), retry_after_error_seconds)
         )
         self._refs: dict[str, PodRef] = {}  # uid -> the latest ref queued for it
+        self._mu = threading.Lock()
         self._started = False
 
     def enqueue(self, pod: PodRef) -> None:
-        self._refs[pod.uid] = pod
-        if not self._started:
-            self._started = True
-            start_workers(self.queue, self._work)
+        with self._mu:
+            self._refs[pod.uid] = pod
+            if not self._started:
+                self._started = True
+                start_workers(self.queue, self._work)
         self.queue.add(pod.uid)
 
     def observe(self, pod: dict[str, Any]) -> None:
@@ -149,7 +152,8 @@ class PodResizer:
         return self.queue.wait_idle(timeout)
 
     def _work(self, uid: str) -> None:
-        ref = self._refs[uid]
+        with self._mu:
+            ref = self._refs[uid]
         try:
             result = self.sync(ref)
         except Exception as e:  # never let one pod kill the worker
