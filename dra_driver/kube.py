@@ -153,7 +153,9 @@ class PodResizer:
 
     def _work(self, uid: str) -> None:
         with self._mu:
-            ref = self._refs[uid]
+            ref = self._refs.get(uid)
+        if ref is None:
+            return
         try:
             result = self.sync(ref)
         except Exception as e:  # never let one pod kill the worker
@@ -161,8 +163,11 @@ class PodResizer:
             result = "error"
         if result.endswith("error"):
             self.queue.requeue(uid)
-        else:
-            self.queue.forget(uid)
+            return
+        self.queue.forget(uid)
+        with self._mu:
+            if self._refs.get(uid) is ref:  # not queued again meanwhile: nothing left to remember
+                del self._refs[uid]
 
     def _path(self, ref: PodRef) -> str:
         return f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}"
