@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,8 @@ from rose_common.forecast_api import ForecastResponse
 
 HORIZONS = (600, 1800, 3600)
 DEMAND_LEVEL = {"pool-a": 0.15, "pool-b": 0.85}  # share of the pool's GPUs serving keeps busy
-# The forecast origin: Monday 2025-12-01 12:00 UTC, the end of 14 generated days. At this hour
+# The forecast origin: Monday 2025-12-01 12:00 UTC, the end of 14 generated days (the last
+# observation is one step before it, as when the demo forecast from the wall clock). At this hour
 # the busy pool still fits a worker for the whole horizon, with little room to spare (p90 about
 # 13 of 16 GPUs) while the quiet one has about 12 GPUs spare: both pools tie on the idle
 # window and only headroom tells them apart — the case the act shows.
@@ -85,8 +85,9 @@ def forecasts(pools: Mapping[str, str], gpus_per_node: int, origin: int = ORIGIN
 
 def show_forecasts(fcs: list[ForecastResponse], caps: Mapping[str, int], say: Callable[[str], None]) -> str:
     """Print the forecast table; return the pool with the most GPUs spare at p90 over the horizon."""
-    when = datetime.fromtimestamp(ORIGIN, UTC).strftime("%a %Y-%m-%d %H:%M UTC")
-    say(f"   forecast made at {when} of the generated history (a fixed origin: the same act at any hour)")
+    last = fcs[0].last_observation_at if fcs else None
+    when = last.strftime("%a %Y-%m-%d %H:%M UTC") if last else "-"
+    say(f"   forecast from {when}, a fixed point of the generated history (the same act at any hour)")
     say(f"   {'POOL':<8}{'GPUS':>5}{'NOW':>7}   {'p90 +10m':>9}{'p90 +30m':>9}{'p90 +60m':>9}{'LEAST SPARE':>13}")
     spare: dict[str, float] = {}
     for f in fcs:
