@@ -2,9 +2,10 @@
 
 Act 1 brings up the local cluster (real etcd, kube-apiserver, kube-controller-manager, two
 kube-schedulers, KWOK nodes with simulated GPUs) and shows the nodes and their GPUs as a
-table. Act 2 forecasts serving demand per pool with the predictor's model and lets the real
-kube-scheduler, through the ROSE extender, place an RL job's workers in the pool forecast idle
-longest. Act 3 runs the DRA driver and a real training process: a serving pod takes the GPU
+table. Act 2 forecasts serving demand per pool with the predictor's model (from a fixed origin
+of the generated history, so the act is the same at any hour) and lets the real kube-scheduler,
+through the ROSE extender, place an RL job's workers in the pool forecast to leave the most
+room. Act 3 runs the DRA driver and a real training process: a serving pod takes the GPU
 back, the RL job is suspended into host memory (not evicted) and resumes bit-exact.
 """
 
@@ -81,7 +82,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from local_cluster import ClusterConfig, ClusterError, LocalCluster, default_workdir
+    from local_cluster import ClusterConfig, ClusterError, LocalCluster, default_workdir, free_port
 
     p = argparse.ArgumentParser(
         prog="rose demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -95,10 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     _say("== ROSE demo: lend idle serving GPUs to RL, suspend instead of evict ==\n")
     _say("Act 1: a real Kubernetes control plane on loopback, KWOK nodes with simulated GPUs")
-    lc = LocalCluster(
-        ClusterConfig(nodes=args.nodes, gpus_per_node=args.gpus_per_node, workdir=args.dir, pools=2),
-        progress=lambda m: _say(f"   · {m}"),
+    cfg = ClusterConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        workdir=args.dir,
+        pools=2,
+        # the demo starts its own extender (act 2): any free port, so it never clashes with
+        # another cluster's extender on the default one
+        extender_url=f"http://127.0.0.1:{free_port()}",
+        # a demo killed mid-way leaves no cluster behind, unless asked to keep it
+        die_with_parent=not args.keep,
     )
+    lc = LocalCluster(cfg, progress=lambda m: _say(f"   · {m}"))
     lc.down()  # a previous demo left running
     try:
         h = lc.up()
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             from rose_cli.demo_node import act_serving_wins
             from rose_cli.demo_placement import act_lend_by_forecast
 
-            _say("\nAct 2: lend by forecast: RL workers go where serving is forecast idle longest")
+            _say("\nAct 2: lend by forecast: RL workers go where serving is forecast to leave the most room")
             ok &= act_lend_by_forecast(h, api, _say)
             _say("\nAct 3: serving wins: the RL job is suspended into host memory, not evicted")
             ok &= act_serving_wins(h, api, _say)

@@ -2,8 +2,10 @@
 
 - RL workers (ElasticRLJob pods) are filtered to nodes with a free lendable GPU, room in host
   memory for suspended state, and a pool the forecast says serving will not need within the
-  job's minimum useful run; they are scored by predicted idle window, free lendable GPUs and
-  closeness to the job's other workers.
+  job's minimum useful run; they are scored by predicted idle window, headroom (the pool's
+  spare GPUs at the forecast's upper quantile over the minimum useful run: the lower, the
+  likelier a reclaim before that run ends), free lendable GPUs and closeness to the job's
+  other workers.
 - Serving pods are never filtered; they are scored towards GPUs with no lent occupant, then
   towards those cheapest to take back.
 - Preemption never evicts an RL worker: RL victims are taken out of the lists and suspended.
@@ -168,21 +170,62 @@ def idle_window_s(pool: PoolState, forecast: PoolForecast | None, need: int, cfg
     return window, False
 
 
-def pool_windows(
+@dataclass(frozen=True, slots=True)
+class PoolOutlook:
+    """What a pool's forecast promises a pod needing ``need`` GPUs (see :func:`pool_outlook`)."""
+
+    window_s: float  # idle window: :func:`idle_window_s`
+    capacity: int
+    spare_now: float  # GPUs free now once the pod is placed
+    # (horizon s, GPUs free at the upper quantile once the pod is placed), sorted by horizon;
+    # empty when the pool has no usable forecast (headroom then comes from now alone)
+    spare: tuple[tuple[int, float], ...] = ()
+    fallback: bool = False
+
+
+def pool_outlook(pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig) -> PoolOutlook:
+    """Idle window and spare-GPU profile of one pool for a pod needing ``need`` GPUs."""
+    window, fallback = idle_window_s(pool, forecast, need, cfg)
+    spare_now = float(pool.capacity - pool.serving_used - pool.lent - need)
+    points = () if forecast is None else forecast.points
+    spare = tuple((h, pool.capacity - demand - pool.lent - need) for h, demand in points)
+    return PoolOutlook(window, pool.capacity, spare_now, spare, fallback)
+
+
+def headroom(outlook: PoolOutlook, min_run_s: float) -> float:
+    """Fewest spare GPUs from now through the minimum useful run, as a share of the pool (0..1).
+
+    The run is covered by every forecast point before ``min_run_s`` and the first one at or
+    after it (the forecast says nothing between points). Spare GPUs at the upper quantile are
+    the margin before serving takes a lent GPU back: the smaller, the likelier a reclaim before
+    the run has been useful. 0 when the pool has no capacity or no margin left.
+    """
+    if outlook.capacity <= 0:
+        return 0.0
+    least = outlook.spare_now
+    for horizon, spare in outlook.spare:
+        least = min(least, spare)
+        if horizon >= min_run_s:
+            break
+    return max(0.0, min(1.0, least / outlook.capacity))
+
+
+def pool_outlooks(
     snapshot: Snapshot,
     forecasts: Mapping[str, PoolForecast | None],
     need: int,
     cfg: PolicyConfig,
-) -> tuple[dict[str, float], list[str]]:
-    """Idle window per pool for a pod needing ``need`` GPUs, and the pools that used the fallback."""
-    windows: dict[str, float] = {}
+) -> tuple[dict[str, PoolOutlook], list[str]]:
+    """:class:`PoolOutlook` per pool for a pod needing ``need`` GPUs, and the pools that used the
+    fallback (no usable forecast). O(pools x forecast points) per call."""
+    outlooks: dict[str, PoolOutlook] = {}
     fallbacks: list[str] = []
     for pool_name, pool in snapshot.pools.items():
-        window, fallback = idle_window_s(pool, forecasts.get(pool_name), need, cfg)
-        windows[pool_name] = window
-        if fallback:
+        outlook = pool_outlook(pool, forecasts.get(pool_name), need, cfg)
+        outlooks[pool_name] = outlook
+        if outlook.fallback:
             fallbacks.append(pool_name)
-    return windows, fallbacks
+    return outlooks, fallbacks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,12 +239,17 @@ class FilterDecision:
     unresolvable: dict[str, str] = field(default_factory=dict)
 
 
+def _window(outlooks: Mapping[str, PoolOutlook], pool: str) -> float:
+    outlook = outlooks.get(pool)
+    return 0.0 if outlook is None else outlook.window_s
+
+
 def _rl_group_reason(
-    pool: str, lendable_free: int, need: int, windows: Mapping[str, float], min_run: float
+    pool: str, lendable_free: int, need: int, outlooks: Mapping[str, PoolOutlook], min_run: float
 ) -> str | None:
     if lendable_free < need:
         return f"{lendable_free} lendable GPUs free, pod needs {need}"
-    window = windows.get(pool, 0.0)
+    window = _window(outlooks, pool)
     if window < min_run:
         return f"serving forecast needs pool {pool!r} within {window:.0f}s < min useful run {min_run:.0f}s"
     return None
@@ -211,7 +259,7 @@ def filter_nodes(
     pod: PodInfo,
     node_names: Sequence[str],
     snapshot: Snapshot,
-    windows: Mapping[str, float],
+    outlooks: Mapping[str, PoolOutlook],
     cfg: PolicyConfig,
 ) -> FilterDecision:
     """Serving and other pods pass every node (ROSE never blocks them). RL workers need:
@@ -229,7 +277,7 @@ def filter_nodes(
         return FilterDecision(passed=list(node_names))
     need = pod.gpus
     min_run = pod.min_run_s if pod.min_run_s is not None else cfg.default_min_run_s
-    reasons = [_rl_group_reason(pool, free, need, windows, min_run) for pool, free in snapshot.groups]
+    reasons = [_rl_group_reason(pool, free, need, outlooks, min_run) for pool, free in snapshot.groups]
     ok = [r is None for r in reasons]
     ok.append(False)  # index -1: node unknown
     group_get = snapshot.group_of.get
@@ -271,18 +319,37 @@ def serving_score(node: NodeState, cfg: PolicyConfig) -> int:
     return max(1, 9 - int(node.reclaim_cost_s // cfg.reclaim_cost_step_s))
 
 
+# RL score points: idle window 0..WINDOW_POINTS, headroom 0..HEADROOM_POINTS, room for the pod
+# twice on the node 0..1, togetherness 0..2 (a worker of the job in the pool, on the node).
+WINDOW_POINTS = 4
+HEADROOM_POINTS = 3
+
+
+def pool_points(outlook: PoolOutlook | None, min_run_s: float, cfg: PolicyConfig) -> int:
+    """A pool's share of an RL worker's score: the idle window (0..4, linear up to
+    ``max_horizon_s``) plus the headroom over the minimum useful run (0..3, linear in the
+    pool's spare share). Two pools that both stay free for the whole horizon differ by
+    headroom: the roomier one, less likely to reclaim the GPU early, scores higher."""
+    if outlook is None:
+        return 0
+    horizon = cfg.max_horizon_s
+    window = round(WINDOW_POINTS * min(outlook.window_s, horizon) / horizon)
+    return window + round(HEADROOM_POINTS * headroom(outlook, min_run_s))
+
+
 def prioritize_nodes(
     pod: PodInfo,
     node_names: Sequence[str],
     snapshot: Snapshot,
-    windows: Mapping[str, float],
+    outlooks: Mapping[str, PoolOutlook],
     cfg: PolicyConfig,
 ) -> list[int]:
     """Scores 0..10 (MaxExtenderPriority) for every input node, in input order.
 
-    RL worker: idle window (0..6, linear up to ``max_horizon_s``) + free lendable GPUs
-    (0..2: fits once → 1, twice → 2) + togetherness (2 on a node with a worker of the same
-    job, 1 in a pool with one). Serving: :func:`serving_score`. Others and unknown nodes: 0.
+    RL worker: :func:`pool_points` (idle window 0..4 + headroom 0..3) + 1 where the node's free
+    lendable GPUs fit the pod twice + togetherness (2 on a node with a worker of the same job,
+    1 in a pool with one). Serving: :func:`serving_score`. Others and unknown nodes: 0.
+    Computed once per pool and per (pool, free lendable GPUs) group, then looked up per node.
     """
     if pod.kind is PodKind.SERVING:
         get = snapshot.serving_score.get
@@ -290,15 +357,16 @@ def prioritize_nodes(
     if pod.kind is not PodKind.RL:
         return [0] * len(node_names)
     need = max(1, pod.gpus)
-    horizon = cfg.max_horizon_s
+    min_run = pod.min_run_s if pod.min_run_s is not None else cfg.default_min_run_s
     job_nodes = snapshot.job_nodes.get(f"{pod.namespace}/{pod.job}", frozenset()) if pod.job else frozenset()
     nodes = snapshot.nodes
     job_pools = {nodes[n].pool for n in job_nodes if n in nodes}
+    per_pool = {pool: pool_points(outlooks.get(pool), min_run, cfg) for pool in {p for p, _ in snapshot.groups}}
     table = []
     for pool, free in snapshot.groups:
-        score = round(6 * min(windows.get(pool, 0.0), horizon) / horizon)
-        if free >= need:
-            score += 1 if free < 2 * need else 2
+        score = per_pool[pool]
+        if free >= 2 * need:
+            score += 1
         if pool in job_pools:
             score += 1
         table.append(_clamp(score))

@@ -129,9 +129,9 @@ class Extender:
     def ready(self) -> bool:
         return self._ready()
 
-    def _windows(self, pod: PodInfo, snapshot: Snapshot) -> dict[str, float]:
+    def _windows(self, pod: PodInfo, snapshot: Snapshot) -> dict[str, policy.PoolOutlook]:
         lookups = {p: self.forecasts.get(p) for p in snapshot.pools}
-        windows, fallbacks = policy.pool_windows(snapshot, lookups, pod.gpus, self.cfg)
+        windows, fallbacks = policy.pool_outlooks(snapshot, lookups, pod.gpus, self.cfg)
         if fallbacks:
             self.metrics.forecast_fallback.inc(len(fallbacks))
         return windows
@@ -159,7 +159,9 @@ class Extender:
         return []
 
     # --------------------------------------------------------------------------- verbs
-    def _node_call(self, body: bytes) -> tuple[wire.ExtenderArgs, list[str], PodInfo, Snapshot, dict[str, float]]:
+    def _node_call(
+        self, body: bytes
+    ) -> tuple[wire.ExtenderArgs, list[str], PodInfo, Snapshot, dict[str, policy.PoolOutlook]]:
         """What filter and prioritize both start from: the parsed call, its node names, the pod,
         the cache's snapshot and (RL workers only) each pool's idle window for the pod."""
         args = self._parse_args(body)

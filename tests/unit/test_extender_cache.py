@@ -17,7 +17,8 @@ from scheduler_extender.model import PodInfo, PodKind, Snapshot
 
 CFG = policy.PolicyConfig()
 NODES = ["n1", "n2", "n3"]
-WINDOWS = {"a": 1e9}
+# pool "a": 3 nodes x 4 GPUs, idle for ever, 11 GPUs spare once a worker is placed
+WINDOWS = {"a": policy.PoolOutlook(1e9, 12, 11.0, ((3600, 11.0),))}
 
 
 def rl_pod(gpus: int = 1) -> PodInfo:
@@ -57,7 +58,10 @@ def test_older_snapshot_survives_a_newer_one() -> None:
 
     old = policy.filter_nodes(rl_pod(gpus=4), NODES, s1, WINDOWS, CFG)
     assert old.passed == NODES  # s1: every node still had 4 lendable GPUs free
-    assert policy.prioritize_nodes(rl_pod(), NODES, s1, WINDOWS, CFG) == [8, 8, 8]
+    fresh = cluster_cache({"a": NODES}, gpus=4).snapshot()  # the state s1 captured, rebuilt
+    expected = policy.prioritize_nodes(rl_pod(), NODES, fresh, WINDOWS, CFG)
+    assert len(set(expected)) == 1 and expected[0] > 0
+    assert policy.prioritize_nodes(rl_pod(), NODES, s1, WINDOWS, CFG) == expected
     assert frozen(s1) == before
     assert_consistent(s1)
 

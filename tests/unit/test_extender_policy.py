@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from extender_fixtures import claim, cluster_cache, pod
+from extender_fixtures import args_body, claim, cluster_cache, forecast, pod
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rose_common import extender_names, names
 from scheduler_extender import policy
+from scheduler_extender.forecast import reduce
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
+from scheduler_extender.server import Extender
 
 CFG = policy.PolicyConfig()
 
@@ -44,8 +47,13 @@ def snap(
     return policy.build_snapshot({n.name: n for n in nodes}, pods or {}, CFG, job_nodes)
 
 
-def scores_of(pod: PodInfo, names: list[str], s: Snapshot, windows: dict[str, float]) -> dict[str, int]:
-    return dict(zip(names, policy.prioritize_nodes(pod, names, s, windows, CFG), strict=True))
+def outlooks(windows: dict[str, float], capacity: int = 16, spare: float = 0.0) -> dict[str, policy.PoolOutlook]:
+    """Outlooks that differ by idle window only (the same spare GPUs everywhere)."""
+    return {p: policy.PoolOutlook(w, capacity, spare, ((3600, spare),)) for p, w in windows.items()}
+
+
+def scores_of(pod: PodInfo, names: list[str], s: Snapshot, looks: dict[str, policy.PoolOutlook]) -> dict[str, int]:
+    return dict(zip(names, policy.prioritize_nodes(pod, names, s, looks, CFG), strict=True))
 
 
 def test_classify_by_label_owner_and_role() -> None:
@@ -129,7 +137,7 @@ def test_filter_rl_reasons_and_resolvability() -> None:
         state("nomem", pool="long", host_mem_free=10),
         state("soon", pool="short"),
     )
-    windows = {"long": 3600.0, "short": 600.0}
+    windows = outlooks({"long": 3600.0, "short": 600.0})
     d = policy.filter_nodes(rl(state=100, min_run=1800), ["ok", "full", "nomem", "soon", "ghost"], s, windows, CFG)
     assert d.passed == ["ok"]
     assert set(d.unresolvable) == {"full", "nomem", "soon"}
@@ -149,10 +157,69 @@ def test_prioritize_rl_prefers_longest_idle_window_then_free_then_job() -> None:
         state("jobnode", pool="mid", lendable_free=1),
         job_nodes={"ns/j": frozenset({"jobnode"})},
     )
-    windows = {"long": 3600.0, "mid": 1800.0, "short": 0.0}
-    scores = scores_of(rl(), ["long1", "long4", "mid", "short", "jobnode", "ghost"], s, windows)
-    assert scores == {"long1": 7, "long4": 8, "mid": 6, "short": 2, "jobnode": 6, "ghost": 0}
+    looks = outlooks({"long": 3600.0, "mid": 1800.0, "short": 0.0})  # no spare GPU: headroom 0
+    scores = scores_of(rl(), ["long1", "long4", "mid", "short", "jobnode", "ghost"], s, looks)
+    # window 4 / 2 / 0, +1 where the pod fits twice, +1 in the job's pool, +1 on its node
+    assert scores == {"long1": 4, "long4": 5, "mid": 4, "short": 1, "jobnode": 4, "ghost": 0}
     assert all(0 <= v <= 10 for v in scores.values())
+
+
+def test_headroom_is_the_least_spare_share_through_the_min_useful_run() -> None:
+    pool = PoolState(capacity=16, serving_used=2, lent=1)
+    fc = PoolForecast("p", ((600, 4.0), (1800, 9.0), (3600, 14.0)))
+    look = policy.pool_outlook(pool, fc, 1, CFG)
+    assert (look.spare_now, look.spare) == (12.0, ((600, 10.0), (1800, 5.0), (3600, 0.0)))
+    # min run 600 s: now and the 600 s point; 1200 s: up to the first point at or after it
+    assert policy.headroom(look, 600) == 10 / 16
+    assert policy.headroom(look, 1200) == 5 / 16
+    assert policy.headroom(look, 7200) == 0.0
+    # no forecast: from what is free now alone
+    assert policy.headroom(policy.pool_outlook(pool, None, 1, CFG), 600) == 12 / 16
+    assert policy.headroom(policy.PoolOutlook(0.0, 0, 0.0), 600) == 0.0
+
+
+# The pools of `rose demo` act 2 (two nodes of 8 GPUs each) and the forecast it printed when it
+# failed: both pools fit a 1-GPU worker for the whole horizon, one with 11 GPUs to spare.
+DEMO_POOLS = {"pool-a": ["rose-node-0", "rose-node-2"], "pool-b": ["rose-node-1", "rose-node-3"]}
+DEMO_P90 = {"pool-a": {600: 3.8, 1800: 4.3, 3600: 4.8}, "pool-b": {600: 14.0, 1800: 14.5, 3600: 15.0}}
+
+
+class _Forecasts:
+    def __init__(self, p90: dict[str, dict[int, float]]) -> None:
+        self.by_pool = {p: reduce(forecast(p, d), "0.9") for p, d in p90.items()}
+
+    def get(self, pool: str) -> PoolForecast | None:
+        return self.by_pool.get(pool)
+
+
+def test_rl_worker_prefers_the_roomier_pool_when_both_fit_the_whole_horizon() -> None:
+    """Regression (issue 10 §4): with the same idle window everywhere, the pool with the most
+    headroom over the minimum useful run must score strictly higher — the demo put all four
+    workers in the pool with 1 GPU to spare. Goes through the extender's HTTP handler, the
+    path kube-scheduler calls."""
+    ext = Extender(cluster_cache(DEMO_POOLS, gpus=8), forecasts=_Forecasts(DEMO_P90))
+    nodes = [n for ns in DEMO_POOLS.values() for n in ns]
+    worker = pod("grpo-worker-0", "u-0", ns="demo", job="grpo")
+    code, body = ext.handle("filter", args_body(worker, nodes))
+    assert code == 200 and json.loads(body)["NodeNames"] == nodes  # both pools fit
+    code, body = ext.handle("prioritize", args_body(worker, nodes))
+    assert code == 200
+    scores = {h["Host"]: h["Score"] for h in json.loads(body)}
+    roomy = min(scores[n] for n in DEMO_POOLS["pool-a"])
+    tight = max(scores[n] for n in DEMO_POOLS["pool-b"])
+    assert roomy > tight, f"pool-a (11 GPUs spare) must beat pool-b (1 spare): {scores}"
+
+
+def test_pool_points_rise_with_the_window_and_with_headroom() -> None:
+    """Pool points order pools by window first at equal headroom, by headroom at equal window."""
+    s = snap(state("a", pool="a"), state("b", pool="b"), state("c", pool="c"))
+    looks = {
+        "a": policy.PoolOutlook(3600.0, 16, 15.0, ((3600, 12.0),)),  # 12/16 → 2 points
+        "b": policy.PoolOutlook(3600.0, 16, 15.0, ((3600, 1.0),)),  # 1/16 → 0
+        "c": policy.PoolOutlook(1800.0, 16, 15.0, ((3600, 12.0),)),  # half the window
+    }
+    scores = scores_of(rl(), ["a", "b", "c"], s, looks)
+    assert scores["a"] > scores["b"] and scores["a"] > scores["c"]
 
 
 def test_prioritize_serving_prefers_unlent_then_cheapest_reclaim() -> None:
