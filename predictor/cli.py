@@ -60,12 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     s.flag("--replay", help="demo: replay this CSV (or 'generated') instead of querying Prometheus", default="")
 
     b = sub.add_parser("backtest", help="rolling-origin backtest of the model and the baselines on a CSV series")
-    b.flag(
-        "--series",
-        help="CSV with a header: time (seconds or ISO-8601), value; empty = gap",
-        required=True,
-        type=Path,
-    )
+    _series_flag(b)
     b.flag("--horizons", help="comma-separated horizons", default="10m,30m,60m")
     b.flag("--quantile", help="the upper quantile whose coverage is reported", default="0.9", type=float)
     b.flag("--json", help="write the results here (JSON)", required=True, type=Path)
@@ -86,16 +81,20 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _add_evaluate(sub: Any) -> None:
-    from predictor.series import parse_duration
-
-    e = sub.add_parser("evaluate", help="GPU-time lent at a target risk: the model vs. tuned baselines and an oracle")
-    e.flag(
+def _series_flag(p: Any) -> None:
+    p.flag(
         "--series",
         help="CSV with a header: time (seconds or ISO-8601), value; empty = gap",
         required=True,
         type=Path,
     )
+
+
+def _add_evaluate(sub: Any) -> None:
+    from predictor.series import parse_duration
+
+    e = sub.add_parser("evaluate", help="GPU-time lent at a target risk: the model vs. tuned baselines and an oracle")
+    _series_flag(e)
     e.flag("--risk", help="target under-provision risks, comma-separated (e.g. 0.01,0.05)", default="0.01,0.05")
     e.flag("--gpus-at-peak", help="pool size: the series' peak needs this many GPUs (default 64)", type=int)
     e.flag(
