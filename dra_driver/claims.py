@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_common import names
+from rose_common.kube import objects
 from rose_common.slices import parse_device_name
 
 CDI_VENDOR = names.DRIVER_NAME
@@ -100,14 +101,13 @@ def validate_claim(
 
     ``gpu_uuids`` maps the GPU index to the physical GPU uuid of every GPU this driver serves.
     """
-    meta = claim.get("metadata") or {}
-    uid = meta.get("uid")
+    uid = objects.uid(claim)
     if uid != ref.uid:
         raise ClaimError(
             f"ResourceClaim {ref.key()} has UID {uid}, the kubelet asked for {ref.uid}: the claim got "
             "replaced; the kubelet will retry with the new claim"
         )
-    if meta.get("deletionTimestamp") and not (claim.get("status") or {}).get("reservedFor"):
+    if objects.deleting(claim) and not objects.status(claim).get("reservedFor"):
         raise ClaimError(f"ResourceClaim {ref.key()} is being deleted and reserved for no pod")
     status = claim.get("status") or {}
     allocation = status.get("allocation")

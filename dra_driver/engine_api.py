@@ -49,3 +49,10 @@ class ClaimBinder(Protocol):
     for workloads that registered with the node agent by pod UID only."""
 
     def bind_claim(self, claim_uid: str, pod_uid: str) -> None: ...
+
+
+@runtime_checkable
+class PodForgetter(Protocol):
+    """Optional engine capability: drop a deleted pod's workload and the host memory it held."""
+
+    def forget(self, pod_uid: str) -> None: ...

@@ -1,96 +1,33 @@
-"""The driver's only module that talks to the API server (the official ``kubernetes`` client).
+"""The driver's only module that talks to the API server (through :mod:`rose_common.kube.client`).
 
-Objects cross this boundary as plain JSON dicts (``_preload_content=False``), so the rest of the
-driver never depends on the client's generated models.
+Objects cross this boundary as plain JSON dicts, so the rest of the driver never depends on the
+client's generated models; failures arrive as the typed :mod:`rose_common.kube.errors`.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-import queue
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client
-from kubernetes import config as _config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch import watch as _watch
 
 from dra_driver import resize
 from dra_driver.claims import PodRef
 from dra_driver.metrics import DriverMetrics
 from dra_driver.node import POD_RUNNING, POD_SUSPENDED, ClaimNotFoundError
-from rose_common import kwatch, names
+from rose_common import names
 from rose_common.events import pod_event
+from rose_common.informer import InformerSettings
+from rose_common.kube import objects
+from rose_common.kube.client import Raw, api_client
+from rose_common.kube.errors import ApiError, Conflict, NotFound
+from rose_common.workqueue import Backoff, WorkQueue, start_workers
+
+__all__ = ["Raw", "api_client"]
 
 log = logging.getLogger("rose.driver.kube")
-
-
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or from the pod's service account when none is given."""
-    cfg_mod: Any = _config
-    if kubeconfig:
-        api: client.ApiClient = cfg_mod.new_client_from_config(config_file=kubeconfig)
-        return api
-    cfg = client.Configuration()
-    cfg_mod.load_incluster_config(client_configuration=cfg)
-    return client.ApiClient(cfg)
-
-
-class Raw:
-    """Plain-JSON requests through the official client's transport (auth, TLS, proxies)."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float | None = 30.0,
-    ) -> Any:
-        m, url, headers, data, _ = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self.api.call_api(m, url, header_params=headers, body=data, _request_timeout=timeout)
-        if not 200 <= resp.status <= 299:
-            resp.read()
-            raise ApiException.from_response(http_resp=resp, body=None, data=None)
-        return resp
-
-    def json(
-        self,
-        method: str,
-        path: str,
-        query: dict[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        resp = self.call(method, path, query=query, body=body, content_type=content_type)
-        out: dict[str, Any] = json.loads(resp.read() or b"{}")
-        return out
-
-    def watch(self, path: str, query: dict[str, Any], timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        q = dict(query, watch="true", timeoutSeconds=str(timeout_seconds))
-        resp = self.call("GET", path, query=q, timeout=timeout_seconds + 10)
-        raw = resp.response
-        try:
-            lines: Any = _watch.iter_resp_lines
-            yield from kwatch.events(lines(raw))
-        finally:
-            raw.release_conn()
 
 
 class KubeClaimSource:
@@ -100,18 +37,14 @@ class KubeClaimSource:
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         try:
             return self.raw.json("GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
-        except ApiException as e:
-            if e.status == 404:
-                raise ClaimNotFoundError(f"{namespace}/{name}") from e
-            raise
+        except NotFound as e:
+            raise ClaimNotFoundError(f"{namespace}/{name}") from e
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.raw.json("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
 
 class KubeNotifier:
@@ -143,9 +76,7 @@ class KubeNotifier:
                 body=body,
                 content_type="application/merge-patch+json",
             )
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        except NotFound:
             return
         if self.resizer is not None and state in (POD_SUSPENDED, POD_RUNNING):
             self.resizer.enqueue(pod)
@@ -165,11 +96,14 @@ class PodResizer:
     """Shrinks a suspended RL pod's CPU through ``pods/resize`` and restores it on resume.
 
     The decisions are :mod:`dra_driver.resize`'s; this class only reads the pod, writes the
-    annotation and the resize, on one worker thread (ordered, one request per pod at a time).
-    It is level-triggered: each sync reads the pod and acts on its *current* ``suspend-state``,
-    and :meth:`observe` (called by the pod watch) queues pods whose annotations disagree with
-    their CPU, so a driver restart or a lost queue entry is repaired. Failures are logged,
-    counted and reported as a warning Event; they never raise out of the worker.
+    annotation and the resize, from a :class:`~rose_common.workqueue.WorkQueue` keyed by pod UID
+    (one worker: ordered, one request per pod at a time, a pod queued at most once). It is
+    level-triggered: each sync reads the pod and acts on its *current* ``suspend-state``, and
+    :meth:`observe` (called by the pod watch) queues pods whose annotations disagree with their
+    CPU, so a driver restart or a lost queue entry is repaired. A failed sync is retried with the
+    pod's own exponential backoff (``retry_after_error_seconds`` at most), during which the watch
+    does not queue it again. Failures are logged, counted and reported as a warning Event; they
+    never raise out of the worker.
     """
 
     def __init__(
@@ -185,63 +119,46 @@ class PodResizer:
         self.target = target
         self._event = event
         self.metrics = metrics
-        self.retry_after = retry_after_error_seconds
-        self._q: queue.Queue[PodRef | None] = queue.Queue()
-        self._pending: set[str] = set()  # queued, not yet picked up (a pod is queued at most once)
-        self._busy = False
-        self._failed_at: dict[str, float] = {}
-        self._mu = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.queue: WorkQueue[str] = WorkQueue(
+            "pod-resize", backoff=Backoff(min(5.0, retry_after_error_seconds), retry_after_error_seconds)
+        )
+        self._refs: dict[str, PodRef] = {}  # uid -> the latest ref queued for it
+        self._started = False
 
     def enqueue(self, pod: PodRef) -> None:
-        with self._mu:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="pod-resize", daemon=True)
-                self._thread.start()
-            if pod.uid in self._pending:
-                return
-            self._pending.add(pod.uid)
-        self._q.put(pod)
+        self._refs[pod.uid] = pod
+        if not self._started:
+            self._started = True
+            start_workers(self.queue, self._work)
+        self.queue.add(pod.uid)
 
     def observe(self, pod: dict[str, Any]) -> None:
         """A pod of this node as seen by the watch: queue it if its CPU needs shrinking or restoring."""
         if resize.decide(pod) is None:
             return
-        m = pod.get("metadata") or {}
-        uid = str(m.get("uid", ""))
-        failed = self._failed_at.get(uid)
-        if failed is not None and time.monotonic() - failed < self.retry_after:
+        uid = objects.uid(pod)
+        if self.queue.waiting(uid):  # failed recently: its backoff decides when to retry
             return
-        self.enqueue(PodRef(namespace=str(m.get("namespace", "")), name=str(m.get("name", "")), uid=uid))
+        self.enqueue(PodRef(namespace=objects.namespace(pod), name=objects.name(pod), uid=uid))
 
     def stop(self) -> None:
-        self._q.put(None)
+        self.queue.shutdown()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """For tests: True once nothing is queued or running."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._mu:
-                if not self._pending and not self._busy and self._q.empty():
-                    return True
-            time.sleep(0.02)
-        return False
+        return self.queue.wait_idle(timeout)
 
-    def _run(self) -> None:
-        while True:
-            ref = self._q.get()
-            if ref is None:
-                return
-            with self._mu:  # a state change from now on queues the pod again: its sync reads it afresh
-                self._pending.discard(ref.uid)
-                self._busy = True
-            try:
-                self.sync(ref)
-            except Exception as e:  # never let one pod kill the worker
-                log.exception("pod resize failed", extra={"pod": f"{ref.namespace}/{ref.name}", "err": repr(e)})
-            finally:
-                with self._mu:
-                    self._busy = False
+    def _work(self, uid: str) -> None:
+        ref = self._refs[uid]
+        try:
+            result = self.sync(ref)
+        except Exception as e:  # never let one pod kill the worker
+            log.exception("pod resize failed", extra={"pod": f"{ref.namespace}/{ref.name}", "err": repr(e)})
+            result = "error"
+        if result.endswith("error"):
+            self.queue.requeue(uid)
+        else:
+            self.queue.forget(uid)
 
     def _path(self, ref: PodRef) -> str:
         return f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}"
@@ -263,15 +180,15 @@ class PodResizer:
         for attempt in range(attempts):
             try:
                 pod = self.raw.json("GET", self._path(ref))
-            except ApiException as e:
-                if e.status == 404:
-                    return ""
-                return self._failed(ref, action, f"reading the pod failed: {e.status} {e.reason}")
+            except NotFound:
+                return ""
+            except ApiError as e:
+                return self._failed(ref, action, f"reading the pod failed: {e.code} {e.status.reason}")
             except Exception as e:  # the API server unreachable, ...
                 return self._failed(ref, action, f"reading the pod failed: {e!r}")
-            if str((pod.get("metadata") or {}).get("uid", "")) != ref.uid:
+            if objects.uid(pod) != ref.uid:
                 return ""  # replaced by another pod of the same name
-            state = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_SUSPEND_STATE)
+            state = objects.annotations(pod).get(names.ANNOTATION_SUSPEND_STATE)
             if state == POD_SUSPENDED:
                 action = "shrink"
             elif state in (None, POD_RUNNING):
@@ -282,20 +199,18 @@ class PodResizer:
                 return self._shrink(ref, pod) if action == "shrink" else self._restore(ref, pod)
             except resize.ResizeError as e:
                 return self._failed(ref, action, str(e))
-            except ApiException as e:
-                if e.status == 409 and attempt + 1 < attempts:  # the pod changed since our GET
+            except Conflict:
+                if attempt + 1 < attempts:  # the pod changed since our GET
                     continue
-                if e.status == 404:
-                    return ""
-                if e.status == 422 and action == "shrink" and "without support for resize" in _api_message(e):
-                    return self._unsupported(ref, _api_message(e))
-                return self._failed(ref, action, f"{e.status} {e.reason}: {_api_message(e)}")
+            except NotFound:
+                return ""
+            except ApiError as e:
+                return self._failed(ref, action, f"{e.code} {e.status.reason}: {e.status.message}")
             except Exception as e:
                 return self._failed(ref, action, repr(e))
         return self._failed(ref, action, "the pod kept changing (409 conflicts)")
 
     def _failed(self, ref: PodRef, action: str, why: str) -> str:
-        self._failed_at[ref.uid] = time.monotonic()
         self._count(action, "error")
         log.warning(
             "pod cpu resize failed; the suspend/resume itself is unaffected",
@@ -310,7 +225,7 @@ class PodResizer:
         self._count("shrink", "skipped")
         log.info("pod cpu not released: no in-place resize on its node", extra={"pod": f"{ref.namespace}/{ref.name}"})
         self._tell(
-            ref, names.EVENT_CPU_RESIZE_SKIPPED, f"cpu not released: the node's kubelet refuses it ({why})", True
+            ref, names.EVENT_CPU_RESIZE_SKIPPED, f"cpu not released: no in-place resize on its node ({why})", True
         )
         return "shrink/skipped"
 
@@ -333,17 +248,18 @@ class PodResizer:
         if plan.saved is None and plan.patch is None:
             return ""  # already shrunk (a repeated Suspended, a driver restart)
         if plan.saved is not None:  # first the originals, so a crash after the resize cannot lose them
-            rv = str((pod.get("metadata") or {}).get("resourceVersion", "")) or None
+            rv = objects.resource_version(pod) or None
             self._annotate(ref, resize.encode_saved(plan.saved), rv)
         if plan.skipped and plan.saved is not None:
             why = "; ".join(f"{c}: {r}" for c, r in plan.skipped)
             self._tell(ref, names.EVENT_CPU_RESIZE_SKIPPED, f"cpu not released for {why}", True)
         if plan.patch is None:
-            self._failed_at.pop(ref.uid, None)
             self._count("shrink", "skipped")
             return "shrink/skipped"
+        unsupported = resize.resize_unsupported(pod)
+        if unsupported is not None:
+            return self._unsupported(ref, unsupported)
         self._resize(ref, plan.patch)
-        self._failed_at.pop(ref.uid, None)
         self._count("shrink", "ok")
         msg = "suspended: cpu released through pods/resize: " + "; ".join(plan.changes)
         log.info("pod cpu released", extra={"pod": f"{ref.namespace}/{ref.name}", "changes": list(plan.changes)})
@@ -357,7 +273,6 @@ class PodResizer:
         if plan.patch is not None:
             self._resize(ref, plan.patch)
         self._annotate(ref, None)  # only after the originals are back in the spec
-        self._failed_at.pop(ref.uid, None)
         if plan.patch is None:
             self._count("restore", "skipped")
             return "restore/skipped"
@@ -366,13 +281,6 @@ class PodResizer:
         log.info("pod cpu restored", extra={"pod": f"{ref.namespace}/{ref.name}", "changes": list(plan.changes)})
         self._tell(ref, names.EVENT_CPU_RESTORED, msg, False)
         return "restore/ok"
-
-
-def _api_message(e: ApiException) -> str:
-    try:
-        return str(json.loads(e.body or "{}").get("message", "")) or str(e.body)
-    except (TypeError, ValueError):
-        return str(e.body)
 
 
 class KubeEvictor:
@@ -388,11 +296,8 @@ class KubeEvictor:
             return
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}}
         log.info("evicting checkpointed workload", extra={"pod": f"{ns}/{name}", "reason": reason})
-        try:
+        with contextlib.suppress(NotFound):
             self.raw.json("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", body=body)
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
 
 class KubeNode:
@@ -417,13 +322,24 @@ SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 class KubeSlices:
     """ResourceSlices of one driver on one node."""
 
-    def __init__(self, api: client.ApiClient, node_name: str, driver: str = names.DRIVER_NAME) -> None:
+    def __init__(
+        self, api: client.ApiClient, node_name: str, driver: str = names.DRIVER_NAME, watch_timeout_seconds: int = 60
+    ) -> None:
         self.raw = Raw(api)
         self.selector = f"spec.nodeName={node_name},spec.driver={driver}"
+        self.settings = InformerSettings(
+            kind="ResourceSlice",
+            path=SLICES_PATH,
+            field_selector=self.selector,
+            watch_timeout_seconds=watch_timeout_seconds,
+            resync_seconds=watch_timeout_seconds,  # level-triggered repair: every pod/slice seen again
+            backoff_initial_s=1.0,
+            backoff_max_s=30.0,
+        )
 
     def list(self) -> tuple[list[dict[str, Any]], str]:
         doc = self.raw.json("GET", SLICES_PATH, {"fieldSelector": self.selector})
-        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion", ""))
+        return objects.items(doc), objects.resource_version(doc)
 
     def create(self, body: dict[str, Any]) -> None:
         self.raw.json("POST", SLICES_PATH, body=body)
@@ -432,34 +348,33 @@ class KubeSlices:
         self.raw.json("PUT", f"{SLICES_PATH}/{body['metadata']['name']}", body=body)
 
     def delete(self, name: str) -> None:
-        try:
+        with contextlib.suppress(NotFound):
             self.raw.json("DELETE", f"{SLICES_PATH}/{name}")
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
-    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        return self.raw.watch(
-            SLICES_PATH,
-            {"fieldSelector": self.selector, "resourceVersion": resource_version},
-            timeout_seconds,
-        )
+    def json(self, method: str, path: str, query: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.raw.json(method, path, query)
+
+    def watch(self, path: str, query: dict[str, Any], timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self.raw.watch(path, query, timeout_seconds)
 
 
 class KubePods:
-    """Pods bound to one node."""
+    """Pods bound to one node: what the pod informer lists and watches (server-side field selector)."""
 
-    def __init__(self, api: client.ApiClient, node_name: str) -> None:
+    def __init__(self, api: client.ApiClient, node_name: str, watch_timeout_seconds: int = 60) -> None:
         self.raw = Raw(api)
-        self.selector = f"spec.nodeName={node_name}"
-
-    def list(self) -> tuple[list[dict[str, Any]], str]:
-        doc = self.raw.json("GET", "/api/v1/pods", {"fieldSelector": self.selector})
-        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion", ""))
-
-    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        return self.raw.watch(
-            "/api/v1/pods",
-            {"fieldSelector": self.selector, "resourceVersion": resource_version},
-            timeout_seconds,
+        self.settings = InformerSettings(
+            kind="Pod",
+            path="/api/v1/pods",
+            field_selector=f"spec.nodeName={node_name}",
+            watch_timeout_seconds=watch_timeout_seconds,
+            resync_seconds=watch_timeout_seconds,  # level-triggered repair: every pod/slice seen again
+            backoff_initial_s=1.0,
+            backoff_max_s=30.0,
         )
+
+    def json(self, method: str, path: str, query: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.raw.json(method, path, query)
+
+    def watch(self, path: str, query: dict[str, Any], timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self.raw.watch(path, query, timeout_seconds)

@@ -8,6 +8,7 @@ RESULTS = ("ok", "error")
 RESIDENTS = ("none", "serving", "lent")
 SUSPEND_OUTCOMES = ("suspended", "checkpoint_evict", "failed", "timeout")
 RESIZE_ACTIONS = ("shrink", "restore")
+WATCH_KINDS = ("Pod", "ResourceSlice")
 RESIZE_RESULTS = ("ok", "skipped", "error")
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -87,6 +88,14 @@ class DriverMetrics:
             ["action", "result"],
             registry=r,
         )
+        self.watch_restarts_total = Counter(
+            "rose_driver_watch_restarts",
+            "List-watch restarts after a failed watch (410 Gone, a connection error), by kind",
+            ["kind"],
+            registry=r,
+        )
+        for kind in WATCH_KINDS:
+            self.watch_restarts_total.labels(kind)
         for action in RESIZE_ACTIONS:
             for res in RESIZE_RESULTS:
                 self.pod_resize_total.labels(action, res)

@@ -44,6 +44,7 @@ from dra_driver.state import (
     crash_point,
 )
 from rose_common import names
+from rose_common.kube import objects
 
 log = logging.getLogger("rose.driver")
 
@@ -320,7 +321,7 @@ class NodeDriver:
                     extra={"pod": f"{p.namespace}/{p.name}", "err": str(e)},
                 )
                 continue
-            raw = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(names.ANNOTATION_GRACE)
+            raw = objects.annotations(pod).get(names.ANNOTATION_GRACE)
             if raw is None:
                 continue
             try:

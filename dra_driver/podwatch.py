@@ -1,7 +1,9 @@
 """Acts on ``rose.io/suspend-request`` annotations of this node's pods (the API-server path).
 
-:func:`decide` is the pure decision; :class:`PodWatcher` lists and watches the node's pods and
-calls the node driver. The request value is JSON ``{"by","reason","graceSeconds","at"}``.
+:func:`decide` is the pure decision; :class:`PodWatcher` feeds the node's pods from a
+:class:`rose_common.informer.Informer` (I/O: the API server, through its :class:`PodSource`) to
+the node driver. A ``DELETED`` pod is forgotten by the suspend engine, which releases the host
+memory it held. The request value is JSON ``{"by","reason","graceSeconds","at"}``.
 """
 
 from __future__ import annotations
@@ -9,20 +11,24 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dra_driver.claims import PodRef
+from dra_driver.engine_api import PodForgetter
 from dra_driver.node import NodeDriver
 from rose_common import names
+from rose_common.informer import DELETED, Informer, InformerSettings, ListWatch
+from rose_common.kube import objects
 
 log = logging.getLogger("rose.driver.pods")
 
 
-class PodApi(Protocol):
-    def list(self) -> tuple[list[dict[str, Any]], str]: ...
-    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]: ...
+class PodSource(ListWatch, Protocol):
+    """The node's pods: a list-watch transport and what to list (``dra_driver.kube.KubePods``)."""
+
+    settings: InformerSettings
 
 
 class BadSuspendRequestError(ValueError):
@@ -52,16 +58,16 @@ def parse_request(raw: str) -> float | None:
     return float(grace)
 
 
+def pod_ref(pod: dict[str, Any]) -> PodRef:
+    return PodRef(namespace=objects.namespace(pod), name=objects.name(pod), uid=objects.uid(pod))
+
+
 def decide(pod: dict[str, Any], held: set[str]) -> Action | None:
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if names.LABEL_JOB not in labels:
+    if names.LABEL_JOB not in objects.labels(pod):
         return None
-    ref = PodRef(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta.get("uid", "")))
-    ann = meta.get("annotations") or {}
-    raw = ann.get(names.ANNOTATION_SUSPEND_REQUEST)
-    deleting = bool(meta.get("deletionTimestamp"))
-    if raw is not None and not deleting:
+    ref = pod_ref(pod)
+    raw = objects.annotations(pod).get(names.ANNOTATION_SUSPEND_REQUEST)
+    if raw is not None and not objects.deleting(pod):
         if ref.uid in held:  # acted on already (its outcome is in rose.io/suspend-state and an Event)
             return None
         return Action("suspend", ref, parse_request(raw))
@@ -71,35 +77,56 @@ def decide(pod: dict[str, Any], held: set[str]) -> Action | None:
 
 
 class PodWatcher:
+    """The node's pods, listed then watched (one :class:`Informer`): each pod goes to the
+    observers and to :func:`decide`; a deleted pod is forgotten by the suspend engine."""
+
     def __init__(
         self,
-        api: PodApi,
+        api: PodSource,
         driver: NodeDriver,
-        watch_timeout_seconds: int = 60,
         observers: Sequence[Callable[[dict[str, Any]], None]] = (),
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
-        self.api = api
         self.driver = driver
-        self.watch_timeout = watch_timeout_seconds
         self.observers = list(observers)  # also see every pod (e.g. the CPU resizer's repair)
-        self._stop = threading.Event()
+        restarts = driver.metrics.watch_restarts_total
+        self.informer = Informer(
+            api, api.settings, self, on_restart=on_restart or (lambda kind: restarts.labels(kind).inc())
+        )
+
+    # ------------------------------------------------------------------ informer handler
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        for pod in items:
+            self.handle(pod)
+
+    def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == DELETED:
+            self.deleted(obj)
+        else:
+            self.handle(obj)
+
+    # ------------------------------------------------------------------ decisions
+    def deleted(self, pod: dict[str, Any]) -> None:
+        """The pod is gone: the engine drops its workload and the host memory it held."""
+        engine = self.driver.engine
+        uid = objects.uid(pod)
+        if not uid or not isinstance(engine, PodForgetter):
+            return
+        engine.forget(uid)
+        log.info(
+            "deleted pod forgotten by the suspend engine", extra={"pod": objects.namespaced_name(pod), "podUID": uid}
+        )
 
     def handle(self, pod: dict[str, Any]) -> None:
         for observe in self.observers:
             try:
                 observe(pod)
             except Exception as e:
-                meta = pod.get("metadata") or {}
-                log.warning("pod observer failed", extra={"pod": f"{meta.get('namespace')}/{meta.get('name')}",
-                                                          "err": repr(e)})  # fmt: skip
+                log.warning("pod observer failed", extra={"pod": objects.namespaced_name(pod), "err": repr(e)})
         try:
             action = decide(pod, self.driver.held_pods())
         except BadSuspendRequestError as e:
-            meta = pod.get("metadata") or {}
-            log.warning(
-                "bad suspend request ignored",
-                extra={"pod": f"{meta.get('namespace')}/{meta.get('name')}", "err": str(e)},
-            )
+            log.warning("bad suspend request ignored", extra={"pod": objects.namespaced_name(pod), "err": str(e)})
             self.driver.metrics.suspend_requests_total.labels("error").inc()
             return
         if action is None:
@@ -109,28 +136,12 @@ class PodWatcher:
         else:
             self.driver.cancel_suspend(action.pod)
 
+    # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
-        backoff = 1.0
-        while not self._stop.is_set():
-            try:
-                pods, rv = self.api.list()
-                for p in pods:
-                    self.handle(p)
-                for etype, obj in self.api.watch(rv, self.watch_timeout):
-                    if self._stop.is_set():
-                        return
-                    if etype in ("ADDED", "MODIFIED"):
-                        self.handle(obj)
-                backoff = 1.0
-            except Exception as e:
-                log.warning("pod watch failed; retrying", extra={"err": repr(e), "backoffSeconds": backoff})
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+        self.informer.run()
 
     def start(self) -> threading.Thread:
-        t = threading.Thread(target=self.run, name="pod-watcher", daemon=True)
-        t.start()
-        return t
+        return self.informer.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.informer.stop()

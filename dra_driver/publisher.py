@@ -14,23 +14,27 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dra_driver.metrics import DriverMetrics
+from rose_common.informer import Informer, InformerSettings, ListWatch
+from rose_common.kube import objects
 
 log = logging.getLogger("rose.driver.slices")
 
 HASH_ANNOTATION = "gpu.rose.io/spec-hash"
 
 
-class SliceApi(Protocol):
+class SliceApi(ListWatch, Protocol):
+    """This node's slices (``dra_driver.kube.KubeSlices``): reads, writes, and what to watch."""
+
+    settings: InformerSettings
+
     def list(self) -> tuple[list[dict[str, Any]], str]: ...
     def create(self, body: dict[str, Any]) -> None: ...
     def replace(self, body: dict[str, Any]) -> None: ...
     def delete(self, name: str) -> None: ...
-    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
 
 def spec_hash(desired: dict[str, Any]) -> str:
@@ -54,10 +58,9 @@ def _generation(s: dict[str, Any]) -> int:
 
 
 def is_current(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
-    ann = (existing.get("metadata") or {}).get("annotations") or {}
     return bool(
-        existing.get("metadata", {}).get("name") == desired["metadata"]["name"]
-        and ann.get(HASH_ANNOTATION) == spec_hash(desired)
+        objects.name(existing) == desired["metadata"]["name"]
+        and objects.annotations(existing).get(HASH_ANNOTATION) == spec_hash(desired)
     )
 
 
@@ -95,13 +98,10 @@ def needs_reconcile(event_type: str, obj: dict[str, Any], desired: dict[str, Any
 
 
 class SlicePublisher:
-    def __init__(
-        self, api: SliceApi, desired: dict[str, Any], metrics: DriverMetrics, watch_timeout_seconds: int = 60
-    ) -> None:
+    def __init__(self, api: SliceApi, desired: dict[str, Any], metrics: DriverMetrics) -> None:
         self.api = api
         self.desired = desired
         self.metrics = metrics
-        self.watch_timeout = watch_timeout_seconds
         self.generation = 0
         self._mu = threading.Lock()
         self._stop = threading.Event()
@@ -130,25 +130,21 @@ class SlicePublisher:
                 log.info("resourceslices published", extra={"generation": self.generation, "deleted": plan.delete})
             return plan
 
+    # ------------------------------------------------------------------ informer handler
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        self.reconcile()
+
+    def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        if needs_reconcile(event_type, obj, self.desired):
+            self.reconcile()
+
+    # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
-        backoff = 1.0
-        while not self._stop.is_set():
-            try:
-                self.reconcile()
-                _, rv = self.api.list()
-                for etype, obj in self.api.watch(rv, self.watch_timeout):
-                    if self._stop.is_set():
-                        return
-                    if needs_reconcile(etype, obj, self.desired):
-                        self.reconcile()
-                backoff = 1.0
-            except Exception as e:
-                log.warning(
-                    "resourceslice publish loop failed; retrying",
-                    extra={"err": repr(e), "backoffSeconds": backoff},
-                )
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+        """Publish now, then again whenever the watch shows the node's slices changed or gone."""
+        restarts = self.metrics.watch_restarts_total
+        Informer(
+            self.api, self.api.settings, self, on_restart=lambda kind: restarts.labels(kind).inc(), stop=self._stop
+        ).run()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="slice-publisher", daemon=True)

@@ -28,6 +28,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from rose_common import names
+from rose_common.kube import objects
 
 DEFAULT_TARGET = "100m"
 SAVED_VERSION = 1
@@ -110,14 +111,8 @@ class Plan:
     skipped: tuple[tuple[str, str], ...] = ()  # (container, reason)
 
 
-def _meta(pod: dict[str, Any]) -> dict[str, Any]:
-    m = pod.get("metadata")
-    return m if isinstance(m, dict) else {}
-
-
 def pod_key(pod: dict[str, Any]) -> str:
-    m = _meta(pod)
-    return f"{m.get('namespace', '')}/{m.get('name', '')}"
+    return f"{objects.namespace(pod)}/{objects.name(pod)}"
 
 
 def _containers(pod: dict[str, Any], key: str = "containers") -> list[dict[str, Any]]:
@@ -172,7 +167,7 @@ def is_guaranteed(pod: dict[str, Any]) -> bool:
 
 def read_saved(pod: dict[str, Any]) -> Saved | None:
     """The pod's ``rose.io/suspended-cpu`` (None when absent); malformed → :class:`ResizeError`."""
-    raw = (_meta(pod).get("annotations") or {}).get(names.ANNOTATION_SUSPENDED_CPU)
+    raw = objects.annotations(pod).get(names.ANNOTATION_SUSPENDED_CPU)
     if raw is None:
         return None
     where = f"pod {pod_key(pod)}: annotation {names.ANNOTATION_SUSPENDED_CPU}={raw!r}"
@@ -310,8 +305,8 @@ def decide(pod: dict[str, Any]) -> str | None:
     restart or a lost request is repaired by the pod watch): ``"shrink"`` when it is
     ``Suspended`` and its originals are not saved yet, ``"restore"`` when it is running again
     (``Running`` or no suspend state) and still has saved originals, else None."""
-    ann = _meta(pod).get("annotations") or {}
-    if _meta(pod).get("deletionTimestamp"):
+    ann = objects.annotations(pod)
+    if objects.deleting(pod):
         return None
     state = ann.get(names.ANNOTATION_SUSPEND_STATE)
     has_saved = names.ANNOTATION_SUSPENDED_CPU in ann
@@ -319,6 +314,18 @@ def decide(pod: dict[str, Any]) -> str | None:
         return "shrink"
     if state in (None, names.SuspendState.RUNNING) and has_saved:
         return "restore"
+    return None
+
+
+def resize_unsupported(pod: dict[str, Any]) -> str | None:
+    """Why the API server will refuse any resize of this pod, or None: a running container whose
+    status reports no ``resources`` means its kubelet has no in-place resize (the API server's
+    own rule, "Pod running on node without support for resize")."""
+    statuses = objects.status(pod).get("containerStatuses")
+    for cs in statuses if isinstance(statuses, list) else []:
+        running = isinstance(cs, dict) and isinstance((cs.get("state") or {}).get("running"), dict)
+        if running and cs.get("resources") is None:
+            return f"container {cs.get('name', '')!r} runs on a node whose kubelet reports no container resources"
     return None
 
 

@@ -95,11 +95,9 @@ class ClusterHandle:
 
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` authenticated as the cluster admin."""
-        from kubernetes import client, config
+        from rose_common.kube.client import api_client
 
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
-        return client.ApiClient(cfg)
+        return api_client(self.kubeconfig)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -676,6 +674,8 @@ def apply_file(api: Any, path: Path, namespace: str = "default") -> None:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
+    from rose_common.kube.errors import Conflict, from_api_exception
+
     custom = client.CustomObjectsApi(api)
     for doc in yaml.safe_load_all(path.read_text()):
         if not doc:
@@ -691,7 +691,7 @@ def apply_file(api: Any, path: Path, namespace: str = "default") -> None:
             else:
                 custom.create_cluster_custom_object(group, version, plural, doc)
         except ApiException as e:
-            if e.status != 409:
+            if not isinstance(from_api_exception(e), Conflict):
                 raise
             if namespaced:
                 cur = custom.get_namespaced_custom_object(group, version, namespace, plural, name)

@@ -1,5 +1,8 @@
 """The one package every ROSE component may import; it imports none of them.
 
-Holds what the components share: API names, the ElasticRLJob models, the generated
-protobuf stubs, the Kubernetes client factory, structured logging and metric helpers.
+Holds what the components share: API names (``names``, ``extender_names``), the ResourceSlice
+shape (``slices``), the forecast API models (``forecast_api``), Events (``events``), structured
+logging (``logs``), the generated protobuf stubs (``proto``), and the Kubernetes kernel: the API
+client factory, raw JSON transport, typed errors and object views (``kube``), list-then-watch
+(``informer``, lines parsed by ``kwatch``) and a keyed work queue (``workqueue``).
 """

@@ -4,7 +4,7 @@ The official client's ``Watch`` looks up a generated model class for every kind,
 not to deserialize, and fails for kinds whose model name it cannot derive (``resource.k8s.io/v1``
 ResourceClaim is ``ResourceV1ResourceClaim`` in kubernetes 37): every watch of ResourceClaims
 raised at once, so a caller relisted in a loop. Components stream the response lines themselves
-and parse them here. No I/O in this module.
+(:meth:`rose_common.kube.client.Raw.watch`) and parse them here. No I/O in this module.
 """
 
 from __future__ import annotations
@@ -13,22 +13,16 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-HTTP_GONE = 410
+from rose_common.kube.errors import HTTP_GONE, Status, error_for
 
-
-class WatchError(RuntimeError):
-    """The API server ended a watch with an ERROR event (``status`` 410: the resourceVersion is too
-    old, relist)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"watch error {status}: {message}")
-        self.status = status
-        self.message = message
+__all__ = ["HTTP_GONE", "events"]
 
 
 def events(lines: Iterable[str | bytes]) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(type, object)`` for each watch line (ADDED, MODIFIED, DELETED, BOOKMARK); blank lines are
-    skipped; an ERROR event raises :class:`WatchError`; a line that is not a watch event raises
+    skipped; an ERROR event raises the typed :class:`rose_common.kube.errors.ApiError` of its
+    ``Status`` (:class:`~rose_common.kube.errors.Gone` for 410: the resourceVersion is too old,
+    relist); a line that is not a watch event raises
     ``ValueError`` naming what was received."""
     for line in lines:
         if not line or line.isspace():
@@ -38,5 +32,13 @@ def events(lines: Iterable[str | bytes]) -> Iterator[tuple[str, dict[str, Any]]]
             raise ValueError(f"not a watch event: {str(line)[:200]}")
         obj: dict[str, Any] = ev["object"]
         if ev["type"] == "ERROR":
-            raise WatchError(int(obj.get("code") or 500), str(obj.get("message") or obj.get("reason") or "watch error"))
+            details = obj.get("details")
+            raise error_for(
+                Status(
+                    code=int(obj.get("code") or 500),
+                    reason=str(obj.get("reason") or ""),
+                    message=str(obj.get("message") or "watch error"),
+                    details=details if isinstance(details, dict) else {},
+                )
+            )
         yield ev["type"], obj

@@ -20,6 +20,8 @@ from types import MappingProxyType
 from typing import Any
 
 from rose_common import names
+from rose_common.kube.objects import meta as _meta
+from rose_common.kube.objects import spec as _spec
 from scheduler_extender import policy
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolState, Snapshot
 
@@ -39,16 +41,6 @@ class _Slice:
     generation: int
     # device name → (role, physical GPU id)
     devices: tuple[tuple[str, str, str], ...]
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, Mapping) else {}
 
 
 def _attr_str(attrs: Mapping[str, Any], key: str) -> str:

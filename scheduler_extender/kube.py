@@ -1,73 +1,86 @@
-"""The one module that talks to the Kubernetes API server.
+"""The one module that talks to the Kubernetes API server (through :mod:`rose_common.kube.client`).
 
-- :class:`Watcher`: LIST then WATCH of nodes, pods, ResourceClaims and ResourceSlices
-  (``resource.k8s.io/v1``) as raw JSON, fed into :class:`ClusterCache`; relists on 410 Gone and
-  on any error, with a short backoff.
+- :class:`Watcher`: one :class:`rose_common.informer.Informer` per kind — LIST then WATCH of
+  nodes, bound pods, ResourceClaims and ResourceSlices (``resource.k8s.io/v1``) as raw JSON, fed
+  into :class:`ClusterCache`; relists on 410 Gone and on any error, with a backoff that resets
+  only once a watch delivered an event; every restart is counted (``on_restart``).
 - :class:`KubeSuspender`: asks the node agent to suspend an RL worker by patching the pod's
   ``rose.io/suspend-request`` annotation (with a UID precondition) and records an Event on it.
-  Runs on its own thread so a preempt call never waits on the API server.
+  Works from a :class:`rose_common.workqueue.WorkQueue` keyed by pod UID on its own thread, so a
+  preempt call never waits on the API server and repeated requests for one pod collapse.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.watch.watch import iter_resp_lines as _iter_resp_lines
+from kubernetes import client
 
-from rose_common import extender_names, kwatch, names
+from rose_common import extender_names, names
 from rose_common.events import pod_event
+from rose_common.informer import Informer, InformerSettings
+from rose_common.kube import client as kube_client
+from rose_common.kube.client import Raw
+from rose_common.kube.errors import ApiError
+from rose_common.workqueue import Backoff, WorkQueue, start_workers
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.model import PodInfo
 
 log = logging.getLogger(__name__)
 
-_watch_lines: Callable[[Any], Iterator[str]] = _iter_resp_lines
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+MAX_SUSPEND_ATTEMPTS = 5
 
 
 def api_client(kubeconfig: Path | None) -> client.ApiClient:
     """An API client from a kubeconfig file, else the in-cluster service account."""
-    if kubeconfig is not None:
-        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call,unused-ignore]
-            config_file=str(kubeconfig)
-        )
-        return api
-    cfg = client.Configuration()
-    config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call,unused-ignore]
-    return client.ApiClient(cfg)
+    return kube_client.api_client(kubeconfig)
 
 
-def _listers(api: client.ApiClient) -> dict[str, Callable[..., Any]]:
-    core = client.CoreV1Api(api)
-    res = client.ResourceV1Api(api)
-    return {
-        "Node": core.list_node,
-        "Pod": core.list_pod_for_all_namespaces,
-        "ResourceClaim": res.list_resource_claim_for_all_namespaces,
-        "ResourceSlice": res.list_resource_slice,
-    }
+def informer_settings(timeout_s: int) -> list[InformerSettings]:
+    """What the cache lists and watches. Only bound pods matter (occupants, victims, a job's
+    nodes): like kube-scheduler's assigned-pod informer, pending pods are filtered out by the API
+    server (half the pod events of a burst of new workers never reach this process)."""
+    return [
+        InformerSettings(kind="Node", path="/api/v1/nodes", watch_timeout_seconds=timeout_s),
+        InformerSettings(
+            kind="Pod", path="/api/v1/pods", field_selector="spec.nodeName!=", watch_timeout_seconds=timeout_s
+        ),
+        InformerSettings(kind="ResourceClaim", path=f"{RESOURCE_API}/resourceclaims", watch_timeout_seconds=timeout_s),
+        InformerSettings(
+            kind="ResourceSlice",
+            path=f"{RESOURCE_API}/resourceslices",
+            field_selector=f"spec.driver={names.DRIVER_NAME}",
+            watch_timeout_seconds=timeout_s,
+        ),
+    ]
 
 
-_SELECTORS: dict[str, dict[str, str]] = {
-    "Pod": {"field_selector": "spec.nodeName!="},
-    "ResourceSlice": {"field_selector": f"spec.driver={names.DRIVER_NAME}"},
-}
+class CacheFeed:
+    """Informer handler for one kind: a list replaces the cache's view, an event updates it."""
+
+    def __init__(self, cache: ClusterCache, kind: str) -> None:
+        self.cache = cache
+        self.kind = kind
+
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        objs: list[Mapping[str, Any]] = list(items)
+        self.cache.replace(self.kind, objs)
+        self.cache.mark_synced(self.kind)
+
+    def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        self.cache.apply(self.kind, event_type, obj)
 
 
 class Watcher:
-    """One thread per kind: list, replace the cache's view, watch from the list's resourceVersion.
-
-    A watch that ends normally (server timeout) is resumed from the last resourceVersion seen; a
-    watch that fails (410 Gone, connection error, bad event) is followed by a relist, with a backoff
-    that only resets once a watch has delivered an event, so a watch that keeps failing cannot
-    turn into a relist loop. Every restart calls ``on_restart(kind)`` (a metric)."""
+    """One informer thread per kind, all stopped by :meth:`stop`; every restart calls
+    ``on_restart(kind)`` (a metric)."""
 
     def __init__(
         self,
@@ -76,106 +89,78 @@ class Watcher:
         timeout_s: int = 300,
         on_restart: Callable[[str], None] | None = None,
     ) -> None:
-        self._api = api
-        self._cache = cache
-        self._timeout_s = timeout_s
-        self._on_restart = on_restart or (lambda kind: None)
         self._stop = threading.Event()
+        raw = Raw(api)
+        self.informers = [
+            Informer(raw, s, CacheFeed(cache, s.kind), on_restart=on_restart, stop=self._stop)
+            for s in informer_settings(timeout_s)
+        ]
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for kind, lister in _listers(self._api).items():
-            t = threading.Thread(target=self._loop, args=(kind, lister), name=f"watch-{kind}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._threads = [i.start() for i in self.informers]
 
     def stop(self) -> None:
         self._stop.set()
 
-    @staticmethod
-    def _selector(kind: str) -> dict[str, Any]:
-        # Only bound pods matter (occupants, victims, a job's nodes): like kube-scheduler's
-        # assigned-pod informer, pending pods are filtered out by the API server (half the
-        # pod events of a burst of new workers never reach this process).
-        return _SELECTORS.get(kind, {})
-
-    def _list(self, kind: str, lister: Callable[..., Any]) -> str:
-        resp = lister(_preload_content=False, _request_timeout=60, **self._selector(kind))
-        body = json.loads(resp.data)
-        self._cache.replace(kind, list(body.get("items") or []))
-        self._cache.mark_synced(kind)
-        return str(body["metadata"]["resourceVersion"])
-
-    def _watch(self, kind: str, lister: Callable[..., Any], rv: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        resp = lister(
-            watch=True,
-            resource_version=rv,
-            timeout_seconds=self._timeout_s,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=(10, self._timeout_s + 30),
-            **self._selector(kind),
-        )
-        try:
-            status = getattr(resp, "status", 200)
-            if not 200 <= int(status) <= 299:
-                raise kwatch.WatchError(int(status), resp.data.decode(errors="replace")[:300])
-            yield from kwatch.events(_watch_lines(resp))
-        finally:
-            resp.close()
-            resp.release_conn()
-
-    def _loop(self, kind: str, lister: Callable[..., Any]) -> None:
-        backoff = 0.2
-        while not self._stop.is_set():
-            try:
-                rv = self._list(kind, lister)
-                while not self._stop.is_set():
-                    for etype, obj in self._watch(kind, lister, rv):
-                        rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
-                        backoff = 0.2  # this watch works
-                        if etype != "BOOKMARK":
-                            self._cache.apply(kind, etype, obj)
-                        if self._stop.is_set():
-                            break
-            except Exception as err:  # relist on anything (410 Gone included)
-                if self._stop.is_set():
-                    return
-                self._on_restart(kind)
-                log.warning("watch failed, relisting", extra={"kind": kind, "err": str(err), "backoff_s": backoff})
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-
 
 class KubeSuspender:
-    """Writes suspend requests (annotation + Event) from a background thread."""
+    """Writes suspend requests (annotation + Event) from a background worker.
 
-    def __init__(self, api: client.ApiClient, on_result: Callable[[str], None] | None = None) -> None:
-        self._core = client.CoreV1Api(api)
-        self._queue: queue.Queue[tuple[PodInfo, str] | None] = queue.Queue()
+    Requests are keyed by pod UID: a second request for a pod still queued replaces the reason of
+    the first (one write). A write refused by the API server (the pod is gone, its UID changed:
+    404/409, or invalid) is not retried; other failures (the server unreachable, 5xx) are retried
+    with the pod's exponential backoff, at most ``MAX_SUSPEND_ATTEMPTS`` times. Every attempt's
+    outcome goes to ``on_result`` (a metric)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        on_result: Callable[[str], None] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._raw = Raw(api)
         self._on_result = on_result or (lambda result: None)
-        self._thread = threading.Thread(target=self._run, name="suspender", daemon=True)
-        self._thread.start()
+        self._pending: dict[str, tuple[PodInfo, str]] = {}
+        self._mu = threading.Lock()
+        self.queue: WorkQueue[str] = WorkQueue("suspender", backoff=backoff or Backoff(0.5, 10.0))
+        self._threads = start_workers(self.queue, self._work)
 
     def request(self, pod: PodInfo, reason: str) -> None:
-        self._queue.put((pod, reason))
+        with self._mu:
+            self._pending[pod.uid] = (pod, reason)
+        if not self.queue.add(pod.uid):
+            self._on_result("error")
+            log.error("suspend request dropped: queue full", extra={"pod": pod.key})
 
     def stop(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        self.queue.shutdown()
+        for t in self._threads:
+            t.join(timeout=5)
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
+    def _work(self, uid: str) -> None:
+        with self._mu:
+            item = self._pending.get(uid)
+        if item is None:
+            return
+        pod, reason = item
+        try:
+            self.write(pod, reason)
+        except Exception as err:
+            self._on_result("error")
+            final = (isinstance(err, ApiError) and err.code < 500) or self.queue.failures(
+                uid
+            ) + 1 >= MAX_SUSPEND_ATTEMPTS
+            log.error("suspend request failed", extra={"pod": pod.key, "err": str(err), "retry": not final})
+            if not final:
+                self.queue.requeue(uid)
                 return
-            pod, reason = item
-            try:
-                self.write(pod, reason)
-                self._on_result("ok")
-            except Exception as err:
-                self._on_result("error")
-                log.error("suspend request failed", extra={"pod": pod.key, "err": str(err)})
+        else:
+            self._on_result("ok")
+        self.queue.forget(uid)
+        with self._mu:
+            if self._pending.get(uid) == item:
+                del self._pending[uid]
 
     def write(self, pod: PodInfo, reason: str) -> None:
         now = datetime.now(UTC)
@@ -193,7 +178,12 @@ class KubeSuspender:
                 "annotations": {names.ANNOTATION_SUSPEND_REQUEST: json.dumps(request, separators=(",", ":"))},
             }
         }
-        self._core.patch_namespaced_pod(pod.name, pod.namespace, patch)
+        self._raw.json(
+            "PATCH",
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+            body=patch,
+            content_type="application/strategic-merge-patch+json",
+        )
         event = pod_event(
             pod.name,
             pod.namespace,
@@ -203,5 +193,5 @@ class KubeSuspender:
             extender_names.EXTENDER_COMPONENT,
             now=now,
         )
-        self._core.create_namespaced_event(pod.namespace, event)
+        self._raw.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=event)
         log.info("suspend requested", extra={"pod": pod.key, "uid": pod.uid, "node": pod.node})

@@ -4,6 +4,7 @@ node's ResourceSlices of driver gpu.rose.io and patch (or resize) only pods on i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Iterator
@@ -14,11 +15,11 @@ import pytest
 import yaml
 from k8s_helpers import wait_for
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
-from dra_driver.kube import Raw
 from local_cluster import ClusterHandle
 from local_cluster.objects import report_container_resources
+from rose_common.kube.client import Raw
+from rose_common.kube.errors import ApiError, Conflict, NotFound
 from rose_common.slices import resource_slice, simulated_gpus
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "driver"
@@ -69,11 +70,8 @@ def installed(cluster: ClusterHandle) -> Iterator[tuple[Raw, Raw, dict[str, Any]
     admin = Raw(admin_api)
     created: list[str] = []
     try:
-        try:
+        with contextlib.suppress(Conflict):  # already there
             admin.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
-        except ApiException as e:
-            if e.status != 409:
-                raise
         docs = _docs("serviceaccount.yaml") + _docs("rbac.yaml") + _docs("admission-policy.yaml")
         for d in docs:
             admin.json("POST", _path(d), body=d)
@@ -111,11 +109,8 @@ def installed(cluster: ClusterHandle) -> Iterator[tuple[Raw, Raw, dict[str, Any]
         driver_api.close()
     finally:
         for path in reversed(created):
-            try:
+            with contextlib.suppress(NotFound):
                 admin.json("DELETE", path)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
         admin_api.close()
 
 
@@ -133,9 +128,9 @@ def _denied(raw: Raw, method: str, path: str, body: Any, cleanup: Raw, content_t
     while True:
         try:
             raw.json(method, path, body=body, content_type=content_type)
-        except ApiException as e:
-            assert e.status in (403, 422), (e.status, e.body)
-            return str(e.body)
+        except ApiError as e:
+            assert e.code in (403, 422), e.status
+            return e.status.message
         if method == "POST":  # it got in before the policy was active: undo and retry
             cleanup.json("DELETE", f"{path}/{body['metadata']['name']}")
         assert time.monotonic() < deadline, f"{method} {path} was never denied"
@@ -173,9 +168,9 @@ def test_driver_may_patch_only_pods_on_its_node(installed: Any) -> None:
         content_type="application/merge-patch+json",
     )
     assert out["metadata"]["annotations"]["rose.io/suspend-state"] == "Running"
-    with pytest.raises(ApiException) as e:  # RBAC: no verbs beyond the listed ones
+    with pytest.raises(ApiError) as e:  # RBAC: no verbs beyond the listed ones
         drv.json("DELETE", f"/api/v1/namespaces/{NS}/pods/drv-policy-1")
-    assert e.value.status == 403
+    assert e.value.code == 403
 
 
 def test_driver_may_annotate_only_its_own_node(cluster: ClusterHandle, installed: Any) -> None:
@@ -214,6 +209,6 @@ def test_driver_may_resize_only_pods_on_its_node(installed: Any) -> None:
     out = drv.json("PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/resize", body=patch, content_type=smp)
     assert out["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "500m"
     assert out["metadata"]["uid"] == pod0["metadata"]["uid"]
-    with pytest.raises(ApiException) as e:  # RBAC: resize is patch only
+    with pytest.raises(ApiError) as e:  # RBAC: resize is patch only
         drv.json("PUT", f"/api/v1/namespaces/{NS}/pods/{name}/resize", body=out)
-    assert e.value.status == 403
+    assert e.value.code == 403

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.claims import PodRef
 from dra_driver.kube import PodResizer
@@ -27,8 +26,10 @@ from dra_driver.resize import (
     plan_restore,
     plan_shrink,
     read_saved,
+    resize_unsupported,
 )
 from rose_common import names
+from rose_common.kube.errors import ApiError, Conflict, Status, Unprocessable
 
 
 def container(name: str = "main", cpu: str | None = "60", limit: str | None = None, mem: str | None = None,
@@ -264,7 +265,7 @@ class FakePods:
     def __init__(self, p: dict[str, Any]) -> None:
         self.pod = copy.deepcopy(p)
         self.calls: list[tuple[str, str, str]] = []
-        self.fail_resize: ApiException | None = None
+        self.fail_resize: ApiError | None = None
 
     def json(self, method: str, path: str, query: Any = None, body: Any = None, content_type: str = "") -> Any:
         self.calls.append((method, path.rsplit("/", 1)[-1], content_type))
@@ -276,12 +277,16 @@ class FakePods:
             assert content_type == "application/strategic-merge-patch+json"
             if self.fail_resize is not None:
                 raise self.fail_resize
+            if resize_unsupported(self.pod) is not None:  # the API server's own rule
+                raise Unprocessable(
+                    Status(422, "Invalid", "spec: Forbidden: Pod running on node without support for resize")
+                )
             self.pod = apply(self.pod, body)
         else:
             assert content_type == "application/merge-patch+json" and body["metadata"]["uid"] == meta["uid"]
             rv = body["metadata"].get("resourceVersion")
             if rv is not None and rv != meta["resourceVersion"]:
-                raise ApiException(status=409, reason="Conflict")
+                raise Conflict(Status(409, "Conflict", "the object has been modified"))
             for k, v in body["metadata"]["annotations"].items():
                 if v is None:
                     meta["annotations"].pop(k, None)
@@ -329,7 +334,7 @@ def test_resizer_saves_first_then_resizes_and_restores() -> None:
 
 def test_resizer_failure_is_counted_and_reported_never_raised() -> None:
     r, fake, events, m = resizer(pod(container(cpu="4"), ann={names.ANNOTATION_SUSPEND_STATE: "Suspended"}))
-    fake.fail_resize = ApiException(status=403, reason="Forbidden")
+    fake.fail_resize = ApiError(Status(403, "Forbidden", "pods/resize is forbidden"))
     assert r.sync(REF) == "shrink/error"
     assert events[-1][0] == names.EVENT_CPU_RESIZE_FAILED and "403" in events[-1][1]
     assert count(m, "shrink", "error") == 1
@@ -349,14 +354,12 @@ def test_resizer_failure_is_counted_and_reported_never_raised() -> None:
 
 def test_node_without_in_place_resize_is_a_skip_not_an_error() -> None:
     p = pod(container(cpu="4"), ann={names.ANNOTATION_SUSPEND_STATE: "Suspended"})
+    # a running container whose status reports no resources: its kubelet has no in-place resize
+    p["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
     r, fake, events, m = resizer(p)
-    body = json.dumps(
-        {"message": 'Pod "rl-0" is invalid: spec: Forbidden: Pod running on node without support for resize'}
-    )
-    fake.fail_resize = ApiException(status=422, reason="Unprocessable Entity")
-    fake.fail_resize.body = body
     assert r.sync(REF) == "shrink/skipped"
-    assert events[-1][0] == names.EVENT_CPU_RESIZE_SKIPPED and "without support for resize" in events[-1][1]
+    assert events[-1][0] == names.EVENT_CPU_RESIZE_SKIPPED and "reports no container resources" in events[-1][1]
+    assert not any(c[1] == "resize" for c in fake.calls)  # decided from the pod, not from a refusal
     assert count(m, "shrink", "skipped") == 1 and count(m, "shrink", "error") == 0
     fake.pod["metadata"]["annotations"][names.ANNOTATION_SUSPEND_STATE] = "Running"
     assert r.sync(REF) == "restore/skipped"  # nothing was shrunk: the annotation just goes

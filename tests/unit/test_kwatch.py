@@ -7,6 +7,7 @@ import json
 import pytest
 
 from rose_common import kwatch
+from rose_common.kube.errors import Gone
 
 
 def test_events_are_parsed_in_order_and_blank_lines_skipped() -> None:
@@ -26,9 +27,9 @@ def test_an_error_event_raises_with_its_status() -> None:
     gone = json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}})
     events = kwatch.events([json.dumps({"type": "ADDED", "object": {}}), gone])
     assert next(events)[0] == "ADDED"
-    with pytest.raises(kwatch.WatchError) as err:
+    with pytest.raises(Gone) as err:
         next(events)
-    assert err.value.status == kwatch.HTTP_GONE and "too old" in str(err.value)
+    assert err.value.code == kwatch.HTTP_GONE and err.value.status.message == "too old"
 
 
 @pytest.mark.parametrize("line", ['{"type": "ADDED"}', "[1, 2]", '{"type": 3, "object": {}}'])
