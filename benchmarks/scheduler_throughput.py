@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rose_common import kwatch, names, slices
+from rose_common import kwatch, names, promtext, slices
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,26 +121,12 @@ def wait_http(host: str, port: int, path: str, timeout: float) -> None:
 
 def histogram_quantiles(metrics_text: str, verb: str) -> dict[str, float]:
     """p50/p99 from the extender's latency histogram (linear inside a bucket, as PromQL does)."""
-    buckets: list[tuple[float, float]] = []
-    prefix = "rose_extender_request_duration_seconds_bucket{"
-    for line in metrics_text.splitlines():
-        if line.startswith(prefix) and f'verb="{verb}"' in line:
-            bound_s = line.split('le="', 1)[1].split('"', 1)[0]
-            upper = float("inf") if bound_s == "+Inf" else float(bound_s)
-            buckets.append((upper, float(line.rsplit(" ", 1)[1])))
-    buckets.sort()
-    total = buckets[-1][1] if buckets else 0.0
+    cumulative = promtext.buckets(metrics_text, "rose_extender_request_duration_seconds", {"verb": verb})
+    total = cumulative[-1][1] if cumulative else 0.0
     out: dict[str, float] = {"count": total}
-    for q in (0.5, 0.99):
-        rank = q * total
-        prev_le, prev_c = 0.0, 0.0
-        for le, c in buckets:
-            if c >= rank and total > 0:
-                hi = le if le != float("inf") else prev_le
-                frac = 0.0 if c == prev_c else (rank - prev_c) / (c - prev_c)
-                out[f"p{int(q * 100)}_ms"] = round((prev_le + (hi - prev_le) * frac) * 1000, 3)
-                break
-            prev_le, prev_c = le, c
+    if total > 0:
+        for q in (0.5, 0.99):
+            out[f"p{int(q * 100)}_ms"] = round(promtext.histogram_quantile(q, cumulative) * 1000, 3)
     return out
 
 
@@ -160,19 +146,19 @@ def scheduler_breakdown(port: int) -> dict[str, float]:
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
+    point_metric = "scheduler_framework_extension_point_duration_seconds"
+    profile = {"profile": "rose-scheduler"}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for line in text.splitlines():
-        ext_point = line.startswith("scheduler_framework_extension_point_duration_seconds_")
-        if ext_point and 'profile="rose-scheduler"' in line:
-            point = line.split('extension_point="', 1)[1].split('"', 1)[0]
-            target = sums if "_sum{" in line else counts if "_count{" in line else None
-            if target is not None and point in _SCHED_POINTS:
-                target[point] = target.get(point, 0.0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("scheduler_scheduling_algorithm_duration_seconds_sum "):
-            sums["algorithm"] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("scheduler_scheduling_algorithm_duration_seconds_count "):
-            counts["algorithm"] = float(line.rsplit(" ", 1)[1])
+    for point in _SCHED_POINTS:
+        selector = {**profile, "extension_point": point}
+        if promtext.samples(text, f"{point_metric}_count", selector):
+            sums[point] = promtext.value(text, f"{point_metric}_sum", selector)
+            counts[point] = promtext.value(text, f"{point_metric}_count", selector)
+    algorithm = "scheduler_scheduling_algorithm_duration_seconds"
+    if promtext.samples(text, f"{algorithm}_count"):
+        sums["algorithm"] = promtext.value(text, f"{algorithm}_sum")
+        counts["algorithm"] = promtext.value(text, f"{algorithm}_count")
     out = {f"{k}_ms": round(1000 * sums[k] / counts[k], 2) for k in sums if counts.get(k)}
     if "algorithm_ms" in out:
         out["outside_plugins_ms"] = round(out["algorithm_ms"] - sum(out.get(f"{p}_ms", 0.0) for p in _SCHED_POINTS), 2)

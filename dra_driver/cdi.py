@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.claims import CDI_CLASS, CDI_KIND, CDI_VENDOR, PreparedDevice, cdi_device_name
-from dra_driver.fsutil import atomic_write
 from rose_common import names
+from rose_common.atomic import atomic_write
 
 CDI_VERSION = "0.6.0"  # annotations need 0.6.0; env and deviceNodes need less
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"

@@ -6,56 +6,31 @@ Every flag has an environment twin ``ROSE_DRIVER_<FLAG>`` (upper case, dashes â†
 from __future__ import annotations
 
 import argparse
-import os
-import re
+import logging
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rose_common import names
+from rose_common.cli import EnvArgumentParser, boolean, byte_size, port_type
 
 ENV_PREFIX = "ROSE_DRIVER_"
-_QTY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
-_MULT = {
-    None: 1,
-    "K": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
-
-
-def parse_bytes(s: str) -> int:
-    """``"64Gi"`` â†’ bytes (Kubernetes quantity suffixes K/M/G/T and Ki/Mi/Gi/Ti)."""
-    m = _QTY.match(s.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a byte quantity: {s!r} (examples: 1073741824, 64Gi, 500M)")
-    return int(float(m.group(1)) * _MULT[m.group(2)])
-
-
-def _env(flag: str) -> str:
-    return ENV_PREFIX + flag.upper().replace("-", "_")
+log = logging.getLogger("rose.driver")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = EnvArgumentParser(
+        env_prefix=ENV_PREFIX,
         prog="rose driver",
         description="ROSE DRA node driver (gpu.rose.io). Every flag can also be set by the environment "
         f"variable shown in its help ({ENV_PREFIX}<FLAG>).",
     )
 
     def add(flag: str, help: str, **kw: Any) -> None:
-        env = _env(flag)
-        if env in os.environ:
-            kw["default"] = os.environ[env]
-            kw.pop("required", None)
-        p.add_argument(f"--{flag}", help=f"{help} [env {env}]", **kw)
+        p.flag(f"--{flag}", help=help, **kw)
 
     add("node-name", "this node's name (the pool name of its ResourceSlice)", required=True)
     add("kubeconfig", "kubeconfig file; empty: in-cluster service account", default="")
@@ -69,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "simulated-gpu-memory",
         "simulated backend: memory per GPU",
-        type=parse_bytes,
-        default=parse_bytes("141Gi"),
+        type=byte_size,
+        default="141Gi",
     )
     add("simulated-gpu-model", "simulated backend: model name", default="NVIDIA H200 (simulated)")
     add(
@@ -97,13 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("cdi-dir", "dynamic CDI spec directory", default="/var/run/cdi")
     add("state-dir", "checkpoint directory; default: plugin-dir", default="")
     add("boot-id-file", "file holding the node boot ID", default="/proc/sys/kernel/random/boot_id")
-    add("metrics-port", "Prometheus /metrics port on 0.0.0.0 (-1: off, 0: ephemeral)", type=int, default=9400)
+    add(
+        "metrics-port",
+        "Prometheus /metrics port on 0.0.0.0 (-1: off, 0: ephemeral)",
+        type=port_type(-1, "-1: off, 0: ephemeral"),
+        default=9400,
+    )
     add("metrics-address", "address the metrics server binds", default="0.0.0.0")
     add(
         "host-memory-budget",
         "host memory the suspend engine may fill with suspended state",
-        type=parse_bytes,
-        default=parse_bytes("64Gi"),
+        type=byte_size,
+        default="64Gi",
     )
     add(
         "suspend-engine",
@@ -121,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         "simulated-occupant-bytes",
         "simulated suspend backend: state size of a claim with no registered "
         "workload (KWOK end-to-end runs); 0: such claims are unknown",
-        type=parse_bytes,
+        type=byte_size,
         default=0,
     )
     add("agent-socket", "node agent gRPC socket that workload pods mount; empty: no agent server", default="")
@@ -139,14 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "publish-slices",
         "publish this node's ResourceSlices (true/false)",
-        default="true",
-        choices=["true", "false"],
+        type=boolean,
+        default=True,
     )
     add(
         "watch-pods",
         "act on rose.io/suspend-request annotations of this node's pods (true/false)",
-        default="true",
-        choices=["true", "false"],
+        type=boolean,
+        default=True,
     )
     add(
         "reconcile-seconds",
@@ -198,55 +178,81 @@ def build_engine(args: argparse.Namespace, gpus: list[Any], notifier: Any, evict
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from rose_common import logs
+class StartupError(Exception):
+    """The driver cannot start; the message says what to fix, ``code`` is the exit status."""
 
-    logs.setup(args.log_level)
-    import logging
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
-    log = logging.getLogger("rose.driver")
-    from prometheus_client import start_http_server
 
-    from dra_driver import discovery, kube
+@dataclass
+class Wiring:
+    """What :func:`build` made and :func:`start` / :func:`run` use; nothing is started yet."""
+
+    gpus: list[Any]
+    metrics: Any
+    notifier: Any
+    engine: Any
+    driver: Any
+    publisher: Any
+    facts: Any
+    watcher: Any
+    servers: Any = None
+    agent_server: Any = None
+
+
+def _discover(args: argparse.Namespace) -> list[Any]:
+    from dra_driver import discovery
+
+    simulated = discovery.SimulatedConfig(
+        count=int(args.simulated_gpus),
+        memory_bytes=int(args.simulated_gpu_memory),
+        model=args.simulated_gpu_model,
+        host_link_gbps=float(args.simulated_host_link_gbps),
+    )
+    try:
+        return discovery.discover(args.gpu_backend, args.node_name, simulated)
+    except discovery.DiscoveryError as e:
+        raise StartupError(str(e)) from None
+
+
+def _api_client(args: argparse.Namespace) -> Any:
+    from dra_driver import kube
+
+    try:
+        return kube.api_client(args.kubeconfig or None)
+    except Exception as e:
+        where = args.kubeconfig or "the in-cluster service account"
+        raise StartupError(f"cannot build an API client from {where}: {e}; set --kubeconfig") from None
+
+
+def _check_suspended_cpu(value: str) -> None:
+    from dra_driver.resize import cpu_millis
+    from rose_common.quantity import QuantityError
+
+    try:
+        if value:
+            cpu_millis(value)
+    except QuantityError as e:
+        raise StartupError(f"--suspended-cpu: {e} (examples: 100m, 0.5, 1)") from None
+
+
+def build(args: argparse.Namespace) -> Wiring:
+    """Discover the GPUs, build every part and recover the node state; starts no thread or server."""
+    from dra_driver import kube
     from dra_driver.metrics import DriverMetrics
     from dra_driver.node import NodeDriver
     from dra_driver.nodefacts import NodeFactsPublisher, node_facts
-    from dra_driver.plugin import SocketPathError, start_plugin
     from dra_driver.podwatch import PodWatcher
     from dra_driver.publisher import SlicePublisher
     from dra_driver.state import StateCorruptError, read_boot_id
     from rose_common.slices import resource_slice
 
-    try:
-        gpus = discovery.discover(
-            args.gpu_backend,
-            args.node_name,
-            discovery.SimulatedConfig(
-                count=int(args.simulated_gpus),
-                memory_bytes=int(args.simulated_gpu_memory),
-                model=args.simulated_gpu_model,
-                host_link_gbps=float(args.simulated_host_link_gbps),
-            ),
-        )
-    except discovery.DiscoveryError as e:
-        print(f"rose driver: {e}", file=sys.stderr)
-        return 2
+    gpus = _discover(args)
     metrics = DriverMetrics([g.info.index for g in gpus])
-    try:
-        api = kube.api_client(args.kubeconfig or None)
-    except Exception as e:
-        where = args.kubeconfig or "the in-cluster service account"
-        print(f"rose driver: cannot build an API client from {where}: {e}; set --kubeconfig", file=sys.stderr)
-        return 2
-    from dra_driver.resize import QuantityError, cpu_millis
-
-    try:
-        if args.suspended_cpu:
-            cpu_millis(args.suspended_cpu)
-    except QuantityError as e:
-        print(f"rose driver: --suspended-cpu: {e} (examples: 100m, 0.5, 1)", file=sys.stderr)
-        return 2
+    api = _api_client(args)
+    _check_suspended_cpu(args.suspended_cpu)
     notifier = kube.KubeNotifier(api, args.node_name, suspended_cpu=args.suspended_cpu, metrics=metrics)
     try:
         engine = (
@@ -255,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
     except Exception as e:
-        print(f"rose driver: cannot start the suspend engine: {e}", file=sys.stderr)
-        return 2
-    plugin_dir = Path(args.plugin_dir)
+        raise StartupError(f"cannot start the suspend engine: {e}") from None
     state_dir = Path(args.state_dir or args.plugin_dir)
     driver = NodeDriver(
         node_name=args.node_name,
@@ -274,81 +278,102 @@ def main(argv: list[str] | None = None) -> int:
     try:
         driver.recover()
     except StateCorruptError as e:
-        print(
-            f"rose driver: node state {state_dir / 'checkpoint.json'} is corrupt: {e}; "
+        raise StartupError(
+            f"node state {state_dir / 'checkpoint.json'} is corrupt: {e}; "
             "inspect it, then move it away to start from an empty state",
-            file=sys.stderr,
-        )
-        return 3
+            code=3,
+        ) from None
     publisher = SlicePublisher(
         kube.KubeSlices(api, args.node_name),
         resource_slice(args.node_name, [g.info for g in gpus], 1),
         metrics,
     )
-    if args.metrics_port >= 0:
-        server, _ = start_http_server(args.metrics_port, addr=args.metrics_address, registry=metrics.registry)
-        log.info("metrics serving", extra={"port": server.server_port})
-    agent_server: Any = None
-    if args.agent_socket and engine is not None:
-        from dra_driver.agent.server import AgentServer
-
-        control = Path(args.agent_control_socket or Path(args.agent_socket).parent / "control.sock")
-        agent_server = AgentServer(engine, Path(args.agent_socket), control)
-        agent_server.start()
-
-    def republish() -> None:
-        if args.publish_slices == "true":
-            threading.Thread(target=publisher.reconcile, name="republish", daemon=True).start()
-
-    def on_registered() -> None:
-        metrics.registration_total.labels("ok").inc()
-        republish()
-
-    try:
-        servers = start_plugin(
-            driver,
-            plugin_dir,
-            Path(args.registry_dir),
-            kubelet_endpoint=str(Path(args.kubelet_plugin_dir) / "dra.sock") if args.kubelet_plugin_dir else None,
-            on_registered=on_registered,
-            on_failed=lambda err: metrics.registration_total.labels("error").inc(),
-        )
-    except SocketPathError as e:
-        print(f"rose driver: {e}", file=sys.stderr)
-        return 2
-    if args.publish_slices == "true":
-        publisher.start()
     facts = NodeFactsPublisher(
         kube.KubeNode(api, args.node_name),
         lambda: node_facts(driver.snapshot(), int(args.host_memory_budget)),
         float(args.node_facts_seconds),
     )
-    if float(args.node_facts_seconds) > 0:
-        facts.start()
     observers = [notifier.resizer.observe] if notifier.resizer is not None else []
     watcher = PodWatcher(kube.KubePods(api, args.node_name), driver, observers=observers)
-    if args.watch_pods == "true":
-        watcher.start()
+    return Wiring(gpus, metrics, notifier, engine, driver, publisher, facts, watcher)
+
+
+def start(args: argparse.Namespace, w: Wiring) -> None:
+    """Serve metrics, the agent and the kubelet plugin; start publishing and watching."""
+    from prometheus_client import start_http_server
+
+    from dra_driver.plugin import SocketPathError, start_plugin
+
+    if args.metrics_port >= 0:
+        server, _ = start_http_server(args.metrics_port, addr=args.metrics_address, registry=w.metrics.registry)
+        log.info("metrics serving", extra={"port": server.server_port})
+    if args.agent_socket and w.engine is not None:
+        from dra_driver.agent.server import AgentServer
+
+        control = Path(args.agent_control_socket or Path(args.agent_socket).parent / "control.sock")
+        w.agent_server = AgentServer(w.engine, Path(args.agent_socket), control)
+        w.agent_server.start()
+
+    def on_registered() -> None:
+        w.metrics.registration_total.labels("ok").inc()
+        if args.publish_slices:  # every (re)registration re-publishes the slices
+            threading.Thread(target=w.publisher.reconcile, name="republish", daemon=True).start()
+
+    try:
+        w.servers = start_plugin(
+            w.driver,
+            Path(args.plugin_dir),
+            Path(args.registry_dir),
+            kubelet_endpoint=str(Path(args.kubelet_plugin_dir) / "dra.sock") if args.kubelet_plugin_dir else None,
+            on_registered=on_registered,
+            on_failed=lambda err: w.metrics.registration_total.labels("error").inc(),
+        )
+    except SocketPathError as e:
+        raise StartupError(str(e)) from None
+    if args.publish_slices:
+        w.publisher.start()
+    if float(args.node_facts_seconds) > 0:
+        w.facts.start()
+    if args.watch_pods:
+        w.watcher.start()
+
+
+def run(args: argparse.Namespace, w: Wiring) -> int:
+    """The repair loop until SIGTERM / SIGINT, then stop every part."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("driver started", extra={"node": args.node_name, "gpus": len(gpus), "backend": args.gpu_backend})
+    log.info("driver started", extra={"node": args.node_name, "gpus": len(w.gpus), "backend": args.gpu_backend})
     while not stop.wait(float(args.reconcile_seconds)):
         try:
-            driver.reconcile()
+            w.driver.reconcile()
         except Exception as e:
             log.warning("reconcile failed", extra={"err": repr(e)})
     log.info("driver stopping", extra={"node": args.node_name})
-    watcher.stop()
-    notifier.close()
-    facts.stop()
-    servers.stop()
-    if agent_server is not None:
-        agent_server.stop()
-    if args.publish_slices == "true":
+    w.watcher.stop()
+    w.notifier.close()
+    w.facts.stop()
+    w.servers.stop()
+    if w.agent_server is not None:
+        w.agent_server.stop()
+    if args.publish_slices:
         try:
-            publisher.remove()
+            w.publisher.remove()
         except Exception as e:
             log.warning("removing resourceslices failed", extra={"err": repr(e)})
-    driver.close()
+    w.driver.close()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rose_common import logs
+
+    logs.setup(args.log_level)
+    try:
+        wiring = build(args)
+        start(args, wiring)
+    except StartupError as e:
+        print(f"rose driver: {e}", file=sys.stderr)
+        return e.code
+    return run(args, wiring)

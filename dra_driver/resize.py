@@ -22,70 +22,26 @@ accounts for those, and they are not resized here.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from rose_common import names
 from rose_common.kube import objects
+from rose_common.quantity import QuantityError, parse_quantity, to_millis
 
 DEFAULT_TARGET = "100m"
 SAVED_VERSION = 1
-_NUMBER = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(.*)$")
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-}
-_EXPONENT = re.compile(r"^[eE]([+-]?\d+)$")
 
 
 class ResizeError(ValueError):
     """Input the driver cannot act on (malformed quantity or saved annotation); names the pod."""
 
 
-class QuantityError(ValueError):
-    pass
-
-
-def parse_quantity(s: str) -> Decimal:
-    """A Kubernetes resource quantity as an exact decimal: ``"60"``, ``"1.5"``, ``"1500m"``,
-    ``"2k"``, ``"1Ki"``, ``"5e3"``; anything else raises :class:`QuantityError`."""
-    if not isinstance(s, str):
-        raise QuantityError(f"not a quantity: {s!r}")
-    m = _NUMBER.match(s.strip()) if s == s.strip() else None
-    if m is None:
-        raise QuantityError(f"not a quantity: {s!r}")
-    number, suffix = m.group(1), m.group(2)
-    try:
-        value = Decimal(number)
-    except InvalidOperation as e:  # pragma: no cover - the regex admits only valid numbers
-        raise QuantityError(f"not a quantity: {s!r}") from e
-    if suffix in _BINARY:
-        return value * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return value * _DECIMAL[suffix]
-    exp = _EXPONENT.match(suffix)
-    if exp is not None and abs(int(exp.group(1))) <= 18:
-        return value.scaleb(int(exp.group(1)))
-    raise QuantityError(f"not a quantity: {s!r} (unknown suffix {suffix!r})")
-
-
 def cpu_millis(s: str) -> int:
     """CPU quantity → millicores, rounded up like the API's ``MilliValue``; negative refused."""
-    v = parse_quantity(s)
-    if v < 0:
+    if parse_quantity(s) < 0:
         raise QuantityError(f"negative cpu quantity: {s!r}")
-    return int((v * 1000).to_integral_value(rounding=ROUND_CEILING))
+    return to_millis(s)
 
 
 @dataclass(frozen=True)
@@ -328,7 +284,3 @@ def resize_unsupported(pod: dict[str, Any]) -> str | None:
             return f"container {cs.get('name', '')!r} runs on a node whose kubelet reports no container resources"
     return None
 
-
-def cpu_requests(pod: dict[str, Any]) -> dict[str, str]:
-    """Container name → its cpu request (for logs and the demo)."""
-    return {str(c.get("name", "")): str(_res(c, "requests").get("cpu", "")) for c in _containers(pod)}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.claims import PodRef, PreparedDevice
-from dra_driver.fsutil import atomic_write
+from rose_common.atomic import atomic_write
 
 STATE_VERSION = 1
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -14,11 +13,7 @@ from local_cluster.cluster import (
     LocalCluster,
     default_workdir,
 )
-
-
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    return int(v) if v else default
+from rose_common.cli import EnvArgumentParser, port_type
 
 
 def _progress(msg: str) -> None:
@@ -26,53 +21,23 @@ def _progress(msg: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rose cluster", description=__doc__)
-    p.add_argument(
-        "--dir",
-        type=Path,
-        default=default_workdir(),
-        help="cluster work directory: pki, logs, pids, kubeconfig (env ROSE_CLUSTER_DIR)",
-    )
+    p = EnvArgumentParser(env_prefix="ROSE_CLUSTER_", prog="rose cluster", description=__doc__)
+    p.flag("--dir", type=Path, default=default_workdir(), help="cluster work directory: pki, logs, pids, kubeconfig")
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start etcd, kube-apiserver, kube-controller-manager, schedulers and KWOK")
-    up.add_argument(
-        "--nodes",
-        type=int,
-        default=_env_int("ROSE_CLUSTER_NODES", 4),
-        help="KWOK nodes (env ROSE_CLUSTER_NODES; default 4)",
-    )
-    up.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=_env_int("ROSE_CLUSTER_GPUS_PER_NODE", 8),
-        help="simulated GPUs per node in the seed ResourceSlices (env ROSE_CLUSTER_GPUS_PER_NODE)",
-    )
-    up.add_argument(
-        "--pools",
-        type=int,
-        default=_env_int("ROSE_CLUSTER_POOLS", 1),
-        help="serving pools the nodes are spread over (env ROSE_CLUSTER_POOLS)",
-    )
-    up.add_argument(
+    up.flag("--nodes", type=int, default=4, help="KWOK nodes")
+    up.flag("--gpus-per-node", type=int, default=8, help="simulated GPUs per node in the seed ResourceSlices")
+    up.flag("--pools", type=int, default=1, help="serving pools the nodes are spread over")
+    up.flag(
         "--kubernetes-version",
-        default=os.environ.get("ROSE_K8S_VERSION"),
-        help="k8s.io/kubernetes version to build and run (env ROSE_K8S_VERSION; default pinned)",
+        env="ROSE_K8S_VERSION",
+        help="k8s.io/kubernetes version to build and run (default pinned)",
     )
-    up.add_argument(
-        "--apiserver-port",
-        type=int,
-        default=_env_int("ROSE_CLUSTER_APISERVER_PORT", 0),
-        help="kube-apiserver port (env ROSE_CLUSTER_APISERVER_PORT; 0 = pick a free one)",
-    )
-    up.add_argument(
-        "--etcd-port",
-        type=int,
-        default=_env_int("ROSE_CLUSTER_ETCD_PORT", 0),
-        help="etcd client port (env ROSE_CLUSTER_ETCD_PORT; 0 = pick a free one)",
-    )
-    up.add_argument(
+    up.flag("--apiserver-port", type=port_type(0, "0: pick a free one"), default=0, help="kube-apiserver port")
+    up.flag("--etcd-port", type=port_type(0, "0: pick a free one"), default=0, help="etcd client port")
+    up.flag(
         "--extender-url",
-        default=os.environ.get("ROSE_CLUSTER_EXTENDER_URL", f"http://127.0.0.1:{DEFAULT_EXTENDER_PORT}"),
+        default=f"http://127.0.0.1:{DEFAULT_EXTENDER_PORT}",
         help="URL the rose-scheduler profile calls the extender at; '' for none",
     )
     up.add_argument(

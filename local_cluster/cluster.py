@@ -357,141 +357,49 @@ class LocalCluster:
             return bool(r.status == 200)
 
     def _start_all(self, bins: binaries.Binaries, p: pki.Pki, ports: dict[str, int], kc: dict[str, Path]) -> None:
+        """Start the components in dependency order, each waited for before what needs it."""
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        argv = control_plane_commands(bins, p, ports, kc, self.dir)
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
-        peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
-        self._progress("starting etcd")
-        self._spawn(
-            "etcd",
-            [
-                str(bins.etcd),
-                "--name=rose",
-                f"--data-dir={self.dir / 'etcd-data'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=rose={peer_url}",
-                "--listen-metrics-urls=",
-                "--auto-compaction-retention=1",
-                "--quota-backend-bytes=4294967296",
-                "--unsafe-no-fsync=true",
-                "--log-level=warn",
-            ],
-        )
 
         def etcd_ok() -> bool:
             with urllib.request.urlopen(f"{etcd_url}/health", timeout=2) as r:
                 return bool(json.loads(r.read()).get("health") == "true")
 
+        self._progress("starting etcd")
+        self._spawn("etcd", argv["etcd"])
         self._wait("etcd", etcd_ok, 30)
-
         self._progress("starting kube-apiserver")
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(bins.kube_apiserver),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={ports['kube-apiserver']}",
-                f"--tls-cert-file={p.crt('apiserver')}",
-                f"--tls-private-key-file={p.key('apiserver')}",
-                f"--client-ca-file={p.ca_crt}",
-                f"--service-account-key-file={p.sa_pub}",
-                f"--service-account-signing-key-file={p.sa_key}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--authorization-mode=Node,RBAC",
-                "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                # a test cluster on loopback: no request throttling in the way of benchmarks
-                "--max-requests-inflight=0",
-                "--max-mutating-requests-inflight=0",
-                "--enable-priority-and-fairness=false",
-                "--watch-cache=true",
-                "--v=1",
-            ],
-        )
+        self._spawn("kube-apiserver", argv["kube-apiserver"])
         ctx = ssl.create_default_context(cafile=str(p.ca_crt))
         ctx.load_cert_chain(str(p.crt("admin")), str(p.key("admin")))
-        self._wait(
-            "kube-apiserver",
-            lambda: self._https_ok(f"https://127.0.0.1:{ports['kube-apiserver']}/readyz", ctx),
-            90,
-        )
+        apiserver_ready = f"https://127.0.0.1:{ports['kube-apiserver']}/readyz"
+        self._wait("kube-apiserver", lambda: self._https_ok(apiserver_ready, ctx), 90)
+        self._start_controllers(argv, ports, kc)
+        self._progress("starting kwok")
+        (self.dir / "kwok.yaml").write_text(bins.kwok_stages.read_text())
+        self._spawn("kwok", argv["kwok"])
+        self._wait("kwok", lambda: self._http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"), 30)
 
+    def _start_controllers(self, argv: dict[str, list[str]], ports: dict[str, int], kc: dict[str, Path]) -> None:
+        """kube-controller-manager and both schedulers, started together, then each waited for."""
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certs of kcm/scheduler, health only
-
         self._progress("starting kube-controller-manager")
-        self._spawn(
-            "kube-controller-manager",
-            [
-                str(bins.kube_controller_manager),
-                f"--kubeconfig={kc['controller-manager']}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports['kube-controller-manager']}",
-                f"--root-ca-file={p.ca_crt}",
-                f"--service-account-private-key-file={p.sa_key}",
-                "--use-service-account-credentials=true",
-                "--leader-elect=false",
-                "--controllers=*",
-                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                "--kube-api-qps=500",
-                "--kube-api-burst=1000",
-                "--v=1",
-            ],
-        )
-        sched_dir = self.dir / "scheduler"
-        sched_dir.mkdir(exist_ok=True)
+        self._spawn("kube-controller-manager", argv["kube-controller-manager"])
+        (self.dir / "scheduler").mkdir(exist_ok=True)
         for comp, profile, ext in (
             ("kube-scheduler", "default-scheduler", None),
             ("rose-scheduler", names.SCHEDULER_NAME, self.cfg.extender_url),
         ):
-            conf = sched_dir / f"{comp}.yaml"
+            conf = self.dir / "scheduler" / f"{comp}.yaml"
             conf.write_text(yaml.safe_dump(scheduler_config(kc["scheduler"], profile, ext)))
             self._progress(f"starting {comp} (profile {profile}{', extender ' + ext if ext else ''})")
-            self._spawn(
-                comp,
-                [
-                    str(bins.kube_scheduler),
-                    f"--config={conf}",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={ports[comp]}",
-                    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                    "--v=1",
-                ],
-            )
+            self._spawn(comp, argv[comp])
         for comp in ("kube-controller-manager", "kube-scheduler", "rose-scheduler"):
-            self._wait(
-                comp,
-                lambda c=comp: self._https_ok(  # type: ignore[misc]
-                    f"https://127.0.0.1:{ports[c]}/healthz", insecure
-                ),
-                60,
-            )
-
-        self._progress("starting kwok")
-        kwok_conf = self.dir / "kwok.yaml"
-        kwok_conf.write_text(bins.kwok_stages.read_text())
-        self._spawn(
-            "kwok",
-            [
-                str(bins.kwok),
-                f"--kubeconfig={kc['admin']}",
-                f"--config={kwok_conf}",
-                "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                f"--server-address=127.0.0.1:{ports['kwok']}",
-                "--node-ip=127.0.0.1",
-                "--node-lease-duration-seconds=40",
-                "--tls-cert-file=",
-                "--tls-private-key-file=",
-            ],
-        )
-        self._wait("kwok", lambda: self._http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"), 30)
+            healthz = f"https://127.0.0.1:{ports[comp]}/healthz"
+            self._wait(comp, lambda url=healthz: self._https_ok(url, insecure), 60)  # type: ignore[misc]
 
     @staticmethod
     def _http_ok(url: str) -> bool:
@@ -623,6 +531,96 @@ def _die_with_parent() -> None:
 
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def control_plane_commands(
+    bins: binaries.Binaries, p: pki.Pki, ports: dict[str, int], kc: dict[str, Path], workdir: Path
+) -> dict[str, list[str]]:
+    """The command line of every component, by component name. Pure: reads and starts nothing.
+
+    The scheduler configurations and ``kwok.yaml`` it names are written by the caller under
+    ``workdir`` (``scheduler/<component>.yaml``, ``kwok.yaml``).
+    """
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+    return {
+        "etcd": [
+            str(bins.etcd),
+            "--name=rose",
+            f"--data-dir={workdir / 'etcd-data'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=rose={peer_url}",
+            "--listen-metrics-urls=",
+            "--auto-compaction-retention=1",
+            "--quota-backend-bytes=4294967296",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            str(bins.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['kube-apiserver']}",
+            f"--tls-cert-file={p.crt('apiserver')}",
+            f"--tls-private-key-file={p.key('apiserver')}",
+            f"--client-ca-file={p.ca_crt}",
+            f"--service-account-key-file={p.sa_pub}",
+            f"--service-account-signing-key-file={p.sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # a test cluster on loopback: no request throttling in the way of benchmarks
+            "--max-requests-inflight=0",
+            "--max-mutating-requests-inflight=0",
+            "--enable-priority-and-fairness=false",
+            "--watch-cache=true",
+            "--v=1",
+        ],
+        "kube-controller-manager": [
+            str(bins.kube_controller_manager),
+            f"--kubeconfig={kc['controller-manager']}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-controller-manager']}",
+            f"--root-ca-file={p.ca_crt}",
+            f"--service-account-private-key-file={p.sa_key}",
+            "--use-service-account-credentials=true",
+            "--leader-elect=false",
+            "--controllers=*",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--kube-api-qps=500",
+            "--kube-api-burst=1000",
+            "--v=1",
+        ],
+        **{
+            comp: [
+                str(bins.kube_scheduler),
+                f"--config={workdir / 'scheduler' / f'{comp}.yaml'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports[comp]}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                "--v=1",
+            ]
+            for comp in ("kube-scheduler", "rose-scheduler")
+        },
+        "kwok": [
+            str(bins.kwok),
+            f"--kubeconfig={kc['admin']}",
+            f"--config={workdir / 'kwok.yaml'}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            "--node-ip=127.0.0.1",
+            "--node-lease-duration-seconds=40",
+            "--tls-cert-file=",
+            "--tls-private-key-file=",
+        ],
+    }
 
 
 def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:

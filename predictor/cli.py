@@ -3,100 +3,82 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from predictor import logs
+from rose_common.cli import EnvArgumentParser, host_port
 
 ENV_PREFIX = "ROSE_PREDICTOR_"
-
-
-def _env_name(flag: str) -> str:
-    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
-
-
-def _add(p: argparse.ArgumentParser, flag: str, *, help: str, default: Any = None, **kw: Any) -> None:
-    """A flag whose default comes from its environment twin, named in --help."""
-    env = _env_name(flag)
-    if env in os.environ:
-        default = os.environ[env]
-        if kw.get("required"):
-            kw["required"] = False
-    p.add_argument(flag, default=default, help=f"{help} [env {env}]", **kw)
 
 
 def _parser() -> argparse.ArgumentParser:
     from predictor.series import parse_duration
 
-    ap = argparse.ArgumentParser(
+    ap = EnvArgumentParser(
+        env_prefix=ENV_PREFIX,
         prog="rose predictor",
         description="Serving-demand forecasts per GPU pool: serve them, backtest them, generate demo data.",
     )
     sub = ap.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="ingest from Prometheus, retrain periodically, serve /v1/forecast and /metrics")
-    _add(s, "--prometheus-url", help="Prometheus base URL", default="http://127.0.0.1:9090")
-    _add(s, "--pools", help="YAML file: pools: [{name, query, unit, capacity}]", required=True, type=Path)
-    _add(s, "--listen", help="address:port to serve HTTP on", default="0.0.0.0:8080")
-    _add(s, "--step", help="resampling step (e.g. 60s, 1m)", default="60s", type=parse_duration)
-    _add(s, "--history", help="history kept in memory and trained on", default="14d", type=parse_duration)
-    _add(s, "--horizons", help="forecast horizons", default="10m,30m,60m")
-    _add(s, "--quantiles", help="quantiles besides the median", default="0.9")
-    _add(s, "--retrain-interval", help="refit each pool's model this often", default="1h", type=parse_duration)
-    _add(
-        s,
+    s.flag("--prometheus-url", help="Prometheus base URL", default="http://127.0.0.1:9090")
+    s.flag("--pools", help="YAML file: pools: [{name, query, unit, capacity}]", required=True, type=Path)
+    s.flag("--listen", help="address:port to serve HTTP on", default="0.0.0.0:8080", type=host_port)
+    s.flag("--step", help="resampling step (e.g. 60s, 1m)", default="60s", type=parse_duration)
+    s.flag("--history", help="history kept in memory and trained on", default="14d", type=parse_duration)
+    s.flag("--horizons", help="forecast horizons", default="10m,30m,60m")
+    s.flag("--quantiles", help="quantiles besides the median", default="0.9")
+    s.flag("--retrain-interval", help="refit each pool's model this often", default="1h", type=parse_duration)
+    s.flag(
         "--refresh-interval",
         help="query Prometheus and refresh forecasts this often",
         default="30s",
         type=parse_duration,
     )
-    _add(
-        s,
+    s.flag(
         "--max-data-age",
         help="newest sample older than this → stale + safe upper bound",
         default="5m",
         type=parse_duration,
     )
-    _add(s, "--model-dir", help="where versioned models are persisted (empty: not persisted)", default="")
-    _add(
-        s,
+    s.flag("--model-dir", help="where versioned models are persisted (empty: not persisted)", default="")
+    s.flag(
         "--season-day",
         help="length of the daily season (compressed time in demos/tests)",
         default="1d",
         type=parse_duration,
     )
-    _add(s, "--season-week", help="length of the weekly season", default="7d", type=parse_duration)
-    _add(s, "--log-level", help="debug, info, warning, error", default="info")
-    _add(s, "--replay", help="demo: replay this CSV (or 'generated') instead of querying Prometheus", default="")
+    s.flag("--season-week", help="length of the weekly season", default="7d", type=parse_duration)
+    s.flag("--log-level", help="debug, info, warning, error", default="info")
+    s.flag("--replay", help="demo: replay this CSV (or 'generated') instead of querying Prometheus", default="")
 
     b = sub.add_parser("backtest", help="rolling-origin backtest of the model and the baselines on a CSV series")
-    _add(
-        b,
+    b.flag(
         "--series",
         help="CSV with a header: time (seconds or ISO-8601), value; empty = gap",
         required=True,
         type=Path,
     )
-    _add(b, "--horizons", help="comma-separated horizons", default="10m,30m,60m")
-    _add(b, "--quantile", help="the upper quantile whose coverage is reported", default="0.9", type=float)
-    _add(b, "--json", help="write the results here (JSON)", required=True, type=Path)
-    _add(b, "--plot", help="write a PNG of forecasts vs. actuals here", type=Path)
-    _add(b, "--initial-train", help="history before the first origin (default: half the series)", type=parse_duration)
-    _add(b, "--refit-every", help="refit interval (default: 1d, or a tenth of the series)", type=parse_duration)
-    _add(b, "--threads", help="CPU threads for fitting", default="1", type=int)
+    b.flag("--horizons", help="comma-separated horizons", default="10m,30m,60m")
+    b.flag("--quantile", help="the upper quantile whose coverage is reported", default="0.9", type=float)
+    b.flag("--json", help="write the results here (JSON)", required=True, type=Path)
+    b.flag("--plot", help="write a PNG of forecasts vs. actuals here", type=Path)
+    b.flag("--initial-train", help="history before the first origin (default: half the series)", type=parse_duration)
+    b.flag("--refit-every", help="refit interval (default: 1d, or a tenth of the series)", type=parse_duration)
+    b.flag("--threads", help="CPU threads for fitting", default="1", type=int)
 
     g = sub.add_parser("generate", help="write a deterministic synthetic serving-demand series (CSV)")
-    _add(g, "--days", help="length in days", default="14", type=float)
-    _add(g, "--step", help="step in seconds", default="60", type=int)
-    _add(g, "--seed", help="random seed (same seed, same series)", default="7", type=int)
-    _add(g, "--level", help="typical demand level (e.g. busy GPUs)", default="40", type=float)
-    _add(g, "--gaps", help="fraction of steps left as gaps", default="0", type=float)
-    _add(g, "--out", help="CSV to write", required=True, type=Path)
+    g.flag("--days", help="length in days", default="14", type=float)
+    g.flag("--step", help="step in seconds", default="60", type=int)
+    g.flag("--seed", help="random seed (same seed, same series)", default="7", type=int)
+    g.flag("--level", help="typical demand level (e.g. busy GPUs)", default="40", type=float)
+    g.flag("--gaps", help="fraction of steps left as gaps", default="0", type=float)
+    g.flag("--out", help="CSV to write", required=True, type=Path)
     return ap
 
 
@@ -166,8 +148,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         for h in model_cfg.horizons:
             if h % int(a.step):
                 raise ValueError(f"horizon {h}s is not a multiple of --step {a.step}s")
-        host, _, port = str(a.listen).rpartition(":")
-        address = (host or "0.0.0.0", int(port))
+        address: tuple[str, int] = a.listen
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -193,7 +174,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         except SeriesError as e:
             print(f"error: --replay: {e}", file=sys.stderr)
             return 2
-        logs.warning("Replaying a recorded series instead of querying Prometheus", replay=a.replay)
+        logs.warning("replaying a recorded series instead of querying Prometheus", replay=a.replay)
     else:
         source = PrometheusSource(a.prometheus_url)
     service = PredictorService(pools, source, settings, store)
@@ -209,7 +190,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
     finally:
         server.shutdown()
         server.server_close()
-        logs.info("Stopped")
+        logs.info("stopped")
     return 0
 
 

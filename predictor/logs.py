@@ -17,7 +17,7 @@ def setup(level: str = "info") -> None:
 
 
 def log(level: int, msg: str, **kv: Any) -> None:
-    """``log(logging.INFO, "Model fitted", pool="a", seconds=1.2)``: the message stays constant."""
+    """``log(logging.INFO, "model fitted", pool="a", seconds=1.2)``: the message stays constant."""
     _LOGGER.log(level, msg, extra={"kv": kv})
 
 

@@ -109,7 +109,7 @@ class PredictorHTTPServer(ThreadingHTTPServer):
 def serve_in_thread(server: PredictorHTTPServer) -> threading.Thread:
     t = threading.Thread(target=server.serve_forever, name="predictor-http", daemon=True)
     t.start()
-    logs.info("Serving forecasts", url=server.url)
+    logs.info("serving forecasts", url=server.url)
     return t
 
 

@@ -189,7 +189,7 @@ class PredictorService:
         try:
             found = self.store.load_latest(st.config.name)
         except Exception as e:
-            logs.warning("Cannot load persisted model", pool=st.config.name, err=str(e))
+            logs.warning("cannot load persisted model", pool=st.config.name, err=str(e))
             return
         if found is None:
             return
@@ -201,10 +201,10 @@ class PredictorService:
             or model.config.all_quantiles != cfg.all_quantiles
             or (model.config.day, model.config.week) != (cfg.day, cfg.week)
         ):
-            logs.info("Persisted model does not match the settings; will refit", pool=st.config.name, version=version)
+            logs.info("persisted model does not match the settings; will refit", pool=st.config.name, version=version)
             return
         st.model, st.version, st.fitted_at = model, version, float(meta.get("fitted_at", 0.0))
-        logs.info("Loaded persisted model", pool=st.config.name, version=version)
+        logs.info("loaded persisted model", pool=st.config.name, version=version)
 
     def refresh(self) -> None:
         """One cycle for every pool: ingest, retrain when due, recompute the cached forecast."""
@@ -226,7 +226,7 @@ class PredictorService:
         except IngestError as e:
             self.metrics.ingests.labels(name, "error").inc()
             st.error = str(e)
-            logs.warning("Ingest failed", pool=name, err=str(e))
+            logs.warning("ingest failed", pool=name, err=str(e))
         series = st.buffer.series(name)
         if series is not None and (st.model is None or now - st.fitted_at >= s.retrain_interval):
             self._fit(st, series, now)
@@ -254,11 +254,11 @@ class PredictorService:
             model = QuantileForecaster(self.settings.model).fit(series)
         except NotEnoughHistory as e:
             self.metrics.fits.labels(name, "skipped").inc()
-            logs.info("Not enough history to fit yet", pool=name, err=str(e))
+            logs.info("not enough history to fit yet", pool=name, err=str(e))
             return
         except Exception as e:
             self.metrics.fits.labels(name, "error").inc()
-            logs.error("Fit failed", pool=name, err=repr(e))
+            logs.error("fit failed", pool=name, err=repr(e))
             return
         version = f"{name}-unsaved-{int(now)}"
         if self.store is not None:
@@ -266,12 +266,12 @@ class PredictorService:
             try:
                 version = self.store.save(name, model, meta, now)
             except OSError as e:
-                logs.error("Cannot persist model", pool=name, err=str(e))
+                logs.error("cannot persist model", pool=name, err=str(e))
         st.model, st.version, st.fitted_at = model, version, now
         self.metrics.fits.labels(name, "ok").inc()
         self.metrics.last_fit.labels(name).set(now)
         self.metrics.fit_duration.labels(name).set(model.fit_seconds)
-        logs.info("Model fitted", pool=name, version=version, seconds=round(model.fit_seconds, 3))
+        logs.info("model fitted", pool=name, version=version, seconds=round(model.fit_seconds, 3))
 
     def _export(self, st: PoolState, resp: ForecastResponse | None) -> None:
         name = st.config.name
@@ -298,5 +298,5 @@ class PredictorService:
             try:
                 self.refresh()
             except Exception as e:  # never let one bad cycle end the loop
-                logs.error("Refresh failed", err=repr(e))
+                logs.error("refresh failed", err=repr(e))
             stop.wait(max(0.0, self.settings.refresh_interval - (time.monotonic() - t0)))

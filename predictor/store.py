@@ -8,28 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from predictor.model import QuantileForecaster
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from rose_common.atomic import atomic_write
 
 
 class ModelStore:
@@ -42,8 +27,8 @@ class ModelStore:
         stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%S")
         version = f"{pool}-{stamp}-{hashlib.sha256(blob).hexdigest()[:8]}"
         d = self.root / pool
-        _atomic_write(d / f"{version}.pkl", blob)
-        _atomic_write(d / f"{version}.json", (json.dumps({"version": version, **meta}, indent=1) + "\n").encode())
+        atomic_write(d / f"{version}.pkl", blob)
+        atomic_write(d / f"{version}.json", (json.dumps({"version": version, **meta}, indent=1) + "\n").encode())
         for old in self.versions(pool)[: -self.keep]:
             (d / f"{old}.pkl").unlink(missing_ok=True)
             (d / f"{old}.json").unlink(missing_ok=True)

@@ -31,7 +31,7 @@ from local_cluster.objects import (
     new_namespace,
     wait_for,
 )
-from rose_common import names
+from rose_common import names, promtext
 from rose_common.forecast_api import ForecastResponse
 
 HORIZONS = (600, 1800, 3600)
@@ -138,11 +138,11 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
         say(f"   · every worker in {quiet}, the pool forecast idle longest: {'yes' if ok else 'NO'}")
         for line in _metrics(host, port, "rose_extender_prioritize_calls_total"):
             say(f"     {line}")
+        text = "\n".join(_metrics(host, port, "rose_extender_"))
         cached = {
-            ln.split('kind="', 1)[1].split('"', 1)[0]: int(float(ln.rsplit(" ", 1)[1]))
-            for ln in _metrics(host, port, "rose_extender_cache_objects{")
+            sample.labels["kind"]: int(sample.value) for sample in promtext.samples(text, "rose_extender_cache_objects")
         }
-        restarts = sum(float(ln.rsplit(" ", 1)[1]) for ln in _metrics(host, port, "rose_extender_watch_restarts_total"))
+        restarts = promtext.value(text, "rose_extender_watch_restarts_total", default=0.0)
         say(
             "   · extender cache, fed by watches: "
             + ", ".join(f"{n} {k}s" for k, n in sorted(cached.items()))

@@ -1,7 +1,11 @@
 """Structured JSON logs for every component: a constant message plus Kubernetes structured-logging
 keys (``pod="ns/name"``, ``err=...``), one JSON object per line on stderr.
 
-    log.info("Claim prepared", extra={"pod": "ns/name", "claim": uid})
+The one convention (checked by ``tests/unit/test_common_logs.py``): the message is a constant
+string literal in lower case (what happened, never formatted); everything that varies goes in
+lowerCamelCase keys; an error is ``err``, a pod ``pod="ns/name"``.
+
+    log.info("claim prepared", extra={"pod": "ns/name", "claim": uid})
 """
 
 from __future__ import annotations

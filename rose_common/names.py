@@ -67,9 +67,6 @@ def claim_uids_from_env(env: Mapping[str, str]) -> list[str]:
 # Scheduler
 SCHEDULER_NAME: Final = "rose-scheduler"
 
-# Metrics
-METRIC_PREFIX: Final = "rose_"
-
 # Suspend intents through the API server (no extra network endpoint): the extender (or the
 # controller) writes ANNOTATION_SUSPEND_REQUEST on an RL worker pod; the DRA driver on that
 # pod's node watches for it, suspends the workload into host memory, and reports progress in

@@ -12,12 +12,10 @@ User state must be made of dicts, lists, tuples, str, int, float, bool, None and
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import os
 import random
-import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from rose_common.atomic import atomic_write
 
 MAGIC = b"ROSECKPT1\n"
 _HEX_LEN = 64
@@ -113,29 +113,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------- save / load
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: Path, data: bytes) -> None:
-    """temp file in the same directory → write → fsync → rename → fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
+    """temp file in the same directory → write → fsync → rename → fsync the directory
+    (:func:`rose_common.atomic.atomic_write`; permissions as ``open()`` gives, umask applied)."""
+    atomic_write(path, data, mode=0o666)
 
 
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)

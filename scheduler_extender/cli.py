@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import ssl
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 from rose_common import logs
+from rose_common.cli import EnvArgumentParser, byte_size, duration, host_port
+from rose_common.forecast_client import BACKENDS, make_source
 from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.forecast import (
-    ForecastCache,
-    ForecastSource,
-    HttpForecastSource,
-    StaticFileForecastSource,
-)
+from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.server import Extender, ExtenderServer, ForecastLookup, NoForecasts, settle_heap
 
@@ -33,79 +28,65 @@ log = logging.getLogger("scheduler_extender")
 ENV_PREFIX = "ROSE_EXTENDER_"
 
 
-def _env(flag: str) -> str:
-    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
-
-
-class _Parser(argparse.ArgumentParser):
-    def add(self, flag: str, *, default: Any, help: str, type: Any = str, **kw: Any) -> None:
-        env = _env(flag)
-        raw = os.environ.get(env)
-        value = type(raw) if raw is not None else default
-        self.add_argument(flag, default=value, type=type, help=f"{help} [env {env}; default {default!r}]", **kw)
-
-
-def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"--listen must be HOST:PORT, got {value!r}")
-    return host or "0.0.0.0", int(port)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rose extender", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add("--listen", default="0.0.0.0:8888", help="HOST:PORT to serve filter/prioritize/preempt on")
-    p.add("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
-    p.add(
+    p = EnvArgumentParser(
+        env_prefix=ENV_PREFIX,
+        prog="rose extender",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.flag("--listen", default="0.0.0.0:8888", type=host_port, help="HOST:PORT to serve filter/prioritize/preempt on")
+    p.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
+    p.flag(
         "--forecast-backend",
         default="http",
         help="where forecasts come from: http (the predictor), static-file, or none (always fall back)",
-        choices=["http", "static-file", "none"],
+        choices=list(BACKENDS),
     )
-    p.add(
+    p.flag(
         "--predictor-url",
         default="",
         help="predictor base URL for the http backend, e.g. http://predictor:8080",
     )
-    p.add(
+    p.flag(
         "--forecast-file",
         default="",
         help="JSON file of ForecastResponse objects for the static-file backend",
     )
-    p.add("--forecast-timeout", default=0.5, type=float, help="seconds one forecast fetch may take")
-    p.add("--forecast-refresh", default=30.0, type=float, help="seconds between background forecast refreshes")
-    p.add("--forecast-max-age", default=300.0, type=float, help="seconds a fetched forecast stays usable")
-    p.add("--quantile", default="0.9", help="serving-demand quantile treated as what serving may need")
-    p.add("--default-min-run", default=600.0, type=float, help="RL worker min useful run (s) without annotation")
-    p.add("--fallback-headroom", default=0.25, type=float, help="pool fraction kept free when no forecast")
-    p.add("--fallback-window", default=600.0, type=float, help="idle window (s) assumed by the fallback rule")
-    p.add("--max-body-bytes", default=64 * 1024 * 1024, type=int, help="largest request body accepted")
-    p.add("--tls-cert-file", default="", help="serve HTTPS with this certificate (optional)")
-    p.add("--tls-key-file", default="", help="private key for --tls-cert-file")
-    p.add("--capture-dir", default="", help="debug: write the first request/reply bodies of each verb here")
-    p.add(
+    p.flag("--forecast-timeout", default=0.5, type=duration, help="seconds one forecast fetch may take")
+    p.flag("--forecast-refresh", default=30.0, type=duration, help="seconds between background forecast refreshes")
+    p.flag("--forecast-max-age", default=300.0, type=duration, help="seconds a fetched forecast stays usable")
+    p.flag("--quantile", default="0.9", help="serving-demand quantile treated as what serving may need")
+    p.flag("--default-min-run", default=600.0, type=float, help="RL worker min useful run (s) without annotation")
+    p.flag("--fallback-headroom", default=0.25, type=float, help="pool fraction kept free when no forecast")
+    p.flag("--fallback-window", default=600.0, type=float, help="idle window (s) assumed by the fallback rule")
+    p.flag("--max-body-bytes", default=64 * 1024 * 1024, type=byte_size, help="largest request body accepted")
+    p.flag("--tls-cert-file", default="", help="serve HTTPS with this certificate (optional)")
+    p.flag("--tls-key-file", default="", help="private key for --tls-cert-file")
+    p.flag("--capture-dir", default="", help="debug: write the first request/reply bodies of each verb here")
+    p.flag(
         "--gil-switch-interval",
         default=0.0005,
         type=float,
         help="seconds a Python thread may hold the GIL before another may run (sys.setswitchinterval; "
         "CPython's 5 ms default lets the watch threads delay a scheduling call by up to 5 ms)",
     )
-    p.add("--log-level", default="info", help="debug, info, warning or error")
+    p.flag("--log-level", default="info", help="debug, info, warning or error")
     return p
 
 
 def make_forecasts(args: argparse.Namespace, metrics: ExtenderMetrics) -> tuple[ForecastLookup, ForecastCache | None]:
-    source: ForecastSource
-    if args.forecast_backend == "none":
+    try:
+        source = make_source(
+            args.forecast_backend, url=args.predictor_url, path=args.forecast_file, timeout_s=args.forecast_timeout
+        )
+    except ValueError as e:
+        raise SystemExit(
+            f"rose extender: {e}: set --predictor-url / --forecast-file "
+            f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)"
+        ) from None
+    if source is None:
         return NoForecasts(), None
-    if args.forecast_backend == "http":
-        if not args.predictor_url:
-            raise SystemExit("--forecast-backend http needs --predictor-url (or ROSE_EXTENDER_PREDICTOR_URL)")
-        source = HttpForecastSource(args.predictor_url, timeout_s=args.forecast_timeout)
-    else:
-        if not args.forecast_file:
-            raise SystemExit("--forecast-backend static-file needs --forecast-file (or ROSE_EXTENDER_FORECAST_FILE)")
-        source = StaticFileForecastSource(Path(args.forecast_file))
     fc = ForecastCache(
         source,
         quantile=args.quantile,
@@ -123,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"--gil-switch-interval must be in (0, 1] seconds, got {args.gil_switch_interval}")
     # Watch threads parse events while kube-scheduler waits on a call: hand the GIL over sooner.
     sys.setswitchinterval(args.gil_switch_interval)
-    host, port = _listen(args.listen)
+    host, port = args.listen
     cfg = policy.PolicyConfig(
         default_min_run_s=args.default_min_run,
         quantile=args.quantile,

@@ -1,53 +1,21 @@
-"""Serving-demand forecasts behind a small interface, with a timeout and a cache.
+"""The extender's view of serving-demand forecasts: each predictor reply reduced to the policy's
+:class:`~scheduler_extender.model.PoolForecast` at the configured quantile.
 
-Two explicit, named backends:
-
-- ``http``: the predictor's ``GET {url}/v1/forecast?pool=P&horizon=10m,30m,60m``
-  (reply: :class:`rose_common.forecast_api.ForecastResponse`), each call bounded by a timeout;
-- ``static-file``: forecasts read from a JSON file (a list of ForecastResponse objects, or
-  ``{"forecasts": [...]}``), re-read when it changes. For operators who want to pin a forecast
-  and for tests without a predictor.
-
-Scheduling never waits on a backend: :class:`ForecastCache` is read without I/O and refreshed
-by a background thread; a pool without a fresh forecast gets ``None`` and the policy's
-conservative fallback (counted in ``rose_extender_forecast_fallback_total``).
+Pure reduction plus a thin subclass; the fetching, timeout and background refresh (the I/O) are
+:mod:`rose_common.forecast_client`'s. Scheduling never waits on a backend: the cache is read
+without I/O; a pool without a fresh forecast gets ``None`` and the policy's conservative
+fallback (counted in ``rose_extender_forecast_fallback_total``).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import threading
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Protocol
+import functools
+from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
+from rose_common import forecast_client
 from rose_common.forecast_api import ForecastResponse
 from scheduler_extender.model import PoolForecast
 from scheduler_extender.policy import upper_demand
-
-log = logging.getLogger(__name__)
-
-HORIZONS = "10m,30m,60m"
-
-
-class ForecastError(Exception):
-    """A backend could not produce a forecast (timeout, bad reply, missing pool)."""
-
-
-class ForecastSource(Protocol):
-    name: str
-
-    def fetch(self, pool: str) -> ForecastResponse:
-        """The latest forecast for ``pool``; raises :class:`ForecastError`."""
-        ...
 
 
 def reduce(resp: ForecastResponse, quantile: str) -> PoolForecast:
@@ -61,145 +29,8 @@ def reduce(resp: ForecastResponse, quantile: str) -> PoolForecast:
     return PoolForecast(pool=resp.pool, points=tuple(points), stale=resp.stale)
 
 
-class HttpForecastSource:
-    name = "http"
+class ForecastCache(forecast_client.ForecastCache[PoolForecast]):
+    """The shared forecast cache, reducing every reply with :func:`reduce` at ``quantile``."""
 
-    def __init__(self, base_url: str, timeout_s: float, horizons: str = HORIZONS) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"predictor URL must start with http:// or https://, got {base_url!r}")
-        self._base = base_url.rstrip("/")
-        self._timeout = timeout_s
-        self._horizons = horizons
-
-    def fetch(self, pool: str) -> ForecastResponse:
-        query = urllib.parse.urlencode({"pool": pool, "horizon": self._horizons})
-        url = f"{self._base}/v1/forecast?{query}"
-        try:
-            with urllib.request.urlopen(url, timeout=self._timeout) as resp:
-                body = resp.read(8 * 1024 * 1024)
-        except (urllib.error.URLError, TimeoutError, OSError) as err:
-            raise ForecastError(f"GET {url}: {err}") from err
-        try:
-            return ForecastResponse.model_validate_json(body)
-        except ValidationError as err:
-            raise ForecastError(f"GET {url}: reply is not a ForecastResponse: {err}") from err
-
-
-_LIST = TypeAdapter(list[ForecastResponse])
-
-
-class StaticFileForecastSource:
-    """Forecasts from a JSON file; the file is re-read when its mtime changes."""
-
-    name = "static-file"
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._mtime: float | None = None
-        self._by_pool: dict[str, ForecastResponse] = {}
-        self._lock = threading.Lock()
-
-    def _load(self) -> None:
-        try:
-            mtime = os.stat(self._path).st_mtime
-        except OSError as err:
-            raise ForecastError(f"forecast file {self._path}: {err}") from err
-        if mtime == self._mtime:
-            return
-        try:
-            raw = json.loads(self._path.read_bytes())
-            items = raw.get("forecasts") if isinstance(raw, dict) else raw
-            parsed = _LIST.validate_python(items)
-        except (OSError, ValueError, ValidationError) as err:
-            raise ForecastError(
-                f"forecast file {self._path}: expected a JSON list of ForecastResponse "
-                f'objects or {{"forecasts": [...]}}: {err}'
-            ) from err
-        self._by_pool = {f.pool: f for f in parsed}
-        self._mtime = mtime
-
-    def fetch(self, pool: str) -> ForecastResponse:
-        with self._lock:
-            self._load()
-            try:
-                return self._by_pool[pool]
-            except KeyError:
-                raise ForecastError(f"forecast file {self._path} has no pool {pool!r}") from None
-
-
-class ForecastCache:
-    """Non-blocking reads of per-pool forecasts, refreshed in the background.
-
-    A cached forecast is used for ``max_age_s`` after it was fetched; after that (or when none
-    was ever fetched) :meth:`get` returns ``None`` and the policy falls back.
-    """
-
-    def __init__(
-        self,
-        source: ForecastSource,
-        *,
-        quantile: str,
-        refresh_s: float,
-        max_age_s: float,
-        on_fetch: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.source = source
-        self._quantile = quantile
-        self._refresh_s = refresh_s
-        self._max_age_s = max_age_s
-        self._on_fetch = on_fetch or (lambda result: None)
-        self._clock = clock
-        self._entries: dict[str, tuple[float, PoolForecast]] = {}
-        self._pools: set[str] = set()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def get(self, pool: str) -> PoolForecast | None:
-        entry = self._entries.get(pool)
-        if pool not in self._pools:
-            self._pools.add(pool)
-            self._wake.set()
-        if entry is None:
-            return None
-        fetched_at, forecast = entry
-        if self._clock() - fetched_at > self._max_age_s:
-            return None
-        return forecast
-
-    def want(self, pools: Iterable[str]) -> None:
-        new = set(pools) - self._pools
-        if new:
-            self._pools |= new
-            self._wake.set()
-
-    def refresh_once(self) -> None:
-        for pool in sorted(self._pools):
-            try:
-                resp = self.source.fetch(pool)
-            except ForecastError as err:
-                self._on_fetch("error")
-                log.warning(
-                    "forecast fetch failed",
-                    extra={"pool": pool, "backend": self.source.name, "err": str(err)},
-                )
-                continue
-            self._entries[pool] = (self._clock(), reduce(resp, self._quantile))
-            self._on_fetch("ok")
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.refresh_once()
-            self._wake.wait(self._refresh_s)
-            self._wake.clear()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="forecast-refresh", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def __init__(self, source: forecast_client.ForecastSource, *, quantile: str, **kwargs: Any) -> None:
+        super().__init__(source, reduce=functools.partial(reduce, quantile=quantile), **kwargs)

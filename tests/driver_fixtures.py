@@ -29,9 +29,9 @@ if str(REPO) not in sys.path:
 from dra_driver.claims import ClaimRef, PodRef  # noqa: E402
 from dra_driver.discovery import SimulatedConfig, discover_simulated  # noqa: E402
 from dra_driver.engine_api import SuspendResult  # noqa: E402
-from dra_driver.fsutil import atomic_write  # noqa: E402
 from dra_driver.node import ClaimNotFoundError, NodeDriver, NullNotifier  # noqa: E402
 from rose_common import names  # noqa: E402
+from rose_common.atomic import atomic_write  # noqa: E402
 
 NODE = "node-a"
 NS = "ml"

@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import start_http_server
 
@@ -21,14 +23,11 @@ from dra_driver.suspend.cuda_checkpoint import CudaCheckpointUnavailable
 from dra_driver.suspend.engine import EngineConfig
 from dra_driver.suspend.factory import build_engine
 from dra_driver.suspend.model import BACKENDS
+from rose_common.cli import EnvArgumentParser, duration, port_type
 from rose_common.logs import setup as setup_logging
 
 log = logging.getLogger("rose.agent")
 _ENV_PREFIX = "ROSE_AGENT_"
-
-
-def _env(flag: str, default: str) -> str:
-    return os.environ.get(_ENV_PREFIX + flag.upper().replace("-", "_"), default)
 
 
 def default_host_budget_bytes() -> int:
@@ -44,15 +43,15 @@ def default_host_budget_bytes() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = EnvArgumentParser(
+        env_prefix=_ENV_PREFIX,
         prog="rose-agent",
         description="ROSE node agent: suspend engine + rose.agent.v1 gRPC on unix sockets. "
         "Each flag can also be set as ROSE_AGENT_<FLAG> (e.g. ROSE_AGENT_BACKENDS=cooperative,simulated).",
     )
 
-    def add(flag: str, default: str, help_: str, type_: type = str) -> None:
-        env = _ENV_PREFIX + flag.upper().replace("-", "_")
-        p.add_argument(f"--{flag}", default=type_(_env(flag, default)), type=type_, help=f"{help_} [env {env}]")
+    def add(flag: str, default: str, help_: str, type_: Callable[[str], Any] = str) -> None:
+        p.flag(f"--{flag}", default=default, type=type_, help=help_)
 
     add(
         "workload-socket",
@@ -66,13 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"enabled suspend backends in preference order, comma-separated: {BACKENDS}",
     )
     add("host-memory-budget-bytes", "-1", "host memory suspended state may hold; -1 = half of MemTotal", int)
-    add("checkpoint-timeout-seconds", "60", "how long the fallback waits for a durable checkpoint", float)
-    add("resume-timeout-seconds", "120", "how long a resume waits for the workload", float)
+    add("checkpoint-timeout-seconds", "60", "how long the fallback waits for a durable checkpoint", duration)
+    add("resume-timeout-seconds", "120", "how long a resume waits for the workload", duration)
     add("simulated-host-link-gbps", "55", "simulated backend: host link GB/s per direction", float)
     add("simulated-occupant-bytes", "0", "simulated backend: size of an unregistered claim's occupant", int)
     add("libcuda", "libcuda.so.1", "libcuda to load for the cuda-checkpoint backend")
     add("node-name", os.environ.get("NODE_NAME", ""), "this node's name (reported to workloads)")
-    add("metrics-port", "0", "serve Prometheus metrics on this port (0 = off)", int)
+    add("metrics-port", "0", "serve Prometheus metrics on this port (0 = off)", port_type(0, "0: off"))
     add("metrics-address", "127.0.0.1", "address of the metrics listener")
     add("log-level", "info", "debug, info, warning or error")
     return p

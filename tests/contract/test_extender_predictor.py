@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from local_cluster import free_port
+from rose_common.forecast_client import ForecastError, HttpForecastSource
 from scheduler_extender import policy
-from scheduler_extender.forecast import ForecastCache, ForecastError, HttpForecastSource
+from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.model import PoolState
 
 REPO = Path(__file__).resolve().parents[2]

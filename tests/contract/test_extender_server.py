@@ -14,13 +14,9 @@ from typing import Any
 import pytest
 from extender_fixtures import args_body, cluster_cache, forecast, pod, preempt_body
 
+from rose_common.forecast_client import ForecastError, HttpForecastSource, StaticFileForecastSource
 from scheduler_extender import policy
-from scheduler_extender.forecast import (
-    ForecastCache,
-    ForecastError,
-    HttpForecastSource,
-    StaticFileForecastSource,
-)
+from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.server import Extender, ExtenderServer
 

@@ -34,7 +34,7 @@ from dra_driver.state import PREPARE_COMPLETED, decode
 from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim, report_container_resources
-from rose_common import names
+from rose_common import names, promtext
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
@@ -232,8 +232,8 @@ def _cpu(api: Any, ns: str, pod: str) -> tuple[str, str | None, str]:
     return (res.requests or {}).get("cpu", ""), (res.limits or {}).get("cpu"), p.metadata.uid
 
 
-def _metric(drv: DriverProc, sample: str) -> float:
-    return next((float(ln.rsplit(" ", 1)[1]) for ln in drv.metrics() if ln.startswith(sample + " ")), 0.0)
+def _metric(drv: DriverProc, name: str, **labels: str) -> float:
+    return promtext.value("\n".join(drv.metrics()), name, labels, default=0.0)
 
 
 def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
@@ -278,7 +278,7 @@ def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
     saved = json.loads(_ann(api, ns, "rl-cpu")[names.ANNOTATION_SUSPENDED_CPU])
     assert saved["containers"] == {"main": {"request": "6"}} and saved["target"] == "100m"
     assert names.EVENT_CPU_RELEASED in _events(api, ns, "rl-cpu")
-    assert _metric(drv, 'rose_driver_pod_resize_total{action="shrink",result="ok"}') >= 1
+    assert _metric(drv, "rose_driver_pod_resize_total", action="shrink", result="ok") >= 1
     report_container_resources(api, ns, "rl-cpu")  # the kubelet (played) actuated the resize
 
     # serving leaves: resumed, the originals back, the annotation gone
@@ -288,7 +288,7 @@ def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
     assert _cpu(api, ns, "rl-cpu") == ("6", "8", uid)
     assert names.EVENT_CPU_RESTORED in _events(api, ns, "rl-cpu")
     report_container_resources(api, ns, "rl-cpu")
-    assert _metric(drv, 'rose_driver_pod_resize_total{action="restore",result="ok"}') >= 1
+    assert _metric(drv, "rose_driver_pod_resize_total", action="restore", result="ok") >= 1
 
     # the same through a suspend request (the extender's path), then withdrawn
     req_ann = {"by": "e2e", "reason": "serving needs cpu", "graceSeconds": 5, "at": "2026-11-29T00:00:00Z"}
@@ -301,8 +301,8 @@ def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
     wait_for("cpu restored after the request is withdrawn", restored, timeout=30)
     p = core.read_namespaced_pod("rl-cpu", ns)
     assert p.metadata.uid == uid and p.metadata.deletion_timestamp is None
-    assert _metric(drv, 'rose_driver_pod_resize_total{action="shrink",result="error"}') == 0
-    assert _metric(drv, 'rose_driver_pod_resize_total{action="restore",result="error"}') == 0
+    assert _metric(drv, "rose_driver_pod_resize_total", action="shrink", result="error") == 0
+    assert _metric(drv, "rose_driver_pod_resize_total", action="restore", result="error") == 0
     assert drv.unprepare(rl_claim).error == ""
 
 

@@ -38,7 +38,7 @@ from kubernetes import client
 from local_cluster import ClusterHandle, free_port, stop_process
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
-from rose_common import extender_names, names
+from rose_common import extender_names, names, promtext
 from scheduler_extender import wire
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,15 +112,12 @@ def ns(api: Any) -> Iterator[str]:
     delete_namespace(api, name)
 
 
-def _metric(extender: dict[str, Any], line_start: str) -> float:
+def _metric(extender: dict[str, Any], name: str, **labels: str) -> float:
     conn = http.client.HTTPConnection(extender["host"], extender["port"], timeout=5)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
-    for line in text.splitlines():
-        if line.startswith(line_start):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {line_start} not exposed")
+    return promtext.value(text, name, labels)
 
 
 def _node_of(api: Any, ns: str, pod: str) -> str | None:
@@ -160,7 +157,7 @@ def test_rl_workers_land_on_the_pool_forecast_idle_longest(
         core.create_namespaced_pod(ns, _rl_pod(f"worker-{i}", "grpo"))
         placed[f"worker-{i}"] = wait_for(f"worker-{i} bound", lambda i=i: _node_of(api, ns, f"worker-{i}"), 60)
     assert set(placed.values()) <= quiet_nodes, (placed, cluster.pools)
-    assert _metric(extender, 'rose_extender_prioritize_calls_total{pod_kind="rl-worker"}') >= 1
+    assert _metric(extender, "rose_extender_prioritize_calls_total", pod_kind="rl-worker") >= 1
 
     core.create_namespaced_pod(ns, _rl_pod("picky", "grpo", annotations={extender_names.ANNOTATION_MIN_RUN: "1200"}))
 
@@ -231,7 +228,7 @@ def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
         assert drv.prepare(rl_claim).error == ""  # the kubelet (played) prepares the lent GPU
         wait_for("RL worker Running", lambda: core.read_namespaced_pod("rl-victim", ns).status.phase == "Running", 30)
         report_container_resources(api, ns, "rl-victim")  # the kubelet's report of what runs
-        suspended_before = _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}')
+        suspended_before = _metric(extender, "rose_extender_preempt_victims_total", action="suspended")
 
         serving = gpu_pod(
             "llm-0",
@@ -263,7 +260,7 @@ def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
         rl = core.read_namespaced_pod("rl-victim", ns)
         assert rl.metadata.uid == uid and rl.metadata.deletion_timestamp is None
         assert not any(c.type == "DisruptionTarget" for c in rl.status.conditions or [])
-        assert _metric(extender, 'rose_extender_preempt_victims_total{action="suspended"}') >= suspended_before + 1
+        assert _metric(extender, "rose_extender_preempt_victims_total", action="suspended") >= suspended_before + 1
         events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-victim").items
         reasons = {e.reason for e in events if e.involved_object.uid == uid}
         assert {extender_names.EVENT_REASON_SUSPEND_REQUESTED, "Suspended", names.EVENT_CPU_RELEASED} <= reasons, (
@@ -283,14 +280,14 @@ def test_the_cache_follows_every_kind_by_watch_not_by_relisting(
     watches. A watch that fails (as the official client's Watch did for ResourceClaims, whose
     model class it could not find) shows as a restart; there must be none for any kind."""
     core = client.CoreV1Api(api)
-    claims_before = _metric(extender, 'rose_extender_cache_objects{kind="ResourceClaim"}')
+    claims_before = _metric(extender, "rose_extender_cache_objects", kind="ResourceClaim")
     core.create_namespaced_pod(ns, _rl_pod("watched", "watch-job"))
     wait_for("watched bound", lambda: _node_of(api, ns, "watched"), 60)
     wait_for(
         "the allocated claim in the extender's cache",
-        lambda: _metric(extender, 'rose_extender_cache_objects{kind="ResourceClaim"}') > claims_before,
+        lambda: _metric(extender, "rose_extender_cache_objects", kind="ResourceClaim") > claims_before,
         30,
     )
     for kind in ("Node", "Pod", "ResourceClaim", "ResourceSlice"):
-        restarts = _metric(extender, f'rose_extender_watch_restarts_total{{kind="{kind}"}}')
+        restarts = _metric(extender, "rose_extender_watch_restarts_total", kind=kind)
         assert restarts == 0, f"{kind} watch restarted {restarts:g} times; see the extender log"

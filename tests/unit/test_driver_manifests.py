@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from dra_driver import cli
+from rose_common.cli import env_name
 
 DIR = Path(__file__).resolve().parents[2] / "manifests" / "driver"
 
@@ -58,5 +59,5 @@ def test_policies_pin_writes_to_the_tokens_node() -> None:
 def test_daemonset_env_names_are_driver_flags() -> None:
     ds = _docs("daemonset.yaml")[0]
     env = [e["name"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]]
-    flags = {cli._env(a.option_strings[0][2:]) for a in cli.build_parser()._actions if a.option_strings}
+    flags = {env_name(cli.ENV_PREFIX, a.option_strings[0]) for a in cli.build_parser()._actions if a.option_strings}
     assert set(env) <= flags, set(env) - flags
