@@ -33,12 +33,12 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from elastic_controller import leader, pools
-from elastic_controller.desired import Desired, desired
+from elastic_controller.desired import Desired, PodRef, desired
 from elastic_controller.metrics import PHASES, ControllerMetrics
 from elastic_controller.observe import EVICTED, ObservedWorker, observe, planner_job, to_planner
 from elastic_controller.planner import Forecast, JobTarget, Plan, PlanInput, Pool, Settings, Worker, plan
 from elastic_controller.reconciler import JobApi, converge
-from elastic_controller.workers import CONTROLLER
+from elastic_controller.workers import CONTROLLER, claim_template_name
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
 from rose_common.informer import ADDED, DELETED
@@ -48,6 +48,10 @@ from rose_common.workqueue import WorkQueue
 log = logging.getLogger("elastic_controller")
 
 Inventory = Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+
+
+class ControllerApi(JobApi, Protocol):
+    def delete_claim_template(self, namespace: str, name: str, owner_uid: str) -> None: ...
 
 
 class Forecasts(Protocol):
@@ -108,7 +112,7 @@ def reclaim_kind(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
 class Controller:
     def __init__(
         self,
-        api: JobApi,
+        api: ControllerApi,
         forecasts: Forecasts,
         inventory: Inventory,
         metrics: ControllerMetrics,
@@ -129,6 +133,7 @@ class Controller:
         self._pods: dict[str, dict[str, dict[str, Any]]] = {}
         self._targets: dict[str, JobTarget] = {}
         self._expect: dict[str, _Expect] = {}
+        self._deleted: dict[str, str] = {}  # job key → UID of the job deleted, until its pods are gone
         self._bad: dict[str, str] = {}  # job key → the resourceVersion already reported invalid
         self.is_leader = lease is None
         self.stop = threading.Event()
@@ -138,9 +143,11 @@ class Controller:
     # ------------------------------------------------------------------ informer handlers
     def on_job_list(self, items: list[dict[str, Any]]) -> None:
         with self._lock:
-            old = set(self._jobs)
+            old = self._jobs
             self._jobs = {_job_key(o): o for o in items}
-        for key in old | set(self._jobs):
+            for key in set(old) - set(self._jobs):
+                self._deleted[key] = objects.uid(old[key])
+        for key in set(old) | set(self._jobs):
             self.queue.add(key)
 
     def on_job_event(self, event_type: str, obj: dict[str, Any]) -> None:
@@ -149,8 +156,10 @@ class Controller:
             if event_type == DELETED:
                 self._jobs.pop(key, None)
                 self._targets.pop(key, None)
+                self._deleted[key] = objects.uid(obj)
             else:
                 self._jobs[key] = obj
+                self._deleted.pop(key, None)
         self.queue.add(key)
 
     def on_pod_list(self, items: list[dict[str, Any]]) -> None:
@@ -218,10 +227,11 @@ class Controller:
         if not self.is_leader:
             return
         raw, pods = self._snapshot(key)
-        if raw is None or objects.deleting(raw):
-            with self._lock:
-                self._targets.pop(key, None)
-            return  # the garbage collector removes pods and the claim template (owner references)
+        if raw is None:
+            self._clean_up(key, pods)
+            return
+        if objects.deleting(raw):
+            return  # the garbage collector removes what the job owns
         job = self._parse(key, raw)
         if job is None:
             return
@@ -242,6 +252,26 @@ class Controller:
             return
         self.metrics.reconciles.labels("ok").inc()
         self.queue.forget(key)
+
+    def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:
+        """A deleted job: delete its workers and claim template now, not only when the garbage
+        collector gets to them (it may not yet watch a newly installed CRD); UID-guarded."""
+        with self._lock:
+            self._targets.pop(key, None)
+            uid = self._deleted.get(key)
+        if not uid:
+            return
+        ns, _, name = key.partition("/")
+        owned = [p for p in pods if any(o.get("uid") == uid for o in objects.meta(p).get("ownerReferences") or [])]
+        for p in owned:
+            if not objects.deleting(p):
+                self.api.delete_pod(ns, PodRef(objects.name(p), objects.uid(p)))
+        self.api.delete_claim_template(ns, claim_template_name(name), uid)
+        if owned:
+            log.info("deleted job's workers removed", extra={"job": key, "pods": len(owned)})
+        else:
+            with self._lock:
+                self._deleted.pop(key, None)
 
     def _expect_changes(self, key: str, d: Desired) -> None:
         if not d.create and not d.delete:

@@ -119,6 +119,20 @@ class KubeJobApi:
         except Conflict:
             pass  # another pod now has the name: not ours to delete
 
+    def delete_claim_template(self, namespace: str, name: str, owner_uid: str) -> None:
+        """Delete the template ``name`` only if the job with ``owner_uid`` owns it (UID precondition)."""
+        path = f"{RCT_API}/namespaces/{_q(namespace)}/resourceclaimtemplates/{_q(name)}"
+        try:
+            doc = self.raw.json("GET", path)
+        except NotFound:
+            return
+        owners = objects.meta(doc).get("ownerReferences") or []
+        if not any(isinstance(o, dict) and o.get("uid") == owner_uid for o in owners):
+            return  # a new job of the same name owns it now
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": objects.uid(doc)}}
+        with contextlib.suppress(NotFound, Conflict):
+            self.raw.json("DELETE", path, body=body)
+
     def set_suspend_request(self, namespace: str, pod: PodRef, value: str | None) -> None:
         path = _pod_path(namespace, pod.name)
         try:

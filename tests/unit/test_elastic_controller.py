@@ -17,7 +17,7 @@ from elastic_controller.planner import Forecast
 from elastic_controller.status import EventSpec
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
-from rose_common.informer import ADDED, MODIFIED
+from rose_common.informer import ADDED, DELETED, MODIFIED
 from rose_common.slices import GpuInfo, resource_slice
 
 NOW = dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.UTC)
@@ -45,6 +45,9 @@ class Recorder:
 
     def delete_pod(self, namespace: str, pod: PodRef) -> None:
         self.calls.append(("delete", pod.name))
+
+    def delete_claim_template(self, namespace: str, name: str, owner_uid: str) -> None:
+        self.calls.append(("delete-template", (name, owner_uid)))
 
     def set_suspend_request(self, namespace: str, pod: PodRef, value: str | None) -> None:
         self.calls.append(("request" if value else "clear", pod.name))
@@ -130,6 +133,24 @@ def test_a_pod_of_another_job_or_label_is_ignored_and_invalid_jobs_are_skipped()
     ctl.plan_once()
     _drain(ctl)
     assert api.calls == []
+
+
+def test_a_deleted_job_has_its_workers_and_template_deleted_by_uid() -> None:
+    ctl, api = _controller(need=0.0)
+    ctl.on_job_list([RAW_JOB])
+    ctl.plan_once()
+    _drain(ctl)
+    for i, body in enumerate(api.created):
+        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
+    stranger = _running({**api.created[0], "metadata": {**api.created[0]["metadata"], "name": "grpo-w9",
+                                                        "ownerReferences": [{"uid": "other"}]}}, "uid-9")  # fmt: skip
+    ctl.on_pod_event(ADDED, stranger)
+    _drain(ctl)
+    api.calls.clear()
+    ctl.on_job_event(DELETED, RAW_JOB)
+    _drain(ctl)
+    assert sorted(api.names("delete")) == ["grpo-w0", "grpo-w1", "grpo-w2", "grpo-w3"]
+    assert api.names("delete-template") == [("grpo-gpus", "u-1")]
 
 
 def test_reclaim_kind_tells_planned_unplanned_and_fallback_apart() -> None:
