@@ -66,3 +66,35 @@ def test_to_forecast_names_the_missing_quantile() -> None:
     with pytest.raises(KeyError, match=r"no quantile 0.99 \(has 0.5, 0.9\)"):
         pools.to_forecast(_resp({600: 1.0}), "0.99")
     assert math.isinf(pools.no_forecast(0.0).peak(0.0, 1.0))
+
+
+def test_the_shipped_deployment_sets_only_known_flags_with_valid_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ROSE_CONTROLLER_* variable in manifests/controller names a flag and parses as it."""
+    from pathlib import Path
+
+    import yaml
+
+    from elastic_controller.cli import ENV_PREFIX, build_parser
+
+    root = Path(__file__).resolve().parents[2] / "manifests" / "controller"
+    doc = yaml.safe_load((root / "deployment.yaml").read_text())
+    env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
+    parser = build_parser()
+    flags = {f"{ENV_PREFIX}{a.dest.upper()}" for a in parser._actions}
+    for e in env:
+        if e["name"].startswith(ENV_PREFIX):
+            assert e["name"] in flags, f"{e['name']} names no flag of rose controller"
+        monkeypatch.setenv(e["name"], str(e.get("value", "from-the-downward-api")))
+    args = parser.parse_args([])
+    assert (args.plan_interval, args.dwell, args.leader_elect) == (10.0, 300.0, True)
+
+
+def test_bad_flag_values_are_refused_with_what_to_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    from elastic_controller.cli import build_parser, settings_from
+
+    args = build_parser().parse_args(["--lease-duration=5", "--lease-renew=10s"])
+    with pytest.raises(SystemExit, match="shorter than the lease duration"):
+        settings_from(args)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--plan-interval=soon"])
+    assert "not a duration: 'soon'" in capsys.readouterr().err
