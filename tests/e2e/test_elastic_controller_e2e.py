@@ -4,9 +4,11 @@ our extender as a process, KWOK running the bound pods), forecasts from the expl
 ``static-file`` backend (the file holds ForecastResponse objects exactly as the predictor's
 /v1/forecast returns them; rewriting it is the forecast changing).
 
-The test plays the DRA driver in one place, and says so: once the controller has written its
+The test plays the DRA driver, and says so: once the controller has written its
 ``rose.io/suspend-request`` on the workers, the test writes ``rose.io/suspend-state: Suspended``
-on them, as the driver does after moving the state to host memory (KWOK nodes have no driver).
+on them, as the driver does after moving the state to host memory, and ``Running`` once the
+controller has withdrawn its requests, as the driver does after a resume (KWOK nodes have no
+driver).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
     common = ["--forecast-backend=static-file", f"--forecast-file={forecasts}", "--forecast-refresh=1",
               f"--kubeconfig={cluster.kubeconfig}"]  # fmt: skip
     ext_args = ["scheduler_extender", f"--listen={ext_host}:{ext_port}", *common]
-    ctl_args = ["elastic_controller", *common, "--plan-interval=1", "--lease-namespace=default",
+    ctl_args = ["elastic_controller", *common, "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
                 f"--lease-name=ctl-e2e-{metrics_port}", f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
     ns = new_namespace(api, "erj")
     try:
@@ -189,7 +191,21 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
     reasons = {e.reason for e in core.list_namespaced_event(ns, field_selector=f"involvedObject.name={JOB}").items}
     assert {"Running", "Suspended"} <= reasons, reasons
 
-    # 3. kubectl delete: the garbage collector removes the workers and the claim template
+    # 3. the forecast falls: the controller withdraws its requests; the test plays the driver resuming
+    _write_forecasts(world["forecasts"], {quiet: 0.0, world["busy"]: float(world["capacity"])})
+
+    def withdrawn() -> bool | None:
+        pods = _workers(api, ns)
+        return all(names.ANNOTATION_SUSPEND_REQUEST not in (p.metadata.annotations or {}) for p in pods) or None
+
+    wait_for("suspend requests withdrawn", withdrawn, 20)
+    for name in uids:
+        core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_STATE: "Running"}}})
+    status = wait_for("status Running again", lambda: (s := _status(api, ns)).get("phase") == "Running" and s, 20)
+    assert status["activeGPUs"] == 4 and status["totalSuspendedSeconds"] > 0
+    assert {p.metadata.name: p.metadata.uid for p in _workers(api, ns)} == uids  # resumed, same pods
+
+    # 4. kubectl delete: the garbage collector removes the workers and the claim template
     _kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")
 
     left: list[str] = []
