@@ -38,6 +38,7 @@ from elastic_controller.metrics import PHASES, ControllerMetrics
 from elastic_controller.observe import EVICTED, ObservedWorker, observe, planner_job, to_planner
 from elastic_controller.planner import Forecast, JobTarget, Plan, PlanInput, Pool, Settings, Worker, plan
 from elastic_controller.reconciler import JobApi, converge
+from elastic_controller.status import EventSpec
 from elastic_controller.workers import CONTROLLER, claim_template_name
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
@@ -220,7 +221,20 @@ class Controller:
             if self._bad.get(key) != rv:
                 self._bad[key] = rv
                 log.warning("invalid elasticrljob skipped", extra={"job": key, "err": str(e)[:500]})
+                self._warn_invalid(raw, e)
             return None
+
+    def _warn_invalid(self, raw: dict[str, Any], err: ValidationError) -> None:
+        """A Warning Event on a job the models refuse (once per resourceVersion), naming the fields."""
+        if not self.is_leader:
+            return
+        fields = "; ".join(f"{'.'.join(str(x) for x in d['loc'])}: {d['msg']}" for d in err.errors()[:5])
+        stub = ElasticRLJob.model_construct(metadata=dict(objects.meta(raw)))
+        event = EventSpec("InvalidSpec", f"not reconciled until fixed: {fields}", "Warning")
+        try:
+            self.api.record_event(stub, event)
+        except Exception as e:  # the log above already says it
+            log.warning("event not recorded", extra={"job": _job_key(raw), "err": repr(e)})
 
     def reconcile(self, key: str) -> None:
         """One level-triggered pass over job ``key`` (the work queue's handler)."""

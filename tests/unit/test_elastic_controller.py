@@ -35,6 +35,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.created: list[dict[str, Any]] = []
+        self.messages: list[str] = []
 
     def ensure_claim_template(self, body: dict[str, Any]) -> None:
         self.calls.append(("template", body["metadata"]["name"]))
@@ -57,6 +58,7 @@ class Recorder:
 
     def record_event(self, job: ElasticRLJob, event: EventSpec) -> None:
         self.calls.append(("event", event.reason))
+        self.messages.append(event.message)
 
     def names(self, kind: str) -> list[Any]:
         return [a for k, a in self.calls if k == kind]
@@ -132,7 +134,8 @@ def test_a_pod_of_another_job_or_label_is_ignored_and_invalid_jobs_are_skipped()
     ctl.on_pod_event(ADDED, {"metadata": {"name": "web", "namespace": "rl"}})
     ctl.plan_once()
     _drain(ctl)
-    assert api.calls == []
+    assert api.calls == [("event", "InvalidSpec")]  # once, though planned and reconciled
+    assert api.messages[0].startswith("not reconciled until fixed: spec")
 
 
 def test_a_deleted_job_has_its_workers_and_template_deleted_by_uid() -> None:
