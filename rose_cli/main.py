@@ -2,6 +2,7 @@
 
     rose cluster up|down|status|env     the local Kubernetes (development and tests)
     rose extender ...                   the kube-scheduler HTTP extender
+    rose controller ...                 the ElasticRLJob controller and reclaim planner
     rose driver ...                     the DRA node driver and suspend engine
     rose predictor ...                  the serving-demand forecaster (serve, backtest, generate)
     rose demo                           the whole story on a local cluster
@@ -18,6 +19,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("local_cluster.cli", "the local Kubernetes: up, down, status, env"),
     "extender": ("scheduler_extender.cli", "the kube-scheduler HTTP extender"),
+    "controller": ("elastic_controller.cli", "the ElasticRLJob controller (reconcile, reclaim planner)"),
     "driver": ("dra_driver.cli", "the DRA node driver (kubelet plugin, slices, suspend engine)"),
     "agent": ("dra_driver.agent.cli", "the node agent alone (suspend engine, workload socket)"),
     "predictor": ("predictor.cli", "serving-demand forecasts: serve, backtest, generate"),

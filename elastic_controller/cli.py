@@ -1,0 +1,132 @@
+"""``rose controller`` / ``python -m elastic_controller``: run the ElasticRLJob controller.
+
+Every flag can also be set with an environment variable ``ROSE_CONTROLLER_<FLAG>`` (upper case,
+dashes as underscores), e.g. ``ROSE_CONTROLLER_FORECAST_FILE=/etc/rose/forecasts.json``; the
+command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+from prometheus_client import start_http_server
+
+from elastic_controller import pools
+from elastic_controller.controller import Controller, ControllerSettings
+from elastic_controller.metrics import ControllerMetrics
+from elastic_controller.planner import Forecast
+from rose_common import logs
+from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
+from rose_common.forecast_client import BACKENDS, ForecastCache, make_source
+from rose_common.informer import FunctionHandler
+from rose_common.workqueue import start_workers
+
+log = logging.getLogger("elastic_controller")
+
+ENV_PREFIX = "ROSE_CONTROLLER_"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = EnvArgumentParser(env_prefix=ENV_PREFIX, prog="rose controller", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
+    p.flag("--metrics-listen", default="0.0.0.0:9090", type=host_port, help="HOST:PORT of /metrics (port 0: off)")
+    p.flag("--forecast-backend", default="http", choices=list(BACKENDS),
+           help="forecasts from: http (the predictor), static-file, or none (pools lend nothing)")  # fmt: skip
+    p.flag("--predictor-url", default="", help="predictor base URL for the http backend, e.g. http://predictor:8080")
+    p.flag("--forecast-file", default="", help="JSON file of ForecastResponse objects for the static-file backend")
+    p.flag("--forecast-timeout", default=0.5, type=duration, help="seconds one forecast fetch may take")
+    p.flag("--forecast-refresh", default=30.0, type=duration, help="seconds between background forecast refreshes")
+    p.flag("--forecast-max-age", default=300.0, type=duration, help="seconds a fetched forecast stays usable")
+    p.flag("--quantile", default="0.9", help="forecast quantile treated as what serving may need")
+    p.flag("--plan-interval", default=10.0, type=duration, help="seconds between plans over all jobs")
+    p.flag("--dwell", default=300.0, type=duration, help="seconds a job that shrank waits before it may grow again")
+    p.flag("--workers", default=4, type=int, help="reconcile worker threads (one key is never on two at once)")
+    p.flag("--leader-elect", default=True, type=boolean, help="hold a coordination.k8s.io Lease before acting")
+    p.flag("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "rose-system"),
+           help="namespace of the leader Lease (default: $POD_NAMESPACE, else rose-system)")  # fmt: skip
+    p.flag("--lease-name", default="rose-elastic-controller", help="name of the leader Lease")
+    p.flag("--lease-duration", default=15, type=int, help="seconds a lease lasts without renewal")
+    p.flag("--lease-renew", default=5.0, type=duration, help="seconds between lease renewals")
+    p.flag("--identity", default="", help="this replica's lease identity (default: hostname-pid)")
+    p.flag("--log-level", default="info", help="debug, info, warning or error")
+    return p
+
+
+def _forecasts(args: argparse.Namespace, metrics: ControllerMetrics) -> ForecastCache[Forecast] | None:
+    try:
+        source = make_source(args.forecast_backend, url=args.predictor_url, path=args.forecast_file,
+                             timeout_s=args.forecast_timeout)  # fmt: skip
+    except ValueError as e:
+        raise SystemExit(f"rose controller: {e}: set --predictor-url / --forecast-file "
+                         f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)") from None  # fmt: skip
+    if source is None:
+        return None
+    quantile = args.quantile
+    return ForecastCache(source, reduce=lambda r: pools.to_forecast(r, quantile), refresh_s=args.forecast_refresh,
+                         max_age_s=args.forecast_max_age, on_fetch=metrics.on_forecast_fetch)  # fmt: skip
+
+
+class _NoForecasts:
+    def get(self, pool: str) -> Forecast | None:
+        return None
+
+
+def settings_from(args: argparse.Namespace) -> ControllerSettings:
+    try:
+        return ControllerSettings(plan_interval_s=args.plan_interval, dwell_s=args.dwell,
+                                  identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",
+                                  lease_duration_s=args.lease_duration, lease_renew_s=args.lease_renew)  # fmt: skip
+    except ValueError as e:
+        raise SystemExit(f"rose controller: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.setup(args.log_level)
+    if args.workers < 1:
+        raise SystemExit(f"rose controller: --workers must be >= 1, got {args.workers}")
+    settings = settings_from(args)
+    metrics = ControllerMetrics(args.forecast_backend)
+    cache = _forecasts(args, metrics)
+    from elastic_controller import kube  # the API-server module, imported only when running
+    from rose_common.kube.client import Raw, api_client
+
+    raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+    lease = kube.LeaseLock(raw, args.lease_namespace, args.lease_name) if args.leader_elect else None
+    ctl = Controller(kube.KubeJobApi(raw, host=settings.identity), cache or _NoForecasts(),
+                     lambda: kube.pool_inventory(raw), metrics, settings, lease)  # fmt: skip
+    restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
+    infs = kube.informers(raw, FunctionHandler(ctl.on_job_event, ctl.on_job_list),
+                          FunctionHandler(ctl.on_pod_event, ctl.on_pod_list), restart, ctl.stop)  # fmt: skip
+    host, port = args.metrics_listen
+    if port:
+        start_http_server(port, host, registry=metrics.registry)
+    if cache is not None:
+        cache.start()
+    for inf in infs:
+        inf.start()
+    start_workers(ctl.queue, ctl.reconcile, args.workers)
+    threads = [threading.Thread(target=f, name=n, daemon=True)
+               for f, n in ((ctl.elect_loop, "leader"), (ctl.plan_loop, "plan"))]  # fmt: skip
+    for t in threads:
+        t.start()
+
+    def _term(signum: int, frame: object) -> None:
+        ctl.stop.set()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    log.info("controller running", extra={"identity": settings.identity, "leaderElect": args.leader_elect,
+                                          "forecastBackend": args.forecast_backend})  # fmt: skip
+    ctl.stop.wait()
+    ctl.queue.shutdown()
+    if cache is not None:
+        cache.stop()
+    return 0

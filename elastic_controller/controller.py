@@ -1,0 +1,413 @@
+"""The ElasticRLJob controller: informer caches, a keyed work queue, the plan loop, leader election.
+
+I/O boundary: none of its own. The API server is reached only through ``kube.py`` (passed in
+as a ``JobApi``, an inventory callable and a lease lock); forecasts through a
+:class:`rose_common.forecast_client.ForecastCache`; the clock is an argument. The decisions are
+the pure modules': ``planner.plan`` (targets), ``desired.desired`` (actions), ``leader.decide``
+(the lease); ``reconciler.converge`` carries actions out.
+
+- **Caches.** The informers' handlers keep the jobs and each job's worker pods (selected by
+  label on the server) and queue the job's key ``namespace/name`` on every change.
+- **Reconcile** (level-triggered, one worker per key at a time): observe the job's pods, take
+  the planner's pending target for the job (once: a target is a set of one-shot actions), compute
+  the desired state and converge; a failed action requeues the key with backoff.
+- **Plan loop** every ``plan_interval_s``: the pools' capacities and forecasts, every job and
+  worker → :func:`elastic_controller.planner.plan`; each job's target is stored, its
+  ``status.targetGPUs`` written through the reconcile, and the job queued. A job whose last
+  creates or deletes the informer has not yet shown is left out of that round's targets
+  (its pods would be planned twice).
+- **Leader election.** Only the replica holding the Lease reconciles and plans; it stops as soon
+  as a renewal fails.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from elastic_controller import leader, pools
+from elastic_controller.desired import Desired, PodRef, desired
+from elastic_controller.metrics import PHASES, ControllerMetrics
+from elastic_controller.observe import EVICTED, ObservedWorker, observe, planner_job, to_planner
+from elastic_controller.planner import Forecast, JobTarget, Plan, PlanInput, Pool, Settings, Worker, plan
+from elastic_controller.reconciler import JobApi, converge
+from elastic_controller.status import EventSpec
+from elastic_controller.workers import CONTROLLER, claim_template_name
+from rose_common import names
+from rose_common.elasticrljob import ElasticRLJob
+from rose_common.informer import ADDED, DELETED
+from rose_common.kube import objects
+from rose_common.workqueue import WorkQueue
+
+log = logging.getLogger("elastic_controller")
+
+Inventory = Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+
+
+class ControllerApi(JobApi, Protocol):
+    def delete_claim_template(self, namespace: str, name: str, owner_uid: str) -> None: ...
+
+
+class Forecasts(Protocol):
+    def get(self, pool: str) -> Forecast | None: ...
+
+
+class Lease(Protocol):
+    def get(self) -> tuple[leader.LeaseRecord | None, str]: ...
+    def write(self, record: leader.LeaseRecord, resource_version: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    plan_interval_s: float = 10.0
+    dwell_s: float = 300.0
+    expectation_timeout_s: float = 30.0
+    identity: str = CONTROLLER
+    lease_duration_s: int = 15
+    lease_renew_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.plan_interval_s <= 0:
+            raise ValueError(f"plan interval must be > 0 seconds, got {self.plan_interval_s}")
+        if not 0 < self.lease_renew_s < self.lease_duration_s:
+            raise ValueError("lease renew period must be > 0 and shorter than the lease duration "
+                             f"({self.lease_renew_s} vs {self.lease_duration_s} s)")  # fmt: skip
+
+
+@dataclass
+class _Expect:
+    present: set[str] = field(default_factory=set)  # pod names created, not yet seen
+    gone: set[str] = field(default_factory=set)  # pod UIDs deleted, still seen alive
+    deadline: float = 0.0
+
+
+def _job_key(obj: dict[str, Any]) -> str:
+    return f"{objects.namespace(obj)}/{objects.name(obj)}"
+
+
+def _pod_job_key(pod: dict[str, Any]) -> str | None:
+    job = objects.labels(pod).get(names.LABEL_JOB)
+    return f"{objects.namespace(pod)}/{job}" if job else None
+
+
+def reclaim_kind(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
+    """``unplanned`` when another owner's suspend request appears, ``fallback`` when the driver
+    reports a checkpoint-and-evict; None otherwise (pure)."""
+    ann, before = objects.annotations(new), objects.annotations(old)
+    state = ann.get(names.ANNOTATION_SUSPEND_STATE)
+    if state == EVICTED and before.get(names.ANNOTATION_SUSPEND_STATE) != EVICTED:
+        return "fallback"
+    req = ann.get(names.ANNOTATION_SUSPEND_REQUEST)
+    if req is not None and req != before.get(names.ANNOTATION_SUSPEND_REQUEST) and f'"{CONTROLLER}"' not in req:
+        return "unplanned"
+    return None
+
+
+class Controller:
+    def __init__(
+        self,
+        api: ControllerApi,
+        forecasts: Forecasts,
+        inventory: Inventory,
+        metrics: ControllerMetrics,
+        settings: ControllerSettings | None = None,
+        lease: Lease | None = None,
+        clock: Callable[[], dt.datetime] | None = None,
+    ) -> None:
+        self.api = api
+        self.forecasts = forecasts
+        self.inventory = inventory
+        self.metrics = metrics
+        self.settings = settings or ControllerSettings()
+        self.lease = lease
+        self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self.queue: WorkQueue[str] = WorkQueue("elasticrljobs")
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._pods: dict[str, dict[str, dict[str, Any]]] = {}
+        self._targets: dict[str, JobTarget] = {}
+        self._expect: dict[str, _Expect] = {}
+        self._deleted: dict[str, str] = {}  # job key → UID of the job deleted, until its pods are gone
+        self._bad: dict[str, str] = {}  # job key → the resourceVersion already reported invalid
+        self.is_leader = lease is None
+        self.stop = threading.Event()
+        self.last_plan: Plan | None = None
+        metrics.leader.set(1 if self.is_leader else 0)
+
+    # ------------------------------------------------------------------ informer handlers
+    def on_job_list(self, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            old = self._jobs
+            self._jobs = {_job_key(o): o for o in items}
+            for key in set(old) - set(self._jobs):
+                self._deleted[key] = objects.uid(old[key])
+        for key in set(old) | set(self._jobs):
+            self.queue.add(key)
+
+    def on_job_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        key = _job_key(obj)
+        with self._lock:
+            if event_type == DELETED:
+                self._jobs.pop(key, None)
+                self._targets.pop(key, None)
+                self._deleted[key] = objects.uid(obj)
+            else:
+                self._jobs[key] = obj
+                self._deleted.pop(key, None)
+        self.queue.add(key)
+
+    def on_pod_list(self, items: list[dict[str, Any]]) -> None:
+        by_job: dict[str, dict[str, dict[str, Any]]] = {}
+        for pod in items:
+            key = _pod_job_key(pod)
+            if key is not None:
+                by_job.setdefault(key, {})[objects.name(pod)] = pod
+        with self._lock:
+            old = set(self._pods)
+            self._pods = by_job
+            for key in list(self._expect):
+                self._settle(key)
+        for key in old | set(by_job):
+            self.queue.add(key)
+
+    def on_pod_event(self, event_type: str, pod: dict[str, Any]) -> None:
+        key = _pod_job_key(pod)
+        if key is None:
+            return
+        name = objects.name(pod)
+        with self._lock:
+            pods = self._pods.setdefault(key, {})
+            old = pods.get(name)
+            if event_type == DELETED:
+                pods.pop(name, None)
+            else:
+                pods[name] = pod
+            self._settle(key)
+        kind = reclaim_kind(old, pod) if event_type != DELETED else None
+        if kind is not None:
+            self.metrics.reclaims.labels(kind).inc()
+        if event_type in (ADDED, DELETED) or old != pod:
+            self.queue.add(key)
+
+    def _settle(self, key: str) -> None:
+        """Drop the job's expectation once the cache shows its creates and deletes (lock held)."""
+        e = self._expect.get(key)
+        if e is None:
+            return
+        pods = self._pods.get(key, {})
+        e.present -= set(pods)
+        alive = {objects.uid(p) for p in pods.values() if not objects.deleting(p)}
+        e.gone &= alive
+        if not e.present and not e.gone:
+            del self._expect[key]
+
+    # ------------------------------------------------------------------ reconcile
+    def _snapshot(self, key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        with self._lock:
+            return self._jobs.get(key), list(self._pods.get(key, {}).values())
+
+    def _parse(self, key: str, raw: dict[str, Any]) -> ElasticRLJob | None:
+        try:
+            return ElasticRLJob.model_validate(raw)
+        except ValidationError as e:
+            rv = objects.resource_version(raw)
+            if self._bad.get(key) != rv:
+                self._bad[key] = rv
+                log.warning("invalid elasticrljob skipped", extra={"job": key, "err": str(e)[:500]})
+                self._warn_invalid(raw, e)
+            return None
+
+    def _warn_invalid(self, raw: dict[str, Any], err: ValidationError) -> None:
+        """A Warning Event on a job the models refuse (once per resourceVersion), naming the fields."""
+        if not self.is_leader:
+            return
+        fields = "; ".join(f"{'.'.join(str(x) for x in d['loc'])}: {d['msg']}" for d in err.errors()[:5])
+        stub = ElasticRLJob.model_construct(metadata=dict(objects.meta(raw)))
+        event = EventSpec("InvalidSpec", f"not reconciled until fixed: {fields}", "Warning")
+        try:
+            self.api.record_event(stub, event)
+        except Exception as e:  # the log above already says it
+            log.warning("event not recorded", extra={"job": _job_key(raw), "err": repr(e)})
+
+    def reconcile(self, key: str) -> None:
+        """One level-triggered pass over job ``key`` (the work queue's handler)."""
+        if not self.is_leader:
+            return
+        raw, pods = self._snapshot(key)
+        if raw is None:
+            self._clean_up(key, pods)
+            return
+        if objects.deleting(raw):
+            return  # the garbage collector removes what the job owns
+        job = self._parse(key, raw)
+        if job is None:
+            return
+        start = time.monotonic()
+        observed = [w for w in (observe(job.name, p) for p in pods) if w is not None]
+        with self._lock:
+            target = self._targets.pop(key, None)
+        d = desired(job, observed, target, self._clock())
+        failures = converge(self.api, job, d)
+        self._expect_changes(key, d)
+        self.metrics.reconcile_latency.observe(time.monotonic() - start)
+        if failures:
+            self.metrics.reconciles.labels("error").inc()
+            delay = self.queue.requeue(key)
+            log.warning("reconcile failed", extra={"job": key, "retryInSeconds": delay,
+                                                   "err": "; ".join(f"{f.action} {f.target}: {f.error}"
+                                                                    for f in failures)[:1000]})  # fmt: skip
+            return
+        self.metrics.reconciles.labels("ok").inc()
+        self.queue.forget(key)
+
+    def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:
+        """A deleted job: delete its workers and claim template now, not only when the garbage
+        collector gets to them (it may not yet watch a newly installed CRD); UID-guarded."""
+        with self._lock:
+            self._targets.pop(key, None)
+            uid = self._deleted.get(key)
+        if not uid:
+            return
+        ns, _, name = key.partition("/")
+        owned = [p for p in pods if any(o.get("uid") == uid for o in objects.meta(p).get("ownerReferences") or [])]
+        for p in owned:
+            if not objects.deleting(p):
+                self.api.delete_pod(ns, PodRef(objects.name(p), objects.uid(p)))
+        self.api.delete_claim_template(ns, claim_template_name(name), uid)
+        if owned:
+            log.info("deleted job's workers removed", extra={"job": key, "pods": len(owned)})
+        else:
+            with self._lock:
+                self._deleted.pop(key, None)
+
+    def _expect_changes(self, key: str, d: Desired) -> None:
+        if not d.create and not d.delete:
+            return
+        deadline = time.monotonic() + self.settings.expectation_timeout_s
+        with self._lock:
+            self._expect[key] = _Expect({objects.name(b) for b in d.create}, {p.uid for p in d.delete}, deadline)
+            self._settle(key)
+
+    # ------------------------------------------------------------------ plan
+    def _pools(self, now: float) -> tuple[Pool, ...]:
+        nodes, slices = self.inventory()
+        out = []
+        for name, capacity in sorted(pools.capacities(nodes, slices).items()):
+            self.metrics.pool_capacity.labels(name).set(capacity)
+            forecast = self.forecasts.get(name)
+            if forecast is None:
+                self.metrics.forecast_missing.inc()
+                forecast = pools.no_forecast(now)
+            out.append(Pool(name, capacity, forecast))
+        return tuple(out)
+
+    def plan_input(self, now: dt.datetime) -> tuple[PlanInput, set[str]]:
+        """The planner's input from the caches, and the keys whose targets must wait (expectations)."""
+        t = now.timestamp()
+        with self._lock:
+            jobs = dict(self._jobs)
+            pods = {k: list(v.values()) for k, v in self._pods.items()}
+            mono = time.monotonic()
+            waiting = {k for k, e in self._expect.items() if e.deadline > mono}
+        pj, workers = [], []
+        for key, raw in sorted(jobs.items()):
+            job = None if objects.deleting(raw) else self._parse(key, raw)
+            if job is None:
+                continue
+            pj.append(planner_job(job))
+            for w in (observe(job.name, p) for p in pods.get(key, [])):
+                pw = to_planner(key, w) if w is not None else None
+                if pw is not None:
+                    workers.append(pw)
+        settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
+        return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting
+
+    def plan_once(self) -> Plan | None:
+        if not self.is_leader:
+            return None
+        inp, waiting = self.plan_input(self._clock())
+        start = time.monotonic()
+        result = plan(inp)
+        self.metrics.plan_latency.observe(time.monotonic() - start)
+        for r in result.reclaims:
+            self.metrics.reclaims.labels("planned").inc(len(r.workers))
+        with self._lock:
+            for key, target in result.targets.items():
+                if key not in waiting:
+                    self._targets[key] = target
+        for key in result.targets:
+            self.queue.add(key)
+        self._gauges(inp.workers)
+        self.last_plan = result
+        return result
+
+    def _gauges(self, workers: tuple[Worker, ...]) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        phases = [str(objects.status(j).get("phase") or "Pending") for j in jobs]
+        for phase in PHASES:
+            self.metrics.jobs.labels(phase).set(phases.count(phase))
+        per_job: dict[tuple[str, str], int] = {}
+        per_pool: dict[tuple[str, str], int] = {}
+        gpw = {_job_key(j): int(objects.spec(j).get("gpusPerWorker") or 1) for j in jobs}
+        for w in workers:
+            state = "suspended" if w.state == "suspended" else "active"
+            n = gpw.get(w.job, 1)
+            per_job[(w.job, state)] = per_job.get((w.job, state), 0) + n
+            per_pool[(w.pool or "", state)] = per_pool.get((w.pool or "", state), 0) + n
+        for key in gpw:
+            for state in ("active", "suspended"):
+                self.metrics.job_gpus.labels(key, state).set(per_job.get((key, state), 0))
+        for (pool, state), n in per_pool.items():
+            self.metrics.pool_gpus.labels(pool, state).set(n)
+
+    def plan_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.plan_once()
+            except Exception as e:  # the next round retries; the error is visible in the log
+                log.exception("plan failed", extra={"err": repr(e)})
+            self.stop.wait(self.settings.plan_interval_s)
+
+    # ------------------------------------------------------------------ leader election
+    def elect_once(self) -> bool:
+        if self.lease is None:
+            return True
+        was = self.is_leader
+        try:
+            record, rv = self.lease.get()
+            d = leader.decide(record, self.settings.identity, self._clock(), self.settings.lease_duration_s)
+            lead = d.leader and (d.write is None or self.lease.write(d.write, rv))
+        except Exception as e:
+            log.warning("lease renewal failed", extra={"err": repr(e)})
+            lead, d = False, None
+        self.is_leader = lead
+        self.metrics.leader.set(1 if lead else 0)
+        if lead != was:
+            reason = d.reason if d is not None else "lease unreachable"
+            log.info("leadership changed", extra={"leader": lead, "identity": self.settings.identity,
+                                                  "reason": reason})  # fmt: skip
+            if lead:
+                with self._lock:
+                    keys = list(self._jobs)
+                for key in keys:
+                    self.queue.add(key)
+        return lead
+
+    def elect_loop(self) -> None:
+        while not self.stop.is_set():
+            self.elect_once()
+            self.stop.wait(self.settings.lease_renew_s)
+
+    # ------------------------------------------------------------------ observed state for tests and gauges
+    def observed(self, key: str) -> list[ObservedWorker]:
+        raw, pods = self._snapshot(key)
+        name = objects.name(raw) if raw else key.partition("/")[2]
+        return [w for w in (observe(name, p) for p in pods) if w is not None]

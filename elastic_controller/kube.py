@@ -1,0 +1,228 @@
+"""The controller's only module that talks to the API server.
+
+I/O boundary: HTTP requests to the API server through :class:`rose_common.kube.client.Raw`
+(plain JSON, typed errors). :class:`KubeJobApi` implements the reconciler's ``JobApi``
+Protocol: create and delete worker Pods and the job's ResourceClaimTemplate (a create that
+conflicts is success; a delete carries the pod's UID as a precondition, a pod recreated under
+the same name is never touched), patch the driver's ``rose.io/suspend-request`` annotation
+(with a UID test, so it never lands on a recreated pod), write the status subresource and
+record core/v1 Events on the job. :func:`informers` lists and watches ElasticRLJobs and the
+worker Pods by a **server-side** label selector (``rose.io/elastic-rl-job``), so the pods of
+the serving cluster never reach this process. :class:`LeaseLock` reads and writes the
+coordination.k8s.io/v1 Lease of leader election; the decision itself is
+:func:`elastic_controller.leader.decide` (pure). :func:`pool_inventory` lists the pool nodes
+and the driver's ResourceSlices for the planner's capacities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+from urllib.parse import quote
+
+from elastic_controller.desired import PodRef
+from elastic_controller.leader import LeaseRecord
+from elastic_controller.status import EventSpec
+from elastic_controller.workers import CONTROLLER
+from rose_common import names
+from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
+from rose_common.informer import Handler, Informer, InformerSettings
+from rose_common.kube import objects
+from rose_common.kube.client import Raw
+from rose_common.kube.errors import Conflict, NotFound, Unprocessable
+
+JOBS_PATH: Final = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+RCT_API: Final = "/apis/resource.k8s.io/v1"
+LEASE_API: Final = "/apis/coordination.k8s.io/v1"
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+
+
+def _q(s: str) -> str:
+    return quote(s, safe="")
+
+
+def _pod_path(namespace: str, name: str = "") -> str:
+    base = f"/api/v1/namespaces/{_q(namespace)}/pods"
+    return f"{base}/{_q(name)}" if name else base
+
+
+def _job_path(namespace: str, name: str) -> str:
+    return f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{_q(namespace)}/{names.PLURAL}/{_q(name)}"
+
+
+def _stamp(now: dt.datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job_event(job: ElasticRLJob, event: EventSpec, now: dt.datetime, host: str = "") -> dict[str, Any]:
+    """A core/v1 Event on the ElasticRLJob (pure)."""
+    stamp = _stamp(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},
+        "involvedObject": {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "name": job.name,
+            "namespace": job.namespace,
+            "uid": job.uid,
+        },
+        "reason": event.reason[:128],
+        "message": event.message[:1024],
+        "type": event.type,
+        "source": {"component": CONTROLLER},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+        "reportingComponent": CONTROLLER,
+        "reportingInstance": host or CONTROLLER,
+    }
+
+
+def annotation_patch(pod: PodRef, value: str | None) -> list[dict[str, Any]]:
+    """A JSON patch that sets (or removes) the suspend request only on the pod with this UID (pure)."""
+    key = names.ANNOTATION_SUSPEND_REQUEST.replace("~", "~0").replace("/", "~1")
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": pod.uid}]
+    if value is None:
+        return [*ops, {"op": "remove", "path": f"/metadata/annotations/{key}"}]
+    return [*ops, {"op": "add", "path": f"/metadata/annotations/{key}", "value": value}]
+
+
+class KubeJobApi:
+    """The reconciler's ``JobApi`` against the API server."""
+
+    def __init__(self, raw: Raw, host: str = "", clock: Callable[[], dt.datetime] | None = None) -> None:
+        self.raw = raw
+        self.host = host
+        self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
+
+    def ensure_claim_template(self, body: dict[str, Any]) -> None:
+        ns = objects.namespace(body)
+        with contextlib.suppress(Conflict):  # exists: the template is immutable and named after the job
+            self.raw.json("POST", f"{RCT_API}/namespaces/{_q(ns)}/resourceclaimtemplates", body=body)
+
+    def create_pod(self, body: dict[str, Any]) -> None:
+        with contextlib.suppress(Conflict):  # created before a crash or a lost reply: the fixed name is idempotent
+            self.raw.json("POST", _pod_path(objects.namespace(body)), body=body)
+
+    def delete_pod(self, namespace: str, pod: PodRef) -> None:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod.uid}}
+        try:
+            self.raw.json("DELETE", _pod_path(namespace, pod.name), body=body)
+        except NotFound:
+            pass
+        except Conflict:
+            pass  # another pod now has the name: not ours to delete
+
+    def delete_claim_template(self, namespace: str, name: str, owner_uid: str) -> None:
+        """Delete the template ``name`` only if the job with ``owner_uid`` owns it (UID precondition)."""
+        path = f"{RCT_API}/namespaces/{_q(namespace)}/resourceclaimtemplates/{_q(name)}"
+        try:
+            doc = self.raw.json("GET", path)
+        except NotFound:
+            return
+        owners = objects.meta(doc).get("ownerReferences") or []
+        if not any(isinstance(o, dict) and o.get("uid") == owner_uid for o in owners):
+            return  # a new job of the same name owns it now
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": objects.uid(doc)}}
+        with contextlib.suppress(NotFound, Conflict):
+            self.raw.json("DELETE", path, body=body)
+
+    def set_suspend_request(self, namespace: str, pod: PodRef, value: str | None) -> None:
+        path = _pod_path(namespace, pod.name)
+        try:
+            self.raw.json("PATCH", path, body=annotation_patch(pod, value), content_type=JSON_PATCH)
+        except NotFound:
+            pass
+        except Unprocessable:
+            if value is None:
+                return  # the annotation is already gone (or the pod is another one): nothing of ours left
+            # the pod has no annotations map yet; the UID test still guards the whole-map add
+            ops = [
+                *annotation_patch(pod, value)[:1],
+                {"op": "add", "path": "/metadata/annotations", "value": {names.ANNOTATION_SUSPEND_REQUEST: value}},
+            ]
+            self.raw.json("PATCH", path, body=ops, content_type=JSON_PATCH)
+
+    def patch_status(self, job: ElasticRLJob, status: ElasticRLJobStatus) -> None:
+        body = {"status": status.model_dump(mode="json", exclude_none=True, by_alias=True)}
+        with contextlib.suppress(NotFound):  # the job was deleted meanwhile
+            self.raw.json("PATCH", _job_path(job.namespace, job.name) + "/status", body=body, content_type=MERGE_PATCH)
+
+    def record_event(self, job: ElasticRLJob, event: EventSpec) -> None:
+        body = job_event(job, event, self._clock(), self.host)
+        self.raw.json("POST", f"/api/v1/namespaces/{_q(job.namespace)}/events", body=body)
+
+
+# ---------------------------------------------------------------------- inventory for the planner
+
+
+def pool_inventory(raw: Raw) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The nodes of GPU pools and the ROSE driver's ResourceSlices (both selected server-side)."""
+    nodes = objects.items(raw.json("GET", "/api/v1/nodes", {"labelSelector": names.LABEL_POOL}))
+    slices = objects.items(
+        raw.json("GET", f"{RCT_API}/resourceslices", {"fieldSelector": f"spec.driver={names.DRIVER_NAME}"})
+    )
+    return nodes, slices
+
+
+# ---------------------------------------------------------------------- leader election
+
+
+class LeaseLock:
+    """Reads and writes one coordination.k8s.io/v1 Lease."""
+
+    def __init__(self, raw: Raw, namespace: str, name: str) -> None:
+        self.raw = raw
+        self.path = f"{LEASE_API}/namespaces/{_q(namespace)}/leases"
+        self.namespace = namespace
+        self.name = name
+
+    def get(self) -> tuple[LeaseRecord | None, str]:
+        """The lease's record and resourceVersion ((None, "") when there is none)."""
+        try:
+            doc = self.raw.json("GET", f"{self.path}/{_q(self.name)}")
+        except NotFound:
+            return None, ""
+        return LeaseRecord.from_spec(dict(objects.spec(doc))), objects.resource_version(doc)
+
+    def write(self, record: LeaseRecord, resource_version: str) -> bool:
+        """Create (no resourceVersion) or replace under the read resourceVersion; False on a conflict."""
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": record.to_spec(),
+        }
+        try:
+            if resource_version:
+                body["metadata"]["resourceVersion"] = resource_version
+                self.raw.json("PUT", f"{self.path}/{_q(self.name)}", body=body)
+            else:
+                self.raw.json("POST", self.path, body=body)
+        except Conflict:
+            return False  # another replica wrote first
+        return True
+
+
+# ---------------------------------------------------------------------- informers
+
+
+def informers(
+    raw: Raw,
+    on_job: Handler,
+    on_pod: Handler,
+    on_restart: Callable[[str], None],
+    stop: threading.Event,
+    resync_seconds: float = 300.0,
+) -> list[Informer]:
+    """ElasticRLJobs in every namespace, and only the worker Pods (label selected by the server)."""
+    jobs = InformerSettings(kind=names.KIND, path=JOBS_PATH, watch_timeout_seconds=60, resync_seconds=resync_seconds)
+    pods = InformerSettings(kind="Pod", path="/api/v1/pods", label_selector=names.LABEL_JOB,
+                            watch_timeout_seconds=60, resync_seconds=resync_seconds)  # fmt: skip
+    return [Informer(raw, jobs, on_job, on_restart, stop), Informer(raw, pods, on_pod, on_restart, stop)]

@@ -1,0 +1,64 @@
+"""Prometheus metrics of the controller (prefix ``rose_controller_``), every fixed label series pre-set to zero.
+
+I/O boundary: none here (an in-memory registry); ``controller.py`` serves it over HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Final, get_args
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from rose_common.elasticrljob import Phase
+
+PHASES: Final = get_args(Phase)
+RECLAIM_KINDS: Final = ("planned", "unplanned", "fallback")
+OK_ERROR: Final = ("ok", "error")
+INFORMER_KINDS: Final = ("ElasticRLJob", "Pod")
+LATENCY_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class ControllerMetrics:
+    """One registry per controller instance."""
+
+    def __init__(self, forecast_backend: str = "none") -> None:
+        self.registry = r = CollectorRegistry()
+        self.jobs = Gauge("rose_controller_jobs", "ElasticRLJobs by phase.", ["phase"], registry=r)
+        self.job_gpus = Gauge("rose_controller_job_gpus", "GPUs of each job by state (active, suspended).",
+                              ["job", "state"], registry=r)  # fmt: skip
+        self.pool_gpus = Gauge("rose_controller_pool_gpus", "GPUs lent to ElasticRLJobs per pool by state.",
+                               ["pool", "state"], registry=r)  # fmt: skip
+        self.pool_capacity = Gauge("rose_controller_pool_capacity_gpus", "Physical GPUs per pool.", ["pool"],
+                                   registry=r)  # fmt: skip
+        self.reclaims = Counter("rose_controller_reclaims_total",
+                                "Workers given back: planned (by the planner before serving needs the GPU), "
+                                "unplanned (a suspend request by another owner, e.g. the extender), "
+                                "fallback (checkpointed and evicted by the driver).", ["kind"], registry=r)  # fmt: skip
+        self.reconcile_latency = Histogram("rose_controller_reconcile_duration_seconds",
+                                           "One job reconcile.", buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.plan_latency = Histogram("rose_controller_plan_duration_seconds",
+                                      "Time of one plan over all jobs (pure planner only).",
+                                      buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.reconciles = Counter("rose_controller_reconciles_total", "Job reconciles by result.", ["result"],
+                                  registry=r)  # fmt: skip
+        self.forecast_fetch = Counter("rose_controller_forecast_fetch_total", "Forecast fetches by backend and result.",
+                                      ["backend", "result"], registry=r)  # fmt: skip
+        self.forecast_missing = Counter("rose_controller_forecast_missing_total",
+                                        "Pool plans made without a fresh forecast (the pool lends nothing).",
+                                        registry=r)  # fmt: skip
+        self.watch_restarts = Counter("rose_controller_watch_restarts_total", "Watches that failed and relisted.",
+                                      ["kind"], registry=r)  # fmt: skip
+        self.leader = Gauge("rose_controller_leader", "1 while this replica holds the lease.", registry=r)
+        for phase in PHASES:
+            self.jobs.labels(phase)
+        for kind in RECLAIM_KINDS:
+            self.reclaims.labels(kind)
+        for res in OK_ERROR:
+            self.reconciles.labels(res)
+            self.forecast_fetch.labels(forecast_backend, res)
+        for kind in INFORMER_KINDS:
+            self.watch_restarts.labels(kind)
+        self._backend = forecast_backend
+
+    def on_forecast_fetch(self, result: str) -> None:
+        self.forecast_fetch.labels(self._backend, result).inc()

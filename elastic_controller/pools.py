@@ -1,0 +1,81 @@
+"""The planner's pools: capacity from nodes and ResourceSlices, forecasts from the predictor's reply.
+
+I/O boundary: none. :func:`capacities` counts the physical GPUs the ROSE driver publishes on
+the nodes of each pool (label ``rose.io/gpu-pool``; each physical GPU appears once as a serving
+and once as a lendable device, so the lendable devices count them). :func:`to_forecast` turns a
+:class:`~rose_common.forecast_api.ForecastResponse` into the planner's step function at the
+operator's quantile, conservatively: each step holds the larger of the two points around it.
+:func:`no_forecast` is what a pool without a fresh forecast gets: an empty horizon, which the
+planner reads as infinite need (lend nothing, reclaim what is lent).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from elastic_controller.planner import Forecast
+from rose_common import names
+from rose_common.forecast_api import ForecastResponse
+from rose_common.kube import objects
+
+STEP_S = 60.0
+
+
+def _role(device: Mapping[str, Any]) -> str:
+    attrs = device.get("attributes") or {}
+    for key in (names.ATTR_ROLE, f"{names.DRIVER_NAME}/{names.ATTR_ROLE}"):
+        value = attrs.get(key)
+        if isinstance(value, Mapping) and isinstance(value.get("string"), str):
+            return str(value["string"])
+    return ""
+
+
+def capacities(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Physical GPUs per pool: lendable devices of the driver's slices on each pool's nodes."""
+    pool_of = {objects.name(n): objects.labels(n).get(names.LABEL_POOL, "") for n in nodes}
+    out: Counter[str] = Counter({p: 0 for p in pool_of.values() if p})
+    for sl in slices:
+        spec = objects.spec(sl)
+        pool = pool_of.get(str(spec.get("nodeName", "")), "")
+        if not pool or spec.get("driver") != names.DRIVER_NAME:
+            continue
+        out[pool] += sum(1 for d in spec.get("devices") or [] if _role(d) == names.ROLE_LENDABLE)
+    return dict(out)
+
+
+def no_forecast(now: float) -> Forecast:
+    return Forecast(start=now, step=STEP_S, upper=())
+
+
+def _value(quantiles: Mapping[str, float], quantile: str) -> float:
+    if quantile in quantiles:
+        return float(quantiles[quantile])
+    want = float(quantile)
+    for k, v in quantiles.items():
+        if math.isclose(float(k), want):
+            return float(v)
+    raise KeyError(f"forecast has no quantile {quantile} (has {', '.join(sorted(quantiles))})")
+
+
+def to_forecast(resp: ForecastResponse, quantile: str, step_s: float = STEP_S) -> Forecast:
+    """The planner's step function from ``generated_at`` to the last horizon, at ``quantile``.
+
+    A step between two horizons holds the larger of the two (``current`` counts as horizon 0);
+    a reply without the quantile raises ``KeyError`` naming the quantiles it has."""
+    points = sorted((p.horizon_seconds, _value(p.quantiles, quantile)) for p in resp.points)
+    if resp.current is not None:
+        points.insert(0, (0, float(resp.current)))
+    if not points:
+        return no_forecast(resp.generated_at.timestamp())
+    horizon = points[-1][0]
+    upper = []
+    for i in range(max(1, math.ceil(horizon / step_s))):
+        t0, t1 = i * step_s, (i + 1) * step_s
+        before = [v for h, v in points if h <= t0]
+        after = [v for h, v in points if h >= t1] or [points[-1][1]]
+        inside = [v for h, v in points if t0 < h < t1]
+        upper.append(max(([before[-1]] if before else []) + [after[0]] + inside))
+    return Forecast(start=resp.generated_at.timestamp(), step=step_s, upper=tuple(upper))
