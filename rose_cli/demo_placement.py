@@ -20,7 +20,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -150,8 +149,8 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
     )  # fmt: skip
     ns = ""
     try:
+        # ready = its cache synced and every pool's forecast fetched (no call decides on a fallback)
         wait_for("extender ready", lambda: proc.poll() is None and _ready(host, port), timeout=60)
-        time.sleep(1.5)  # one forecast refresh
         say(f"   · `rose extender` serving {h.extender_url} for the rose-scheduler profile (watch-fed node cache)")
         ns = new_namespace(api, "demo-lend")
         create_claim_template(api, ns, claim_template("lendable-1", names.DEVICE_CLASS_LENDABLE))

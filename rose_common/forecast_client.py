@@ -156,6 +156,7 @@ class ForecastCache(Generic[T]):
         self._clock = clock
         self._entries: dict[str, tuple[float, T]] = {}
         self._pools: set[str] = set()
+        self._attempted: set[str] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -178,11 +179,17 @@ class ForecastCache(Generic[T]):
             self._pools |= new
             self._wake.set()
 
+    def attempted(self, pools: Iterable[str]) -> bool:
+        """Whether every one of ``pools`` has been fetched at least once (successfully or not):
+        a caller that waits for this never decides on a pool merely because nobody asked yet."""
+        return set(pools) <= self._attempted
+
     def refresh_once(self) -> None:
         for pool in sorted(self._pools):
             try:
                 resp = self.source.fetch(pool)
             except ForecastError as err:
+                self._attempted.add(pool)
                 self._on_fetch("error")
                 log.warning(
                     "forecast fetch failed",
@@ -190,6 +197,7 @@ class ForecastCache(Generic[T]):
                 )
                 continue
             self._entries[pool] = (self._clock(), self._reduce(resp))
+            self._attempted.add(pool)
             self._on_fetch("ok")
 
     def _run(self) -> None:

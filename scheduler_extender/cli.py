@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         suspender=suspender,
         cfg=cfg,
         metrics=metrics,
+        ready=lambda: cache.synced and (refresher is None or refresher.attempted(cache.snapshot().pools)),
         capture_dir=Path(args.capture_dir) if args.capture_dir else None,
     )
     server = ExtenderServer(extender, host, port, max_body=args.max_body_bytes)
@@ -145,6 +146,16 @@ def main(argv: list[str] | None = None) -> int:
             stop.wait(300)
 
     threading.Thread(target=_settle, name="settle-heap", daemon=True).start()
+
+    def _known_pools() -> None:
+        # Fetch every pool the cache knows before a scheduling call needs it: otherwise the first
+        # calls after a start, or for a new pool, decide on the conservative fallback.
+        while refresher is not None and not stop.is_set():
+            if cache.synced:
+                refresher.want(cache.snapshot().pools)
+            stop.wait(1.0)
+
+    threading.Thread(target=_known_pools, name="forecast-pools", daemon=True).start()
 
     def _term(signum: int, frame: object) -> None:
         stop.set()

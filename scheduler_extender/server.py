@@ -359,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"ok", "text/plain")
         elif path == "/readyz":
             ok = self.extender.ready()
-            self._send(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
+            self._send(200 if ok else 503, b"ok" if ok else b"not ready: cache or forecasts", "text/plain")
         elif path == "/metrics":
             self._update_gauges()
             self._send(200, generate_latest(self.extender.metrics.registry), CONTENT_TYPE_LATEST)

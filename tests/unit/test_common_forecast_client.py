@@ -87,3 +87,16 @@ def test_background_refresh_fetches_newly_wanted_pools(tmp_path: Path) -> None:
         assert cache.get("a") == "a"
     finally:
         cache.stop()
+
+
+def test_attempted_tells_when_every_known_pool_was_fetched_once(tmp_path: Path) -> None:
+    """The extender's readiness: a pool nobody asked for yet has not been fetched, so a call for it
+    would decide on the fallback; once fetched (even with an error), it counts as attempted."""
+    cache = ForecastCache(
+        StaticFileForecastSource(_file(tmp_path / "f.json", "a")), reduce=lambda r: r.pool, refresh_s=60, max_age_s=60
+    )
+    assert cache.attempted([]) and not cache.attempted(["a"])
+    cache.want(["a", "b"])
+    assert not cache.attempted(["a", "b"]), "wanted is not fetched"
+    cache.refresh_once()  # "a" ok, "b" missing from the file: an error, but attempted
+    assert cache.attempted(["a", "b"]) and not cache.attempted(["a", "c"])
