@@ -131,9 +131,8 @@ def test_victims_in_the_body_do_not_win_over_the_cache(served: tuple[ExtenderSer
     assert code == 200
     assert rec.uids == []  # nothing queued: neither is an RL worker the cache knows
     # kube-scheduler's own victims go back to it as UIDs (it evicts what it proposed, not us)
-    assert reply == {
-        "NodeNameToMetaVictims": {"n2": {"Pods": [{"UID": "uid-serving"}, {"UID": "uid-unknown"}], "NumPDBViolations": 0}}
-    }
+    victims = [{"UID": "uid-serving"}, {"UID": "uid-unknown"}]
+    assert reply == {"NodeNameToMetaVictims": {"n2": {"Pods": victims, "NumPDBViolations": 0}}}
 
 
 def test_twenty_calls_of_ten_thousand_victims_queue_nothing(served: tuple[ExtenderServer, Recorder]) -> None:
