@@ -302,10 +302,13 @@ class Withdrawer:
             req = policy.own_request(raw)
             if req is None:
                 continue
-            preemptor = self._pods.get(req.preemptor_namespace, req.preemptor_name)
-            reason = policy.withdraw_reason(req, preemptor, now, self._ttl_s)
-            if reason and self.withdraw(pod, raw, reason):
-                done.append((pod.key, reason))
+            try:
+                preemptor = self._pods.get(req.preemptor_namespace, req.preemptor_name)
+                reason = policy.withdraw_reason(req, preemptor, now, self._ttl_s)
+                if reason and self.withdraw(pod, raw, reason):
+                    done.append((pod.key, reason))
+            except Exception as err:  # one pod's failure does not hold up the others; retried next sweep
+                log.error("suspend withdrawal failed", extra={"pod": pod.key, "err": repr(err)})
         return done
 
     def withdraw(self, pod: PodInfo, raw: str, reason: str) -> bool:

@@ -603,7 +603,7 @@ class _BoundedServer(ThreadingHTTPServer):
         if isinstance(err, OSError):  # reset, broken pipe, timed out: the client's side
             log.debug("client connection ended", extra={"client": str(client_address), "err": repr(err)})
             return
-        log.error("HTTP handler failed", extra={"client": str(client_address), "err": repr(err)})
+        log.error("http handler failed", extra={"client": str(client_address), "err": repr(err)})
 
 
 def settle_heap() -> None:

@@ -113,3 +113,74 @@ def test_a_full_queue_drops_the_request_and_keeps_nothing_pending() -> None:
     finally:
         gate.set()
         s.stop()
+
+
+def test_the_withdrawer_removes_only_its_own_request_once_the_preemptor_is_bound() -> None:
+    from datetime import UTC, datetime
+
+    from extender_fixtures import cluster_cache
+    from extender_fixtures import pod as pod_json
+
+    from rose_common import extender_names
+    from scheduler_extender.kube import Withdrawer
+
+    ours = json.dumps(
+        {
+            "by": extender_names.EXTENDER_COMPONENT,
+            "at": "2026-01-01T12:00:00Z",
+            "preemptor": {"namespace": "ml", "name": "llm-0", "uid": "u-llm"},
+        }
+    )
+    planner = json.dumps({"by": "rose-planner", "at": "2026-01-01T12:00:00Z"})
+    cache = cluster_cache(
+        {"p": ["n1"]},
+        objects=[
+            (
+                "Pod",
+                pod_json(
+                    "rl-0",
+                    "u-1",
+                    ns="ml",
+                    node_name="n1",
+                    job="j",
+                    annotations={names.ANNOTATION_SUSPEND_REQUEST: ours},
+                ),
+            ),
+            (
+                "Pod",
+                pod_json(
+                    "rl-1",
+                    "u-2",
+                    ns="ml",
+                    node_name="n1",
+                    job="j",
+                    annotations={names.ANNOTATION_SUSPEND_REQUEST: planner},
+                ),
+            ),
+        ],
+    )
+
+    class Pods:
+        node = ""
+
+        def get(self, namespace: str, name: str) -> PodInfo | None:
+            return PodInfo(namespace, name, "u-llm", PodKind.SERVING, priority=1000, node=self.node)
+
+    pods = Pods()
+    raw = Recording([])
+    reasons: list[str] = []
+    w = Withdrawer(client.ApiClient(client.Configuration()), cache, pods, ttl_s=600, on_withdrawn=reasons.append)  # type: ignore[arg-type]
+    w._raw = raw  # type: ignore[assignment]
+    now = datetime(2026, 1, 1, 12, 1, tzinfo=UTC)
+    assert w.sweep(now) == [] and raw.calls == []  # preemptor still pending, TTL not reached
+    pods.node = "n1"
+    assert w.sweep(now) == [("ml/rl-0", "preemptor-bound")]  # rl-1's request is the planner's
+    (m1, p1, patch), (m2, _, event) = raw.calls
+    assert (m1, p1, m2) == ("PATCH", "/api/v1/namespaces/ml/pods/rl-0", "POST")
+    key = "/metadata/annotations/rose.io~1suspend-request"
+    assert patch == [
+        {"op": "test", "path": "/metadata/uid", "value": "u-1"},
+        {"op": "test", "path": key, "value": ours},
+        {"op": "remove", "path": key},
+    ]
+    assert event["reason"] == "SuspendWithdrawn" and reasons == ["preemptor-bound"]
