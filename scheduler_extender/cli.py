@@ -24,6 +24,7 @@ from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.server import (
     DEFAULT_MAX_BODY,
     METRICS_ROUTES,
+    VERB_ROUTES,
     Extender,
     ExtenderServer,
     ForecastLookup,
@@ -37,6 +38,10 @@ log = logging.getLogger("scheduler_extender")
 ENV_PREFIX = "ROSE_EXTENDER_"
 
 
+def _optional_host_port(text: str) -> tuple[str, int] | None:
+    return host_port(text) if text else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = EnvArgumentParser(
         env_prefix=ENV_PREFIX,
@@ -48,14 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         default="127.0.0.1:8888",
         type=host_port,
-        help="HOST:PORT to serve filter/prioritize/preempt (and healthz/readyz) on; loopback by default: "
-        "kube-scheduler runs in the same pod, and nothing else may ask for a preemption",
+        help="HOST:PORT to serve filter/prioritize/preempt (and healthz/readyz/metrics) on; loopback by "
+        "default: kube-scheduler runs in the same pod, and nothing else may ask for a preemption",
     )
     p.flag(
         "--metrics-listen",
-        default="0.0.0.0:9888",
-        type=host_port,
-        help="HOST:PORT to serve GET /metrics, /healthz and /readyz on (no verbs): for Prometheus and probes",
+        default="",
+        type=_optional_host_port,
+        help="HOST:PORT of a second listener serving only GET /metrics, /healthz and /readyz (no verbs), "
+        "for Prometheus and the kubelet's probes (the manifests use 0.0.0.0:9888); empty = none",
     )
     p.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
     p.flag(
@@ -178,16 +184,20 @@ def main(argv: list[str] | None = None) -> int:
         metrics=metrics,
         capture_dir=Path(args.capture_dir) if args.capture_dir else None,
     )
-    server = ExtenderServer(extender, host, port, limits=limits)
-    mhost, mport = args.metrics_listen
-    metrics_server = ExtenderServer(extender, mhost, mport, limits=limits, routes=METRICS_ROUTES)
+    # the verbs' listener (loopback) also answers /metrics: local tools read it there
+    server = ExtenderServer(extender, host, port, limits=limits, routes=VERB_ROUTES | METRICS_ROUTES)
+    metrics_server = None
+    if args.metrics_listen is not None:
+        mhost, mport = args.metrics_listen
+        metrics_server = ExtenderServer(extender, mhost, mport, limits=limits, routes=METRICS_ROUTES)
     if args.tls_cert_file:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file or None)
         server.httpd.socket = ctx.wrap_socket(server.httpd.socket, server_side=True)
     watcher.start()
     withdrawer.start()
-    metrics_server.start()
+    if metrics_server is not None:
+        metrics_server.start()
     if refresher is not None:
         refresher.start()
     stop = threading.Event()
@@ -204,20 +214,22 @@ def main(argv: list[str] | None = None) -> int:
     def _term(signum: int, frame: object) -> None:
         stop.set()
         threading.Thread(target=server.stop, daemon=True).start()
-        threading.Thread(target=metrics_server.stop, daemon=True).start()
+        if metrics_server is not None:
+            threading.Thread(target=metrics_server.stop, daemon=True).start()
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    metrics_at = f"{metrics_server.url}" if metrics_server is not None else ""
     log.info(
         "extender serving",
         extra={
             "listen": f"{host}:{server.port}",
-            "metricsListen": f"{mhost}:{metrics_server.port}",
+            "metricsListen": metrics_at,
             "forecastBackend": args.forecast_backend,
         },
     )
-    # Write the bound addresses for callers that asked for port 0.
-    print(f"listening on {host}:{server.port} metrics on {mhost}:{metrics_server.port}", file=sys.stderr, flush=True)
+    # Write the bound address for callers that asked for port 0.
+    print(f"listening on {host}:{server.port}", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     finally:

@@ -1,9 +1,12 @@
-"""The HTTP surface: ``POST /filter``, ``/prioritize``, ``/preempt``; ``GET /healthz``, ``/readyz``,
-``/metrics``.
+"""The HTTP surface: ``POST /filter``, ``/prioritize``, ``/preempt``; ``GET /healthz``, ``/readyz``;
+``GET /metrics`` on a listener of its own.
 
-:class:`Extender` translates wire JSON to plain data, calls the pure policy and translates back;
-the stdlib ``ThreadingHTTPServer`` carries it (HTTP/1.1 keep-alive, as Go's client uses). Client
-errors get a 4xx with a JSON ``{"Error": "..."}`` message; the server keeps serving.
+I/O boundary: sockets in, bytes out; the API server only through the injected ``Suspender`` and
+``PreemptorLookup`` (``kube.py``). :class:`Extender` translates wire JSON to plain data, calls
+the pure policy and translates back; a bounded ``ThreadingHTTPServer`` carries it (HTTP/1.1
+keep-alive, as Go's client uses) with the limits of :class:`ServerLimits` (body, headers, idle
+and slow-request timeouts, connections, backlog). Client errors get a 4xx with a JSON
+``{"Error": "..."}`` message; the server keeps serving.
 """
 
 from __future__ import annotations
