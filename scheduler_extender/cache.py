@@ -65,6 +65,7 @@ class ClusterCache:
         self._allocated: dict[tuple[str, str], int] = defaultdict(int)
         self._pods: dict[str, PodInfo] = {}
         self._rl_pods: dict[str, PodInfo] = {}  # the RL workers among _pods
+        self._requests: dict[str, str] = {}  # RL worker UID → its rose.io/suspend-request value
         self._node_pods: dict[str, set[str]] = defaultdict(set)
         self._states: dict[str, NodeState] = {}
         # incremental indexes behind Snapshot
@@ -250,6 +251,7 @@ class ClusterCache:
         self._own_pod_maps()
         old = self._pods.pop(uid, None)
         self._rl_pods.pop(uid, None)
+        self._requests.pop(uid, None)
         if old is not None and old.node:
             self._node_pods[old.node].discard(uid)
             self._dirty.add(old.node)
@@ -286,6 +288,9 @@ class ClusterCache:
         self._pods[uid] = info
         if info.kind is PodKind.RL:
             self._rl_pods[uid] = info
+            request = (meta.get("annotations") or {}).get(names.ANNOTATION_SUSPEND_REQUEST)
+            if isinstance(request, str):
+                self._requests[uid] = request
         if info.node:
             self._node_pods[info.node].add(uid)
             self._dirty.add(info.node)
@@ -394,6 +399,11 @@ class ClusterCache:
             )
             self._node_maps_shared = self._pod_maps_shared = True
             return self._snapshot
+
+    def suspend_requests(self) -> list[tuple[PodInfo, str]]:
+        """Each RL worker with a ``rose.io/suspend-request`` annotation, and its value."""
+        with self._lock:
+            return [(self._pods[uid], raw) for uid, raw in self._requests.items() if uid in self._pods]
 
     def pod(self, uid: str) -> PodInfo | None:
         return self._pods.get(uid)

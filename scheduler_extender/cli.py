@@ -21,11 +21,25 @@ from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import Extender, ExtenderServer, ForecastLookup, NoForecasts, settle_heap
+from scheduler_extender.server import (
+    DEFAULT_MAX_BODY,
+    METRICS_ROUTES,
+    VERB_ROUTES,
+    Extender,
+    ExtenderServer,
+    ForecastLookup,
+    NoForecasts,
+    ServerLimits,
+    settle_heap,
+)
 
 log = logging.getLogger("scheduler_extender")
 
 ENV_PREFIX = "ROSE_EXTENDER_"
+
+
+def _optional_host_port(text: str) -> tuple[str, int] | None:
+    return host_port(text) if text else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.flag("--listen", default="0.0.0.0:8888", type=host_port, help="HOST:PORT to serve filter/prioritize/preempt on")
+    p.flag(
+        "--listen",
+        default="127.0.0.1:8888",
+        type=host_port,
+        help="HOST:PORT to serve filter/prioritize/preempt (and healthz/readyz/metrics) on; loopback by "
+        "default: kube-scheduler runs in the same pod, and nothing else may ask for a preemption",
+    )
+    p.flag(
+        "--metrics-listen",
+        default="",
+        type=_optional_host_port,
+        help="HOST:PORT of a second listener serving only GET /metrics, /healthz and /readyz (no verbs), "
+        "for Prometheus and the kubelet's probes (the manifests use 0.0.0.0:9888); empty = none",
+    )
     p.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
     p.flag(
         "--forecast-backend",
@@ -60,7 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.flag("--default-min-run", default=600.0, type=float, help="RL worker min useful run (s) without annotation")
     p.flag("--fallback-headroom", default=0.25, type=float, help="pool fraction kept free when no forecast")
     p.flag("--fallback-window", default=600.0, type=float, help="idle window (s) assumed by the fallback rule")
-    p.flag("--max-body-bytes", default=64 * 1024 * 1024, type=byte_size, help="largest request body accepted")
+    p.flag(
+        "--max-body-bytes",
+        default=DEFAULT_MAX_BODY,
+        type=byte_size,
+        help="largest request body accepted (default: the largest nodeCacheCapable call at 5,000 nodes)",
+    )
+    p.flag("--idle-timeout", default=60.0, type=duration, help="seconds a keep-alive connection may sit idle")
+    p.flag("--read-timeout", default=10.0, type=duration, help="seconds a client has to send one whole request")
+    p.flag("--max-connections", default=128, type=int, help="connections served at once (one thread each)")
+    p.flag(
+        "--suspend-request-ttl",
+        default=600.0,
+        type=duration,
+        help="seconds after which the extender withdraws a suspend request whose preemptor is still pending",
+    )
     p.flag("--tls-cert-file", default="", help="serve HTTPS with this certificate (optional)")
     p.flag("--tls-key-file", default="", help="private key for --tls-cert-file")
     p.flag("--capture-dir", default="", help="debug: write the first request/reply bodies of each verb here")
@@ -105,6 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     # Watch threads parse events while kube-scheduler waits on a call: hand the GIL over sooner.
     sys.setswitchinterval(args.gil_switch_interval)
     host, port = args.listen
+    try:
+        limits = ServerLimits(
+            max_body=args.max_body_bytes,
+            idle_timeout_s=args.idle_timeout,
+            read_timeout_s=args.read_timeout,
+            max_connections=args.max_connections,
+        )
+    except ValueError as e:
+        build_parser().error(str(e))
+    if args.suspend_request_ttl <= 0:
+        build_parser().error(f"--suspend-request-ttl must be > 0 seconds, got {args.suspend_request_ttl}")
     cfg = policy.PolicyConfig(
         default_min_run_s=args.default_min_run,
         quantile=args.quantile,
@@ -119,21 +171,34 @@ def main(argv: list[str] | None = None) -> int:
     cache = ClusterCache(cfg)
     watcher = kube.Watcher(api, cache, on_restart=lambda kind: metrics.watch_restarts.labels(kind).inc())
     suspender = kube.KubeSuspender(api, on_result=lambda r: metrics.suspend_requests.labels(r).inc())
+    pods = kube.ApiPods(api)
+    withdrawer = kube.Withdrawer(
+        api, cache, pods, args.suspend_request_ttl, on_withdrawn=lambda r: metrics.suspend_withdrawn.labels(r).inc()
+    )
     extender = Extender(
         cache,
         forecasts=forecasts,
         suspender=suspender,
+        preemptors=pods,
         cfg=cfg,
         metrics=metrics,
         ready=lambda: cache.synced and (refresher is None or refresher.attempted(cache.snapshot().pools)),
         capture_dir=Path(args.capture_dir) if args.capture_dir else None,
     )
-    server = ExtenderServer(extender, host, port, max_body=args.max_body_bytes)
+    # the verbs' listener (loopback) also answers /metrics: local tools read it there
+    server = ExtenderServer(extender, host, port, limits=limits, routes=VERB_ROUTES | METRICS_ROUTES)
+    metrics_server = None
+    if args.metrics_listen is not None:
+        mhost, mport = args.metrics_listen
+        metrics_server = ExtenderServer(extender, mhost, mport, limits=limits, routes=METRICS_ROUTES)
     if args.tls_cert_file:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file or None)
         server.httpd.socket = ctx.wrap_socket(server.httpd.socket, server_side=True)
     watcher.start()
+    withdrawer.start()
+    if metrics_server is not None:
+        metrics_server.start()
     if refresher is not None:
         refresher.start()
     stop = threading.Event()
@@ -160,12 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     def _term(signum: int, frame: object) -> None:
         stop.set()
         threading.Thread(target=server.stop, daemon=True).start()
+        if metrics_server is not None:
+            threading.Thread(target=metrics_server.stop, daemon=True).start()
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    metrics_at = f"{metrics_server.url}" if metrics_server is not None else ""
     log.info(
         "extender serving",
-        extra={"listen": f"{host}:{server.port}", "forecastBackend": args.forecast_backend},
+        extra={
+            "listen": f"{host}:{server.port}",
+            "metricsListen": metrics_at,
+            "forecastBackend": args.forecast_backend,
+        },
     )
     # Write the bound address for callers that asked for port 0.
     print(f"listening on {host}:{server.port}", file=sys.stderr, flush=True)
@@ -173,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         server.serve_forever()
     finally:
         watcher.stop()
+        withdrawer.stop()
         suspender.stop()
         if refresher is not None:
             refresher.stop()

@@ -4,6 +4,10 @@
   nodes, bound pods, ResourceClaims and ResourceSlices (``resource.k8s.io/v1``) as raw JSON, fed
   into :class:`ClusterCache`; relists on 410 Gone and on any error, with a backoff that resets
   only once a watch delivered an event; every restart is counted (``on_restart``).
+- :class:`ApiPods`: reads one pod (the preemptor of a preempt call, which the bound-pods cache
+  does not hold) to check it is pending and outranks its victims.
+- :class:`Withdrawer`: removes the extender's own suspend requests once their preemptor is bound
+  or gone, or their TTL passed (decided by :func:`policy.withdraw_reason`).
 - :class:`KubeSuspender`: asks the node agent to suspend an RL worker by patching the pod's
   ``rose.io/suspend-request`` annotation (with a UID precondition) and records an Event on it.
   Works from a :class:`rose_common.workqueue.WorkQueue` keyed by pod UID on its own thread, so a
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -29,6 +34,7 @@ from rose_common.kube import client as kube_client
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import ApiError
 from rose_common.workqueue import Backoff, WorkQueue, start_workers
+from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.model import PodInfo
 
@@ -36,6 +42,15 @@ log = logging.getLogger(__name__)
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 MAX_SUSPEND_ATTEMPTS = 5
+# At most this many distinct pods wait to be asked to suspend. Requests are keyed by pod UID
+# (repeats coalesce) and only name RL workers from the cache, at most
+# policy.MAX_SUSPEND_PER_CALL per preempt call, so the queue never holds more than the cluster's
+# RL workers; this bound is the backstop.
+SUSPEND_QUEUE_LEN = 1_000
+LOOKUP_TIMEOUT_S = 2.0  # a preempt call waits at most this long for the preemptor's GET
+EVENT_REASON_SUSPEND_WITHDRAWN = "SuspendWithdrawn"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 def api_client(kubeconfig: Path | None) -> client.ApiClient:
@@ -121,17 +136,21 @@ class KubeSuspender:
     ) -> None:
         self._raw = Raw(api)
         self._on_result = on_result or (lambda result: None)
-        self._pending: dict[str, tuple[PodInfo, str]] = {}
+        self._pending: dict[str, tuple[PodInfo, str, PodInfo]] = {}
         self._mu = threading.Lock()
-        self.queue: WorkQueue[str] = WorkQueue("suspender", backoff=backoff or Backoff(0.5, 10.0))
+        self.queue: WorkQueue[str] = WorkQueue(
+            "suspender", backoff=backoff or Backoff(0.5, 10.0), max_len=SUSPEND_QUEUE_LEN
+        )
         self._threads = start_workers(self.queue, self._work)
 
-    def request(self, pod: PodInfo, reason: str) -> None:
+    def request(self, pod: PodInfo, reason: str, preemptor: PodInfo) -> None:
         with self._mu:
-            self._pending[pod.uid] = (pod, reason)
-        if not self.queue.add(pod.uid):
-            self._on_result("error")
-            log.error("suspend request dropped: queue full", extra={"pod": pod.key})
+            self._pending[pod.uid] = (pod, reason, preemptor)
+            if self.queue.add(pod.uid):
+                return
+            del self._pending[pod.uid]  # nothing waits on it: the map stays as bounded as the queue
+        self._on_result("error")
+        log.error("suspend request dropped: queue full", extra={"pod": pod.key})
 
     def stop(self) -> None:
         self.queue.shutdown()
@@ -143,9 +162,9 @@ class KubeSuspender:
             item = self._pending.get(uid)
         if item is None:
             return
-        pod, reason = item
+        pod, reason, preemptor = item
         try:
-            self.write(pod, reason)
+            self.write(pod, reason, preemptor)
         except Exception as err:
             self._on_result("error")
             final = (isinstance(err, ApiError) and err.code < 500) or self.queue.failures(
@@ -162,7 +181,7 @@ class KubeSuspender:
             if self._pending.get(uid) == item:
                 del self._pending[uid]
 
-    def write(self, pod: PodInfo, reason: str) -> None:
+    def write(self, pod: PodInfo, reason: str, preemptor: PodInfo) -> None:
         now = datetime.now(UTC)
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         request = {
@@ -170,6 +189,8 @@ class KubeSuspender:
             "reason": reason,
             "graceSeconds": int(pod.grace_s),
             "at": stamp,
+            # whom it is for: the extender withdraws it once that pod is bound or gone
+            "preemptor": {"namespace": preemptor.namespace, "name": preemptor.name, "uid": preemptor.uid},
         }
         # The uid in the patch is a precondition: a recreated pod with the same name is not touched.
         patch = {
@@ -195,3 +216,120 @@ class KubeSuspender:
         )
         self._raw.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=event)
         log.info("suspend requested", extra={"pod": pod.key, "uid": pod.uid, "node": pod.node})
+
+
+def _pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return policy.pod_info(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        labels=meta.get("labels"),
+        annotations=meta.get("annotations"),
+        node=spec.get("nodeName"),
+        priority=spec.get("priority"),
+        terminating=meta.get("deletionTimestamp") is not None,
+    )
+
+
+class ApiPods:
+    """Reads one pod from the API server (the preemptor: pending pods are not in the watch cache)."""
+
+    def __init__(self, api: client.ApiClient, timeout_s: float = LOOKUP_TIMEOUT_S) -> None:
+        self._raw = Raw(api)
+        self._timeout_s = timeout_s
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        if not (_DNS_LABEL.fullmatch(namespace) and _DNS_SUBDOMAIN.fullmatch(name)):
+            return None  # not a pod name (a body's "../" never reaches a URL path)
+        try:
+            resp = self._raw.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", timeout=self._timeout_s)
+        except ApiError as err:
+            if err.code == 404:
+                return None
+            raise
+        return _pod_from_json(json.loads(resp.read() or b"{}"))
+
+
+class Withdrawer:
+    """Removes the extender's own suspend requests once :func:`policy.withdraw_reason` says so
+    (preemptor bound or gone, or the TTL passed), every ``interval_s``. The removal is a JSON
+    patch that first tests the pod's UID and the annotation's exact value: a request another
+    owner wrote or rewrote meanwhile is left alone. Each withdrawal is an Event on the pod and a
+    metric (``on_withdrawn(reason)``).
+
+    The driver's annotation holds one request (one owner): the extender never removes a request
+    it did not write."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        cache: ClusterCache,
+        pods: ApiPods,
+        ttl_s: float,
+        interval_s: float = 5.0,
+        on_withdrawn: Callable[[str], None] | None = None,
+    ) -> None:
+        self._raw = Raw(api)
+        self._cache = cache
+        self._pods = pods
+        self._ttl_s = ttl_s
+        self._interval_s = interval_s
+        self._on_withdrawn = on_withdrawn or (lambda reason: None)
+        self._stop = threading.Event()
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self._run, name="suspend-withdrawer", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.sweep()
+            except Exception as err:
+                log.error("suspend withdrawal sweep failed", extra={"err": repr(err)})
+
+    def sweep(self, now: datetime | None = None) -> list[tuple[str, str]]:
+        """One pass; returns (pod key, reason) of each request withdrawn."""
+        now = now or datetime.now(UTC)
+        done: list[tuple[str, str]] = []
+        for pod, raw in self._cache.suspend_requests():
+            req = policy.own_request(raw)
+            if req is None:
+                continue
+            try:
+                preemptor = self._pods.get(req.preemptor_namespace, req.preemptor_name)
+                reason = policy.withdraw_reason(req, preemptor, now, self._ttl_s)
+                if reason and self.withdraw(pod, raw, reason):
+                    done.append((pod.key, reason))
+            except Exception as err:  # one pod's failure does not hold up the others; retried next sweep
+                log.error("suspend withdrawal failed", extra={"pod": pod.key, "err": repr(err)})
+        return done
+
+    def withdraw(self, pod: PodInfo, raw: str, reason: str) -> bool:
+        key = names.ANNOTATION_SUSPEND_REQUEST.replace("~", "~0").replace("/", "~1")
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": pod.uid},
+            {"op": "test", "path": f"/metadata/annotations/{key}", "value": raw},
+            {"op": "remove", "path": f"/metadata/annotations/{key}"},
+        ]
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        try:
+            self._raw.json("PATCH", path, body=patch, content_type="application/json-patch+json")
+        except ApiError as err:
+            if err.code in (404, 409, 422):  # gone, or the request is no longer the one we wrote
+                return False
+            raise
+        message = f"suspend request withdrawn: {reason}"
+        event = pod_event(
+            pod.name, pod.namespace, pod.uid, EVENT_REASON_SUSPEND_WITHDRAWN, message, extender_names.EXTENDER_COMPONENT
+        )
+        self._raw.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=event)
+        self._on_withdrawn(reason)
+        log.info("suspend request withdrawn", extra={"pod": pod.key, "uid": pod.uid, "reason": reason})
+        return True

@@ -7,6 +7,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from scheduler_extender.model import POD_KINDS
 
 VERBS = ("filter", "prioritize", "preempt")
+REFUSE_REASONS = ("preemptor-unverified", "not-outranked", "wrong-node", "victim-cap")
+WITHDRAW_REASONS = ("preemptor-bound", "preemptor-gone", "ttl")
+HTTP_REJECT_REASONS = ("body-too-large", "headers-too-large", "timeout", "bad-request")
 CODES = ("200", "400", "404", "405", "411", "413", "500")
 FILTER_RESULTS = ("passed", "failed", "unresolvable")
 VICTIM_ACTIONS = ("kept", "suspended", "unknown")
@@ -80,6 +83,26 @@ class ExtenderMetrics:
             ["result"],
             registry=r,
         )
+        self.preempt_refused = Counter(
+            "rose_extender_preempt_refused_total",
+            "Candidate nodes whose RL victims were not suspended (and the node dropped), by why: "
+            "the preemptor is not a pending pod the API server knows, it does not outrank a victim, "
+            "a victim is not on that node, or the per-call cap.",
+            ["reason"],
+            registry=r,
+        )
+        self.suspend_withdrawn = Counter(
+            "rose_extender_suspend_withdrawn_total",
+            "The extender's own suspend requests it removed, by why (preemptor bound, gone, TTL).",
+            ["reason"],
+            registry=r,
+        )
+        self.http_rejected = Counter(
+            "rose_extender_http_rejected_total",
+            "Connections or requests the HTTP server refused or closed, by why.",
+            ["reason"],
+            registry=r,
+        )
         self.forecast_fallback = Counter(
             "rose_extender_forecast_fallback_total",
             "Pool decisions made with the conservative fallback rule because no fresh forecast was cached.",
@@ -115,6 +138,12 @@ class ExtenderMetrics:
             self.preempt_victims.labels(action)
         for res in NODE_RESULTS:
             self.preempt_nodes.labels(res)
+        for reason in REFUSE_REASONS:
+            self.preempt_refused.labels(reason)
+        for reason in WITHDRAW_REASONS:
+            self.suspend_withdrawn.labels(reason)
+        for reason in HTTP_REJECT_REASONS:
+            self.http_rejected.labels(reason)
         for res in OK_ERROR:
             self.suspend_requests.labels(res)
             self.forecast_fetch.labels(forecast_backend, res)

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -431,6 +433,9 @@ def build_snapshot(
 # preempt
 
 
+MAX_SUSPEND_PER_CALL = 16  # more RL workers than a node has GPUs is never a legitimate victim list
+
+
 @dataclass
 class PreemptDecision:
     # node → (victim UIDs in the order given, NumPDBViolations)
@@ -438,42 +443,85 @@ class PreemptDecision:
     suspend: list[PodInfo]  # RL workers to suspend instead of evicting
     kept_unknown: int = 0  # victims the cache does not know (kept: they cannot be RL workers we track)
     dropped_nodes: list[str] = field(default_factory=list)
+    # nodes whose RL victims may not be suspended for this preemptor: (reason label, message)
+    refused: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def verify_preemptor(claimed_uid: str, found: PodInfo | None) -> str:
+    """Why the API server's view of the preemptor forbids suspending anything for it ("" = it may):
+    it must exist with the UID the call names and still be pending (unbound)."""
+    if found is None:
+        return "preemptor not found"
+    if not claimed_uid or found.uid != claimed_uid:
+        return "preemptor UID does not match the pod's"
+    if found.node:
+        return "preemptor is already bound"
+    if found.terminating:
+        return "preemptor is being deleted"
+    return ""
+
+
+# why a node's RL victims may not be suspended (the metric's reason label, then a message)
+REFUSE_PREEMPTOR = "preemptor-unverified"
+REFUSE_PRIORITY = "not-outranked"
+REFUSE_NODE = "wrong-node"
+REFUSE_CAP = "victim-cap"
+
+
+def _rl_refusal(
+    node: str, rl: Sequence[PodInfo], preemptor_priority: int | None, max_suspend: int
+) -> tuple[str, str] | None:
+    """Why this node's RL victims may not be suspended (None = they may)."""
+    if preemptor_priority is None:
+        return REFUSE_PREEMPTOR, "the preemptor is not a pending pod the API server knows"
+    if len(rl) > max_suspend:
+        return REFUSE_CAP, f"{len(rl)} RL victims exceed the per-call cap of {max_suspend}"
+    for p in rl:
+        if p.node != node:
+            return REFUSE_NODE, f"victim {p.key} runs on {p.node or 'no node'}, not {node}"
+        if p.priority >= preemptor_priority:
+            return REFUSE_PRIORITY, f"preemptor priority {preemptor_priority} does not outrank {p.key} ({p.priority})"
+    return None
 
 
 def preempt(
     candidates: Mapping[str, tuple[Sequence[str], int]],
     snapshot: Snapshot,
-    victim_pods: Mapping[str, PodInfo] | None = None,
+    preemptor_priority: int | None,
+    max_suspend: int = MAX_SUSPEND_PER_CALL,
 ) -> PreemptDecision:
     """Turn kube-scheduler's preemption candidates into ones that never evict an RL worker.
 
+    Victims are UIDs, looked up in the watch-fed cache only (never trusted from a request body).
     For each candidate node the victims split into RL workers and the rest.
     1. Nodes whose victims include no RL worker ("pure") are returned unchanged. If any exist,
        only they are returned and nothing is suspended: kube-scheduler can make room without
        touching RL work. Mixed nodes are dropped, because their other victims alone would not
        make room (evicting them would be wasted).
-    2. Otherwise one node is chosen — the fewest victims that must be evicted, then RL workers
-       already asked to suspend (a retry keeps its choice), then the cheapest reclaim, then the
-       name — and its RL workers are suspended instead of evicted. It is returned with its other
+    2. Otherwise one node is chosen among those whose RL victims may be suspended for this
+       preemptor (``preemptor_priority`` from the API server, None when the preemptor could not be
+       verified: then none may; each victim must run on that node, be outranked by the preemptor,
+       and be at most ``max_suspend`` in number) — the fewest victims that must be evicted, then RL
+       workers already asked to suspend (a retry keeps its choice), then the cheapest reclaim, then
+       the name — and its RL workers are suspended instead of evicted. It is returned with its other
        victims if it has any; a node left with no victim is dropped (kube-scheduler requires at
        least one victim per node), and the pod is retried once the suspended workers give back
-       their resources.
-    ``victim_pods`` are full victims sent in the request (nodeCacheCapable false); they win over
-    the cache. Victims the cache does not know are kept (never silently protected or dropped). Victim order
-    (decreasing priority, which kube-scheduler relies on) is preserved.
+       their resources. Refused nodes are dropped: an RL worker is never handed back for eviction.
+    Victims the cache does not know are kept (never silently protected or dropped, never
+    suspended). Victim order (decreasing priority, which kube-scheduler relies on) is preserved.
     """
     cached = snapshot.pods
-    given = victim_pods or {}
     rl_pods = snapshot.rl_pods
     if rl_pods is None:
         rl_pods = {uid: p for uid, p in cached.items() if p.kind is PodKind.RL}
     rl_uids = rl_pods.keys()
     pure: dict[str, tuple[list[str], int]] = {}
     mixed: dict[str, tuple[list[str], list[PodInfo], int]] = {}
+    refused: dict[str, tuple[str, str]] = {}
     unknown = 0
     known = cached.__contains__
     for node, (uids, pdb) in candidates.items():
-        if not given and rl_uids.isdisjoint(uids):
+        if rl_uids.isdisjoint(uids):
             # the common case, screened in C: no RL worker among this node's victims
             if uids:
                 pure[node] = (uids if isinstance(uids, list) else list(uids), pdb)
@@ -482,7 +530,7 @@ def preempt(
         others: list[str] = []
         rl: list[PodInfo] = []
         for uid in uids:
-            info = given.get(uid) or cached.get(uid)
+            info = cached.get(uid)
             if info is None:
                 unknown += 1
                 others.append(uid)
@@ -490,14 +538,18 @@ def preempt(
                 rl.append(info)
             else:
                 others.append(uid)
-        if rl:
+        why = _rl_refusal(node, rl, preemptor_priority, max_suspend)
+        if why:
+            refused[node] = why
+        else:
             mixed[node] = (others, rl, pdb)
-        elif others:
-            pure[node] = (others, pdb)
     if pure:
-        return PreemptDecision(victims=pure, suspend=[], kept_unknown=unknown, dropped_nodes=sorted(mixed))
+        dropped = sorted([*mixed, *refused])
+        return PreemptDecision(victims=pure, suspend=[], kept_unknown=unknown, dropped_nodes=dropped, refused=refused)
     if not mixed:
-        return PreemptDecision(victims={}, suspend=[], kept_unknown=unknown)
+        return PreemptDecision(
+            victims={}, suspend=[], kept_unknown=unknown, dropped_nodes=sorted(refused), refused=refused
+        )
     nodes = snapshot.nodes
 
     def rank(item: tuple[str, tuple[list[str], list[PodInfo], int]]) -> tuple[int, int, int, float, str]:
@@ -509,5 +561,60 @@ def preempt(
 
     chosen, (others, rl, pdb) = min(mixed.items(), key=rank)
     victims = {chosen: (others, pdb)} if others else {}
-    dropped = sorted(n for n in mixed if n not in victims)
-    return PreemptDecision(victims=victims, suspend=rl, kept_unknown=unknown, dropped_nodes=dropped)
+    dropped = sorted(n for n in [*mixed, *refused] if n not in victims)
+    return PreemptDecision(victims=victims, suspend=rl, kept_unknown=unknown, dropped_nodes=dropped, refused=refused)
+
+
+# ---------------------------------------------------------------------------------------------
+# withdrawal of the extender's own suspend requests
+
+WITHDRAW_BOUND = "preemptor-bound"
+WITHDRAW_GONE = "preemptor-gone"
+WITHDRAW_TTL = "ttl"
+
+
+@dataclass(frozen=True)
+class OwnRequest:
+    """A suspend request the extender wrote (``by`` is the extender), and for which preemptor."""
+
+    preemptor_namespace: str
+    preemptor_name: str
+    preemptor_uid: str
+    at: datetime.datetime
+
+
+def own_request(raw: str) -> OwnRequest | None:
+    """The extender's request in a ``rose.io/suspend-request`` value; None when another owner
+    (the planner, the time-slice orchestrator) wrote it or it is not one the extender can read:
+    the extender withdraws only its own requests."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("by") != extender_names.EXTENDER_COMPONENT:
+        return None
+    pre = doc.get("preemptor")
+    at = doc.get("at")
+    if not isinstance(pre, dict) or not isinstance(at, str):
+        return None
+    ns, name, uid = pre.get("namespace"), pre.get("name"), pre.get("uid")
+    if not (isinstance(ns, str) and isinstance(name, str) and isinstance(uid, str)):
+        return None
+    try:
+        stamp = datetime.datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+    return OwnRequest(ns, name, uid, stamp)
+
+
+def withdraw_reason(req: OwnRequest, preemptor: PodInfo | None, now: datetime.datetime, ttl_s: float) -> str:
+    """Why the extender's request should be withdrawn now ("" = keep it): the preemptor it was
+    made for is bound (it got its place) or gone (deleted, or recreated with another UID), or
+    the request outlived ``ttl_s`` (nothing stays parked because nobody removes it)."""
+    if preemptor is None or preemptor.uid != req.preemptor_uid or preemptor.terminating:
+        return WITHDRAW_GONE
+    if preemptor.node:
+        return WITHDRAW_BOUND
+    if (now - req.at).total_seconds() >= ttl_s:
+        return WITHDRAW_TTL
+    return ""

@@ -1,20 +1,28 @@
-"""The HTTP surface: ``POST /filter``, ``/prioritize``, ``/preempt``; ``GET /healthz``, ``/readyz``,
-``/metrics``.
+"""The HTTP surface: ``POST /filter``, ``/prioritize``, ``/preempt``; ``GET /healthz``, ``/readyz``;
+``GET /metrics`` on a listener of its own.
 
-:class:`Extender` translates wire JSON to plain data, calls the pure policy and translates back;
-the stdlib ``ThreadingHTTPServer`` carries it (HTTP/1.1 keep-alive, as Go's client uses). Client
-errors get a 4xx with a JSON ``{"Error": "..."}`` message; the server keeps serving.
+I/O boundary: sockets in, bytes out; the API server only through the injected ``Suspender`` and
+``PreemptorLookup`` (``kube.py``). :class:`Extender` translates wire JSON to plain data, calls
+the pure policy and translates back; a bounded ``ThreadingHTTPServer`` carries it (HTTP/1.1
+keep-alive, as Go's client uses) with the limits of :class:`ServerLimits` (body, headers, idle
+and slow-request timeouts, connections, backlog). Client errors get a 4xx with a JSON
+``{"Error": "..."}`` message; the server keeps serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import http.client
 import json
 import logging
 import operator
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +38,7 @@ from scheduler_extender.model import PodInfo, PodKind, PoolForecast, Snapshot
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
+DEFAULT_MAX_BODY = wire.max_body_bytes()
 
 
 class ClientError(Exception):
@@ -41,8 +49,14 @@ class ClientError(Exception):
 
 
 class Suspender(Protocol):
-    def request(self, pod: PodInfo, reason: str) -> None:
-        """Ask the node agent to suspend ``pod`` (asynchronous; never raises)."""
+    def request(self, pod: PodInfo, reason: str, preemptor: PodInfo) -> None:
+        """Ask the node agent to suspend ``pod`` for ``preemptor`` (asynchronous; never raises)."""
+        ...
+
+
+class PreemptorLookup(Protocol):
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        """The pod as the API server has it now (None: not found); raises when it cannot tell."""
         ...
 
 
@@ -68,6 +82,7 @@ def _validation_message(err: ValidationError) -> str:
 
 
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+_LOGGED_REFUSALS = 5  # log lines per preempt call (the metric counts them all)
 _UID: Callable[[wire.MetaPod], str] = operator.itemgetter("UID")
 
 
@@ -107,6 +122,7 @@ class Extender:
         *,
         forecasts: ForecastLookup | None = None,
         suspender: Suspender | None = None,
+        preemptors: PreemptorLookup | None = None,
         cfg: policy.PolicyConfig | None = None,
         metrics: ExtenderMetrics | None = None,
         ready: Callable[[], bool] | None = None,
@@ -116,6 +132,7 @@ class Extender:
         self.cache = cache
         self.forecasts: ForecastLookup = forecasts or NoForecasts()
         self.suspender = suspender
+        self.preemptors = preemptors
         self.cfg = cfg or policy.PolicyConfig()
         self.metrics = metrics or ExtenderMetrics()
         self._ready = ready or (lambda: cache.synced)
@@ -204,13 +221,10 @@ class Extender:
         parts = [f'{{"Host":{enc(h)},"Score":{s}}}' for h, s in zip(names, scores, strict=True)]
         return ("[" + ",".join(parts) + "]").encode()
 
-    def preempt(self, body: bytes) -> bytes:
-        try:
-            args = wire.ExtenderPreemptionArgs.model_validate_json(body)
-        except ValidationError as err:
-            raise ClientError(400, _validation_message(err)) from None
-        preemptor = _pod_info(args.Pod, self.cfg)
-        extra: dict[str, PodInfo] = {}
+    @staticmethod
+    def _candidates(args: wire.ExtenderPreemptionArgs) -> dict[str, tuple[list[str], int]]:
+        """node → (victim UIDs, NumPDBViolations). Full victims are reduced to their UIDs: what a
+        victim is comes from the watch-fed cache, never from the request body."""
         candidates: dict[str, tuple[list[str], int]] = {}
         meta = args.NodeNameToMetaVictims
         if meta is not None:
@@ -219,45 +233,40 @@ class Extender:
                 candidates[node] = (list(map(uid_of, mv.get("Pods") or ())), mv.get("NumPDBViolations", 0))
         elif args.NodeNameToVictims is not None:
             for node, v in args.NodeNameToVictims.items():
-                uids = []
-                for p in v.Pods or []:
-                    info = _pod_info(p, self.cfg)
-                    extra[info.uid] = info
-                    uids.append(info.uid)
-                candidates[node] = (uids, v.NumPDBViolations)
-        snapshot = self.cache.snapshot()
-        decision = policy.preempt(candidates, snapshot, extra)
-        m = self.metrics
+                candidates[node] = ([p.metadata.uid for p in v.Pods or []], v.NumPDBViolations)
         total = sum(len(u) for u, _ in candidates.values())
-        kept = sum(len(u) for u, _ in decision.victims.values())
-        m.preempt_victims.labels("kept").inc(kept)
-        m.preempt_victims.labels("suspended").inc(len(decision.suspend))
-        m.preempt_victims.labels("unknown").inc(decision.kept_unknown)
-        m.preempt_nodes.labels("kept").inc(len(decision.victims))
-        m.preempt_nodes.labels("dropped").inc(len(candidates) - len(decision.victims))
-        if decision.suspend:
-            log.info(
-                "preemption turned into suspension",
-                extra={
-                    "pod": f"{preemptor.namespace}/{preemptor.name}",
-                    "victims": total,
-                    "suspend": [p.key for p in decision.suspend],
-                    "nodes": sorted(decision.victims),
-                },
-            )
-        for victim in decision.suspend:
-            if victim.suspend_requested:
-                continue
-            self.cache.mark_suspend_requested(victim.uid)
-            if self.suspender is None:
-                m.suspend_requests.labels("error").inc()
-                log.error("no suspender configured", extra={"pod": victim.key})
-                continue
-            self.suspender.request(
-                victim,
-                f"kube-scheduler proposed it as a preemption victim for "
-                f"{preemptor.namespace}/{preemptor.name}; suspending instead of evicting",
-            )
+        if total > wire.MAX_VICTIMS_PER_CALL:
+            raise ClientError(413, f"{total} victims exceed the limit of {wire.MAX_VICTIMS_PER_CALL} per call")
+        return candidates
+
+    def _preemptor(self, pod: wire.V1Pod) -> tuple[PodInfo | None, str]:
+        """The preemptor as the API server knows it, and why it may not suspend anything ("" = it
+        may): it must be a pending pod with the UID the call names; its priority is the API's."""
+        meta = pod.metadata
+        if self.preemptors is None:
+            return None, "no preemptor lookup configured"
+        try:
+            found = self.preemptors.get(meta.namespace, meta.name)
+        except Exception as err:  # the API server unreachable: suspend nothing (fail closed)
+            return None, f"preemptor lookup failed: {err}"
+        return found, policy.verify_preemptor(meta.uid, found)
+
+    def preempt(self, body: bytes) -> bytes:
+        try:
+            args = wire.ExtenderPreemptionArgs.model_validate_json(body)
+        except ValidationError as err:
+            raise ClientError(400, _validation_message(err)) from None
+        candidates = self._candidates(args)
+        snapshot = self.cache.snapshot()
+        rl_uids = snapshot.rl_pods if snapshot.rl_pods is not None else snapshot.pods
+        needs_check = any(not rl_uids.keys().isdisjoint(u) for u, _ in candidates.values())
+        found, why = self._preemptor(args.Pod) if needs_check else (None, "")
+        priority = found.priority if found is not None and not why else None
+        decision = policy.preempt(candidates, snapshot, priority)
+        self._record_preempt(args.Pod, candidates, decision, why)
+        if decision.suspend and found is not None:
+            self._request_suspends(found, decision.suspend)
+        meta = args.NodeNameToMetaVictims
         out: dict[str, Any] = {}
         for node, (uids, pdb) in decision.victims.items():
             given = meta.get(node) if meta is not None else None
@@ -267,6 +276,57 @@ class Extender:
             else:
                 out[node] = {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb}
         return _dumps({"NodeNameToMetaVictims": out})
+
+    def _record_preempt(
+        self,
+        pod: wire.V1Pod,
+        candidates: dict[str, tuple[list[str], int]],
+        decision: policy.PreemptDecision,
+        why: str,
+    ) -> None:
+        m = self.metrics
+        total = sum(len(u) for u, _ in candidates.values())
+        kept = sum(len(u) for u, _ in decision.victims.values())
+        m.preempt_victims.labels("kept").inc(kept)
+        m.preempt_victims.labels("suspended").inc(len(decision.suspend))
+        m.preempt_victims.labels("unknown").inc(decision.kept_unknown)
+        m.preempt_nodes.labels("kept").inc(len(decision.victims))
+        m.preempt_nodes.labels("dropped").inc(len(candidates) - len(decision.victims))
+        key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        for node, (reason, message) in sorted(decision.refused.items())[:_LOGGED_REFUSALS]:
+            log.warning(
+                "preemption victims not suspended",
+                extra={"pod": key, "node": node, "reason": reason, "why": why or message},
+            )
+        for reason, _ in decision.refused.values():
+            m.preempt_refused.labels(reason).inc()
+        if decision.suspend:
+            log.info(
+                "preemption turned into suspension",
+                extra={
+                    "pod": key,
+                    "victims": total,
+                    "suspend": [p.key for p in decision.suspend],
+                    "nodes": sorted(decision.victims),
+                },
+            )
+
+    def _request_suspends(self, preemptor: PodInfo, victims: list[PodInfo]) -> None:
+        """Ask for each victim (a pod from the cache) to be suspended, once per victim."""
+        for victim in victims:
+            if victim.suspend_requested:
+                continue
+            self.cache.mark_suspend_requested(victim.uid)
+            if self.suspender is None:
+                self.metrics.suspend_requests.labels("error").inc()
+                log.error("no suspender configured", extra={"pod": victim.key})
+                continue
+            self.suspender.request(
+                victim,
+                f"kube-scheduler proposed it as a preemption victim for "
+                f"{preemptor.namespace}/{preemptor.name}; suspending instead of evicting",
+                preemptor,
+            )
 
     def handle(self, verb: str, body: bytes) -> tuple[int, bytes]:
         """Dispatch one verb call; never raises."""
@@ -303,6 +363,89 @@ class Extender:
         (self._capture_dir / f"{verb}-{n:03d}-reply-{out[0]}.json").write_bytes(out[1])
 
 
+ROUTE_VERBS = "verbs"  # POST /filter, /prioritize, /preempt
+ROUTE_HEALTH = "health"  # GET /healthz, /readyz
+ROUTE_METRICS = "metrics"  # GET /metrics
+VERB_ROUTES = frozenset({ROUTE_VERBS, ROUTE_HEALTH})
+METRICS_ROUTES = frozenset({ROUTE_METRICS, ROUTE_HEALTH})
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client may cost the server. Memory is bounded by ``max_connections`` times
+    (``max_header_bytes`` + ``max_body``); no connection is held longer than ``idle_timeout_s``
+    between requests or ``read_timeout_s`` to send one request (slowloris)."""
+
+    max_body: int = DEFAULT_MAX_BODY
+    max_header_bytes: int = 16 * 1024
+    max_headers: int = 64
+    idle_timeout_s: float = 60.0  # longer than Go's idle keep-alive (90 s) is pointless, shorter is fine
+    read_timeout_s: float = 10.0  # request line, headers and body
+    max_connections: int = 128
+    backlog: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("max_body", "max_header_bytes", "max_headers", "max_connections", "backlog"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"server limit {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("idle_timeout_s", "read_timeout_s"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ValueError(f"server limit {name} must be in (0, 3600] seconds, got {getattr(self, name)}")
+
+
+class _HeaderBudget:
+    """``rfile`` as the header parser sees it: at most ``budget`` bytes in all, else LineTooLong
+    (which the handler turns into 431)."""
+
+    def __init__(self, raw: Any, budget: int) -> None:
+        self._raw = raw
+        self._left = budget
+
+    def readline(self, limit: int = -1) -> bytes:
+        cap = self._left + 1 if limit < 0 else min(limit, self._left + 1)
+        line: bytes = self._raw.readline(cap)
+        self._left -= len(line)
+        if self._left < 0:
+            raise http.client.LineTooLong("header block")
+        return line
+
+
+class _Deadlines:
+    """One thread that closes connections past their deadline: idle keep-alive connections and
+    requests that do not arrive in time (slow headers or body). ``socket.shutdown`` wakes the
+    handler thread blocked in ``recv``, which then ends the connection."""
+
+    def __init__(self, on_expired: Callable[[], None]) -> None:
+        self._due: dict[socket.socket, float] = {}
+        self._mu = threading.Lock()
+        self._on_expired = on_expired
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="extender-http-deadlines", daemon=True).start()
+
+    def arm(self, sock: socket.socket, seconds: float) -> None:
+        with self._mu:
+            self._due[sock] = time.monotonic() + seconds
+
+    def disarm(self, sock: socket.socket) -> None:
+        with self._mu:
+            self._due.pop(sock, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            now = time.monotonic()
+            with self._mu:
+                late = [s for s, due in self._due.items() if due <= now]
+                for sock in late:
+                    del self._due[sock]
+            for sock in late:
+                self._on_expired()
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Headers and body go out in two writes: without TCP_NODELAY, Nagle + the client's delayed
@@ -310,30 +453,73 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server_version = "rose-scheduler-extender"
     extender: Extender
-    max_body: int
+    limits: ServerLimits
+    routes: frozenset[str]
+    deadlines: _Deadlines
+    verb_slots: threading.BoundedSemaphore
 
     def log_message(self, format: str, *args: Any) -> None:  # silence stderr access logs
         return
+
+    def setup(self) -> None:
+        super().setup()
+        # a backstop under the deadline thread: no single recv/send blocks longer than this
+        self.connection.settimeout(self.limits.idle_timeout_s + self.limits.read_timeout_s)
+
+    def handle_one_request(self) -> None:
+        self.deadlines.arm(self.connection, self.limits.idle_timeout_s)
+        try:
+            super().handle_one_request()
+        finally:
+            self.deadlines.disarm(self.connection)
+
+    def parse_request(self) -> bool:
+        """The request line has arrived: the rest of the request must follow within the read
+        timeout, in at most ``max_header_bytes`` of at most ``max_headers`` headers."""
+        self.deadlines.arm(self.connection, self.limits.read_timeout_s)
+        raw = self.rfile
+        self.rfile = _HeaderBudget(raw, self.limits.max_header_bytes)  # type: ignore[assignment]
+        try:
+            ok = super().parse_request()
+        finally:
+            self.rfile = raw
+        if ok and len(self.headers) > self.limits.max_headers:
+            self.send_error(431, f"more than {self.limits.max_headers} headers")
+            return False
+        return ok
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Every error the stdlib raises (bad request line, headers too large...) as JSON, and the
+        connection closed: what follows a malformed request cannot be trusted."""
+        reason = "headers-too-large" if code in (413, 414, 431) else "bad-request"
+        self.extender.metrics.http_rejected.labels(reason).inc()
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self._send(code, _dumps({"Error": message or self.responses.get(code, ("error",))[0]}))
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def _verb(self) -> str | None:
+        if ROUTE_VERBS not in self.routes:
+            return None
         path = self.path.split("?", 1)[0].rstrip("/")
         last = path.rsplit("/", 1)[-1]
         return last if last in VERBS else None
 
-    def do_POST(self) -> None:
-        verb = self._verb()
+    def _read_body(self) -> bytes | None:
+        """The request body, or None after answering an error (and closing the connection)."""
         length_raw = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or length_raw is None:
             self.close_connection = True
             self._send(411, _dumps({"Error": "Content-Length required"}))
-            return
+            return None
         try:
             length = int(length_raw)
             if length < 0:
@@ -341,26 +527,43 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.close_connection = True
             self._send(400, _dumps({"Error": f"bad Content-Length {length_raw!r}"}))
-            return
-        if length > self.max_body:
+            return None
+        if length > self.limits.max_body:
+            self.extender.metrics.http_rejected.labels("body-too-large").inc()
             self.close_connection = True
-            self._send(413, _dumps({"Error": f"body of {length} bytes exceeds the limit of {self.max_body}"}))
-            return
+            self._send(413, _dumps({"Error": f"body of {length} bytes exceeds the limit of {self.limits.max_body}"}))
+            return None
         body = self.rfile.read(length)
+        if len(body) < length:  # the client went away (or its deadline passed) mid-body
+            self.close_connection = True
+            return None
+        return body
+
+    def do_POST(self) -> None:
+        verb = self._verb()
+        body = self._read_body()
+        if body is None:
+            return
+        self.deadlines.disarm(self.connection)  # the request is in; the reply has no deadline
         if verb is None:
             self._send(404, _dumps({"Error": f"unknown path {self.path!r}; POST /filter, /prioritize or /preempt"}))
             return
-        code, out = self.extender.handle(verb, body)
+        with self.verb_slots:
+            code, out = self.extender.handle(verb, body)
         self._send(code, out)
 
     def do_GET(self) -> None:
+        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
+            # a GET has no body: close after the answer, so its bytes are never read as a request
+            self.close_connection = True
+        self.deadlines.disarm(self.connection)
         path = self.path.split("?", 1)[0]
-        if path == "/healthz":
+        if path == "/healthz" and ROUTE_HEALTH in self.routes:
             self._send(200, b"ok", "text/plain")
-        elif path == "/readyz":
+        elif path == "/readyz" and ROUTE_HEALTH in self.routes:
             ok = self.extender.ready()
             self._send(200 if ok else 503, b"ok" if ok else b"not ready: cache or forecasts", "text/plain")
-        elif path == "/metrics":
+        elif path == "/metrics" and ROUTE_METRICS in self.routes:
             self._update_gauges()
             self._send(200, generate_latest(self.extender.metrics.registry), CONTENT_TYPE_LATEST)
         elif self._verb() is not None:
@@ -375,6 +578,37 @@ class _Handler(BaseHTTPRequestHandler):
         m.cache_synced.set(1 if self.extender.cache.synced else 0)
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` of them: the accept loop waits for a
+    free slot (new connections wait in the listen backlog, not reset). A client that goes away
+    mid-call is logged as one line, not a traceback."""
+
+    daemon_threads = True
+    block_on_close = False
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError):  # reset, broken pipe, timed out: the client's side
+            log.debug("client connection ended", extra={"client": str(client_address), "err": repr(err)})
+            return
+        log.error("http handler failed", extra={"client": str(client_address), "err": repr(err)})
+
+
 def settle_heap() -> None:
     """Move every object alive now (the cache: tens of thousands of long-lived objects) into the
     collector's permanent generation, so full GC passes stop scanning them: they otherwise show
@@ -384,14 +618,42 @@ def settle_heap() -> None:
 
 
 class ExtenderServer:
-    """A running HTTP server around an :class:`Extender` (background thread)."""
+    """A running HTTP server around an :class:`Extender` (background thread), serving ``routes``
+    (the verbs and health by default; ``METRICS_ROUTES`` for the metrics listener)."""
 
     def __init__(
-        self, extender: Extender, host: str = "127.0.0.1", port: int = 0, max_body: int = DEFAULT_MAX_BODY
+        self,
+        extender: Extender,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body: int | None = None,
+        *,
+        limits: ServerLimits | None = None,
+        routes: frozenset[str] = VERB_ROUTES,
+        verb_concurrency: int = 8,
     ) -> None:
-        handler = type("Handler", (_Handler,), {"extender": extender, "max_body": max_body})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        limits = limits or ServerLimits()
+        if max_body is not None:
+            limits = replace(limits, max_body=max_body)
+        self.limits = limits
+        self.deadlines = _Deadlines(lambda: extender.metrics.http_rejected.labels("timeout").inc())
+        handler = type(
+            "Handler",
+            (_Handler,),
+            {
+                "extender": extender,
+                "limits": limits,
+                "routes": routes,
+                "deadlines": self.deadlines,
+                "verb_slots": threading.BoundedSemaphore(verb_concurrency),
+            },
+        )
+        server_cls = type(
+            "Server",
+            (_BoundedServer,),
+            {"request_queue_size": limits.backlog, "slots": threading.BoundedSemaphore(limits.max_connections)},
+        )
+        self.httpd = server_cls((host, port), handler)
         self.extender = extender
         self._thread: threading.Thread | None = None
 
@@ -416,3 +678,4 @@ class ExtenderServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.deadlines.stop()

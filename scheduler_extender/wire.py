@@ -16,10 +16,28 @@ from typing_extensions import TypedDict
 MIN_EXTENDER_PRIORITY = 0
 MAX_EXTENDER_PRIORITY = 10
 
-# Bounds that keep a hostile body from costing unbounded memory or CPU. kube-scheduler never sends
-# more than the cluster's node count; 100k nodes is far above any supported cluster (5k).
-MAX_NODES = 100_000
-MAX_VICTIMS_PER_NODE = 10_000
+# Bounds that keep a hostile body from costing unbounded memory or CPU, sized to the largest
+# legitimate call: kube-scheduler never sends more names than the cluster has nodes (5,000 is the
+# largest supported cluster), a node never runs more pods than kubelet's --max-pods (110 by
+# default, a few hundred at most), and DefaultPreemption proposes at most all nodes as candidates.
+MAX_NODES = 5_000
+MAX_VICTIMS_PER_NODE = 1_000
+MAX_VICTIMS_PER_CALL = 50_000
+MAX_POD_BYTES = 1_572_864  # etcd's request limit (1.5 MiB): no stored pod is larger
+MAX_NODE_NAME = 253  # a DNS subdomain
+_NAME_ENTRY = MAX_NODE_NAME + 8  # a quoted, escaped-free name plus separators
+_META_NODE_ENTRY = MAX_NODE_NAME + 48  # "name":{"Pods":[...],"NumPDBViolations":N},
+_META_VICTIM = 56  # {"UID":"<36-char uid>"}, with slack
+
+
+def max_body_bytes() -> int:
+    """The largest body a legitimate nodeCacheCapable call can have: the pod plus, for filter and
+    prioritize, ``MAX_NODES`` names, or, for preempt, ``MAX_NODES`` candidate nodes with
+    ``MAX_VICTIMS_PER_CALL`` victims in all (~5 MiB). Without nodeCacheCapable kube-scheduler sends
+    whole Node and victim Pod objects; those deployments must raise ``--max-body-bytes``."""
+    filter_call = MAX_NODES * _NAME_ENTRY
+    preempt_call = MAX_NODES * _META_NODE_ENTRY + MAX_VICTIMS_PER_CALL * _META_VICTIM
+    return MAX_POD_BYTES + max(filter_call, preempt_call) + 4096
 
 
 class _K8s(BaseModel):
@@ -140,8 +158,8 @@ class ExtenderPreemptionArgs(_Go):
     """Preempt request: full victims without nodeCacheCapable, UIDs only with it."""
 
     Pod: V1Pod
-    NodeNameToVictims: dict[str, Victims] | None = None
-    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+    NodeNameToVictims: dict[str, Victims] | None = Field(default=None, max_length=MAX_NODES)
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = Field(default=None, max_length=MAX_NODES)
 
 
 class ExtenderPreemptionResult(_Go):

@@ -30,7 +30,7 @@ class Recorder:
     def __init__(self) -> None:
         self.uids: list[str] = []
 
-    def request(self, pod: Any, reason: str) -> None:
+    def request(self, pod: Any, reason: str, preemptor: Any = None) -> None:
         self.uids.append(pod.uid)
 
 

@@ -18,7 +18,8 @@ from rose_common.forecast_client import ForecastError, HttpForecastSource, Stati
 from scheduler_extender import policy
 from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import Extender, ExtenderServer
+from scheduler_extender.model import PodInfo, PodKind
+from scheduler_extender.server import METRICS_ROUTES, Extender, ExtenderServer
 
 
 class Recorder:
@@ -27,8 +28,21 @@ class Recorder:
     def __init__(self) -> None:
         self.uids: list[str] = []
 
-    def request(self, pod: Any, reason: str) -> None:
+    def request(self, pod: Any, reason: str, preemptor: Any = None) -> None:
         self.uids.append(pod.uid)
+
+
+class PendingPods:
+    """Test double for the API server's view of preemptors (the contract tier runs no API
+    server; the e2e tier checks the real lookup): these pods are pending at these priorities."""
+
+    def __init__(self, **priority_by_name: int) -> None:
+        self.priority = priority_by_name
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        if name not in self.priority:
+            return None
+        return PodInfo(namespace, name, f"u-{name}", PodKind.SERVING, priority=self.priority[name])
 
 
 _OPEN: list[http.client.HTTPConnection] = []
@@ -65,7 +79,7 @@ def server() -> Iterator[tuple[ExtenderServer, Recorder]]:
         ],
     )
     rec = Recorder()
-    srv = ExtenderServer(Extender(cache, suspender=rec), "127.0.0.1", 0).start()
+    srv = ExtenderServer(Extender(cache, suspender=rec, preemptors=PendingPods(s=1000)), "127.0.0.1", 0).start()
     try:
         yield srv, rec
     finally:
@@ -126,13 +140,21 @@ def test_health_ready_and_metrics(server: tuple[ExtenderServer, Recorder]) -> No
     srv, _ = server
     conn = connect(srv.port)
     post(conn, "/filter", args_body(pod("w", "u-w", job="j"), ["n1", "n2"]))
-    for path, status in (("/healthz", 200), ("/readyz", 200)):
+    for path, status in (("/healthz", 200), ("/readyz", 200), ("/metrics", 404)):
         conn.request("GET", path)
         resp = conn.getresponse()
-        assert resp.status == status
+        assert resp.status == status, path
         resp.read()
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
+    # /metrics on its own listener, which serves no verb
+    msrv = ExtenderServer(srv.extender, "127.0.0.1", 0, routes=METRICS_ROUTES).start()
+    try:
+        mconn = connect(msrv.port)
+        assert post(mconn, "/preempt", b"{}")[0] == 404
+        mconn = connect(msrv.port)
+        mconn.request("GET", "/metrics")
+        text = mconn.getresponse().read().decode()
+    finally:
+        msrv.stop()
     for name in (
         'rose_extender_request_duration_seconds_bucket{le="0.005",verb="filter"}',
         'rose_extender_requests_total{code="200",verb="filter"} 1.0',

@@ -67,12 +67,14 @@ def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
     # what the real kube-scheduler sends is kept here (ROSE_EXTENDER_CAPTURE_DIR to keep it)
     capture = Path(os.environ.get("ROSE_EXTENDER_CAPTURE_DIR") or tmp / "capture")
     log = (tmp / "extender.log").open("wb")
+    metrics_port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "scheduler_extender",
             f"--listen={url.hostname}:{url.port}",
+            f"--metrics-listen=127.0.0.1:{metrics_port}",
             f"--kubeconfig={cluster.kubeconfig}",
             "--forecast-backend=static-file",
             f"--forecast-file={tmp / 'forecasts.json'}",
@@ -97,7 +99,15 @@ def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
     try:
         wait_for("extender ready (cache synced)", lambda: proc.poll() is None and ready(), timeout=30)
         time.sleep(1.5)  # one forecast refresh
-        yield {"proc": proc, "capture": capture, "quiet": quiet, "busy": busy, "host": url.hostname, "port": url.port}
+        yield {
+            "proc": proc,
+            "capture": capture,
+            "quiet": quiet,
+            "busy": busy,
+            "host": url.hostname,
+            "port": url.port,
+            "metrics_port": metrics_port,
+        }
     finally:
         stop_process(proc)
         log.close()
@@ -113,7 +123,7 @@ def ns(api: Any) -> Iterator[str]:
 
 
 def _metric(extender: dict[str, Any], name: str, **labels: str) -> float:
-    conn = http.client.HTTPConnection(extender["host"], extender["port"], timeout=5)
+    conn = http.client.HTTPConnection("127.0.0.1", extender["metrics_port"], timeout=5)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
@@ -252,6 +262,9 @@ def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
         )
         request = json.loads(raw)
         assert request["by"] == extender_names.EXTENDER_COMPONENT and request["graceSeconds"] == 10
+        # the preemptor the API server has (pending, outranking the worker), not the body's word
+        preemptor = core.read_namespaced_pod("llm-0", ns).metadata
+        assert request["preemptor"] == {"namespace": ns, "name": "llm-0", "uid": preemptor.uid}
         wait_for("worker Suspended by the driver", lambda: state() == "Suspended", 60)
         wait_for("its CPU given back through pods/resize", lambda: _cpu_request(api, ns, "rl-victim") == "100m", 60)
         report_container_resources(api, ns, "rl-victim")  # the kubelet (played) actuated the resize
@@ -266,6 +279,11 @@ def test_serving_pod_is_placed_with_the_rl_pod_suspended_not_deleted(
         assert {extender_names.EVENT_REASON_SUSPEND_REQUESTED, "Suspended", names.EVENT_CPU_RELEASED} <= reasons, (
             reasons
         )
+        # its owner withdraws the request once the preemptor is bound (an Event and a metric)
+        wait_for("request withdrawn", lambda: names.ANNOTATION_SUSPEND_REQUEST not in annotations(), 30)
+        events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-victim").items
+        assert "SuspendWithdrawn" in {e.reason for e in events if e.involved_object.uid == uid}
+        assert _metric(extender, "rose_extender_suspend_withdrawn_total", reason="preemptor-bound") >= 1
         assert drv.unprepare(rl_claim).error == ""
     captured = sorted(extender["capture"].glob("preempt-*-request.json"))
     assert captured, "kube-scheduler never called the preempt verb"

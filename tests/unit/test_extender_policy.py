@@ -239,56 +239,104 @@ def test_reclaim_cost_is_longest_wait_plus_transfer() -> None:
     assert policy.reclaim_cost_s([a, b], CFG) == 30 + 2.0
 
 
+P = 100  # the preemptor's priority in these tests (victims run at 0)
+
+
 def _pods() -> dict[str, PodInfo]:
     return {
-        "rl1": PodInfo("n", "rl1", "rl1", PodKind.RL, job="j"),
-        "rl2": PodInfo("n", "rl2", "rl2", PodKind.RL, job="j"),
-        "b1": PodInfo("n", "b1", "b1", PodKind.OTHER),
-        "b2": PodInfo("n", "b2", "b2", PodKind.OTHER),
+        "rl1": PodInfo("n", "rl1", "rl1", PodKind.RL, job="j", node="a"),
+        "rl2": PodInfo("n", "rl2", "rl2", PodKind.RL, job="j", node="b"),
+        "b1": PodInfo("n", "b1", "b1", PodKind.OTHER, node="b"),
+        "b2": PodInfo("n", "b2", "b2", PodKind.OTHER, node="c"),
     }
 
 
 def test_preempt_keeps_pure_nodes_only_and_suspends_nothing_when_they_exist() -> None:
     s = snap(state("a"), state("b"), state("c"), pods=_pods())
-    d = policy.preempt({"a": (["rl1"], 0), "b": (["b1", "rl2"], 0), "c": (["b2"], 1)}, s)
+    d = policy.preempt({"a": (["rl1"], 0), "b": (["b1", "rl2"], 0), "c": (["b2"], 1)}, s, P)
     assert d.victims == {"c": (["b2"], 1)}
     assert d.suspend == [] and d.dropped_nodes == ["a", "b"]
 
 
 def test_preempt_only_rl_victims_suspends_on_one_node_and_drops_it() -> None:
     s = snap(state("a", reclaim_cost_s=50.0), state("b", reclaim_cost_s=5.0), pods=_pods())
-    d = policy.preempt({"a": (["rl1"], 0), "b": (["rl2"], 0)}, s)
+    d = policy.preempt({"a": (["rl1"], 0), "b": (["rl2"], 0)}, s, P)
     assert d.victims == {}
     assert [p.uid for p in d.suspend] == ["rl2"]  # the cheaper node
     assert d.dropped_nodes == ["a", "b"]
 
 
 def test_preempt_mixed_node_returns_other_victims_in_order() -> None:
-    s = snap(state("a"), pods=_pods())
-    d = policy.preempt({"a": (["b1", "rl1", "b2"], 0)}, s)
+    pods = {**_pods(), "b1": PodInfo("n", "b1", "b1", PodKind.OTHER, node="a")}
+    s = snap(state("a"), pods=pods)
+    d = policy.preempt({"a": (["b1", "rl1", "b2"], 0)}, s, P)
     assert d.victims == {"a": (["b1", "b2"], 0)}
     assert [p.uid for p in d.suspend] == ["rl1"]
 
 
 def test_preempt_retry_sticks_to_node_already_suspending() -> None:
     pods = _pods()
-    pods["rl1"] = PodInfo("n", "rl1", "rl1", PodKind.RL, job="j", suspend_requested=True)
+    pods["rl1"] = PodInfo("n", "rl1", "rl1", PodKind.RL, job="j", node="a", suspend_requested=True)
     s = snap(state("a", reclaim_cost_s=50.0), state("b", reclaim_cost_s=5.0), pods=pods)
-    d = policy.preempt({"a": (["rl1"], 0), "b": (["rl2"], 0)}, s)
+    d = policy.preempt({"a": (["rl1"], 0), "b": (["rl2"], 0)}, s, P)
     assert [p.uid for p in d.suspend] == ["rl1"]
 
 
 def test_preempt_unknown_victims_are_kept_and_empty_nodes_dropped() -> None:
     s = snap(state("a"), pods=_pods())
-    d = policy.preempt({"a": (["nobody"], 2), "ghost": ([], 0)}, s)
-    assert d.victims == {"a": (["nobody"], 2)} and d.kept_unknown == 1
+    d = policy.preempt({"a": (["nobody"], 2), "ghost": ([], 0)}, s, P)
+    assert d.victims == {"a": (["nobody"], 2)} and d.kept_unknown == 1 and d.suspend == []
 
 
-def test_preempt_full_victims_override_cache() -> None:
-    s = snap(state("a"), pods={})
-    given = {"x": PodInfo("n", "x", "x", PodKind.RL, job="j")}
-    d = policy.preempt({"a": (["x"], 0)}, s, given)
-    assert d.victims == {} and [p.uid for p in d.suspend] == ["x"]
+def test_preempt_suspends_nothing_for_an_unverified_preemptor() -> None:
+    s = snap(state("a"), pods=_pods())
+    d = policy.preempt({"a": (["rl1"], 0)}, s, None)
+    assert d.suspend == [] and d.victims == {} and d.refused["a"][0] == policy.REFUSE_PREEMPTOR
+
+
+def test_preempt_refuses_victims_the_preemptor_does_not_outrank_or_off_their_node_or_over_the_cap() -> None:
+    pods = {**_pods(), "hi": PodInfo("n", "hi", "hi", PodKind.RL, job="j", node="a", priority=P)}
+    s = snap(state("a"), state("b"), pods=pods)
+    d = policy.preempt({"a": (["hi"], 0), "b": (["rl1"], 0)}, s, P)
+    assert d.suspend == [] and d.victims == {}
+    assert {n: r for n, (r, _) in d.refused.items()} == {"a": policy.REFUSE_PRIORITY, "b": policy.REFUSE_NODE}
+    many = {f"r{i}": PodInfo("n", f"r{i}", f"r{i}", PodKind.RL, job="j", node="a") for i in range(3)}
+    d = policy.preempt({"a": (list(many), 0)}, snap(state("a"), pods=many), P, max_suspend=2)
+    assert d.suspend == [] and d.refused["a"][0] == policy.REFUSE_CAP
+
+
+def test_verify_preemptor_needs_the_same_pending_pod() -> None:
+    pending = PodInfo("n", "s", "u1", PodKind.SERVING, priority=P)
+    assert policy.verify_preemptor("u1", pending) == ""
+    assert policy.verify_preemptor("u1", None) == "preemptor not found"
+    assert "UID" in policy.verify_preemptor("u2", pending)
+    assert "bound" in policy.verify_preemptor("u1", dataclasses.replace(pending, node="a"))
+    assert "deleted" in policy.verify_preemptor("u1", dataclasses.replace(pending, terminating=True))
+
+
+def test_own_request_and_withdraw_reason() -> None:
+    import datetime as dt
+    import json as js
+
+    from rose_common import extender_names
+
+    at = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+    doc = {
+        "by": extender_names.EXTENDER_COMPONENT,
+        "at": "2026-01-01T12:00:00Z",
+        "preemptor": {"namespace": "n", "name": "s", "uid": "u1"},
+    }
+    req = policy.own_request(js.dumps(doc))
+    assert req == policy.OwnRequest("n", "s", "u1", at)
+    assert policy.own_request(js.dumps({**doc, "by": "rose-planner"})) is None  # not ours: never removed
+    assert policy.own_request("{not json") is None
+    pending = PodInfo("n", "s", "u1", PodKind.SERVING)
+    soon, late = at + dt.timedelta(seconds=10), at + dt.timedelta(seconds=600)
+    assert policy.withdraw_reason(req, pending, soon, 600) == ""
+    assert policy.withdraw_reason(req, pending, late, 600) == policy.WITHDRAW_TTL
+    assert policy.withdraw_reason(req, dataclasses.replace(pending, node="a"), soon, 600) == policy.WITHDRAW_BOUND
+    assert policy.withdraw_reason(req, None, soon, 600) == policy.WITHDRAW_GONE
+    assert policy.withdraw_reason(req, dataclasses.replace(pending, uid="u2"), soon, 600) == policy.WITHDRAW_GONE
 
 
 @given(
@@ -302,19 +350,17 @@ def test_preempt_screening_by_rl_index_decides_like_the_full_scan(
     candidates: dict[str, tuple[list[str], int]],
 ) -> None:
     """The C-level screen against ``snapshot.rl_pods`` changes speed, not decisions: the same
-    candidates give the same decision as the per-victim scan (taken when full victims are given)."""
+    candidates give the same decision with the index derived from the pods."""
     nodes = [state(n, reclaim_cost_s=float(i)) for i, n in enumerate("abcd")]
     indexed = snap(*nodes, pods=_pods())
     assert indexed.rl_pods is not None and set(indexed.rl_pods) == {"rl1", "rl2"}
     derived = dataclasses.replace(indexed, rl_pods=None)  # index derived from pods
-    a, b = policy.preempt(candidates, indexed), policy.preempt(candidates, snap(*nodes, pods={}), _pods())
-    c = policy.preempt(candidates, derived)
-    assert (c.victims, [p.uid for p in c.suspend]) == (a.victims, [p.uid for p in a.suspend])
-    assert (a.victims, [p.uid for p in a.suspend], a.kept_unknown, a.dropped_nodes) == (
-        b.victims,
-        [p.uid for p in b.suspend],
-        b.kept_unknown,
-        b.dropped_nodes,
+    a, c = policy.preempt(candidates, indexed, P), policy.preempt(candidates, derived, P)
+    assert (c.victims, [p.uid for p in c.suspend], c.kept_unknown, c.dropped_nodes) == (
+        a.victims,
+        [p.uid for p in a.suspend],
+        a.kept_unknown,
+        a.dropped_nodes,
     )
 
 

@@ -15,7 +15,7 @@ from extender_fixtures import claim, cluster_cache, forecast, pod
 
 from scheduler_extender import wire
 from scheduler_extender.forecast import reduce
-from scheduler_extender.model import PoolForecast
+from scheduler_extender.model import PodInfo, PodKind, PoolForecast
 from scheduler_extender.server import Extender
 
 GOLDEN = Path(__file__).parent / "extender_golden"
@@ -35,8 +35,17 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 
-    def request(self, pod: object, reason: str) -> None:
+    def request(self, pod: object, reason: str, preemptor: object) -> None:
         self.calls.append((getattr(pod, "uid", ""), reason))
+
+
+class PendingPods:
+    """Test double for the API server's view of the preemptor (the golden file's llm-0, pending)."""
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        if (namespace, name) != ("rl", "llm-0"):
+            return None
+        return PodInfo(namespace, name, "9d1c", PodKind.SERVING, priority=1000)
 
 
 def golden_extender() -> tuple[Extender, Recorder]:
@@ -55,7 +64,7 @@ def golden_extender() -> tuple[Extender, Recorder]:
         "short": reduce(forecast("short", {600: 2, 1800: 8, 3600: 8}), "0.9"),
     }
     rec = Recorder()
-    return Extender(cache, forecasts=Forecasts(fcs), suspender=rec), rec
+    return Extender(cache, forecasts=Forecasts(fcs), suspender=rec, preemptors=PendingPods()), rec
 
 
 def expected(name: str) -> bytes:
