@@ -6,7 +6,10 @@ table. Act 2 forecasts serving demand per pool with the predictor's model (from 
 of the generated history, so the act is the same at any hour) and lets the real kube-scheduler,
 through the ROSE extender, place an RL job's workers in the pool forecast to leave the most
 room. Act 3 runs the DRA driver and a real training process: a serving pod takes the GPU
-back, the RL job is suspended into host memory (not evicted) and resumes bit-exact.
+back, the RL job is suspended into host memory (not evicted) and resumes bit-exact. Act 4
+applies an ElasticRLJob with kubectl: the real controller grows it on an idle forecast, shrinks
+it to its minimum and then suspends the gang (through real drivers) when serving is forecast to
+need the GPUs, and resumes and regrows it when the forecast falls.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = True
         api = h.api_client()
         try:
+            from rose_cli.demo_elastic import act_elastic_job
             from rose_cli.demo_node import act_serving_wins
             from rose_cli.demo_placement import act_lend_by_forecast
 
@@ -131,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             ok &= act_lend_by_forecast(h, api, _say)
             _say("\nAct 3: serving wins: the RL job is suspended into host memory, not evicted")
             ok &= act_serving_wins(h, api, _say)
+            _say("\nAct 4: an ElasticRLJob grows on idle GPUs and gives them back before serving needs them")
+            ok &= act_elastic_job(h, api, _say)
         finally:
             api.close()
         _say(f"\nexport KUBECONFIG={h.kubeconfig}   # to look around with kubectl")

