@@ -32,7 +32,7 @@ def test_rbac_is_least_privilege() -> None:
         ("", "pods/eviction"): {"create"},
         ("", "pods/resize"): {"patch"},
         ("", "nodes"): {"get", "patch"},
-        ("", "events"): {"create", "patch"},
+        ("", "events"): {"create"},
     }
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in role["rules"])
 
@@ -48,12 +48,22 @@ def test_policies_pin_writes_to_the_tokens_node() -> None:
             "rose-dra-driver-resourceslices",
             "rose-dra-driver-pods",
             "rose-dra-driver-nodes",
+            "rose-dra-driver-events",
         }
     )
     text = yaml.safe_dump(policies["rose-dra-driver-resourceslices"])
     assert "authentication.kubernetes.io/node-name" in text and "spec.?nodeName" in text
     pod_rules = policies["rose-dra-driver-pods"]["spec"]["matchConstraints"]["resourceRules"]
     assert {"pods", "pods/resize"} <= {r for rule in pod_rules for r in rule["resources"]}
+
+
+def test_policies_hold_in_any_install_namespace() -> None:
+    """The policies match the driver's account by name, never by a hard-coded namespace."""
+    for d in _docs("admission-policy.yaml"):
+        if d["kind"] != "ValidatingAdmissionPolicy":
+            continue
+        cond = d["spec"]["matchConditions"][0]["expression"]
+        assert 'endsWith(":rose-dra-driver")' in cond and "rose-system" not in cond, d["metadata"]["name"]
 
 
 def test_daemonset_env_names_are_driver_flags() -> None:
