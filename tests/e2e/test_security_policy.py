@@ -118,11 +118,11 @@ def _install_docs(install_ns: str) -> list[dict[str, Any]]:
     return docs
 
 
-def _pod(name: str, node: str) -> dict[str, Any]:
+def _pod(name: str, node: str, **labels: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "tenant"}},
+        "metadata": {"name": name, "labels": {"app": "tenant", **labels}},
         "spec": {
             "nodeName": node,
             "terminationGracePeriodSeconds": 0,
@@ -160,8 +160,9 @@ def env(cluster: ClusterHandle) -> Iterator[Env]:
     stream = yaml.safe_dump_all(docs)
     try:
         ok(e, "apply", "-f", "-", stdin=stream)
-        for name, node in (("sec-pod-0", e.node0), ("sec-pod-1", e.node1)):
-            ok(e, "create", "-n", ns, "-f", "-", stdin=json.dumps(_pod(name, node)))
+        rl_worker = {"rose.io/elastic-rl-job": "cartpole", "rose.io/role": "rl-worker"}
+        for name, node, labels in (("sec-pod-0", e.node0, {}), ("sec-pod-1", e.node1, rl_worker)):
+            ok(e, "create", "-n", ns, "-f", "-", stdin=json.dumps(_pod(name, node, **labels)))
             report_container_resources(api, ns, name)  # KWOK plays no kubelet resize report
         yield e
     finally:
@@ -172,12 +173,12 @@ def env(cluster: ClusterHandle) -> Iterator[Env]:
             c.close()
 
 
-def refused(raw: Raw, path: str, body: dict[str, Any], content_type: str = MERGE) -> str:
-    """PATCH as a server-side dry run until it is refused (policies load asynchronously); the message."""
+def refused(raw: Raw, path: str, body: dict[str, Any], content_type: str = MERGE, method: str = "PATCH") -> str:
+    """A server-side dry run, until it is refused (policies load asynchronously); the message."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            raw.json("PATCH", path + "?dryRun=All", body=body, content_type=content_type)
+            raw.json(method, path + "?dryRun=All", body=body, content_type=content_type)
         except ApiError as e:
             assert e.code in (403, 422), e.status
             return e.status.message
@@ -284,12 +285,24 @@ def test_driver_events_name_its_node_and_a_pod(env: Env) -> None:
     ok(env, "create", "-f", "-", *drv, stdin=_event(env, env.node0))
 
 
+def test_driver_evictions_carry_a_uid_precondition(env: Env) -> None:
+    path = pod_path(env, "sec-pod-0") + "/eviction"
+    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                            "metadata": {"name": "sec-pod-0", "namespace": env.ns}}  # fmt: skip
+    msg = refused(env.drv, path, body, "application/json", method="POST")
+    assert "must carry deleteOptions.preconditions.uid" in msg
+    uid = json.loads(ok(env, "get", "pod/sec-pod-0", "-n", env.ns, "-o", "json"))["metadata"]["uid"]
+    body["deleteOptions"] = {"preconditions": {"uid": uid}, "dryRun": ["All"]}
+    env.drv.json("POST", path + "?dryRun=All", body=body)  # allowed; a dry run evicts nothing
+
+
 # --- the extender ------------------------------------------------------------------------------
 
 
 def test_extender_has_its_own_least_privilege_account(env: Env) -> None:
     ext = env.extender()
-    assert can_i(env, ext, "patch", "pods") and can_i(env, ext, "list", "resourceclaims")
+    assert can_i(env, ext, "patch", "pods") and can_i(env, ext, "get", "pods")
+    assert can_i(env, ext, "list", "resourceclaims") and can_i(env, ext, "watch", "resourceslices")
     assert can_i(env, ext, "create", "events")
     for verb, res in (("delete", "pods"), ("create", "pods/eviction"), ("create", "pods/binding"),
                       ("update", "pods"), ("patch", "nodes"), ("get", "secrets")):  # fmt: skip
@@ -298,15 +311,39 @@ def test_extender_has_its_own_least_privilege_account(env: Env) -> None:
     assert r.returncode != 0 and "forbidden" in r.stderr.lower(), r.stderr
 
 
+def _request(by: str) -> dict[str, Any]:
+    return ann("rose.io/suspend-request", json.dumps({"by": by, "reason": "test"}))
+
+
 def test_extender_may_patch_only_the_suspend_request(env: Env) -> None:
-    path = pod_path(env, "sec-pod-1")
+    path = pod_path(env, "sec-pod-1")  # an RL worker
     msg = refused(env.ext, path, ann("rose.io/suspend-state", "Suspended"))
     assert "only the pod annotation rose.io/suspend-request, not rose.io/suspend-state" in msg
-    msg = refused(env.ext, path, {"metadata": {"labels": {"rose.io/role": "rl-worker"}}})
+    msg = refused(env.ext, path, {"metadata": {"labels": {"rose.io/role": "serving"}}})
     assert "may not change a pod's labels" in msg
-    request = ann("rose.io/suspend-request", json.dumps({"by": "rose-scheduler-extender", "reason": "test"}))
-    assert "rose.io/suspend-request" in patched(env.ext, path, request)["metadata"]["annotations"]
-    patched(env.ext, path, ann("rose.io/suspend-request", None))
+    msg = refused(env.ext, pod_path(env, "sec-pod-0"), _request("rose-scheduler-extender"))
+    assert "only of RL workers" in msg
+    assert "only its own suspend requests" in refused(env.ext, path, _request("rose-elastic-controller"))
+    assert (
+        "rose.io/suspend-request"
+        in patched(env.ext, path, _request("rose-scheduler-extender"))["metadata"]["annotations"]
+    )
+    patched(env.ext, path, ann("rose.io/suspend-request", None))  # withdraws its own
+    ok(env, "annotate", "pod/sec-pod-1", "-n", env.ns, "rose.io/suspend-request=" + json.dumps({"by": "planner"}))
+    try:
+        msg = refused(env.ext, path, ann("rose.io/suspend-request", None))
+        assert "only its own suspend requests" in msg
+    finally:
+        ok(env, "annotate", "pod/sec-pod-1", "-n", env.ns, "rose.io/suspend-request-")
+
+
+def test_extender_events_are_its_suspend_events(env: Env) -> None:
+    ev = json.loads(_event(env, "rose-scheduler"))
+    ev["reason"] = "Killing"
+    msg = denied(env, "create", "-f", "-", *env.extender(), stdin=json.dumps(ev))
+    assert "only SuspendRequested or SuspendWithdrawn Events about Pods, not Killing" in msg
+    ev["reason"] = "SuspendRequested"
+    ok(env, "create", "-f", "-", *env.extender(), stdin=json.dumps(ev))
 
 
 # --- serving classes -----------------------------------------------------------------------------

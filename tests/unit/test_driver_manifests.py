@@ -49,6 +49,7 @@ def test_policies_pin_writes_to_the_tokens_node() -> None:
             "rose-dra-driver-pods",
             "rose-dra-driver-nodes",
             "rose-dra-driver-events",
+            "rose-dra-driver-evictions",
         }
     )
     text = yaml.safe_dump(policies["rose-dra-driver-resourceslices"])
