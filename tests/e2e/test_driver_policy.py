@@ -74,6 +74,8 @@ def installed(cluster: ClusterHandle) -> Iterator[tuple[Raw, Raw, dict[str, Any]
             admin.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
         docs = _docs("serviceaccount.yaml") + _docs("rbac.yaml") + _docs("admission-policy.yaml")
         for d in docs:
+            for s in d.get("subjects", []):  # what kustomize's namespace fills in
+                s["namespace"] = NS
             admin.json("POST", _path(d), body=d)
             created.append(f"{_path(d)}/{d['metadata']['name']}")
         node0, node1 = cluster.node_names[0], cluster.node_names[1]

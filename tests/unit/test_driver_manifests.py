@@ -91,3 +91,18 @@ def test_nvidia_overlay_gives_the_driver_libcuda_and_nvml() -> None:
     base = _docs("daemonset.yaml")[0]["spec"]["template"]["spec"]
     assert "runtimeClassName" not in base  # the base stays runnable without the NVIDIA toolkit
     assert spec["containers"][0]["name"] == base["containers"][0]["name"]
+
+
+def test_no_install_namespace_is_hard_coded() -> None:
+    """Binding subjects leave the namespace to kustomize and policies match accounts by name, so
+    installing into any namespace keeps RBAC bound and the policies in force."""
+    for sub in ("driver", "extender"):
+        for path in sorted((DIR.parent / sub).glob("*.yaml")):
+            if path.name not in ("rbac.yaml", "admission-policy.yaml", "serviceaccount.yaml"):
+                continue
+            for d in yaml.safe_load_all(path.read_text()):
+                if not d:
+                    continue
+                assert "rose-system" not in yaml.safe_dump(d.get("spec", {})), f"{path.name}: {d['metadata']['name']}"
+                assert all("namespace" not in s for s in d.get("subjects", [])), f"{path.name}: {d['metadata']['name']}"
+                assert d["metadata"].get("namespace") is None, f"{path.name}: {d['metadata']['name']}"
