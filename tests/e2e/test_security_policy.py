@@ -43,6 +43,7 @@ INSTALL = [
     "extender/serviceaccount.yaml",
     "extender/rbac.yaml",
     "policies/serving-namespaces.yaml",
+    "policies/controller-pods.yaml",
 ]
 KUBECTL = shutil.which("kubectl") or str(Path(sys.executable).with_name("kubectl"))
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
@@ -344,6 +345,27 @@ def test_extender_events_are_its_suspend_events(env: Env) -> None:
     assert "only SuspendRequested or SuspendWithdrawn Events about Pods, not Killing" in msg
     ev["reason"] = "SuspendRequested"
     ok(env, "create", "-f", "-", *env.extender(), stdin=json.dumps(ev))
+
+
+# --- the ElasticRLJob controller ------------------------------------------------------------------
+
+
+def test_controller_may_delete_only_worker_pods(env: Env) -> None:
+    """Its RBAC (pods create/patch/delete, cluster-wide) lives with the controller's manifests;
+    granted here so that the request reaches admission, where the policy must refuse it."""
+    user = f"system:serviceaccount:{env.install_ns}:rose-elastic-controller"
+    role = f"rose-sec-test-controller-{env.install_ns}"
+    ok(env, "create", "clusterrole", role, "--verb=create,patch,delete", "--resource=pods")
+    try:
+        ok(env, "create", "clusterrolebinding", role, f"--clusterrole={role}",
+           f"--serviceaccount={env.install_ns}:rose-elastic-controller")  # fmt: skip
+        msg = denied(env, "delete", "pod/sec-pod-0", "-n", env.ns, f"--as={user}")
+        assert "may create, change or delete only worker pods" in msg
+        msg = denied(env, "create", "-n", env.ns, "-f", "-", f"--as={user}", stdin=json.dumps(_pod("sec-x", env.node0)))
+        assert "may create, change or delete only worker pods" in msg
+        ok(env, "delete", "pod/sec-pod-1", "-n", env.ns, "--dry-run=server", f"--as={user}")  # a worker: allowed
+    finally:
+        kubectl(env, "delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found")
 
 
 # --- serving classes -----------------------------------------------------------------------------
