@@ -74,6 +74,8 @@ def installed(cluster: ClusterHandle) -> Iterator[tuple[Raw, Raw, dict[str, Any]
             admin.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
         docs = _docs("serviceaccount.yaml") + _docs("rbac.yaml") + _docs("admission-policy.yaml")
         for d in docs:
+            for s in d.get("subjects", []):  # what kustomize's namespace fills in
+                s["namespace"] = NS
             admin.json("POST", _path(d), body=d)
             created.append(f"{_path(d)}/{d['metadata']['name']}")
         node0, node1 = cluster.node_names[0], cluster.node_names[1]
@@ -176,17 +178,21 @@ def test_driver_may_patch_only_pods_on_its_node(installed: Any) -> None:
 def test_driver_may_annotate_only_its_own_node(cluster: ClusterHandle, installed: Any) -> None:
     admin, drv, _ = installed
     node0, node1 = cluster.node_names[0], cluster.node_names[1]
-    patch = {"metadata": {"annotations": {"rose.io/policy-test": "1"}}}
+    key = "rose.io/lent-gpus"  # one of the two Node annotations the driver owns
+    before = admin.json("GET", f"/api/v1/nodes/{node0}")["metadata"].get("annotations", {}).get(key)
+    patch = {"metadata": {"annotations": {key: "0"}}}
     msg = _denied(drv, "PATCH", f"/api/v1/nodes/{node1}", patch, admin, content_type="application/merge-patch+json")
     assert "may annotate only its own Node" in msg
-    out = drv.json("PATCH", f"/api/v1/nodes/{node0}", body=patch, content_type="application/merge-patch+json")
-    assert out["metadata"]["annotations"]["rose.io/policy-test"] == "1"
-    admin.json(
-        "PATCH",
-        f"/api/v1/nodes/{node0}",
-        body={"metadata": {"annotations": {"rose.io/policy-test": None}}},
-        content_type="application/merge-patch+json",
-    )
+    try:
+        out = drv.json("PATCH", f"/api/v1/nodes/{node0}", body=patch, content_type="application/merge-patch+json")
+        assert out["metadata"]["annotations"][key] == "0"
+    finally:
+        admin.json(
+            "PATCH",
+            f"/api/v1/nodes/{node0}",
+            body={"metadata": {"annotations": {key: before}}},
+            content_type="application/merge-patch+json",
+        )
 
 
 def test_driver_may_resize_only_pods_on_its_node(installed: Any) -> None:

@@ -32,7 +32,7 @@ def test_rbac_is_least_privilege() -> None:
         ("", "pods/eviction"): {"create"},
         ("", "pods/resize"): {"patch"},
         ("", "nodes"): {"get", "patch"},
-        ("", "events"): {"create", "patch"},
+        ("", "events"): {"create"},
     }
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in role["rules"])
 
@@ -48,12 +48,23 @@ def test_policies_pin_writes_to_the_tokens_node() -> None:
             "rose-dra-driver-resourceslices",
             "rose-dra-driver-pods",
             "rose-dra-driver-nodes",
+            "rose-dra-driver-events",
+            "rose-dra-driver-evictions",
         }
     )
     text = yaml.safe_dump(policies["rose-dra-driver-resourceslices"])
     assert "authentication.kubernetes.io/node-name" in text and "spec.?nodeName" in text
     pod_rules = policies["rose-dra-driver-pods"]["spec"]["matchConstraints"]["resourceRules"]
     assert {"pods", "pods/resize"} <= {r for rule in pod_rules for r in rule["resources"]}
+
+
+def test_policies_hold_in_any_install_namespace() -> None:
+    """The policies match the driver's account by name, never by a hard-coded namespace."""
+    for d in _docs("admission-policy.yaml"):
+        if d["kind"] != "ValidatingAdmissionPolicy":
+            continue
+        cond = d["spec"]["matchConditions"][0]["expression"]
+        assert 'endsWith(":rose-dra-driver")' in cond and "rose-system" not in cond, d["metadata"]["name"]
 
 
 def test_daemonset_env_names_are_driver_flags() -> None:
@@ -80,3 +91,18 @@ def test_nvidia_overlay_gives_the_driver_libcuda_and_nvml() -> None:
     base = _docs("daemonset.yaml")[0]["spec"]["template"]["spec"]
     assert "runtimeClassName" not in base  # the base stays runnable without the NVIDIA toolkit
     assert spec["containers"][0]["name"] == base["containers"][0]["name"]
+
+
+def test_no_install_namespace_is_hard_coded() -> None:
+    """Binding subjects leave the namespace to kustomize and policies match accounts by name, so
+    installing into any namespace keeps RBAC bound and the policies in force."""
+    for sub in ("driver", "extender"):
+        for path in sorted((DIR.parent / sub).glob("*.yaml")):
+            if path.name not in ("rbac.yaml", "admission-policy.yaml", "serviceaccount.yaml"):
+                continue
+            for d in yaml.safe_load_all(path.read_text()):
+                if not d:
+                    continue
+                assert "rose-system" not in yaml.safe_dump(d.get("spec", {})), f"{path.name}: {d['metadata']['name']}"
+                assert all("namespace" not in s for s in d.get("subjects", [])), f"{path.name}: {d['metadata']['name']}"
+                assert d["metadata"].get("namespace") is None, f"{path.name}: {d['metadata']['name']}"
