@@ -18,6 +18,7 @@ never a traceback.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import sys
@@ -342,7 +343,7 @@ class PredictorHTTPServer(ThreadingHTTPServer):
         """A client that went away is a debug line; anything else one JSON error line, no traceback dump."""
         exc = sys.exc_info()[1]
         if isinstance(exc, ConnectionError | TimeoutError):
-            logs.log(10, "client went away", client=str(client_address), err=repr(exc))
+            logs.log(logging.DEBUG, "client went away", client=str(client_address), err=repr(exc))
         else:
             logs.error("request handler failed", client=str(client_address), err=repr(exc))
 
