@@ -3,7 +3,8 @@
 Each test reproduces a finding of issue 11 (Medium 4, Low) against the real server: a short
 listen backlog, idle and slowloris connections held forever, megabytes of headers accepted, a
 GET with a body answered twice, unbounded connections, an overflowing ``horizon=`` dropping the
-connection, disconnects printing tracebacks; and the bounded load test (64 clients).
+connection, disconnects printing tracebacks, a client that never reads holding a thread; and the
+bounded load test (64 clients).
 """
 
 from __future__ import annotations
@@ -227,3 +228,26 @@ def test_64_concurrent_clients_no_reset_no_5xx(service: PredictorService) -> Non
         srv.server_close()
     print("load:", res.summary())
     assert not res.errors and set(res.statuses) == {200} and sum(res.statuses.values()) == 64 * 5, res.summary()
+
+
+def test_a_client_that_never_reads_is_dropped(server: PredictorHTTPServer) -> None:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", server.server_address[1]))
+    with s:
+        n = 3000  # pipelined /metrics requests: megabytes of answers, far more than the socket buffers
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+        time.sleep(QUICK.write_timeout + 1.0)  # the server's send blocks; after write_timeout it gives up
+        s.settimeout(5.0)
+        raw, closed = b"", False
+        while not closed:  # drain: EOF, or a reset (the server closed with our requests unread)
+            try:
+                chunk = s.recv(1 << 16)
+            except ConnectionResetError:
+                chunk = b""
+            except TimeoutError:
+                break
+            raw += chunk
+            closed = not chunk
+    assert closed, "the server still holds the connection of a client that does not read"
+    assert raw.count(b"HTTP/1.1 200") < n
