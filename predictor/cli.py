@@ -1,4 +1,10 @@
-"""``rose predictor {serve,backtest,evaluate,generate}``: every flag also reads ROSE_PREDICTOR_<FLAG>."""
+"""``rose predictor {serve,backtest,evaluate,generate}``: every flag also reads ROSE_PREDICTOR_<FLAG>.
+
+I/O boundary: argv, the environment, stdout/stderr, the files named by flags, and (``serve``) the
+listening socket. Every flag value is range-checked when parsed: an absurd one (a 400-digit
+``--step``, a port that cannot be bound) is a one-line ``error: ...`` and exit status 2, never
+a traceback.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,47 @@ from predictor import logs
 from rose_common.cli import EnvArgumentParser, host_port
 
 ENV_PREFIX = "ROSE_PREDICTOR_"
+MAX_DURATION = 400 * 86400  # seconds: longer than any history, horizon or interval that makes sense
+MAX_GENERATED_POINTS = 10_000_000
+
+
+def duration_flag(maximum: int = MAX_DURATION) -> Callable[[str], int]:
+    """An argparse type: a positive whole-second duration (``30s``, ``5m``, ``1h``) up to ``maximum``."""
+    from predictor.series import format_duration, parse_duration
+
+    def parse(text: str) -> int:
+        try:
+            seconds = parse_duration(text)
+        except (ValueError, OverflowError) as e:
+            raise argparse.ArgumentTypeError(
+                str(e) if isinstance(e, ValueError) else f"{text[:40]!r} is too large"
+            ) from None
+        if seconds > maximum:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is too long: at most {format_duration(maximum)}")
+        return seconds
+
+    parse.__name__ = "duration"
+    return parse
+
+
+def bounded_int(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``lo..hi``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is out of range: use {lo}..{hi}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
-    from predictor.series import parse_duration
-
+    parse_duration = duration_flag()
     ap = EnvArgumentParser(
         env_prefix=ENV_PREFIX,
         prog="rose predictor",
@@ -30,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     s.flag("--prometheus-url", help="Prometheus base URL", default="http://127.0.0.1:9090")
     s.flag("--pools", help="YAML file: pools: [{name, query, unit, capacity}]", required=True, type=Path)
     s.flag("--listen", help="address:port to serve HTTP on", default="0.0.0.0:8080", type=host_port)
-    s.flag("--step", help="resampling step (e.g. 60s, 1m)", default="60s", type=parse_duration)
+    s.flag("--step", help="resampling step (e.g. 60s, 1m; at most 1d)", default="60s", type=duration_flag(86400))
     s.flag("--history", help="history kept in memory and trained on", default="14d", type=parse_duration)
     s.flag("--horizons", help="forecast horizons", default="10m,30m,60m")
     s.flag("--quantiles", help="quantiles besides the median", default="0.9")
@@ -67,13 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     b.flag("--plot", help="write a PNG of forecasts vs. actuals here", type=Path)
     b.flag("--initial-train", help="history before the first origin (default: half the series)", type=parse_duration)
     b.flag("--refit-every", help="refit interval (default: 1d, or a tenth of the series)", type=parse_duration)
-    b.flag("--threads", help="CPU threads for fitting", default="1", type=int)
+    b.flag("--threads", help="CPU threads for fitting", default="1", type=bounded_int(1, 1024))
 
     _add_evaluate(sub)
 
     g = sub.add_parser("generate", help="write a deterministic synthetic serving-demand series (CSV)")
     g.flag("--days", help="length in days", default="14", type=float)
-    g.flag("--step", help="step in seconds", default="60", type=int)
+    g.flag("--step", help="step in seconds (1..86400)", default="60", type=bounded_int(1, 86400))
     g.flag("--seed", help="random seed (same seed, same series)", default="7", type=int)
     g.flag("--level", help="typical demand level (e.g. busy GPUs)", default="40", type=float)
     g.flag("--gaps", help="fraction of steps left as gaps", default="0", type=float)
@@ -91,8 +133,7 @@ def _series_flag(p: Any) -> None:
 
 
 def _add_evaluate(sub: Any) -> None:
-    from predictor.series import parse_duration
-
+    parse_duration = duration_flag()
     e = sub.add_parser("evaluate", help="GPU-time lent at a target risk: the model vs. tuned baselines and an oracle")
     _series_flag(e)
     e.flag("--risk", help="target under-provision risks, comma-separated (e.g. 0.01,0.05)", default="0.01,0.05")
@@ -124,10 +165,10 @@ def _parse_risks(text: str) -> list[float]:
 def cmd_evaluate(a: argparse.Namespace) -> int:
     from predictor.evaluate import evaluate, plot, write_json
     from predictor.risk import NotEnoughWindows
-    from predictor.series import SeriesError, parse_durations, read_series_csv
+    from predictor.series import SeriesError, read_series_csv
 
     try:
-        horizons = parse_durations(a.horizons)
+        horizons = _horizons(a.horizons)
         risks = _parse_risks(a.risk)
         series = read_series_csv(a.series)
         init = None if a.initial_train is None else -(-int(a.initial_train) // series.step)
@@ -139,7 +180,7 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
             capacity_per_gpu=None if a.capacity_per_gpu is None else float(a.capacity_per_gpu),
             initial_train=init,
         )
-    except (SeriesError, NotEnoughWindows, ValueError) as e:
+    except (SeriesError, NotEnoughWindows, ValueError, OverflowError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.table())
@@ -162,16 +203,16 @@ def cmd_backtest(a: argparse.Namespace) -> int:
 
     from predictor.backtest import backtest, plot, write_json
     from predictor.model import NotEnoughHistory
-    from predictor.series import SeriesError, parse_durations, read_series_csv
+    from predictor.series import SeriesError, read_series_csv
 
     try:
-        horizons = parse_durations(a.horizons)
+        horizons = _horizons(a.horizons)
         series = read_series_csv(a.series)
         init = None if a.initial_train is None else -(-int(a.initial_train) // series.step)
         refit = None if a.refit_every is None else max(1, int(a.refit_every) // series.step)
         with threadpool_limits(limits=int(a.threads)):
             result = backtest(series, horizons, float(a.quantile), initial_train=init, refit_every=refit)
-    except (SeriesError, NotEnoughHistory, ValueError) as e:
+    except (SeriesError, NotEnoughHistory, ValueError, OverflowError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.table())
@@ -186,6 +227,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from predictor.series import write_series_csv
 
     try:
+        points = float(a.days) * 86400 / int(a.step)
+        if not points <= MAX_GENERATED_POINTS:
+            raise ValueError(
+                f"--days {a.days} at --step {a.step} is {points:.3g} points; at most {MAX_GENERATED_POINTS:,}"
+            )
         s = generate(float(a.days), int(a.step), seed=int(a.seed), level=float(a.level), gap_fraction=float(a.gaps))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -195,10 +241,22 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _horizons(text: str) -> list[int]:
+    """``--horizons``: each a whole-second duration of at most 7 days."""
+    from predictor.series import parse_durations
+
+    try:
+        horizons = parse_durations(text)
+    except OverflowError:
+        raise ValueError(f"--horizons {text[:40]!r}: a horizon is too large (at most 7d)") from None
+    if horizons[-1] > 7 * 86400:
+        raise ValueError(f"--horizons {text[:40]!r}: a horizon is too large (at most 7d)")
+    return horizons
+
+
 def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None) -> int:
     from predictor.ingest import PrometheusSource
     from predictor.model import ModelConfig
-    from predictor.series import parse_durations
     from predictor.server import PredictorHTTPServer, serve_in_thread
     from predictor.service import PredictorService, Settings, Source, load_pools
     from predictor.store import ModelStore
@@ -207,7 +265,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
     try:
         pools = load_pools(a.pools)
         model_cfg = ModelConfig(
-            horizons=tuple(parse_durations(a.horizons)),
+            horizons=tuple(_horizons(a.horizons)),
             quantiles=_parse_quantiles(a.quantiles),
             day=int(a.season_day),
             week=int(a.season_week),
@@ -247,7 +305,11 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
     else:
         source = PrometheusSource(a.prometheus_url)
     service = PredictorService(pools, source, settings, store)
-    server = PredictorHTTPServer(address, service)
+    try:
+        server = PredictorHTTPServer(address, service)
+    except OSError as e:
+        print(f"error: cannot listen on --listen {address[0]}:{address[1]}: {e.strerror or e}", file=sys.stderr)
+        return 2
     serve_in_thread(server)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

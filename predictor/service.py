@@ -26,7 +26,7 @@ from predictor.metrics import PredictorMetrics
 from predictor.model import ModelConfig, NotEnoughHistory, QuantileForecaster, quantile_key
 from predictor.risk import NotEnoughWindows, RiskParams, fit_risk, forecast_now
 from predictor.series import Series, format_duration
-from predictor.store import ModelStore, runtime_mismatch
+from predictor.store import ModelStore, UntrustedModel, runtime_mismatch
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 
 
@@ -223,6 +223,10 @@ class PredictorService:
         assert self.store is not None
         try:
             found = self.store.load_latest(st.config.name)
+        except UntrustedModel as e:
+            self.metrics.fits.labels(st.config.name, "untrusted").inc()
+            logs.warning("persisted model refused; will refit", pool=st.config.name, err=str(e))
+            return
         except Exception as e:
             logs.warning("cannot load persisted model", pool=st.config.name, err=str(e))
             return

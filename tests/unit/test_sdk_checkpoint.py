@@ -112,3 +112,66 @@ def test_unsafe_user_state_is_refused(tmp_path: Path) -> None:
     write_atomic(path, MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
     with pytest.raises(CheckpointError, match="does not load"):
         load_checkpoint(path)
+
+
+def _resign(path: Path, payload: object) -> None:
+    """Write ``payload`` as a checkpoint with a valid checksum (what a buggy writer or a forger does)."""
+    import hashlib
+    import io
+
+    from rose_sdk.checkpoint import MAGIC, write_atomic
+
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    write_atomic(path, MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        ({"format": 1}, r"missing \['model', 'optimizer', 'rng', 'step', 'user'\]"),
+        ({"format": 1, "step": "x", "model": None, "optimizer": None, "rng": {}, "user": None}, "step is str"),
+        ({"format": 1, "step": 1, "model": [1], "optimizer": None, "rng": {}, "user": None}, "model state is a list"),
+        ({"format": 1, "step": 1, "model": None, "optimizer": None, "rng": {"python": 1}, "user": None}, "RNG state"),
+        ([1, 2], "unknown checkpoint format"),
+    ],
+)
+def test_resigned_malformed_checkpoint_is_a_checkpoint_error(tmp_path: Path, payload: object, match: str) -> None:
+    path = tmp_path / "m.rose"
+    _resign(path, payload)
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(path).restore()
+
+
+def test_on_disk_format_verifies_with_a_streaming_hash_and_no_torch(tmp_path: Path) -> None:
+    """The layout the driver's fallback may verify: 10-byte magic, 64 hex digits, newline, payload."""
+    import hashlib
+
+    m, opt = model_and_opt()
+    path = tmp_path / "f.rose"
+    info = save_checkpoint(path, model=m, optimizer=opt, step=3)
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        head = f.read(75)
+        while chunk := f.read(4096):
+            sha.update(chunk)
+    assert head[:10] == b"ROSECKPT1\n" and head[74:] == b"\n"
+    assert head[10:74].decode() == sha.hexdigest() == info.sha256
+    assert path.stat().st_size == 75 + info.nbytes
+
+
+@pytest.mark.parametrize("mode", ["save", "load"])
+def test_checkpoint_streams_without_a_copy_of_the_state(tmp_path: Path, mode: str) -> None:
+    """Peak extra RSS of save / load of a 64 MiB state, in a fresh process: far below one copy."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.rose"
+    cmd = [sys.executable, "-m", "tests.sdk_checkpoint_memory", "64"]
+    if mode == "load":
+        subprocess.run([*cmd, "save", str(path)], check=True, capture_output=True, timeout=120)
+    out = subprocess.run([*cmd, mode, str(path)], check=True, capture_output=True, text=True, timeout=120)
+    extra = json.loads(out.stdout)["extra_mib"]
+    assert extra < 16, f"{mode} of a 64 MiB state took {extra} MiB of extra host RAM"
