@@ -23,7 +23,11 @@ def test_agent_restart_while_suspended_loses_nothing(tmp_path: Path) -> None:
     with reaped(baseline):
         with running_agent(tmp_path) as agent:
             wl = start_workload(
-                tmp_path, "rl", socket=agent.claim_socket("claim-uid-r", "uid-r"), pod_uid="uid-r", extra=[*args, "--suspend-points", "1"]
+                tmp_path,
+                "rl",
+                socket=agent.claim_socket("claim-uid-r", "uid-r"),
+                pod_uid="uid-r",
+                extra=[*args, "--suspend-points", "1"],
             )
             wl.wait_ready()
             wait_registered(agent.engine, "uid-r")
