@@ -194,7 +194,7 @@ class WorkloadRegistry:
             for c in reg.claim_uids:
                 if scope is not None:
                     self._trusted[c] = reg.pod_uid
-                if c not in self._trusted or scope is not None:
+                if c not in self._trusted or scope is not None or simulated:  # simulated: the engine's own
                     self._claims[c] = reg.pod_uid
             return w
 
