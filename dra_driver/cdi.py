@@ -4,6 +4,9 @@ Runtimes cache specs, so the spec name is unique per claim: ``gpu.rose.io-gpu_<c
 in the dynamic CDI directory (``/var/run/cdi``). Writes are atomic (temp, fsync, rename).
 Each spec injects ``ROSE_CLAIM_UID_<UID>=<UID>`` (``rose_common.names.claim_uid_env``: one
 variable per claim, since a container may hold several claims) and ``ROSE_SIMULATED_GPU``.
+A lent claim's spec also mounts the claim's own node-agent socket directory at
+``/run/rose/claims/<UID>`` and sets ``ROSE_AGENT_SOCKET`` to the socket in it: the workload's
+identity is the socket it reaches, so pods need no hostPath. I/O boundary: the CDI directory.
 """
 
 from __future__ import annotations
@@ -19,6 +22,24 @@ from rose_common.atomic import atomic_write
 
 CDI_VERSION = "0.6.0"  # annotations need 0.6.0; env and deviceNodes need less
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+CONTAINER_SOCKET_ROOT = "/run/rose/claims"
+AGENT_SOCKET_NAME = "workload.sock"
+ENV_AGENT_SOCKET = "ROSE_AGENT_SOCKET"
+
+
+def agent_socket_edits(claim_uid: str, host_dir: Path) -> dict[str, Any]:
+    """Pure: the container edits that hand a claim's containers its node-agent socket."""
+    container_dir = f"{CONTAINER_SOCKET_ROOT}/{claim_uid}"
+    return {
+        "env": [f"{ENV_AGENT_SOCKET}={container_dir}/{AGENT_SOCKET_NAME}"],
+        "mounts": [
+            {
+                "hostPath": str(host_dir),
+                "containerPath": container_dir,
+                "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
+            }
+        ],
+    }
 
 
 def spec_filename(claim_uid: str) -> str:
@@ -26,9 +47,15 @@ def spec_filename(claim_uid: str) -> str:
 
 
 def build_spec(
-    claim_uid: str, devices: list[PreparedDevice], minors: dict[int, int], simulated: bool
+    claim_uid: str,
+    devices: list[PreparedDevice],
+    minors: dict[int, int],
+    simulated: bool,
+    *,
+    agent_socket_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The CDI spec for one claim. ``minors`` maps GPU index → /dev/nvidia<minor>."""
+    """The CDI spec for one claim. ``minors`` maps GPU index → /dev/nvidia<minor>;
+    ``agent_socket_dir``: the host directory of the claim's node-agent socket, mounted when given."""
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
     cdi_devices: list[dict[str, Any]] = []
@@ -45,6 +72,10 @@ def build_spec(
     common: dict[str, Any] = {"env": [names.claim_uid_env(claim_uid), f"{names.ENV_SIMULATED_GPU}={int(simulated)}"]}
     if not simulated:
         common["deviceNodes"] = [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}]
+    if agent_socket_dir is not None:
+        edits = agent_socket_edits(claim_uid, agent_socket_dir)
+        common["env"] += edits["env"]
+        common["mounts"] = edits["mounts"]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,

@@ -104,10 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=byte_size,
         default=0,
     )
-    add("agent-socket", "node agent gRPC socket that workload pods mount; empty: no agent server", default="")
+    add(
+        "agent-socket",
+        "run the node agent, its control socket in this path's directory; workload pods get one socket"
+        " per lent claim under <plugin-dir>/claims through the claim's CDI spec; empty: no agent",
+        default="",
+    )
     add(
         "agent-control-socket",
-        "node agent control socket (controller / orchestrator); default: <agent-socket dir>/control.sock",
+        "node agent control socket (controller / orchestrator), in a directory no pod mounts;"
+        " default: <agent-socket dir>/control.sock",
         default="",
     )
     add(
@@ -263,6 +269,7 @@ def build(args: argparse.Namespace) -> Wiring:
     except Exception as e:
         raise StartupError(f"cannot start the suspend engine: {e}") from None
     state_dir = Path(args.state_dir or args.plugin_dir)
+    agent_server = _agent_server(args, engine)
     driver = NodeDriver(
         node_name=args.node_name,
         gpus=gpus,
@@ -274,6 +281,7 @@ def build(args: argparse.Namespace) -> Wiring:
         boot_id=read_boot_id(Path(args.boot_id_file)),
         metrics=metrics,
         default_grace_seconds=float(args.default_grace_seconds),
+        workload_sockets=agent_server.claims if agent_server is not None else None,
     )
     try:
         driver.recover()
@@ -295,7 +303,19 @@ def build(args: argparse.Namespace) -> Wiring:
     )
     observers = [notifier.resizer.observe] if notifier.resizer is not None else []
     watcher = PodWatcher(kube.KubePods(api, args.node_name), driver, observers=observers)
-    return Wiring(gpus, metrics, notifier, engine, driver, publisher, facts, watcher)
+    wiring = Wiring(gpus, metrics, notifier, engine, driver, publisher, facts, watcher)
+    wiring.agent_server = agent_server
+    return wiring
+
+
+def _agent_server(args: argparse.Namespace, engine: Any) -> Any:
+    """The node agent: control socket, and per-claim workload sockets under <plugin-dir>/claims."""
+    if not (args.agent_socket or args.agent_control_socket) or engine is None:
+        return None
+    from dra_driver.agent.server import AgentServer
+
+    control = Path(args.agent_control_socket or Path(args.agent_socket).parent / "control.sock")
+    return AgentServer(engine, None, control, claim_socket_root=Path(args.plugin_dir) / "claims")
 
 
 def start(args: argparse.Namespace, w: Wiring) -> None:
@@ -307,11 +327,7 @@ def start(args: argparse.Namespace, w: Wiring) -> None:
     if args.metrics_port >= 0:
         server, _ = start_http_server(args.metrics_port, addr=args.metrics_address, registry=w.metrics.registry)
         log.info("metrics serving", extra={"port": server.server_port})
-    if args.agent_socket and w.engine is not None:
-        from dra_driver.agent.server import AgentServer
-
-        control = Path(args.agent_control_socket or Path(args.agent_socket).parent / "control.sock")
-        w.agent_server = AgentServer(w.engine, Path(args.agent_socket), control)
+    if w.agent_server is not None:
         w.agent_server.start()
 
     def on_registered() -> None:

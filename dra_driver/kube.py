@@ -293,20 +293,31 @@ class PodResizer:
 
 
 class KubeEvictor:
-    """Evicts a workload's pod (policy/v1 Eviction) after its durable checkpoint is confirmed."""
+    """Evicts a pod from the driver's claim records (policy/v1 Eviction) after its durable
+    checkpoint is verified. The UID precondition makes the API server refuse the eviction when
+    the name now belongs to another pod (``409 Conflict``)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.raw = Raw(api)
 
-    def evict(self, reg: Any, reason: str) -> None:
-        ns, name = str(getattr(reg, "pod_namespace", "")), str(getattr(reg, "pod_name", ""))
-        if not ns or not name:
-            log.warning("cannot evict a workload without pod name", extra={"podUID": getattr(reg, "pod_uid", "")})
-            return
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}}
-        log.info("evicting checkpointed workload", extra={"pod": f"{ns}/{name}", "reason": reason})
+    def evict(self, pod: Any, reason: str) -> None:
+        body = eviction_body(str(pod.namespace), str(pod.name), str(pod.uid))
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        log.info("evicting checkpointed workload", extra={"pod": f"{ns}/{name}", "podUID": pod.uid, "reason": reason})
         with contextlib.suppress(NotFound):
             self.raw.json("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", body=body)
+
+
+def eviction_body(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """Pure: a policy/v1 Eviction of exactly the pod with ``uid``; ValueError when a field is empty."""
+    if not (namespace and name and uid):
+        raise ValueError(f"an eviction needs the pod's namespace, name and UID, got {namespace!r}/{name!r} uid {uid!r}")
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
 
 
 class KubeNode:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from dra_driver import cdi
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
@@ -77,6 +77,16 @@ class Notifier(Protocol):
     def event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None: ...
 
 
+class WorkloadSockets(Protocol):
+    """The node agent's per-claim workload sockets (``dra_driver.agent.server.ClaimSockets``)."""
+
+    def open_claim(self, claim_uid: str, pods: list[PodRef], max_state_bytes: int) -> Path:
+        """Serve the claim's own socket for exactly ``pods``; returns the directory holding it."""
+        ...
+
+    def close_claim(self, claim_uid: str) -> None: ...
+
+
 class NullNotifier:
     """Tells nobody: for runs without an API server (state-machine tests)."""
 
@@ -111,6 +121,7 @@ class NodeDriver:
         lock_timeout_seconds: float = 30.0,
         driver_name: str = names.DRIVER_NAME,
         copy_wait_limit_seconds: float = 300.0,
+        workload_sockets: WorkloadSockets | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -127,6 +138,7 @@ class NodeDriver:
         self.default_grace = default_grace_seconds
         self.grace_slack = grace_slack_seconds
         self.copy_wait_limit = copy_wait_limit_seconds
+        self.workload_sockets = workload_sockets
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cdi_dir.mkdir(parents=True, exist_ok=True)
         self._ckpt = CheckpointFile(state_dir / "checkpoint.json")
@@ -213,6 +225,21 @@ class NodeDriver:
                     cdi.delete_spec(self.cdi_dir, uid)
 
     def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
+        """Per-claim outcomes; never raises (a busy node lock is a per-claim error; the kubelet retries)."""
+        try:
+            return self._prepare_locked(refs)
+        except Timeout as e:
+            self.metrics.prepare_total.labels("error").inc()
+            return {r.uid: PrepareOutcome(error=self._lock_busy("prepare", r, e)) for r in refs}
+
+    def _lock_busy(self, op: str, ref: ClaimRef, e: Timeout) -> str:
+        log.warning("node state lock busy", extra={"claim": ref.key(), "op": op, "lock": str(e.lock_file)})
+        return (
+            f"{op} of {ref.key()}: the node state lock {e.lock_file} stayed held past the lock timeout"
+            " (another driver instance on this node, or a stuck operation); the kubelet retries"
+        )
+
+    def _prepare_locked(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
         out: dict[str, PrepareOutcome] = {}
         with self._locked():
             for ref in refs:
@@ -232,6 +259,14 @@ class NodeDriver:
         return out
 
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
+        """Per-claim errors ('' = done); never raises, like :meth:`prepare`."""
+        try:
+            return self._unprepare_locked(refs)
+        except Timeout as e:
+            self.metrics.unprepare_total.labels("error").inc()
+            return {r.uid: self._lock_busy("unprepare", r, e) for r in refs}
+
+    def _unprepare_locked(self, refs: list[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
         with self._locked():
             for ref in refs:
@@ -301,8 +336,23 @@ class NodeDriver:
 
     # ------------------------------------------------------------------ prepare / unprepare
     def _spec(self, rec: ClaimRecord) -> dict[str, Any]:
+        """The claim's CDI spec; for a lent claim this opens its workload socket (mounted by the spec)."""
         minors = {i: g.minor for i, g in self.gpus.items()}
-        return cdi.build_spec(rec.uid, rec.devices, minors, self.simulated)
+        return cdi.build_spec(rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=self._open_socket(rec))
+
+    def _open_socket(self, rec: ClaimRecord) -> Path | None:
+        if self.workload_sockets is None or names.ROLE_LENDABLE not in rec.roles():
+            return None
+        memory = sum(self.gpus[i].info.memory_bytes for i in {d.gpu_index for d in rec.devices} if i in self.gpus)
+        return self.workload_sockets.open_claim(rec.uid, list(rec.pods), memory)
+
+    def _close_socket(self, claim_uid: str) -> None:
+        if self.workload_sockets is None:
+            return
+        try:
+            self.workload_sockets.close_claim(claim_uid)
+        except Exception as e:
+            log.warning("closing the claim's workload socket failed", extra={"claim": claim_uid, "err": repr(e)})
 
     def _lent_claims_of(self, pod_uid: str) -> list[ClaimRecord]:
         return [
@@ -424,6 +474,7 @@ class NodeDriver:
         rec = self._data.claims.get(ref.uid)
         if rec is None:  # not prepared here (or already unprepared): not an error
             cdi.delete_spec(self.cdi_dir, ref.uid)
+            self._close_socket(ref.uid)
             return
         rec.state = UNPREPARE_STARTED
         self._save()
@@ -443,6 +494,7 @@ class NodeDriver:
             del data.suspensions[rec.uid]
         data.claims.pop(rec.uid, None)
         self._save()
+        self._close_socket(rec.uid)
         crash_point("unprepare-completed")
 
     # ------------------------------------------------------------------ suspend / resume

@@ -110,7 +110,8 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
 
         run_out, base_out = root / "run.pt", root / "baseline.pt"
         pod_env = {
-            "ROSE_AGENT_SOCKET": str(agent_sock), "ROSE_POD_UID": rl_uid,
+            "ROSE_AGENT_SOCKET": str(drv.plugin_dir / "claims" / rl_claim["metadata"]["uid"] / "workload.sock"),
+            "ROSE_POD_UID": rl_uid,
             "ROSE_POD_NAMESPACE": ns, "ROSE_POD_NAME": "rl-worker-0", "PYTHONPATH": str(REPO_ROOT),
         }  # fmt: skip
         procs.append(_start_training(run_out, pod_env))

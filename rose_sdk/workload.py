@@ -11,10 +11,11 @@ commands; ``safe_point()`` runs them on the training thread. A suspend offloads 
 tensors (``CooperativeOffloader``), acknowledges, then blocks inside ``safe_point`` until the
 resume arrives, restores and returns: the training loop never sees a half-moved state.
 
-Environment: ROSE_AGENT_SOCKET (the node agent's workload socket; unset = no agent, safe_point
-does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME (downward API), ROSE_CLAIM_UID_<UID>=<UID>
-(one per claim, injected by the driver's CDI spec: ``rose_common.names.claim_uids_from_env``),
-ROSE_CHECKPOINT_PATH.
+Environment: ROSE_AGENT_SOCKET (the node agent's workload socket: set by the lent claim's CDI spec
+to that claim's own socket, mounted at /run/rose/claims/<claimUID>/; an explicit ``socket_path``
+wins; unset = no agent, safe_point does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME
+(downward API), ROSE_CLAIM_UID_<UID>=<UID> (one per claim, injected by the driver's CDI spec:
+``rose_common.names.claim_uids_from_env``), ROSE_CHECKPOINT_PATH.
 """
 
 from __future__ import annotations

@@ -84,18 +84,23 @@ def reaped(*procs: WorkloadProc) -> Iterator[None]:
 
 
 class RecordingEvictor:
-    """Stands in for the driver's API eviction: records the call and kills the workload process."""
+    """Stands in for the driver's API eviction: records the pod and kills the workload process."""
 
     def __init__(self) -> None:
         self.evicted: list[tuple[str, str]] = []
+        self.pods: list[object] = []
+        self.engine: object = None
 
-    def evict(self, reg: object, reason: str) -> None:
-        from dra_driver.suspend.model import Registration
+    def evict(self, pod: object, reason: str) -> None:
+        from dra_driver.suspend.registry import TrustedPod
 
-        assert isinstance(reg, Registration)
-        self.evicted.append((reg.pod_uid, reason))
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(reg.pid, 9)
+        assert isinstance(pod, TrustedPod)
+        self.evicted.append((pod.uid, reason))
+        self.pods.append(pod)
+        w = self.engine.registry.get(pod.uid) if self.engine is not None else None  # type: ignore[attr-defined]
+        if w is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.reg.pid, 9)
 
 
 @dataclass
@@ -109,10 +114,23 @@ class Agent:
     channel: object
     control: object
 
+    def claim_socket(
+        self, claim_uid: str, pod_uid: str, *, namespace: str = "rl", name: str = "", max_state_bytes: int = 1 << 40
+    ) -> Path:
+        """Open claim ``claim_uid``'s own workload socket for pod ``pod_uid`` (as the driver does
+        at prepare time) and return the socket's path."""
+        from dra_driver.claims import PodRef
+
+        d = self.server.claims.open_claim(  # type: ignore[attr-defined]
+            claim_uid, [PodRef(namespace, name or pod_uid, pod_uid)], max_state_bytes
+        )
+        return Path(d) / "workload.sock"
+
 
 @contextlib.contextmanager
 def running_agent(tmp: Path, **config: object) -> Iterator[Agent]:
-    """The real node agent (both gRPC services on unix sockets) in this process."""
+    """The real node agent (control socket, a shared workload socket, per-claim sockets under
+    ``tmp/claims``) in this process."""
     import grpc
     from prometheus_client import CollectorRegistry
 
@@ -132,8 +150,9 @@ def running_agent(tmp: Path, **config: object) -> Iterator[Agent]:
         evictor=evictor,
         metrics_registry=CollectorRegistry(),
     )
+    evictor.engine = engine
     ws, cs = tmp / "w.sock", tmp / "c.sock"
-    server = AgentServer(engine, ws, cs, max_workers=16)
+    server = AgentServer(engine, ws, cs, claim_socket_root=tmp / "claims", max_workers=16)
     server.start()
     channel = grpc.insecure_channel(f"unix:{cs}")
     try:

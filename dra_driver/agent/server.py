@@ -1,4 +1,19 @@
-"""gRPC servicers of rose.agent.v1 and the server that binds them to unix sockets (mode 0600)."""
+"""gRPC servicers of rose.agent.v1 and the servers that bind them to unix sockets.
+
+* One workload socket per prepared claim (``<claim-socket-root>/<claimUID>/workload.sock``),
+  opened by the driver at prepare time and mounted into the claim's containers through its CDI
+  spec. A connection on it acts only for the pods of that claim (``ClaimScope``: the driver's
+  claim records), whatever the request body says: identity comes from which socket the kernel
+  connected, and only that claim's containers have it.
+* The control socket (NodeControl), root only, in a 0700 directory no pod mounts.
+* Optionally a shared, unscoped workload socket (the standalone agent, root only): registrations
+  on it are capped and their reported sizes never count in the host budget, and they can neither
+  take over a claim the driver bound nor get anyone evicted.
+
+Every socket is bound inside a directory only this process can enter (0700), so it is never
+connectable by others between bind and chmod, whatever the umask. I/O boundary: unix sockets
+and their directories.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +22,8 @@ import logging
 import math
 import os
 import queue
+import stat
+import threading
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -20,9 +37,16 @@ from dra_driver.agent.convert import (
     registration_from_pb,
     workload_to_pb,
 )
+from dra_driver.claims import PodRef
 from dra_driver.suspend.engine import NodeSuspendEngine, UnknownOccupantError
 from dra_driver.suspend.model import Command
-from dra_driver.suspend.registry import RegistrationError
+from dra_driver.suspend.registry import (
+    ClaimScope,
+    RegistrationError,
+    RegistrationRefused,
+    RegistryFull,
+    TrustedPod,
+)
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 
@@ -32,24 +56,31 @@ _STREAM_POLL_SECONDS = 0.2
 
 
 class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
-    def __init__(self, engine: NodeSuspendEngine) -> None:
+    """``scope``: the claim whose socket this servicer answers on (None: a shared socket)."""
+
+    def __init__(self, engine: NodeSuspendEngine, scope: ClaimScope | None = None) -> None:
         self._engine = engine
+        self.scope = scope
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
+        scope = self.scope
         try:
             reg = registration_from_pb(request)
-            w = self._engine.register(reg)
+            w = self._engine.register(reg, scope)
         except RegistrationError as e:
-            log.warning("registration refused", extra={"podUID": request.pod_uid, "err": str(e)})
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            log.warning(
+                "registration refused",
+                extra={"podUID": request.pod_uid, "claim": scope.claim_uid if scope else "", "err": str(e)},
+            )
+            context.abort(_status_of(e), str(e))
         return pb.RegisterResponse(session_id=w.session_id, node_name=self._engine.config.node_name)
 
     def Commands(self, request: pb.CommandsRequest, context: grpc.ServicerContext) -> Iterator[pb.Command]:
-        w = self._engine.registry.session(request.pod_uid, request.session_id)
+        w = self._engine.session(request.pod_uid, request.session_id, self.scope)
         if w is None:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"pod {request.pod_uid!r} has no registration with session {request.session_id!r}:"
+                f"pod {request.pod_uid!r} has no registration with session {request.session_id!r} on this socket:"
                 " call Register first (and again after an agent restart)",
             )
         with w.cond:
@@ -70,7 +101,7 @@ class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
     def Acknowledge(self, request: pb.AcknowledgeRequest, context: grpc.ServicerContext) -> pb.AcknowledgeResponse:
         if not request.operation_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "operation_id is required (copy it from the Command)")
-        accepted, msg = self._engine.acknowledge(request.pod_uid, request.session_id, ack_from_pb(request))
+        accepted, msg = self._engine.acknowledge(request.pod_uid, request.session_id, ack_from_pb(request), self.scope)
         if not accepted:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
         return pb.AcknowledgeResponse(accepted=True, message=msg)
@@ -79,12 +110,22 @@ class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
         self, request: pb.UpdateStateSizeRequest, context: grpc.ServicerContext
     ) -> pb.UpdateStateSizeResponse:
         try:
-            accepted, msg = self._engine.update_state_bytes(request.pod_uid, request.session_id, request.state_bytes)
+            accepted, msg = self._engine.update_state_bytes(
+                request.pod_uid, request.session_id, request.state_bytes, self.scope
+            )
         except RegistrationError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(_status_of(e), str(e))
         if not accepted:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
         return pb.UpdateStateSizeResponse(accepted=True)
+
+
+def _status_of(e: RegistrationError) -> grpc.StatusCode:
+    if isinstance(e, RegistryFull):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(e, RegistrationRefused):
+        return grpc.StatusCode.PERMISSION_DENIED
+    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 class NodeControlServicer(pb_grpc.NodeControlServicer):
@@ -134,49 +175,161 @@ class NodeControlServicer(pb_grpc.NodeControlServicer):
         return operation_to_pb(rec)
 
 
+def private_dir(path: Path) -> None:
+    """Make ``path`` a directory only this user can enter (0700), creating it when missing.
+
+    Refuses a shared directory (sticky, like /tmp, or owned by someone else) rather than chmod it."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_mode & stat.S_ISVTX or st.st_uid != os.geteuid():
+        raise OSError(f"{path} is a shared directory: put the agent's sockets in a directory of their own")
+    os.chmod(path, 0o700)
+
+
 def _prepare_socket_path(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket from a previous run
 
 
+def _bind(server: grpc.Server, path: Path) -> None:
+    _prepare_socket_path(path)
+    if server.add_insecure_port(f"unix:{path}") == 0:
+        raise OSError(f"cannot bind unix socket {path} (path too long or directory not writable?)")
+
+
+CLAIM_SOCKET_NAME = "workload.sock"
+
+
+class ClaimSockets:
+    """One WorkloadAgent server per prepared claim, under ``root`` (0700 on the host).
+
+    The claim's directory is 0711 and its socket 0666 once bound: any user inside the claim's
+    containers (where the CDI spec mounts that directory) may connect; on the host only root
+    reaches it, since ``root`` is 0700."""
+
+    def __init__(self, engine: NodeSuspendEngine, root: Path, *, workers_per_claim: int = 4) -> None:
+        self.engine = engine
+        self.root = root
+        self._workers = workers_per_claim
+        self._mu = threading.Lock()
+        self._open: dict[str, tuple[grpc.Server, WorkloadAgentServicer]] = {}
+
+    def socket_dir(self, claim_uid: str) -> Path:
+        if not claim_uid or "/" in claim_uid or claim_uid in (".", ".."):
+            raise ValueError(f"claim UID {claim_uid!r} cannot name a socket directory")
+        return self.root / claim_uid
+
+    def open(self, scope: ClaimScope) -> Path:
+        """Serve ``scope``'s claim on its own socket (idempotent: a reopen updates the scope)."""
+        d = self.socket_dir(scope.claim_uid)
+        sock = d / CLAIM_SOCKET_NAME
+        with self._mu:
+            cur = self._open.get(scope.claim_uid)
+            if cur is not None:
+                cur[1].scope = scope
+                return sock
+            private_dir(self.root)
+            servicer = WorkloadAgentServicer(self.engine, scope)
+            pool = futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="rose-claim")
+            server = grpc.server(pool)
+            pb_grpc.add_WorkloadAgentServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+            _bind(server, sock)
+            server.start()
+            os.chmod(sock, 0o666)
+            os.chmod(d, 0o711)
+            self._open[scope.claim_uid] = (server, servicer)
+        log.info("claim socket serving", extra={"claim": scope.claim_uid, "socket": str(sock)})
+        return sock
+
+    def open_claim(self, claim_uid: str, pods: list[PodRef], max_state_bytes: int) -> Path:
+        """``dra_driver.node.WorkloadSockets``: open the claim's socket for ``pods``; its directory."""
+        scope = ClaimScope(claim_uid, tuple(TrustedPod(p.namespace, p.name, p.uid) for p in pods), max_state_bytes)
+        return self.open(scope).parent
+
+    def close_claim(self, claim_uid: str) -> None:
+        self.close(claim_uid)
+
+    def close(self, claim_uid: str, grace: float | None = 0.5) -> bool:
+        with self._mu:
+            cur = self._open.pop(claim_uid, None)
+        d = self.socket_dir(claim_uid)
+        if cur is not None:
+            for w in self.engine.registry.all():
+                if w.scope is not None and w.scope.claim_uid == claim_uid:
+                    w.commands.put(None)
+            cur[0].stop(grace).wait()
+        with contextlib.suppress(FileNotFoundError):
+            (d / CLAIM_SOCKET_NAME).unlink()
+        with contextlib.suppress(FileNotFoundError, OSError):
+            d.rmdir()
+        return cur is not None
+
+    def claims(self) -> list[str]:
+        with self._mu:
+            return sorted(self._open)
+
+    def close_all(self) -> None:
+        for c in self.claims():
+            self.close(c, 0)
+
+
 class AgentServer:
-    """Both services, each on its own unix socket, chmod 0600 once bound."""
+    """NodeControl on the control socket, WorkloadAgent per claim (``claims``) and optionally on a
+    shared socket; every socket bound in a 0700 directory, then chmod."""
 
     def __init__(
         self,
         engine: NodeSuspendEngine,
-        workload_socket: Path,
+        workload_socket: Path | None,
         control_socket: Path,
         *,
+        claim_socket_root: Path | None = None,
         max_workers: int = 64,
     ) -> None:
         self.engine = engine
         self.workload_socket = workload_socket
         self.control_socket = control_socket
+        root = claim_socket_root if claim_socket_root is not None else control_socket.parent / "claims"
+        self.claims = ClaimSockets(engine, root)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rose-agent"))
-        pb_grpc.add_WorkloadAgentServicer_to_server(WorkloadAgentServicer(engine), self._server)  # type: ignore[no-untyped-call]
         pb_grpc.add_NodeControlServicer_to_server(NodeControlServicer(engine), self._server)  # type: ignore[no-untyped-call]
-        for p in (workload_socket, control_socket):
-            _prepare_socket_path(p)
-            if self._server.add_insecure_port(f"unix:{p}") == 0:
-                raise OSError(f"cannot bind unix socket {p} (path too long or directory not writable?)")
+        _bind(self._server, control_socket)
+        self._shared: grpc.Server | None = None
+        if workload_socket is not None:
+            self._shared = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rose-agent-w")
+            )
+            pb_grpc.add_WorkloadAgentServicer_to_server(WorkloadAgentServicer(engine), self._shared)  # type: ignore[no-untyped-call]
+            _bind(self._shared, workload_socket)
+
+    def _sockets(self) -> list[Path]:
+        return [p for p in (self.workload_socket, self.control_socket) if p is not None]
 
     def start(self) -> None:
         self._server.start()
-        for p in (self.workload_socket, self.control_socket):
+        if self._shared is not None:
+            self._shared.start()
+        for p in self._sockets():
             os.chmod(p, 0o600)
         log.info(
             "agent serving",
-            extra={"workloadSocket": str(self.workload_socket), "controlSocket": str(self.control_socket)},
+            extra={
+                "workloadSocket": str(self.workload_socket or ""),
+                "controlSocket": str(self.control_socket),
+                "claimSocketRoot": str(self.claims.root),
+            },
         )
 
     def stop(self, grace: float | None = 1.0) -> None:
         # End command streams so the stop does not wait on them.
         for w in self.engine.registry.all():
             w.commands.put(None)
+        self.claims.close_all()
+        if self._shared is not None:
+            self._shared.stop(grace).wait()
         self._server.stop(grace).wait()
-        for p in (self.workload_socket, self.control_socket):
+        for p in self._sockets():
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

@@ -3,11 +3,18 @@
 The engine pushes a command on the workload's stream with a wall-clock deadline; the SDK acts at
 its next safe point (offload into reused pinned host buffers and free device memory, or the
 reverse, or an atomic durable checkpoint) and acknowledges with the bytes it moved.
+
+``verify_checkpoint`` checks the checkpoint an ack names before anything is evicted: the file of
+``rose_sdk.checkpoint``'s format (``ROSECKPT1\\n`` + 64 hex sha256 of the payload + ``\\n`` +
+payload), streamed in 1 MiB reads. I/O boundary: the workload's command queue, reading that file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
+from pathlib import Path
 
 from dra_driver.suspend.model import BACKEND_COOPERATIVE, Ack, BackendOutcome, Command, CommandKind, OpContext
 from dra_driver.suspend.registry import Workload
@@ -62,3 +69,52 @@ class CooperativeBackend:
         """Ask for an atomic durable checkpoint; the ack carries its path and sha256, or None on timeout."""
         ack, _ = self._roundtrip(w, "checkpoint", deadline_monotonic, op)
         return ack
+
+
+CHECKPOINT_MAGIC = b"ROSECKPT1\n"
+_HEX_LEN = 64
+_CHUNK = 1 << 20
+
+
+def checkpoint_candidates(path: str, pid: int) -> list[Path]:
+    """Where the agent can read a path the workload named: through its process's root (its
+    container's file system, with hostPID) first, then as given (same mount namespace)."""
+    out = []
+    if pid > 0 and os.path.isabs(path):
+        out.append(Path(f"/proc/{pid}/root") / path.lstrip("/"))
+    out.append(Path(path))
+    return out
+
+
+def verify_checkpoint(path: str, sha256: str, pid: int = 0) -> str:
+    """'' when the checkpoint at ``path`` exists, has the ROSE header and its payload hashes to
+    both the header's and the ack's ``sha256``; otherwise what is wrong."""
+    if not path:
+        return "the acknowledgement names no checkpoint_path"
+    if len(sha256) != _HEX_LEN:
+        return f"the acknowledgement's checkpoint_sha256 must be {_HEX_LEN} hex digits, got {sha256!r:.80}"
+    problems = []
+    for p in checkpoint_candidates(path, pid):
+        problem = _verify_file(p, sha256.lower())
+        if not problem:
+            return ""
+        problems.append(problem)
+    return "; ".join(problems)
+
+
+def _verify_file(p: Path, want: str) -> str:
+    try:
+        with open(p, "rb") as f:
+            head = f.read(len(CHECKPOINT_MAGIC) + _HEX_LEN + 1)
+            if not head.startswith(CHECKPOINT_MAGIC) or len(head) != len(CHECKPOINT_MAGIC) + _HEX_LEN + 1:
+                return f"{p} is not a ROSE checkpoint (bad header)"
+            header_sum = head[len(CHECKPOINT_MAGIC) : -1].decode("ascii", "replace").lower()
+            h = hashlib.sha256()
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+    except OSError as e:
+        return f"cannot read {p}: {e.strerror or e}"
+    got = h.hexdigest()
+    if got != header_sum or got != want:
+        return f"{p}: payload sha256 {got}, header says {header_sum}, acknowledgement says {want}"
+    return ""

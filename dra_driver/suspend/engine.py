@@ -8,7 +8,13 @@ pod-level operations the NodeControl service exposes. Invariants:
 * a suspend that would not fit the host-memory budget is refused before anything moves, and the
   workload takes the fallback: an atomic durable checkpoint, then eviction, with an Event;
 * suspended state is never released: a failed resume leaves the workload Suspended (state intact
-  in host memory) and says so; the budget is released only after a successful resume.
+  in host memory) and says so; the budget is released only after a successful resume;
+* the fallback evicts only a pod from the driver's claim records (the workload's ``ClaimScope``),
+  and only after the checkpoint file named in the ack exists and its sha256 verifies;
+* state sizes a workload reports are unverified: they count in the budget only up to its claim's
+  device memory (the scope's bound), and not at all without a scope.
+
+I/O boundary: the backends, the evictor, the event sink, and reading the checkpoint file.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Protocol
 
 from dra_driver.engine_api import SuspendReason, SuspendResult
 from dra_driver.suspend.budget import HostMemoryBudget
-from dra_driver.suspend.cooperative import CooperativeBackend
+from dra_driver.suspend.cooperative import CooperativeBackend, verify_checkpoint
 from dra_driver.suspend.events import (
     REASON_FALLBACK_CHECKPOINT,
     REASON_FALLBACK_FAILED,
@@ -55,11 +61,20 @@ from dra_driver.suspend.model import (
     OperationRecord,
     Registration,
 )
-from dra_driver.suspend.registry import MAX_STATE_BYTES, RegistrationError, Workload, WorkloadRegistry
+from dra_driver.suspend.registry import (
+    MAX_STATE_BYTES,
+    ClaimScope,
+    RegistrationError,
+    RegistrationRefused,
+    TrustedPod,
+    Workload,
+    WorkloadRegistry,
+)
 
 log = logging.getLogger("rose.suspend")
 
 _MAX_OPERATIONS = 1024
+_NO_SESSION = "no current registration for pod {!r} with this session on this socket; register again"
 
 
 class Backend(Protocol):
@@ -76,9 +91,10 @@ class Backend(Protocol):
 
 
 class Evictor(Protocol):
-    """Evicts a workload's pod after its durable checkpoint is confirmed (the driver's API module)."""
+    """Evicts a pod from the driver's claim records (with a UID precondition) after its durable
+    checkpoint is verified (the driver's API module)."""
 
-    def evict(self, reg: Registration, reason: str) -> None: ...
+    def evict(self, pod: TrustedPod, reason: str) -> None: ...
 
 
 class UnknownOccupantError(LookupError):
@@ -140,6 +156,19 @@ def fallback_failure_reason(why: str) -> SuspendReason:
     return _FALLBACK_REASON_OF.get(why, SuspendReason.FAILED)
 
 
+def unverified_bytes_counted(state_bytes: int, scope: ClaimScope | None) -> int:
+    """Pure: how much of a size a workload reported (unverified) counts in the host budget: at
+    most its claim's device memory (a process cannot have offloaded more than it held on the
+    claim's GPUs); nothing without a claim scope (a shared socket: no bound to justify)."""
+    if scope is None or scope.max_state_bytes <= 0:
+        return 0
+    return max(0, min(state_bytes, scope.max_state_bytes))
+
+
+def _claim_of(scope: ClaimScope | None) -> str | None:
+    return None if scope is None else scope.claim_uid
+
+
 def occupant_state_of(state: str) -> str:
     """Pure: the engine_api view of a workload state — is its state resident on the GPU?"""
     if state in (STATE_RUNNING, STATE_SUSPENDING, STATE_RESUMING):
@@ -180,15 +209,18 @@ class NodeSuspendEngine:
 
     # ------------------------------------------------------------------ registration
 
-    def register(self, reg: Registration) -> Workload:
-        """Validate and record a workload (raises RegistrationError saying what to fix)."""
-        w = self.registry.register(reg)
+    def register(self, reg: Registration, scope: ClaimScope | None = None) -> Workload:
+        """Validate and record a workload (raises RegistrationError saying what to fix).
+
+        ``scope``: the claim whose socket the registration came on (None: a shared socket)."""
+        w = self.registry.register(reg, scope=scope)
+        reg = w.reg
         if reg.current_state == STATE_SUSPENDED:
             # Re-registration after an agent restart: the state is parked in the workload's host
-            # memory; account for it and remember how to bring it back.
+            # memory; account for it (bounded: unverified) and remember how to bring it back.
             w.suspended_by = BACKEND_COOPERATIVE if BACKEND_COOPERATIVE in reg.backends else None
-            w.host_bytes_held = reg.state_bytes
-            self.budget.force(reg.pod_uid, reg.state_bytes)
+            w.host_bytes_held = unverified_bytes_counted(reg.state_bytes, scope)
+            self.budget.force(reg.pod_uid, w.host_bytes_held)
         else:
             self.budget.release(reg.pod_uid)
         self._refresh_gauges()
@@ -508,17 +540,29 @@ class NodeSuspendEngine:
             )
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
+        problem = verify_checkpoint(ack.checkpoint_path, ack.checkpoint_sha256, w.reg.pid)
+        if problem:
+            rec.state = "failed"
+            rec.message = f"{detail}; checkpoint not verified ({problem}); the engine did not evict the workload"
+            self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
+            return
         self.registry.set_state(w, STATE_CHECKPOINTED_EVICTED)
         rec.state, rec.checkpoint_path, rec.reason = "succeeded", ack.checkpoint_path, SuspendReason.FALLBACK
-        evicted = "evicting the pod" if self._evictor is not None else "the caller must evict the pod"
+        pod = w.scope.pod(w.pod_uid) if w.scope is not None else None
+        if self._evictor is None or pod is None:
+            evicted = "the caller must evict the pod" + (
+                "" if pod is not None else " (it registered without a claim scope: not in the driver's claim records)"
+            )
+        else:
+            evicted = f"evicting pod {pod.namespace}/{pod.name} (uid {pod.uid})"
         rec.message = (
             f"{detail}; fallback: durable checkpoint {ack.checkpoint_path}"
-            f" (sha256 {ack.checkpoint_sha256[:16]}…)"
+            f" (sha256 {ack.checkpoint_sha256[:16]}… verified)"
             f" written in {ack.seconds:.3f}s; {evicted}"
         )
         self._event(w, REASON_FALLBACK_CHECKPOINT, rec.message, "Warning")
-        if self._evictor is not None:
-            self._evictor.evict(w.reg, rec.message)
+        if self._evictor is not None and pod is not None:
+            self._evictor.evict(pod, rec.message)
 
     def _do_resume(self, w: Workload, rec: OperationRecord) -> None:
         if w.state == STATE_RUNNING:
@@ -565,19 +609,36 @@ class NodeSuspendEngine:
 
     # ------------------------------------------------------------------ workload side (agent servicer)
 
-    def update_state_bytes(self, pod_uid: str, session_id: str, state_bytes: int) -> tuple[bool, str]:
+    def update_state_bytes(
+        self, pod_uid: str, session_id: str, state_bytes: int, scope: ClaimScope | None = None
+    ) -> tuple[bool, str]:
         """The workload's state size changed; later suspends are admitted on the new size."""
         if state_bytes < 0 or state_bytes > MAX_STATE_BYTES:
             raise RegistrationError(f"state_bytes must be between 0 and {MAX_STATE_BYTES}, got {state_bytes}")
-        w = self.registry.session(pod_uid, session_id)
+        w = self._session(pod_uid, session_id, scope)
         if w is None:
-            return False, f"no current registration for pod {pod_uid!r} with this session; register again"
+            return False, _NO_SESSION.format(pod_uid)
+        if w.scope is not None and w.scope.max_state_bytes > 0 and state_bytes > w.scope.max_state_bytes:
+            raise RegistrationRefused(
+                f"state_bytes {state_bytes} exceeds the {w.scope.max_state_bytes} bytes of device memory"
+                f" claim {w.scope.claim_uid} holds"
+            )
         w.reg = replace(w.reg, state_bytes=state_bytes)
         return True, ""
 
-    def acknowledge(self, pod_uid: str, session_id: str, ack: Ack) -> tuple[bool, str]:
-        w = self.registry.session(pod_uid, session_id)
+    def acknowledge(self, pod_uid: str, session_id: str, ack: Ack, scope: ClaimScope | None = None) -> tuple[bool, str]:
+        w = self._session(pod_uid, session_id, scope)
         if w is None:
-            return False, f"no current registration for pod {pod_uid!r} with this session; register again"
+            return False, _NO_SESSION.format(pod_uid)
         w.deliver_ack(ack)
         return True, ""
+
+    def session(self, pod_uid: str, session_id: str, scope: ClaimScope | None = None) -> Workload | None:
+        """The workload of a current session, only on the socket (claim scope) it registered on."""
+        return self._session(pod_uid, session_id, scope)
+
+    def _session(self, pod_uid: str, session_id: str, scope: ClaimScope | None) -> Workload | None:
+        w = self.registry.session(pod_uid, session_id)
+        if w is None or _claim_of(w.scope) != _claim_of(scope):
+            return None
+        return w

@@ -2,6 +2,13 @@
 
 The channel is a queue the WorkloadAgent.Commands stream drains, plus a table of acknowledgements
 the engine waits on with a deadline. Commands survive a stream reconnect within one session.
+
+Identity: a registration arriving on a claim's own socket carries a :class:`ClaimScope` — the
+claim's pods as the driver's claim records list them (``status.reservedFor``), never as the
+request says. A scoped registration must name one of those pods; its claim binding and its pod
+namespace/name come from the scope. A pod registered through a scope cannot be re-registered
+without it. Registrations are capped (``max_workloads``) and state sizes are bounded by the
+scope's device memory. I/O boundary: none (in-memory tables, ``os.kill(pid, 0)``).
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dra_driver.suspend.model import (
     BACKENDS,
@@ -24,11 +31,59 @@ from dra_driver.suspend.model import (
 )
 
 MAX_STATE_BYTES = 1 << 50  # 1 PiB: anything larger is a unit mistake
+# Registrations one agent keeps: one per pod on the node's GPUs; 256 is far above any node's
+# pod count on 8 GPUs and bounds the agent's memory (a registration costs ~8 KiB with its queue).
+MAX_WORKLOADS = 256
 _UID_MAX = 128
 
 
 class RegistrationError(ValueError):
     """A malformed registration; the message names the field and what to fix."""
+
+
+class RegistrationRefused(RegistrationError):
+    """A well-formed registration the caller may not make (not its pod, or the agent is full)."""
+
+
+class RegistryFull(RegistrationRefused):
+    """The agent holds ``max_workloads`` registrations already."""
+
+
+@dataclass(frozen=True)
+class TrustedPod:
+    """A pod as the driver's claim records name it (from the claim's ``status.reservedFor``)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ClaimScope:
+    """What a connection on claim ``claim_uid``'s socket may act for."""
+
+    claim_uid: str
+    pods: tuple[TrustedPod, ...]
+    max_state_bytes: int  # the claim's devices' memory: a workload cannot hold more on them
+
+    def pod(self, pod_uid: str) -> TrustedPod | None:
+        return next((p for p in self.pods if p.uid == pod_uid), None)
+
+
+def scoped_registration(reg: Registration, scope: ClaimScope) -> Registration:
+    """Pure: the registration as the scope allows it, or RegistrationRefused saying why."""
+    pod = scope.pod(reg.pod_uid)
+    if pod is None:
+        raise RegistrationRefused(
+            f"pod_uid {reg.pod_uid!r} is not a pod of claim {scope.claim_uid} (its reservedFor lists"
+            f" {sorted(p.uid for p in scope.pods)}): register with your own pod's UID on your claim's socket"
+        )
+    if scope.max_state_bytes > 0 and reg.state_bytes > scope.max_state_bytes:
+        raise RegistrationRefused(
+            f"state_bytes {reg.state_bytes} exceeds the {scope.max_state_bytes} bytes of device memory"
+            f" claim {scope.claim_uid} holds"
+        )
+    return replace(reg, pod_namespace=pod.namespace, pod_name=pod.name, claim_uids=frozenset({scope.claim_uid}))
 
 
 def validate_registration(reg: Registration) -> None:
@@ -74,6 +129,7 @@ class Workload:
     cond: threading.Condition = field(default_factory=threading.Condition)
     op_lock: threading.Lock = field(default_factory=threading.Lock)
     simulated: bool = False  # a stand-in occupant of the explicit simulated backend
+    scope: ClaimScope | None = None  # set when it registered on its claim's socket
 
     @property
     def pod_uid(self) -> str:
@@ -105,16 +161,30 @@ class Workload:
 class WorkloadRegistry:
     """Thread-safe table of workloads by pod UID, plus the claim → pod binding."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_workloads: int = MAX_WORKLOADS) -> None:
         self._lock = threading.Lock()
         self._by_pod: dict[str, Workload] = {}
         self._claims: dict[str, str] = {}
+        self._trusted: dict[str, str] = {}  # claims bound by the driver or a scope: not re-bindable
+        self.max_workloads = max_workloads
 
-    def register(self, reg: Registration, *, simulated: bool = False) -> Workload:
+    def register(self, reg: Registration, *, simulated: bool = False, scope: ClaimScope | None = None) -> Workload:
+        """Record a workload; RegistrationError when malformed, RegistrationRefused when not allowed."""
         validate_registration(reg)
+        if scope is not None:
+            reg = scoped_registration(reg, scope)
         with self._lock:
             old = self._by_pod.get(reg.pod_uid)
+            if old is None and len(self._by_pod) >= self.max_workloads:
+                raise RegistryFull(
+                    f"this node agent already holds {self.max_workloads} registrations; refusing pod {reg.pod_uid!r}"
+                )
+            if old is not None and old.scope is not None and scope is None:
+                raise RegistrationRefused(
+                    f"pod {reg.pod_uid!r} registered on its claim's socket; re-register there, not on a shared socket"
+                )
             w = Workload(reg=reg, session_id=uuid.uuid4().hex, state=reg.current_state, simulated=simulated)
+            w.scope = scope
             if old is not None:
                 # A re-registration (workload or agent restarted): keep the operation lock so an
                 # operation in flight on the old session serialises with the new one, end old streams.
@@ -122,16 +192,26 @@ class WorkloadRegistry:
                 old.commands.put(None)
             self._by_pod[reg.pod_uid] = w
             for c in reg.claim_uids:
-                self._claims[c] = reg.pod_uid
+                if scope is not None:
+                    self._trusted[c] = reg.pod_uid
+                if c not in self._trusted or scope is not None or simulated:  # simulated: the engine's own
+                    self._claims[c] = reg.pod_uid
             return w
 
     def bind_claim(self, claim_uid: str, pod_uid: str) -> None:
+        """The driver's binding (from its claim records): a registration body cannot override it."""
         with self._lock:
             self._claims[claim_uid] = pod_uid
+            self._trusted[claim_uid] = pod_uid
 
     def unbind_claim(self, claim_uid: str) -> None:
         with self._lock:
             self._claims.pop(claim_uid, None)
+            self._trusted.pop(claim_uid, None)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._by_pod)
 
     def pod_for_claim(self, claim_uid: str) -> str | None:
         with self._lock:
@@ -152,6 +232,7 @@ class WorkloadRegistry:
             w = self._by_pod.pop(pod_uid, None)
             for c in [c for c, p in self._claims.items() if p == pod_uid]:
                 del self._claims[c]
+                self._trusted.pop(c, None)
         if w is not None:
             w.commands.put(None)
         return w

@@ -33,7 +33,7 @@ def test_workload_suspends_at_safe_point_and_resumes(tmp_path: Path) -> None:
         wl = start_workload(
             tmp_path,
             "wl",
-            socket=agent.workload_socket,
+            socket=agent.claim_socket("claim-uid-1", "uid-1"),
             pod_uid="uid-1",
             extra=["--updates", "20", "--suspend-points", "1", "--linger-seconds", "0"],
         )
@@ -89,7 +89,7 @@ def test_deadline_enforced_then_checkpoint_then_evict(tmp_path: Path) -> None:
         wl = start_workload(
             tmp_path,
             "stall",
-            socket=agent.workload_socket,
+            socket=agent.claim_socket("claim-uid-stall", "uid-stall"),
             pod_uid="uid-stall",
             extra=["--updates", "400", "--stall-seconds", "2.5", "--checkpoint", str(ckpt)],
         )
@@ -124,7 +124,7 @@ def test_workload_that_never_acknowledges_is_not_evicted_blind(tmp_path: Path) -
         wl = start_workload(
             tmp_path,
             "hung",
-            socket=agent.workload_socket,
+            socket=agent.claim_socket("claim-uid-hung", "uid-hung"),
             pod_uid="uid-hung",
             extra=["--updates", "100000", "--stall-seconds", "600"],
         )
@@ -150,7 +150,7 @@ def test_host_budget_refusal_takes_checkpoint_fallback(tmp_path: Path) -> None:
         wl = start_workload(
             tmp_path,
             "big",
-            socket=agent.workload_socket,
+            socket=agent.claim_socket("claim-uid-big", "uid-big"),
             pod_uid="uid-big",
             extra=["--updates", "400", "--checkpoint", str(ckpt)],
         )

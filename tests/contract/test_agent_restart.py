@@ -23,7 +23,11 @@ def test_agent_restart_while_suspended_loses_nothing(tmp_path: Path) -> None:
     with reaped(baseline):
         with running_agent(tmp_path) as agent:
             wl = start_workload(
-                tmp_path, "rl", socket=agent.workload_socket, pod_uid="uid-r", extra=[*args, "--suspend-points", "1"]
+                tmp_path,
+                "rl",
+                socket=agent.claim_socket("claim-uid-r", "uid-r"),
+                pod_uid="uid-r",
+                extra=[*args, "--suspend-points", "1"],
             )
             wl.wait_ready()
             wait_registered(agent.engine, "uid-r")
@@ -31,6 +35,7 @@ def test_agent_restart_while_suspended_loses_nothing(tmp_path: Path) -> None:
             assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.message
         # agent 1 is gone (its sockets removed); the workload stays parked at its safe point
         with reaped(wl), running_agent(tmp_path) as agent2:
+            agent2.claim_socket("claim-uid-r", "uid-r")  # the driver reopens its claims' sockets
             end = time.monotonic() + 30
             while True:
                 w = agent2.engine.registry.get("uid-r")

@@ -36,7 +36,7 @@ def test_training_unharmed_by_six_suspend_resume_cycles(tmp_path: Path) -> None:
         suspended = start_workload(
             tmp_path,
             "suspended",
-            socket=agent.workload_socket,
+            socket=agent.claim_socket("claim-uid-rl", "uid-rl"),
             pod_uid="uid-rl",
             extra=[*args, "--suspend-points", str(CYCLES), "--report", str(report)],
             script=NEXT_TENANT,

@@ -12,6 +12,7 @@ uninterrupted run, and the RL pod is never deleted.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from agent_fixtures import reaped, start_workload  # tests/ is on sys.path (test
 from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client
 
+from dra_driver import cdi
 from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim, driver_slices
@@ -43,15 +45,25 @@ class Driver(DriverProcess):
     the harness's KubeletDRA plays the kubelet (local_cluster/kubelet.py)."""
 
     def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
-        self.agent_socket = root / "a" / "workload.sock"
         self.control_socket = root / "a" / "control.sock"
         super().__init__(
             cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
             extra_args=[
                 "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
-                "--agent-socket", str(self.agent_socket), "--agent-control-socket", str(self.control_socket),
+                "--agent-control-socket", str(self.control_socket),
             ],
         )  # fmt: skip
+
+
+def _claim_socket_from_cdi(drv: Driver, claim_uid: str) -> Path:
+    """Where the container runtime would put the claim's agent socket: its CDI mount's host path."""
+    spec = json.loads((drv.cdi_dir / cdi.spec_filename(claim_uid)).read_text())
+    edits = spec["containerEdits"]
+    env = dict(e.split("=", 1) for e in edits["env"])
+    (mount,) = edits["mounts"]
+    in_container = Path(env["ROSE_AGENT_SOCKET"])
+    assert in_container.parent == Path(mount["containerPath"])
+    return Path(mount["hostPath"]) / in_container.name
 
 
 def _ann(api: Any, ns: str, pod: str) -> dict[str, str]:
@@ -102,9 +114,11 @@ def test_serving_claim_suspends_training_cooperatively_and_training_is_unharmed(
     out = drv.prepare(rl_claim)
     assert out.error == "" and out.devices[0].device_name == "gpu-0-lendable"
 
-    # the RL pod's container process: registers with the node agent under the pod's UID
+    # the RL pod's container process: reaches the node agent through its claim's own socket, which
+    # the claim's CDI spec mounts into the container (played here by the host path of that mount)
+    sock = _claim_socket_from_cdi(drv, rl_claim["metadata"]["uid"])
     args = ["--updates", "24", "--seed", "3", "--suspend-points", "1"]
-    wl = start_workload(tmp_path, "rl-0", socket=drv.agent_socket, pod_uid=rl_uid, extra=args, namespace=ns)
+    wl = start_workload(tmp_path, "rl-0", socket=sock, pod_uid=rl_uid, extra=args, namespace=ns)
     base = start_workload(tmp_path, "base", socket=None, extra=args)
     with reaped(wl, base), grpc.insecure_channel(f"unix://{drv.control_socket}") as ch:
         control = pb_grpc.NodeControlStub(ch)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +27,13 @@ from dra_driver.suspend.engine import (
 from dra_driver.suspend.events import RecordingEventSink
 from dra_driver.suspend.metrics import SuspendMetrics
 from dra_driver.suspend.model import Ack, BackendOutcome, OpContext, Registration
-from dra_driver.suspend.registry import RegistrationError, Workload, validate_registration
+from dra_driver.suspend.registry import (
+    ClaimScope,
+    RegistrationError,
+    TrustedPod,
+    Workload,
+    validate_registration,
+)
 from dra_driver.suspend.simulated import SimulatedBackend, transfer_seconds
 
 MiB = 1 << 20
@@ -201,7 +210,9 @@ def play_workload(eng: NodeSuspendEngine, w: Workload, answer: Callable[[str], A
                         ack.bytes_moved,
                         message=ack.message,
                         checkpoint_path=ack.checkpoint_path,
+                        checkpoint_sha256=ack.checkpoint_sha256,
                     ),
+                    w.scope,
                 )
 
     t = threading.Thread(target=run, daemon=True)
@@ -234,16 +245,20 @@ def test_cooperative_round_trip(coop: tuple[NodeSuspendEngine, RecordingEventSin
     assert events.reasons() == ["Suspended", "Resumed"]
 
 
-def test_cooperative_refusal_then_checkpoint(coop: tuple[NodeSuspendEngine, RecordingEventSink]) -> None:
+def test_cooperative_refusal_then_checkpoint(
+    coop: tuple[NodeSuspendEngine, RecordingEventSink], tmp_path: Path
+) -> None:
     eng, events = coop
     w = eng.register(reg(backends=("cooperative",)))
+    ckpt, digest = tmp_path / "x.rose", hashlib.sha256(b"state").hexdigest()
+    ckpt.write_bytes(b"ROSECKPT1\n" + digest.encode() + b"\nstate")  # rose_sdk.checkpoint's layout
     answers = {
         "suspend": Ack("", False, message="out of pinned memory"),
-        "checkpoint": Ack("", True, 123, checkpoint_path="/ckpt/x"),
+        "checkpoint": Ack("", True, 123, checkpoint_path=str(ckpt), checkpoint_sha256=digest),
     }
     play_workload(eng, w, lambda k: answers[k])
     r = eng.suspend("claim-a", 2)
-    assert r.ok and r.fallback == "checkpoint-evict" and "/ckpt/x" in r.message
+    assert r.ok and r.fallback == "checkpoint-evict" and str(ckpt) in r.message
     assert "out of pinned memory" in r.message and "caller must evict" in r.message
     assert eng.occupant_state("claim-a") == "suspended"  # off the GPU, in its durable checkpoint
     res = eng.resume("claim-a")
@@ -267,11 +282,10 @@ def test_failed_resume_keeps_state(coop: tuple[NodeSuspendEngine, RecordingEvent
 
 def test_reregistration_as_suspended_is_remembered(coop: tuple[NodeSuspendEngine, RecordingEventSink]) -> None:
     eng, _ = coop
-    eng.register(
-        Registration(
-            "pod-a", 9, 3 * MiB, frozenset({"cooperative"}), claim_uids=frozenset({"c"}), current_state="Suspended"
-        )
-    )
+    r = Registration("pod-a", 9, 3 * MiB, frozenset({"cooperative"}), current_state="Suspended")
+    eng.register(replace(r, pod_uid="pod-unscoped"))  # a shared socket: its size is not counted
+    assert eng.budget.held_bytes() == 0
+    eng.register(r, ClaimScope("c", (TrustedPod("rl", "a", "pod-a"),), 80 * 1024 * MiB))
     assert eng.occupant_state("c") == "suspended" and eng.budget.held_bytes() == 3 * MiB
     w = eng.registry.get("pod-a")
     assert w is not None
