@@ -43,6 +43,19 @@ def _read_chunk(path: Path) -> np.ndarray:
         return np.asarray([float(r[1]) if r[1] else 0.0 for r in csv.reader(fh) if r], dtype=np.float64)
 
 
+def all_series(clients: int, zero_run: int) -> tuple[list[Series], list[dict[str, Any]]]:
+    """Every derived 14-day series, then the top ``clients`` per-client series of both ServeGen
+    datasets, with what was read of each dataset."""
+    tdir = traces_dir()
+    series: list[Series] = [read_series_csv(p) for p in sorted((tdir / "derived").glob("*.csv"))]
+    infos = []
+    for ds in ("m-large", "m-mid"):
+        found, info = servegen_clients(tdir / "servegen" / "language" / ds, clients, zero_run)
+        series += found
+        infos.append(info)
+    return series, infos
+
+
 def servegen_clients(dataset_dir: Path, top: int, zero_run: int) -> tuple[list[Series], dict[str, Any]]:
     files = sorted(dataset_dir.glob("chunk-*-trace.csv"), key=lambda p: int(p.name.split("-")[1]))
     rates = [_read_chunk(f) for f in files]
@@ -193,13 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         a.out.write_text(markdown(saved["results"], saved["datasets"], a.quantile, args))
         print(f"wrote {a.out}")
         return 0
-    tdir = traces_dir()
-    series: list[Series] = [read_series_csv(p) for p in sorted((tdir / "derived").glob("*.csv"))]
-    infos = []
-    for ds in ("m-large", "m-mid"):
-        clients, info = servegen_clients(tdir / "servegen" / "language" / ds, a.clients, a.zero_run)
-        series += clients
-        infos.append(info)
+    series, infos = all_series(a.clients, a.zero_run)
     if a.csv_dir:
         a.csv_dir.mkdir(parents=True, exist_ok=True)
         for s in series:

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.predictor_backtest_all import servegen_clients, traces_dir
+from benchmarks.predictor_backtest_all import all_series
 from predictor.evaluate import LEND_GOAL_RATIO, RISK_TOLERANCE, binomial_band, evaluate, minimum_points
 from predictor.risk import NotEnoughWindows
-from predictor.series import Series, read_series_csv
+from predictor.series import Series
 
 RISKS = [0.01, 0.05]
 HORIZONS = [1800, 3600]
@@ -199,13 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(a.from_json.read_text())
         a.out.write_text(markdown(saved["results"], saved["datasets"], args))
         return 0
-    tdir = traces_dir()
-    series: list[Series] = [read_series_csv(p) for p in sorted((tdir / "derived").glob("*.csv"))]
-    infos = []
-    for ds in ("m-large", "m-mid"):
-        clients, info = servegen_clients(tdir / "servegen" / "language" / ds, a.clients, a.zero_run)
-        series += clients
-        infos.append(info)
+    series, infos = all_series(a.clients, a.zero_run)
     results = [run_one(s) for s in series]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(markdown(results, infos, args))

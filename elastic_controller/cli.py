@@ -21,9 +21,9 @@ from elastic_controller import pools
 from elastic_controller.controller import Controller, ControllerSettings
 from elastic_controller.metrics import ControllerMetrics
 from elastic_controller.planner import Forecast
-from rose_common import logs
+from rose_common import forecast_client, logs
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
-from rose_common.forecast_client import BACKENDS, ForecastCache, make_source
+from rose_common.forecast_client import ForecastCache, make_source
 from rose_common.informer import FunctionHandler
 from rose_common.workqueue import start_workers
 
@@ -37,13 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
     p.flag("--metrics-listen", default="0.0.0.0:9090", type=host_port, help="HOST:PORT of /metrics (port 0: off)")
-    p.flag("--forecast-backend", default="http", choices=list(BACKENDS),
-           help="forecasts from: http (the predictor), static-file, or none (pools lend nothing)")  # fmt: skip
-    p.flag("--predictor-url", default="", help="predictor base URL for the http backend, e.g. http://predictor:8080")
-    p.flag("--forecast-file", default="", help="JSON file of ForecastResponse objects for the static-file backend")
-    p.flag("--forecast-timeout", default=0.5, type=duration, help="seconds one forecast fetch may take")
-    p.flag("--forecast-refresh", default=30.0, type=duration, help="seconds between background forecast refreshes")
-    p.flag("--forecast-max-age", default=300.0, type=duration, help="seconds a fetched forecast stays usable")
+    forecast_client.add_flags(p, without="pools lend nothing")
     p.flag("--quantile", default="0.9", help="forecast quantile treated as what serving may need")
     p.flag("--plan-interval", default=10.0, type=duration, help="seconds between plans over all jobs")
     p.flag("--dwell", default=300.0, type=duration, help="seconds a job that shrank waits before it may grow again")

@@ -28,10 +28,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from rose_common.cli import duration
 from rose_common.forecast_api import ForecastResponse
 
 __all__ = [
@@ -230,3 +231,15 @@ def make_source(backend: str, *, url: str = "", path: str = "", timeout_s: float
             raise ValueError("forecast backend static-file needs the forecast file")
         return StaticFileForecastSource(Path(path))
     raise ValueError(f"unknown forecast backend {backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+def add_flags(p: Any, *, without: str) -> None:
+    """The forecast flags every consumer shares, on a :class:`rose_common.cli.EnvArgumentParser`
+    (``without``: what the component does with the ``none`` backend)."""
+    p.flag("--forecast-backend", default="http", choices=list(BACKENDS),
+           help=f"where forecasts come from: http (the predictor), static-file, or none ({without})")  # fmt: skip
+    p.flag("--predictor-url", default="", help="predictor base URL for the http backend, e.g. http://predictor:8080")
+    p.flag("--forecast-file", default="", help="JSON file of ForecastResponse objects for the static-file backend")
+    p.flag("--forecast-timeout", default=0.5, type=duration, help="seconds one forecast fetch may take")
+    p.flag("--forecast-refresh", default=30.0, type=duration, help="seconds between background forecast refreshes")
+    p.flag("--forecast-max-age", default=300.0, type=duration, help="seconds a fetched forecast stays usable")

@@ -14,9 +14,9 @@ import sys
 import threading
 from pathlib import Path
 
-from rose_common import logs
+from rose_common import forecast_client, logs
 from rose_common.cli import EnvArgumentParser, byte_size, duration, host_port
-from rose_common.forecast_client import BACKENDS, make_source
+from rose_common.forecast_client import make_source
 from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.forecast import ForecastCache
@@ -64,25 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for Prometheus and the kubelet's probes (the manifests use 0.0.0.0:9888); empty = none",
     )
     p.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
-    p.flag(
-        "--forecast-backend",
-        default="http",
-        help="where forecasts come from: http (the predictor), static-file, or none (always fall back)",
-        choices=list(BACKENDS),
-    )
-    p.flag(
-        "--predictor-url",
-        default="",
-        help="predictor base URL for the http backend, e.g. http://predictor:8080",
-    )
-    p.flag(
-        "--forecast-file",
-        default="",
-        help="JSON file of ForecastResponse objects for the static-file backend",
-    )
-    p.flag("--forecast-timeout", default=0.5, type=duration, help="seconds one forecast fetch may take")
-    p.flag("--forecast-refresh", default=30.0, type=duration, help="seconds between background forecast refreshes")
-    p.flag("--forecast-max-age", default=300.0, type=duration, help="seconds a fetched forecast stays usable")
+    forecast_client.add_flags(p, without="always fall back")
     p.flag("--quantile", default="0.9", help="serving-demand quantile treated as what serving may need")
     p.flag("--default-min-run", default=600.0, type=float, help="RL worker min useful run (s) without annotation")
     p.flag("--fallback-headroom", default=0.25, type=float, help="pool fraction kept free when no forecast")
