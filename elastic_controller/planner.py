@@ -265,7 +265,7 @@ def _reclaim(book: _Book) -> None:
         while book.lent(pool) > 0 and book.free(pool, lead) < 0:
             q = book.pools[pool].forecast.quantile
             why = (f"serving {q} needs {book.need(pool, lead):g} of {book.pools[pool].capacity} GPUs within "
-                   f"{lead:g}s, {book.lent(pool)} lent")  # fmt: skip
+                   f"{lead:.0f}s, {book.lent(pool)} lent")  # fmt: skip
             _reclaim_one(book, pool, why)
 
 
