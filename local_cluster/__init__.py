@@ -22,6 +22,7 @@ from local_cluster.cluster import (
     default_workdir,
     free_port,
     kwok_node,
+    module_process,
     port_in_use,
     stop_process,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "ensure",
     "free_port",
     "kwok_node",
+    "module_process",
     "port_in_use",
     "stop_process",
 ]

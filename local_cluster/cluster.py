@@ -16,10 +16,11 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -133,6 +134,20 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
             proc.kill()
             proc.wait()
     return int(proc.returncode)
+
+
+@contextlib.contextmanager
+def module_process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m ARGS`` from the repository root with its output in ``log``, stopped (see
+    :func:`stop_process`) when the block ends."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=binaries.REPO_ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            yield proc
+        finally:
+            stop_process(proc)
 
 
 def kwok_node(name: str, pool: str, cpu: str = "64", memory: str = "512Gi", pods: str = "110") -> dict[str, Any]:

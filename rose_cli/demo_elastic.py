@@ -26,14 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from local_cluster import ClusterHandle, free_port, stop_process
-from local_cluster.binaries import REPO_ROOT
+from local_cluster import ClusterHandle, free_port, module_process
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import (
     allocated_claim,
@@ -194,16 +193,6 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return 0, ""
 
 
-@contextlib.contextmanager
-def _process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            stop_process(proc)
-
-
 def _gpus_claim(api: Any, ns: str, pod: Any) -> dict[str, Any] | None:
     """The worker's allocated ``gpus`` claim (the controller's claim entry), once reserved for it."""
     from kubernetes import client
@@ -242,10 +231,12 @@ def _start_services(s: Stage, stack: contextlib.ExitStack) -> None:
     s.metrics_port = free_port()
     common = ["--forecast-backend=static-file", f"--forecast-file={s.tmp / 'forecasts.json'}",
               "--forecast-refresh=1", f"--kubeconfig={s.h.kubeconfig}"]  # fmt: skip
-    stack.enter_context(_process(["scheduler_extender", f"--listen={host}:{port}", *common], s.tmp / "extender.log"))
+    stack.enter_context(
+        module_process(["scheduler_extender", f"--listen={host}:{port}", *common], s.tmp / "extender.log")
+    )
     ctl = ["elastic_controller", *common, "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
            f"--lease-name=rose-demo-{s.metrics_port}", f"--metrics-listen=127.0.0.1:{s.metrics_port}"]  # fmt: skip
-    stack.enter_context(_process(ctl, s.tmp / "controller.log"))
+    stack.enter_context(module_process(ctl, s.tmp / "controller.log"))
     wait_for("extender ready", lambda: _get(int(port), "/readyz")[0] == 200, timeout=60)
     wait_for("controller /metrics", lambda: _get(s.metrics_port, "/metrics")[0] == 200, timeout=60)
     s.say(f"   · `rose controller` (plan every 1 s, dwell 0 s) and `rose extender` on {s.h.extender_url}, "

@@ -19,7 +19,6 @@ import http.client
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +27,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from local_cluster import ClusterHandle, free_port, stop_process
+from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names, promtext
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 JOB = "grpo"
 
 
@@ -60,16 +58,6 @@ def _pools(cluster: ClusterHandle) -> tuple[str, str, int]:
     return pools[0], pools[1], per_pool
 
 
-@contextlib.contextmanager
-def _spawn(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            stop_process(proc)
-
-
 @pytest.fixture
 def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The extender (so the rose-scheduler profile places the workers) and the controller, both
@@ -87,7 +75,10 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
                 f"--lease-name=ctl-e2e-{metrics_port}", f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
     ns = new_namespace(api, "erj")
     try:
-        with _spawn(ext_args, tmp_path / "extender.log"), _spawn(ctl_args, tmp_path / "controller.log") as ctl:
+        with (
+            module_process(ext_args, tmp_path / "extender.log"),
+            module_process(ctl_args, tmp_path / "controller.log") as ctl,
+        ):
             wait_for("controller metrics up", lambda: _metrics(metrics_port) or None, 30)
             yield {"ns": ns, "forecasts": forecasts, "quiet": quiet, "busy": busy, "capacity": capacity,
                    "metrics": metrics_port, "controller": ctl, "log": tmp_path / "controller.log"}  # fmt: skip
