@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -26,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from local_cluster import ClusterHandle, stop_process
+from local_cluster import ClusterHandle, module_process
 from local_cluster.objects import (
     claim_template,
     create_claim_template,
@@ -139,51 +137,47 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
     (tmp / "forecasts.json").write_text(json.dumps({"forecasts": [json.loads(f.model_dump_json()) for f in fcs]}))
     url = urlparse(h.extender_url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
-    log = (tmp / "extender.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "scheduler_extender", f"--listen={host}:{port}", f"--kubeconfig={h.kubeconfig}",
-            "--forecast-backend=static-file", f"--forecast-file={tmp / 'forecasts.json'}", "--forecast-refresh=1",
-        ],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    ns = ""
-    try:
-        # ready = its cache synced and every pool's forecast fetched (no call decides on a fallback)
-        wait_for("extender ready", lambda: proc.poll() is None and _ready(host, port), timeout=60)
-        say(f"   · `rose extender` serving {h.extender_url} for the rose-scheduler profile (watch-fed node cache)")
-        ns = new_namespace(api, "demo-lend")
-        create_claim_template(api, ns, claim_template("lendable-1", names.DEVICE_CLASS_LENDABLE))
-        workers = 4
-        for i in range(workers):
-            pod = gpu_pod(
-                f"grpo-worker-{i}", "lendable-1", scheduler=names.SCHEDULER_NAME,
-                labels={names.LABEL_JOB: "grpo"}, priority_class="rose-rl",
-            )  # fmt: skip
-            core.create_namespaced_pod(ns, pod)
-        placed: dict[str, str] = {}
-        for i in range(workers):
-            name = f"grpo-worker-{i}"
-            placed[name] = wait_for(f"{name} bound", partial(_node, core, ns, name), timeout=90)
-        ok = all(h.pools[n] == quiet for n in placed.values())
-        for name, node in placed.items():
-            say(f"   · {name} (lendable GPU) → {node} ({h.pools[node]})")
-        say(f"   · every worker in {quiet}, the pool forecast to leave the most room: {'yes' if ok else 'NO'}")
-        for line in _metrics(host, port, "rose_extender_prioritize_calls_total"):
-            say(f"     {line}")
-        text = "\n".join(_metrics(host, port, "rose_extender_"))
-        cached = {
-            sample.labels["kind"]: int(sample.value) for sample in promtext.samples(text, "rose_extender_cache_objects")
-        }
-        restarts = promtext.value(text, "rose_extender_watch_restarts_total", default=0.0)
-        say(
-            "   · extender cache, fed by watches: "
-            + ", ".join(f"{n} {k}s" for k, n in sorted(cached.items()))
-            + f" (bound pods only); watch restarts: {restarts:g}"
-        )
-        return ok
-    finally:
-        if ns:
-            delete_namespace(api, ns)
-        stop_process(proc)
-        log.close()
+    args = [
+        "scheduler_extender", f"--listen={host}:{port}", f"--kubeconfig={h.kubeconfig}",
+        "--forecast-backend=static-file", f"--forecast-file={tmp / 'forecasts.json'}", "--forecast-refresh=1",
+    ]  # fmt: skip
+    with module_process(args, tmp / "extender.log") as proc:
+        ns = ""
+        try:
+            # ready = its cache synced and every pool's forecast fetched (no call decides on a fallback)
+            wait_for("extender ready", lambda: proc.poll() is None and _ready(host, port), timeout=60)
+            say(f"   · `rose extender` serving {h.extender_url} for the rose-scheduler profile (watch-fed node cache)")
+            ns = new_namespace(api, "demo-lend")
+            create_claim_template(api, ns, claim_template("lendable-1", names.DEVICE_CLASS_LENDABLE))
+            workers = 4
+            for i in range(workers):
+                pod = gpu_pod(
+                    f"grpo-worker-{i}", "lendable-1", scheduler=names.SCHEDULER_NAME,
+                    labels={names.LABEL_JOB: "grpo"}, priority_class="rose-rl",
+                )  # fmt: skip
+                core.create_namespaced_pod(ns, pod)
+            placed: dict[str, str] = {}
+            for i in range(workers):
+                name = f"grpo-worker-{i}"
+                placed[name] = wait_for(f"{name} bound", partial(_node, core, ns, name), timeout=90)
+            ok = all(h.pools[n] == quiet for n in placed.values())
+            for name, node in placed.items():
+                say(f"   · {name} (lendable GPU) → {node} ({h.pools[node]})")
+            say(f"   · every worker in {quiet}, the pool forecast to leave the most room: {'yes' if ok else 'NO'}")
+            for line in _metrics(host, port, "rose_extender_prioritize_calls_total"):
+                say(f"     {line}")
+            text = "\n".join(_metrics(host, port, "rose_extender_"))
+            cached = {
+                sample.labels["kind"]: int(sample.value)
+                for sample in promtext.samples(text, "rose_extender_cache_objects")
+            }
+            restarts = promtext.value(text, "rose_extender_watch_restarts_total", default=0.0)
+            say(
+                "   · extender cache, fed by watches: "
+                + ", ".join(f"{n} {k}s" for k, n in sorted(cached.items()))
+                + f" (bound pods only); watch restarts: {restarts:g}"
+            )
+            return ok
+        finally:
+            if ns:
+                delete_namespace(api, ns)
