@@ -21,6 +21,16 @@ ENV_PREFIX = "ROSE_DRIVER_"
 log = logging.getLogger("rose.driver")
 
 
+def absolute_dir(text: str) -> str:
+    """A directory flag: an absolute path (or empty where the flag has a default); the kubelet and
+    the CDI runtime resolve these paths from another working directory, so a relative one is refused."""
+    if text and not Path(text).is_absolute():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a relative path: give an absolute one (e.g. /{text.lstrip('./')})"
+        )
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = EnvArgumentParser(
         env_prefix=ENV_PREFIX,
@@ -57,20 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "plugin-dir",
         "where the DRA socket (dra.sock) lives",
+        type=absolute_dir,
         default=f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}",
     )
     add(
         "kubelet-plugin-dir",
         "plugin-dir as the kubelet sees it (endpoint in GetInfo); default: plugin-dir",
+        type=absolute_dir,
         default="",
     )
     add(
         "registry-dir",
         "kubelet plugin registry dir (registration socket)",
+        type=absolute_dir,
         default="/var/lib/kubelet/plugins_registry",
     )
-    add("cdi-dir", "dynamic CDI spec directory", default="/var/run/cdi")
-    add("state-dir", "checkpoint directory; default: plugin-dir", default="")
+    add("cdi-dir", "dynamic CDI spec directory", type=absolute_dir, default="/var/run/cdi")
+    add("state-dir", "checkpoint directory; default: plugin-dir", type=absolute_dir, default="")
     add("boot-id-file", "file holding the node boot ID", default="/proc/sys/kernel/random/boot_id")
     add(
         "metrics-port",
