@@ -257,6 +257,15 @@ def _check_suspended_cpu(value: str) -> None:
         raise StartupError(f"--suspended-cpu: {e} (examples: 100m, 0.5, 1)") from None
 
 
+def _node_pool(node: Any) -> str:
+    """The node's ``rose.io/gpu-pool`` label (the ``pool`` of the lent-GPU metrics); "" if unreadable."""
+    try:
+        return str(node.labels().get(names.LABEL_POOL, ""))
+    except Exception as e:
+        log.warning("cannot read the node's pool label; lent-GPU metrics carry pool=''", extra={"err": repr(e)})
+        return ""
+
+
 def build(args: argparse.Namespace) -> Wiring:
     """Discover the GPUs, build every part and recover the node state; starts no thread or server."""
     from dra_driver import kube
@@ -269,8 +278,8 @@ def build(args: argparse.Namespace) -> Wiring:
     from rose_common.slices import resource_slice
 
     gpus = _discover(args)
-    metrics = DriverMetrics([g.info.index for g in gpus])
     api = _api_client(args)
+    metrics = DriverMetrics([g.info.index for g in gpus], pool=_node_pool(kube.KubeNode(api, args.node_name)))
     _check_suspended_cpu(args.suspended_cpu)
     notifier = kube.KubeNotifier(api, args.node_name, suspended_cpu=args.suspended_cpu, metrics=metrics)
     try:
