@@ -6,6 +6,7 @@
     rose driver ...                     the DRA node driver and suspend engine
     rose predictor ...                  the serving-demand forecaster (serve, backtest, generate)
     rose demo                           the whole story on a local cluster
+    rose dashboard generate|check|preview  the Grafana dashboard as code, and a PNG preview of its panels
     rose version                        the client's version and, with a kubeconfig, the API server's
     rose completion bash                a bash completion script for the sub-commands
 
@@ -31,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("dra_driver.agent.cli", "the node agent alone (suspend engine, workload socket)"),
     "predictor": ("predictor.cli", "serving-demand forecasts: serve, backtest, generate"),
     "demo": ("rose_cli.demo", "the whole story on a local cluster"),
+    "dashboard": ("rose_cli.dashboard", "the Grafana dashboard as code: generate, check, preview (PNG)"),
     "version": ("rose_cli.version", "the client's version; with --kubeconfig also the API server's"),
     "completion": ("rose_cli.completion", "print a bash completion script: source <(rose completion bash)"),
 }
