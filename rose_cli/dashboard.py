@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -143,6 +144,8 @@ def plot(data: dict[str, list[tuple[str, list[dict[str, Any]]]]], out: Path, not
                 line = []
             line.append(p)
         rows.append(line)
+    starts = [pts[0][0] for targets in data.values() for _, res in targets for s in res if (pts := _finite(s))]
+    t0 = min(starts, default=0.0)
     fig = plt.figure(figsize=(20, 3.2 * len(rows) + 1))
     grid = fig.add_gridspec(len(rows), GRID_WIDTH)
     for r, line in enumerate(rows):
@@ -150,22 +153,19 @@ def plot(data: dict[str, list[tuple[str, list[dict[str, Any]]]]], out: Path, not
         for p in line:
             ax = fig.add_subplot(grid[r, x : x + p.width])
             x += p.width
-            _draw(ax, p, data.get(p.title, []))
+            _draw(ax, p, data.get(p.title, []), t0)
     fig.suptitle(f"{spec.TITLE}: PREVIEW rendered with matplotlib, not Grafana. {note}", fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out, dpi=70)
     plt.close(fig)
 
 
-def _draw(ax: Any, p: spec.Panel, series: list[tuple[str, list[dict[str, Any]]]]) -> None:
-    t0: float | None = None
+def _draw(ax: Any, p: spec.Panel, series: list[tuple[str, list[dict[str, Any]]]], t0: float) -> None:
     for template, result in series:
         for s in result:
-            pts = [(float(t), float(v)) for t, v in s["values"] if v not in ("NaN", "+Inf", "-Inf")]
-            if not pts:
-                continue
-            t0 = pts[0][0] if t0 is None else min(t0, pts[0][0])
-            ax.plot([t - (t0 or 0) for t, _ in pts], [v for _, v in pts], label=legend(template, s["metric"])[:48])
+            pts = _finite(s)
+            if pts:
+                ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], label=legend(template, s["metric"])[:48])
     ax.set_title(p.title, fontsize=9)
     ax.set_xlabel("seconds", fontsize=7)
     ax.set_ylabel(p.unit, fontsize=7)
@@ -176,9 +176,15 @@ def _draw(ax: Any, p: spec.Panel, series: list[tuple[str, list[dict[str, Any]]]]
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
 
+def _finite(series: dict[str, Any]) -> list[tuple[float, float]]:
+    """A range-query series' points, without NaN / Inf (what a graph can draw)."""
+    pts = [(float(t), float(v)) for t, v in series["values"]]
+    return [(t, v) for t, v in pts if math.isfinite(v)]
+
+
 def empty_panels(data: dict[str, list[tuple[str, list[dict[str, Any]]]]]) -> list[str]:
-    """Titles of panels for which no target returned a series."""
-    return [title for title, targets in data.items() if not any(result for _, result in targets)]
+    """Titles of panels none of whose targets returned a finite value."""
+    return [title for title, targets in data.items() if not any(_finite(s) for _, res in targets for s in res)]
 
 
 # ---------------------------------------------------------------------- CLI

@@ -195,8 +195,8 @@ BROKEN_ROW = Row(
             "reqps",
             (
                 Target(
-                    f'sum by (verb, code) (rate(rose_extender_requests_total{{code!="200"}}[{RATE}]))',
-                    "{{verb}} {{code}}",
+                    f'sum by (verb) (rate(rose_extender_requests_total{{code!="200"}}[{RATE}]))',
+                    "{{verb}} non-200",
                 ),
                 Target(f"sum by (reason) (rate(rose_extender_http_rejected_total[{RATE}]))", "rejected: {{reason}}"),
             ),
