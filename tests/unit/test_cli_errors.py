@@ -98,6 +98,12 @@ def test_extender_static_forecast_file_missing_is_refused_at_start(tmp_path: Pat
     assert line.startswith(f"rose extender: --forecast-file: forecast file {garbage}: expected a JSON list")
 
 
+def test_controller_static_forecast_file_missing_is_refused_at_start(tmp_path: Path) -> None:
+    args = ["controller", "--kubeconfig", kubeconfig(tmp_path), "--metrics-listen", "127.0.0.1:0"]
+    line = error_line(rose(*args, "--forecast-backend", "static-file", "--forecast-file", "/nonexistent.json"))
+    assert line.startswith("rose controller: --forecast-file: forecast file /nonexistent.json:")
+
+
 def test_predictor_serve_port_in_use(tmp_path: Path, busy_port: int) -> None:
     pools = tmp_path / "pools.yaml"
     pools.write_text("pools:\n- {name: p, query: 'up', unit: gpus, capacity: 8}\n")
