@@ -59,13 +59,17 @@ def _variables() -> list[Any]:
 
 
 def _panel(p: spec.Panel) -> Any:
-    from grafana_foundation_sdk.builders import prometheus, timeseries
+    from grafana_foundation_sdk.builders import common, prometheus, timeseries
+    from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement, SortOrder, TooltipDisplayMode
     from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
+    legend = common.VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.LIST)
+    tooltip = common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)
     b = (
         timeseries.Panel().title(p.title).description(p.description).unit(p.unit)
         .datasource(DataSourceRef(type_val="prometheus", uid="${datasource}"))
         .span(p.width).height(PANEL_HEIGHT)
+        .legend(legend.placement(LegendPlacement.BOTTOM)).tooltip(tooltip)
     )  # fmt: skip
     for i, t in enumerate(p.targets):
         b = b.with_target(prometheus.Dataquery().expr(t.expr).legend_format(t.legend).ref_id(chr(ord("A") + i)).range())
