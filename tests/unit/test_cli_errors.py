@@ -128,6 +128,7 @@ def test_cluster_status_nothing_running(tmp_path: Path) -> None:
     assert rows and not any(row["alive"] for row in rows) and {"component", "pid", "port", "log"} <= set(rows[0])
 
 
+@pytest.mark.slow
 def test_backtest_reports_progress_on_stderr(tmp_path: Path) -> None:
     series = tmp_path / "s.csv"
     assert rose("predictor", "generate", "--days", "8", "--step", "3600", "--out", str(series)).returncode == 0
