@@ -21,6 +21,16 @@ ENV_PREFIX = "ROSE_DRIVER_"
 log = logging.getLogger("rose.driver")
 
 
+def absolute_dir(text: str) -> str:
+    """A directory flag: an absolute path (or empty where the flag has a default); the kubelet and
+    the CDI runtime resolve these paths from another working directory, so a relative one is refused."""
+    if text and not Path(text).is_absolute():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a relative path: give an absolute one (e.g. /{text.lstrip('./')})"
+        )
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = EnvArgumentParser(
         env_prefix=ENV_PREFIX,
@@ -57,20 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "plugin-dir",
         "where the DRA socket (dra.sock) lives",
+        type=absolute_dir,
         default=f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}",
     )
     add(
         "kubelet-plugin-dir",
         "plugin-dir as the kubelet sees it (endpoint in GetInfo); default: plugin-dir",
+        type=absolute_dir,
         default="",
     )
     add(
         "registry-dir",
         "kubelet plugin registry dir (registration socket)",
+        type=absolute_dir,
         default="/var/lib/kubelet/plugins_registry",
     )
-    add("cdi-dir", "dynamic CDI spec directory", default="/var/run/cdi")
-    add("state-dir", "checkpoint directory; default: plugin-dir", default="")
+    add("cdi-dir", "dynamic CDI spec directory", type=absolute_dir, default="/var/run/cdi")
+    add("state-dir", "checkpoint directory; default: plugin-dir", type=absolute_dir, default="")
     add("boot-id-file", "file holding the node boot ID", default="/proc/sys/kernel/random/boot_id")
     add(
         "metrics-port",
@@ -244,6 +257,15 @@ def _check_suspended_cpu(value: str) -> None:
         raise StartupError(f"--suspended-cpu: {e} (examples: 100m, 0.5, 1)") from None
 
 
+def _node_pool(node: Any) -> str:
+    """The node's ``rose.io/gpu-pool`` label (the ``pool`` of the lent-GPU metrics); "" if unreadable."""
+    try:
+        return str(node.labels().get(names.LABEL_POOL, ""))
+    except Exception as e:
+        log.warning("cannot read the node's pool label; lent-GPU metrics carry pool=''", extra={"err": repr(e)})
+        return ""
+
+
 def build(args: argparse.Namespace) -> Wiring:
     """Discover the GPUs, build every part and recover the node state; starts no thread or server."""
     from dra_driver import kube
@@ -256,8 +278,8 @@ def build(args: argparse.Namespace) -> Wiring:
     from rose_common.slices import resource_slice
 
     gpus = _discover(args)
-    metrics = DriverMetrics([g.info.index for g in gpus])
     api = _api_client(args)
+    metrics = DriverMetrics([g.info.index for g in gpus], pool=_node_pool(kube.KubeNode(api, args.node_name)))
     _check_suspended_cpu(args.suspended_cpu)
     notifier = kube.KubeNotifier(api, args.node_name, suspended_cpu=args.suspended_cpu, metrics=metrics)
     try:

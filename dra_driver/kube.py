@@ -321,11 +321,15 @@ def eviction_body(namespace: str, name: str, uid: str) -> dict[str, Any]:
 
 
 class KubeNode:
-    """This node's Node object (annotations only)."""
+    """This node's Node object (its labels; its annotations)."""
 
     def __init__(self, api: client.ApiClient, node_name: str) -> None:
         self.raw = Raw(api)
         self.node_name = node_name
+
+    def labels(self) -> dict[str, str]:
+        node = self.raw.json("GET", f"/api/v1/nodes/{self.node_name}")
+        return dict((node.get("metadata") or {}).get("labels") or {})
 
     def annotate(self, annotations: dict[str, str]) -> None:
         self.raw.json(

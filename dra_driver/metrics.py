@@ -1,8 +1,19 @@
-"""The driver's Prometheus metrics (``rose_driver_`` prefix, base units, series pre-set to zero)."""
+"""The driver's Prometheus metrics (``rose_driver_`` prefix, base units, series pre-set to zero).
+
+Lending: ``rose_driver_lent_gpus{pool}`` (GPUs whose resident is an RL occupant that is not
+suspended) and ``rose_driver_lent_gpu_seconds_total{pool}`` (that number integrated over time, up
+to the moment of each scrape); ``pool`` is the node's ``rose.io/gpu-pool`` label.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 RESULTS = ("ok", "error")
 RESIDENTS = ("none", "serving", "lent")
@@ -13,10 +24,65 @@ RESIZE_RESULTS = ("ok", "skipped", "error")
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
+class LentClock:
+    """GPUs lent now and GPU-seconds lent so far (pure arithmetic on the clock values it is given)."""
+
+    def __init__(self, now: float) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._t = now
+
+    def advance(self, now: float) -> float:
+        """GPU-seconds lent up to ``now``."""
+        self.seconds += self.count * max(0.0, now - self._t)
+        self._t = max(self._t, now)
+        return self.seconds
+
+    def set(self, count: int, now: float) -> None:
+        """From ``now`` on, ``count`` GPUs are lent."""
+        self.advance(now)
+        self.count = count
+
+
+class LentCollector(Collector):
+    """Exports a :class:`LentClock` for one pool; the counter is brought up to date at each scrape."""
+
+    def __init__(self, pool: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pool = pool
+        self._clock = clock
+        self._lent = LentClock(clock())
+        self._lock = threading.Lock()
+
+    def set(self, count: int) -> None:
+        with self._lock:
+            self._lent.set(count, self._clock())
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        with self._lock:
+            seconds, count = self._lent.advance(self._clock()), self._lent.count
+        gauge = GaugeMetricFamily("rose_driver_lent_gpus", "GPUs of this node lent to RL jobs now", labels=["pool"])
+        gauge.add_metric([self.pool], count)
+        counter = CounterMetricFamily(
+            "rose_driver_lent_gpu_seconds", "GPU-seconds this node has lent to RL jobs", labels=["pool"]
+        )
+        counter.add_metric([self.pool], seconds)
+        yield gauge
+        yield counter
+
+
 class DriverMetrics:
-    def __init__(self, gpu_indexes: list[int], registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        gpu_indexes: list[int],
+        registry: CollectorRegistry | None = None,
+        pool: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._resident: dict[int, str] = {}
+        self.lent = LentCollector(pool, clock)
+        r.register(self.lent)
         self.prepare_total = Counter(
             "rose_driver_prepare", "NodePrepareResources claims handled, by result", ["result"], registry=r
         )
@@ -121,3 +187,5 @@ class DriverMetrics:
     def set_residency(self, gpu: int, resident: str) -> None:
         for r in RESIDENTS:
             self.residency.labels(str(gpu), r).set(1 if r == resident else 0)
+        self._resident[gpu] = resident
+        self.lent.set(sum(1 for res in self._resident.values() if res == "lent"))

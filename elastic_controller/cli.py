@@ -23,7 +23,7 @@ from elastic_controller.metrics import ControllerMetrics
 from elastic_controller.planner import Forecast
 from rose_common import forecast_client, logs
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
-from rose_common.forecast_client import ForecastCache, make_source
+from rose_common.forecast_client import ForecastCache, ForecastError, StaticFileForecastSource, make_source
 from rose_common.informer import FunctionHandler
 from rose_common.workqueue import start_workers
 
@@ -62,6 +62,11 @@ def _forecasts(args: argparse.Namespace, metrics: ControllerMetrics) -> Forecast
                          f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)") from None  # fmt: skip
     if source is None:
         return None
+    if isinstance(source, StaticFileForecastSource):
+        try:  # a missing or malformed file is refused at start
+            source.check()
+        except ForecastError as e:
+            raise SystemExit(f"rose controller: --forecast-file: {' '.join(str(e).split())}") from None
     quantile = args.quantile
     return ForecastCache(source, reduce=lambda r: pools.to_forecast(r, quantile), refresh_s=args.forecast_refresh,
                          max_age_s=args.forecast_max_age, on_fetch=metrics.on_forecast_fetch)  # fmt: skip

@@ -1,10 +1,16 @@
-"""`rose cluster up|down|status|env`: the local cluster from the command line."""
+"""`rose cluster up|down|status|env`: the local cluster from the command line.
+
+``status`` exits 0 when every component runs, 1 when one died (its log tail is shown), 3 when
+nothing runs (no cluster, or all stopped); ``-o json`` prints the same rows as a JSON list.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from local_cluster.cluster import (
     DEFAULT_EXTENDER_PORT,
@@ -46,9 +52,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not publish ResourceSlices (leave it to the DRA driver processes)",
     )
     sub.add_parser("down", help="stop every component; leaves no process or port behind")
-    sub.add_parser("status", help="components, pids, ports; the log tail of any that died")
+    st = sub.add_parser("status", help="components, pids, ports; the log tail of any that died")
+    st.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
     sub.add_parser("env", help="print `export KUBECONFIG=…` for this cluster")
     return p
+
+
+STATUS_RUNNING, STATUS_DIED, STATUS_NOTHING_RUNS = 0, 1, 3
+
+
+def status_code(rows: list[dict[str, Any]]) -> int:
+    """1 if a component died, 3 if none runs, else 0."""
+    if any(r.get("log_tail") for r in rows):
+        return STATUS_DIED
+    return STATUS_RUNNING if any(r["alive"] for r in rows) else STATUS_NOTHING_RUNS
+
+
+def _status(rows: list[dict[str, Any]], output: str) -> int:
+    code = status_code(rows)
+    if output == "json":
+        print(json.dumps(rows, indent=2))
+        return code
+    for r in rows:
+        state = "running" if r["alive"] else ("DIED" if r["pid"] else "not started")
+        print(f"{r['component']:<25} {state:<12} pid={r['pid'] or '-':<8} port={r['port'] or '-':<6} {r['log']}")
+        if r.get("log_tail"):
+            print("    last log lines:\n    " + r["log_tail"].replace("\n", "\n    "))
+    if code == STATUS_NOTHING_RUNS:
+        print("rose cluster: nothing is running: start it with `rose cluster up`", file=sys.stderr)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,17 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             stopped = lc.down()
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         elif args.cmd == "status":
-            rows = lc.status()
-            dead = False
-            for r in rows:
-                state = "running" if r["alive"] else ("DIED" if r["pid"] else "not started")
-                print(
-                    f"{r['component']:<25} {state:<12} pid={r['pid'] or '-':<8} port={r['port'] or '-':<6} {r['log']}"
-                )
-                if r.get("log_tail"):
-                    dead = True
-                    print("    last log lines:\n    " + r["log_tail"].replace("\n", "\n    "))
-            return 1 if dead else 0
+            return _status(lc.status(), args.output)
         elif args.cmd == "env":
             print(f"export KUBECONFIG={lc.handle().kubeconfig}")
     except ClusterError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,11 @@ def backtest(
     initial_train: int | None = None,
     refit_every: int | None = None,
     config: ModelConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> BacktestResult:
-    """Run the rolling-origin backtest; raises :class:`NotEnoughHistory` when the series is too short."""
+    """Run the rolling-origin backtest; raises :class:`NotEnoughHistory` when the series is too short.
+
+    ``progress(done, total)`` is called after each of the ``total`` model fits."""
     if not 0.0 < quantile < 1.0:
         raise ValueError(f"--quantile {quantile} must be strictly between 0 and 1")
     step = series.step
@@ -175,7 +179,8 @@ def backtest(
     preds: dict[int, list[FloatArray]] = {h: [] for h in horizons}
     origin_blocks: list[np.ndarray] = []
     fit_seconds: list[float] = []
-    for r in range(initial_train, n - 1, refit_every):
+    refits = range(initial_train, n - 1, refit_every)
+    for done, r in enumerate(refits, start=1):
         block = np.arange(r, min(r + refit_every, n - 1), dtype=np.int64)
         model = QuantileForecaster(cfg).fit(series, upto=r)
         fit_seconds.append(model.fit_seconds)
@@ -183,6 +188,8 @@ def backtest(
         for h in horizons:
             preds[h].append(out[h])
         origin_blocks.append(block)
+        if progress is not None:
+            progress(done, len(refits))
     origins_all = np.concatenate(origin_blocks)
     qcol = cfg.all_quantiles.index(quantile)
     mcol = cfg.all_quantiles.index(0.5)

@@ -211,7 +211,9 @@ def cmd_backtest(a: argparse.Namespace) -> int:
         init = None if a.initial_train is None else -(-int(a.initial_train) // series.step)
         refit = None if a.refit_every is None else max(1, int(a.refit_every) // series.step)
         with threadpool_limits(limits=int(a.threads)):
-            result = backtest(series, horizons, float(a.quantile), initial_train=init, refit_every=refit)
+            result = backtest(
+                series, horizons, float(a.quantile), initial_train=init, refit_every=refit, progress=_fit_progress
+            )
     except (SeriesError, NotEnoughHistory, ValueError, OverflowError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -220,6 +222,11 @@ def cmd_backtest(a: argparse.Namespace) -> int:
     if a.plot is not None:
         plot(result, series, a.plot)
     return 0
+
+
+def _fit_progress(done: int, total: int) -> None:
+    """Backtest progress on stderr (stdout keeps only the result table)."""
+    print(f"backtest: fit {done}/{total}", file=sys.stderr, flush=True)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

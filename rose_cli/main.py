@@ -6,6 +6,12 @@
     rose driver ...                     the DRA node driver and suspend engine
     rose predictor ...                  the serving-demand forecaster (serve, backtest, generate)
     rose demo                           the whole story on a local cluster
+    rose dashboard generate|check|preview  the Grafana dashboard as code, and a PNG preview of its panels
+    rose version                        the client's version and, with a kubeconfig, the API server's
+    rose completion bash                a bash completion script for the sub-commands
+
+Any error a sub-command raises is one line on stderr (``rose <command>: error: ...``) and exit
+status 1; ``ROSE_DEBUG=1`` adds the traceback (rose_cli.errors).
 
 Each component's own parser handles its arguments; components are imported only when their
 sub-command runs, so the CLI never couples them.
@@ -16,6 +22,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from rose_cli.errors import run_command
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("local_cluster.cli", "the local Kubernetes: up, down, status, env"),
     "extender": ("scheduler_extender.cli", "the kube-scheduler HTTP extender"),
@@ -24,6 +32,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("dra_driver.agent.cli", "the node agent alone (suspend engine, workload socket)"),
     "predictor": ("predictor.cli", "serving-demand forecasts: serve, backtest, generate"),
     "demo": ("rose_cli.demo", "the whole story on a local cluster"),
+    "dashboard": ("rose_cli.dashboard", "the Grafana dashboard as code: generate, check, preview (PNG)"),
+    "version": ("rose_cli.version", "the client's version; with --kubeconfig also the API server's"),
+    "completion": ("rose_cli.completion", "print a bash completion script: source <(rose completion bash)"),
 }
 
 
@@ -51,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rose: {cmd!r} is not available in this build ({module_name} is missing)", file=sys.stderr)
             return 2
         raise
-    rc = module.main(rest)
-    return int(rc or 0)
+    return run_command(cmd, lambda: module.main(rest))
 
 
 if __name__ == "__main__":

@@ -122,6 +122,11 @@ class StaticFileForecastSource:
         self._by_pool = {f.pool: f for f in parsed}
         self._mtime = mtime
 
+    def check(self) -> None:
+        """Read the file now; raises :class:`ForecastError` saying what is wrong with it."""
+        with self._lock:
+            self._load()
+
     def fetch(self, pool: str) -> ForecastResponse:
         with self._lock:
             self._load()

@@ -12,11 +12,12 @@ import signal
 import ssl
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from rose_common import forecast_client, logs
 from rose_common.cli import EnvArgumentParser, byte_size, duration, host_port
-from rose_common.forecast_client import make_source
+from rose_common.forecast_client import ForecastError, StaticFileForecastSource, make_source
 from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.forecast import ForecastCache
@@ -110,6 +111,11 @@ def make_forecasts(args: argparse.Namespace, metrics: ExtenderMetrics) -> tuple[
         ) from None
     if source is None:
         return NoForecasts(), None
+    if isinstance(source, StaticFileForecastSource):
+        try:  # a missing or malformed file is refused at start, not discovered at the first call
+            source.check()
+        except ForecastError as e:
+            raise SystemExit(f"rose extender: --forecast-file: {' '.join(str(e).split())}") from None
     fc = ForecastCache(
         source,
         quantile=args.quantile,
@@ -118,6 +124,14 @@ def make_forecasts(args: argparse.Namespace, metrics: ExtenderMetrics) -> tuple[
         on_fetch=metrics.on_forecast_fetch,
     )
     return fc, fc
+
+
+def _bind(flag: str, make: Callable[[], ExtenderServer]) -> ExtenderServer:
+    """``make()``; a port that cannot be bound exits with one line naming the flag."""
+    try:
+        return make()
+    except OSError as e:
+        raise SystemExit(f"rose extender: cannot listen on {flag}: {e.strerror or e}; choose a free port") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     forecasts, refresher = make_forecasts(args, metrics)
     from scheduler_extender import kube  # the API-server module, imported only when running
 
-    api = kube.api_client(Path(args.kubeconfig) if args.kubeconfig else None)
+    if args.kubeconfig and not Path(args.kubeconfig).is_file():
+        raise SystemExit(f"rose extender: --kubeconfig {args.kubeconfig}: no such file; give the path of a kubeconfig")
+    try:
+        api = kube.api_client(Path(args.kubeconfig) if args.kubeconfig else None)
+    except Exception as e:  # kubernetes.config errors, an unreadable or malformed file
+        where = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the in-cluster service account"
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(
+            f"rose extender: cannot load {where}: {why}; "
+            "set --kubeconfig FILE (or ROSE_EXTENDER_KUBECONFIG) to a valid kubeconfig"
+        ) from None
     cache = ClusterCache(cfg)
     watcher = kube.Watcher(api, cache, on_restart=lambda kind: metrics.watch_restarts.labels(kind).inc())
     suspender = kube.KubeSuspender(api, on_result=lambda r: metrics.suspend_requests.labels(r).inc())
@@ -168,11 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         capture_dir=Path(args.capture_dir) if args.capture_dir else None,
     )
     # the verbs' listener (loopback) also answers /metrics: local tools read it there
-    server = ExtenderServer(extender, host, port, limits=limits, routes=VERB_ROUTES | METRICS_ROUTES)
+    server = _bind(
+        "--listen", lambda: ExtenderServer(extender, host, port, limits=limits, routes=VERB_ROUTES | METRICS_ROUTES)
+    )
     metrics_server = None
     if args.metrics_listen is not None:
         mhost, mport = args.metrics_listen
-        metrics_server = ExtenderServer(extender, mhost, mport, limits=limits, routes=METRICS_ROUTES)
+        metrics_server = _bind(
+            "--metrics-listen", lambda: ExtenderServer(extender, mhost, mport, limits=limits, routes=METRICS_ROUTES)
+        )
     if args.tls_cert_file:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file or None)

@@ -1,0 +1,331 @@
+"""The "SLO vs RL throughput" dashboard as data: its variables, rows, panels and PromQL.
+
+Pure: no I/O. :mod:`rose_cli.dashboard` turns this table into Grafana JSON with the Grafana
+Foundation SDK and renders previews from it; the unit tests parse every query.
+
+Queries may use the dashboard variables (``$pool``, ``${slo_quantile}``, ``${ttft_metric}``,
+``${e2e_metric}``, ``${queue_metric}``) and Grafana's ``$__rate_interval``; :func:`interpolate`
+replaces them with concrete values, as Grafana does before it sends a query.
+
+Serving SLO (vLLM's own metrics, per pool): the ``pool`` label comes from the scrape config in
+``manifests/prometheus/scrape-configs.yaml`` (the serving pod's ``rose.io/gpu-pool`` label). The
+metric names are variables, so another serving engine's histograms can be put in their place.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DEFAULTS",
+    "PANELS",
+    "ROWS",
+    "VARIABLES",
+    "Panel",
+    "Target",
+    "Variable",
+    "all_queries",
+    "interpolate",
+]
+
+UID = "rose-slo-vs-rl"
+TITLE = "SLO vs RL throughput"
+DESCRIPTION = (
+    "ROSE: the serving SLO of each pool (the serving engine's own latency and queue) next to the RL "
+    "throughput its lent GPUs carry, what was lent, and the signals that say something is broken."
+)
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    label: str
+    default: str
+    kind: str  # "textbox", "custom" (comma-separated choices) or "query" (label_values)
+    choices: str = ""
+    description: str = ""
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("pool", "Pool", "$__all", "query", "label_values(rose_driver_lent_gpus, pool)",
+             "serving pools (the nodes' rose.io/gpu-pool label)"),
+    Variable("slo_quantile", "SLO quantile", "0.99", "custom", "0.99,0.95,0.9,0.5", "the latency quantile shown"),
+    Variable("ttft_metric", "TTFT histogram", "vllm:time_to_first_token_seconds", "textbox", "",
+             "serving engine histogram of time to first token (without _bucket)"),
+    Variable("e2e_metric", "Request latency histogram", "vllm:e2e_request_latency_seconds", "textbox", "",
+             "serving engine histogram of whole-request latency (without _bucket)"),
+    Variable("queue_metric", "Queue gauge", "vllm:num_requests_waiting", "textbox", "",
+             "serving engine gauge of requests waiting to be scheduled"),
+)  # fmt: skip
+DEFAULTS: dict[str, str] = {v.name: v.default for v in VARIABLES} | {"__rate_interval": "2m"}
+
+P = 'pool=~"$pool"'
+# the driver's histograms carry no pool: take it from its rose_driver_lent_gpus{pool} series
+BY_POOL = "* on (instance) group_left (pool) group by (instance, pool) (rose_driver_lent_gpus{" + P + "})"
+RATE = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Target:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    targets: tuple[Target, ...]
+    description: str = ""
+    row: str = ""
+    width: int = 12
+    kind: str = "timeseries"
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    panels: tuple[Panel, ...] = field(default_factory=tuple)
+
+
+def _q(metric_var: str, extra: str = "") -> str:
+    """``histogram_quantile`` of a serving-engine histogram named by a variable, per pool."""
+    sel = P + extra
+    return f"histogram_quantile(${{slo_quantile}}, sum by (le, pool) (rate(${{{metric_var}}}_bucket{{{sel}}}[{RATE}])))"
+
+
+SLO_ROW = Row(
+    "Serving SLO next to RL throughput",
+    (
+        Panel(
+            "Serving SLO: time to first token (vLLM) and ROSE's wait at prepare",
+            "s",
+            (
+                Target(_q("ttft_metric"), "TTFT q${slo_quantile} {{pool}}"),
+                Target(
+                    "histogram_quantile(${slo_quantile}, sum by (le, pool) "
+                    f"(rate(rose_driver_serving_wait_seconds_bucket[{RATE}]) {BY_POOL}))",
+                    "ROSE serving wait at prepare q${slo_quantile} {{pool}}",
+                ),
+            ),
+            "The serving engine's own time-to-first-token per pool, and how long a serving claim's "
+            "prepare waited for a lent GPU's RL occupant to be suspended (the part ROSE adds).",
+        ),
+        Panel(
+            "RL throughput on lent GPUs: steps, samples, tokens per second",
+            "ops",
+            (
+                Target(f"sum by (pool) (rate(rose_rl_steps_total{{{P}}}[{RATE}]))", "steps/s {{pool}}"),
+                Target(f"sum by (pool) (rate(rose_rl_samples_total{{{P}}}[{RATE}]))", "samples/s {{pool}}"),
+                Target(f"sum by (pool) (rate(rose_rl_tokens_total{{{P}}}[{RATE}]))", "tokens/s {{pool}}"),
+            ),
+            "What the RL workloads report through the node agent (rose_sdk), summed per pool.",
+        ),
+        Panel(
+            "Serving SLO: request latency (vLLM) and queue",
+            "s",
+            (
+                Target(_q("e2e_metric"), "e2e latency q${slo_quantile} {{pool}}"),
+                Target(f"sum by (pool) (${{queue_metric}}{{{P}}})", "waiting requests {{pool}}"),
+            ),
+            "Whole-request latency and requests waiting, per pool (right axis: requests).",
+        ),
+        Panel(
+            "GPUs lent to RL jobs and GPU-hours lent",
+            "none",
+            (
+                Target(f"sum by (pool) (rose_driver_lent_gpus{{{P}}})", "lent now {{pool}}"),
+                Target(
+                    f"sum by (pool) (increase(rose_driver_lent_gpu_seconds_total{{{P}}}[1h])) / 3600",
+                    "GPU-hours lent, last hour {{pool}}",
+                ),
+            ),
+            "GPUs an unsuspended RL occupant holds (the drivers' rose_driver_lent_gpus), and their integral.",
+        ),
+        Panel(
+            "Serving demand: busy serving GPUs vs forecast",
+            "none",
+            (
+                Target(f"sum by (pool) (rose_serving_busy_gpus{{{P}}})", "busy serving GPUs {{pool}}"),
+                Target(
+                    f'max by (pool, horizon) (rose_forecast_demand{{{P}, quantile="0.9"}})',
+                    "forecast q0.9 {{pool}} +{{horizon}}",
+                ),
+            ),
+            "rose_serving_busy_gpus is the recording rule of manifests/prometheus/rules.yaml: the series the "
+            "predictor forecasts.",
+            width=24,
+        ),
+    ),
+)
+
+BROKEN_ROW = Row(
+    "Is it broken?",
+    (
+        Panel(
+            "Failed suspends",
+            "ops",
+            (
+                Target(
+                    f'sum by (outcome) (rate(rose_driver_occupant_suspend_total{{outcome=~"failed|timeout"}}[{RATE}]))',
+                    "driver: {{outcome}}",
+                ),
+                Target(
+                    f'sum by (operation) (rate(rose_suspend_operations_total{{result="failed"}}[{RATE}]))',
+                    "engine: {{operation}} failed",
+                ),
+            ),
+            "Suspends the driver gave up on (failed, timeout) and engine operations that failed.",
+            width=6,
+        ),
+        Panel(
+            "Fallbacks",
+            "ops",
+            (
+                Target(f"sum(rate(rose_suspend_fallbacks_total[{RATE}]))", "checkpoint-and-evict"),
+                Target(f"sum(rate(rose_extender_forecast_fallback_total[{RATE}]))", "extender: no forecast"),
+                Target(f'sum(rate(rose_controller_reclaims_total{{kind="fallback"}}[{RATE}]))', "controller: evicted"),
+            ),
+            "Suspends that fell back to checkpoint-and-evict; scheduling decided without a forecast.",
+            width=6,
+        ),
+        Panel(
+            "Extender non-200 answers",
+            "reqps",
+            (
+                Target(
+                    f'sum by (verb) (rate(rose_extender_requests_total{{code!="200"}}[{RATE}]))',
+                    "{{verb}} non-200",
+                ),
+                Target(f"sum by (reason) (rate(rose_extender_http_rejected_total[{RATE}]))", "rejected: {{reason}}"),
+            ),
+            "kube-scheduler calls the extender did not answer with 200, and requests refused before a verb.",
+            width=6,
+        ),
+        Panel(
+            "Predictor fit and ingest errors",
+            "ops",
+            (
+                Target(
+                    f'sum by (pool) (rate(rose_forecast_fits_total{{result="error"}}[{RATE}]))', "fit errors {{pool}}"
+                ),
+                Target(
+                    f'sum by (pool) (rate(rose_forecast_ingest_total{{result="error"}}[{RATE}]))',
+                    "ingest errors {{pool}}",
+                ),
+                Target("max by (pool) (rose_forecast_stale)", "stale {{pool}}"),
+            ),
+            "Model fits and Prometheus range queries that failed; stale = 1 while the pool is served a safe bound.",
+            width=6,
+        ),
+    ),
+)
+
+CONTROLLER_ROW = Row(
+    "ElasticRLJob controller",
+    (
+        Panel("Jobs by phase", "none", (Target("sum by (phase) (rose_controller_jobs)", "{{phase}}"),), width=6),
+        Panel(
+            "GPUs per job and pool: active / suspended",
+            "none",
+            (
+                Target("sum by (job, state) (rose_controller_job_gpus)", "{{job}} {{state}}"),
+                Target(f"sum by (pool, state) (rose_controller_pool_gpus{{{P}}})", "pool {{pool}} {{state}}"),
+            ),
+            width=6,
+        ),
+        Panel(
+            "Reclaims by kind",
+            "none",
+            (Target("sum by (kind) (increase(rose_controller_reclaims_total[10m]))", "{{kind}} (10m)"),),
+            "planned: the planner gave the GPU back before serving needed it; unplanned: a suspend request "
+            "by another owner; fallback: checkpointed and evicted.",
+            width=6,
+        ),
+        Panel(
+            "Suspended GPU-seconds per job (last hour) and plan latency",
+            "s",
+            (
+                Target(
+                    'sum by (job) (sum_over_time(rose_controller_job_gpus{state="suspended"}[1h:1m])) * 60',
+                    "{{job}} suspended GPU-s",
+                ),
+                Target(
+                    "histogram_quantile(0.99, sum by (le) "
+                    f"(rate(rose_controller_plan_duration_seconds_bucket[{RATE}])))",
+                    "plan p99",
+                ),
+            ),
+            width=6,
+        ),
+    ),
+)
+
+ENGINE_ROW = Row(
+    "Suspend engine and extender",
+    (
+        Panel(
+            "Suspend / resume duration p99 by backend",
+            "s",
+            (
+                Target(
+                    "histogram_quantile(0.99, sum by (le, backend) "
+                    f"(rate(rose_suspend_duration_seconds_bucket[{RATE}])))",
+                    "suspend {{backend}}",
+                ),
+                Target(
+                    "histogram_quantile(0.99, sum by (le, backend) "
+                    f"(rate(rose_resume_duration_seconds_bucket[{RATE}])))",
+                    "resume {{backend}}",
+                ),
+            ),
+            width=8,
+        ),
+        Panel(
+            "Host memory held by suspended RL state",
+            "bytes",
+            (
+                Target("sum(rose_suspend_host_memory_held_bytes)", "held"),
+                Target("sum(rose_suspend_host_memory_budget_bytes)", "budget"),
+            ),
+            width=8,
+        ),
+        Panel(
+            "Extender latency p99 per verb",
+            "s",
+            (
+                Target(
+                    "histogram_quantile(0.99, sum by (le, verb) "
+                    f"(rate(rose_extender_request_duration_seconds_bucket[{RATE}])))",
+                    "{{verb}}",
+                ),
+            ),
+            width=8,
+        ),
+    ),
+)
+
+ROWS: tuple[Row, ...] = (SLO_ROW, BROKEN_ROW, CONTROLLER_ROW, ENGINE_ROW)
+PANELS: tuple[Panel, ...] = tuple(p for row in ROWS for p in row.panels)
+
+_VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+
+
+def interpolate(expr: str, values: dict[str, str] | None = None) -> str:
+    """``expr`` with every ``$name`` / ``${name}`` replaced (``$__all`` for a regex matcher: ``.*``)."""
+    vals = DEFAULTS | (values or {})
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in vals:
+            raise ValueError(f"query uses ${name}, which is not a dashboard variable: {expr}")
+        value = vals[name]
+        return ".*" if value == "$__all" else value
+
+    return _VAR.sub(sub, expr)
+
+
+def all_queries() -> list[tuple[str, str]]:
+    """(panel title, raw expr) for every target of every panel."""
+    return [(p.title, t.expr) for p in PANELS for t in p.targets]
