@@ -9,11 +9,13 @@ bounded load test (64 clients).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -230,14 +232,34 @@ def test_64_concurrent_clients_no_reset_no_5xx(service: PredictorService) -> Non
     assert not res.errors and set(res.statuses) == {200} and sum(res.statuses.values()) == 64 * 5, res.summary()
 
 
+def _wait_until_not_established(s: socket.socket, deadline_s: float) -> None:
+    """Without reading: until the peer closed or reset the connection (TCP_INFO's state, Linux).
+
+    A fixed sleep would race the server on a loaded machine: it may not have filled the send
+    buffers (and started its write timeout) before the client starts draining.
+    """
+    established = 1
+    end = time.monotonic() + deadline_s
+    while s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == established:
+        assert time.monotonic() < end, f"the server still holds, after {deadline_s:g}s, a client that does not read"
+        time.sleep(0.05)
+
+
 def test_a_client_that_never_reads_is_dropped(server: PredictorHTTPServer) -> None:
+    with _connect(server) as c:  # one answer's size sizes the flood
+        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        one = len(_read_all(c))
+    # pipelined /metrics requests whose answers need 4x the largest send buffer the kernel may
+    # grow to (net.ipv4.tcp_wmem max), so the server's send must block whatever the answer's size
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    n = max(3000, 4 * wmem_max // one + 1)
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(("127.0.0.1", server.server_address[1]))
     with s:
-        n = 3000  # pipelined /metrics requests: megabytes of answers, far more than the socket buffers
-        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * n)
-        time.sleep(QUICK.write_timeout + 1.0)  # the server's send blocks; after write_timeout it gives up
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # dropped already: checked below
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+        _wait_until_not_established(s, deadline_s=120.0)  # the server's send blocked write_timeout: it gave up
         s.settimeout(5.0)
         raw, closed = b"", False
         while not closed:  # drain: EOF, or a reset (the server closed with our requests unread)
