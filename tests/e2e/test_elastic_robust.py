@@ -358,27 +358,28 @@ def _state(p: Any) -> str | None:
     return _ann(p).get(names.ANNOTATION_SUSPEND_STATE)
 
 
-def converged(w: World, name: str, level: str) -> str | None:
-    """None once the job sits where ``level`` puts it (min 2, max 4 in a pool of 4), else why not."""
-    want = {"idle": 4, "room-for-min": 2, "full": 0}[level]
+def converged(w: World, name: str, level: str, max_gpus: int = 4) -> str | None:
+    """None once the job (min 2, in a pool of 4) sits where ``level`` and ``max_gpus`` put it,
+    else why not."""
+    want = min({"idle": 4, "room-for-min": 2, "full": 0}[level], max_gpus)
     pods = pods_of(w, name)
     job = get_job(w, name)
     st = job.get("status") or {}
     running = [p for p in pods if active(p)]
     parked = [p for p in pods if requested(p) and _state(p) == "Suspended"]
-    if len(running) != want or len(running) + len(parked) != len(pods) or len(pods) > 4:
+    if len(running) != want or len(running) + len(parked) != len(pods) or len(pods) > max_gpus:
         return f"{len(running)} running, {len(parked)} suspended of {len(pods)} pods (want {want} running)"
-    if want == 4 and any(requested(p) for p in pods):
+    if level == "idle" and any(requested(p) for p in pods):
         return "a suspend request left behind"
     if st.get("activeGPUs") != want or st.get("observedGeneration") != job["metadata"]["generation"]:
         return f"status {st.get('phase')} activeGPUs {st.get('activeGPUs')}"
     return None
 
 
-def _converge(w: World, name: str, level: str, what: str) -> None:
+def _converge(w: World, name: str, level: str, what: str, max_gpus: int = 4) -> None:
     why: list[str | None] = []
     try:
-        wait_for(what, lambda: not why.append(converged(w, name, level)) and why[-1] is None, 90)
+        wait_for(what, lambda: not why.append(converged(w, name, level, max_gpus)) and why[-1] is None, 90)
     except AssertionError as e:
         raise AssertionError(f"{e}: {why[-1]}\ncontroller log:\n{w.ctl.tail()}") from None
     assert w.ctl.proc is not None and w.ctl.proc.poll() is None, f"the controller exited:\n{w.ctl.tail()}"
@@ -386,7 +387,8 @@ def _converge(w: World, name: str, level: str, what: str) -> None:
 
 def test_controller_sigkilled_at_random_points_of_transitions_converges(world: World) -> None:
     """``TRIALS`` trials (seeded: ``ROSE_E2E_KILL_SEED``): the forecast moves the job to another
-    level (grow to 4, shrink to 2, gang suspend, resume); after a random delay inside the
+    level (grow to 4, shrink to 2, gang suspend, resume), or a live edit toggles ``maxGPUs``
+    between 4 and 2 (workers removed, later recreated); after a random delay inside the
     transition the controller is SIGKILLed and restarted; the job must converge, with the watch's
     invariants holding throughout."""
     w, rng, name = world, random.Random(SEED), "chaos"
@@ -394,21 +396,26 @@ def test_controller_sigkilled_at_random_points_of_transitions_converges(world: W
     w.watch.bounds = {name: (2, 4)}
     create_job(w, name, 2, 4)
     _converge(w, name, "idle", "4 running")
-    level, t0, log = "idle", time.monotonic(), []
+    level, max_gpus, t0, log = "idle", 4, time.monotonic(), []
     for trial in range(TRIALS):
-        level = rng.choice([lv for lv in LEVELS if lv != level])
+        if rng.random() < 0.25:
+            max_gpus = 6 - max_gpus
+            patch_spec(w, name, maxGPUs=max_gpus)
+        else:
+            level = rng.choice([lv for lv in LEVELS if lv != level])
+            w.forecast(_need(w, level))
         delay, pause = rng.uniform(0.0, 1.5), rng.uniform(0.0, 0.3)
-        w.forecast(_need(w, level))
         time.sleep(delay)
         w.ctl.kill()
         w.watch.kills += 1
         time.sleep(pause)
         w.ctl.start()
-        _converge(w, name, level, f"trial {trial}: {level} after a kill at +{delay:.2f}s")
-        log.append(f"{trial}:{level}@{delay:.2f}")
+        _converge(w, name, level, f"trial {trial}: {level}, max {max_gpus} after a kill at +{delay:.2f}s", max_gpus)
+        log.append(f"{trial}:{level}/{max_gpus}@{delay:.2f}")
         assert not w.watch.violations, (w.watch.violations, log)
     wall = time.monotonic() - t0
     w.forecast(0.0)
+    patch_spec(w, name, maxGPUs=4)
     _converge(w, name, "idle", "back to 4 running, no request left")
     w.watch.finish()
     cut = [s for _, s, c in w.watch.episodes if c]
