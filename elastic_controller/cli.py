@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.flag("--quantile", default="0.9", help="forecast quantile treated as what serving may need")
     p.flag("--plan-interval", default=10.0, type=duration, help="seconds between plans over all jobs")
     p.flag("--dwell", default=300.0, type=duration, help="seconds a job that shrank waits before it may grow again")
+    p.flag("--planner", default="on", choices=["on", "off"],
+           help="off: reactive only, no planned reclaims (serving waits for the suspend on arrival)")  # fmt: skip
     p.flag("--workers", default=4, type=int, help="reconcile worker threads (one key is never on two at once)")
     p.flag("--leader-elect", default=True, type=boolean, help="hold a coordination.k8s.io Lease before acting")
     p.flag("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "rose-system"),
@@ -81,7 +83,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
     try:
         return ControllerSettings(plan_interval_s=args.plan_interval, dwell_s=args.dwell,
                                   identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",
-                                  lease_duration_s=args.lease_duration, lease_renew_s=args.lease_renew)  # fmt: skip
+                                  lease_duration_s=args.lease_duration, lease_renew_s=args.lease_renew,
+                                  planned=args.planner == "on")  # fmt: skip
     except ValueError as e:
         raise SystemExit(f"rose controller: {e}") from None
 
@@ -123,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
     log.info("controller running", extra={"identity": settings.identity, "leaderElect": args.leader_elect,
-                                          "forecastBackend": args.forecast_backend})  # fmt: skip
+                                          "forecastBackend": args.forecast_backend,
+                                          "planner": args.planner})  # fmt: skip
     ctl.stop.wait()
     ctl.queue.shutdown()
     if cache is not None:

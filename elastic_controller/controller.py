@@ -16,6 +16,10 @@ the pure modules': ``planner.plan`` (targets), ``desired.desired`` (actions), ``
   ``status.targetGPUs`` written through the reconcile, and the job queued. A job whose last
   creates or deletes the informer has not yet shown is left out of that round's targets
   (its pods would be planned twice).
+- **Planner off** (``ControllerSettings.planned = False``, ``--planner=off``): reactive only,
+  the comparison baseline. The planner's reclaims are dropped from the targets
+  (:func:`without_reclaims`); grow, resume, ``maxGPUs`` and whole-gang rules stay. GPUs go back
+  only when serving arrives: the driver suspends the occupant inside the serving claim's prepare.
 - **Leader election.** Only the replica holding the Lease reconciles and plans; it stops as soon
   as a renewal fails.
 """
@@ -27,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -48,6 +52,7 @@ from rose_common.workqueue import WorkQueue
 
 log = logging.getLogger("elastic_controller")
 
+PLANNED_REASONS = ("PlannedShrink:", "PlannedGangSuspend:")  # the planner's reclaim Event reasons
 Inventory = Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
 
 
@@ -72,6 +77,7 @@ class ControllerSettings:
     identity: str = CONTROLLER
     lease_duration_s: int = 15
     lease_renew_s: float = 5.0
+    planned: bool = True  # False: reactive only, the planner's reclaims are dropped
 
     def __post_init__(self) -> None:
         if self.plan_interval_s <= 0:
@@ -108,6 +114,26 @@ def reclaim_kind(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
     if req is not None and req != before.get(names.ANNOTATION_SUSPEND_REQUEST) and f'"{CONTROLLER}"' not in req:
         return "unplanned"
     return None
+
+
+def without_reclaims(result: Plan, gpus_per_worker: dict[str, int]) -> Plan:
+    """The plan with its planned reclaims taken out (pure): the workers they would suspend or
+    remove keep running, their GPUs stay in the job's target, their reasons leave the Events."""
+    reclaimed: dict[str, set[str]] = {}
+    for r in result.reclaims:
+        reclaimed.setdefault(r.job, set()).update(r.workers)
+    targets = {}
+    for key, t in result.targets.items():
+        gone = reclaimed.get(key, set())
+        kept = sum(1 for n in (*t.suspend, *t.remove) if n in gone)
+        targets[key] = replace(
+            t,
+            active_gpus=t.active_gpus + kept * gpus_per_worker.get(key, 1),
+            suspend=tuple(n for n in t.suspend if n not in gone),
+            remove=tuple(n for n in t.remove if n not in gone),
+            reasons=tuple(r for r in t.reasons if not r.startswith(PLANNED_REASONS)),
+        )
+    return replace(result, targets=targets, reclaims=())
 
 
 class Controller:
@@ -335,6 +361,8 @@ class Controller:
         inp, waiting = self.plan_input(self._clock())
         start = time.monotonic()
         result = plan(inp)
+        if not self.settings.planned:
+            result = without_reclaims(result, {j.key: j.gpus_per_worker for j in inp.jobs})
         self.metrics.plan_latency.observe(time.monotonic() - start)
         for r in result.reclaims:
             self.metrics.reclaims.labels("planned").inc(len(r.workers))

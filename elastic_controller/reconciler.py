@@ -40,20 +40,26 @@ Step = tuple[str, str, Callable[[], None]]
 
 def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Step]:
     ns = job.namespace
-    steps: list[Step] = [("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template))]
+    steps: list[Step] = [("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template)),
+                         ("patch_status", job.name, partial(api.patch_status, job, d.status))]  # fmt: skip
     steps += [("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create]
     steps += [("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete]
     steps += [("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))
               for r in d.set_requests]  # fmt: skip
     steps += [("clear_suspend_request", p.name, partial(api.set_suspend_request, ns, p, None))
               for p in d.clear_requests]  # fmt: skip
-    steps.append(("patch_status", job.name, partial(api.patch_status, job, d.status)))
     steps += [("record_event", e.reason, partial(api.record_event, job, e)) for e in d.events]
     return steps
 
 
 def converge(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Failure]:
-    """Pods first, then requests, then status and Events; every action is tried once."""
+    """Status first, then pods, then requests, then Events; every action is tried once.
+
+    The status goes first because it carries what the next reconcile cannot see again: a
+    shrink's ``lastShrinkTime`` (the dwell's start). A controller killed after writing its
+    suspend requests but before the status would leave the dwell unstarted (the restarted
+    planner sees the workers already suspending and decides no shrink to stamp); killed after
+    the status and before the requests, the restarted planner decides the same reclaim again."""
     failures: list[Failure] = []
     for action, target, call in _steps(api, job, d):
         try:

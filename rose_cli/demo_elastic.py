@@ -1,18 +1,22 @@
 """Demo act 4: an ElasticRLJob applied with ``kubectl`` grows on an idle forecast, gives its GPUs
-back before serving needs them (shrink to its minimum, then a gang suspend), resumes and regrows.
+back before serving needs them (shrink to its minimum, then a gang suspend), resumes and regrows;
+then the same serving arrival with the controller's planner off (``--planner=off``, reactive):
+side by side, what the serving pod's prepare waited for a suspend, from the drivers'
+``rose_driver_serving_wait_seconds``.
 
 Processes, all real: ``rose controller`` (``python -m elastic_controller``), ``rose extender``
 behind the rose-scheduler profile, and one ``rose driver`` per node of the lent pool (simulated
 GPUs, the node suspend engine with its explicit ``simulated`` backend: every prepared lent claim
-is an occupant of 1 GiB, no training process registers). The controller and the extender read one
-``static-file`` forecast the act writes; rewriting it is the serving forecast changing. KWOK has
+is an occupant of 16 GiB, moved over a modelled 55 GB/s host link, no training process
+registers). The controller and the extender read one ``static-file`` forecast the act writes;
+rewriting it is the serving forecast changing. KWOK has
 no kubelet, so the act plays the kubelet's DRA manager (NodePrepareResources / Unprepare over the
 drivers' gRPC sockets), as act 3 does; the ``rose.io/suspend-state`` the act reads is written by
 the drivers, acting on the controller's ``rose.io/suspend-request``.
 
 I/O: the cluster's API (kubectl and the Python client), the processes it starts, their
-``/metrics``, a temporary directory. :func:`forecast_doc`, :func:`job_manifest` and
-:func:`summary` are pure.
+``/metrics``, a temporary directory. :func:`forecast_doc`, :func:`job_manifest`,
+:func:`summary` and :func:`side_by_side` are pure.
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ from rose_common.forecast_api import ForecastPoint, ForecastResponse
 JOB = "grpo-elastic"
 MIN_GPUS, MAX_GPUS = 2, 4
 HORIZONS = (600, 1800, 3600)
+OCCUPANT_GIB = 16  # a lent worker's GPU state: 16 GiB over 55 GB/s is a 0.31 s suspend
 DRIVER_ARGS = [
-    "--suspend-engine", "node", "--suspend-backends", "simulated", "--simulated-occupant-bytes", "1Gi",
-    "--host-memory-budget", "8Gi", "--default-grace-seconds", "5", "--node-facts-seconds", "1",
+    "--suspend-engine", "node", "--suspend-backends", "simulated", "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi",
+    "--host-memory-budget", "128Gi", "--default-grace-seconds", "5", "--node-facts-seconds", "1",
     "--suspended-cpu=", "--reconcile-seconds", "2",
 ]  # fmt: skip
 PLANNER_EVENTS = frozenset({"Grow", "Shrink", "PlannedShrink", "PlannedGangSuspend"})  # the planner's decisions
@@ -98,6 +103,23 @@ def summary(status: Mapping[str, Any], pods: list[Any]) -> str:
             f"{status.get('suspendedGPUs', 0)} suspended GPUs | {workers or 'no workers'}")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ServingWait:
+    """One serving arrival on a lent GPU: the played kubelet's prepare, and the driver's view."""
+
+    prepare_s: float  # the prepare call as the kubelet sees it
+    waited_s: float  # rose_driver_serving_wait_seconds: the part spent suspending the occupant
+    suspends: int  # occupants the driver suspended inside this prepare
+
+
+def side_by_side(on: ServingWait, off: ServingWait, grace_s: int) -> list[str]:
+    """The planner-on / planner-off comparison, one line each (pure)."""
+    rows = (("planner on ", on, "the planner had suspended the worker before serving came"),
+            ("planner off", off, f"reactive: suspended on arrival (grace period {grace_s} s)"))  # fmt: skip
+    return [f"{label}: serving prepare {w.prepare_s:5.2f} s, {w.waited_s:5.2f} s of it waiting for "
+            f"{w.suspends} suspend(s) — {why}" for label, w, why in rows]  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- I/O
 @dataclass
 class Stage:
@@ -113,6 +135,7 @@ class Stage:
     capacity: dict[str, int] = field(default_factory=dict)
     drivers: dict[str, DriverProcess] = field(default_factory=dict)
     metrics_port: int = 0
+    waits: dict[str, ServingWait] = field(default_factory=dict)  # "on" / "off": the serving arrival
     t0: float = field(default_factory=time.monotonic)
     last: str = ""
     seen_events: set[str] = field(default_factory=set)
@@ -224,23 +247,31 @@ def _start_drivers(s: Stage, stack: contextlib.ExitStack) -> None:
           "explicit simulated backend (1 GiB per lent occupant, no training process)")  # fmt: skip
 
 
+def _common_flags(s: Stage) -> list[str]:
+    return ["--forecast-backend=static-file", f"--forecast-file={s.tmp / 'forecasts.json'}",
+            "--forecast-refresh=1", f"--kubeconfig={s.h.kubeconfig}"]  # fmt: skip
+
+
+def _start_controller(s: Stage, stack: contextlib.ExitStack, planner: str) -> None:
+    s.metrics_port = free_port()
+    ctl = ["elastic_controller", *_common_flags(s), "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
+           f"--planner={planner}", f"--lease-name=rose-demo-{s.metrics_port}",
+           f"--metrics-listen=127.0.0.1:{s.metrics_port}"]  # fmt: skip
+    stack.enter_context(module_process(ctl, s.tmp / f"controller-planner-{planner}.log"))
+    wait_for("controller /metrics", lambda: _get(s.metrics_port, "/metrics")[0] == 200, timeout=60)
+    s.say(f"   · `rose controller --planner={planner}` (plan every 1 s, dwell 0 s), reading the same forecast")
+
+
 def _start_services(s: Stage, stack: contextlib.ExitStack) -> None:
-    """The extender (the rose-scheduler profile calls it) and the controller, one forecast file."""
+    """The extender (the rose-scheduler profile calls it), reading the act's forecast file."""
     assert s.h.extender_url is not None
     host, _, port = s.h.extender_url.removeprefix("http://").partition(":")
-    s.metrics_port = free_port()
-    common = ["--forecast-backend=static-file", f"--forecast-file={s.tmp / 'forecasts.json'}",
-              "--forecast-refresh=1", f"--kubeconfig={s.h.kubeconfig}"]  # fmt: skip
     stack.enter_context(
-        module_process(["scheduler_extender", f"--listen={host}:{port}", *common], s.tmp / "extender.log")
+        module_process(["scheduler_extender", f"--listen={host}:{port}", *_common_flags(s)], s.tmp / "extender.log")
     )
-    ctl = ["elastic_controller", *common, "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
-           f"--lease-name=rose-demo-{s.metrics_port}", f"--metrics-listen=127.0.0.1:{s.metrics_port}"]  # fmt: skip
-    stack.enter_context(module_process(ctl, s.tmp / "controller.log"))
     wait_for("extender ready", lambda: _get(int(port), "/readyz")[0] == 200, timeout=60)
-    wait_for("controller /metrics", lambda: _get(s.metrics_port, "/metrics")[0] == 200, timeout=60)
-    s.say(f"   · `rose controller` (plan every 1 s, dwell 0 s) and `rose extender` on {s.h.extender_url}, "
-          "both reading the serving forecast the act writes (static-file backend)")  # fmt: skip
+    s.say(f"   · `rose extender` on {s.h.extender_url}, reading the serving forecast the act writes "
+          "(static-file backend)")  # fmt: skip
 
 
 def _prepare_workers(s: Stage, pods: list[Any]) -> dict[str, dict[str, Any]]:
@@ -280,10 +311,10 @@ class Checks:
         return bool(self.rows) and all(ok for _, ok in self.rows)
 
 
-def _grow(s: Stage, c: Checks) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+def _grow(s: Stage, c: Checks, planner: str = "on") -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     s.forecast(0.0)
     time.sleep(1.5)  # one forecast refresh in both processes
-    s.t0 = time.monotonic()
+    s.t0, s.last = time.monotonic(), ""
     kubectl(s.h, "apply", "-f", "-", stdin=json.dumps(job_manifest(s.ns)))
     s.mark(f"kubectl apply: ElasticRLJob {JOB} (min {MIN_GPUS}, max {MAX_GPUS}, 1 GPU per worker); "
            f"forecast: {s.quiet} idle, {s.busy} full")  # fmt: skip
@@ -294,7 +325,7 @@ def _grow(s: Stage, c: Checks) -> tuple[dict[str, str], dict[str, dict[str, Any]
                f"({s.h.pools[p.spec.node_name]})")  # fmt: skip
     claims = _prepare_workers(s, pods)
     s.mark(f"kubelet (played) prepared the {len(pods)} workers' lendable claims on their `rose driver`")
-    c.add(f"grew to {MAX_GPUS} workers, all in {s.quiet}, placed by rose-scheduler",
+    c.add(f"planner {planner}: grew to {MAX_GPUS} workers, all in {s.quiet}, placed by rose-scheduler",
           len(pods) == MAX_GPUS and all(s.h.pools[p.spec.node_name] == s.quiet
                                         and p.spec.scheduler_name == names.SCHEDULER_NAME for p in pods))  # fmt: skip
     return {p.metadata.name: p.metadata.uid for p in pods}, claims
@@ -313,9 +344,10 @@ def _reclaim(s: Stage, c: Checks) -> None:
     c.add("gang suspend: all 4 workers Suspended by the real driver, none evicted", len(s.workers()) == MAX_GPUS)
 
 
-def _serving_arrives(s: Stage, c: Checks) -> None:
-    """A serving pod takes the physical GPU a suspended worker holds: the kubelet's (played) prepare
-    must not wait for a suspend, the planner did it before; then serving leaves."""
+def _serving_arrives(s: Stage, planner: str) -> ServingWait:
+    """A serving pod takes the physical GPU of the job's first worker; the kubelet (played)
+    prepares its claim, timed, and the driver's serving-wait metric read around it; then serving
+    leaves (unprepare, pod and claim template deleted)."""
     from kubernetes import client
 
     w0 = s.workers()[0]
@@ -330,20 +362,49 @@ def _serving_arrives(s: Stage, c: Checks) -> None:
     srv = wait_for("serving claim allocated", partial(allocated_claim, s.api, s.ns, "llm-serving-0"), timeout=30)
     dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
     drv = s.drivers[node]
-    before = _suspends(drv)
+    before = (_suspends(drv), _metric(drv, "rose_driver_serving_wait_seconds_sum"))
     t0 = time.monotonic()
     out = drv.kubelet.prepare(srv)
-    wait = time.monotonic() - t0
-    waited = _metric(drv, "rose_driver_serving_wait_seconds_sum")
+    wait = ServingWait(time.monotonic() - t0, _metric(drv, "rose_driver_serving_wait_seconds_sum") - before[1],
+                       int(_suspends(drv) - before[0]))  # fmt: skip
+    s.waits[planner] = wait
     s.mark(f"serving pod llm-serving-0 arrives: {dev} on {node}, the GPU of {w0.metadata.name}; kubelet (played) "
-           f"prepare returned in {wait:.2f}s, {waited:.3f}s of it waiting for suspends (grace period 5 s)"
-           + (f": {out.error}" if out.error else ""))  # fmt: skip
-    c.add(f"serving prepared without a suspend: the GPU was already given back (prepare {wait:.2f}s)",
-          not out.error and _suspends(drv) == before)  # fmt: skip
+           f"prepare returned in {wait.prepare_s:.2f}s, {wait.waited_s:.3f}s of it waiting for {wait.suspends} "
+           "suspend(s) (grace period 5 s)" + (f": {out.error}" if out.error else ""))  # fmt: skip
+    if out.error:
+        raise AssertionError(f"prepare of the serving claim on {node}: {out.error}")
     assert drv.kubelet.unprepare(srv).error == "", "unprepare of the serving claim failed"
     core.delete_namespaced_pod("llm-serving-0", s.ns, grace_period_seconds=0)
     client.ResourceV1Api(s.api).delete_namespaced_resource_claim_template("serve-gpu", s.ns)
-    s.mark("serving leaves (unprepare, pod deleted): the worker stays suspended, the controller's request holds it")
+    s.mark("serving leaves (unprepare, pod deleted)")
+    return wait
+
+
+def _serving_planned(s: Stage, c: Checks) -> None:
+    w = _serving_arrives(s, "on")
+    c.add(f"serving prepared without a suspend: the GPU was already given back (prepare {w.prepare_s:.2f}s)",
+          w.suspends == 0)  # fmt: skip
+    s.mark("the worker stays suspended: the controller's request holds it")
+
+
+def _planner_off(s: Stage, c: Checks) -> None:
+    """The same serving arrival with ``--planner=off``: the job runs at 4 when the forecast rises,
+    nothing is given back until serving comes, and its prepare waits for the driver's suspend."""
+    with contextlib.ExitStack() as stack:
+        _start_controller(s, stack, "off")
+        _uids, claims = _grow(s, c, "off")
+        cap = s.capacity[s.quiet]
+        s.forecast(float(cap))
+        s.mark(f"forecast rises: serving may need all {cap} GPUs of {s.quiet}; planner off: nothing planned")
+        time.sleep(3.0)  # three plan rounds: a reactive controller writes no suspend request
+        s.until("still 4 running, no request", lambda st, pods: _count(pods, "Running") == MAX_GPUS, timeout=5)
+        w = _serving_arrives(s, "off")
+        c.add(f"planner off: serving waited {w.waited_s:.2f}s for {w.suspends} unplanned suspend(s) at prepare",
+              w.suspends >= 1 and w.waited_s > 0)  # fmt: skip
+        _delete(s, c, claims)
+    s.say("   · side by side, a serving pod arriving on a lent GPU (the drivers' rose_driver_serving_wait_seconds):")
+    for line in side_by_side(s.waits["on"], s.waits["off"], 5):
+        s.say(f"       {line}")
 
 
 def _regrow(s: Stage, c: Checks, uids: dict[str, str]) -> None:
@@ -401,11 +462,8 @@ def _events(s: Stage) -> None:
     s.say("   · Events on the job: " + json.dumps(sorted({e.reason for e in evs})))
 
 
-def act_elastic_job(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> bool:
-    """Returns True when every check of the act holds."""
-    if not h.extender_url:
-        say("   · (skipped: this cluster's rose-scheduler profile has no extender)")
-        return True
+def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> tuple[bool, dict[str, ServingWait]]:
+    """The act: every check held, and the serving arrival with the planner on and off."""
     pools = sorted(set(h.pools.values()))
     s = Stage(h, api, say, Path(tempfile.mkdtemp(prefix="rose-demo-erj-", dir="/tmp")))
     s.quiet, s.busy = pools[-1], pools[0]  # the last pool: act 3's driver left the first one's node
@@ -418,18 +476,30 @@ def act_elastic_job(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> b
             _start_services(s, stack)
             s.ns = new_namespace(api, "demo-elastic")
             stack.callback(delete_namespace, api, s.ns)
-            uids, claims = _grow(s, c)
-            _reclaim(s, c)
-            _serving_arrives(s, c)
-            _regrow(s, c, uids)
-            _events(s)
-            _report(s, c)
-            _delete(s, c, claims)
+            with contextlib.ExitStack() as planned:
+                _start_controller(s, planned, "on")
+                uids, claims = _grow(s, c)
+                _reclaim(s, c)
+                _serving_planned(s, c)
+                _regrow(s, c, uids)
+                _events(s)
+                _report(s, c)
+                _delete(s, c, claims)
+            _planner_off(s, c)
     except AssertionError as e:
         say(f"   · FAILED: {e}")
-        for log in ("controller.log", "extender.log"):
-            say(f"   · {log} (last lines):\n" + "\n".join((s.tmp / log).read_text().splitlines()[-15:]))
+        for log in ("controller-planner-on.log", "controller-planner-off.log", "extender.log"):
+            if (s.tmp / log).exists():
+                say(f"   · {log} (last lines):\n" + "\n".join((s.tmp / log).read_text().splitlines()[-15:]))
         c.add("the act ran to its end", False)
     for claim, ok in c.rows:
         say(f"   · {claim}: {'YES' if ok else 'NO'}")
-    return c.ok()
+    return c.ok(), s.waits
+
+
+def act_elastic_job(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> bool:
+    """Returns True when every check of the act holds."""
+    if not h.extender_url:
+        say("   · (skipped: this cluster's rose-scheduler profile has no extender)")
+        return True
+    return run_act(h, api, say)[0]

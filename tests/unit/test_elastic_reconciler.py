@@ -56,14 +56,14 @@ def _pod(i: int, phase: str = "Running") -> dict[str, Any]:
             "spec": {}, "status": {"phase": phase}}  # fmt: skip
 
 
-def test_converge_acts_in_order_pods_requests_status_events() -> None:
+def test_converge_acts_in_order_status_pods_requests_events() -> None:
     ws = [w for w in (observe("grpo", _pod(0)), observe("grpo", _pod(1, "Failed"))) if w is not None]
     t = JobTarget("rl/grpo", 2, suspend=("grpo-w0",), add=("pool-a", "pool-a"), reasons=("Grow: 1 -> 2",))
     api = Recorder()
     assert converge(api, JOB, desired(JOB, ws, t, NOW)) == []
     kinds = [c[0] for c in api.calls]
-    assert kinds[:5] == ["template", "create", "create", "delete", "request"]
-    assert kinds[5] == "status" and set(kinds[6:]) == {"event"}
+    assert kinds[:6] == ["template", "status", "create", "create", "delete", "request"]
+    assert set(kinds[6:]) == {"event"}
     assert ("create", "grpo-w2") in api.calls and ("delete", ("rl", "grpo-w1", "uid-1")) in api.calls
 
 

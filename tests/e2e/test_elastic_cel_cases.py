@@ -1,0 +1,32 @@
+"""The table of ElasticRLJob CEL rules: one row per ``x-kubernetes-validations`` rule of
+``manifests/crd/elasticrljob.yaml``, with an object that violates exactly that rule.
+
+Pure data (no client import), read by ``test_elastic_cel.py`` (each row sent to the real
+kube-apiserver) and by ``tests/unit/test_elastic_cel_table.py`` (a rule in the CRD without a row
+here, or a row without its rule, fails the unit tier).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CelCase:
+    path: str  # where the rule sits in the schema: ".spec", ".spec.template", ...
+    message: str  # the rule's message, exactly as in the CRD
+    spec: dict[str, Any]  # fields that, merged over VALID_SPEC, violate this rule and no other
+
+
+VALID_SPEC: dict[str, Any] = {"minGPUs": 2, "maxGPUs": 8, "gpusPerWorker": 1, "template": {"spec": {}}}
+
+CASES: tuple[CelCase, ...] = (
+    CelCase(".spec", "minGPUs must be less than or equal to maxGPUs", {"minGPUs": 9, "maxGPUs": 8}),
+    CelCase(".spec", "minGPUs and maxGPUs must be multiples of gpusPerWorker", {"minGPUs": 2, "gpusPerWorker": 4}),
+    CelCase(".spec", "suspendPolicy CheckpointAndEvict needs checkpointPath", {"suspendPolicy": "CheckpointAndEvict"}),
+)
+
+
+def violating_spec(case: CelCase) -> dict[str, Any]:
+    return {**VALID_SPEC, **case.spec}
