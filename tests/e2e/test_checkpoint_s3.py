@@ -170,6 +170,13 @@ def finish(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def ready_step(log: str) -> int:
+    """The step the trainer started at (its ``READY <pid> step=<n>`` line): > 0 after a restore."""
+    line = next((x for x in log.splitlines() if x.startswith("READY ")), "")
+    assert "step=" in line, f"the trainer printed no READY line: {log[:500]}"
+    return int(line.rsplit("step=", 1)[1])
+
+
 def assert_same_run(got: dict[str, Any], want: dict[str, Any]) -> None:
     for key in ("model", "optimizer", "replay", "rng"):
         assert tensors_equal({key: got[key]}, {key: want[key]}), f"{key} differs from the uninterrupted run"
@@ -185,6 +192,6 @@ def test_the_example_killed_after_its_checkpoint_resumes_bit_exact(url: str, tmp
         first.kill()  # the worker is lost: its process dies with whatever it held
         first.communicate()
     out = finish(trainer(tmp_path / "resumed.pt", env))
-    assert f"step={PARK_AT}" in out.splitlines()[0], out[:500]
+    assert ready_step(out) == PARK_AT, out[:500]
     assert not (tmp_path / "lost.pt").exists()
     assert_same_run(torch.load(tmp_path / "resumed.pt", weights_only=False), uninterrupted(tmp_path / "whole.pt"))
