@@ -13,6 +13,7 @@ worker). No mock: every byte goes through the server over HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import s3fs
 import torch
 
 from local_cluster.s3 import S3Server, s3_server
@@ -49,12 +51,26 @@ def url(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
     bucket = f"ckpt-{secrets.token_hex(4)}"
-    ck.s3_filesystem().mkdir(bucket)
+    bucket_view(s3).mkdir(bucket)
     return f"s3://{bucket}/jobs/grpo"
 
 
-def objects(url: str) -> list[str]:
-    return sorted(p.rsplit("/", 1)[-1] for p in ck.s3_filesystem().ls(url.removeprefix("s3://"), refresh=True))
+def bucket_view(s3: S3Server) -> Any:
+    """The test's own view of the server (s3fs directly, not through the code under test)."""
+    return s3fs.S3FileSystem(endpoint_url=s3.endpoint, key=s3.access_key, secret=s3.secret_key,
+                             skip_instance_cache=True)  # fmt: skip
+
+
+def objects(s3: S3Server, url: str) -> list[str]:
+    return sorted(p.rsplit("/", 1)[-1] for p in bucket_view(s3).ls(url.removeprefix("s3://"), refresh=True))
+
+
+def pointer_step(s3: S3Server, url: str) -> int | None:
+    """The step ``LATEST`` names, read straight from the server (None: no pointer yet)."""
+    try:
+        return int(json.loads(bucket_view(s3).cat_file(f"{url.removeprefix('s3://')}/LATEST"))["step"])
+    except FileNotFoundError:
+        return None
 
 
 def model_and_opt(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -72,14 +88,14 @@ def draws() -> tuple[float, float, list[float]]:
     return random.random(), float(np.random.rand()), torch.rand(3).tolist()
 
 
-def test_round_trip_through_the_server_is_bit_exact(url: str) -> None:
+def test_round_trip_through_the_server_is_bit_exact(url: str, s3: S3Server) -> None:
     m, opt = model_and_opt(1)
     random.seed(5)
     np.random.seed(5)
     user = {"replay": torch.randn(8, 4), "episodes": 12}
     info = save_checkpoint(url, model=m, optimizer=opt, step=9, user_state=user)
     expected = draws()
-    assert objects(url) == sorted([str(info.path).rsplit("/", 1)[-1], "LATEST"]), "the data and pointer are in S3"
+    assert objects(s3, url) == sorted([str(info.path).rsplit("/", 1)[-1], "LATEST"]), "the data and pointer are in S3"
     latest = ck.latest_checkpoint(url)
     assert latest is not None and (latest.step, latest.sha256, latest.path) == (9, info.sha256, info.path)
 
@@ -111,7 +127,7 @@ def test_a_crash_between_data_and_pointer_keeps_the_previous_checkpoint(url: str
         [sys.executable, "-c", _CRASHING_SAVE, url], env=env, capture_output=True, timeout=120, check=False
     )
     assert r.returncode == 137, r.stderr.decode()[-2000:]
-    data = [n for n in objects(url) if n != "LATEST"]
+    data = [n for n in objects(s3, url) if n != "LATEST"]
     assert len(data) == 2, f"the crashed save's data object reached S3, its pointer did not: {data}"
 
     c = load_checkpoint(url)
@@ -120,7 +136,7 @@ def test_a_crash_between_data_and_pointer_keeps_the_previous_checkpoint(url: str
 
     kept = [save_checkpoint(url, model=m, step=s) for s in (3, 4)]
     want = sorted(str(i.path).rsplit("/", 1)[-1] for i in kept)
-    assert [n for n in objects(url) if n != "LATEST"] == want, "the orphan and older data were pruned"
+    assert [n for n in objects(s3, url) if n != "LATEST"] == want, "the orphan and older data were pruned"
 
 
 def test_missing_checkpoint_and_bad_credentials_say_what_to_fix(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,11 +169,10 @@ def uninterrupted(out: Path) -> dict[str, Any]:
     return out_
 
 
-def wait_checkpoint(url: str, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+def wait_checkpoint(s3: S3Server, url: str, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        latest = ck.latest_checkpoint(url)
-        if latest is not None and latest.step == step:
+        if pointer_step(s3, url) == step:
             return
         assert proc.poll() is None, f"the trainer exited ({proc.returncode}) before its checkpoint at {step}"
         time.sleep(0.1)
@@ -183,11 +198,11 @@ def assert_same_run(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert got["lengths"] == want["lengths"]
 
 
-def test_the_example_killed_after_its_checkpoint_resumes_bit_exact(url: str, tmp_path: Path) -> None:
+def test_the_example_killed_after_its_checkpoint_resumes_bit_exact(url: str, s3: S3Server, tmp_path: Path) -> None:
     env = {"ROSE_CHECKPOINT_PATH": url, "ROSE_RESTORE": "latest", "ROSE_CHECKPOINT_EVERY": str(PARK_AT)}
     first = trainer(tmp_path / "lost.pt", env)
     try:
-        wait_checkpoint(url, PARK_AT, first)
+        wait_checkpoint(s3, url, PARK_AT, first)
     finally:
         first.kill()  # the worker is lost: its process dies with whatever it held
         first.communicate()

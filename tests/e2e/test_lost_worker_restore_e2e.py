@@ -28,12 +28,12 @@ from kubernetes import client
 from local_cluster import ClusterHandle
 from local_cluster.s3 import S3Server
 from rose_common import names
-from rose_sdk import checkpoint as ck
 from tests.e2e.test_checkpoint_s3 import (  # noqa: F401  # s3: the module's MinIO fixture
     PARK_AT,
     REPO,
     UPDATES,
     assert_same_run,
+    bucket_view,
     finish,
     ready_step,
     s3,
@@ -116,7 +116,7 @@ def test_a_worker_evicted_by_the_fallback_is_recreated_and_resumes_from_s3_bit_e
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)  # the test reads the bucket too
     core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name=SECRET), string_data=s3.env()))
-    ck.s3_filesystem().mkdir(bucket)
+    bucket_view(s3).mkdir(bucket)
     out = tmp_path / "worker-out.pt"
     _kubectl(cluster, "apply", "-f", "-", stdin=_job(ns, url, out))
 
@@ -125,7 +125,7 @@ def test_a_worker_evicted_by_the_fallback_is_recreated_and_resumes_from_s3_bit_e
     assert (env["ROSE_CHECKPOINT_PATH"], env["ROSE_RESTORE"]) == (url, "latest")
     proc = _run_container(core, first)
     try:
-        wait_checkpoint(url, PARK_AT, proc)  # the workload's durable checkpoint is in S3
+        wait_checkpoint(s3, url, PARK_AT, proc)  # the workload's durable checkpoint is in S3
         _fallback_evict(core, first)
     finally:
         proc.kill()  # the kubelet stops the evicted pod's container
