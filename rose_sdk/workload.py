@@ -257,7 +257,10 @@ class Workload:
         every = self.checkpoint_every
         if every and step != self.step and step % every == 0 and not self.suspended:
             self.step = step
-            self.checkpoint_now()
+            try:
+                self.checkpoint_now()
+            except Exception:  # the storage is down: keep training, the next one may succeed
+                log.exception("periodic durable checkpoint failed; training continues", extra={"step": step})
 
     def _report_size(self) -> None:
         """Tell the agent when the state grew (> 5 %) or shrank (> 20 %): its budget admits on it."""

@@ -97,6 +97,19 @@ def test_a_recreated_worker_restores_on_start_and_checkpoints_every_n_steps(
     assert tensors_equal(opt2.state_dict(), load_checkpoint(path).optimizer_state)
 
 
+def test_a_failed_periodic_checkpoint_does_not_stop_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("ROSE_CHECKPOINT_EVERY", "1")
+    monkeypatch.delenv("ROSE_RESTORE", raising=False)
+    wl = Workload(checkpoint_path=blocker / "job.rose").start()  # its parent is a file: the save fails
+    wl.safe_point(1)
+    assert wl.step == 1 and wl.last_checkpoint is None
+    assert "periodic durable checkpoint failed; training continues" in caplog.text
+
+
 def test_checkpoint_every_must_be_a_positive_whole_number(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROSE_CHECKPOINT_EVERY", "0")
     with pytest.raises(ValueError, match="ROSE_CHECKPOINT_EVERY='0': set it to a positive whole number"):
