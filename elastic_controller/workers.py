@@ -9,7 +9,8 @@ dicts that ``kube.py`` will create; no client, no clock. What the other componen
 - the DRA driver: the lendable claim (device class ``lendable.gpu.rose.io``, ``gpusPerWorker``
   devices) and the grace period annotation;
 - the SDK in the worker: ``ROSE_POD_UID``/``NAME``/``NAMESPACE`` (downward API),
-  ``ROSE_CHECKPOINT_PATH``, ``ROSE_JOB_NAME``, ``ROSE_WORKER_INDEX``, ``ROSE_MIN_WORKERS`` and
+  ``ROSE_CHECKPOINT_PATH`` with ``ROSE_RESTORE=latest`` (restore from it on start, when one
+  exists), ``ROSE_JOB_NAME``, ``ROSE_WORKER_INDEX``, ``ROSE_MIN_WORKERS`` and
   ``ROSE_MAX_WORKERS``.
 """
 
@@ -29,6 +30,8 @@ CLAIM_NAME: Final = "gpus"  # the pod's claim entry and the template's request
 RESOURCE_API: Final = "resource.k8s.io/v1"
 _WORKER_RE = re.compile(r"^(?P<job>.+)-w(?P<index>\d+)$")
 MAX_NAME: Final = 63
+RESTORE_ENV: Final = "ROSE_RESTORE"  # read by rose_sdk.checkpoint.restore_requested
+RESTORE_LATEST: Final = "latest"
 
 
 def worker_name(job: str, index: int) -> str:
@@ -98,6 +101,9 @@ def _env(job: ElasticRLJob, index: int) -> list[dict[str, Any]]:
     ]
     if job.spec.checkpoint_path is not None:
         env.append({"name": "ROSE_CHECKPOINT_PATH", "value": job.spec.checkpoint_path})
+        # A recreated worker (its node lost, or evicted by the driver's checkpoint fallback)
+        # continues from the job's durable checkpoint; a first start finds none and begins afresh.
+        env.append({"name": RESTORE_ENV, "value": RESTORE_LATEST})
     return env
 
 

@@ -78,7 +78,7 @@ def train(args: argparse.Namespace) -> None:
         optimizer=opt,
         tensors={"replay": replay},
         checkpoint_path=args.checkpoint,
-        user_state=lambda: {"env_rng": str(env.rng.bit_generator.state), "episodes": len(lengths)},
+        user_state=lambda: {"env_rng": env.rng.bit_generator.state, "lengths": list(lengths), "replay": replay},
     )
     lengths: list[int] = []
     hooks = {"suspend": 0, "resume": 0, "offloaded_at_resume_hook": 0}
@@ -93,13 +93,17 @@ def train(args: argparse.Namespace) -> None:
         hooks["offloaded_at_resume_hook"] += int(wl.offloader.offloaded)
 
     wl.start()
-    print(f"READY {os.getpid()}", flush=True)
+    if wl.restored is not None:  # ROSE_RESTORE=latest: a recreated worker continues from its checkpoint
+        u = wl.restored.user_state
+        env.rng.bit_generator.state, lengths[:] = u["env_rng"], u["lengths"]
+        replay.copy_(u["replay"])
+    print(f"READY {os.getpid()} step={wl.step}", flush=True)
     stall_until = time.monotonic() + args.stall_seconds
     wait_points = set()
     if args.suspend_points:
         every = max(1, args.updates // (args.suspend_points + 1))
         wait_points = {every * (k + 1) for k in range(args.suspend_points)}
-    for update in range(args.updates):
+    for update in range(wl.step, args.updates):
         obs = env.reset()
         logps, rewards = [], []
         done = False

@@ -16,6 +16,7 @@ source "$HERE/versions.env"
 K8S_VERSION="${ROSE_K8S_VERSION:-$K8S_VERSION}"
 ETCD_VERSION="${ROSE_ETCD_VERSION:-$ETCD_VERSION}"
 KWOK_VERSION="${ROSE_KWOK_VERSION:-$KWOK_VERSION}"
+MINIO_VERSION="${ROSE_MINIO_VERSION:-$MINIO_VERSION}"
 CACHE="${ROSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rose}"
 export GOFLAGS="${GOFLAGS:--buildvcs=false} -trimpath"
 export CGO_ENABLED=0
@@ -30,6 +31,10 @@ semver_re='^v[0-9]+\.[0-9]+\.[0-9]+$'
 for pair in "K8S_VERSION=$K8S_VERSION" "ETCD_VERSION=$ETCD_VERSION" "KWOK_VERSION=$KWOK_VERSION"; do
   [[ "${pair#*=}" =~ $semver_re ]] || die "${pair%%=*} '${pair#*=}' is not a version like v1.37.2"
 done
+
+# MinIO tags releases RELEASE.<date>, not semver: it is pinned by its Go pseudo-version.
+[[ "$MINIO_VERSION" =~ ^v0\.0\.0-[0-9]{14}-[0-9a-f]{12}$ ]] \
+  || die "MINIO_VERSION '$MINIO_VERSION' is not a Go pseudo-version like v0.0.0-20260212201848-7aac2a2c5b7c (see: go list -m github.com/minio/minio@latest)"
 
 # k8s.io/kubernetes v1.X.Y pairs with staging modules v0.X.Y
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
@@ -108,6 +113,9 @@ do_kwok() {
       echo "---"; cat "$st/$f"; done; } > "$2/kwok-stages.yaml"
 }
 
+# The S3-compatible server the checkpoint tests run against (local_cluster/s3.py).
+do_minio() { simple_module_build minio github.com/minio/minio "$MINIO_VERSION" "$1" "$2" "github.com/minio/minio=>minio"; }
+
 do_k8s() { local work="$1" out="$2"
   check_module_version k8s.io/kubernetes "$K8S_VERSION"
   go_mod_init "$work"
@@ -151,6 +159,7 @@ mkdir -p "$CACHE/bin"
 build_one etcd "$ETCD_VERSION" etcd -- do_etcd
 build_one kwok "$KWOK_VERSION" kwok kwok-stages.yaml -- do_kwok
 build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
+build_one minio "$MINIO_VERSION" minio -- do_minio
 
 cat > "$CACHE/bin/current.env" <<ENV
 ROSE_ETCD_BIN=$CACHE/bin/etcd-$ETCD_VERSION/etcd
@@ -159,5 +168,6 @@ ROSE_KWOK_STAGES=$CACHE/bin/kwok-$KWOK_VERSION/kwok-stages.yaml
 ROSE_KUBE_APISERVER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-apiserver
 ROSE_KUBE_CONTROLLER_MANAGER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-controller-manager
 ROSE_KUBE_SCHEDULER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-scheduler
+ROSE_MINIO_BIN=$CACHE/bin/minio-$MINIO_VERSION/minio
 ENV
 echo "$CACHE/bin"

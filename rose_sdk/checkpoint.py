@@ -20,16 +20,36 @@ Peak extra host RAM for a 256 MiB state: 2.5 MiB to save, 0.8 MiB to load beyond
 state (``python -m tests.sdk_checkpoint_memory 256 save|load PATH``, VmHWM in a fresh process).
 
 User state must be made of dicts, lists, tuples, str, int, float, bool, None and tensors.
+
+``s3://bucket/prefix`` (fsspec + s3fs): the prefix holds data objects
+``ckpt-<step:012d>-<random>.rose`` (the same file format) and a pointer object ``LATEST`` (JSON:
+format, object, sha256, nbytes, step), written *last*. An S3 PUT is all-or-nothing, so a crash
+between the data and the pointer leaves ``LATEST`` naming the previous, complete checkpoint and
+an orphan object that a later save prunes. A save spools the checkpoint to a local temporary file
+(``TMPDIR``; as much disk as the checkpoint, little RAM) and uploads it (multipart); a load
+downloads the object named by ``LATEST`` to a temporary file and verifies it against both the
+file's header and the pointer. I/O boundary for s3://: the bucket prefix, a temporary local file,
+and the environment for the endpoint (``ROSE_S3_ENDPOINT``, else ``AWS_ENDPOINT_URL_S3`` /
+``AWS_ENDPOINT_URL``) and credentials (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, the
+standard AWS chain; in a cluster from a Secret mounted with ``envFrom``).
+
+``ROSE_RESTORE=latest`` (set by the ElasticRLJob controller on every worker) makes
+:func:`restore_latest`, which ``Workload.start`` calls, restore the newest checkpoint at the
+path when there is one: a recreated worker continues from the job's durable checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
+import re
 import secrets
+import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -51,10 +71,11 @@ class CheckpointError(RuntimeError):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    path: Path
+    path: Path | str  # a str for an s3:// object
     sha256: str
     nbytes: int
     seconds: float
+    step: int | None = None
 
 
 @dataclass
@@ -224,9 +245,11 @@ def save_checkpoint(
         "rng": get_rng_state(),
         "user": user_state,
     }
-    p = Path(path)
-    digest, nbytes = _stream_atomic(p, payload)
-    return CheckpointInfo(p, digest, nbytes, time.perf_counter() - t0)
+    where = checkpoint_location(path)
+    if isinstance(where, str):
+        return _save_s3(where, payload, t0)
+    digest, nbytes = _stream_atomic(where, payload)
+    return CheckpointInfo(where, digest, nbytes, time.perf_counter() - t0, int(step))
 
 
 class _Payload:
@@ -284,7 +307,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     The checksum is verified (one streaming pass) before anything is deserialised; the load
     then reads the same open file, so a rename over ``path`` in between changes nothing.
     """
-    p = Path(path)
+    where = checkpoint_location(path)
+    if isinstance(where, str):
+        return _load_s3(where)
+    p = where
     try:
         f = p.open("rb")
     except FileNotFoundError as e:
@@ -339,3 +365,192 @@ def _check_rng(rng: Any, name: str) -> None:
     )
     if not ok:
         raise CheckpointError(f"{name}: malformed checkpoint, the RNG state lacks python/numpy/torch fields")
+
+
+# ---------------------------------------------------------------------- location, latest, restore
+
+S3_SCHEME = "s3://"
+POINTER = "LATEST"
+RESTORE_ENV = "ROSE_RESTORE"
+RESTORE_LATEST = "latest"
+_OBJECT_RE = re.compile(r"^ckpt-(?P<step>\d{12})-[0-9a-f]{8}\.rose$")
+
+
+def checkpoint_location(path: str | os.PathLike[str]) -> Path | str:
+    """A filesystem path as a Path, an ``s3://bucket/prefix`` URL as a normalised str; any other
+    URL scheme is a CheckpointError saying what is supported."""
+    text = os.fspath(path)
+    if text.startswith(S3_SCHEME):
+        bucket, _, prefix = text[len(S3_SCHEME) :].partition("/")
+        if not bucket:
+            raise CheckpointError(f"checkpoint path {text!r} names no bucket; write s3://BUCKET/PREFIX")
+        return f"{S3_SCHEME}{bucket}/{prefix.strip('/')}".rstrip("/")
+    if "://" in text:
+        raise CheckpointError(
+            f"checkpoint path {text!r}: only a filesystem path (e.g. a PVC mount) or s3://BUCKET/PREFIX is supported"
+        )
+    return Path(text)
+
+
+def latest_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo | None:
+    """The newest complete checkpoint at ``path`` (from the file's header, or the s3 pointer), or
+    None when none was written yet. Cheap: nothing is hashed or downloaded but the pointer."""
+    where = checkpoint_location(path)
+    if isinstance(where, str):
+        ptr = _read_pointer(s3_filesystem(), where)
+        if ptr is None:
+            return None
+        return CheckpointInfo(f"{where}/{ptr['object']}", ptr["sha256"], ptr["nbytes"], 0.0, ptr["step"])
+    try:
+        with where.open("rb") as f:
+            head = f.read(HEADER_LEN)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        return None
+    if not head.startswith(MAGIC) or len(head) < HEADER_LEN:
+        raise CheckpointError(f"{where} is not a ROSE checkpoint (bad header); move it away or fix the path")
+    return CheckpointInfo(where, head[len(MAGIC) : -1].decode("ascii", "replace"), size - HEADER_LEN, 0.0)
+
+
+def restore_latest(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Checkpoint | None:
+    """Load the newest checkpoint at ``path`` and restore ``model``, ``optimizer`` and every RNG
+    from it; None (nothing touched) when no checkpoint exists there yet."""
+    if latest_checkpoint(path) is None:
+        return None
+    ck = load_checkpoint(path)
+    ck.restore(model, optimizer)
+    return ck
+
+
+def restore_requested(env: Mapping[str, str]) -> bool:
+    """Whether ``ROSE_RESTORE`` asks for a restore on start; any other non-empty value is an error."""
+    value = env.get(RESTORE_ENV, "")
+    if value not in ("", RESTORE_LATEST):
+        raise CheckpointError(f"{RESTORE_ENV}={value!r}: set it to {RESTORE_LATEST!r} or leave it unset")
+    return value == RESTORE_LATEST
+
+
+# ---------------------------------------------------------------------- s3:// through fsspec + s3fs
+
+
+def s3_endpoint(env: Mapping[str, str]) -> str | None:
+    """The S3 endpoint URL: ROSE_S3_ENDPOINT, else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL."""
+    for name in ("ROSE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if env.get(name):
+            return env[name]
+    return None
+
+
+def s3_filesystem() -> Any:
+    """An s3fs filesystem for the endpoint and credentials in the environment (standard AWS chain)."""
+    try:
+        import s3fs  # only s3:// checkpoints need it
+    except ImportError as e:
+        raise CheckpointError("s3:// checkpoints need s3fs: pip install 'rose[workload]' (or s3fs)") from e
+    endpoint = s3_endpoint(os.environ)
+    return s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+
+
+def _key(url: str, name: str = "") -> str:
+    base = url[len(S3_SCHEME) :]
+    return f"{base}/{name}" if name else base
+
+
+def _save_s3(url: str, payload: dict[str, Any], t0: float) -> CheckpointInfo:
+    fs = s3_filesystem()
+    step = int(payload["step"])
+    name = f"ckpt-{step:012d}-{secrets.token_hex(4)}.rose"
+    previous = _read_pointer(fs, url)
+    with tempfile.TemporaryDirectory(prefix="rose-ckpt-") as tmp:
+        local = Path(tmp) / name
+        digest, nbytes = _stream_atomic(local, payload)
+        _s3_call(url, "upload the checkpoint", fs.put_file, str(local), _key(url, name))
+    pointer = {"format": 1, "object": name, "sha256": digest, "nbytes": nbytes, "step": step}
+    _write_pointer(fs, url, pointer)
+    _prune(fs, url, pointer, previous)
+    return CheckpointInfo(f"{url}/{name}", digest, nbytes, time.perf_counter() - t0, step)
+
+
+def _write_pointer(fs: Any, url: str, pointer: dict[str, Any]) -> None:
+    """One PUT of the small pointer object, the last write of a save: it is what makes it visible."""
+    _s3_call(url, "write the LATEST pointer", fs.pipe_file, _key(url, POINTER), json.dumps(pointer).encode())
+
+
+def _read_pointer(fs: Any, url: str) -> dict[str, Any] | None:
+    try:
+        raw = fs.cat_file(_key(url, POINTER))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CheckpointError(f"{url}: cannot read {POINTER} ({e}); check the endpoint and credentials") from e
+    return _checked_pointer(raw, url)
+
+
+def _checked_pointer(raw: bytes, url: str) -> dict[str, Any]:
+    try:
+        ptr = json.loads(raw)
+    except ValueError as e:
+        raise CheckpointError(f"{url}/{POINTER} is not JSON ({e}); delete it to start afresh") from e
+    ok = (
+        isinstance(ptr, dict)
+        and ptr.get("format") == 1
+        and isinstance(ptr.get("object"), str)
+        and _OBJECT_RE.match(ptr["object"]) is not None
+        and isinstance(ptr.get("sha256"), str)
+        and len(ptr["sha256"]) == _HEX_LEN
+        and isinstance(ptr.get("nbytes"), int)
+        and isinstance(ptr.get("step"), int)
+    )
+    if not ok:
+        want = "format 1, object, sha256, nbytes, step"
+        raise CheckpointError(f"{url}/{POINTER} is malformed (want {want}): {raw[:200]!r}")
+    return dict(ptr)
+
+
+def _prune(fs: Any, url: str, pointer: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """Delete data objects older than both the new and the previous checkpoint (orphans of crashed
+    saves included); a concurrent writer's object (same or later step) is never touched."""
+    keep = {pointer["object"]} | ({previous["object"]} if previous else set())
+    floor = min(pointer["step"], previous["step"]) if previous else pointer["step"]
+    try:
+        names = [p.rsplit("/", 1)[-1] for p in fs.ls(_key(url), detail=False, refresh=True)]
+    except OSError:
+        return  # pruning is best effort: the pointer is already written
+    old = [n for n in names if (m := _OBJECT_RE.match(n)) and n not in keep and int(m["step"]) < floor]
+    if old:
+        with contextlib.suppress(OSError):
+            fs.rm([_key(url, n) for n in old])
+
+
+def _load_s3(url: str) -> Checkpoint:
+    fs = s3_filesystem()
+    ptr = _read_pointer(fs, url)
+    if ptr is None:
+        raise CheckpointError(f"no checkpoint at {url}: {url}/{POINTER} does not exist")
+    obj = f"{url}/{ptr['object']}"
+    with tempfile.TemporaryDirectory(prefix="rose-ckpt-") as tmp:
+        local = Path(tmp) / ptr["object"]
+        try:
+            fs.get_file(_key(url, ptr["object"]), str(local))
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{url}/{POINTER} names {obj}, which does not exist") from e
+        except OSError as e:
+            raise CheckpointError(f"cannot download {obj} ({e}); check the endpoint and credentials") from e
+        try:
+            ck = load_checkpoint(local)
+        except CheckpointError as e:
+            raise CheckpointError(str(e).replace(str(local), obj)) from e
+    if ck.sha256 != ptr["sha256"]:
+        raise CheckpointError(f"{obj}: sha256 {ck.sha256}, but {url}/{POINTER} says {ptr['sha256']}")
+    return ck
+
+
+def _s3_call(url: str, what: str, fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except OSError as e:
+        raise CheckpointError(f"{url}: could not {what} ({e}); check the bucket, endpoint and credentials") from e

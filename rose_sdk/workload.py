@@ -15,7 +15,10 @@ Environment: ROSE_AGENT_SOCKET (the node agent's workload socket: set by the len
 to that claim's own socket, mounted at /run/rose/claims/<claimUID>/; an explicit ``socket_path``
 wins; unset = no agent, safe_point does nothing), ROSE_POD_UID, ROSE_POD_NAMESPACE, ROSE_POD_NAME
 (downward API), ROSE_CLAIM_UID_<UID>=<UID> (one per claim, injected by the driver's CDI spec:
-``rose_common.names.claim_uids_from_env``), ROSE_CHECKPOINT_PATH.
+``rose_common.names.claim_uids_from_env``), ROSE_CHECKPOINT_PATH (a file path or
+``s3://bucket/prefix``), ROSE_RESTORE=latest (``start()`` restores the newest checkpoint there, if
+any: ``restored``), ROSE_CHECKPOINT_EVERY=N (a durable checkpoint at every N-th step's safe point,
+so a worker whose node is lost has one to restore from).
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ import torch
 from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
-from rose_sdk.checkpoint import CheckpointInfo, save_checkpoint
+from rose_sdk.checkpoint import (
+    Checkpoint,
+    CheckpointInfo,
+    checkpoint_location,
+    restore_latest,
+    restore_requested,
+    save_checkpoint,
+)
 from rose_sdk.offload import CooperativeOffloader
 
 log = logging.getLogger("rose.sdk")
@@ -76,7 +86,10 @@ class Workload:
         self.model, self.optimizer = model, optimizer
         self.offloader = offloader or CooperativeOffloader(model, optimizer, tensors)
         ck = checkpoint_path if checkpoint_path is not None else env.get("ROSE_CHECKPOINT_PATH")
-        self.checkpoint_path = Path(ck) if ck else None
+        self.checkpoint_path: Path | str | None = checkpoint_location(ck) if ck else None
+        self.checkpoint_every = _positive_int(env, "ROSE_CHECKPOINT_EVERY")
+        self._restore = restore_requested(env)
+        self.restored: Checkpoint | None = None  # what start() restored from (ROSE_RESTORE=latest)
         self._user_state = user_state
         self.socket_path = socket_path if socket_path is not None else env.get("ROSE_AGENT_SOCKET", "")
         self.pod_uid = pod_uid if pod_uid is not None else env.get("ROSE_POD_UID", "")
@@ -153,7 +166,13 @@ class Workload:
         self._reported_bytes = req.state_bytes
 
     def start(self) -> Workload:
-        """Register with the node agent and start the command stream (no-op without a socket)."""
+        """Restore from the checkpoint when ROSE_RESTORE asks, register with the node agent and
+        start the command stream (no-op without a socket)."""
+        if self._restore and self.checkpoint_path is not None and self.restored is None:
+            self.restored = restore_latest(self.checkpoint_path, self.model, self.optimizer)
+            if self.restored is not None:
+                self.step = self.restored.step
+                log.info("restored from the durable checkpoint", extra={"step": self.step})
         if not self.socket_path:
             log.info("no node agent socket (ROSE_AGENT_SOCKET unset): safe points do nothing")
             return self
@@ -218,6 +237,7 @@ class Workload:
         expects to be suspended). A suspend blocks inside this call until the resume arrives.
         """
         if step is not None:
+            self._periodic_checkpoint(step)
             self.step = step
         if self._stub is None:
             return 0
@@ -232,6 +252,15 @@ class Workload:
                 return ran
             self._handle(cmd)
             ran += 1
+
+    def _periodic_checkpoint(self, step: int) -> None:
+        every = self.checkpoint_every
+        if every and step != self.step and step % every == 0 and not self.suspended:
+            self.step = step
+            try:
+                self.checkpoint_now()
+            except Exception:  # the storage is down: keep training, the next one may succeed
+                log.exception("periodic durable checkpoint failed; training continues", extra={"step": step})
 
     def _report_size(self) -> None:
         """Tell the agent when the state grew (> 5 %) or shrank (> 20 %): its budget admits on it."""
@@ -390,6 +419,15 @@ class Workload:
         self._ack(
             cmd, True, nbytes=info.nbytes, seconds=info.seconds, message=f"checkpoint at step {self.step}", ckpt=info
         )
+
+
+def _positive_int(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "")
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) == 0:
+        raise ValueError(f"{name}={raw!r}: set it to a positive whole number of steps, or leave it unset")
+    return int(raw)
 
 
 # ---------------------------------------------------------------------- module-level convenience
