@@ -62,9 +62,10 @@ def _forecasts(args: argparse.Namespace, metrics: ControllerMetrics) -> Forecast
                          f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)") from None  # fmt: skip
     if source is None:
         return None
-    quantile = args.quantile
-    return ForecastCache(source, reduce=lambda r: pools.to_forecast(r, quantile), refresh_s=args.forecast_refresh,
-                         max_age_s=args.forecast_max_age, on_fetch=metrics.on_forecast_fetch)  # fmt: skip
+    quantile, risk = args.quantile, args.risk
+    return ForecastCache(source, reduce=lambda r: metrics.on_forecast(pools.to_forecast(r, quantile, risk=risk)),
+                         refresh_s=args.forecast_refresh, max_age_s=args.forecast_max_age,
+                         on_fetch=metrics.on_forecast_fetch)  # fmt: skip
 
 
 class _NoForecasts:
