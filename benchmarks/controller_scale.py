@@ -313,6 +313,7 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
             reclaimed = scrape(metrics_port)
     finally:
         stop.set()
+    out["victim_pool"], out["victims"] = target_pool, len(victims)
     out["suspend_requests"] = len(times)
     out["plan_to_first_request_s"] = round(times[0], 3) if times else None
     out["plan_to_requests_s"] = round(times[-1], 3) if times else None

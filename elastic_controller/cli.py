@@ -95,11 +95,13 @@ def main(argv: list[str] | None = None) -> int:
 
     raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
     lease = kube.LeaseLock(raw, args.lease_namespace, args.lease_name) if args.leader_elect else None
+    inventory = kube.InventoryStore()
     ctl = Controller(kube.KubeJobApi(raw, host=settings.identity), cache or _NoForecasts(),
-                     lambda: kube.pool_inventory(raw), metrics, settings, lease)  # fmt: skip
+                     inventory, metrics, settings, lease)  # fmt: skip
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
     infs = kube.informers(raw, FunctionHandler(ctl.on_job_event, ctl.on_job_list),
                           FunctionHandler(ctl.on_pod_event, ctl.on_pod_list), restart, ctl.stop)  # fmt: skip
+    infs += kube.inventory_informers(raw, inventory, restart, ctl.stop)
     host, port = args.metrics_listen
     if port:
         start_http_server(port, host, registry=metrics.registry)

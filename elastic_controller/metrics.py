@@ -15,7 +15,7 @@ from rose_common.elasticrljob import Phase
 PHASES: Final = get_args(Phase)
 RECLAIM_KINDS: Final = ("planned", "unplanned", "fallback")
 OK_ERROR: Final = ("ok", "error")
-INFORMER_KINDS: Final = ("ElasticRLJob", "Pod")
+INFORMER_KINDS: Final = ("ElasticRLJob", "Pod", "Node", "ResourceSlice")
 LATENCY_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 

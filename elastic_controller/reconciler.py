@@ -40,14 +40,17 @@ Step = tuple[str, str, Callable[[], None]]
 
 def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Step]:
     ns = job.namespace
-    steps: list[Step] = [("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template))]
+    steps: list[Step] = []
+    if d.create:  # the template is only read when a pod is created
+        steps.append(("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template)))
     steps += [("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create]
     steps += [("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete]
     steps += [("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))
               for r in d.set_requests]  # fmt: skip
     steps += [("clear_suspend_request", p.name, partial(api.set_suspend_request, ns, p, None))
               for p in d.clear_requests]  # fmt: skip
-    steps.append(("patch_status", job.name, partial(api.patch_status, job, d.status)))
+    if d.status != job.status:  # an unchanged status is not written again
+        steps.append(("patch_status", job.name, partial(api.patch_status, job, d.status)))
     steps += [("record_event", e.reason, partial(api.record_event, job, e)) for e in d.events]
     return steps
 
