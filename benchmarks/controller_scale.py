@@ -34,6 +34,7 @@ import contextlib
 import datetime as dt
 import http.client
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -300,6 +301,7 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
                 victims = {n for n, node in pods.node.items() if pool_of.get(node) == target_pool}
             log(f"grown in {out['grow_s']}s; forecast of {target_pool} rises to {capacity[target_pool]} GPUs "
                 f"({len(victims)} workers there)")  # fmt: skip
+            out["load_average_at_change"] = [round(x, 1) for x in os.getloadavg()]  # the machine is shared
             t_change = write_forecasts(fc, {**dict.fromkeys(capacity, 0.0), target_pool: float(capacity[target_pool])})
 
             def all_requested() -> bool:

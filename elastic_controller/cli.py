@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
     lease = kube.LeaseLock(raw, args.lease_namespace, args.lease_name) if args.leader_elect else None
     inventory = kube.InventoryStore()
-    ctl = Controller(kube.KubeJobApi(raw, host=settings.identity), cache or _NoForecasts(),
+    ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),
                      inventory, metrics, settings, lease)  # fmt: skip
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
     infs = kube.informers(raw, FunctionHandler(ctl.on_job_event, ctl.on_job_list),

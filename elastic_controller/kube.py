@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Final
@@ -37,6 +39,7 @@ from rose_common.kube.errors import Conflict, NotFound, Unprocessable
 
 JOBS_PATH: Final = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 RCT_API: Final = "/apis/resource.k8s.io/v1"
+log = logging.getLogger(__name__)
 LEASE_API: Final = "/apis/coordination.k8s.io/v1"
 MERGE_PATCH: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
@@ -94,13 +97,47 @@ def annotation_patch(pod: PodRef, value: str | None) -> list[dict[str, Any]]:
     return [*ops, {"op": "add", "path": f"/metadata/annotations/{key}", "value": value}]
 
 
-class KubeJobApi:
-    """The reconciler's ``JobApi`` against the API server."""
+class EventQueue:
+    """Events POSTed in order by one background thread, as client-go's recorder does: a reconcile
+    (and so the next job's suspend requests) never waits on an Event. Best effort: an Event that
+    fails, or finds the queue full, is logged and dropped."""
 
-    def __init__(self, raw: Raw, host: str = "", clock: Callable[[], dt.datetime] | None = None) -> None:
+    def __init__(self, post: Callable[[dict[str, Any]], object], maxsize: int = 10_000) -> None:
+        self._q: queue.Queue[dict[str, Any]] = queue.Queue(maxsize)
+        self._post = post
+        threading.Thread(target=self._run, name="events", daemon=True).start()
+
+    def put(self, body: dict[str, Any]) -> None:
+        try:
+            self._q.put_nowait(body)
+        except queue.Full:
+            log.warning("event dropped: queue full", extra={"reason": body.get("reason")})
+
+    def _run(self) -> None:
+        while True:
+            body = self._q.get()
+            try:
+                self._post(body)
+            except Exception as e:  # best effort, as the recorder's
+                log.warning("event not recorded", extra={"reason": body.get("reason"), "err": repr(e)})
+            finally:
+                self._q.task_done()
+
+    def join(self) -> None:
+        """Wait until every queued Event has been posted (or dropped)."""
+        self._q.join()
+
+
+class KubeJobApi:
+    """The reconciler's ``JobApi`` against the API server (Events through an :class:`EventQueue`
+    when ``background_events``)."""
+
+    def __init__(self, raw: Raw, host: str = "", clock: Callable[[], dt.datetime] | None = None,
+                 background_events: bool = False) -> None:  # fmt: skip
         self.raw = raw
         self.host = host
         self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self._events = EventQueue(self._post_event) if background_events else None
 
     def ensure_claim_template(self, body: dict[str, Any]) -> None:
         ns = objects.namespace(body)
@@ -157,7 +194,13 @@ class KubeJobApi:
 
     def record_event(self, job: ElasticRLJob, event: EventSpec) -> None:
         body = job_event(job, event, self._clock(), self.host)
-        self.raw.json("POST", f"/api/v1/namespaces/{_q(job.namespace)}/events", body=body)
+        if self._events is not None:
+            self._events.put(body)
+        else:
+            self._post_event(body)
+
+    def _post_event(self, body: dict[str, Any]) -> None:
+        self.raw.json("POST", f"/api/v1/namespaces/{_q(body['metadata']['namespace'])}/events", body=body)
 
 
 # ---------------------------------------------------------------------- inventory for the planner

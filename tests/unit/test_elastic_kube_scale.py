@@ -1,4 +1,5 @@
-"""The controller's pool inventory, kept by informers instead of listed on every plan."""
+"""kube.py pieces found by the scale benchmark: the pool inventory kept by informers (not listed on
+every plan), and Events posted in the background (a reconcile does not wait on them)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 
 from elastic_controller import pools
-from elastic_controller.kube import InventoryStore
+from elastic_controller.kube import EventQueue, InventoryStore
 from rose_common import names, slices
 
 
@@ -28,3 +29,18 @@ def test_plan_waits_until_both_kinds_are_listed_then_follows_the_events() -> Non
     assert pools.capacities(*store()) == {"pool-a": 8}
     store.handler("Node").on_event("DELETED", _node("n1", "pool-a"))
     assert pools.capacities(*store()) == {"pool-a": 4}
+
+
+def test_events_are_posted_in_order_in_the_background_and_a_failure_does_not_stop_them() -> None:
+    posted: list[str] = []
+
+    def post(body: dict[str, Any]) -> None:
+        if body["reason"] == "Bad":
+            raise RuntimeError("refused")
+        posted.append(body["reason"])
+
+    q = EventQueue(post)
+    for reason in ("A", "Bad", "B", "C"):
+        q.put({"reason": reason})
+    q.join()
+    assert posted == ["A", "B", "C"]
