@@ -319,9 +319,17 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
     out["suspend_requests"] = len(times)
     out["plan_to_first_request_s"] = round(times[0], 3) if times else None
     out["plan_to_requests_s"] = round(times[-1], 3) if times else None
-    out["unexpected_requests"] = len(set(pods.requested) - victims)
+    others = set(pods.requested) - victims
+    victim_jobs = {_job_of(n) for n in victims}
+    # a job at minGPUs is suspended as a whole gang: its workers in other pools go too
+    out["gang_requests_elsewhere"] = sum(1 for n in others if _job_of(n) in victim_jobs)
+    out["unexpected_requests"] = sum(1 for n in others if _job_of(n) not in victim_jobs)
     out.update(_latencies(grown, reclaimed))
     return out
+
+
+def _job_of(pod_name: str) -> str:
+    return pod_name.rsplit("-w", 1)[0]  # workers are named <job>-w<index>
 
 
 def _latencies(grown: str, reclaimed: str) -> dict[str, Any]:

@@ -37,3 +37,7 @@ def test_bad_sizes_are_refused_with_what_to_fix(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         cs.main(["--jobs", "200", "--nodes", "10"])
     assert "GPUs exceed --nodes x 8" in capsys.readouterr().err
+
+
+def test_worker_names_map_back_to_their_job() -> None:
+    assert cs._job_of("job-0007-w3") == "job-0007" and cs._job_of("a-w-b-w12") == "a-w-b"
