@@ -3,13 +3,17 @@ every plan), and Events posted in the background (a reconcile does not wait on t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from elastic_controller import pools
 from elastic_controller.kube import EventQueue, InventoryStore
 from rose_common import names, slices
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _node(name: str, pool: str) -> dict[str, Any]:
@@ -44,3 +48,13 @@ def test_events_are_posted_in_order_in_the_background_and_a_failure_does_not_sto
         q.put({"reason": reason})
     q.join()
     assert posted == ["A", "B", "C"]
+
+
+def test_the_controller_role_lets_the_inventory_informers_list_and_watch() -> None:
+    """Regression: the role granted only ``list`` on nodes and resourceslices (enough for a list
+    per plan); the informers also watch, and a watch refused by RBAC would leave the plan waiting."""
+    docs = list(yaml.safe_load_all((REPO / "manifests/controller/rbac.yaml").read_text()))
+    role = next(d for d in docs if d and d.get("kind") == "ClusterRole")
+    verbs = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {"list", "watch"} <= verbs[("", "nodes")]
+    assert {"list", "watch"} <= verbs[("resource.k8s.io", "resourceslices")]
