@@ -69,9 +69,10 @@ def _forecasts(args: argparse.Namespace, metrics: ControllerMetrics) -> Forecast
             source.check()
         except ForecastError as e:
             raise SystemExit(f"rose controller: --forecast-file: {' '.join(str(e).split())}") from None
-    quantile = args.quantile
-    return ForecastCache(source, reduce=lambda r: pools.to_forecast(r, quantile), refresh_s=args.forecast_refresh,
-                         max_age_s=args.forecast_max_age, on_fetch=metrics.on_forecast_fetch)  # fmt: skip
+    quantile, risk = args.quantile, args.risk
+    return ForecastCache(source, reduce=lambda r: metrics.on_forecast(pools.to_forecast(r, quantile, risk=risk)),
+                         refresh_s=args.forecast_refresh, max_age_s=args.forecast_max_age,
+                         on_fetch=metrics.on_forecast_fetch)  # fmt: skip
 
 
 class _NoForecasts:
@@ -102,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
 
     raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
     lease = kube.LeaseLock(raw, args.lease_namespace, args.lease_name) if args.leader_elect else None
-    ctl = Controller(kube.KubeJobApi(raw, host=settings.identity), cache or _NoForecasts(),
-                     lambda: kube.pool_inventory(raw), metrics, settings, lease)  # fmt: skip
+    inventory = kube.InventoryStore()
+    ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),
+                     inventory, metrics, settings, lease)  # fmt: skip
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
     infs = kube.informers(raw, FunctionHandler(ctl.on_job_event, ctl.on_job_list),
                           FunctionHandler(ctl.on_pod_event, ctl.on_pod_list), restart, ctl.stop)  # fmt: skip
+    infs += kube.inventory_informers(raw, inventory, restart, ctl.stop)
     host, port = args.metrics_listen
     if port:
         start_http_server(port, host, registry=metrics.registry)

@@ -9,12 +9,13 @@ from typing import Final, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from elastic_controller.planner import Forecast
 from rose_common.elasticrljob import Phase
 
 PHASES: Final = get_args(Phase)
 RECLAIM_KINDS: Final = ("planned", "unplanned", "fallback")
 OK_ERROR: Final = ("ok", "error")
-INFORMER_KINDS: Final = ("ElasticRLJob", "Pod")
+INFORMER_KINDS: Final = ("ElasticRLJob", "Pod", "Node", "ResourceSlice")
 LATENCY_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -43,6 +44,10 @@ class ControllerMetrics:
                                   registry=r)  # fmt: skip
         self.forecast_fetch = Counter("rose_controller_forecast_fetch_total", "Forecast fetches by backend and result.",
                                       ["backend", "result"], registry=r)  # fmt: skip
+        self.forecast_basis = Counter("rose_controller_forecast_basis_total",
+                                      "Fetched forecasts by what the planner reads: risk (gpus_needed at --risk) "
+                                      "or quantile (--quantile; also when the reply lacks the risk).",
+                                      ["basis"], registry=r)  # fmt: skip
         self.forecast_missing = Counter("rose_controller_forecast_missing_total",
                                         "Pool plans made without a fresh forecast (the pool lends nothing).",
                                         registry=r)  # fmt: skip
@@ -56,9 +61,16 @@ class ControllerMetrics:
         for res in OK_ERROR:
             self.reconciles.labels(res)
             self.forecast_fetch.labels(forecast_backend, res)
+        for basis in ("risk", "quantile"):
+            self.forecast_basis.labels(basis)
         for kind in INFORMER_KINDS:
             self.watch_restarts.labels(kind)
         self._backend = forecast_backend
+
+    def on_forecast(self, forecast: Forecast) -> Forecast:
+        """Count what a fetched forecast is read as (``risk``: the window bounds at ``--risk``)."""
+        self.forecast_basis.labels("risk" if forecast.quantile.startswith("at risk") else "quantile").inc()
+        return forecast
 
     def on_forecast_fetch(self, result: str) -> None:
         self.forecast_fetch.labels(self._backend, result).inc()

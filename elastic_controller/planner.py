@@ -171,8 +171,11 @@ class _Book:
         self.jobs: dict[str, _JobBook] = {}
         self._lent: dict[str, int] = dict.fromkeys(self.pools, 0)
         self._in: dict[str, dict[str, int]] = {p: {} for p in self.pools}
+        by_job: dict[str, list[Worker]] = {}
+        for w in inp.workers:  # one pass: the plan stays linear in workers (controller_scale benchmark)
+            by_job.setdefault(w.job, []).append(w)
         for job in sorted(inp.jobs, key=lambda j: j.key):
-            mine = sorted((w for w in inp.workers if w.job == job.key), key=lambda w: w.name)
+            mine = sorted(by_job.get(job.key, ()), key=lambda w: w.name)
             b = self.jobs[job.key] = _JobBook(job, [], [w for w in mine if w.state not in HOLDING])
             for w in mine:
                 if w.state in HOLDING:
@@ -245,7 +248,8 @@ def _shrinkable(b: _JobBook, pool: str) -> list[Worker]:
 
 def _reclaim_one(book: _Book, pool: str, why: str) -> None:
     """Give back the cheapest lent GPUs in ``pool``: one worker of a job above min, else a whole gang."""
-    shrinkable = [b for b in book.occupants(pool) if _shrinkable(b, pool)]
+    # an occupant holds a worker in the pool: it is shrinkable exactly when it stays >= min without one
+    shrinkable = [b for b in book.occupants(pool) if b.active - b.job.gpus_per_worker >= b.job.min_gpus]
     if shrinkable:
         b = min(shrinkable, key=lambda x: x.job.cost())
         w = _shrinkable(b, pool)[-1]

@@ -5,8 +5,11 @@ the nodes of each pool (label ``rose.io/gpu-pool``; each physical GPU appears on
 and once as a lendable device, so the lendable devices count them). :func:`to_forecast` turns a
 :class:`~rose_common.forecast_api.ForecastResponse` into the planner's step function at the
 operator's quantile, conservatively: each step holds the larger of the two points around it.
-:func:`no_forecast` is what a pool without a fresh forecast gets: an empty horizon, which the
-planner reads as infinite need (lend nothing, reclaim what is lent).
+:func:`to_forecast` with the operator's ``risk`` uses the
+GPUs serving may need over each window at that risk (``gpus_needed``, issue 14 §3) when every
+point carries it: a window bound covers everything from now to its horizon, so each step holds
+the tightest window that covers it. :func:`no_forecast` is what a pool without a fresh forecast
+gets: an empty horizon, which the planner reads as infinite need (lend nothing, reclaim what is lent).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elastic_controller.planner import Forecast
-from rose_common import names
+from rose_common import forecast_risk, names
 from rose_common.forecast_api import ForecastResponse
 from rose_common.kube import objects
 
@@ -60,11 +63,26 @@ def _value(quantiles: Mapping[str, float], quantile: str) -> float:
     raise KeyError(f"forecast has no quantile {quantile} (has {', '.join(sorted(quantiles))})")
 
 
-def to_forecast(resp: ForecastResponse, quantile: str, step_s: float = STEP_S) -> Forecast:
-    """The planner's step function from ``generated_at`` to the last horizon, at ``quantile``.
+def _window_steps(windows: tuple[tuple[int, float], ...], step_s: float) -> tuple[float, ...]:
+    """Step ``i`` (``[i*step, (i+1)*step)``) holds the bound of the shortest window reaching its end."""
+    steps = []
+    for i in range(max(1, math.ceil(windows[-1][0] / step_s))):
+        end = (i + 1) * step_s
+        steps.append(next((v for h, v in windows if h >= end), windows[-1][1]))
+    return tuple(steps)
 
-    A step between two horizons holds the larger of the two (``current`` counts as horizon 0);
-    a reply without the quantile raises ``KeyError`` naming the quantiles it has."""
+
+def to_forecast(resp: ForecastResponse, quantile: str, step_s: float = STEP_S, risk: str = "") -> Forecast:
+    """The planner's step function from ``generated_at`` to the last horizon.
+
+    At ``risk`` (a wire key, e.g. "0.01") when every point carries its window bound: see
+    :func:`_window_steps`. Otherwise at ``quantile``: a step between two horizons holds the larger
+    of the two (``current`` counts as horizon 0); a reply without the quantile raises
+    ``KeyError`` naming the quantiles it has."""
+    start = resp.generated_at.timestamp()
+    windows = forecast_risk.at_risk(resp, risk)
+    if windows:
+        return Forecast(start, step_s, _window_steps(windows, step_s), quantile=f"at risk {risk}")
     points = sorted((p.horizon_seconds, _value(p.quantiles, quantile)) for p in resp.points)
     if resp.current is not None:
         points.insert(0, (0, float(resp.current)))
@@ -78,4 +96,4 @@ def to_forecast(resp: ForecastResponse, quantile: str, step_s: float = STEP_S) -
         after = [v for h, v in points if h >= t1] or [points[-1][1]]
         inside = [v for h, v in points if t0 < h < t1]
         upper.append(max(([before[-1]] if before else []) + [after[0]] + inside))
-    return Forecast(start=resp.generated_at.timestamp(), step=step_s, upper=tuple(upper))
+    return Forecast(start=start, step=step_s, upper=tuple(upper), quantile=f"p{float(quantile) * 100:g}")

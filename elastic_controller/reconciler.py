@@ -40,8 +40,11 @@ Step = tuple[str, str, Callable[[], None]]
 
 def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Step]:
     ns = job.namespace
-    steps: list[Step] = [("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template)),
-                         ("patch_status", job.name, partial(api.patch_status, job, d.status))]  # fmt: skip
+    steps: list[Step] = []
+    if d.status != job.status:  # status first (see converge); an unchanged status is not written again
+        steps.append(("patch_status", job.name, partial(api.patch_status, job, d.status)))
+    if d.create:  # the template is only read when a pod is created
+        steps.append(("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template)))
     steps += [("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create]
     steps += [("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete]
     steps += [("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))

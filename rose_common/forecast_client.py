@@ -11,6 +11,9 @@ reduces a :class:`~rose_common.forecast_api.ForecastResponse` to what its own de
   ``{"forecasts": [...]}``), re-read when it changes. For operators who want to pin a forecast
   and for tests without a predictor.
 
+Consumers given ``--risk`` read each reply at that risk when it carries it
+(:func:`rose_common.forecast_risk.at_risk`), at ``--quantile`` otherwise.
+
 A pool without a fresh forecast (none fetched yet, or older than ``max_age_s``) reads as
 ``None``: the caller applies its conservative fallback and counts it. Each fetch is reported to
 ``on_fetch`` as ``"ok"`` or ``"error"`` for the caller's metric.
@@ -18,6 +21,7 @@ A pool without a fresh forecast (none fetched yet, or older than ``max_age_s``) 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -34,6 +38,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rose_common.cli import duration
 from rose_common.forecast_api import ForecastResponse
+from rose_common.forecast_risk import at_risk, risk_key
 
 __all__ = [
     "BACKENDS",
@@ -43,7 +48,9 @@ __all__ = [
     "ForecastSource",
     "HttpForecastSource",
     "StaticFileForecastSource",
+    "at_risk",
     "make_source",
+    "risk_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -238,6 +245,13 @@ def make_source(backend: str, *, url: str = "", path: str = "", timeout_s: float
     raise ValueError(f"unknown forecast backend {backend!r}: use one of {', '.join(BACKENDS)}")
 
 
+def _risk_flag(text: str) -> str:
+    try:
+        return risk_key(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_flags(p: Any, *, without: str) -> None:
     """The forecast flags every consumer shares, on a :class:`rose_common.cli.EnvArgumentParser`
     (``without``: what the component does with the ``none`` backend)."""
@@ -245,6 +259,9 @@ def add_flags(p: Any, *, without: str) -> None:
            help=f"where forecasts come from: http (the predictor), static-file, or none ({without})")  # fmt: skip
     p.flag("--predictor-url", default="", help="predictor base URL for the http backend, e.g. http://predictor:8080")
     p.flag("--forecast-file", default="", help="JSON file of ForecastResponse objects for the static-file backend")
+    p.flag("--risk", default="", type=_risk_flag,
+           help="target risk, e.g. 0.01: use the GPUs serving may need over each window at that risk "
+                "(gpus_needed) when the forecast carries it, else --quantile (empty: always --quantile)")  # fmt: skip
     p.flag("--forecast-timeout", default=0.5, type=duration, help="seconds one forecast fetch may take")
     p.flag("--forecast-refresh", default=30.0, type=duration, help="seconds between background forecast refreshes")
     p.flag("--forecast-max-age", default=300.0, type=duration, help="seconds a fetched forecast stays usable")

@@ -119,6 +119,7 @@ def make_forecasts(args: argparse.Namespace, metrics: ExtenderMetrics) -> tuple[
     fc = ForecastCache(
         source,
         quantile=args.quantile,
+        risk=args.risk,
         refresh_s=args.forecast_refresh,
         max_age_s=args.forecast_max_age,
         on_fetch=metrics.on_forecast_fetch,

@@ -71,9 +71,11 @@ class PoolForecast:
     """A pool's serving-demand forecast reduced to what the policy needs."""
 
     pool: str
-    # (horizon seconds, upper-quantile serving demand in GPUs), sorted by horizon
+    # (horizon seconds, serving GPUs needed), sorted by horizon: the upper quantile at the horizon,
+    # or with basis "risk R" the bound over the whole window [now, now + horizon] at risk R
     points: tuple[tuple[int, float], ...]
     stale: bool = False
+    basis: str = "quantile"
 
 
 @dataclass(frozen=True)

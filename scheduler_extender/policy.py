@@ -2,7 +2,9 @@
 
 - RL workers (ElasticRLJob pods) are filtered to nodes with a free lendable GPU, room in host
   memory for suspended state, and a pool the forecast says serving will not need within the
-  job's minimum useful run; they are scored by predicted idle window, headroom (the pool's
+  job's minimum useful run (the forecast: the GPUs serving may need over each window at the
+  configured risk when the predictor serves it, else the upper quantile; see ``forecast.py``);
+  they are scored by predicted idle window, headroom (the pool's
   spare GPUs at the forecast's upper quantile over the minimum useful run: the lower, the
   likelier a reclaim before that run ends), free lendable GPUs and closeness to the job's
   other workers.
@@ -183,6 +185,7 @@ class PoolOutlook:
     # empty when the pool has no usable forecast (headroom then comes from now alone)
     spare: tuple[tuple[int, float], ...] = ()
     fallback: bool = False
+    basis: str = "quantile"  # what the forecast points are: PoolForecast.basis
 
 
 def pool_outlook(pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig) -> PoolOutlook:
@@ -191,7 +194,8 @@ def pool_outlook(pool: PoolState, forecast: PoolForecast | None, need: int, cfg:
     spare_now = float(pool.capacity - pool.serving_used - pool.lent - need)
     points = () if forecast is None else forecast.points
     spare = tuple((h, pool.capacity - demand - pool.lent - need) for h, demand in points)
-    return PoolOutlook(window, pool.capacity, spare_now, spare, fallback)
+    basis = "quantile" if forecast is None else forecast.basis
+    return PoolOutlook(window, pool.capacity, spare_now, spare, fallback, basis)
 
 
 def headroom(outlook: PoolOutlook, min_run_s: float) -> float:
@@ -253,7 +257,9 @@ def _rl_group_reason(
         return f"{lendable_free} lendable GPUs free, pod needs {need}"
     window = _window(outlooks, pool)
     if window < min_run:
-        return f"serving forecast needs pool {pool!r} within {window:.0f}s < min useful run {min_run:.0f}s"
+        outlook = outlooks.get(pool)
+        at = "" if outlook is None or outlook.basis == "quantile" else f" (at {outlook.basis})"
+        return f"serving forecast{at} needs pool {pool!r} within {window:.0f}s < min useful run {min_run:.0f}s"
     return None
 
 

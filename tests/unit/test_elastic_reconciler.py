@@ -72,3 +72,19 @@ def test_one_failed_action_does_not_stop_the_others() -> None:
     failures = converge(api, JOB, desired(JOB, [], JobTarget("rl/grpo", 2, add=("p", "p")), NOW))
     assert [(f.action, f.target) for f in failures] == [("create_pod", "grpo-w0"), ("create_pod", "grpo-w1")]
     assert any(c[0] == "status" for c in api.calls), "status is still written"
+
+
+def test_a_no_op_reconcile_makes_no_api_call() -> None:
+    """Regression (controller_scale benchmark): every plan round reconciles every job, and each
+    reconcile POSTed the claim template (409) and PATCHed an unchanged status — two API calls per
+    job per round for nothing. The template is only needed when a pod is created."""
+    ws = [w for w in (observe("grpo", _pod(i)) for i in range(2)) if w is not None]
+    first = desired(JOB, ws, JobTarget("rl/grpo", 2), NOW)
+    raw = JOB.model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["status"] = first.status.model_dump(mode="json", exclude_none=True, by_alias=True)
+    written = ElasticRLJob.model_validate(raw)  # the job as the informer sees it after the write
+    api = Recorder()
+    assert converge(api, written, desired(written, ws, None, NOW)) == []
+    assert api.calls == []
+    converge(api, written, desired(written, ws, JobTarget("rl/grpo", 3, add=("p",)), NOW))
+    assert [c[0] for c in api.calls][:2] == ["template", "create"]
