@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)rose_common/proto/rose_timeslice_v1.proto\x12\x11rose.timeslice.v1\"T\n\x0e\x41\x63quireRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x18\n\x10\x65xpected_phase_s\x18\x04 \x01(\x01\"\xa3\x01\n\x0f\x41\x63quireResponse\x12\x15\n\rfencing_token\x18\x01 \x01(\x04\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x14\n\x0cwas_resident\x18\x03 \x01(\x08\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x12\x11\n\tsuspend_s\x18\x05 \x01(\x01\x12\x11\n\trestore_s\x18\x06 \x01(\x01\x12\x18\n\x10grant_overhead_s\x18\x07 \x01(\x01\"A\n\x0cYieldRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"\x0f\n\rYieldResponse\"A\n\x0cRenewRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"$\n\rRenewResponse\x12\x13\n\x0blease_ttl_s\x18\x01 \x01(\x01\"\x1e\n\rStatusRequest\x12\r\n\x05group\x18\x01 \x01(\t\"5\n\x06Waiter\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08waited_s\x18\x03 \x01(\x01\"\x84\x01\n\x0eStatusResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12*\n\x07waiters\x18\x04 \x03(\x0b\x32\x19.rose.timeslice.v1.Waiter\x12\x10\n\x08resident\x18\x05 \x01(\t\"\x13\n\x11ListGroupsRequest\"G\n\x12ListGroupsResponse\x12\x31\n\x06groups\x18\x01 \x03(\x0b\x32!.rose.timeslice.v1.StatusResponse2\xab\x03\n\x15TimeSliceOrchestrator\x12P\n\x07\x41\x63quire\x12!.rose.timeslice.v1.AcquireRequest\x1a\".rose.timeslice.v1.AcquireResponse\x12J\n\x05Yield\x12\x1f.rose.timeslice.v1.YieldRequest\x1a .rose.timeslice.v1.YieldResponse\x12J\n\x05Renew\x12\x1f.rose.timeslice.v1.RenewRequest\x1a .rose.timeslice.v1.RenewResponse\x12M\n\x06Status\x12 .rose.timeslice.v1.StatusRequest\x1a!.rose.timeslice.v1.StatusResponse\x12Y\n\nListGroups\x12$.rose.timeslice.v1.ListGroupsRequest\x1a%.rose.timeslice.v1.ListGroupsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)rose_common/proto/rose_timeslice_v1.proto\x12\x11rose.timeslice.v1\"f\n\x0e\x41\x63quireRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x18\n\x10\x65xpected_phase_s\x18\x04 \x01(\x01\x12\x10\n\x08priority\x18\x05 \x01(\x05\"\xa3\x01\n\x0f\x41\x63quireResponse\x12\x15\n\rfencing_token\x18\x01 \x01(\x04\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x14\n\x0cwas_resident\x18\x03 \x01(\x08\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x12\x11\n\tsuspend_s\x18\x05 \x01(\x01\x12\x11\n\trestore_s\x18\x06 \x01(\x01\x12\x18\n\x10grant_overhead_s\x18\x07 \x01(\x01\"A\n\x0cYieldRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"\x0f\n\rYieldResponse\"A\n\x0cRenewRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"$\n\rRenewResponse\x12\x13\n\x0blease_ttl_s\x18\x01 \x01(\x01\"\x1e\n\rStatusRequest\x12\r\n\x05group\x18\x01 \x01(\t\"5\n\x06Waiter\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08waited_s\x18\x03 \x01(\x01\"\x84\x01\n\x0eStatusResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12*\n\x07waiters\x18\x04 \x03(\x0b\x32\x19.rose.timeslice.v1.Waiter\x12\x10\n\x08resident\x18\x05 \x01(\t\"\x13\n\x11ListGroupsRequest\"G\n\x12ListGroupsResponse\x12\x31\n\x06groups\x18\x01 \x03(\x0b\x32!.rose.timeslice.v1.StatusResponse2\xab\x03\n\x15TimeSliceOrchestrator\x12P\n\x07\x41\x63quire\x12!.rose.timeslice.v1.AcquireRequest\x1a\".rose.timeslice.v1.AcquireResponse\x12J\n\x05Yield\x12\x1f.rose.timeslice.v1.YieldRequest\x1a .rose.timeslice.v1.YieldResponse\x12J\n\x05Renew\x12\x1f.rose.timeslice.v1.RenewRequest\x1a .rose.timeslice.v1.RenewResponse\x12M\n\x06Status\x12 .rose.timeslice.v1.StatusRequest\x1a!.rose.timeslice.v1.StatusResponse\x12Y\n\nListGroups\x12$.rose.timeslice.v1.ListGroupsRequest\x1a%.rose.timeslice.v1.ListGroupsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,27 +32,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rose_common.proto.rose_time
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ACQUIREREQUEST']._serialized_start=64
-  _globals['_ACQUIREREQUEST']._serialized_end=148
-  _globals['_ACQUIRERESPONSE']._serialized_start=151
-  _globals['_ACQUIRERESPONSE']._serialized_end=314
-  _globals['_YIELDREQUEST']._serialized_start=316
-  _globals['_YIELDREQUEST']._serialized_end=381
-  _globals['_YIELDRESPONSE']._serialized_start=383
-  _globals['_YIELDRESPONSE']._serialized_end=398
-  _globals['_RENEWREQUEST']._serialized_start=400
-  _globals['_RENEWREQUEST']._serialized_end=465
-  _globals['_RENEWRESPONSE']._serialized_start=467
-  _globals['_RENEWRESPONSE']._serialized_end=503
-  _globals['_STATUSREQUEST']._serialized_start=505
-  _globals['_STATUSREQUEST']._serialized_end=535
-  _globals['_WAITER']._serialized_start=537
-  _globals['_WAITER']._serialized_end=590
-  _globals['_STATUSRESPONSE']._serialized_start=593
-  _globals['_STATUSRESPONSE']._serialized_end=725
-  _globals['_LISTGROUPSREQUEST']._serialized_start=727
-  _globals['_LISTGROUPSREQUEST']._serialized_end=746
-  _globals['_LISTGROUPSRESPONSE']._serialized_start=748
-  _globals['_LISTGROUPSRESPONSE']._serialized_end=819
-  _globals['_TIMESLICEORCHESTRATOR']._serialized_start=822
-  _globals['_TIMESLICEORCHESTRATOR']._serialized_end=1249
+  _globals['_ACQUIREREQUEST']._serialized_end=166
+  _globals['_ACQUIRERESPONSE']._serialized_start=169
+  _globals['_ACQUIRERESPONSE']._serialized_end=332
+  _globals['_YIELDREQUEST']._serialized_start=334
+  _globals['_YIELDREQUEST']._serialized_end=399
+  _globals['_YIELDRESPONSE']._serialized_start=401
+  _globals['_YIELDRESPONSE']._serialized_end=416
+  _globals['_RENEWREQUEST']._serialized_start=418
+  _globals['_RENEWREQUEST']._serialized_end=483
+  _globals['_RENEWRESPONSE']._serialized_start=485
+  _globals['_RENEWRESPONSE']._serialized_end=521
+  _globals['_STATUSREQUEST']._serialized_start=523
+  _globals['_STATUSREQUEST']._serialized_end=553
+  _globals['_WAITER']._serialized_start=555
+  _globals['_WAITER']._serialized_end=608
+  _globals['_STATUSRESPONSE']._serialized_start=611
+  _globals['_STATUSRESPONSE']._serialized_end=743
+  _globals['_LISTGROUPSREQUEST']._serialized_start=745
+  _globals['_LISTGROUPSREQUEST']._serialized_end=764
+  _globals['_LISTGROUPSRESPONSE']._serialized_start=766
+  _globals['_LISTGROUPSRESPONSE']._serialized_end=837
+  _globals['_TIMESLICEORCHESTRATOR']._serialized_start=840
+  _globals['_TIMESLICEORCHESTRATOR']._serialized_end=1267
 # @@protoc_insertion_point(module_scope)

@@ -10,16 +10,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("group", "job", "role", "expected_phase_s")
+    __slots__ = ("group", "job", "role", "expected_phase_s", "priority")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_PHASE_S_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     group: str
     job: str
     role: str
     expected_phase_s: float
-    def __init__(self, group: _Optional[str] = ..., job: _Optional[str] = ..., role: _Optional[str] = ..., expected_phase_s: _Optional[float] = ...) -> None: ...
+    priority: int
+    def __init__(self, group: _Optional[str] = ..., job: _Optional[str] = ..., role: _Optional[str] = ..., expected_phase_s: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("fencing_token", "lease_ttl_s", "was_resident", "wait_s", "suspend_s", "restore_s", "grant_overhead_s")
