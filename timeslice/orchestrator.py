@@ -44,6 +44,10 @@ class DeadlineExceeded(Exception):
     """The caller's deadline passed before the grant (its request was withdrawn)."""
 
 
+class Cancelled(Exception):
+    """The caller went away before the grant (its request was withdrawn)."""
+
+
 class HandoverFailed(Exception):
     """The hand-over failed on some node and was rolled back."""
 
@@ -163,6 +167,18 @@ class Orchestrator:
         s.g = state.adopt(g, live, self.clock(), self.settings.orphan_grace_s) if g else self._new(s.g.name)
         s.version = version
 
+    def check_leader(self) -> None:
+        if not self.leading():
+            raise NotLeader("this orchestrator replica is not the leader; retry (the Service routes to the leader)")
+
+    def wake(self, group: str) -> None:
+        """Wake the group's waiters (a caller went away)."""
+        with self._lock:
+            s = self._slots.get(group)
+        if s is not None:
+            with s.cond:
+                s.cond.notify_all()
+
     def _mutate(self, s: _Slot, fn: Callable[[Group], tuple[Group, T]], confirm: bool = False) -> T:
         """Apply ``fn`` and write the result over the version read; on a conflict reload and decide again.
 
@@ -172,8 +188,7 @@ class Orchestrator:
         """
         fresh = False
         for _ in range(self.settings.cas_attempts):
-            if not self.leading():
-                raise NotLeader("this orchestrator replica is not the leader; retry (the Service routes to the leader)")
+            self.check_leader()
             try:
                 new, out = fn(s.g)
             except Refused:
@@ -257,9 +272,10 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ the API
 
-    def acquire(self, group: str, job: str, role: str = "", priority: int = 0,
-                deadline: float | None = None) -> AcquireResult:  # fmt: skip
-        """Block until ``job`` holds ``group`` (DeadlineExceeded at ``deadline``, epoch seconds)."""
+    def acquire(self, group: str, job: str, role: str = "", priority: int = 0, deadline: float | None = None,
+                alive: Callable[[], bool] = lambda: True) -> AcquireResult:  # fmt: skip
+        """Block until ``job`` holds ``group`` (DeadlineExceeded at ``deadline``, epoch seconds; Cancelled
+        once ``alive()`` turns false)."""
         state.validate_name("group", group)
         state.validate_name("job", job)
         t0 = self.clock()
@@ -269,7 +285,7 @@ class Orchestrator:
             s.live[job] += 1
             self.metrics.waiters.labels(group).inc()
         try:
-            grant, ready = self._wait_for_grant(group, job, role, priority, end)
+            grant, ready = self._wait_for_grant(group, job, role, priority, end, alive)
         finally:
             with s.cond:
                 s.live[job] -= 1
@@ -277,11 +293,16 @@ class Orchestrator:
         outcome = self.finish(group, grant, end)
         return self._delivered(group, job, role, grant, outcome, t0, ready)
 
-    def _wait_for_grant(self, group: str, job: str, role: str, priority: int, end: float) -> tuple[Grant, float]:
+    def _wait_for_grant(self, group: str, job: str, role: str, priority: int, end: float,
+                        alive: Callable[[], bool]) -> tuple[Grant, float]:  # fmt: skip
         t0 = self.clock()
         while True:
+            self.check_leader()
             s = self._slot(group)
             with s.cond:
+                if not alive():
+                    self._mutate(s, lambda g: (state.withdraw(g, job), None))
+                    raise Cancelled(f"{job} went away while waiting for group {group}")
                 grant = self._begin(s, job, role, priority)
                 if grant is not None:
                     return grant, max(t0, s.freed_at)
