@@ -5,6 +5,7 @@
     rose controller ...                 the ElasticRLJob controller and reclaim planner
     rose driver ...                     the DRA node driver and suspend engine
     rose predictor ...                  the serving-demand forecaster (serve, backtest, generate)
+    rose timeslice serve|advise         the time-slice orchestrator (acquire / yield a GPU group)
     rose demo                           the whole story on a local cluster
 
 Each component's own parser handles its arguments; components are imported only when their
@@ -23,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "driver": ("dra_driver.cli", "the DRA node driver (kubelet plugin, slices, suspend engine)"),
     "agent": ("dra_driver.agent.cli", "the node agent alone (suspend engine, workload socket)"),
     "predictor": ("predictor.cli", "serving-demand forecasts: serve, backtest, generate"),
+    "timeslice": ("timeslice.cli", "the time-slice orchestrator: serve (gRPC Acquire / Yield), advise"),
     "demo": ("rose_cli.demo", "the whole story on a local cluster"),
 }
 
