@@ -104,6 +104,7 @@ EVENT_CPU_RESIZE_SKIPPED: Final = "CPUResizeSkipped"  # warning
 LABEL_TIMESLICE_GROUP: Final = f"{LABEL_PREFIX}/timeslice-group"
 ANNOTATION_FENCING_TOKEN: Final = f"{LABEL_PREFIX}/fencing-token"
 EVENT_FENCING_REJECTED: Final = "FencingTokenRejected"  # warning
+ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
 
 
 def fencing_token(group: str, token: int) -> str:

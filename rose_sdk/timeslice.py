@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from rose_common import names
 from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
 from rose_sdk.offload import CooperativeOffloader
@@ -46,7 +47,7 @@ log = logging.getLogger("rose_sdk.timeslice")
 T = TypeVar("T")
 
 DEFAULT_PORT = 50051
-ENV_JOB = "ROSE_TIMESLICE_JOB"
+ENV_JOB = names.ENV_TIMESLICE_JOB  # set by the controller on the workers of a job with spec.timesliceGroup
 
 
 class TimeSliceError(RuntimeError):
