@@ -6,7 +6,8 @@ dashes as underscores), e.g. ``ROSE_TIMESLICE_LEASE_TTL=10s``; the command line 
 I/O boundary: argument parsing, then the servers of :mod:`timeslice.server` until SIGTERM.
 ``--store kubernetes`` keeps each group's record in a Lease of ``--namespace`` and elects one
 active replica; ``--store memory`` (explicit; one process, no Kubernetes) keeps it in memory.
-``--handover noop`` moves no device state (CPU jobs, tests, the benchmark).
+``--handover noop`` moves no device state (CPU jobs, tests, the benchmark); ``--handover delay``
+moves none either but takes ``--handover-delay`` (a hand-over in flight, for crash tests).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from rose_common import logs
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
 from timeslice.metrics import TimesliceMetrics
-from timeslice.orchestrator import NoopHandover, Orchestrator, Settings
+from timeslice.orchestrator import DelayHandover, NoopHandover, Orchestrator, Settings
 from timeslice.server import Elector, grpc_server, http_server
 from timeslice.store import MemoryStore, Store
 
@@ -44,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
     s.flag("--namespace", default=os.environ.get("POD_NAMESPACE", "rose-system"),
            help="namespace of the group and leader Leases (default: $POD_NAMESPACE, else rose-system)")  # fmt: skip
-    s.flag("--handover", default="noop", choices=["noop"], help="how device state moves (noop: nothing moves)")
+    s.flag("--handover", default="noop", choices=["noop", "delay"],
+           help="how device state moves (noop: nothing moves; delay: nothing moves in --handover-delay)")  # fmt: skip
+    s.flag("--handover-delay", default=0.0, type=duration, help="seconds a 'delay' hand-over takes")
     s.flag("--lease-ttl", default=10.0, type=duration, help="a holder's lease without Renew or Yield")
     s.flag("--aging", default=10.0, type=duration, help="seconds of waiting worth one priority level")
     s.flag("--max-waiters", default=256, type=int, help="Acquire calls that may wait per group (and in all)")
@@ -92,7 +95,8 @@ def serve(args: argparse.Namespace) -> int:
         elector = Elector(lock, identity, args.lease_duration, args.lease_renew, on_change)
     except ValueError as e:
         raise SystemExit(f"rose timeslice serve: {e}") from None
-    orch = Orchestrator(store, NoopHandover(), metrics, settings, leading=elector.leading)
+    handover = DelayHandover(args.handover_delay) if args.handover == "delay" else NoopHandover()
+    orch = Orchestrator(store, handover, metrics, settings, leading=elector.leading)
     holder.append(orch)
     metrics.leader.set(1 if elector.leading() else 0)
     stop = threading.Event()

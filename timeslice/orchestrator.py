@@ -90,6 +90,17 @@ class NoopHandover:
 
 
 @dataclass(frozen=True)
+class DelayHandover:
+    """Explicit stand-in that moves nothing but takes ``delay_s`` (a hand-over in flight, for crash tests)."""
+
+    delay_s: float
+
+    def switch(self, group: str, token: int, out_job: str | None, in_job: str, deadline: float) -> HandoverOutcome:
+        time.sleep(max(0.0, min(self.delay_s, deadline - time.time())))
+        return NoopOutcome(suspend_s=self.delay_s / 2, restore_s=self.delay_s / 2)
+
+
+@dataclass(frozen=True)
 class Settings:
     lease_ttl_s: float = 10.0
     aging_s: float = state.DEFAULT_AGING_S
