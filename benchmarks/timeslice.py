@@ -134,14 +134,21 @@ def run(gpu: float, off: float, cycles: int, kubeconfig: str = "", namespace: st
         proc.wait(timeout=30)
     ratio = shared["duty_cycle"] / solo["duty_cycle"]
     return {
-        "config": {"gpu_phase_s": gpu, "off_phase_s": off, "cycles_per_job": cycles,
-                   "store": "kubernetes Lease" if kubeconfig else "memory", "handover": "noop",
-                   "phases": "sleeps (GPU phase and rollout wait)"},  # fmt: skip
+        "config": {
+            "gpu_phase_s": gpu,
+            "off_phase_s": off,
+            "cycles_per_job": cycles,
+            "store": "kubernetes Lease" if kubeconfig else "memory",
+            "handover": "noop",
+            "phases": "sleeps (GPU phase and rollout wait)",
+        },
         "solo": solo,
         "shared": shared,
         "duty_cycle_ratio": ratio,
-        "goals": {"duty_cycle_ratio_ge_1_6": ratio >= 1.6,
-                  "grant_overhead_p95_le_50ms": shared["server_grant_overhead_s"]["p95"] <= 0.050},  # fmt: skip
+        "goals": {
+            "duty_cycle_ratio_ge_1_6": ratio >= 1.6,
+            "grant_overhead_p95_le_50ms": shared["server_grant_overhead_s"]["p95"] <= 0.050,
+        },
     }
 
 

@@ -121,6 +121,9 @@ def test_sigkilled_holder_is_fenced_and_the_waiter_granted(cluster: ClusterHandl
         waiter.start()
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
+        holder.stdout.close()
+        assert holder.stdin is not None
+        holder.stdin.close()
         waiter.join(4 * TTL)
         assert got, (
             f"the waiter was not granted before its deadline (2 x the lease TTL)\n{orch.log.read_text()[-2000:]}"
@@ -132,7 +135,8 @@ def test_sigkilled_holder_is_fenced_and_the_waiter_granted(cluster: ClusterHandl
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert f"fencing token {dead_token} refused" in e.value.details()
         assert _lease(api, group) == {"holder": "ns/next", "token": dead_token + 1, "switching": "false"}
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{orch.mport}/metrics", timeout=5).read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{orch.mport}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
         assert f'rose_timeslice_lease_expiries_total{{group="{group}"}} 1.0' in metrics
         assert f'rose_timeslice_fencing_rejections_total{{command="yield",group="{group}"}} 1.0' in metrics
 
