@@ -116,7 +116,7 @@ def _serve(port: int, kubeconfig: str, namespace: str) -> subprocess.Popen[bytes
     cmd = [sys.executable, "-m", "timeslice", "serve", "--listen", f"127.0.0.1:{port}", "--metrics-listen",
            "127.0.0.1:0", "--leader-elect", "false", "--log-level", "warning", *store]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(cmd, cwd=REPO, env=env)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sys.stderr)  # stdout carries only the JSON
 
 
 def run(gpu: float, off: float, cycles: int, kubeconfig: str = "", namespace: str = "default") -> dict[str, Any]:
