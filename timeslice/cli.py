@@ -1,4 +1,4 @@
-"""``rose timeslice serve`` / ``python -m timeslice``: run the time-slice orchestrator.
+"""``rose timeslice serve|advise`` / ``python -m timeslice``: run the orchestrator; judge whether slicing pays.
 
 Every flag can also be set with an environment variable ``ROSE_TIMESLICE_<FLAG>`` (upper case,
 dashes as underscores), e.g. ``ROSE_TIMESLICE_LEASE_TTL=10s``; the command line wins.
@@ -13,15 +13,19 @@ moves none either but takes ``--handover-delay`` (a hand-over in flight, for cra
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
 from rose_common import logs
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
+from timeslice import advise
 from timeslice.metrics import TimesliceMetrics
 from timeslice.orchestrator import DelayHandover, NoopHandover, Orchestrator, Settings
 from timeslice.server import Elector, grpc_server, http_server
@@ -58,7 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.flag("--lease-renew", default=5.0, type=duration, help="seconds between leader Lease renewals")
     s.flag("--identity", default="", help="this replica's identity (default: hostname-pid)")
     s.flag("--log-level", default="info", help="debug, info, warning or error")
+    a = sub.add_parser("advise", help="whether time-slicing pays for some jobs' phase timings")
+    a.add_argument("timings", type=Path, help="CSV (header job,gpu_s,off_s; a row per cycle) or JSON list of rows")
+    a.flag("--switch-cost", required=True, type=duration,
+           help="one switch: suspend + restore + grant overhead (e.g. from benchmarks.gpu_suspend)")  # fmt: skip
+    a.flag("--min-gain", default=1.2, type=float, help="shared duty cycle needed over the best solo one")
+    a.add_argument("--json", action="store_true", help="print the advice as JSON")
     return p
+
+
+def advise_cmd(args: argparse.Namespace) -> int:
+    """Exit 0 when time-slicing pays, 1 when it does not, 2 on unreadable input."""
+    try:
+        advice = advise.advise(advise.load(args.timings), args.switch_cost, args.min_gain)
+    except (OSError, ValueError) as e:
+        print(f"rose timeslice advise: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(dataclasses.asdict(advice), indent=2) if args.json else advise.render(advice))
+    return 0 if advice.pays else 1
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -125,4 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "advise":
+        return advise_cmd(args)
     raise SystemExit(f"rose timeslice: unknown command {args.command!r}")
