@@ -21,11 +21,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 from rose_common import logs
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
 from timeslice import advise
+from timeslice.identity import ReviewCache
 from timeslice.metrics import TimesliceMetrics
 from timeslice.orchestrator import DelayHandover, NoopHandover, Orchestrator, Settings
 from timeslice.server import Elector, grpc_server, http_server
@@ -61,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.flag("--lease-duration", default=15, type=int, help="seconds the leader Lease lasts without renewal")
     s.flag("--lease-renew", default=5.0, type=duration, help="seconds between leader Lease renewals")
     s.flag("--identity", default="", help="this replica's identity (default: hostname-pid)")
+    s.flag("--authenticate", default="none", choices=["none", "tokenreview"],
+           help="tokenreview: callers send their ServiceAccount token; a job must be in its namespace")  # fmt: skip
+    s.flag("--token-audience", default="", help="audience the callers' projected tokens carry (empty: the API's)")
     s.flag("--log-level", default="info", help="debug, info, warning or error")
     a = sub.add_parser("advise", help="whether time-slicing pays for some jobs' phase timings")
     a.add_argument("timings", type=Path, help="CSV (header job,gpu_s,off_s; a row per cycle) or JSON list of rows")
@@ -102,8 +107,12 @@ def serve(args: argparse.Namespace) -> int:
         raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
         store = kube.LeaseStore(raw, args.namespace)
         lock = kube.LeaseLock(raw, args.namespace, args.lease_name) if args.leader_elect else None
+        audiences = [args.token_audience] if args.token_audience else []
+        auth = ReviewCache(kube.TokenReviewer(raw, audiences), time.monotonic) if args.authenticate != "none" else None
     else:
-        store, lock = MemoryStore(args.namespace), None
+        if args.authenticate != "none":
+            raise SystemExit("rose timeslice serve: --authenticate tokenreview needs --store kubernetes")
+        store, lock, auth = MemoryStore(args.namespace), None, None
     metrics = TimesliceMetrics()
     holder: list[Orchestrator] = []
 
@@ -123,7 +132,7 @@ def serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     threading.Thread(target=elector.run, args=(stop,), name="ts-leader", daemon=True).start()
     host, port = args.listen
-    server, bound = grpc_server(orch, f"{host}:{port}", settings.max_waiters + 16)
+    server, bound = grpc_server(orch, f"{host}:{port}", settings.max_waiters + 16, auth)
     mhost, mport = args.metrics_listen
     http = http_server(orch, (mhost, mport)) if mport else None
 

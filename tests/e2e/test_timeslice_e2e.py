@@ -222,3 +222,29 @@ def _metrics_up(o: Orch) -> bool:
             return bool(r.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def test_callers_are_checked_by_token_review(cluster: ClusterHandle, api: Any, tmp_path: Path) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    sa = f"ts-caller-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_service_account("default", {"metadata": {"name": sa}})
+    req = {"spec": {"audiences": ["rose-timeslice"], "expirationSeconds": 600}}
+    token = core.create_namespaced_service_account_token(sa, "default", req).status.token
+    orch = Orch(cluster, tmp_path, "orch-auth", f"ts-leader-{uuid.uuid4().hex[:6]}", "--authenticate",
+                "tokenreview", "--token-audience", "rose-timeslice").start()  # fmt: skip
+    group = _group()
+    with orchestrators(orch):
+        orch.wait_ready()
+        stub = orch.stub()
+        ok = [("authorization", f"Bearer {token}")]
+        r = stub.Acquire(pb.AcquireRequest(group=group, job="default/x"), timeout=30, metadata=ok)
+        stub.Yield(pb.YieldRequest(group=group, job="default/x", fencing_token=r.fencing_token), metadata=ok)
+        for job, metadata, code in (("other/x", ok, grpc.StatusCode.PERMISSION_DENIED),
+                                    ("default/x", [], grpc.StatusCode.UNAUTHENTICATED),
+                                    ("default/x", [("authorization", "Bearer forged")],
+                                     grpc.StatusCode.UNAUTHENTICATED)):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Acquire(pb.AcquireRequest(group=group, job=job), timeout=30, metadata=metadata)
+            assert e.value.code() == code, e.value.details()
