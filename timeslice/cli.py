@@ -1,4 +1,4 @@
-"""``rose timeslice serve`` / ``python -m timeslice``: run the time-slice orchestrator.
+"""``rose timeslice serve|advise`` / ``python -m timeslice``: run the orchestrator; judge whether slicing pays.
 
 Every flag can also be set with an environment variable ``ROSE_TIMESLICE_<FLAG>`` (upper case,
 dashes as underscores), e.g. ``ROSE_TIMESLICE_LEASE_TTL=10s``; the command line wins.
@@ -6,23 +6,30 @@ dashes as underscores), e.g. ``ROSE_TIMESLICE_LEASE_TTL=10s``; the command line 
 I/O boundary: argument parsing, then the servers of :mod:`timeslice.server` until SIGTERM.
 ``--store kubernetes`` keeps each group's record in a Lease of ``--namespace`` and elects one
 active replica; ``--store memory`` (explicit; one process, no Kubernetes) keeps it in memory.
-``--handover noop`` moves no device state (CPU jobs, tests, the benchmark).
+``--handover noop`` moves no device state (CPU jobs, tests, the benchmark); ``--handover delay``
+moves none either but takes ``--handover-delay`` (a hand-over in flight, for crash tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 from pathlib import Path
 
 from rose_common import logs
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
+from timeslice import advise
+from timeslice.identity import ReviewCache
 from timeslice.metrics import TimesliceMetrics
-from timeslice.orchestrator import NoopHandover, Orchestrator, Settings
+from timeslice.orchestrator import DelayHandover, NoopHandover, Orchestrator, Settings
 from timeslice.server import Elector, grpc_server, http_server
 from timeslice.store import MemoryStore, Store
 
@@ -44,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
     s.flag("--namespace", default=os.environ.get("POD_NAMESPACE", "rose-system"),
            help="namespace of the group and leader Leases (default: $POD_NAMESPACE, else rose-system)")  # fmt: skip
-    s.flag("--handover", default="noop", choices=["noop"], help="how device state moves (noop: nothing moves)")
+    s.flag("--handover", default="noop", choices=["noop", "delay"],
+           help="how device state moves (noop: nothing moves; delay: nothing moves in --handover-delay)")  # fmt: skip
+    s.flag("--handover-delay", default=0.0, type=duration, help="seconds a 'delay' hand-over takes")
     s.flag("--lease-ttl", default=10.0, type=duration, help="a holder's lease without Renew or Yield")
     s.flag("--aging", default=10.0, type=duration, help="seconds of waiting worth one priority level")
     s.flag("--max-waiters", default=256, type=int, help="Acquire calls that may wait per group (and in all)")
@@ -54,8 +63,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.flag("--lease-duration", default=15, type=int, help="seconds the leader Lease lasts without renewal")
     s.flag("--lease-renew", default=5.0, type=duration, help="seconds between leader Lease renewals")
     s.flag("--identity", default="", help="this replica's identity (default: hostname-pid)")
+    s.flag("--authenticate", default="none", choices=["none", "tokenreview"],
+           help="tokenreview: callers send their ServiceAccount token; a job must be in its namespace")  # fmt: skip
+    s.flag("--token-audience", default="", help="audience the callers' projected tokens carry (empty: the API's)")
     s.flag("--log-level", default="info", help="debug, info, warning or error")
+    a = sub.add_parser("advise", help="whether time-slicing pays for some jobs' phase timings")
+    a.add_argument("timings", type=Path, help="CSV (header job,gpu_s,off_s; a row per cycle) or JSON list of rows")
+    a.flag("--switch-cost", required=True, type=duration,
+           help="one switch: suspend + restore + grant overhead (e.g. from benchmarks.gpu_suspend)")  # fmt: skip
+    a.flag("--min-gain", default=1.2, type=float, help="shared duty cycle needed over the best solo one")
+    a.add_argument("--json", action="store_true", help="print the advice as JSON")
     return p
+
+
+def advise_cmd(args: argparse.Namespace) -> int:
+    """Exit 0 when time-slicing pays, 1 when it does not, 2 on unreadable input."""
+    try:
+        advice = advise.advise(advise.load(args.timings), args.switch_cost, args.min_gain)
+    except (OSError, ValueError) as e:
+        print(f"rose timeslice advise: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(dataclasses.asdict(advice), indent=2) if args.json else advise.render(advice))
+    return 0 if advice.pays else 1
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -78,8 +107,12 @@ def serve(args: argparse.Namespace) -> int:
         raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
         store = kube.LeaseStore(raw, args.namespace)
         lock = kube.LeaseLock(raw, args.namespace, args.lease_name) if args.leader_elect else None
+        audiences = [args.token_audience] if args.token_audience else []
+        auth = ReviewCache(kube.TokenReviewer(raw, audiences), time.monotonic) if args.authenticate != "none" else None
     else:
-        store, lock = MemoryStore(args.namespace), None
+        if args.authenticate != "none":
+            raise SystemExit("rose timeslice serve: --authenticate tokenreview needs --store kubernetes")
+        store, lock, auth = MemoryStore(args.namespace), None, None
     metrics = TimesliceMetrics()
     holder: list[Orchestrator] = []
 
@@ -92,13 +125,14 @@ def serve(args: argparse.Namespace) -> int:
         elector = Elector(lock, identity, args.lease_duration, args.lease_renew, on_change)
     except ValueError as e:
         raise SystemExit(f"rose timeslice serve: {e}") from None
-    orch = Orchestrator(store, NoopHandover(), metrics, settings, leading=elector.leading)
+    handover = DelayHandover(args.handover_delay) if args.handover == "delay" else NoopHandover()
+    orch = Orchestrator(store, handover, metrics, settings, leading=elector.leading)
     holder.append(orch)
     metrics.leader.set(1 if elector.leading() else 0)
     stop = threading.Event()
     threading.Thread(target=elector.run, args=(stop,), name="ts-leader", daemon=True).start()
     host, port = args.listen
-    server, bound = grpc_server(orch, f"{host}:{port}", settings.max_waiters + 16)
+    server, bound = grpc_server(orch, f"{host}:{port}", settings.max_waiters + 16, auth)
     mhost, mport = args.metrics_listen
     http = http_server(orch, (mhost, mport)) if mport else None
 
@@ -121,4 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "advise":
+        return advise_cmd(args)
     raise SystemExit(f"rose timeslice: unknown command {args.command!r}")

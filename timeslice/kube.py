@@ -5,7 +5,8 @@ I/O boundary: HTTP requests to the API server through :class:`rose_common.kube.c
 :mod:`timeslice.store`, pure): a create, or a replace carrying the resourceVersion read, so a
 write over a newer record is refused (compare-and-swap) and the orchestrator decides again.
 :class:`LeaseLock` reads and writes the leader-election Lease; the decision is
-:func:`rose_common.leader.decide` (pure).
+:func:`rose_common.leader.decide` (pure). :class:`TokenReviewer` asks the API server who a
+ServiceAccount token belongs to (a TokenReview).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rose_common.kube import objects
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import Conflict, NotFound
 from rose_common.leader import LeaseRecord
+from timeslice.identity import Unauthenticated
 from timeslice.state import Group
 from timeslice.store import A_GROUP, LABEL_GROUP, from_lease, lease_name, to_lease
 
@@ -88,3 +90,21 @@ class LeaseLock:
         except Conflict:
             return False
         return True
+
+
+class TokenReviewer:
+    """A TokenReview per call: the token's username, or Unauthenticated."""
+
+    def __init__(self, raw: Raw, audiences: list[str]) -> None:
+        self.raw = raw
+        self.audiences = audiences
+
+    def __call__(self, token: str) -> str:
+        spec: dict[str, Any] = {"token": token}
+        if self.audiences:
+            spec["audiences"] = self.audiences
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        status = self.raw.json("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=body).get("status") or {}
+        if not status.get("authenticated"):
+            raise Unauthenticated(f"the API server refused the token: {status.get('error') or 'not authenticated'}")
+        return str((status.get("user") or {}).get("username") or "")

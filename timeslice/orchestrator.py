@@ -8,9 +8,10 @@ succeeded, so a restarted or a second replica never grants one token twice.
 
 No polling: an Acquire waits on its group's condition, woken by a Yield, a withdrawal, a failed
 hand-over or a leadership change, with its timeout set to its own deadline or the holder's lease
-expiry, whichever is first. The waiter that :func:`timeslice.state.pick` chooses grants itself:
-it writes the grant (``switching`` when state must move, which fixes the fencing token), runs the
-hand-over outside the group's lock, and writes it settled (or rolled back).
+expiry, whichever is first. A Yield writes the release and the grant to the next waiter
+(:func:`timeslice.state.pick`) in one compare-and-swap (``switching`` when state must move, which
+fixes the fencing token); on an expiry the chosen waiter writes its grant itself. The waiter runs
+the hand-over outside the group's lock and writes it settled (or rolled back).
 """
 
 from __future__ import annotations
@@ -90,6 +91,17 @@ class NoopHandover:
 
 
 @dataclass(frozen=True)
+class DelayHandover:
+    """Explicit stand-in that moves nothing but takes ``delay_s`` (a hand-over in flight, for crash tests)."""
+
+    delay_s: float
+
+    def switch(self, group: str, token: int, out_job: str | None, in_job: str, deadline: float) -> HandoverOutcome:
+        time.sleep(max(0.0, min(self.delay_s, deadline - time.time())))
+        return NoopOutcome(suspend_s=self.delay_s / 2, restore_s=self.delay_s / 2)
+
+
+@dataclass(frozen=True)
 class Settings:
     lease_ttl_s: float = 10.0
     aging_s: float = state.DEFAULT_AGING_S
@@ -125,6 +137,7 @@ class _Slot:
     freed_at: float
     cond: threading.Condition = field(default_factory=threading.Condition)
     live: Counter[str] = field(default_factory=Counter)
+    pending: dict[str, Grant] = field(default_factory=dict)  # written by a Yield, not yet taken by its waiter
 
 
 class Orchestrator:
@@ -233,6 +246,9 @@ class Orchestrator:
             return self._begin(s, job, role, priority)
 
     def _begin(self, s: _Slot, job: str, role: str, priority: int) -> Grant | None:
+        handed = s.pending.pop(job, None)
+        if handed is not None and s.g.holder == job and s.g.token == handed.token:
+            return handed  # the Yield that freed the group wrote this grant (compare-and-swap) already
         now = self.clock()
         switch_deadline = now + self.settings.switch_timeout_s
 
@@ -331,14 +347,24 @@ class Orchestrator:
                              outcome.suspend_s, outcome.restore_s, overhead, moved)  # fmt: skip
 
     def yield_(self, group: str, job: str, token: int) -> None:
+        """Give the group up; the next live waiter's grant is written in the same compare-and-swap."""
         s = self._slot(group)
         with s.cond:
             now = self.clock()
+            switch_deadline = now + self.settings.switch_timeout_s
+
+            def step(g: Group) -> tuple[Group, Grant | None]:
+                g = state.yield_(self._expire(s, g, now), job, token, now)
+                w = state.pick(g, now, self.settings.aging_s)
+                return state.grant(g, w.job, now, switch_deadline) if w is not None else (g, None)
+
             try:
-                self._mutate(s, lambda g: (state.yield_(self._expire(s, g, now), job, token, now), None))
+                handed = self._mutate(s, step)
             except Refused:
                 self.metrics.fencing_rejections.labels(group, "yield").inc()
                 raise
+            if handed is not None:
+                s.pending[handed.job] = handed
             s.freed_at = now
             self.metrics.released(group, now)
             s.cond.notify_all()

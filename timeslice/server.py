@@ -6,8 +6,9 @@ callers to it) and, through :class:`Elector`, the leader Lease. Requests are tra
 :class:`~timeslice.orchestrator.Orchestrator` calls and its errors into status codes:
 INVALID_ARGUMENT (bad names), FAILED_PRECONDITION (a stale fencing token), DEADLINE_EXCEEDED,
 UNAVAILABLE (not the leader, the store unreachable: retry), RESOURCE_EXHAUSTED (queue full),
-ABORTED (a hand-over failed and was rolled back). Connections are bounded by
-``maximum_concurrent_rpcs``.
+ABORTED (a hand-over failed and was rolled back), UNAUTHENTICATED / PERMISSION_DENIED (with
+authentication on: no or a refused ServiceAccount token, a job outside the token's namespace).
+Connections are bounded by ``maximum_concurrent_rpcs``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rose_common import leader
 from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
+from timeslice import identity
+from timeslice.identity import Forbidden, ReviewCache, Unauthenticated
 from timeslice.orchestrator import (
     Busy,
     Cancelled,
@@ -58,6 +61,10 @@ def _codes(context: grpc.ServicerContext) -> Iterator[None]:
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
     except (DeadlineExceeded, Cancelled) as e:
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
+    except Unauthenticated as e:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+    except Forbidden as e:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
     except Busy as e:
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
     except HandoverFailed as e:
@@ -74,14 +81,21 @@ def _codes(context: grpc.ServicerContext) -> Iterator[None]:
 
 
 class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
-    def __init__(self, orch: Orchestrator) -> None:
+    def __init__(self, orch: Orchestrator, auth: ReviewCache | None = None) -> None:
         self.orch = orch
+        self.auth = auth
+
+    def _caller(self, job: str, context: grpc.ServicerContext) -> None:
+        """With authentication on: the caller's ServiceAccount namespace must be the job's."""
+        if self.auth is not None:
+            identity.check_job(job, self.auth.namespace(identity.bearer(context.invocation_metadata())))
 
     def Acquire(self, request: pb.AcquireRequest, context: grpc.ServicerContext) -> pb.AcquireResponse:
         remaining = context.time_remaining()
         deadline = self.orch.clock() + remaining if remaining is not None else None
         context.add_callback(lambda: self.orch.wake(request.group))
         with _codes(context):
+            self._caller(request.job, context)
             r = self.orch.acquire(request.group, request.job, request.role, request.priority, deadline,
                                   alive=context.is_active)  # fmt: skip
             return pb.AcquireResponse(fencing_token=r.token, lease_ttl_s=r.lease_ttl_s, was_resident=r.was_resident,
@@ -91,11 +105,13 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
 
     def Yield(self, request: pb.YieldRequest, context: grpc.ServicerContext) -> pb.YieldResponse:
         with _codes(context):
+            self._caller(request.job, context)
             self.orch.yield_(request.group, request.job, request.fencing_token)
         return pb.YieldResponse()
 
     def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> pb.RenewResponse:
         with _codes(context):
+            self._caller(request.job, context)
             return pb.RenewResponse(lease_ttl_s=self.orch.renew(request.group, request.job, request.fencing_token))
         raise AssertionError("unreachable")
 
@@ -113,11 +129,12 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
         raise AssertionError("unreachable")
 
 
-def grpc_server(orch: Orchestrator, address: str, max_rpcs: int) -> tuple[grpc.Server, int]:
+def grpc_server(orch: Orchestrator, address: str, max_rpcs: int,
+                auth: ReviewCache | None = None) -> tuple[grpc.Server, int]:  # fmt: skip
     """A started gRPC server on ``address`` (``HOST:PORT``, port 0 = ephemeral) and its port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="ts-grpc"),
                          maximum_concurrent_rpcs=max_rpcs)  # fmt: skip
-    pb_grpc.add_TimeSliceOrchestratorServicer_to_server(Servicer(orch), server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_TimeSliceOrchestratorServicer_to_server(Servicer(orch, auth), server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}: choose a free port (--listen)")
