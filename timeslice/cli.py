@@ -7,7 +7,9 @@ I/O boundary: argument parsing, then the servers of :mod:`timeslice.server` unti
 ``--store kubernetes`` keeps each group's record in a Lease of ``--namespace`` and elects one
 active replica; ``--store memory`` (explicit; one process, no Kubernetes) keeps it in memory.
 ``--handover noop`` moves no device state (CPU jobs, tests, the benchmark); ``--handover delay``
-moves none either but takes ``--handover-delay`` (a hand-over in flight, for crash tests).
+moves none either but takes ``--handover-delay`` (a hand-over in flight, for crash tests);
+``--handover kube`` suspends and restores the jobs' workers on every node of the group through
+their DRA drivers, all or nothing (:mod:`timeslice.handover`; needs ``--store kubernetes``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
 from timeslice import advise
 from timeslice.identity import ReviewCache
 from timeslice.metrics import TimesliceMetrics
-from timeslice.orchestrator import DelayHandover, NoopHandover, Orchestrator, Settings
+from timeslice.orchestrator import DelayHandover, Handover, NoopHandover, Orchestrator, Settings
 from timeslice.server import Elector, grpc_server, http_server
 from timeslice.store import MemoryStore, Store
 
@@ -51,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
     s.flag("--namespace", default=os.environ.get("POD_NAMESPACE", "rose-system"),
            help="namespace of the group and leader Leases (default: $POD_NAMESPACE, else rose-system)")  # fmt: skip
-    s.flag("--handover", default="noop", choices=["noop", "delay"],
-           help="how device state moves (noop: nothing moves; delay: nothing moves in --handover-delay)")  # fmt: skip
+    s.flag("--handover", default="noop", choices=["noop", "delay", "kube"],
+           help="how device state moves (noop: nothing moves; delay: nothing moves in --handover-delay;"
+                " kube: through the group's nodes' drivers, all or nothing)")  # fmt: skip
     s.flag("--handover-delay", default=0.0, type=duration, help="seconds a 'delay' hand-over takes")
     s.flag("--lease-ttl", default=10.0, type=duration, help="a holder's lease without Renew or Yield")
     s.flag("--aging", default=10.0, type=duration, help="seconds of waiting worth one priority level")
@@ -95,6 +98,16 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"rose timeslice serve: {e}") from None
 
 
+def _handover(args: argparse.Namespace, raw: object | None) -> Handover:
+    if args.handover == "kube":
+        if raw is None:
+            raise SystemExit("rose timeslice serve: --handover kube needs --store kubernetes (it patches pods)")
+        from timeslice.handover import KubeHandover, RawPods
+
+        return KubeHandover(RawPods(raw), rollback_timeout_s=args.switch_timeout)
+    return DelayHandover(args.handover_delay) if args.handover == "delay" else NoopHandover()
+
+
 def serve(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     settings = _settings(args)
@@ -125,7 +138,7 @@ def serve(args: argparse.Namespace) -> int:
         elector = Elector(lock, identity, args.lease_duration, args.lease_renew, on_change)
     except ValueError as e:
         raise SystemExit(f"rose timeslice serve: {e}") from None
-    handover = DelayHandover(args.handover_delay) if args.handover == "delay" else NoopHandover()
+    handover = _handover(args, raw if args.store == "kubernetes" else None)
     orch = Orchestrator(store, handover, metrics, settings, leading=elector.leading)
     holder.append(orch)
     metrics.leader.set(1 if elector.leading() else 0)

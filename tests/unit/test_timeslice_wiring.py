@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from elastic_controller import workers
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
@@ -37,3 +39,13 @@ def test_the_hand_over_plans_over_the_controllers_workers() -> None:
     p = plan(pods, "trainers", 5, "rl/a", "rl/b", "t")
     assert [x.key() for x in p.suspend.patches] == ["rl/a-w0", "rl/a-w1"]
     assert [x.key() for x in p.restore.patches] == ["rl/b-w0", "rl/b-w1"]
+
+
+def test_serve_takes_the_kube_hand_over_only_with_the_kubernetes_store() -> None:
+    from timeslice.cli import _handover, build_parser
+    from timeslice.handover import KubeHandover
+
+    args = build_parser().parse_args(["serve", "--handover", "kube", "--store", "memory"])
+    with pytest.raises(SystemExit, match="--handover kube needs --store kubernetes"):
+        _handover(args, None)
+    assert isinstance(_handover(args, object()), KubeHandover)
