@@ -327,6 +327,8 @@ def build(args: argparse.Namespace) -> Wiring:
     watcher = PodWatcher(kube.KubePods(api, args.node_name), driver, observers=observers)
     wiring = Wiring(gpus, metrics, notifier, engine, driver, publisher, facts, watcher)
     wiring.agent_server = agent_server
+    if agent_server is not None:  # one fencing book for both paths, kept in the node checkpoint
+        agent_server.control.fence = lambda raw: driver.admit_fence(raw, [], "agent")
     return wiring
 
 

@@ -154,6 +154,12 @@ class DriverMetrics:
             ["result"],
             registry=r,
         )
+        self.fencing_rejections_total = Counter(
+            "rose_driver_fencing_rejections",
+            "Time-slice hand-over commands refused: their rose.io/fencing-token is older than the group's last",
+            ["source"],  # "pod" (the suspend-request path) | "agent" (NodeControl)
+            registry=r,
+        )
         self.pod_resize_total = Counter(
             "rose_driver_pod_resize",
             "pods/resize of suspended RL workers' CPU (shrink on suspend, restore on resume), by result",
@@ -168,6 +174,8 @@ class DriverMetrics:
         )
         for kind in WATCH_KINDS:
             self.watch_restarts_total.labels(kind)
+        for source in ("pod", "agent"):
+            self.fencing_rejections_total.labels(source)
         for action in RESIZE_ACTIONS:
             for res in RESIZE_RESULTS:
                 self.pod_resize_total.labels(action, res)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import cdi
+from dra_driver import cdi, fencing
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
 from dra_driver.engine_api import ClaimBinder, CopyWatcher, SuspendEngine, SuspendReason, SuspendResult
@@ -299,6 +299,28 @@ class NodeDriver:
             if CHECKPOINTED_EVICTED in states:
                 return POD_CHECKPOINTED_EVICTED
             return POD_SUSPENDED if all(s == SUSPENDED for s in states) else ""
+
+    def admit_fence(self, raw: str, pods: list[PodRef], source: str = "pod") -> fencing.Verdict:
+        """Judge a hand-over's ``rose.io/fencing-token`` against the last one this node saw for its
+        group (kept in the checkpoint, so a restart does not forget it). A stale one is refused:
+        a warning Event on ``pods`` and ``rose_driver_fencing_rejections``. ValueError: malformed."""
+        with self._locked() as data:
+            v = fencing.judge(data.fences, raw)
+            if v.ok and data.fences.get(v.group) != v.token:
+                data.fences[v.group] = v.token
+                self._save()
+        if not v.ok:
+            self.metrics.fencing_rejections_total.labels(source).inc()
+            log.warning("stale fencing token refused", extra={"group": v.group, "token": v.token, "last": v.last})
+            for p in pods:
+                self._event(p, names.EVENT_FENCING_REJECTED, v.message())
+        return v
+
+    def _event(self, pod: PodRef, reason: str, message: str) -> None:
+        try:
+            self.notifier.event(pod, reason, message, True)
+        except Exception as e:  # the API being down must not block the node
+            log.warning("event failed", extra={"pod": f"{pod.namespace}/{pod.name}", "err": str(e)})
 
     def cancel_suspend(self, pod: PodRef) -> str:
         """The pod's suspend request was withdrawn: release its hold (resume if nobody else holds)."""

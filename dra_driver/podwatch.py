@@ -3,7 +3,9 @@
 :func:`decide` is the pure decision; :class:`PodWatcher` feeds the node's pods from a
 :class:`rose_common.informer.Informer` (I/O: the API server, through its :class:`PodSource`) to
 the node driver. A ``DELETED`` pod is forgotten by the suspend engine, which releases the host
-memory it held. The request value is JSON ``{"by","reason","graceSeconds","at"}``.
+memory it held. The request value is JSON ``{"by","reason","graceSeconds","at"}``. A pod of a
+time-slice group also carries ``rose.io/fencing-token: "<group>:<token>"``: an action whose token
+is older than the last one the node saw for that group is refused (``NodeDriver.admit_fence``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Action:
     kind: str  # "suspend" | "resume"
     pod: PodRef
     grace_seconds: float | None = None
+    fencing_token: str | None = None  # "<group>:<token>" of a time-slice hand-over
 
 
 def parse_request(raw: str) -> float | None:
@@ -62,6 +65,18 @@ def pod_ref(pod: dict[str, Any]) -> PodRef:
     return PodRef(namespace=objects.namespace(pod), name=objects.name(pod), uid=objects.uid(pod))
 
 
+def parse_fence(pod: dict[str, Any]) -> str | None:
+    """The pod's ``rose.io/fencing-token`` (None: not time-sliced); refuses a malformed one."""
+    raw = objects.annotations(pod).get(names.ANNOTATION_FENCING_TOKEN)
+    if raw is None:
+        return None
+    try:
+        names.parse_fencing_token(raw)
+    except ValueError as e:
+        raise BadSuspendRequestError(str(e)) from e
+    return raw
+
+
 def decide(pod: dict[str, Any], held: set[str]) -> Action | None:
     if names.LABEL_JOB not in objects.labels(pod):
         return None
@@ -70,9 +85,9 @@ def decide(pod: dict[str, Any], held: set[str]) -> Action | None:
     if raw is not None and not objects.deleting(pod):
         if ref.uid in held:  # acted on already (its outcome is in rose.io/suspend-state and an Event)
             return None
-        return Action("suspend", ref, parse_request(raw))
+        return Action("suspend", ref, parse_request(raw), parse_fence(pod))
     if ref.uid in held:
-        return Action("resume", ref)
+        return Action("resume", ref, fencing_token=parse_fence(pod))
     return None
 
 
@@ -130,6 +145,8 @@ class PodWatcher:
             self.driver.metrics.suspend_requests_total.labels("error").inc()
             return
         if action is None:
+            return
+        if action.fencing_token is not None and not self.driver.admit_fence(action.fencing_token, [action.pod]).ok:
             return
         if action.kind == "suspend":
             self.driver.request_suspend(action.pod, action.grace_seconds)

@@ -6,7 +6,8 @@ every lent workload it suspended:
 * claims: ``PrepareStarted`` → ``PrepareCompleted`` → ``UnprepareStarted`` → (removed);
 * suspensions (keyed by the lendable claim UID): ``SuspendStarted`` → ``Suspended`` (or
   ``CheckpointedEvicted`` / ``SuspendFailed``) → ``ResumeStarted`` → (removed), with the set of
-  holders (serving claim UIDs or ``request/<podUID>``) that keep the occupant suspended.
+  holders (serving claim UIDs or ``request/<podUID>``) that keep the occupant suspended;
+* fences: the last time-slice fencing token seen per group (``dra_driver.fencing``).
 
 Every write is atomic (temp, fsync, rename, directory fsync) and carries a SHA-256 checksum of
 the canonical JSON; a load verifies it. The node's boot ID is stored: after a reboot the
@@ -161,6 +162,7 @@ class NodeStateData:
     boot_id: str
     claims: dict[str, ClaimRecord] = field(default_factory=dict)
     suspensions: dict[str, Suspension] = field(default_factory=dict)
+    fences: dict[str, int] = field(default_factory=dict)
 
     def copy(self) -> NodeStateData:
         return copy.deepcopy(self)
@@ -171,6 +173,7 @@ class NodeStateData:
             "bootID": self.boot_id,
             "claims": {k: v.to_json() for k, v in sorted(self.claims.items())},
             "suspensions": {k: v.to_json() for k, v in sorted(self.suspensions.items())},
+            "fences": dict(sorted(self.fences.items())),
         }
 
 
@@ -202,6 +205,7 @@ def decode(raw: bytes) -> NodeStateData:
             boot_id=str(doc["bootID"]),
             claims={k: ClaimRecord.from_json(v) for k, v in doc["claims"].items()},
             suspensions={k: Suspension.from_json(v) for k, v in doc["suspensions"].items()},
+            fences={str(k): int(v) for k, v in doc.get("fences", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as e:
         raise StateCorruptError(f"checkpoint has a malformed record: {e!r}") from e

@@ -104,6 +104,8 @@ def _env(job: ElasticRLJob, index: int) -> list[dict[str, Any]]:
         # A recreated worker (its node lost, or evicted by the driver's checkpoint fallback)
         # continues from the job's durable checkpoint; a first start finds none and begins afresh.
         env.append({"name": RESTORE_ENV, "value": RESTORE_LATEST})
+    if job.spec.timeslice_group is not None:  # the time-slice client's job name (rose_sdk.timeslice)
+        env.append({"name": names.ENV_TIMESLICE_JOB, "value": f"{job.namespace}/{job.name}"})
     return env
 
 
@@ -136,6 +138,8 @@ def worker_pod(
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), names.LABEL_POOL: pool}
     labels = {**meta.get("labels", {}), names.LABEL_JOB: job.name, names.LABEL_ROLE: ROLE_RL_WORKER,
               LABEL_WORKER_INDEX: str(index)}  # fmt: skip
+    if job.spec.timeslice_group is not None:  # the time-slice hand-over finds the group's workers by it
+        labels[names.LABEL_TIMESLICE_GROUP] = job.spec.timeslice_group
     metadata = {"name": worker_name(job.name, index), "namespace": job.namespace, "labels": labels,
                 "annotations": {**meta.get("annotations", {}), **_annotations(job, state_bytes)},
                 "ownerReferences": [owner_reference(job)]}  # fmt: skip

@@ -9,7 +9,9 @@ room. Act 3 runs the DRA driver and a real training process: a serving pod takes
 back, the RL job is suspended into host memory (not evicted) and resumes bit-exact. Act 4
 applies an ElasticRLJob with kubectl: the real controller grows it on an idle forecast, shrinks
 it to its minimum and then suspends the gang (through real drivers) when serving is forecast to
-need the GPUs, and resumes and regrows it when the forecast falls.
+need the GPUs, and resumes and regrows it when the forecast falls. Act 5 runs two small CPU RL
+jobs sharing one time-slice group through the orchestrator and prints the group's duty cycle with
+and without sharing (``rose_cli/demo_timeslice.py``).
 """
 
 from __future__ import annotations
@@ -137,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             ok &= act_serving_wins(h, api, _say)
             _say("\nAct 4: an ElasticRLJob grows on idle GPUs and gives them back before serving needs them")
             ok &= act_elastic_job(h, api, _say)
+            from rose_cli.demo_timeslice import act_timeslice
+
+            _say("\nAct 5: two RL jobs share one time-slice group (acquire / yield): duty cycle with and without")
+            ok &= act_timeslice(h, api, _say)
         finally:
             api.close()
         _say(f"\nexport KUBECONFIG={h.kubeconfig}   # to look around with kubectl")

@@ -96,3 +96,25 @@ EVENT_CPU_RELEASED: Final = "CPUReleased"
 EVENT_CPU_RESTORED: Final = "CPURestored"
 EVENT_CPU_RESIZE_FAILED: Final = "CPUResizeFailed"  # warning
 EVENT_CPU_RESIZE_SKIPPED: Final = "CPUResizeSkipped"  # warning
+
+# Time-slicing (timeslice/, issue 13): the workers of a job in a time-slice group carry
+# LABEL_TIMESLICE_GROUP; the orchestrator's hand-over writes ANNOTATION_FENCING_TOKEN
+# "<group>:<token>" with every suspend request it writes or clears, and the node (driver, agent)
+# refuses a command whose token is older than the last one it saw for that group.
+LABEL_TIMESLICE_GROUP: Final = f"{LABEL_PREFIX}/timeslice-group"
+ANNOTATION_FENCING_TOKEN: Final = f"{LABEL_PREFIX}/fencing-token"
+EVENT_FENCING_REJECTED: Final = "FencingTokenRejected"  # warning
+ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
+
+
+def fencing_token(group: str, token: int) -> str:
+    """The value of ANNOTATION_FENCING_TOKEN for ``token`` of ``group``."""
+    return f"{group}:{token}"
+
+
+def parse_fencing_token(raw: str) -> tuple[str, int]:
+    """``(group, token)`` of an ANNOTATION_FENCING_TOKEN value; ValueError says what is wrong."""
+    group, sep, num = raw.rpartition(":")
+    if not sep or not group or not num.isdigit():
+        raise ValueError(f"{ANNOTATION_FENCING_TOKEN} must be '<group>:<token>' with a decimal token, got {raw!r}")
+    return group, int(num)

@@ -6,7 +6,8 @@ registered tensors into reused (pinned) host buffers, and an atomic durable chec
 The offload and checkpoint paths import only torch and NumPy. The agent client (``init``,
 ``Workload``, ``safe_point``…, in ``rose_sdk.workload``) needs grpc and the generated
 ``rose.agent.v1`` stubs (a protobuf runtime as new as the one they were generated with); it is
-imported on first use, so ``from rose_sdk import CooperativeOffloader`` works without them.
+imported on first use, so ``from rose_sdk import CooperativeOffloader`` works without them. So is
+the time-slice client (``TimeSliceOrchestratorClient``, in ``rose_sdk.timeslice``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rose_sdk.checkpoint import (
 from rose_sdk.offload import CooperativeOffloader, OffloadReport, tensors_equal
 
 if TYPE_CHECKING:
+    from rose_sdk.timeslice import TimeSliceOrchestratorClient
     from rose_sdk.workload import AgentError, Workload, current, init, on_resume, on_suspend, safe_point
 
 _AGENT_CLIENT = ("AgentError", "Workload", "current", "init", "on_resume", "on_suspend", "safe_point")
@@ -35,6 +37,8 @@ def __getattr__(name: str) -> Any:
     """The agent client's names, imported from rose_sdk.workload on first use."""
     if name in _AGENT_CLIENT:
         return getattr(importlib.import_module("rose_sdk.workload"), name)
+    if name == "TimeSliceOrchestratorClient":
+        return importlib.import_module("rose_sdk.timeslice").TimeSliceOrchestratorClient
     raise AttributeError(f"module 'rose_sdk' has no attribute {name!r}")
 
 
@@ -45,6 +49,7 @@ __all__ = [
     "CheckpointInfo",
     "CooperativeOffloader",
     "OffloadReport",
+    "TimeSliceOrchestratorClient",
     "Workload",
     "current",
     "get_rng_state",

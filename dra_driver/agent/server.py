@@ -24,7 +24,7 @@ import os
 import queue
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from dra_driver.agent.convert import (
     workload_to_pb,
 )
 from dra_driver.claims import PodRef
+from dra_driver.fencing import FenceBook, Verdict
 from dra_driver.suspend.engine import NodeSuspendEngine, UnknownOccupantError
 from dra_driver.suspend.model import Command
 from dra_driver.suspend.registry import (
@@ -131,10 +132,23 @@ def _status_of(e: RegistrationError) -> grpc.StatusCode:
 class NodeControlServicer(pb_grpc.NodeControlServicer):
     def __init__(self, engine: NodeSuspendEngine) -> None:
         self._engine = engine
+        # Judges a request's fencing token; the driver wires in its checkpointed NodeDriver.admit_fence.
+        self.fence: Callable[[str], Verdict] = FenceBook().admit
+
+    def _fenced(self, raw: str, context: grpc.ServicerContext) -> None:
+        if not raw:
+            return
+        try:
+            verdict = self.fence(raw)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not verdict.ok:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, verdict.message())
 
     def Suspend(self, request: pb.SuspendRequest, context: grpc.ServicerContext) -> pb.Operation:
         if not request.pod_uid:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pod_uid is required")
+        self._fenced(request.fencing_token, context)
         g = request.grace_seconds
         if not math.isfinite(g) or g < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"grace_seconds must be a finite number >= 0, got {g}")
@@ -147,6 +161,7 @@ class NodeControlServicer(pb_grpc.NodeControlServicer):
     def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Operation:
         if not request.pod_uid:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pod_uid is required")
+        self._fenced(request.fencing_token, context)
         try:
             rec = self._engine.resume_pod(request.pod_uid, wait=not request.no_wait)
         except UnknownOccupantError as e:
@@ -293,7 +308,8 @@ class AgentServer:
         root = claim_socket_root if claim_socket_root is not None else control_socket.parent / "claims"
         self.claims = ClaimSockets(engine, root)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rose-agent"))
-        pb_grpc.add_NodeControlServicer_to_server(NodeControlServicer(engine), self._server)  # type: ignore[no-untyped-call]
+        self.control = NodeControlServicer(engine)
+        pb_grpc.add_NodeControlServicer_to_server(self.control, self._server)  # type: ignore[no-untyped-call]
         _bind(self._server, control_socket)
         self._shared: grpc.Server | None = None
         if workload_socket is not None:

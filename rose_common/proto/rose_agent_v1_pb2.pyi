@@ -161,24 +161,28 @@ class UpdateStateSizeResponse(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
 
 class SuspendRequest(_message.Message):
-    __slots__ = ("pod_uid", "grace_seconds", "reason", "no_wait")
+    __slots__ = ("pod_uid", "grace_seconds", "reason", "no_wait", "fencing_token")
     POD_UID_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     NO_WAIT_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     pod_uid: str
     grace_seconds: float
     reason: str
     no_wait: bool
-    def __init__(self, pod_uid: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., reason: _Optional[str] = ..., no_wait: _Optional[bool] = ...) -> None: ...
+    fencing_token: str
+    def __init__(self, pod_uid: _Optional[str] = ..., grace_seconds: _Optional[float] = ..., reason: _Optional[str] = ..., no_wait: _Optional[bool] = ..., fencing_token: _Optional[str] = ...) -> None: ...
 
 class ResumeRequest(_message.Message):
-    __slots__ = ("pod_uid", "no_wait")
+    __slots__ = ("pod_uid", "no_wait", "fencing_token")
     POD_UID_FIELD_NUMBER: _ClassVar[int]
     NO_WAIT_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     pod_uid: str
     no_wait: bool
-    def __init__(self, pod_uid: _Optional[str] = ..., no_wait: _Optional[bool] = ...) -> None: ...
+    fencing_token: str
+    def __init__(self, pod_uid: _Optional[str] = ..., no_wait: _Optional[bool] = ..., fencing_token: _Optional[str] = ...) -> None: ...
 
 class GetOperationRequest(_message.Message):
     __slots__ = ("operation_id",)

@@ -1,0 +1,150 @@
+"""rose_sdk.timeslice against the real orchestrator over gRPC on loopback (memory store; the
+explicit no-op or a reporting hand-over: no nodes here), and the acceptance test: two real CPU RL
+trainings sharing one group end bit-identical to their solo runs."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from rose_sdk import tensors_equal
+from rose_sdk.timeslice import LeaseLostError, PhaseTooShortError, TimeSliceOrchestratorClient
+from timeslice.orchestrator import NoopOutcome, Orchestrator, Settings
+from timeslice.server import grpc_server
+from timeslice.store import MemoryStore
+
+TRAINER = Path(__file__).resolve().parents[1] / "timeslice_trainer.py"
+
+
+class CostlyHandover:
+    """Reports a switch of 0.2 s suspend + 0.3 s restore (moves nothing: no nodes here)."""
+
+    def switch(self, group: str, token: int, out_job: str | None, in_job: str, deadline: float) -> NoopOutcome:
+        return NoopOutcome(suspend_s=0.2, restore_s=0.3)
+
+
+def _serve(handover: object | None = None, port: int = 0, ttl: float = 30.0) -> tuple[object, int]:
+    orch = Orchestrator(MemoryStore(), handover, settings=Settings(lease_ttl_s=ttl))  # type: ignore[arg-type]
+    return grpc_server(orch, f"127.0.0.1:{port}", 32)
+
+
+@pytest.fixture
+def target() -> Iterator[str]:
+    server, port = _serve()
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=None).wait()  # type: ignore[attr-defined]
+
+
+def test_decorator_and_context_manager_take_turns(target: str) -> None:
+    a = TimeSliceOrchestratorClient(target, "ml/a")
+    b = TimeSliceOrchestratorClient(target, "ml/b")
+    order: list[str] = []
+
+    @a.on_accelerators(group_id="g")
+    def phase_a(x: int) -> int:
+        order.append("a")
+        return x + 1
+
+    with b.on_accelerators(group_id="g") as grant:  # b holds the group; a's phase waits for it
+        t = threading.Thread(target=lambda: order.append(str(phase_a(1))))
+        t.start()
+        st = b.status("g")
+        while not st.waiters:
+            st = b.status("g")
+        assert st.holder == "ml/b" and [w.job for w in st.waiters] == ["ml/a"] and order == []
+    t.join(10)
+    assert order == ["a", "2"] and grant.token >= 1
+    assert a.grants[-1].token > grant.token  # every hand-over fences the one before
+    assert {g.group for g in a.list_groups()} == {"g"}
+    a.close()
+    b.close()
+
+
+def test_unavailable_is_retried_until_the_orchestrator_is_up(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/a", backoff_first_s=0.02)
+    started: list[object] = []
+    caplog.set_level(logging.INFO, logger="rose_sdk.timeslice")
+
+    def late_start() -> None:
+        while not any("retrying" in r.message for r in caplog.records):
+            threading.Event().wait(0.01)
+        started.append(_serve(port=port)[0])
+
+    t = threading.Thread(target=late_start)
+    t.start()
+    grant = client.acquire("g", timeout_s=60)
+    t.join(10)
+    assert grant.token == 1 and started
+    client.release()
+    client.close()
+    started[0].stop(grace=None).wait()  # type: ignore[attr-defined]
+
+
+def test_phase_too_short_for_its_switch_says_both_numbers() -> None:
+    server, port = _serve(CostlyHandover())
+    a = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/a")
+    b = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/b")
+    for c in (a, b):
+        with c.on_accelerators(group_id="g"):
+            pass
+    with pytest.raises(PhaseTooShortError, match=r"last 0\.0\d\ds but a switch costs 0\.500s") as e:
+        b.acquire("g")
+    assert "min_phase_ratio=0" in str(e.value)
+    b.min_phase_ratio = 0  # the caller's choice: switch anyway
+    b.acquire("g")
+    b.release()
+    with pytest.raises(ValueError, match="does not hold it"):
+        b.release("g")
+    server.stop(grace=None).wait()  # type: ignore[attr-defined]
+
+
+def test_stale_token_after_the_group_moved_on_is_reported() -> None:
+    server, port = _serve(ttl=0.3)
+    a = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/a")
+    b = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/b")
+    a.acquire("g")
+    for h in a._held.values():  # a stops renewing (as a hung holder would)
+        h.stop.set()
+    b.acquire("g", timeout_s=30)  # granted once a's lease expired
+    with pytest.raises(LeaseLostError, match="refused by the orchestrator"):
+        a.release("g")
+    b.release()
+    server.stop(grace=None).wait()  # type: ignore[attr-defined]
+
+
+def _train(tmp: Path, name: str, seed: int, *extra: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, str(TRAINER), "--out", str(tmp / f"{name}.pt"), "--seed", str(seed), "--updates", "10"]
+    return subprocess.Popen([*cmd, *extra])
+
+
+def test_two_trainings_sharing_a_group_end_bit_identical_to_their_solo_runs(tmp_path: Path, target: str) -> None:
+    gate = TimeSliceOrchestratorClient(target, "ml/gate")
+    gate.acquire("g")  # both trainings queue behind it, so their phases interleave from the start
+    solo = [_train(tmp_path, f"solo{i}", i) for i in (1, 2)]
+    shared = [_train(tmp_path, f"shared{i}", i, "--target", target, "--job", f"ml/j{i}", "--clobber") for i in (1, 2)]
+    while len(gate.status("g").waiters) < 2:
+        assert all(p.poll() is None for p in shared), "a shared training exited before it queued"
+        threading.Event().wait(0.05)
+    gate.release()
+    for p in solo + shared:
+        assert p.wait(300) == 0
+    gate.close()
+    for i in (1, 2):
+        s = torch.load(tmp_path / f"solo{i}.pt", weights_only=False)
+        t = torch.load(tmp_path / f"shared{i}.pt", weights_only=False)
+        assert t["switched"] > 1  # the group really went back and forth
+        for key in ("policy", "opt", "replay", "torch_rng", "env_rng"):
+            assert tensors_equal({key: s[key]}, {key: t[key]}), f"job {i}: {key} differs from its solo run"
+    one, two = (torch.load(tmp_path / f"solo{i}.pt", weights_only=False)["policy"] for i in (1, 2))
+    assert not tensors_equal(one, two)  # the comparison can tell runs apart
