@@ -31,7 +31,7 @@ from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
 from timeslice import advise
 from timeslice.identity import ReviewCache
 from timeslice.metrics import TimesliceMetrics
-from timeslice.orchestrator import DelayHandover, Handover, NoopHandover, Orchestrator, Settings
+from timeslice.orchestrator import DelayHandover, Handover, HandoverOutcome, NoopHandover, Orchestrator, Settings
 from timeslice.server import Elector, grpc_server, http_server
 from timeslice.store import MemoryStore, Store
 
@@ -98,13 +98,26 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"rose timeslice serve: {e}") from None
 
 
+class _PerSwitch:
+    """A fresh ``KubeHandover`` per switch: it keeps watch state, and groups switch concurrently."""
+
+    def __init__(self, raw: object, rollback_timeout_s: float) -> None:
+        self.raw = raw
+        self.rollback_timeout_s = rollback_timeout_s
+
+    def switch(self, group: str, token: int, out_job: str | None, in_job: str, deadline: float) -> HandoverOutcome:
+        from timeslice.handover import KubeHandover, RawPods
+
+        return KubeHandover(RawPods(self.raw), rollback_timeout_s=self.rollback_timeout_s).switch(
+            group, token, out_job, in_job, deadline
+        )
+
+
 def _handover(args: argparse.Namespace, raw: object | None) -> Handover:
     if args.handover == "kube":
         if raw is None:
             raise SystemExit("rose timeslice serve: --handover kube needs --store kubernetes (it patches pods)")
-        from timeslice.handover import KubeHandover, RawPods
-
-        return KubeHandover(RawPods(raw), rollback_timeout_s=args.switch_timeout)
+        return _PerSwitch(raw, args.switch_timeout)
     return DelayHandover(args.handover_delay) if args.handover == "delay" else NoopHandover()
 
 

@@ -42,10 +42,9 @@ def test_the_hand_over_plans_over_the_controllers_workers() -> None:
 
 
 def test_serve_takes_the_kube_hand_over_only_with_the_kubernetes_store() -> None:
-    from timeslice.cli import _handover, build_parser
-    from timeslice.handover import KubeHandover
+    from timeslice.cli import _handover, _PerSwitch, build_parser
 
     args = build_parser().parse_args(["serve", "--handover", "kube", "--store", "memory"])
     with pytest.raises(SystemExit, match="--handover kube needs --store kubernetes"):
         _handover(args, None)
-    assert isinstance(_handover(args, object()), KubeHandover)
+    assert isinstance(_handover(args, object()), _PerSwitch)  # a fresh KubeHandover per switch
