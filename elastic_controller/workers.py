@@ -106,12 +106,26 @@ def _env(job: ElasticRLJob, index: int) -> list[dict[str, Any]]:
         env.append({"name": RESTORE_ENV, "value": RESTORE_LATEST})
     if job.spec.timeslice_group is not None:  # the time-slice client's job name (rose_sdk.timeslice)
         env.append({"name": names.ENV_TIMESLICE_JOB, "value": f"{job.namespace}/{job.name}"})
+        env.append({"name": names.ENV_TIMESLICE_TOKEN_FILE, "value": f"{names.TIMESLICE_TOKEN_DIR}/token"})
     return env
 
 
-def _container(c: dict[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
+TIMESLICE_TOKEN_VOLUME = "rose-timeslice-token"
+
+
+def timeslice_token_volume() -> dict[str, Any]:
+    """The projected ServiceAccount token the orchestrator authenticates a time-sliced worker by."""
+    token = {"audience": names.TIMESLICE_TOKEN_AUDIENCE, "expirationSeconds": 3600, "path": "token"}
+    return {"name": TIMESLICE_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
+
+
+def _container(c: dict[str, Any], env: list[dict[str, Any]], timesliced: bool = False) -> dict[str, Any]:
     ours = {e["name"] for e in env}
     c["env"] = [e for e in c.get("env", []) if e.get("name") not in ours] + env
+    if timesliced:
+        mounts = [m for m in c.get("volumeMounts", []) if m.get("name") != TIMESLICE_TOKEN_VOLUME]
+        c["volumeMounts"] = [*mounts, {"name": TIMESLICE_TOKEN_VOLUME, "mountPath": names.TIMESLICE_TOKEN_DIR,
+                                       "readOnly": True}]  # fmt: skip
     resources = c.setdefault("resources", {})
     claims = [x for x in resources.get("claims", []) if x.get("name") != CLAIM_NAME]
     resources["claims"] = [*claims, {"name": CLAIM_NAME}]
@@ -129,7 +143,11 @@ def worker_pod(
         raise ValueError(f"ElasticRLJob {job.namespace}/{job.name}: spec.template.spec.containers is empty; "
                          "give the worker Pod template at least one container")  # fmt: skip
     env = _env(job, index)
-    spec["containers"] = [_container(c, env) for c in spec["containers"]]
+    timesliced = job.spec.timeslice_group is not None
+    spec["containers"] = [_container(c, env, timesliced) for c in spec["containers"]]
+    if timesliced:
+        volumes = [v for v in spec.get("volumes", []) if v.get("name") != TIMESLICE_TOKEN_VOLUME]
+        spec["volumes"] = [*volumes, timeslice_token_volume()]
     spec["schedulerName"] = names.SCHEDULER_NAME
     claims = [c for c in spec.get("resourceClaims", []) if c.get("name") != CLAIM_NAME]
     spec["resourceClaims"] = [*claims, {"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template_name(job.name)}]

@@ -105,6 +105,11 @@ LABEL_TIMESLICE_GROUP: Final = f"{LABEL_PREFIX}/timeslice-group"
 ANNOTATION_FENCING_TOKEN: Final = f"{LABEL_PREFIX}/fencing-token"
 EVENT_FENCING_REJECTED: Final = "FencingTokenRejected"  # warning
 ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
+# The orchestrator (--authenticate tokenreview) takes the caller's identity from a projected
+# ServiceAccount token of this audience, mounted into time-sliced workers by the controller.
+TIMESLICE_TOKEN_AUDIENCE: Final = "rose-timeslice"
+ENV_TIMESLICE_TOKEN_FILE: Final = "ROSE_TIMESLICE_TOKEN_FILE"
+TIMESLICE_TOKEN_DIR: Final = "/var/run/secrets/rose.io/timeslice"
 
 
 def fencing_token(group: str, token: int) -> str:

@@ -11,7 +11,10 @@ and, when an offloader is given, the job's own tensors (:class:`rose_sdk.offload
 ``on_accelerators`` is a decorator and a context manager: acquire on entry (blocking until granted
 or ``timeout_s``), yield on exit. While a group is held a background thread renews its lease.
 Calls that meet ``UNAVAILABLE`` (an orchestrator restarting, a replica handing over leadership)
-are retried with exponential backoff until ``retry_timeout_s``.
+are retried with exponential backoff until ``retry_timeout_s``. Against an orchestrator run with
+``--authenticate tokenreview`` the client sends ``authorization: Bearer`` with the projected
+ServiceAccount token at ``token_file`` (default ``$ROSE_TIMESLICE_TOKEN_FILE``, which the controller
+sets and mounts, audience ``rose-timeslice``, on the workers of a job with ``spec.timesliceGroup``).
 
 Where the device state moves: on Kubernetes the orchestrator's hand-over suspends the job through
 its node's driver and agent (the job's :class:`rose_sdk.Workload` offloads at its safe point). Out
@@ -34,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -48,6 +52,7 @@ T = TypeVar("T")
 
 DEFAULT_PORT = 50051
 ENV_JOB = names.ENV_TIMESLICE_JOB  # set by the controller on the workers of a job with spec.timesliceGroup
+ENV_TOKEN_FILE = names.ENV_TIMESLICE_TOKEN_FILE  # the projected ServiceAccount token the controller mounts
 
 
 class TimeSliceError(RuntimeError):
@@ -112,12 +117,16 @@ class TimeSliceOrchestratorClient:
         backoff_first_s: float = 0.05,
         backoff_max_s: float = 2.0,
         channel: grpc.Channel | None = None,
+        token_file: str | None = None,
     ) -> None:
         if ":" not in target.rsplit("]", 1)[-1]:
             target = f"{target}:{DEFAULT_PORT}"
         self.target = target
         self.job = job or os.environ.get(ENV_JOB) or f"{socket.gethostname()}-{os.getpid()}"
         self.role = role
+        # identity for an orchestrator run with --authenticate tokenreview: the pod's projected
+        # ServiceAccount token, re-read at every call (the kubelet rotates it)
+        self.token_file = token_file if token_file is not None else os.environ.get(ENV_TOKEN_FILE)
         self.offloader = offloader
         if min_phase_ratio < 0:
             raise ValueError(f"min_phase_ratio must be >= 0, got {min_phase_ratio}")
@@ -140,7 +149,7 @@ class TimeSliceOrchestratorClient:
         while True:
             left = deadline - time.monotonic() if deadline is not None else None
             try:
-                return fn(request, timeout=left)
+                return fn(request, timeout=left, metadata=self._metadata())
             except grpc.RpcError as e:
                 code, details = e.code(), e.details()
                 pause = self._delay(attempt)
@@ -153,6 +162,17 @@ class TimeSliceOrchestratorClient:
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
                     raise LeaseLostError(f"{what} refused by the orchestrator at {self.target}: {details}") from None
                 raise TimeSliceError(f"{what} failed at {self.target}: {code.name}: {details}") from None
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """``authorization: Bearer <token>`` when a token file is set; nothing otherwise."""
+        if not self.token_file:
+            return ()
+        try:
+            token = Path(self.token_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise TimeSliceError(f"cannot read the ServiceAccount token {self.token_file} "
+                                 f"({ENV_TOKEN_FILE}): {e.strerror}") from None  # fmt: skip
+        return (("authorization", f"Bearer {token}"),)
 
     def _short(self) -> float:
         """The deadline of a call that returns at once (Yield, Renew, Status)."""

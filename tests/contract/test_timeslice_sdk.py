@@ -148,3 +148,38 @@ def test_two_trainings_sharing_a_group_end_bit_identical_to_their_solo_runs(tmp_
             assert tensors_equal({key: s[key]}, {key: t[key]}), f"job {i}: {key} differs from its solo run"
     one, two = (torch.load(tmp_path / f"solo{i}.pt", weights_only=False)["policy"] for i in (1, 2))
     assert not tensors_equal(one, two)  # the comparison can tell runs apart
+
+
+def test_the_client_sends_its_serviceaccount_token(tmp_path: Path) -> None:
+    """With authentication on, the client's token file is its identity (re-read at every call).
+
+    The TokenReview is an explicit table here (the real one is in tests/e2e/test_timeslice_e2e.py);
+    what is checked is that the SDK sends ``authorization: Bearer`` from ROSE_TIMESLICE_TOKEN_FILE."""
+    from timeslice.identity import ReviewCache, Unauthenticated
+
+    def review(token: str) -> str:
+        users = {"tok-ml": "system:serviceaccount:ml:trainer"}
+        if token not in users:
+            raise Unauthenticated("token refused")
+        return users[token]
+
+    orch = Orchestrator(MemoryStore(), None, settings=Settings(lease_ttl_s=30.0))
+    server, port = grpc_server(orch, "127.0.0.1:0", 8, auth=ReviewCache(review, lambda: 0.0, ttl_s=0.0))
+    token = tmp_path / "token"
+    try:
+        anonymous = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/a", token_file="", retry_timeout_s=1)
+        with pytest.raises(Exception, match="UNAUTHENTICATED"):
+            anonymous.acquire("g", timeout_s=5)
+        token.write_text("tok-ml\n")
+        client = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/a", token_file=str(token))
+        grant = client.acquire("g", timeout_s=5)
+        assert grant.token >= 1
+        client.release("g")
+        token.write_text("rotated-but-unknown")  # re-read at every call: the new token is what is sent
+        with pytest.raises(Exception, match="UNAUTHENTICATED"):
+            client.acquire("g", timeout_s=5)
+        other = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "other/a", token_file=str(tmp_path / "none"))
+        with pytest.raises(Exception, match="cannot read the ServiceAccount token"):
+            other.acquire("g", timeout_s=5)
+    finally:
+        server.stop(grace=None).wait()  # type: ignore[attr-defined]

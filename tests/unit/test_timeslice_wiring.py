@@ -34,6 +34,19 @@ def test_group_members_are_labelled_and_named_for_the_sdk() -> None:
     assert names.ENV_TIMESLICE_JOB not in {e["name"] for e in alone["spec"]["containers"][0]["env"]}
 
 
+def test_group_members_carry_a_projected_token_for_the_orchestrator() -> None:
+    pod = workers.worker_pod(job("grpo", "trainers"), 0)
+    spec = pod["spec"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == workers.TIMESLICE_TOKEN_VOLUME]
+    (src,) = vol["projected"]["sources"]
+    assert src["serviceAccountToken"]["audience"] == names.TIMESLICE_TOKEN_AUDIENCE
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == workers.TIMESLICE_TOKEN_VOLUME]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env[names.ENV_TIMESLICE_TOKEN_FILE] == f"{mount['mountPath']}/{src['serviceAccountToken']['path']}"
+    alone = workers.worker_pod(job("solo", None), 0)["spec"]
+    assert not alone.get("volumes") and not alone["containers"][0].get("volumeMounts")
+
+
 def test_the_hand_over_plans_over_the_controllers_workers() -> None:
     pods = [workers.worker_pod(job(n, "trainers"), i) for n in ("a", "b") for i in range(2)]
     p = plan(pods, "trainers", 5, "rl/a", "rl/b", "t")
