@@ -456,7 +456,8 @@ class Workload:
             return False
         with self._session_lock:
             session = self._session
-        req = p.request(self.pod_uid, session, self._state_bytes or 0)
+        size = self._state_bytes if self._state_bytes is not None else self._reported_bytes  # the size sent last
+        req = p.request(self.pod_uid, session, size)
         try:
             resp = stub.Report(req, timeout=10)
         except grpc.RpcError as e:

@@ -107,13 +107,17 @@ def test_reports_count_progress_and_become_annotations(tmp_path: Path) -> None:
         finally:
             wl.close()
     assert latest.phase == "train" and latest.steps == 15 and latest.samples == 960 and latest.tokens == 10000
-    assert latest.min_gpus == 1 and latest.state_bytes == 0
+    assert latest.min_gpus == 1 and latest.state_bytes == 40  # Linear(4, 2): 10 float32 parameters
     assert _sample(metrics, "rose_rl_steps_total") == 15
     assert _sample(metrics, "rose_rl_samples_total") == 960
     assert _sample(metrics, "rose_rl_tokens_total") == 10000
     ref, ann = written[0]
     assert ref == PodRef("rl", "job-a-w0", UID)
-    assert ann == {names.ANNOTATION_WORKLOAD_PHASE: "train", names.ANNOTATION_SECONDS_TO_SAFE_POINT: "0.5"}
+    assert ann == {
+        names.ANNOTATION_WORKLOAD_PHASE: "train",
+        names.ANNOTATION_SECONDS_TO_SAFE_POINT: "0.5",
+        names.ANNOTATION_REPORTED_STATE_BYTES: "40",
+    }
 
 
 def test_bad_reports_are_refused_with_the_field_named(tmp_path: Path) -> None:
