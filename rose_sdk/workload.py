@@ -225,6 +225,9 @@ class Workload:
                 log.warning("re-registration failed", extra={"err": repr(e)})
 
     def close(self) -> None:
+        """Send the last report (final progress totals), then stop the command stream."""
+        if self._stub is not None and self._progress.phase and not self._closing.is_set():
+            self._send_report(force=True)
         self._closing.set()
         if self._channel is not None:
             self._channel.close()
