@@ -324,6 +324,9 @@ def build(args: argparse.Namespace) -> Wiring:
         float(args.node_facts_seconds),
     )
     observers = [notifier.resizer.observe] if notifier.resizer is not None else []
+    if agent_server is not None:  # workload reports: rose_rl_* metrics, pod annotations, the job's world
+        agent_server.reports.metrics, agent_server.reports.publish = metrics, notifier.annotate
+        observers.append(agent_server.reports.observe_pod)
     watcher = PodWatcher(kube.KubePods(api, args.node_name), driver, observers=observers)
     wiring = Wiring(gpus, metrics, notifier, engine, driver, publisher, facts, watcher)
     wiring.agent_server = agent_server

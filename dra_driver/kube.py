@@ -82,6 +82,13 @@ class KubeNotifier:
         if self.resizer is not None and state in (POD_SUSPENDED, POD_RUNNING):
             self.resizer.enqueue(pod)
 
+    def annotate(self, pod: PodRef, annotations: dict[str, str]) -> None:
+        """Merge ``annotations`` into the pod's (the workload reports: dra_driver.agent.reports)."""
+        body = {"metadata": {"annotations": annotations}}
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        with contextlib.suppress(NotFound):
+            self.raw.json("PATCH", path, body=body, content_type="application/merge-patch+json")
+
     def event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
         ev = pod_event(
             pod.name, pod.namespace, pod.uid, reason, message, "rose-dra-driver", warning=warning, host=self.node_name

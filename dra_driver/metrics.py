@@ -21,6 +21,7 @@ SUSPEND_OUTCOMES = ("suspended", "checkpoint_evict", "failed", "timeout")
 RESIZE_ACTIONS = ("shrink", "restore")
 WATCH_KINDS = ("Pod", "ResourceSlice")
 RESIZE_RESULTS = ("ok", "skipped", "error")
+RL_LABELS = ("namespace", "job", "pool")
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -172,6 +173,18 @@ class DriverMetrics:
             ["kind"],
             registry=r,
         )
+        # RL progress the workloads report through the node agent (dra_driver.agent.reports);
+        # the names are a contract with the dashboard.
+        self.rl_steps_total = Counter(
+            "rose_rl_steps", "RL steps reported by the workloads, per job and pool", RL_LABELS, registry=r
+        )
+        self.rl_samples_total = Counter(
+            "rose_rl_samples", "RL samples reported by the workloads, per job and pool", RL_LABELS, registry=r
+        )
+        self.rl_tokens_total = Counter(
+            "rose_rl_tokens", "RL tokens reported by the workloads that count them, per job and pool", RL_LABELS,
+            registry=r,
+        )  # fmt: skip
         for kind in WATCH_KINDS:
             self.watch_restarts_total.labels(kind)
         for source in ("pod", "agent"):

@@ -39,9 +39,18 @@ from pydantic import ValidationError
 from elastic_controller import leader, pools
 from elastic_controller.desired import Desired, PodRef, desired
 from elastic_controller.metrics import PHASES, ControllerMetrics
-from elastic_controller.observe import EVICTED, ObservedWorker, observe, planner_job, to_planner
+from elastic_controller.observe import (
+    EVICTED,
+    ObservedWorker,
+    observe,
+    planner_job,
+    to_planner,
+    workload_report,
+    world_updates,
+    world_value,
+)
 from elastic_controller.planner import Forecast, JobTarget, Plan, PlanInput, Pool, Settings, Worker, plan
-from elastic_controller.reconciler import JobApi, converge
+from elastic_controller.reconciler import Failure, JobApi, converge
 from elastic_controller.status import EventSpec
 from elastic_controller.workers import CONTROLLER, claim_template_name
 from rose_common import names
@@ -58,6 +67,7 @@ Inventory = Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
 
 class ControllerApi(JobApi, Protocol):
     def delete_claim_template(self, namespace: str, name: str, owner_uid: str) -> None: ...
+    def annotate_pod(self, namespace: str, pod: PodRef, annotations: dict[str, str]) -> None: ...
 
 
 class Forecasts(Protocol):
@@ -280,7 +290,7 @@ class Controller:
         with self._lock:
             target = self._targets.pop(key, None)
         d = desired(job, observed, target, self._clock())
-        failures = converge(self.api, job, d)
+        failures = converge(self.api, job, d) + self._write_world(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)
         if failures:
@@ -292,6 +302,17 @@ class Controller:
             return
         self.metrics.reconciles.labels("ok").inc()
         self.queue.forget(key)
+
+    def _write_world(self, job: ElasticRLJob, observed: list[ObservedWorker]) -> list[Failure]:
+        """``rose.io/world`` ("active/total") on each live worker whose value is stale: the node
+        agent pushes it to the workload (rose_sdk ``on_world_change``)."""
+        value, failures = world_value(observed), []
+        for w in world_updates(observed):
+            try:
+                self.api.annotate_pod(job.namespace, PodRef(w.name, w.uid), {names.ANNOTATION_WORLD: str(value)})
+            except Exception as e:  # retried with the reconcile
+                failures.append(Failure("annotate_world", w.name, repr(e)))
+        return failures
 
     def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:
         """A deleted job: delete its workers and claim template now, not only when the garbage
@@ -347,11 +368,10 @@ class Controller:
             job = None if objects.deleting(raw) else self._parse(key, raw)
             if job is None:
                 continue
-            pj.append(planner_job(job))
-            for w in (observe(job.name, p) for p in pods.get(key, [])):
-                pw = to_planner(key, w) if w is not None else None
-                if pw is not None:
-                    workers.append(pw)
+            observed = [w for w in (observe(job.name, p) for p in pods.get(key, [])) if w is not None]
+            rep = workload_report(observed)  # the workers' own reports, through the node agent
+            pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0))
+            workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None]
         settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
         return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting
 

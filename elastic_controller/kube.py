@@ -187,6 +187,12 @@ class KubeJobApi:
             ]
             self.raw.json("PATCH", path, body=ops, content_type=JSON_PATCH)
 
+    def annotate_pod(self, namespace: str, pod: PodRef, annotations: dict[str, str]) -> None:
+        """Merge ``annotations`` into pod ``pod`` (only while it has this UID)."""
+        body = {"metadata": {"uid": pod.uid, "annotations": annotations}}
+        with contextlib.suppress(NotFound, Conflict, Unprocessable):  # gone, or another pod has the name
+            self.raw.json("PATCH", _pod_path(namespace, pod.name), body=body, content_type=MERGE_PATCH)
+
     def patch_status(self, job: ElasticRLJob, status: ElasticRLJobStatus) -> None:
         body = {"status": status.model_dump(mode="json", exclude_none=True, by_alias=True)}
         with contextlib.suppress(NotFound):  # the job was deleted meanwhile

@@ -4,11 +4,17 @@ I/O boundary: none. Pure functions of a raw Pod dict (as the informer delivers i
 :class:`ObservedWorker`, and of that to the planner's :class:`~elastic_controller.planner.Worker`;
 of an ElasticRLJob to the planner's :class:`~elastic_controller.planner.Job`.
 A suspend request names its owner (``by``); only this controller's own requests are its to clear.
+What the workers report through the node agent (the driver's ``rose.io/workload-phase``,
+``rose.io/seconds-to-safe-point``, ``rose.io/reported-state-bytes``) combines into one
+:class:`WorkloadReport` per job (:func:`workload_report`) for the status and the planner; the job's
+world ("active/total", :func:`world_value`) is what the controller writes as ``rose.io/world``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -17,6 +23,7 @@ from elastic_controller.workers import CONTROLLER, worker_index
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
 
+_PHASE_RE: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # the CRD's status.workloadPhase
 PCIE_BYTES_PER_SECOND: Final = 25e9  # a conservative pinned-memory PCIe rate (SUSPEND.md: ~55 GB/s Gen5)
 
 # Values of rose.io/suspend-state (written by the DRA driver).
@@ -37,6 +44,10 @@ class ObservedWorker:
     deleting: bool = False
     request_by: str | None = None  # owner of rose.io/suspend-request, "" if unreadable
     suspend_state: str | None = None
+    world: str | None = None  # rose.io/world as written last
+    workload_phase: str | None = None  # the workload's reports (through the node agent and driver)
+    seconds_to_safe_point: float | None = None
+    reported_state_bytes: int | None = None
 
     @property
     def lost(self) -> bool:
@@ -56,6 +67,50 @@ def _request_owner(raw: str | None) -> str | None:
     except ValueError:
         return ""
     return str(doc.get("by", "")) if isinstance(doc, dict) else ""
+
+
+def _number(raw: str | None) -> float | None:
+    """A finite number >= 0 from an annotation, or None (absent or unreadable: not reported)."""
+    try:
+        v = float(raw) if raw is not None else math.nan
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v >= 0 else None
+
+
+@dataclass(frozen=True)
+class WorkloadReport:
+    """A job's workers' reports combined (None: no worker reported it)."""
+
+    phase: str | None = None
+    seconds_to_safe_point: float | None = None
+    state_bytes: int | None = None
+
+
+def workload_report(observed: list[ObservedWorker]) -> WorkloadReport:
+    """The phase of the lowest-index active worker that reports one; the most seconds to a safe
+    point among active workers (the gang reaches its safe point with its slowest); the largest
+    state bytes among live workers (the planner's cost is per worker)."""
+    live = sorted((w for w in observed if not w.lost), key=lambda w: w.index)
+    active = [w for w in live if planner_state(w) == "active"]
+    phase = next((w.workload_phase for w in active if w.workload_phase), None)
+    secs = [w.seconds_to_safe_point for w in active if w.seconds_to_safe_point is not None]
+    sizes = [w.reported_state_bytes for w in live if w.reported_state_bytes is not None]
+    return WorkloadReport(phase, max(secs) if secs else None, max(sizes) if sizes else None)
+
+
+def world_value(observed: list[ObservedWorker]) -> str | None:
+    """``"active/total"`` over the job's live workers, or None when it has none."""
+    live = [w for w in observed if not w.lost]
+    if not live:
+        return None
+    return f"{sum(1 for w in live if planner_state(w) == 'active')}/{len(live)}"
+
+
+def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
+    """The live workers whose ``rose.io/world`` differs from the job's world now."""
+    value = world_value(observed)
+    return [w for w in observed if not w.lost and value is not None and w.world != value]
 
 
 def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0) -> Job:
@@ -98,7 +153,20 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
         deleting=bool(meta.get("deletionTimestamp")),
         request_by=_request_owner(ann.get(names.ANNOTATION_SUSPEND_REQUEST)),
         suspend_state=ann.get(names.ANNOTATION_SUSPEND_STATE),
+        world=ann.get(names.ANNOTATION_WORLD),
+        workload_phase=_phase(ann.get(names.ANNOTATION_WORKLOAD_PHASE)),
+        seconds_to_safe_point=_number(ann.get(names.ANNOTATION_SECONDS_TO_SAFE_POINT)),
+        reported_state_bytes=_int(ann.get(names.ANNOTATION_REPORTED_STATE_BYTES)),
     )
+
+
+def _phase(raw: str | None) -> str | None:
+    return raw if raw is not None and _PHASE_RE.match(raw) else None
+
+
+def _int(raw: str | None) -> int | None:
+    v = _number(raw)
+    return int(v) if v is not None and v == int(v) else None
 
 
 def planner_state(w: ObservedWorker) -> WorkerState:

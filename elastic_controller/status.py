@@ -3,7 +3,9 @@
 I/O boundary: none. :func:`compute_status` is a pure function of the job, its observed workers,
 the planner's target, the previous status and ``now``. A condition keeps its
 ``lastTransitionTime`` unless its status changes; ``suspendCount`` counts whole-gang suspends;
-``totalSuspendedSeconds`` grows by each suspended stretch when the job leaves ``Suspended``.
+``totalSuspendedSeconds`` grows by each suspended stretch when the job leaves ``Suspended``;
+``workloadPhase``, ``secondsToSafePoint`` and ``stateBytes`` are the workers' reports combined
+(:func:`~elastic_controller.observe.workload_report`), absent until a worker reports them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from elastic_controller.observe import ObservedWorker, planner_state
+from elastic_controller.observe import ObservedWorker, planner_state, workload_report
 from elastic_controller.planner import JobTarget
 from rose_common.elasticrljob import Condition, ConditionType, ElasticRLJob, ElasticRLJobStatus, Phase
 
@@ -108,10 +110,12 @@ def compute_status(
     if prev.phase != phase:
         events.insert(0, EventSpec(phase, f"phase {prev.phase or 'None'} -> {phase}"))
     shrink = now if target is not None and target.shrinks else prev.last_shrink_time
+    rep = workload_report(observed)
     status = ElasticRLJobStatus.model_validate({
         "phase": phase, "activeWorkers": c.active, "suspendedWorkers": c.suspended, "activeGPUs": c.active * gpw,
         "suspendedGPUs": c.suspended * gpw, "targetGPUs": target_gpus, "lastSafePoint": prev.last_safe_point,
         "lastShrinkTime": shrink, "suspendCount": count, "totalSuspendedSeconds": total,
-        "observedGeneration": job.generation, "conditions": conditions,
+        "observedGeneration": job.generation, "conditions": conditions, "workloadPhase": rep.phase,
+        "secondsToSafePoint": rep.seconds_to_safe_point, "stateBytes": rep.state_bytes,
     })  # fmt: skip
     return status, events

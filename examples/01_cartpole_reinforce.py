@@ -5,6 +5,13 @@ a small torch policy on the CPU. It calls ``rose_sdk`` safe points after every u
 node agent can suspend it (cooperative offload of the model, Adam state and a registered
 tensor) and resume it where it stopped. Without ROSE_AGENT_SOCKET it runs uninterrupted.
 
+Elastic: with ``--global-episodes G`` the job collects G episodes per update across its active
+workers; when the job shrinks or grows, the node agent delivers the new world at a safe point
+(``on_world_change``) and this worker collects its share, ``world.share(G)`` episodes, from the
+next update on. ``--world-points U1,U2`` makes the k-th world change land exactly at update Uk
+(the worker waits there for it), so a schedule of changes gives a deterministic run. It reports
+its phase, seconds to the next safe point and steps / samples through the agent (``report``).
+
     python examples/01_cartpole_reinforce.py --updates 60 --out /tmp/run.pt
 
 The end-to-end tests and ``rose demo`` run this very file as the RL pod's process.
@@ -18,6 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +69,29 @@ class CartPole:
         return self.state.astype(np.float32), 1.0, bool(done)
 
 
+def episode(policy: Any, env: CartPole) -> tuple[Any, np.ndarray, int]:
+    """One episode: its REINFORCE loss (normalised returns), the last observation, its length."""
+    import torch
+
+    obs = env.reset()
+    logps, rewards = [], []
+    done = False
+    while not done:
+        logits = policy(torch.from_numpy(obs))
+        dist = torch.distributions.Categorical(logits=logits)
+        a = dist.sample()
+        logps.append(dist.log_prob(a))
+        obs, r, done = env.step(int(a.item()))
+        rewards.append(r)
+    returns, g = [], 0.0
+    for r in reversed(rewards):
+        g = r + 0.99 * g
+        returns.append(g)
+    ret = torch.tensor(list(reversed(returns)))
+    ret = (ret - ret.mean()) / (ret.std() + 1e-8)
+    return -(torch.stack(logps) * ret).sum(), obs, len(rewards)
+
+
 def train(args: argparse.Namespace) -> None:
     import torch
 
@@ -82,6 +113,15 @@ def train(args: argparse.Namespace) -> None:
     )
     lengths: list[int] = []
     hooks = {"suspend": 0, "resume": 0, "offloaded_at_resume_hook": 0}
+    episodes = [1]  # this worker's episodes per update (its share of --global-episodes)
+    worlds: list[tuple[int, int, int]] = []  # (update, active, total) of each change
+
+    @wl.on_world_change
+    def adapt(world: rose_sdk.World) -> None:
+        if args.global_episodes:
+            episodes[0] = world.share(args.global_episodes)
+        worlds.append((len(per_update), world.active, world.total))
+        print(f"WORLD {world} update={len(per_update)} episodes={episodes[0]}", flush=True)
 
     @wl.on_suspend
     def before_offload() -> None:
@@ -99,34 +139,37 @@ def train(args: argparse.Namespace) -> None:
         replay.copy_(u["replay"])
     print(f"READY {os.getpid()} step={wl.step}", flush=True)
     stall_until = time.monotonic() + args.stall_seconds
+    world_points = [int(u) for u in args.world_points.split(",") if u] if args.world_points else []
+    per_update: list[float] = []  # mean episode length of each update
+    samples = 0
     wait_points = set()
     if args.suspend_points:
         every = max(1, args.updates // (args.suspend_points + 1))
         wait_points = {every * (k + 1) for k in range(args.suspend_points)}
-    for update in range(wl.step, args.updates):
-        obs = env.reset()
-        logps, rewards = [], []
-        done = False
-        while not done:
-            logits = policy(torch.from_numpy(obs))
-            dist = torch.distributions.Categorical(logits=logits)
-            a = dist.sample()
-            logps.append(dist.log_prob(a))
-            obs, r, done = env.step(int(a.item()))
-            rewards.append(r)
-        returns, g = [], 0.0
-        for r in reversed(rewards):
-            g = r + 0.99 * g
-            returns.append(g)
-        ret = torch.tensor(list(reversed(returns)))
-        ret = (ret - ret.mean()) / (ret.std() + 1e-8)
-        loss = -(torch.stack(logps) * ret).sum()
+    for update in range(wl.step, args.updates):  # wl.step > 0: restored from a checkpoint
+        t0 = time.monotonic()
+        losses, obs, steps = [], None, []
+        for _ in range(episodes[0]):
+            loss, obs, n = episode(policy, env)
+            losses.append(loss)
+            steps.append(n)
+        loss = torch.stack(losses).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         with torch.no_grad():
             replay[update % 256] = torch.from_numpy(obs)
-        lengths.append(len(rewards))
+        lengths.append(steps[-1])
+        per_update.append(sum(steps) / len(steps))
+        samples += sum(steps)
+        wl.report("train", seconds_to_safe_point=time.monotonic() - t0, steps=update + 1, samples=samples)
+        if update + 1 in world_points:
+            k = world_points.index(update + 1) + 1
+            print(f"AWAIT_WORLD {k}", flush=True)
+            deadline = time.monotonic() + 60
+            while len(worlds) < k and time.monotonic() < deadline:
+                wl.safe_point(update + 1, wait_seconds=0.2)
+            continue
         if time.monotonic() < stall_until:
             continue  # a long stretch with no safe point: the agent's deadline must fire
         if update + 1 in wait_points:
@@ -150,6 +193,8 @@ def train(args: argparse.Namespace) -> None:
             "resumes": wl.resume_count,
             "rng": torch.get_rng_state(),
             "hooks": hooks,
+            "per_update": per_update,
+            "worlds": worlds,
         },
         args.out,
     )
@@ -166,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suspend-points", type=int, default=0)
     p.add_argument("--stall-seconds", type=float, default=0.0)
     p.add_argument("--linger-seconds", type=float, default=0.0)
+    p.add_argument("--global-episodes", type=int, default=0, help="episodes per update across the active workers")
+    p.add_argument("--world-points", default="", help="updates U1,U2,... where the k-th world change must land")
     train(p.parse_args(argv))
     return 0
 

@@ -83,6 +83,11 @@ class ElasticRLJobStatus(_Model):
     last_shrink_time: datetime | None = Field(default=None, alias="lastShrinkTime")
     suspend_count: int | None = Field(default=None, alias="suspendCount", ge=0)
     total_suspended_seconds: float | None = Field(default=None, alias="totalSuspendedSeconds", ge=0)
+    workload_phase: str | None = Field(
+        default=None, alias="workloadPhase", max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$"
+    )
+    seconds_to_safe_point: float | None = Field(default=None, alias="secondsToSafePoint", ge=0)
+    state_bytes: int | None = Field(default=None, alias="stateBytes", ge=0)
     observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
     conditions: list[Condition] | None = None
 

@@ -25,12 +25,33 @@ from rose_sdk.checkpoint import (
     set_rng_state,
 )
 from rose_sdk.offload import CooperativeOffloader, OffloadReport, tensors_equal
+from rose_sdk.world import World
 
 if TYPE_CHECKING:
     from rose_sdk.timeslice import TimeSliceOrchestratorClient
-    from rose_sdk.workload import AgentError, Workload, current, init, on_resume, on_suspend, safe_point
+    from rose_sdk.workload import (
+        AgentError,
+        Workload,
+        current,
+        init,
+        on_resume,
+        on_suspend,
+        on_world_change,
+        report,
+        safe_point,
+    )
 
-_AGENT_CLIENT = ("AgentError", "Workload", "current", "init", "on_resume", "on_suspend", "safe_point")
+_AGENT_CLIENT = (
+    "AgentError",
+    "Workload",
+    "current",
+    "init",
+    "on_resume",
+    "on_suspend",
+    "on_world_change",
+    "report",
+    "safe_point",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -51,12 +72,15 @@ __all__ = [
     "OffloadReport",
     "TimeSliceOrchestratorClient",
     "Workload",
+    "World",
     "current",
     "get_rng_state",
     "init",
     "load_checkpoint",
     "on_resume",
     "on_suspend",
+    "on_world_change",
+    "report",
     "safe_point",
     "save_checkpoint",
     "set_rng_state",

@@ -5,11 +5,20 @@
         ...train...
         wl.safe_point(step)          # suspend / resume / checkpoint happen here, never elsewhere
 
+    @wl.on_world_change              # the job shrank or grew: runs inside safe_point
+    def adapt(world): batch = world.share(global_batch)
+
+    wl.report("rollout", seconds_to_safe_point=4.0, steps=s, samples=n)   # rate-limited
+
 A background thread keeps the ``WorkloadAgent.Commands`` stream open (reconnecting and
 re-registering after an agent restart, reporting ``SUSPENDED`` if it is parked) and queues the
 commands; ``safe_point()`` runs them on the training thread. A suspend offloads the job's
 tensors (``CooperativeOffloader``), acknowledges, then blocks inside ``safe_point`` until the
 resume arrives, restores and returns: the training loop never sees a half-moved state.
+A ``COMMAND_KIND_WORLD`` (the job's active / total workers, from the pod's ``rose.io/world``)
+runs the ``on_world_change`` callbacks at the next safe point. ``report()`` sends the phase,
+expected seconds to the next safe point, state bytes, minimum resources and RL progress counters
+(``WorkloadAgent.Report``), at most every ``report_interval_s`` unless the phase changed.
 
 Environment: ROSE_AGENT_SOCKET (the node agent's workload socket: set by the lent claim's CDI spec
 to that claim's own socket, mounted at /run/rose/claims/<claimUID>/; an explicit ``socket_path``
@@ -24,11 +33,13 @@ so a worker whose node is lost has one to restore from).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,11 +58,14 @@ from rose_sdk.checkpoint import (
     save_checkpoint,
 )
 from rose_sdk.offload import CooperativeOffloader
+from rose_sdk.world import World
 
 log = logging.getLogger("rose.sdk")
 
 Hook = Callable[[], None]
 H = TypeVar("H", bound=Hook)
+WorldHook = Callable[[World], None]
+W = TypeVar("W", bound=WorldHook)
 
 _BACKENDS = {
     "cooperative": pb.BACKEND_COOPERATIVE,
@@ -81,6 +95,7 @@ class Workload:
         backends: Sequence[str] = ("cooperative",),
         state_bytes: int | None = None,
         offloader: CooperativeOffloader | None = None,
+        report_interval_s: float = 5.0,
     ) -> None:
         env = os.environ
         self.model, self.optimizer = model, optimizer
@@ -119,6 +134,12 @@ class Workload:
         self._stub: pb_grpc.WorkloadAgentStub | None = None
         self._thread: threading.Thread | None = None
         self._reported_bytes = 0
+        self.world: World | None = None
+        self.world_changes = 0
+        self._on_world: list[WorldHook] = []
+        self.report_interval_s = report_interval_s
+        self._progress = Progress()
+        self._last_report: tuple[float, str] | None = None  # (monotonic time, phase) of the last send
 
     # ------------------------------------------------------------------ hooks
 
@@ -137,6 +158,12 @@ class Workload:
     def on_resume(self, fn: H) -> H:
         """Register ``fn`` to run at the safe point after the restore (decorator)."""
         self._on_resume.append(fn)
+        return fn
+
+    def on_world_change(self, fn: W) -> W:
+        """Register ``fn(world)`` to run at the safe point where a new active world arrives
+        (decorator). The world is also in ``self.world``; ``world.share(n)`` splits ``n``."""
+        self._on_world.append(fn)
         return fn
 
     # ------------------------------------------------------------------ connection
@@ -217,6 +244,9 @@ class Workload:
                 log.warning("re-registration failed", extra={"err": repr(e)})
 
     def close(self) -> None:
+        """Send the last report (final progress totals), then stop the command stream."""
+        if self._stub is not None and self._progress.phase and not self._closing.is_set():
+            self._send_report(force=True)
         self._closing.set()
         if self._channel is not None:
             self._channel.close()
@@ -242,6 +272,7 @@ class Workload:
         if self._stub is None:
             return 0
         self._report_size()
+        self._send_report(force=False)
         ran = 0
         wait_until = time.monotonic() + wait_seconds
         while True:
@@ -322,8 +353,25 @@ class Workload:
             self._resume(cmd)
         elif cmd.kind == pb.COMMAND_KIND_CHECKPOINT:
             self._checkpoint(cmd)
+        elif cmd.kind == pb.COMMAND_KIND_WORLD:
+            self._world(cmd.world_active, cmd.world_total)
         else:
             self._ack(cmd, False, message=f"unknown command kind {cmd.kind}; upgrade rose_sdk")
+
+    def _world(self, active: int, total: int) -> None:
+        """A new active world: remember it and run the callbacks (a repeat of the current one is a no-op)."""
+        try:
+            world = World(active, total)
+        except ValueError as e:
+            log.warning("world command ignored", extra={"err": str(e)})
+            return
+        if world == self.world:
+            return
+        self.world = world
+        self.world_changes += 1
+        log.info("world changed", extra={"world": str(world)})
+        for fn in self._on_world:
+            fn(world)
 
     def _suspend(self, cmd: pb.Command) -> None:
         if self.suspended:
@@ -372,6 +420,8 @@ class Workload:
                 self._checkpoint(cmd)
             elif cmd.kind == pb.COMMAND_KIND_SUSPEND:
                 self._ack(cmd, True, message="already suspended")
+            elif cmd.kind == pb.COMMAND_KIND_WORLD:
+                self._world(cmd.world_active, cmd.world_total)
             else:
                 self._ack(cmd, False, message=f"unknown command kind {cmd.kind}")
 
@@ -394,6 +444,62 @@ class Workload:
             seconds=time.perf_counter() - t0,
             message=f"restored {rep.tensors} tensors",
         )
+
+    # ------------------------------------------------------------------ reports
+
+    def report(
+        self,
+        phase: str | None = None,
+        *,
+        seconds_to_safe_point: float | None = None,
+        steps: int | None = None,
+        samples: int | None = None,
+        tokens: int | None = None,
+        min_gpus: int | None = None,
+        min_host_memory_bytes: int | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Update what the workload reports (``steps``/``samples``/``tokens``: totals since start)
+        and send it if due: the phase changed, ``report_interval_s`` passed, or ``force``.
+        Returns whether it was sent. Bad values raise ValueError saying which."""
+        given: dict[str, Any] = {"phase": phase, "seconds_to_safe_point": seconds_to_safe_point, "steps": steps,
+                                 "samples": samples, "tokens": tokens, "min_gpus": min_gpus,
+                                 "min_host_memory_bytes": min_host_memory_bytes}  # fmt: skip
+        self._progress = replace(self._progress, **{k: v for k, v in given.items() if v is not None})
+        return self._send_report(force=force)
+
+    def add_progress(self, *, steps: int = 0, samples: int = 0, tokens: int | None = None) -> None:
+        """Count ``steps`` / ``samples`` / ``tokens`` more (sent with the next report)."""
+        p = self._progress
+        t = None if tokens is None and p.tokens is None else (p.tokens or 0) + (tokens or 0)
+        self._progress = replace(p, steps=p.steps + steps, samples=p.samples + samples, tokens=t)
+
+    @property
+    def progress(self) -> Progress:
+        return self._progress
+
+    def _send_report(self, *, force: bool) -> bool:
+        p, stub = self._progress, self._stub
+        if stub is None or not p.phase:
+            return False
+        now = time.monotonic()
+        last = self._last_report
+        if not force and last is not None and last[1] == p.phase and now - last[0] < self.report_interval_s:
+            return False
+        with self._session_lock:
+            session = self._session
+        size = self._state_bytes if self._state_bytes is not None else self._reported_bytes  # the size sent last
+        req = p.request(self.pod_uid, session, size)
+        try:
+            resp = stub.Report(req, timeout=10)
+        except grpc.RpcError as e:
+            log.warning("report failed", extra={"err": str(e.details())})
+            return False
+        self._last_report = (now, p.phase)
+        if resp.world_total > 0:
+            self._pending.put(pb.Command(kind=pb.COMMAND_KIND_WORLD, world_active=resp.world_active,
+                                         world_total=resp.world_total))  # fmt: skip
+        return True
 
     def checkpoint_now(self) -> CheckpointInfo:
         """Write the atomic durable checkpoint (model, optimizer, RNG, step, user state)."""
@@ -430,6 +536,43 @@ def _positive_int(env: Mapping[str, str], name: str) -> int:
     return int(raw)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What the workload reports: phase, seconds to its next safe point, RL totals since start
+    (``tokens`` None: the job counts none) and the least it can run with."""
+
+    phase: str = ""
+    seconds_to_safe_point: float = 0.0
+    steps: int = 0
+    samples: int = 0
+    tokens: int | None = None
+    min_gpus: int = 0
+    min_host_memory_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.seconds_to_safe_point) or self.seconds_to_safe_point < 0:
+            raise ValueError(f"seconds_to_safe_point must be a finite number >= 0, got {self.seconds_to_safe_point}")
+        for name in ("steps", "samples", "tokens", "min_gpus", "min_host_memory_bytes"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+
+    def request(self, pod_uid: str, session: str, state_bytes: int) -> pb.ReportRequest:
+        return pb.ReportRequest(
+            pod_uid=pod_uid,
+            session_id=session,
+            phase=self.phase,
+            seconds_to_safe_point=self.seconds_to_safe_point,
+            state_bytes=state_bytes,
+            min_gpus=self.min_gpus,
+            min_host_memory_bytes=self.min_host_memory_bytes,
+            steps_total=self.steps,
+            samples_total=self.samples,
+            tokens_total=self.tokens or 0,
+            reports_tokens=self.tokens is not None,
+        )
+
+
 # ---------------------------------------------------------------------- module-level convenience
 
 _default: list[Workload] = []  # the process's workload (at most one)
@@ -460,3 +603,11 @@ def on_suspend(fn: H) -> H:
 
 def on_resume(fn: H) -> H:
     return current().on_resume(fn)
+
+
+def on_world_change(fn: W) -> W:
+    return current().on_world_change(fn)
+
+
+def report(phase: str | None = None, **kwargs: Any) -> bool:
+    return current().report(phase, **kwargs)

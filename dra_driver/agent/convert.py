@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dra_driver.agent.reports import Report, World, validate
 from dra_driver.suspend.model import (
     BACKEND_COOPERATIVE,
     BACKEND_CUDA_CHECKPOINT,
@@ -128,3 +129,23 @@ def workload_to_pb(w: Workload) -> pb.WorkloadStatus:
         pod_namespace=w.reg.pod_namespace,
         pod_name=w.reg.pod_name,
     )
+
+
+def report_from_pb(req: pb.ReportRequest) -> Report:
+    """Raises ReportError naming the bad fields."""
+    r = Report(
+        phase=req.phase,
+        seconds_to_safe_point=req.seconds_to_safe_point,
+        state_bytes=req.state_bytes,
+        min_gpus=req.min_gpus,
+        min_host_memory_bytes=req.min_host_memory_bytes,
+        steps=req.steps_total,
+        samples=req.samples_total,
+        tokens=req.tokens_total if req.reports_tokens else None,
+    )
+    validate(r)
+    return r
+
+
+def world_command(w: World) -> pb.Command:
+    return pb.Command(kind=pb.COMMAND_KIND_WORLD, world_active=w.active, world_total=w.total, reason="world changed")

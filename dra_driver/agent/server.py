@@ -35,8 +35,11 @@ from dra_driver.agent.convert import (
     command_to_pb,
     operation_to_pb,
     registration_from_pb,
+    report_from_pb,
     workload_to_pb,
+    world_command,
 )
+from dra_driver.agent.reports import ReportBook, ReportError
 from dra_driver.claims import PodRef
 from dra_driver.fencing import FenceBook, Verdict
 from dra_driver.suspend.engine import NodeSuspendEngine, UnknownOccupantError
@@ -57,11 +60,15 @@ _STREAM_POLL_SECONDS = 0.2
 
 
 class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
-    """``scope``: the claim whose socket this servicer answers on (None: a shared socket)."""
+    """``scope``: the claim whose socket this servicer answers on (None: a shared socket);
+    ``reports``: the node's workload reports and job worlds (pushed as ``COMMAND_KIND_WORLD``)."""
 
-    def __init__(self, engine: NodeSuspendEngine, scope: ClaimScope | None = None) -> None:
+    def __init__(
+        self, engine: NodeSuspendEngine, scope: ClaimScope | None = None, reports: ReportBook | None = None
+    ) -> None:
         self._engine = engine
         self.scope = scope
+        self.reports = reports if reports is not None else ReportBook()
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         scope = self.scope
@@ -86,8 +93,13 @@ class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
             )
         with w.cond:
             w.streams_open += 1
+        sent = 0  # the world version this stream delivered last (0: none)
         try:
             while context.is_active():
+                world, version = self.reports.world(request.pod_uid)
+                if world is not None and version != sent:
+                    sent = version
+                    yield world_command(world)
                 try:
                     cmd: Command | None = w.commands.get(timeout=_STREAM_POLL_SECONDS)
                 except queue.Empty:
@@ -119,6 +131,27 @@ class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
         if not accepted:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
         return pb.UpdateStateSizeResponse(accepted=True)
+
+    def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
+        w = self._engine.session(request.pod_uid, request.session_id, self.scope)
+        if w is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {request.pod_uid!r} has no registration with session {request.session_id!r} on this socket:"
+                " call Register first (and again after an agent restart)",
+            )
+        try:
+            report = report_from_pb(request)
+            if report.state_bytes > 0:
+                self._engine.update_state_bytes(request.pod_uid, request.session_id, report.state_bytes, self.scope)
+        except ReportError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except RegistrationError as e:
+            context.abort(_status_of(e), str(e))
+        world = self.reports.report(PodRef(w.reg.pod_namespace, w.reg.pod_name, w.pod_uid), report)
+        return pb.ReportResponse(
+            accepted=True, world_active=world.active if world else 0, world_total=world.total if world else 0
+        )
 
 
 def _status_of(e: RegistrationError) -> grpc.StatusCode:
@@ -223,9 +256,12 @@ class ClaimSockets:
     containers (where the CDI spec mounts that directory) may connect; on the host only root
     reaches it, since ``root`` is 0700."""
 
-    def __init__(self, engine: NodeSuspendEngine, root: Path, *, workers_per_claim: int = 4) -> None:
+    def __init__(
+        self, engine: NodeSuspendEngine, root: Path, *, workers_per_claim: int = 4, reports: ReportBook | None = None
+    ) -> None:
         self.engine = engine
         self.root = root
+        self.reports = reports if reports is not None else ReportBook()
         self._workers = workers_per_claim
         self._mu = threading.Lock()
         self._open: dict[str, tuple[grpc.Server, WorkloadAgentServicer]] = {}
@@ -245,7 +281,7 @@ class ClaimSockets:
                 cur[1].scope = scope
                 return sock
             private_dir(self.root)
-            servicer = WorkloadAgentServicer(self.engine, scope)
+            servicer = WorkloadAgentServicer(self.engine, scope, self.reports)
             pool = futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="rose-claim")
             server = grpc.server(pool)
             pb_grpc.add_WorkloadAgentServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
@@ -301,12 +337,14 @@ class AgentServer:
         *,
         claim_socket_root: Path | None = None,
         max_workers: int = 64,
+        reports: ReportBook | None = None,
     ) -> None:
         self.engine = engine
         self.workload_socket = workload_socket
         self.control_socket = control_socket
+        self.reports = reports if reports is not None else ReportBook()
         root = claim_socket_root if claim_socket_root is not None else control_socket.parent / "claims"
-        self.claims = ClaimSockets(engine, root)
+        self.claims = ClaimSockets(engine, root, reports=self.reports)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rose-agent"))
         self.control = NodeControlServicer(engine)
         pb_grpc.add_NodeControlServicer_to_server(self.control, self._server)  # type: ignore[no-untyped-call]
@@ -316,7 +354,7 @@ class AgentServer:
             self._shared = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rose-agent-w")
             )
-            pb_grpc.add_WorkloadAgentServicer_to_server(WorkloadAgentServicer(engine), self._shared)  # type: ignore[no-untyped-call]
+            pb_grpc.add_WorkloadAgentServicer_to_server(WorkloadAgentServicer(engine, None, self.reports), self._shared)  # type: ignore[no-untyped-call]
             _bind(self._shared, workload_socket)
 
     def _sockets(self) -> list[Path]:
@@ -324,6 +362,7 @@ class AgentServer:
 
     def start(self) -> None:
         self._server.start()
+        self.reports.start()
         if self._shared is not None:
             self._shared.start()
         for p in self._sockets():
@@ -341,6 +380,7 @@ class AgentServer:
         # End command streams so the stop does not wait on them.
         for w in self.engine.registry.all():
             w.commands.put(None)
+        self.reports.stop()
         self.claims.close_all()
         if self._shared is not None:
             self._shared.stop(grace).wait()

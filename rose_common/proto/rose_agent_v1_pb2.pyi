@@ -23,6 +23,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_SUSPEND: _ClassVar[CommandKind]
     COMMAND_KIND_RESUME: _ClassVar[CommandKind]
     COMMAND_KIND_CHECKPOINT: _ClassVar[CommandKind]
+    COMMAND_KIND_WORLD: _ClassVar[CommandKind]
 
 class WorkloadState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,6 +49,7 @@ COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_SUSPEND: CommandKind
 COMMAND_KIND_RESUME: CommandKind
 COMMAND_KIND_CHECKPOINT: CommandKind
+COMMAND_KIND_WORLD: CommandKind
 WORKLOAD_STATE_UNSPECIFIED: WorkloadState
 WORKLOAD_STATE_RUNNING: WorkloadState
 WORKLOAD_STATE_SUSPENDING: WorkloadState
@@ -99,20 +101,24 @@ class CommandsRequest(_message.Message):
     def __init__(self, pod_uid: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("operation_id", "kind", "backend", "deadline_unix_ms", "grace_seconds", "reason")
+    __slots__ = ("operation_id", "kind", "backend", "deadline_unix_ms", "grace_seconds", "reason", "world_active", "world_total")
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    WORLD_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_TOTAL_FIELD_NUMBER: _ClassVar[int]
     operation_id: str
     kind: CommandKind
     backend: Backend
     deadline_unix_ms: int
     grace_seconds: float
     reason: str
-    def __init__(self, operation_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., backend: _Optional[_Union[Backend, str]] = ..., deadline_unix_ms: _Optional[int] = ..., grace_seconds: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    world_active: int
+    world_total: int
+    def __init__(self, operation_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., backend: _Optional[_Union[Backend, str]] = ..., deadline_unix_ms: _Optional[int] = ..., grace_seconds: _Optional[float] = ..., reason: _Optional[str] = ..., world_active: _Optional[int] = ..., world_total: _Optional[int] = ...) -> None: ...
 
 class AcknowledgeRequest(_message.Message):
     __slots__ = ("pod_uid", "session_id", "operation_id", "ok", "bytes_moved", "seconds", "message", "checkpoint_path", "checkpoint_sha256")
@@ -159,6 +165,42 @@ class UpdateStateSizeResponse(_message.Message):
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("pod_uid", "session_id", "phase", "seconds_to_safe_point", "state_bytes", "min_gpus", "min_host_memory_bytes", "steps_total", "samples_total", "tokens_total", "reports_tokens")
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_TO_SAFE_POINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
+    MIN_HOST_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    pod_uid: str
+    session_id: str
+    phase: str
+    seconds_to_safe_point: float
+    state_bytes: int
+    min_gpus: int
+    min_host_memory_bytes: int
+    steps_total: int
+    samples_total: int
+    tokens_total: int
+    reports_tokens: bool
+    def __init__(self, pod_uid: _Optional[str] = ..., session_id: _Optional[str] = ..., phase: _Optional[str] = ..., seconds_to_safe_point: _Optional[float] = ..., state_bytes: _Optional[int] = ..., min_gpus: _Optional[int] = ..., min_host_memory_bytes: _Optional[int] = ..., steps_total: _Optional[int] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., reports_tokens: _Optional[bool] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("accepted", "world_active", "world_total")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    WORLD_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    world_active: int
+    world_total: int
+    def __init__(self, accepted: _Optional[bool] = ..., world_active: _Optional[int] = ..., world_total: _Optional[int] = ...) -> None: ...
 
 class SuspendRequest(_message.Message):
     __slots__ = ("pod_uid", "grace_seconds", "reason", "no_wait", "fencing_token")

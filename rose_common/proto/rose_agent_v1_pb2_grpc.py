@@ -56,6 +56,11 @@ class WorkloadAgentStub:
                 request_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeRequest.SerializeToString,
                 response_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeResponse.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/rose.agent.v1.WorkloadAgent/Report',
+                request_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.ReportRequest.SerializeToString,
+                response_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.ReportResponse.FromString,
+                _registered_method=True)
 
 
 class WorkloadAgentServicer:
@@ -89,6 +94,14 @@ class WorkloadAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """The workload's phase, time to its next safe point, state size, minimum resources and RL
+        progress counters (cumulative since the process started). The reply carries the job's world.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkloadAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +124,11 @@ def add_WorkloadAgentServicer_to_server(servicer, server):
                     servicer.UpdateStateSize,
                     request_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeRequest.FromString,
                     response_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeResponse.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.ReportRequest.FromString,
+                    response_serializer=rose__common_dot_proto_dot_rose__agent__v1__pb2.ReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +241,33 @@ class WorkloadAgent:
             '/rose.agent.v1.WorkloadAgent/UpdateStateSize',
             rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeRequest.SerializeToString,
             rose__common_dot_proto_dot_rose__agent__v1__pb2.UpdateStateSizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rose.agent.v1.WorkloadAgent/Report',
+            rose__common_dot_proto_dot_rose__agent__v1__pb2.ReportRequest.SerializeToString,
+            rose__common_dot_proto_dot_rose__agent__v1__pb2.ReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

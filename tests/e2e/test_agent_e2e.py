@@ -155,4 +155,8 @@ def test_serving_claim_suspends_training_cooperatively_and_training_is_unharmed(
     assert tensors_equal(a["model"], b["model"]) and tensors_equal(a["optimizer"], b["optimizer"])
     rl_now = core.read_namespaced_pod("rl-0", ns)
     assert rl_now.metadata.uid == rl_uid and rl_now.metadata.deletion_timestamp is None
+    # its reports through the agent: the phase on its pod (written by the driver), progress in the metrics
+    phase = wait_for("reported phase", lambda: _ann(api, ns, "rl-0").get(names.ANNOTATION_WORKLOAD_PHASE), timeout=30)
+    steps = [m for m in drv.metrics() if m.startswith(f'rose_rl_steps_total{{job="job-a",namespace="{ns}"')]
+    assert phase == "train" and len(steps) == 1 and float(steps[0].split()[-1]) == 24, steps
     assert drv.unprepare(rl_claim).error == ""

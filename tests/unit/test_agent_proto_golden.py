@@ -33,6 +33,11 @@ GOLDEN = {
         "10636865636b706f696e742d65766963744a026f6b5001580262022f63"
     ),
     "StatusRequest": "0a057569642d31",
+    "ReportRequest": (
+        "0a057569642d31120273311a05747261696e210000000000000440288080808004300138808040400748c00350a8465801"
+    ),
+    "ReportResponse": "080110021804",
+    "WorldCommand": "100438024004",
     "StatusResponse": "0a1c0a01751001180120022a010230013803420163480252026e735a017010041805",
 }
 
@@ -74,6 +79,21 @@ def messages() -> dict[str, Message]:
         "AcknowledgeResponse": pb.AcknowledgeResponse(accepted=True, message="x"),
         "UpdateStateSizeRequest": pb.UpdateStateSizeRequest(pod_uid="uid-1", session_id="s1", state_bytes=3 << 30),
         "UpdateStateSizeResponse": pb.UpdateStateSizeResponse(accepted=True),
+        "ReportRequest": pb.ReportRequest(
+            pod_uid="uid-1",
+            session_id="s1",
+            phase="train",
+            seconds_to_safe_point=2.5,
+            state_bytes=1 << 30,
+            min_gpus=1,
+            min_host_memory_bytes=1 << 20,
+            steps_total=7,
+            samples_total=448,
+            tokens_total=9000,
+            reports_tokens=True,
+        ),
+        "ReportResponse": pb.ReportResponse(accepted=True, world_active=2, world_total=4),
+        "WorldCommand": pb.Command(kind=pb.COMMAND_KIND_WORLD, world_active=2, world_total=4),
         "SuspendRequest": pb.SuspendRequest(pod_uid="uid-1", grace_seconds=30.0, reason="serving", no_wait=True),
         "ResumeRequest": pb.ResumeRequest(pod_uid="uid-1", no_wait=True),
         "GetOperationRequest": pb.GetOperationRequest(operation_id="op1"),
@@ -125,7 +145,7 @@ def test_service_method_paths() -> None:
     svc = {s.name: [m.name for m in s.methods] for s in pb.DESCRIPTOR.services_by_name.values()}
     assert pb.DESCRIPTOR.package == "rose.agent.v1"
     assert svc == {
-        "WorkloadAgent": ["Register", "Commands", "Acknowledge", "UpdateStateSize"],
+        "WorkloadAgent": ["Register", "Commands", "Acknowledge", "UpdateStateSize", "Report"],
         "NodeControl": ["Suspend", "Resume", "Status", "GetOperation"],
     }
     commands = pb.DESCRIPTOR.services_by_name["WorkloadAgent"].methods_by_name["Commands"]

@@ -53,6 +53,9 @@ class Recorder:
     def set_suspend_request(self, namespace: str, pod: PodRef, value: str | None) -> None:
         self.calls.append(("request" if value else "clear", pod.name))
 
+    def annotate_pod(self, namespace: str, pod: PodRef, annotations: dict[str, str]) -> None:
+        self.calls.append(("annotate", (pod.name, annotations)))
+
     def patch_status(self, job: ElasticRLJob, status: ElasticRLJobStatus) -> None:
         self.calls.append(("status", status.target_gpus))
 
