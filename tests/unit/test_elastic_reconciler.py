@@ -62,7 +62,7 @@ def test_converge_acts_in_order_status_pods_requests_events() -> None:
     api = Recorder()
     assert converge(api, JOB, desired(JOB, ws, t, NOW)) == []
     kinds = [c[0] for c in api.calls]
-    assert kinds[:6] == ["template", "status", "create", "create", "delete", "request"]
+    assert kinds[:6] == ["status", "template", "create", "create", "delete", "request"]
     assert set(kinds[6:]) == {"event"}
     assert ("create", "grpo-w2") in api.calls and ("delete", ("rl", "grpo-w1", "uid-1")) in api.calls
 
