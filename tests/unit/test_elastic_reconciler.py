@@ -87,4 +87,4 @@ def test_a_no_op_reconcile_makes_no_api_call() -> None:
     assert converge(api, written, desired(written, ws, None, NOW)) == []
     assert api.calls == []
     converge(api, written, desired(written, ws, JobTarget("rl/grpo", 3, add=("p",)), NOW))
-    assert [c[0] for c in api.calls][:2] == ["template", "create"]
+    assert [c[0] for c in api.calls][:3] == ["status", "template", "create"]  # the grow changes the status
