@@ -34,9 +34,10 @@ done
 # k8s.io/kubernetes v1.X.Y pairs with staging modules v0.X.Y
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 
-stamp_ok() { # dir binary...
+stamp_ok() { # dir binary...   ($BUILD_KEY, when set, must match the entry's .build-key)
   local dir="$1"; shift
   [ -f "$dir/.sha256" ] || return 1
+  if [ -n "${BUILD_KEY:-}" ] && [ "$(cat "$dir/.build-key" 2>/dev/null)" != "$BUILD_KEY" ]; then return 1; fi
   (cd "$dir" && sha256sum --quiet -c .sha256 >/dev/null 2>&1) || return 1
   for b in "$@"; do [ -f "$dir/$b" ] || return 1; done
 }
@@ -62,12 +63,13 @@ build_one() { # name version binaries... -- go-build-args...
     log "$name $version: cached in $dir"
     return 0
   fi
-  if [ -d "$dir" ]; then log "$name $version: cache entry incomplete or corrupt, rebuilding"; fi
-  rm -rf "$dir"
+  if [ -d "$dir" ]; then log "$name $version: cache entry incomplete, corrupt or built with other flags, rebuilding"; fi
+  # the old entry stays usable until the new one replaces it (other checkouts may be running it)
   local work="$CACHE/src/$name-$version"
-  rm -rf "$work"; mkdir -p "$work" "$dir.tmp"
+  rm -rf "$work" "$dir.tmp"; mkdir -p "$work" "$dir.tmp"
   "$@" "$work" "$dir.tmp"
   write_stamp "$dir.tmp" "${bins[@]}"
+  if [ -n "${BUILD_KEY:-}" ]; then printf '%s\n' "$BUILD_KEY" > "$dir.tmp/.build-key"; fi
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
   log "$name $version: built into $dir"
 }
@@ -129,8 +131,23 @@ do_k8s() { local work="$1" out="$2"
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
   (cd "$work" && go mod tidy >&2)
   log "kubernetes $K8S_VERSION: compiling kube-apiserver, kube-controller-manager, kube-scheduler (cold: many minutes on 2 cores)"
-  (cd "$work" && go build -v -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
+  (cd "$work" && go build -v -ldflags "$(k8s_ldflags)" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler 2>&1 | progress)
+}
+
+# The version stamp the Kubernetes release build sets (hack/lib/version.sh, kube::version::ldflags):
+# without it /version reports v0.0.0-master. The module zip carries no git commit, so gitCommit stays
+# unset; buildDate is the release's module time, so the binaries stay reproducible.
+k8s_ldflags() {
+  local v="${K8S_VERSION#v}" date info
+  info="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$K8S_VERSION.info"
+  date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info" 2>/dev/null || true)
+  local kv out="-s -w" pkg
+  for kv in "gitVersion=$K8S_VERSION" "gitMajor=${v%%.*}" "gitMinor=$(echo "$v" | cut -d. -f2)" \
+            "gitTreeState=clean" "buildDate=${date:-1970-01-01T00:00:00Z}"; do
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do out+=" -X $pkg.$kv"; done
+  done
+  echo "$out"
 }
 
 # go build -v prints each package as it is compiled: show a running count, not the flood.
@@ -150,7 +167,7 @@ set -o pipefail
 mkdir -p "$CACHE/bin"
 build_one etcd "$ETCD_VERSION" etcd -- do_etcd
 build_one kwok "$KWOK_VERSION" kwok kwok-stages.yaml -- do_kwok
-build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
+BUILD_KEY="ldflags-v1 $K8S_VERSION" build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
 
 cat > "$CACHE/bin/current.env" <<ENV
 ROSE_ETCD_BIN=$CACHE/bin/etcd-$ETCD_VERSION/etcd
