@@ -16,6 +16,7 @@ source "$HERE/versions.env"
 K8S_VERSION="${ROSE_K8S_VERSION:-$K8S_VERSION}"
 ETCD_VERSION="${ROSE_ETCD_VERSION:-$ETCD_VERSION}"
 KWOK_VERSION="${ROSE_KWOK_VERSION:-$KWOK_VERSION}"
+HELM_VERSION="${ROSE_HELM_VERSION:-$HELM_VERSION}"
 CACHE="${ROSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rose}"
 export GOFLAGS="${GOFLAGS:--buildvcs=false} -trimpath"
 export CGO_ENABLED=0
@@ -27,7 +28,7 @@ die() { printf 'build-binaries: error: %s\n' "$*" >&2; exit 1; }
 command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH. Install Go >= 1.26 (https://go.dev/doc/install) or put it on PATH, then re-run."
 
 semver_re='^v[0-9]+\.[0-9]+\.[0-9]+$'
-for pair in "K8S_VERSION=$K8S_VERSION" "ETCD_VERSION=$ETCD_VERSION" "KWOK_VERSION=$KWOK_VERSION"; do
+for pair in "K8S_VERSION=$K8S_VERSION" "ETCD_VERSION=$ETCD_VERSION" "KWOK_VERSION=$KWOK_VERSION" "HELM_VERSION=$HELM_VERSION"; do
   [[ "${pair#*=}" =~ $semver_re ]] || die "${pair%%=*} '${pair#*=}' is not a version like v1.37.2"
 done
 
@@ -110,6 +111,19 @@ do_kwok() {
       echo "---"; cat "$st/$f"; done; } > "$2/kwok-stages.yaml"
 }
 
+# helm (charts/rose: lint, template, the chart's e2e install), with the version stamp its release sets.
+do_helm() { local work="$1" out="$2" major="${HELM_VERSION%%.*}"
+  local mod="helm.sh/helm/$major"
+  check_module_version "$mod" "$HELM_VERSION"
+  go_mod_init "$work"
+  write_tools_go "$work" "$mod/cmd/helm"
+  log "helm $HELM_VERSION: resolving modules"
+  (cd "$work" && go get "$mod@$HELM_VERSION" >&2 && go mod tidy >&2)
+  log "helm $HELM_VERSION: compiling helm (cold: several minutes on 2 cores)"
+  (cd "$work" && go build -v -ldflags "-s -w -X $mod/internal/version.version=$HELM_VERSION" \
+      -o "$out/helm" "$mod/cmd/helm" 2>&1 | progress)
+}
+
 do_k8s() { local work="$1" out="$2"
   check_module_version k8s.io/kubernetes "$K8S_VERSION"
   go_mod_init "$work"
@@ -167,12 +181,14 @@ set -o pipefail
 mkdir -p "$CACHE/bin"
 build_one etcd "$ETCD_VERSION" etcd -- do_etcd
 build_one kwok "$KWOK_VERSION" kwok kwok-stages.yaml -- do_kwok
+build_one helm "$HELM_VERSION" helm -- do_helm
 BUILD_KEY="ldflags-v1 $K8S_VERSION" build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
 
 cat > "$CACHE/bin/current.env" <<ENV
 ROSE_ETCD_BIN=$CACHE/bin/etcd-$ETCD_VERSION/etcd
 ROSE_KWOK_BIN=$CACHE/bin/kwok-$KWOK_VERSION/kwok
 ROSE_KWOK_STAGES=$CACHE/bin/kwok-$KWOK_VERSION/kwok-stages.yaml
+ROSE_HELM_BIN=$CACHE/bin/helm-$HELM_VERSION/helm
 ROSE_KUBE_APISERVER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-apiserver
 ROSE_KUBE_CONTROLLER_MANAGER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-controller-manager
 ROSE_KUBE_SCHEDULER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-scheduler
