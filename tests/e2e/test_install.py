@@ -158,3 +158,108 @@ def test_overlay_is_accepted_by_the_api_server(own_cluster: ClusterHandle, overl
         assert r.stdout.count("(server dry run)") == len(docs), r.stdout
     finally:
         uninstall(own_cluster, "manifests/cluster")
+
+
+def helm_bin() -> str:
+    """The helm hack/build-binaries.sh builds from its Go module at the pinned HELM_VERSION."""
+    from local_cluster.binaries import HACK, cache_dir
+
+    env = dict(line.split("=", 1) for line in (HACK / "versions.env").read_text().splitlines() if "=" in line)
+    path = cache_dir() / "bin" / f"helm-{os.environ.get('ROSE_HELM_VERSION', env['HELM_VERSION'])}" / "helm"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run hack/build-binaries.sh (it builds helm from helm.sh/helm/v3)")
+    return str(path)
+
+
+def helm(tmp: Path, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        HELM_CONFIG_HOME=str(tmp / "cfg"),
+        HELM_CACHE_HOME=str(tmp / "cache"),
+        HELM_DATA_HOME=str(tmp / "data"),
+    )
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    r = subprocess.run([helm_bin(), *args], text=True, capture_output=True, cwd=REPO, env=env, timeout=600, check=False)
+    assert r.returncode == 0, f"helm {' '.join(args)} exited {r.returncode}: {r.stderr}"
+    return r
+
+
+def test_chart_lints_and_renders_what_kustomize_renders(tmp_path: Path) -> None:
+    """`helm lint` passes (both GPU modes); `helm template` renders every object of the top-level
+    kustomization (the CRD from crds/, the Namespace only on request) in the release namespace,
+    plus the dashboard ConfigMap and, when asked, the Prometheus Operator monitors."""
+    for mode in ("nvidia", "simulated"):
+        helm(tmp_path, "lint", "--strict", "charts/rose", "--set", f"gpus.mode={mode}")
+    out = helm(
+        tmp_path,
+        "template",
+        "r",
+        "charts/rose",
+        "-n",
+        "ai-infra",
+        "--kube-version",
+        "v1.37.2",
+        "--include-crds",
+        "--set",
+        "namespace.create=true",
+        "--set",
+        "monitoring.enabled=true",
+    ).stdout
+    chart = [d for d in yaml.safe_load_all(out) if d]
+    got = {(d["kind"], d["metadata"]["name"]) for d in chart}
+    kustomize = yaml.safe_load_all(
+        subprocess.run(
+            [KUBECTL, "kustomize", "manifests/"], cwd=REPO, text=True, capture_output=True, check=True
+        ).stdout
+    )
+    want = {(d["kind"], d["metadata"]["name"].replace("rose-system", "ai-infra")) for d in kustomize if d}
+    assert want <= got, want - got
+    extra = got - want
+    assert extra == {
+        ("ConfigMap", "rose-dashboard"),
+        ("PodMonitor", "rose-dra-driver"),
+        ("PodMonitor", "rose-elastic-controller"),
+        ("ServiceMonitor", "rose-predictor"),
+        ("ServiceMonitor", "rose-scheduler-extender"),
+    }, extra
+    for d in chart:
+        ns = d["metadata"].get("namespace")
+        assert ns in (None, "ai-infra"), (d["kind"], d["metadata"]["name"], ns)
+        for s in d.get("subjects") or []:
+            assert s["kind"] != "ServiceAccount" or s["namespace"] == "ai-infra", (d["metadata"]["name"], s)
+    dash = next(d for d in chart if d["metadata"]["name"] == "rose-dashboard")
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dash["data"]["slo-vs-rl-throughput.json"])["panels"]
+    driver = next(d for d in chart if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert driver["runtimeClassName"] == "nvidia"
+
+
+def test_chart_installs_in_another_namespace(own_cluster: ClusterHandle, tmp_path: Path) -> None:
+    """`helm install` into ai-infra (not rose-system) with simulated GPUs: every object of the
+    release exists afterwards and every workload's pods are admitted by the API server."""
+    uninstall(own_cluster, "manifests/")  # the harness's DeviceClasses and PriorityClasses: the chart creates them
+    kc = own_cluster.kubeconfig
+    helm(
+        tmp_path,
+        "install",
+        "rose",
+        "charts/rose",
+        "-n",
+        "ai-infra",
+        "--create-namespace",
+        "--set",
+        "gpus.mode=simulated",
+        kubeconfig=kc,
+    )
+    try:
+        manifest = helm(tmp_path, "get", "manifest", "rose", "-n", "ai-infra", kubeconfig=kc).stdout
+        docs = [d for d in yaml.safe_load_all(manifest) if d]
+        assert len(docs) >= 50, len(docs)
+        kubectl(own_cluster, "get", "-f", "-", stdin=yaml.safe_dump_all(docs))  # exits non-zero if any is missing
+        workloads_admitted(own_cluster, "ai-infra")
+        pods = json.loads(kubectl(own_cluster, "-n", "ai-infra", "get", "pods", "-o", "json").stdout)["items"]
+        images = {c["image"] for p in pods for c in p["spec"]["containers"]}
+        assert "ghcr.io/rose-project/rose:0.1.0" in images, images
+    finally:
+        helm(tmp_path, "uninstall", "rose", "-n", "ai-infra", "--wait", kubeconfig=kc)
