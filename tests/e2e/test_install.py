@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from local_cluster.binaries import pinned_versions
-from tests.k8s_helpers import wait_for
+from local_cluster.objects import allocated_claim
+from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 if TYPE_CHECKING:
     from local_cluster import ClusterHandle
@@ -263,3 +264,129 @@ def test_chart_installs_in_another_namespace(own_cluster: ClusterHandle, tmp_pat
         assert "ghcr.io/rose-project/rose:0.1.0" in images, images
     finally:
         helm(tmp_path, "uninstall", "rose", "-n", "ai-infra", "--wait", kubeconfig=kc)
+
+
+@pytest.fixture(scope="module")
+def examples_ns(own_cluster: ClusterHandle) -> Iterator[str]:
+    """ROSE installed with the README's kustomization and a namespace opened for serving."""
+    kubectl(own_cluster, "apply", "-k", "manifests/")
+    api = own_cluster.api_client()
+    try:
+        ns = new_namespace(api, "examples")
+        kubectl(own_cluster, "label", "namespace", ns, "rose.io/serving=allowed")
+        yield ns
+        delete_namespace(api, ns)
+    finally:
+        api.close()
+        uninstall(own_cluster, "manifests/")
+
+
+def allocated_device(c: ClusterHandle, ns: str, pod: str) -> str | None:
+    api = c.api_client()
+    try:
+        claim = allocated_claim(api, ns, pod)
+    finally:
+        api.close()
+    if claim is None:
+        return None
+    device: str = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+    return device
+
+
+def test_example_serving_claim_is_refused_outside_serving_namespaces(own_cluster: ClusterHandle) -> None:
+    """serving-claim-template.yaml: in a namespace without rose.io/serving=allowed it is refused
+    with a message naming the label."""
+    kubectl(own_cluster, "apply", "-k", "manifests/policies")
+    api = own_cluster.api_client()
+    ns = new_namespace(api, "closed")
+    try:
+        r = kubectl(own_cluster, "-n", ns, "apply", "-f", "examples/serving-claim-template.yaml", check=False)
+        assert r.returncode != 0 and "rose.io/serving=allowed" in r.stderr, r
+    finally:
+        delete_namespace(api, ns)
+        api.close()
+
+
+def test_example_serving_deployment_gets_serving_gpus(own_cluster: ClusterHandle, examples_ns: str) -> None:
+    """serving-claim-template.yaml + serving-deployment.yaml: both replicas are scheduled, each
+    with a claim allocated to a serving device."""
+    ns = examples_ns
+    kubectl(own_cluster, "-n", ns, "apply", "-f", "examples/serving-claim-template.yaml")
+    kubectl(own_cluster, "-n", ns, "apply", "-f", "examples/serving-deployment.yaml")
+
+    def devices() -> list[str] | None:
+        pods = json.loads(
+            kubectl(
+                own_cluster, "-n", ns, "get", "pods", "-l", "app.kubernetes.io/name=llm-serving", "-o", "json"
+            ).stdout
+        )["items"]
+        got = [d for p in pods if (d := allocated_device(own_cluster, ns, p["metadata"]["name"]))]
+        return got if len(pods) == 2 and len(got) == 2 else None
+
+    got = wait_for("2 serving replicas with allocated claims", devices, timeout=120, interval=1)
+    assert all(d.endswith("-serving") for d in got), got
+
+
+def test_example_rl_worker_gets_a_lendable_gpu_from_rose_scheduler(
+    own_cluster: ClusterHandle, examples_ns: str
+) -> None:
+    """lendable-claim-template.yaml + rl-worker-pod.yaml: scheduled by rose-scheduler, its claim
+    allocated to a lendable device."""
+    ns = examples_ns
+    kubectl(own_cluster, "-n", ns, "apply", "-f", "examples/lendable-claim-template.yaml")
+    kubectl(own_cluster, "-n", ns, "apply", "-f", "examples/rl-worker-pod.yaml")
+    device = wait_for(
+        "the RL worker's claim allocated",
+        lambda: allocated_device(own_cluster, ns, "rl-worker-0"),
+        timeout=120,
+        interval=1,
+    )
+    assert device.endswith("-lendable"), device
+    pod = json.loads(kubectl(own_cluster, "-n", ns, "get", "pod", "rl-worker-0", "-o", "json").stdout)
+    assert pod["spec"]["nodeName"] and pod["spec"]["schedulerName"] == "rose-scheduler", pod["spec"]
+    events = kubectl(
+        own_cluster,
+        "-n",
+        ns,
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=rl-worker-0,reason=Scheduled",
+        "-o",
+        "json",
+    ).stdout
+    assert any(
+        e.get("reportingComponent") == "rose-scheduler" or e["source"].get("component") == "rose-scheduler"
+        for e in json.loads(events)["items"]
+    ), events
+
+
+def test_example_elasticrljob_is_accepted_with_defaults(own_cluster: ClusterHandle, examples_ns: str) -> None:
+    """elasticrljob.yaml: accepted by the API server, the CRD's defaults filled in."""
+    kubectl(own_cluster, "-n", examples_ns, "apply", "-f", "examples/elasticrljob.yaml")
+    job = json.loads(
+        kubectl(own_cluster, "-n", examples_ns, "get", "elasticrljob", "grpo-qwen-7b", "-o", "json").stdout
+    )
+    spec = job["spec"]
+    assert (spec["gracefulShutdownPeriod"], spec["suspendPolicy"], spec["minUsefulRunSeconds"]) == (
+        30,
+        "HostMemoryFirst",
+        600,
+    ), spec
+
+
+def test_example_scheduler_config_is_loaded_by_kube_scheduler(own_cluster: ClusterHandle, tmp_path: Path) -> None:
+    """kube-scheduler-config.yaml: the real kube-scheduler loads and validates it
+    (--write-config-to writes the effective configuration and exits)."""
+    from local_cluster.binaries import ensure
+
+    out = tmp_path / "effective.yaml"
+    conf = yaml.safe_load((REPO / "examples" / "kube-scheduler-config.yaml").read_text())
+    conf["clientConnection"] = {"kubeconfig": str(own_cluster.kubeconfig)}  # with --config, the flag is ignored
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(conf))
+    argv = [str(ensure(build=False).kube_scheduler), f"--config={tmp_path / 'config.yaml'}", f"--write-config-to={out}"]
+    r = subprocess.run(argv, cwd=REPO, text=True, capture_output=True, timeout=120, check=False)
+    assert r.returncode == 0 and out.exists(), r.stderr
+    eff = yaml.safe_load(out.read_text())
+    assert [p["schedulerName"] for p in eff["profiles"]] == ["rose-scheduler"]
+    assert eff["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888", eff["extenders"]
