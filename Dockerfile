@@ -3,7 +3,7 @@
 #   docker build --target driver -t ghcr.io/rose-project/rose-driver:0.1.0 .
 # Without a Docker engine: hack/build-image.sh (buildah, vfs storage, an OCI archive in dist/).
 #
-# Stages: `build` makes two virtual environments from wheels (no compiler is installed anywhere;
+# Stages: `build` and `build-driver` make the virtual environments from wheels (no compiler is installed anywhere;
 # every dependency ships a manylinux wheel); `driver` carries only what the DRA node driver imports
 # (grpcio, protobuf, kubernetes, pydantic, prometheus-client, PyYAML, filelock); the last stage is
 # the default image with every component (extender, predictor, controller, CLI).
@@ -30,17 +30,26 @@ RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
  && python3 -m venv /opt/rose \
  && /opt/rose/bin/pip install --no-binary=rose . \
- && python3 -c "import re, tomllib; keep = {'kubernetes', 'grpcio', 'protobuf', 'pydantic', 'prometheus-client', 'pyyaml', 'filelock', 'typing_extensions'}; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if re.split(r'[<>=!~ ;\[]', d)[0].lower() in keep))" > /tmp/driver-requirements.txt \
- && python3 -m venv /opt/rose-driver \
- && /opt/rose-driver/bin/pip install -r /tmp/driver-requirements.txt \
- && /opt/rose-driver/bin/pip install --no-deps --no-binary=rose . \
+ && python3 -c "import re, tomllib; keep = {'kubernetes', 'grpcio', 'protobuf', 'pydantic', 'prometheus-client', 'pyyaml', 'filelock', 'typing_extensions'}; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if re.split(r'[<>=!~ ;\[]', d)[0].lower() in keep))" > driver-requirements.txt \
+ && find /opt -name __pycache__ -prune -exec rm -rf {} +
+
+# The driver's environment, at the same path (a venv's scripts name their interpreter's path).
+FROM ${BASE} AS build-driver
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ONLY_BINARY=:all:
+COPY --from=build /src /src
+WORKDIR /src
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+ && python3 -m venv /opt/rose \
+ && /opt/rose/bin/pip install -r driver-requirements.txt \
+ && /opt/rose/bin/pip install --no-deps --no-binary=rose . \
  && find /opt -name __pycache__ -prune -exec rm -rf {} +
 
 # The DRA node driver: runs as root (hostPID, ptrace of workload processes for the suspend
 # backends, kubelet plugin sockets and CDI specs on host paths; manifests/driver/daemonset.yaml
 # drops every capability but SYS_PTRACE and DAC_READ_SEARCH).
 FROM ${BASE} AS driver
-COPY --from=build /opt/rose-driver /opt/rose
+COPY --from=build-driver /opt/rose /opt/rose
 ENV PATH=/opt/rose/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 ENTRYPOINT ["rose"]
 CMD ["--help"]
