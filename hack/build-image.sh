@@ -65,5 +65,6 @@ bh bud --quiet --isolation chroot --layers=false --pull=never --build-arg "BASE=
   || { tail -n 30 "$CACHE/bud.log" >&2; die "the image build failed; full log: $CACHE/bud.log"; }
 rm -f "$OUT"
 bh push --quiet "$NAME" "oci-archive:$OUT:$NAME"
+bh rmi --force "$NAME" >/dev/null 2>&1 || true  # the archive is the product; the storage keeps only the base
 log "wrote $OUT ($(du -h "$OUT" | cut -f1))"
 echo "$OUT"
