@@ -38,18 +38,13 @@ def bh(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return r
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """The archive build-image.sh writes, imported into a storage of its own, and a container of it."""
-    out = tmp_path_factory.mktemp("image") / "rose-image.tar"
+def build(tmp_path_factory: pytest.TempPathFactory, target: str) -> Iterator[tuple[Path, str]]:
+    """The archive build-image.sh writes for ``target``, imported into a storage of its own, and a
+    container of it."""
+    out = tmp_path_factory.mktemp("image") / f"{target}.tar"
+    env = dict(os.environ, ROSE_IMAGE_OUT=str(out), ROSE_IMAGE_TARGET=target)
     r = subprocess.run(
-        ["bash", "hack/build-image.sh"],
-        cwd=REPO,
-        env=dict(os.environ, ROSE_IMAGE_OUT=str(out)),
-        text=True,
-        capture_output=True,
-        timeout=1800,
-        check=False,
+        ["bash", "hack/build-image.sh"], cwd=REPO, env=env, text=True, capture_output=True, timeout=1800, check=False
     )
     assert r.returncode == 0, r.stderr
     store = tmp_path_factory.mktemp("store")
@@ -72,6 +67,16 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]
     )
 
 
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    yield from build(tmp_path_factory, "rose")
+
+
+@pytest.fixture(scope="module")
+def driver_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    yield from build(tmp_path_factory, "driver")
+
+
 def run_in(image: tuple[Path, str], *argv: str) -> str:
     store, ctr = image
     return bh(store, "run", "--isolation", "oci", "--runtime", shutil.which("runc") or "runc", ctr, "--", *argv).stdout
@@ -90,3 +95,16 @@ def test_the_image_has_no_compiler(image: tuple[Path, str]) -> None:
     """Multi-stage: the final image carries the virtual environment, not a toolchain."""
     found = run_in(image, "sh", "-c", "for c in gcc cc g++ clang make; do command -v $c; done; true")
     assert found.strip() == "", found
+
+
+def test_the_driver_image_carries_only_the_driver(driver_image: tuple[Path, str]) -> None:
+    """--target driver: `rose driver` runs (as root, which its DaemonSet asks for) and imports its
+    whole package; the predictor's scientific stack and kubectl are not in it."""
+    assert "--node-name" in run_in(driver_image, "rose", "driver", "--help")
+    assert run_in(driver_image, "id", "-u").strip() == "0"
+    mods = "dra_driver.node, dra_driver.plugin, dra_driver.publisher, dra_driver.suspend"
+    run_in(driver_image, "python3", "-c", f"import {mods}")
+    heavy = "('sklearn', 'scipy', 'pandas', 'numpy', 'prometheus_api_client')"
+    absent = f"import importlib.util as u; print([m for m in {heavy} if u.find_spec(m)])"
+    assert run_in(driver_image, "python3", "-c", absent).strip() == "[]"
+    assert run_in(driver_image, "sh", "-c", "command -v kubectl; true").strip() == ""
