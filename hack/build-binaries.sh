@@ -17,6 +17,7 @@ K8S_VERSION="${ROSE_K8S_VERSION:-$K8S_VERSION}"
 ETCD_VERSION="${ROSE_ETCD_VERSION:-$ETCD_VERSION}"
 KWOK_VERSION="${ROSE_KWOK_VERSION:-$KWOK_VERSION}"
 MINIO_VERSION="${ROSE_MINIO_VERSION:-$MINIO_VERSION}"
+HELM_VERSION="${ROSE_HELM_VERSION:-$HELM_VERSION}"
 CACHE="${ROSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rose}"
 export GOFLAGS="${GOFLAGS:--buildvcs=false} -trimpath"
 export CGO_ENABLED=0
@@ -28,7 +29,7 @@ die() { printf 'build-binaries: error: %s\n' "$*" >&2; exit 1; }
 command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH. Install Go >= 1.26 (https://go.dev/doc/install) or put it on PATH, then re-run."
 
 semver_re='^v[0-9]+\.[0-9]+\.[0-9]+$'
-for pair in "K8S_VERSION=$K8S_VERSION" "ETCD_VERSION=$ETCD_VERSION" "KWOK_VERSION=$KWOK_VERSION"; do
+for pair in "K8S_VERSION=$K8S_VERSION" "ETCD_VERSION=$ETCD_VERSION" "KWOK_VERSION=$KWOK_VERSION" "HELM_VERSION=$HELM_VERSION"; do
   [[ "${pair#*=}" =~ $semver_re ]] || die "${pair%%=*} '${pair#*=}' is not a version like v1.37.2"
 done
 
@@ -39,9 +40,10 @@ done
 # k8s.io/kubernetes v1.X.Y pairs with staging modules v0.X.Y
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 
-stamp_ok() { # dir binary...
+stamp_ok() { # dir binary...   ($BUILD_KEY, when set, must match the entry's .build-key)
   local dir="$1"; shift
   [ -f "$dir/.sha256" ] || return 1
+  if [ -n "${BUILD_KEY:-}" ] && [ "$(cat "$dir/.build-key" 2>/dev/null)" != "$BUILD_KEY" ]; then return 1; fi
   (cd "$dir" && sha256sum --quiet -c .sha256 >/dev/null 2>&1) || return 1
   for b in "$@"; do [ -f "$dir/$b" ] || return 1; done
 }
@@ -67,12 +69,13 @@ build_one() { # name version binaries... -- go-build-args...
     log "$name $version: cached in $dir"
     return 0
   fi
-  if [ -d "$dir" ]; then log "$name $version: cache entry incomplete or corrupt, rebuilding"; fi
-  rm -rf "$dir"
+  if [ -d "$dir" ]; then log "$name $version: cache entry incomplete, corrupt or built with other flags, rebuilding"; fi
+  # the old entry stays usable until the new one replaces it (other checkouts may be running it)
   local work="$CACHE/src/$name-$version"
-  rm -rf "$work"; mkdir -p "$work" "$dir.tmp"
+  rm -rf "$work" "$dir.tmp"; mkdir -p "$work" "$dir.tmp"
   "$@" "$work" "$dir.tmp"
   write_stamp "$dir.tmp" "${bins[@]}"
+  if [ -n "${BUILD_KEY:-}" ]; then printf '%s\n' "$BUILD_KEY" > "$dir.tmp/.build-key"; fi
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
   log "$name $version: built into $dir"
 }
@@ -116,6 +119,19 @@ do_kwok() {
 # The S3-compatible server the checkpoint tests run against (local_cluster/s3.py).
 do_minio() { simple_module_build minio github.com/minio/minio "$MINIO_VERSION" "$1" "$2" "github.com/minio/minio=>minio"; }
 
+# helm (charts/rose: lint, template, the chart's e2e install), with the version stamp its release sets.
+do_helm() { local work="$1" out="$2" major="${HELM_VERSION%%.*}"
+  local mod="helm.sh/helm/$major"
+  check_module_version "$mod" "$HELM_VERSION"
+  go_mod_init "$work"
+  write_tools_go "$work" "$mod/cmd/helm"
+  log "helm $HELM_VERSION: resolving modules"
+  (cd "$work" && go get "$mod@$HELM_VERSION" >&2 && go mod tidy >&2)
+  log "helm $HELM_VERSION: compiling helm (cold: several minutes on 2 cores)"
+  (cd "$work" && go build -v -ldflags "-s -w -X $mod/internal/version.version=$HELM_VERSION" \
+      -o "$out/helm" "$mod/cmd/helm" 2>&1 | progress)
+}
+
 do_k8s() { local work="$1" out="$2"
   check_module_version k8s.io/kubernetes "$K8S_VERSION"
   go_mod_init "$work"
@@ -137,8 +153,23 @@ do_k8s() { local work="$1" out="$2"
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
   (cd "$work" && go mod tidy >&2)
   log "kubernetes $K8S_VERSION: compiling kube-apiserver, kube-controller-manager, kube-scheduler (cold: many minutes on 2 cores)"
-  (cd "$work" && go build -v -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
+  (cd "$work" && go build -v -ldflags "$(k8s_ldflags)" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler 2>&1 | progress)
+}
+
+# The version stamp the Kubernetes release build sets (hack/lib/version.sh, kube::version::ldflags):
+# without it /version reports v0.0.0-master. The module zip carries no git commit, so gitCommit stays
+# unset; buildDate is the release's module time, so the binaries stay reproducible.
+k8s_ldflags() {
+  local v="${K8S_VERSION#v}" date info
+  info="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$K8S_VERSION.info"
+  date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info" 2>/dev/null || true)
+  local kv out="-s -w" pkg
+  for kv in "gitVersion=$K8S_VERSION" "gitMajor=${v%%.*}" "gitMinor=$(echo "$v" | cut -d. -f2)" \
+            "gitTreeState=clean" "buildDate=${date:-1970-01-01T00:00:00Z}"; do
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do out+=" -X $pkg.$kv"; done
+  done
+  echo "$out"
 }
 
 # go build -v prints each package as it is compiled: show a running count, not the flood.
@@ -158,13 +189,15 @@ set -o pipefail
 mkdir -p "$CACHE/bin"
 build_one etcd "$ETCD_VERSION" etcd -- do_etcd
 build_one kwok "$KWOK_VERSION" kwok kwok-stages.yaml -- do_kwok
-build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
+build_one helm "$HELM_VERSION" helm -- do_helm
+BUILD_KEY="ldflags-v1 $K8S_VERSION" build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
 build_one minio "$MINIO_VERSION" minio -- do_minio
 
 cat > "$CACHE/bin/current.env" <<ENV
 ROSE_ETCD_BIN=$CACHE/bin/etcd-$ETCD_VERSION/etcd
 ROSE_KWOK_BIN=$CACHE/bin/kwok-$KWOK_VERSION/kwok
 ROSE_KWOK_STAGES=$CACHE/bin/kwok-$KWOK_VERSION/kwok-stages.yaml
+ROSE_HELM_BIN=$CACHE/bin/helm-$HELM_VERSION/helm
 ROSE_KUBE_APISERVER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-apiserver
 ROSE_KUBE_CONTROLLER_MANAGER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-controller-manager
 ROSE_KUBE_SCHEDULER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-scheduler

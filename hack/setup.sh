@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything ROSE needs on a fresh machine, idempotent and cheap when already done:
-#   - Debian packages (prometheus for the predictor's end-to-end test),
+#   - Debian packages (prometheus for the predictor's end-to-end test; buildah, debootstrap and runc
+#     for hack/build-image.sh and the image's end-to-end test),
 #   - a virtual environment .venv with the Python dependencies,
 #   - the Kubernetes binaries, built from their Go modules into the version-keyed cache.
 set -euo pipefail
@@ -8,7 +9,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-APT_PACKAGES=(prometheus)
+APT_PACKAGES=(prometheus buildah debootstrap runc)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -42,7 +42,7 @@ COMPONENTS = (
 DEFAULT_EXTENDER_PORT = 18787
 MANIFESTS = binaries.REPO_ROOT / "manifests"
 # Cluster-wide objects every ROSE install has; applied by `rose cluster up`.
-BOOTSTRAP_MANIFESTS = ("deviceclasses.yaml", "crd/elasticrljob.yaml", "priorityclasses.yaml")
+BOOTSTRAP_MANIFESTS = ("cluster/deviceclasses.yaml", "crd/elasticrljob.yaml", "cluster/priorityclasses.yaml")
 
 
 class ClusterError(RuntimeError):

@@ -74,12 +74,12 @@ def test_daemonset_env_names_are_driver_flags() -> None:
     assert set(env) <= flags, set(env) - flags
 
 
-NVIDIA = DIR.parent / "driver-nvidia"
+NVIDIA = DIR.parent / "overlays" / "nvidia"
 
 
 def test_nvidia_overlay_gives_the_driver_libcuda_and_nvml() -> None:
     k = yaml.safe_load((NVIDIA / "kustomization.yaml").read_text())
-    assert k["resources"] == ["../driver"]
+    assert "../../driver" in k["resources"]
     patch = yaml.safe_load((NVIDIA / k["patches"][0]["path"]).read_text())
     assert k["patches"][0]["target"] == {"kind": "DaemonSet", "name": patch["metadata"]["name"]}
     assert patch["metadata"]["name"] == _docs("daemonset.yaml")[0]["metadata"]["name"]

@@ -1,0 +1,75 @@
+{{/*
+How a manifest from files/ (the repository's manifests/) becomes a chart object: namespaced objects
+and ServiceAccount binding subjects move to the release namespace, the chart's labels are added,
+and the workloads get the image, GPU mode and environment from the values.
+*/}}
+{{- define "rose.clusterScoped" -}}
+Namespace CustomResourceDefinition ClusterRole ClusterRoleBinding DeviceClass PriorityClass ValidatingAdmissionPolicy ValidatingAdmissionPolicyBinding MutatingAdmissionPolicy MutatingAdmissionPolicyBinding RuntimeClass
+{{- end }}
+
+{{- define "rose.labels" -}}
+app.kubernetes.io/part-of: rose
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "rose.image" -}}
+{{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "rose.adjust" }}
+{{- $obj := .obj }}
+{{- $root := .root }}
+{{- $ns := $root.Release.Namespace }}
+{{- if not (has $obj.kind (splitList " " (include "rose.clusterScoped" $root))) }}
+{{- $_ := set $obj.metadata "namespace" $ns }}
+{{- end }}
+{{- range $s := ($obj.subjects | default list) }}
+{{- if eq $s.kind "ServiceAccount" }}{{ $_ := set $s "namespace" $ns }}{{ end }}
+{{- end }}
+{{- $_ := set $obj.metadata "labels" (merge (fromYaml (include "rose.labels" $root)) ($obj.metadata.labels | default dict)) }}
+{{- if has $obj.kind (list "Deployment" "DaemonSet") }}
+{{- include "rose.workload" . }}
+{{- end }}
+{{- end }}
+
+{{- define "rose.workload" }}
+{{- $obj := .obj }}
+{{- $root := .root }}
+{{- $v := $root.Values }}
+{{- $pod := $obj.spec.template.spec }}
+{{- $env := deepCopy (index ($v.env | default dict) $obj.metadata.name | default dict) }}
+{{- if eq $obj.metadata.name "rose-dra-driver" }}
+{{- if eq $v.gpus.mode "simulated" }}
+{{- $env = merge $env (dict "ROSE_DRIVER_GPU_BACKEND" "simulated" "ROSE_DRIVER_SIMULATED_GPUS" (toString $v.gpus.simulated.count) "ROSE_DRIVER_SUSPEND_BACKENDS" "cooperative" "ROSE_DRIVER_HOST_MEMORY_BUDGET" $v.gpus.simulated.hostMemoryBudget) }}
+{{- else if eq $v.gpus.mode "nvidia" }}
+{{- if $v.gpus.nvidia.runtimeClassName }}{{ $_ := set $pod "runtimeClassName" $v.gpus.nvidia.runtimeClassName }}{{ end }}
+{{- $env = merge $env (dict "NVIDIA_VISIBLE_DEVICES" "all" "NVIDIA_DRIVER_CAPABILITIES" "compute,utility") }}
+{{- else }}
+{{- fail (printf "gpus.mode is %q: set it to nvidia (real GPUs) or simulated (kind, demos)" $v.gpus.mode) }}
+{{- end }}
+{{- end }}
+{{- range $c := $pod.containers }}
+{{- if hasPrefix "ghcr.io/rose-project/rose:" $c.image }}
+{{- $_ := set $c "image" (include "rose.image" $root) }}
+{{- $_ := set $c "imagePullPolicy" $v.image.pullPolicy }}
+{{- $new := list }}
+{{- $seen := dict }}
+{{- range $e := ($c.env | default list) }}
+{{- if hasKey $env $e.name }}
+{{- $new = append $new (dict "name" $e.name "value" (toString (index $env $e.name))) }}
+{{- $_ := set $seen $e.name true }}
+{{- else }}
+{{- $new = append $new $e }}
+{{- end }}
+{{- end }}
+{{- range $k := (keys $env | sortAlpha) }}
+{{- if not (hasKey $seen $k) }}{{ $new = append $new (dict "name" $k "value" (toString (index $env $k))) }}{{ end }}
+{{- end }}
+{{- $_ := set $c "env" $new }}
+{{- else if eq $c.name "kube-scheduler" }}
+{{- $_ := set $c "image" $v.scheduler.image }}
+{{- end }}
+{{- end }}
+{{- end }}
