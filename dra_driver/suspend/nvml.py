@@ -70,7 +70,7 @@ class NvmlMemoryProbe:
             raise NvmlUnavailable(
                 f"cannot load {path} ({e}): the cuda-checkpoint backend measures each process's GPU memory"
                 " with NVML; run the driver pod with the NVIDIA runtime and NVIDIA_DRIVER_CAPABILITIES"
-                " including 'utility' (overlay manifests/driver-nvidia)"
+                " including 'utility' (overlay manifests/overlays/nvidia)"
             ) from e
         return cls(lib)
 
