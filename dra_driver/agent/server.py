@@ -50,6 +50,7 @@ from dra_driver.suspend.registry import (
     RegistrationRefused,
     RegistryFull,
     TrustedPod,
+    Workload,
 )
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
@@ -83,14 +84,19 @@ class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
             context.abort(_status_of(e), str(e))
         return pb.RegisterResponse(session_id=w.session_id, node_name=self._engine.config.node_name)
 
-    def Commands(self, request: pb.CommandsRequest, context: grpc.ServicerContext) -> Iterator[pb.Command]:
-        w = self._engine.session(request.pod_uid, request.session_id, self.scope)
+    def _session(self, pod_uid: str, session_id: str, context: grpc.ServicerContext) -> Workload:
+        """The workload's live session, or FAILED_PRECONDITION saying to register (again)."""
+        w = self._engine.session(pod_uid, session_id, self.scope)
         if w is None:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"pod {request.pod_uid!r} has no registration with session {request.session_id!r} on this socket:"
+                f"pod {pod_uid!r} has no registration with session {session_id!r} on this socket:"
                 " call Register first (and again after an agent restart)",
             )
+        return w
+
+    def Commands(self, request: pb.CommandsRequest, context: grpc.ServicerContext) -> Iterator[pb.Command]:
+        w = self._session(request.pod_uid, request.session_id, context)
         with w.cond:
             w.streams_open += 1
         sent = 0  # the world version this stream delivered last (0: none)
@@ -133,13 +139,7 @@ class WorkloadAgentServicer(pb_grpc.WorkloadAgentServicer):
         return pb.UpdateStateSizeResponse(accepted=True)
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
-        w = self._engine.session(request.pod_uid, request.session_id, self.scope)
-        if w is None:
-            context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"pod {request.pod_uid!r} has no registration with session {request.session_id!r} on this socket:"
-                " call Register first (and again after an agent restart)",
-            )
+        w = self._session(request.pod_uid, request.session_id, context)
         try:
             report = report_from_pb(request)
             if report.state_bytes > 0:
