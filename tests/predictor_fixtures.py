@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 from predictor.model import ModelConfig
@@ -27,3 +30,18 @@ def small_config(**kw: object) -> ModelConfig:
     }
     base.update(kw)
     return ModelConfig(**base)  # type: ignore[arg-type]
+
+
+def wait_predictor_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> None:
+    """Until ``url``/readyz answers 200; fails with the log's tail if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"predictor not ready: {log.read_text()[-2000:]}")
+        time.sleep(0.5)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from rose_common.forecast_client import ForecastError, HttpForecastSource
 from scheduler_extender import policy
 from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.model import PoolState
+from tests.predictor_fixtures import wait_predictor_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,17 +42,7 @@ def predictor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"predictor not ready: {(tmp / 'predictor.log').read_text()[-2000:]}")
-            time.sleep(0.5)
+        wait_predictor_ready(url, proc, tmp / "predictor.log")
         yield url
     finally:
         proc.terminate()

@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from rose_common.forecast_client import HttpForecastSource
 from scheduler_extender import policy
 from scheduler_extender.forecast import ForecastCache, reduce
 from scheduler_extender.model import PoolState
+from tests.predictor_fixtures import wait_predictor_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,17 +37,7 @@ def reply(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForecastResponse
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"predictor not ready: {(tmp / 'predictor.log').read_text()[-2000:]}")
-            time.sleep(0.5)
+        wait_predictor_ready(url, proc, tmp / "predictor.log")
         yield HttpForecastSource(url, timeout_s=5.0).fetch("pool-a")
     finally:
         proc.terminate()

@@ -29,26 +29,10 @@ from kubernetes import client
 
 from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names, promtext
-from rose_common.forecast_api import ForecastPoint, ForecastResponse
+from tests.elastic_fixtures import write_forecasts
 from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 JOB = "grpo"
-
-
-def _forecast(pool: str, need: float) -> dict[str, Any]:
-    now = dt.datetime.now(dt.UTC)
-    points = [ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
-              for h in (600, 1800, 3600)]  # fmt: skip
-    resp = ForecastResponse(pool=pool, model_version="e2e", generated_at=now, last_observation_at=now,
-                            data_age_seconds=0.0, stale=False, current=need, points=points)  # fmt: skip
-    out: dict[str, Any] = json.loads(resp.model_dump_json())
-    return out
-
-
-def _write_forecasts(path: Path, needs: dict[str, float]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"forecasts": [_forecast(p, n) for p, n in needs.items()]}))
-    tmp.replace(path)  # a new mtime: both processes re-read it
 
 
 def _pools(cluster: ClusterHandle) -> tuple[str, str, int]:
@@ -65,7 +49,7 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
     assert cluster.extender_url, "the cluster must run the rose-scheduler profile with an extender URL"
     quiet, busy, capacity = _pools(cluster)
     forecasts = tmp_path / "forecasts.json"
-    _write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
+    write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
     ext_host, _, ext_port = cluster.extender_url.removeprefix("http://").partition(":")
     metrics_port = free_port()
     common = ["--forecast-backend=static-file", f"--forecast-file={forecasts}", "--forecast-refresh=1",
@@ -158,7 +142,7 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
     assert "Running" in printed, printed
 
     # 2. serving is forecast to need the whole quiet pool: planned suspend requests on every worker
-    _write_forecasts(world["forecasts"], {quiet: float(world["capacity"]), world["busy"]: float(world["capacity"])})
+    write_forecasts(world["forecasts"], {quiet: float(world["capacity"]), world["busy"]: float(world["capacity"])})
 
     def requested() -> list[dict[str, Any]] | None:
         reqs = [(p.metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_REQUEST) for p in _workers(api, ns)]
@@ -183,7 +167,7 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
     assert {"Running", "Suspended"} <= reasons, reasons
 
     # 3. the forecast falls: the controller withdraws its requests; the test plays the driver resuming
-    _write_forecasts(world["forecasts"], {quiet: 0.0, world["busy"]: float(world["capacity"])})
+    write_forecasts(world["forecasts"], {quiet: 0.0, world["busy"]: float(world["capacity"])})
 
     def withdrawn() -> bool | None:
         pods = _workers(api, ns)

@@ -21,7 +21,6 @@ the invariants on every event it sees (not only at the end):
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import random
@@ -41,7 +40,7 @@ from kubernetes import client, watch
 from elastic_controller.workers import LABEL_WORKER_INDEX
 from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names
-from rose_common.forecast_api import ForecastPoint, ForecastResponse
+from tests.elastic_fixtures import write_forecasts
 from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,20 +51,6 @@ BATCH_BOUND_S = 5.0
 
 
 # ----------------------------------------------------------------------------- forecasts
-def _forecast(pool: str, need: float) -> dict[str, Any]:
-    now = dt.datetime.now(dt.UTC)
-    points = [ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
-              for h in (600, 1800, 3600)]  # fmt: skip
-    resp = ForecastResponse(pool=pool, model_version="e2e", generated_at=now, last_observation_at=now,
-                            data_age_seconds=0.0, stale=False, current=need, points=points)  # fmt: skip
-    out: dict[str, Any] = json.loads(resp.model_dump_json())
-    return out
-
-
-def write_forecasts(path: Path, needs: dict[str, float]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"forecasts": [_forecast(p, n) for p, n in needs.items()]}))
-    tmp.replace(path)
 
 
 # ----------------------------------------------------------------------------- the controller process
