@@ -167,11 +167,11 @@ def test_kubelet_drives_the_rose_driver(
 ) -> None:
     _, port = driver
     klog = real_node.log("kubelet")
+    registered = f'"Connection changed" logger="DRA registration handler" driverName="{names.DRIVER_NAME}"'
     wait_for(
-        "the kubelet's plugin watcher registering the ROSE driver",
-        lambda: (
-            f'pluginName="{names.DRIVER_NAME}"' in klog.read_text(errors="replace")
-            and "Register new plugin" in klog.read_text(errors="replace")
+        "the kubelet's plugin watcher registering the ROSE driver (its DRA registration handler connected)",
+        lambda: any(
+            registered in ln and "connected=true" in ln for ln in klog.read_text(errors="replace").splitlines()
         ),
         timeout=60,
         interval=1,
