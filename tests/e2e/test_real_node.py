@@ -197,3 +197,24 @@ def test_kubelet_drives_the_rose_driver(
     assert env.get(names.ENV_SIMULATED_GPU) == "1"
     core.delete_namespaced_pod("worker", ns, grace_period_seconds=0)
     wait_for("the kubelet's NodeUnprepareResources", lambda: _metric(port, "rose_driver_unprepare_total") >= 1, 120, 1)
+
+
+def test_kubelet_actuates_pod_resize_on_the_cgroup(api: Any, ns: str, real_node: RealNode) -> None:
+    """``pods/resize`` (the call the driver makes for a suspended worker) applied by the kubelet
+    to the container's real CPU cgroup, not only accepted by the API server."""
+    bins = load_binaries()
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(ns, _pod("resized", real_node.pause_image(bins), real_node.node))
+    pid = _running_pid(api, real_node, ns, "resized")
+    period = _cgroup_value(pid, "cpu", "cpu.cfs_period_us")
+    assert _cgroup_value(pid, "cpu", "cpu.cfs_quota_us") == period * 500 // 1000
+    body = {
+        "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "50m"}, "limits": {"cpu": "200m"}}}]}
+    }
+    core.patch_namespaced_pod_resize("resized", ns, body)
+    wait_for(
+        "the kubelet writing the resized CPU limit (200m) into the container's cpu cgroup",
+        lambda: _cgroup_value(pid, "cpu", "cpu.cfs_quota_us") == period * 200 // 1000,
+        timeout=60,
+        interval=1,
+    )
