@@ -185,6 +185,65 @@ progress() {
   return 0
 }
 
+# ---- the real node (opt-in: `hack/build-binaries.sh real-node`; local_cluster/realnode.py) ----
+# kubelet from the same k8s.io/kubernetes module and Go build cache as the control plane;
+# containerd 2.x (+ its runc shim and ctr) from its Go module, cgo off (no btrfs/zfs/devmapper);
+# a static pause binary (the sandbox image's only file) compiled from the C source below.
+# runc comes from Debian (hack/setup.sh). Paths land in $CACHE/bin/realnode.env.
+do_kubelet() { local work="$1" out="$2"
+  cp "$CACHE/src/kubernetes-$K8S_VERSION/go.mod" "$work/" 2>/dev/null || die "build the control plane first (hack/build-binaries.sh): kubelet reuses its module setup"
+  cp "$CACHE/src/kubernetes-$K8S_VERSION/go.sum" "$work/"
+  write_tools_go "$work" k8s.io/kubernetes/cmd/kubelet
+  (cd "$work" && go mod tidy >&2)
+  log "kubelet $K8S_VERSION: compiling (shares the control plane's Go build cache)"
+  # the version stamp of a release build (hack/lib/version.sh), so the Node reports v1.X.Y
+  local v="${K8S_VERSION#v}" ld="" pkg kv
+  for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    for kv in "gitVersion=$K8S_VERSION" "gitMajor=${v%%.*}" "gitMinor=$(echo "$v" | cut -d. -f2)" "gitTreeState=clean"; do
+      ld+=" -X $pkg.$kv"; done; done
+  (cd "$work" && go build -v -ldflags "$ld" -o "$out/kubelet" k8s.io/kubernetes/cmd/kubelet 2>&1 | progress)
+}
+do_containerd() {
+  GOFLAGS="$GOFLAGS -tags=no_btrfs,no_zfs,no_devmapper,no_aufs" simple_module_build containerd \
+    github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" "$1" "$2" \
+    "github.com/containerd/containerd/v2/cmd/containerd=>containerd" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2=>containerd-shim-runc-v2" \
+    "github.com/containerd/containerd/v2/cmd/ctr=>ctr"
+}
+do_pause() { local work="$1" out="$2"
+  command -v gcc >/dev/null 2>&1 || die "no gcc: apt-get install gcc libc6-dev (the pause binary is static C)"
+  cat > "$work/pause.c" <<'C'
+/* The sandbox's PID 1: sleep until SIGINT/SIGTERM, reap orphans (as registry.k8s.io/pause). */
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void quit(int s) { (void)s; _exit(0); }
+static void reap(int s) { (void)s; while (waitpid(-1, NULL, WNOHANG) > 0) {} }
+int main(void) {
+  struct sigaction q = {.sa_handler = quit}, r = {.sa_handler = reap, .sa_flags = SA_NOCLDSTOP};
+  sigaction(SIGINT, &q, NULL); sigaction(SIGTERM, &q, NULL); sigaction(SIGCHLD, &r, NULL);
+  for (;;) pause();
+}
+C
+  gcc -static -Os -s -o "$out/pause" "$work/pause.c"
+}
+real_node() {
+  [[ "$CONTAINERD_VERSION" =~ ^v2\.[0-9]+\.[0-9]+$ ]] || die "CONTAINERD_VERSION '$CONTAINERD_VERSION' is not a 2.x version like v2.2.1"
+  command -v runc >/dev/null 2>&1 || die "no runc: apt-get install runc (or run hack/setup.sh)"
+  build_one kubelet "$K8S_VERSION" kubelet -- do_kubelet
+  build_one containerd "$CONTAINERD_VERSION" containerd containerd-shim-runc-v2 ctr -- do_containerd
+  build_one pause "$PAUSE_VERSION" pause -- do_pause
+  cat > "$CACHE/bin/realnode.env" <<ENV
+ROSE_KUBELET_BIN=$CACHE/bin/kubelet-$K8S_VERSION/kubelet
+ROSE_CONTAINERD_DIR=$CACHE/bin/containerd-$CONTAINERD_VERSION
+ROSE_PAUSE_BIN=$CACHE/bin/pause-$PAUSE_VERSION/pause
+ROSE_PAUSE_VERSION=$PAUSE_VERSION
+ROSE_RUNC_BIN=$(command -v runc)
+ENV
+}
+CONTAINERD_VERSION="${ROSE_CONTAINERD_VERSION:-$CONTAINERD_VERSION}"
+
 set -o pipefail
 mkdir -p "$CACHE/bin"
 build_one etcd "$ETCD_VERSION" etcd -- do_etcd
@@ -203,4 +262,5 @@ ROSE_KUBE_CONTROLLER_MANAGER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-control
 ROSE_KUBE_SCHEDULER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-scheduler
 ROSE_MINIO_BIN=$CACHE/bin/minio-$MINIO_VERSION/minio
 ENV
+if [ "${1:-}" = real-node ]; then real_node; fi
 echo "$CACHE/bin"

@@ -9,7 +9,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-APT_PACKAGES=(prometheus buildah debootstrap runc)
+APT_PACKAGES=(prometheus buildah debootstrap)
+APT_PACKAGES+=(runc gcc libc6-dev)  # runc: the image test and the real node (docs/real-node.md); gcc: the static pause binary
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -34,3 +35,5 @@ fi
 
 log "Kubernetes binaries (cached by version)"
 bash hack/build-binaries.sh >/dev/null
+log "the real node: kubelet, containerd, pause (cached by version; cold about 8 min on 2 cores)"
+bash hack/build-binaries.sh real-node >/dev/null

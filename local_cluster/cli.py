@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not publish ResourceSlices (leave it to the DRA driver processes)",
     )
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also start one node run by a real kubelet and containerd (docs/real-node.md)",
+    )
     sub.add_parser("down", help="stop every component; leaves no process or port behind")
     st = sub.add_parser("status", help="components, pids, ports; the log tail of any that died")
     st.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
@@ -101,9 +106,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             h = LocalCluster(cfg, progress=_progress).up()
             print(f"cluster up: {len(h.node_names)} nodes, Kubernetes {h.kubernetes_version}, API {h.server}")
+            if args.real_node:
+                from local_cluster.realnode import RealNode
+
+                secs = RealNode(h, progress=_progress).up()
+                print(f"real node up in {secs:.1f}s")
             print(f"export KUBECONFIG={h.kubeconfig}")
         elif args.cmd == "down":
-            stopped = lc.down()
+            from local_cluster.realnode import stop_real_node
+
+            stopped = stop_real_node(args.dir) + lc.down()
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         elif args.cmd == "status":
             return _status(lc.status(), args.output)
