@@ -7,8 +7,12 @@ side by side, what the serving pod's prepare waited for a suspend, from the driv
 Processes, all real: ``rose controller`` (``python -m elastic_controller``), ``rose extender``
 behind the rose-scheduler profile, and one ``rose driver`` per node of the lent pool (simulated
 GPUs, the node suspend engine with its explicit ``simulated`` backend: every prepared lent claim
-is an occupant of 16 GiB, moved over a modelled 55 GB/s host link, no training process
-registers). The controller and the extender read one ``static-file`` forecast the act writes;
+with no registered workload is an occupant of 16 GiB, moved over a modelled 55 GB/s host link),
+and one real training process (examples/01_cartpole_reinforce.py, REINFORCE on CPU) as the
+first grown worker's container: it reaches its driver's node agent through the socket its claim's
+CDI spec mounts, reports steps and samples (the driver's ``rose_rl_*_total``, from which the act
+measures its throughput) and is suspended and resumed cooperatively at its safe points with the
+rest of the gang. The controller and the extender read one ``static-file`` forecast the act writes;
 rewriting it is the serving forecast changing. KWOK has
 no kubelet, so the act plays the kubelet's DRA manager (NodePrepareResources / Unprepare over the
 drivers' gRPC sockets), as act 3 does; the ``rose.io/suspend-state`` the act reads is written by
@@ -16,7 +20,7 @@ the drivers, acting on the controller's ``rose.io/suspend-request``.
 
 I/O: the cluster's API (kubectl and the Python client), the processes it starts, their
 ``/metrics``, a temporary directory. :func:`forecast_doc`, :func:`job_manifest`,
-:func:`summary` and :func:`side_by_side` are pure.
+:func:`summary`, :func:`side_by_side`, :func:`progress_rate` and :func:`trainer_env` are pure.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import contextlib
 import datetime as dt
 import http.client
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -56,12 +61,17 @@ MIN_GPUS, MAX_GPUS = 2, 4
 HORIZONS = (600, 1800, 3600)
 OCCUPANT_GIB = 16  # a lent worker's GPU state: 16 GiB over 55 GB/s is a 0.31 s suspend
 DRIVER_ARGS = [
-    "--suspend-engine", "node", "--suspend-backends", "simulated", "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi",
+    "--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
+    "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi",
     "--host-memory-budget", "128Gi", "--default-grace-seconds", "5", "--node-facts-seconds", "1",
     "--suspended-cpu=", "--reconcile-seconds", "2",
 ]  # fmt: skip
 PLANNER_EVENTS = frozenset({"Grow", "Shrink", "PlannedShrink", "PlannedGangSuspend"})  # the planner's decisions
 SPEC_HASH_ANNOTATION = "gpu.rose.io/spec-hash"  # a slice the driver (not the cluster's seed) published
+TRAINER = Path(__file__).resolve().parents[1] / "examples" / "01_cartpole_reinforce.py"
+# ~15 s of training on one CPU (3 reports at the SDK's 5 s interval), then at its last safe point
+# until the act stops it; a suspend lands at the next safe point either way
+TRAINER_ARGS = ["--updates", "400", "--seed", "3", "--linger-seconds", "900"]
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -120,6 +130,24 @@ def side_by_side(on: ServingWait, off: ServingWait, grace_s: int) -> list[str]:
             f"{w.suspends} suspend(s) — {why}" for label, w, why in rows]  # fmt: skip
 
 
+def progress_rate(seen: list[tuple[float, float]]) -> float | None:
+    """Per second between the first and the last distinct value of a cumulative counter, as
+    ``(time, value)`` observations; None until it has changed twice (pure)."""
+    changes = [(t, v) for i, (t, v) in enumerate(seen) if i == 0 or v != seen[i - 1][1]]
+    if len(changes) < 3 or changes[-1][0] <= changes[1][0]:
+        return None
+    (t1, v1), (t2, v2) = changes[1], changes[-1]  # from the first change on: a whole report interval
+    return (v2 - v1) / (t2 - t1)
+
+
+def trainer_env(base: Mapping[str, str], socket: Path, pod: Any, repo: Path) -> dict[str, str]:
+    """The training container's environment: the claim's agent socket and its pod (pure)."""
+    env = {k: v for k, v in base.items() if not k.startswith("ROSE_")}
+    env.update(PYTHONPATH=str(repo), ROSE_AGENT_SOCKET=str(socket), ROSE_POD_UID=pod.metadata.uid,
+               ROSE_POD_NAMESPACE=pod.metadata.namespace, ROSE_POD_NAME=pod.metadata.name)  # fmt: skip
+    return env
+
+
 # ----------------------------------------------------------------------------- I/O
 @dataclass
 class Stage:
@@ -137,6 +165,7 @@ class Stage:
     metrics_port: int = 0
     waits: dict[str, ServingWait] = field(default_factory=dict)  # "on" / "off": the serving arrival
     t0: float = field(default_factory=time.monotonic)
+    trainer: subprocess.Popen[bytes] | None = None  # the real RL workload of the first worker
     last: str = ""
     seen_events: set[str] = field(default_factory=set)
 
@@ -236,15 +265,19 @@ def _published(api: Any, node: str) -> bool:
 
 def _start_drivers(s: Stage, stack: contextlib.ExitStack) -> None:
     nodes = sorted(n for n, p in s.h.pools.items() if p == s.quiet)
+    root = Path(tempfile.mkdtemp(prefix="rose-a4-", dir="/tmp"))  # short: unix socket paths <= 107 bytes
+    stack.callback(shutil.rmtree, root, True)
     for node in nodes:
-        drv = DriverProcess(s.h.kubeconfig, node, s.tmp / "drv", gpus=s.h.gpus_per_node, metrics_port=free_port(),
-                            extra_args=DRIVER_ARGS)  # fmt: skip
+        agent = ["--agent-control-socket", str(root / node / "a" / "control.sock")]  # per-claim sockets: the CDI's
+        drv = DriverProcess(s.h.kubeconfig, node, root, gpus=s.h.gpus_per_node, metrics_port=free_port(),
+                            extra_args=[*DRIVER_ARGS, *agent])  # fmt: skip
         stack.callback(drv.stop)
         s.drivers[node] = drv
     for node in nodes:
         wait_for(f"rose driver of {node} publishing its ResourceSlice", partial(_published, s.api, node), timeout=60)
     s.say(f"   · `rose driver` on {', '.join(nodes)} ({s.quiet}): simulated GPUs, node suspend engine with its "
-          "explicit simulated backend (1 GiB per lent occupant, no training process)")  # fmt: skip
+          f"explicit simulated backend ({OCCUPANT_GIB} GiB per lent occupant without a workload) and the "
+          "cooperative one, node agent (one socket per lent claim)")  # fmt: skip
 
 
 def _common_flags(s: Stage) -> list[str]:
@@ -284,6 +317,73 @@ def _prepare_workers(s: Stage, pods: list[Any]) -> dict[str, dict[str, Any]]:
             raise AssertionError(f"prepare of {p.metadata.name}'s claim on {p.spec.node_name}: {out.error}")
         claims[p.spec.node_name + "/" + claim["metadata"]["name"]] = claim
     return claims
+
+
+def _claim_socket(drv: DriverProcess, claim_uid: str) -> Path:
+    """Where the container runtime puts the claim's agent socket: its CDI spec's mount, host side."""
+    from dra_driver import cdi
+
+    edits = json.loads((drv.cdi_dir / cdi.spec_filename(claim_uid)).read_text())["containerEdits"]
+    env = dict(e.split("=", 1) for e in edits.get("env", []))
+    if cdi.ENV_AGENT_SOCKET not in env or len(edits.get("mounts", [])) != 1:
+        raise AssertionError(f"claim {claim_uid}: its CDI spec mounts no node-agent socket (driver without agent?)")
+    return Path(edits["mounts"][0]["hostPath"]) / Path(env[cdi.ENV_AGENT_SOCKET]).name
+
+
+def _start_trainer(s: Stage, stack: contextlib.ExitStack, claims: dict[str, dict[str, Any]]) -> None:
+    """The first worker's container: the example trainer, on its claim's agent socket."""
+    if not TRAINER.exists():
+        raise AssertionError(f"{TRAINER} not found: run `rose demo` from a checkout of the repository")
+    pod = s.workers()[0]
+    node = pod.spec.node_name
+    claim = next(c for k, c in claims.items() if k.startswith(node + "/") and _owned_by(c, pod.metadata.uid))
+    env = trainer_env(os.environ, _claim_socket(s.drivers[node], claim["metadata"]["uid"]), pod, TRAINER.parents[1])
+    log = (s.tmp / "trainer.log").open("wb")
+    stack.callback(log.close)
+    s.trainer = subprocess.Popen([sys.executable, str(TRAINER), "--out", str(s.tmp / "trainer.pt"), *TRAINER_ARGS],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    stack.callback(_stop_trainer, s)
+    s.mark(f"{pod.metadata.name}'s container (played): examples/{TRAINER.name} {' '.join(TRAINER_ARGS)} on the "
+           "agent socket its claim's CDI spec mounts")  # fmt: skip
+
+
+def _owned_by(claim: dict[str, Any], pod_uid: str) -> bool:
+    return any(r.get("uid") == pod_uid for r in (claim.get("status") or {}).get("reservedFor") or [])
+
+
+def _stop_trainer(s: Stage) -> None:
+    """SIGTERM, as the kubelet stops a container of a deleted pod."""
+    if s.trainer is not None and s.trainer.poll() is None:
+        s.trainer.terminate()
+        try:
+            s.trainer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            s.trainer.kill()
+            s.trainer.wait(timeout=10)
+    s.trainer = None
+
+
+def _measure_rl(s: Stage, c: Checks) -> None:
+    """RL throughput as the driver exports it: the first worker's reported steps and samples per
+    second, between its reports (the SDK reports every 5 s while it trains)."""
+    node = s.workers()[0].spec.node_name
+    sel = {"namespace": s.ns, "job": JOB}
+    seen: dict[str, list[tuple[float, float]]] = {"steps": [], "samples": []}
+
+    def two_reports() -> bool:
+        now = time.monotonic()
+        for what, series in seen.items():
+            series.append((now, _metric(s.drivers[node], f"rose_rl_{what}_total", sel)))
+        if s.trainer is not None and s.trainer.poll() is not None:
+            raise AssertionError(f"the trainer exited ({s.trainer.returncode}): {s.tmp / 'trainer.log'}")
+        return progress_rate(seen["steps"]) is not None
+
+    wait_for("two progress reports of the trainer in the driver's rose_rl_steps_total", two_reports, timeout=60,
+             interval=0.2)  # fmt: skip
+    steps, samples = progress_rate(seen["steps"]), progress_rate(seen["samples"]) or 0.0
+    s.mark(f"RL throughput on {node}'s lent GPU, from the driver's rose_rl_*_total{{job=\"{JOB}\"}}: "
+           f"{steps:.1f} steps/s, {samples:.0f} samples/s")  # fmt: skip
+    c.add(f"a real workload reported its progress through the node agent ({steps:.1f} steps/s)", bool(steps))
 
 
 def _metric(drv: DriverProcess, name: str, labels: Mapping[str, str] | None = None) -> float:
@@ -422,6 +522,17 @@ def _regrow(s: Stage, c: Checks, uids: dict[str, str]) -> None:
 def _delete(s: Stage, c: Checks, claims: dict[str, dict[str, Any]]) -> None:
     from kubernetes import client
 
+    if s.trainer is not None:
+        alive = s.trainer.poll() is None
+        drv = s.drivers[s.workers()[0].spec.node_name]
+        coop = {"backend": "cooperative", "result": "ok"}
+        name = "rose_suspend_operations_total"
+        ops = {op: _metric(drv, name, {"operation": op, **coop}) for op in ("suspend", "resume")}
+        _stop_trainer(s)
+        s.mark("the trainer stopped (SIGTERM, as the kubelet stops the container of a deleted pod)")
+        c.add(f"the trainer was suspended {ops['suspend']:g} and resumed {ops['resume']:g} time(s) at its safe "
+              "points (cooperative backend) and ran on (its process alive until stopped)",
+              alive and ops["suspend"] >= 1 and ops["resume"] >= 1)  # fmt: skip
     kubectl(s.h, "delete", "elasticrljob", JOB, "-n", s.ns, "--wait=true")
     s.mark("kubectl delete elasticrljob")
     for key, claim in claims.items():  # the kubelet (played) unprepares what it prepared
@@ -479,6 +590,8 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> tuple[boo
             with contextlib.ExitStack() as planned:
                 _start_controller(s, planned, "on")
                 uids, claims = _grow(s, c)
+                _start_trainer(s, planned, claims)
+                _measure_rl(s, c)
                 _reclaim(s, c)
                 _serving_planned(s, c)
                 _regrow(s, c, uids)
@@ -488,7 +601,7 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> tuple[boo
             _planner_off(s, c)
     except AssertionError as e:
         say(f"   · FAILED: {e}")
-        for log in ("controller-planner-on.log", "controller-planner-off.log", "extender.log"):
+        for log in ("controller-planner-on.log", "controller-planner-off.log", "extender.log", "trainer.log"):
             if (s.tmp / log).exists():
                 say(f"   · {log} (last lines):\n" + "\n".join((s.tmp / log).read_text().splitlines()[-15:]))
         c.add("the act ran to its end", False)

@@ -1,11 +1,13 @@
 """The "SLO vs RL throughput" dashboard against a real Prometheus scraping the real components.
 
 Scenario: demo act 4's (rose_cli.demo_elastic) — ``rose driver`` per node of the lent pool
-(simulated GPUs, node suspend engine), ``rose extender`` behind the rose-scheduler profile,
-``rose controller``, an ElasticRLJob that grows, is shrunk and gang-suspended before serving
-needs its GPUs, meets a serving pod, resumes and regrows — plus ``rose predictor serve`` ingesting
-the recording rule ``rose_serving_busy_gpus`` (manifests/prometheus/rules.yaml) from the same
-Prometheus (Debian's ``prometheus`` package), which scrapes every process each second.
+(simulated GPUs, node suspend engine, node agent), ``rose extender`` behind the rose-scheduler
+profile, ``rose controller``, an ElasticRLJob that grows, is shrunk and gang-suspended before
+serving needs its GPUs, meets a serving pod, resumes and regrows, its first worker a real training
+process (examples/01_cartpole_reinforce.py) reporting steps and samples through the driver's node
+agent — plus ``rose predictor serve`` ingesting the recording rule ``rose_serving_busy_gpus``
+(manifests/prometheus/rules.yaml) from the same Prometheus (Debian's ``prometheus`` package),
+which scrapes every process each second.
 
 Stand-in, named: ``VllmStandInExporter`` serves vLLM's metric names
 (``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``,
@@ -44,9 +46,6 @@ PROMETHEUS = "/usr/bin/prometheus"
 RULES = Path(__file__).resolve().parents[2] / "manifests" / "prometheus" / "rules.yaml"
 _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
 _E2E_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, float("inf"))
-# RL progress comes from workloads reporting through the node agent (rose_sdk); this scenario's
-# lent occupants are simulated by the driver's suspend engine and report nothing.
-NEEDS_A_REPORTING_WORKLOAD = {"RL throughput on lent GPUs: steps, samples, tokens per second"}
 
 
 class VllmStandInExporter:
@@ -150,7 +149,7 @@ def _targets_down(prom_url: str) -> list[str]:
 
 def _panels_with_data(prom_url: str) -> tuple[dict[str, Any], list[str]]:
     data = dashboard.fetch_all(prom_url, 300.0)
-    return data, [t for t in dashboard.empty_panels(data) if t not in NEEDS_A_REPORTING_WORKLOAD]
+    return data, dashboard.empty_panels(data)
 
 
 def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle, api: Any, tmp_path: Path) -> None:
@@ -167,6 +166,7 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             act._start_drivers(s, stack)
             s.forecast(0.0)
             act._start_services(s, stack)
+            act._start_controller(s, stack, "on")
             targets = {
                 "rose-driver": [f"127.0.0.1:{d.metrics_port}" for d in s.drivers.values()],
                 "rose-extender": [cluster.extender_url.removeprefix("http://")],
@@ -181,8 +181,10 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             s.ns = new_namespace(api, "dash")
             stack.callback(delete_namespace, api, s.ns)
             uids, claims = act._grow(s, checks)
+            act._start_trainer(s, stack, claims)
+            act._measure_rl(s, checks)
             act._reclaim(s, checks)
-            act._serving_arrives(s, checks)
+            act._serving_planned(s, checks)
             act._regrow(s, checks, uids)
             # what Prometheus holds: every panel has a series (rates need two scrapes after the last change)
             found: dict[str, Any] = {}
@@ -203,7 +205,7 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
     finally:
         vllm.server.shutdown()
         vllm.server.server_close()
-        for name in ("prometheus.log", "predictor.log", "controller.log"):
+        for name in ("prometheus.log", "predictor.log", "controller-planner-on.log", "trainer.log"):
             with contextlib.suppress(OSError):
                 print(f"--- {name} (tail)\n" + (tmp_path / name).read_text()[-2000:])
     assert checks.ok(), checks.rows

@@ -5,6 +5,7 @@ shrink to min, gang suspend, regrow); and the timeline's one-line view of the jo
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -54,3 +55,20 @@ def test_the_timeline_shows_each_worker_its_suspend_state_and_the_controllers_re
     assert demo_elastic._count(pods, "Suspended") == 1
     assert demo_elastic._count(pods, "Running") == 1  # a worker asked to suspend is not counted as running
     assert demo_elastic.summary({}, []) == "job (no status yet): 0 active, 0 suspended GPUs | no workers"
+
+
+def test_progress_rate_is_per_second_between_the_first_and_the_last_report() -> None:
+    # polls of a cumulative counter: nothing yet, a first report, then two more 5 s apart
+    seen = [(0.0, 0.0), (0.2, 0.0), (1.0, 1.0), (1.2, 1.0), (6.0, 121.0), (11.0, 246.0), (11.2, 246.0)]
+    assert demo_elastic.progress_rate(seen[:4]) is None  # one change: no interval yet
+    assert demo_elastic.progress_rate(seen[:5]) == 120.0 / 5.0
+    assert demo_elastic.progress_rate(seen) == 245.0 / 10.0
+    assert demo_elastic.progress_rate([(0.0, 5.0), (3.0, 5.0)]) is None  # a counter that does not move
+
+
+def test_the_trainer_gets_its_claims_socket_and_pod_and_no_other_rose_setting() -> None:
+    pod = SimpleNamespace(metadata=SimpleNamespace(uid="u-1", namespace="ns", name="grpo-elastic-w0"))
+    base = {"PATH": "/bin", "ROSE_AGENT_SOCKET": "/stale.sock", "ROSE_RESTORE": "latest"}
+    env = demo_elastic.trainer_env(base, Path("/tmp/c/workload.sock"), pod, Path("/repo"))
+    assert env == {"PATH": "/bin", "PYTHONPATH": "/repo", "ROSE_AGENT_SOCKET": "/tmp/c/workload.sock",
+                   "ROSE_POD_UID": "u-1", "ROSE_POD_NAMESPACE": "ns", "ROSE_POD_NAME": "grpo-elastic-w0"}  # fmt: skip
