@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rose_sdk import tensors_equal
-from rose_sdk.timeslice import LeaseLostError, PhaseTooShortError, TimeSliceOrchestratorClient
+from rose_sdk.timeslice import LeaseLostError, PhaseTooShortError, TimeSliceError, TimeSliceOrchestratorClient
 from timeslice.orchestrator import NoopOutcome, Orchestrator, Settings
 from timeslice.server import grpc_server
 from timeslice.store import MemoryStore
@@ -165,21 +165,27 @@ def test_the_client_sends_its_serviceaccount_token(tmp_path: Path) -> None:
 
     orch = Orchestrator(MemoryStore(), None, settings=Settings(lease_ttl_s=30.0))
     server, port = grpc_server(orch, "127.0.0.1:0", 8, auth=ReviewCache(review, lambda: 0.0, ttl_s=0.0))
-    token = tmp_path / "token"
+    token, target = tmp_path / "token", f"127.0.0.1:{port}"
+    clients: list[TimeSliceOrchestratorClient] = []
+
+    def client(job: str, token_file: str) -> TimeSliceOrchestratorClient:
+        c = TimeSliceOrchestratorClient(target, job, token_file=token_file, retry_timeout_s=5, min_phase_ratio=0)
+        clients.append(c)  # min_phase_ratio 0: these phases are empty on purpose
+        return c
+
     try:
-        anonymous = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/a", token_file="", retry_timeout_s=1)
-        with pytest.raises(Exception, match="UNAUTHENTICATED"):
-            anonymous.acquire("g", timeout_s=5)
+        with pytest.raises(TimeSliceError, match="UNAUTHENTICATED"):
+            client("ml/a", "").acquire("g", timeout_s=10)
         token.write_text("tok-ml\n")
-        client = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "ml/a", token_file=str(token))
-        grant = client.acquire("g", timeout_s=5)
-        assert grant.token >= 1
-        client.release("g")
+        mine = client("ml/a", str(token))
+        assert mine.acquire("g", timeout_s=10).token >= 1
+        mine.release("g")
         token.write_text("rotated-but-unknown")  # re-read at every call: the new token is what is sent
-        with pytest.raises(Exception, match="UNAUTHENTICATED"):
-            client.acquire("g", timeout_s=5)
-        other = TimeSliceOrchestratorClient(f"127.0.0.1:{port}", "other/a", token_file=str(tmp_path / "none"))
-        with pytest.raises(Exception, match="cannot read the ServiceAccount token"):
-            other.acquire("g", timeout_s=5)
+        with pytest.raises(TimeSliceError, match="UNAUTHENTICATED"):
+            mine.acquire("g", timeout_s=10)
+        with pytest.raises(TimeSliceError, match="cannot read the ServiceAccount token"):
+            client("other/a", str(tmp_path / "none")).acquire("g", timeout_s=10)
     finally:
+        for c in clients:
+            c.close()
         server.stop(grace=None).wait()  # type: ignore[attr-defined]
