@@ -155,9 +155,10 @@ def test_corrupt_cache_entry_is_rebuilt_not_trusted(tmp_path: Path, monkeypatch:
     real = binaries.ensure()
     cache = tmp_path / "cache"
     (cache / "bin").mkdir(parents=True)
-    # kubernetes and kwok entries: the real (verified) ones; etcd: a copy we corrupt
-    for entry in (real.kube_apiserver.parent, real.kwok.parent):
-        (cache / "bin" / entry.name).symlink_to(entry)
+    # every other entry (kubernetes, kwok, helm, minio…): the real (verified) one; etcd: a copy we corrupt
+    for entry in real.etcd.parent.parent.iterdir():
+        if entry.is_dir() and entry != real.etcd.parent:
+            (cache / "bin" / entry.name).symlink_to(entry)
     etcd_dir = cache / "bin" / real.etcd.parent.name
     shutil.copytree(real.etcd.parent, etcd_dir)
     with open(etcd_dir / "etcd", "ab") as f:
@@ -172,7 +173,8 @@ def test_corrupt_cache_entry_is_rebuilt_not_trusted(tmp_path: Path, monkeypatch:
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "cache entry incomplete or corrupt, rebuilding" in r.stderr
+    assert "etcd v3" in r.stderr and "cache entry incomplete, corrupt or built with other flags, rebuilding" in r.stderr
+    assert r.stderr.count("rebuilding") == 1, "only the corrupt entry is rebuilt"
     rebuilt = binaries.ensure(build=False)
     assert rebuilt.etcd == etcd_dir / "etcd"
     out = subprocess.run([str(rebuilt.etcd), "--version"], capture_output=True, text=True, check=True)
