@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,9 @@ def plot(data: dict[str, list[tuple[str, list[dict[str, Any]]]]], out: Path, not
             x += p.width
             _draw(ax, p, data.get(p.title, []), t0)
     fig.suptitle(f"{spec.TITLE}: PREVIEW rendered with matplotlib, not Grafana. {note}", fontsize=12)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    with warnings.catch_warnings():  # crowded rows (long legends): matplotlib keeps its default layout
+        warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
+        fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out, dpi=70)
     plt.close(fig)
 

@@ -87,6 +87,7 @@ class _Holding:
     stop: threading.Event = field(default_factory=threading.Event)
     lost: str = ""
     depth: int = 1
+    renewer: threading.Thread | None = None
 
 
 @dataclass
@@ -203,7 +204,9 @@ class TimeSliceOrchestratorClient:
             if not r.was_resident:
                 self._times.setdefault(group, _GroupTimes()).switch_s = switch_s
             self.grants.append(grant)
-        threading.Thread(target=self._renew, args=(group, holding), daemon=True, name=f"renew-{group}").start()
+        renewer = threading.Thread(target=self._renew, args=(group, holding), daemon=True, name=f"renew-{group}")
+        holding.renewer = renewer
+        renewer.start()
         return grant
 
     def _check_phase(self, group: str, expected_phase_s: float) -> None:
@@ -233,6 +236,7 @@ class TimeSliceOrchestratorClient:
             del self._held[group]
             holding.stop.set()
             self._times.setdefault(group, _GroupTimes()).phase_s = time.monotonic() - holding.entered
+        _join(holding)
         if self.offloader is not None:
             self.offloader.offload()
         req = pb.YieldRequest(group=group, job=self.job, fencing_token=holding.grant.token)
@@ -273,10 +277,21 @@ class TimeSliceOrchestratorClient:
         return list(r.groups)
 
     def close(self) -> None:
+        """Stop every lease renewal (waiting for an in-flight Renew), then close the channel: a
+        renewal thread still inside a gRPC call when the interpreter exits can abort the process."""
         with self._mu:
-            for h in self._held.values():
+            held = list(self._held.values())
+            for h in held:
                 h.stop.set()
+        for h in held:
+            _join(h)
         self._channel.close()
+
+
+def _join(holding: _Holding, timeout_s: float = 10.0) -> None:
+    """Wait for a stopped holding's renewal thread (it is woken at once unless a Renew is in flight)."""
+    if holding.renewer is not None and holding.renewer is not threading.current_thread():
+        holding.renewer.join(timeout_s)
 
 
 class _Phase(contextlib.ContextDecorator):

@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from local_cluster import ClusterHandle, free_port, module_process
@@ -99,6 +100,30 @@ class VllmStandInExporter:
             f'vllm:num_requests_waiting{{model_name="stand-in"}} {3 * load:.2f}',
         ]
         return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    """A cluster of its own (the session's shape): the scenario's drivers publish and leave
+    ResourceSlices, and its extender answers for the rose-scheduler profile, which would change
+    what the session cluster's later tests see."""
+    from local_cluster import ClusterConfig, LocalCluster
+
+    cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=tmp_path_factory.mktemp("dashboard-cluster"),
+                        extender_url=f"http://127.0.0.1:{free_port()}", die_with_parent=True)  # fmt: skip
+    lc = LocalCluster(cfg)
+    handle = lc.up()
+    try:
+        yield handle
+    finally:
+        lc.down()
+
+
+@pytest.fixture
+def api(cluster: ClusterHandle) -> Iterator[Any]:
+    a = cluster.api_client()
+    yield a
+    a.close()
 
 
 def _prometheus_config(targets: dict[str, list[str]], serving_pool: str, vllm_port: int) -> dict[str, Any]:
