@@ -42,6 +42,7 @@ from local_cluster import ClusterHandle, free_port, module_process
 from local_cluster.objects import delete_namespace, new_namespace, wait_for
 from rose_cli import dashboard
 from rose_cli import demo_elastic as act
+from tests.cluster_fixtures import session_shaped_cluster
 
 PROMETHEUS = "/usr/bin/prometheus"
 RULES = Path(__file__).resolve().parents[2] / "manifests" / "prometheus" / "rules.yaml"
@@ -104,26 +105,10 @@ class VllmStandInExporter:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
-    """A cluster of its own (the session's shape): the scenario's drivers publish and leave
-    ResourceSlices, and its extender answers for the rose-scheduler profile, which would change
-    what the session cluster's later tests see."""
-    from local_cluster import ClusterConfig, LocalCluster
-
-    cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=tmp_path_factory.mktemp("dashboard-cluster"),
-                        extender_url=f"http://127.0.0.1:{free_port()}", die_with_parent=True)  # fmt: skip
-    lc = LocalCluster(cfg)
-    handle = lc.up()
-    try:
-        yield handle
-    finally:
-        lc.down()
-
-
-@pytest.fixture
-def api(cluster: ClusterHandle) -> Iterator[Any]:
-    a = cluster.api_client()
-    yield a
-    a.close()
+    """A cluster of its own: the scenario's drivers leave their ResourceSlices and its extender
+    answers for the rose-scheduler profile, which would change what later tests see."""
+    with session_shaped_cluster(tmp_path_factory.mktemp("dashboard-cluster")) as c:
+        yield c
 
 
 def _prometheus_config(targets: dict[str, list[str]], serving_pool: str, vllm_port: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The planner-off comparison, end to end: ``rose demo``'s act 4 on the session cluster (real
+"""The planner-off comparison, end to end: ``rose demo``'s act 4 on a cluster of its own (real
 control plane, rose-scheduler with the extender, ``rose controller`` and one ``rose driver`` per
 node of the lent pool as processes; the act plays only the kubelet). The same serving arrival on
 a lent GPU, once with the planner on (the worker was suspended before serving came) and once
@@ -13,12 +13,25 @@ nothing did not.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from local_cluster import ClusterHandle
 from rose_cli import demo_elastic
+from tests.cluster_fixtures import session_shaped_cluster
 
 MODELLED_SUSPEND_S = demo_elastic.OCCUPANT_GIB * (1 << 30) / 55e9
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    """A cluster of its own: the act's drivers leave their ResourceSlices and its extender answers
+    for the rose-scheduler profile (test_extender_e2e, after it on the session cluster, missed its
+    FailedScheduling event)."""
+    with session_shaped_cluster(tmp_path_factory.mktemp("planner-off-cluster")) as c:
+        yield c
 
 
 def test_planned_serving_prepares_with_no_wait_and_reactive_waits_for_the_suspend(

@@ -40,6 +40,7 @@ from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
 from rose_common import extender_names, names, promtext
 from scheduler_extender import wire
+from tests.cluster_fixtures import session_shaped_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,14 @@ def _pools(cluster: ClusterHandle) -> tuple[str, str]:
     pools = sorted(set(cluster.pools.values()))
     assert len(pools) >= 2, f"the e2e cluster needs two pools, got {cluster.pools}"
     return pools[0], pools[1]  # (quiet, busy)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    """A cluster of its own: these tests read every node's slices and the scheduler's Events, which
+    the session cluster's earlier scenarios (drivers, extenders, controllers of other modules) change."""
+    with session_shaped_cluster(tmp_path_factory.mktemp("extender-cluster")) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
