@@ -190,8 +190,15 @@ def _blob(dir_: Path, data: bytes) -> dict[str, Any]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def oci_archive(out: Path, ref: str, files: dict[str, tuple[bytes, int]], entrypoint: list[str]) -> Path:
-    """An OCI image archive (one gzip layer holding ``files``: path → (bytes, mode)) named ``ref``.
+def oci_archive(
+    out: Path,
+    ref: str,
+    files: dict[str, tuple[bytes, int]],
+    entrypoint: list[str],
+    links: dict[str, str] | None = None,
+) -> Path:
+    """An OCI image archive (one gzip layer holding ``files``: path → (bytes, mode), and the
+    symlinks ``links``: path → target) named ``ref``.
 
     Deterministic: fixed mtimes and owners, so the same files give the same digest.
     """
@@ -201,6 +208,10 @@ def oci_archive(out: Path, ref: str, files: dict[str, tuple[bytes, int]], entryp
             info = tarfile.TarInfo(path.lstrip("/"))
             info.size, info.mode, info.mtime = len(data), mode, 0
             tar.addfile(info, io.BytesIO(data))
+        for path, target in sorted((links or {}).items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, 0
+            tar.addfile(info)
     raw = layer_raw.getvalue()
     gz = gzip.compress(raw, mtime=0)
     stage = out.with_suffix(".d")
@@ -235,6 +246,32 @@ def oci_archive(out: Path, ref: str, files: dict[str, tuple[bytes, int]], entryp
         tar.add(stage, arcname=".")
     shutil.rmtree(stage)
     return out
+
+
+HOST_PYTHON_REF = "localhost/rose-host-python:1"
+# the merged-/usr symlinks of a Debian root, so the host's /usr mounted read-only is a whole system
+HOST_PYTHON_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
+
+
+def host_python_archive(out: Path) -> Path:
+    """An image with no Python of its own: the merged-/usr symlinks, an empty ``/tmp`` and
+    ``/etc/ld.so.cache`` as mount points. Pods run the host's interpreter in it through read-only
+    hostPath mounts (:func:`host_python_mounts`); the ROSE image cannot run the example trainer
+    (no torch: the ``workload`` extra is not in it; no ``examples/``), docs/real-node.md."""
+    files = {"tmp/.keep": (b"", 0o644), "etc/ld.so.cache": (b"", 0o644)}
+    return oci_archive(out, HOST_PYTHON_REF, files, ["/usr/bin/false"], links=HOST_PYTHON_LINKS)
+
+
+def host_python_mounts(python_prefixes: list[Path], repo: Path) -> list[tuple[str, str]]:
+    """Pure: (host path, hostPath type) of what a host interpreter needs read-only in a container
+    of :func:`host_python_archive`: ``/usr``, the loader's cache, the interpreter's prefixes (a
+    venv and the base it names) and the repository; nested paths only once."""
+    paths = sorted({Path("/usr"), *python_prefixes, repo}, key=lambda p: (len(p.parts), str(p)))
+    keep: list[Path] = []
+    for p in paths:
+        if not any(p == k or k in p.parents for k in keep):
+            keep.append(p)
+    return [("/etc/ld.so.cache", "File")] + [(str(p), "Directory") for p in sorted(keep)]
 
 
 # ------------------------------------------------------------------ credentials
