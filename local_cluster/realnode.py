@@ -3,8 +3,9 @@
 I/O boundary: starts and stops two processes (containerd 2.x with a private root, state and
 socket; the kubelet v1.37) under ``<cluster dir>/realnode``, writes their configuration files, a
 node client certificate signed by the local cluster's CA, and OCI archives it imports into
-containerd with ``ctr``. The configuration builders (:func:`containerd_config`,
-:func:`kubelet_config`, :func:`oci_archive`) are pure. Pods on this node use host networking: no
+containerd with ``ctr``; :func:`real_node_status` reads pid files and ``/proc``. The
+configuration builders (:func:`containerd_config`, :func:`kubelet_config`, :func:`oci_archive`,
+:func:`host_python_mounts`) are pure. Pods on this node use host networking: no
 CNI plugin is installed, so the node reports ``NetworkReady=false`` and carries the
 ``node.kubernetes.io/not-ready`` taint; test pods tolerate it.
 """
@@ -546,3 +547,31 @@ def stop_real_node(workdir: Path) -> list[str]:
     if not (workdir / "realnode").exists() or not state.exists():
         return []
     return RealNode(ClusterHandle.from_json(state.read_text())).down()
+
+
+def real_node_status(workdir: Path) -> list[dict[str, Any]]:
+    """`rose cluster status` rows of the real node of the cluster in ``workdir``: containerd and
+    the kubelet (from their pid files; a dead one with its log tail) and the pods'
+    ``containerd-shim-runc-v2`` processes; none when it has no real node."""
+    lay = Layout(workdir / "realnode")
+    rows: list[dict[str, Any]] = []
+    for comp in COMPONENTS:
+        f = workdir / "pids" / f"realnode-{comp}.pid"
+        try:
+            pid = int(f.read_text())
+        except (OSError, ValueError):
+            continue
+        log = workdir / "logs" / f"realnode-{comp}.log"
+        alive = Path(f"/proc/{pid}").exists()
+        row: dict[str, Any] = {"component": f"realnode-{comp}", "pid": pid, "alive": alive, "port": None}
+        row["log"] = str(log)
+        if not alive:
+            row["log_tail"] = log_tail(log)
+        rows.append(row)
+    if rows:
+        shim_log = str(workdir / "logs" / "realnode-containerd.log")
+        rows += [
+            {"component": "realnode-shim", "pid": pid, "alive": True, "port": None, "log": shim_log}
+            for pid in sorted(_shims(lay.containerd_sock))
+        ]
+    return rows

@@ -5,7 +5,12 @@ registered by the real kubelet with its client certificate; a container really s
 containerd + runc from an OCI archive built here (no Docker, no registry); the ROSE driver found
 by the kubelet's plugin watcher, its ResourceSlice, ``NodePrepareResources`` /
 ``NodeUnprepareResources`` called by the kubelet's DRA manager, and the CDI edits applied by
-containerd to the container's real environment (read from ``/proc/<pid>/environ``).
+containerd to the container's real environment (read from ``/proc/<pid>/environ``), the
+kubelet's ``pods/resize`` written into a container's cgroup, and serving wins with nothing
+played: the example trainer in a container through rose_sdk and its claim's CDI-mounted agent
+socket, suspended before the serving container starts, resized, resumed, bit-identical.
+Python pods run the host's interpreter in a minimal image through read-only hostPath mounts
+(``realnode.host_python_archive``; why not ROSE's image: docs/real-node.md).
 Pods use host networking: no CNI plugin runs (the node stays ``NetworkReady=false`` and
 tainted ``not-ready``; the pods tolerate it).
 """
@@ -122,7 +127,7 @@ def _node(api: Any, name: str) -> Any:
         raise
 
 
-def test_container_runs_from_oci_archive(api: Any, ns: str, real_node: RealNode) -> None:
+def test_container_runs_from_oci_archive(cluster: ClusterHandle, api: Any, ns: str, real_node: RealNode) -> None:
     bins = load_binaries()
     client.CoreV1Api(api).create_namespaced_pod(ns, _pod("sleeper", real_node.pause_image(bins), real_node.node))
     pid = _running_pid(api, real_node, ns, "sleeper")
@@ -130,6 +135,16 @@ def test_container_runs_from_oci_archive(api: Any, ns: str, real_node: RealNode)
     assert Path(f"/proc/{pid}/exe").resolve().name == "pause"
     limits = _cgroup_value(pid, "memory", "memory.limit_in_bytes")
     assert limits == 64 * 1024 * 1024, f"memory limit of the container's cgroup: {limits}"
+    # `rose cluster status` lists the real node's processes, the container's shim among them
+    r = subprocess.run(
+        [sys.executable, "-m", "rose_cli", "cluster", "--dir", str(cluster.workdir), "status", "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    rows = {(x["component"], x["pid"]): x["alive"] for x in json.loads(r.stdout)}
+    running = {c for (c, _), alive in rows.items() if alive and c.startswith("realnode-")}
+    assert running == {"realnode-containerd", "realnode-kubelet", "realnode-shim"}, r.stdout
+    ppid = next(ln.split()[1] for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("PPid:"))
+    assert ("realnode-shim", int(ppid)) in rows, f"the container's parent {ppid} is not a listed shim: {r.stdout}"
 
 
 def _cgroup_value(pid: int, controller: str, file: str) -> int:
