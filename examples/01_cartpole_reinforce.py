@@ -174,7 +174,7 @@ def train(args: argparse.Namespace) -> None:
             continue  # a long stretch with no safe point: the agent's deadline must fire
         if update + 1 in wait_points:
             k = sorted(wait_points).index(update + 1) + 1
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + args.suspend_wait_seconds
             while wl.suspend_count < k and time.monotonic() < deadline:
                 wl.safe_point(update + 1, wait_seconds=0.5)
         else:
@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--suspend-points", type=int, default=0)
+    p.add_argument("--suspend-wait-seconds", type=float, default=60.0, help="how long each suspend point waits")
     p.add_argument("--stall-seconds", type=float, default=0.0)
     p.add_argument("--linger-seconds", type=float, default=0.0)
     p.add_argument("--global-episodes", type=int, default=0, help="episodes per update across the active workers")

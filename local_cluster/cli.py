@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             stopped = stop_real_node(args.dir) + lc.down()
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         elif args.cmd == "status":
-            return _status(lc.status(), args.output)
+            from local_cluster.realnode import real_node_status
+
+            return _status(lc.status() + real_node_status(args.dir), args.output)
         elif args.cmd == "env":
             print(f"export KUBECONFIG={lc.handle().kubeconfig}")
     except ClusterError as e:

@@ -3,8 +3,9 @@
 I/O boundary: starts and stops two processes (containerd 2.x with a private root, state and
 socket; the kubelet v1.37) under ``<cluster dir>/realnode``, writes their configuration files, a
 node client certificate signed by the local cluster's CA, and OCI archives it imports into
-containerd with ``ctr``. The configuration builders (:func:`containerd_config`,
-:func:`kubelet_config`, :func:`oci_archive`) are pure. Pods on this node use host networking: no
+containerd with ``ctr``; :func:`real_node_status` reads pid files and ``/proc``. The
+configuration builders (:func:`containerd_config`, :func:`kubelet_config`, :func:`oci_archive`,
+:func:`host_python_mounts`) are pure. Pods on this node use host networking: no
 CNI plugin is installed, so the node reports ``NetworkReady=false`` and carries the
 ``node.kubernetes.io/not-ready`` taint; test pods tolerate it.
 """
@@ -190,8 +191,15 @@ def _blob(dir_: Path, data: bytes) -> dict[str, Any]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def oci_archive(out: Path, ref: str, files: dict[str, tuple[bytes, int]], entrypoint: list[str]) -> Path:
-    """An OCI image archive (one gzip layer holding ``files``: path → (bytes, mode)) named ``ref``.
+def oci_archive(
+    out: Path,
+    ref: str,
+    files: dict[str, tuple[bytes, int]],
+    entrypoint: list[str],
+    links: dict[str, str] | None = None,
+) -> Path:
+    """An OCI image archive (one gzip layer holding ``files``: path → (bytes, mode), and the
+    symlinks ``links``: path → target) named ``ref``.
 
     Deterministic: fixed mtimes and owners, so the same files give the same digest.
     """
@@ -201,6 +209,10 @@ def oci_archive(out: Path, ref: str, files: dict[str, tuple[bytes, int]], entryp
             info = tarfile.TarInfo(path.lstrip("/"))
             info.size, info.mode, info.mtime = len(data), mode, 0
             tar.addfile(info, io.BytesIO(data))
+        for path, target in sorted((links or {}).items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, 0
+            tar.addfile(info)
     raw = layer_raw.getvalue()
     gz = gzip.compress(raw, mtime=0)
     stage = out.with_suffix(".d")
@@ -235,6 +247,32 @@ def oci_archive(out: Path, ref: str, files: dict[str, tuple[bytes, int]], entryp
         tar.add(stage, arcname=".")
     shutil.rmtree(stage)
     return out
+
+
+HOST_PYTHON_REF = "localhost/rose-host-python:1"
+# the merged-/usr symlinks of a Debian root, so the host's /usr mounted read-only is a whole system
+HOST_PYTHON_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
+
+
+def host_python_archive(out: Path) -> Path:
+    """An image with no Python of its own: the merged-/usr symlinks, an empty ``/tmp`` and
+    ``/etc/ld.so.cache`` as mount points. Pods run the host's interpreter in it through read-only
+    hostPath mounts (:func:`host_python_mounts`); the ROSE image cannot run the example trainer
+    (no torch: the ``workload`` extra is not in it; no ``examples/``), docs/real-node.md."""
+    files = {"tmp/.keep": (b"", 0o644), "etc/ld.so.cache": (b"", 0o644)}
+    return oci_archive(out, HOST_PYTHON_REF, files, ["/usr/bin/false"], links=HOST_PYTHON_LINKS)
+
+
+def host_python_mounts(python_prefixes: list[Path], repo: Path) -> list[tuple[str, str]]:
+    """Pure: (host path, hostPath type) of what a host interpreter needs read-only in a container
+    of :func:`host_python_archive`: ``/usr``, the loader's cache, the interpreter's prefixes (a
+    venv and the base it names) and the repository; nested paths only once."""
+    paths = sorted({Path("/usr"), *python_prefixes, repo}, key=lambda p: (len(p.parts), str(p)))
+    keep: list[Path] = []
+    for p in paths:
+        if not any(p == k or k in p.parents for k in keep):
+            keep.append(p)
+    return [("/etc/ld.so.cache", "File")] + [(str(p), "Directory") for p in sorted(keep)]
 
 
 # ------------------------------------------------------------------ credentials
@@ -509,3 +547,31 @@ def stop_real_node(workdir: Path) -> list[str]:
     if not (workdir / "realnode").exists() or not state.exists():
         return []
     return RealNode(ClusterHandle.from_json(state.read_text())).down()
+
+
+def real_node_status(workdir: Path) -> list[dict[str, Any]]:
+    """`rose cluster status` rows of the real node of the cluster in ``workdir``: containerd and
+    the kubelet (from their pid files; a dead one with its log tail) and the pods'
+    ``containerd-shim-runc-v2`` processes; none when it has no real node."""
+    lay = Layout(workdir / "realnode")
+    rows: list[dict[str, Any]] = []
+    for comp in COMPONENTS:
+        f = workdir / "pids" / f"realnode-{comp}.pid"
+        try:
+            pid = int(f.read_text())
+        except (OSError, ValueError):
+            continue
+        log = workdir / "logs" / f"realnode-{comp}.log"
+        alive = Path(f"/proc/{pid}").exists()
+        row: dict[str, Any] = {"component": f"realnode-{comp}", "pid": pid, "alive": alive, "port": None}
+        row["log"] = str(log)
+        if not alive:
+            row["log_tail"] = log_tail(log)
+        rows.append(row)
+    if rows:
+        shim_log = str(workdir / "logs" / "realnode-containerd.log")
+        rows += [
+            {"component": "realnode-shim", "pid": pid, "alive": True, "port": None, "log": shim_log}
+            for pid in sorted(_shims(lay.containerd_sock))
+        ]
+    return rows
