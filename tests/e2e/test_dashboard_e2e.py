@@ -27,11 +27,9 @@ import math
 import os
 import shutil
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from local_cluster.objects import delete_namespace, new_namespace, wait_for
 from rose_cli import dashboard
 from rose_cli import demo_elastic as act
 from tests.cluster_fixtures import session_shaped_cluster
+from tests.metrics_standin import MetricsStandIn
 
 PROMETHEUS = "/usr/bin/prometheus"
 RULES = Path(__file__).resolve().parents[2] / "manifests" / "prometheus" / "rules.yaml"
@@ -50,32 +49,13 @@ _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
 _E2E_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, float("inf"))
 
 
-class VllmStandInExporter:
+class VllmStandInExporter(MetricsStandIn):
     """A stand-in for vLLM's /metrics (no vLLM runs here): a steady request stream whose latency
     histograms and queue follow a slow sine, so the series move."""
 
     def __init__(self) -> None:
         self.t0 = time.time()
-        me = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = me.render(time.time() - me.t0).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
+        super().__init__(lambda: self.render(time.time() - self.t0))
 
     @staticmethod
     def _histogram(name: str, buckets: tuple[float, ...], n: float, typical: float) -> list[str]:
@@ -213,8 +193,7 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             assert not found["empty"], f"panels without data: {found['empty']}"
             act._delete(s, checks, claims)
     finally:
-        vllm.server.shutdown()
-        vllm.server.server_close()
+        vllm.close()
         for name in ("prometheus.log", "predictor.log", "controller-planner-on.log", "trainer.log"):
             with contextlib.suppress(OSError):
                 print(f"--- {name} (tail)\n" + (tmp_path / name).read_text()[-2000:])

@@ -14,25 +14,23 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from local_cluster import stop_process
+from local_cluster import free_port, stop_process
 from predictor.series import read_series_csv
 from rose_common.forecast_api import ForecastResponse
+from tests.metrics_standin import MetricsStandIn
 from tests.predictor_fixtures import REPO, traces_dir
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -40,12 +38,6 @@ PROMTOOL = "/usr/bin/promtool"
 SCALE = 5000.0  # requests per 10 minutes → "busy GPUs" (about 6..70)
 HISTORY_ROWS = 1200  # backfilled; the replay continues from there
 CAPACITY = 96
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> tuple[int, Any]:
@@ -70,37 +62,20 @@ def _wait(pred: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-class _Replay:
+class _Replay(MetricsStandIn):
     """A replay exporter: row ``k0 + (now - t0)`` of the trace, as a Prometheus gauge."""
 
     def __init__(self, values: np.ndarray, t0: float, k0: int) -> None:
         self.values, self.t0, self.k0 = values, t0, k0
-        replay = self
+        super().__init__(self.render)
 
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                k = min(len(replay.values) - 1, replay.k0 + int(time.time() - replay.t0))
-                v = replay.values[k]
-                body = (
-                    "# HELP rose_serving_busy_gpus Busy serving GPUs (replayed trace).\n"
-                    "# TYPE rose_serving_busy_gpus gauge\n"
-                    f'rose_serving_busy_gpus{{pool="pool-a"}} {v:.6f}\n'
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
+    def render(self) -> str:
+        v = self.values[min(len(self.values) - 1, self.k0 + int(time.time() - self.t0))]
+        return (
+            "# HELP rose_serving_busy_gpus Busy serving GPUs (replayed trace).\n"
+            "# TYPE rose_serving_busy_gpus gauge\n"
+            f'rose_serving_busy_gpus{{pool="pool-a"}} {v:.6f}\n'
+        )
 
 
 @pytest.fixture
@@ -132,7 +107,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         capture_output=True,
         timeout=120,
     )
-    prom_port = _free_port()
+    prom_port = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -157,7 +132,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         'pools:\n  - name: pool-a\n    query: sum(rose_serving_busy_gpus{pool="pool-a"})\n'
         f"    unit: gpus\n    capacity: {CAPACITY}\n    capacity_per_gpu: {CAPACITY / 64}\n"
     )
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "ROSE_PREDICTOR_PROMETHEUS_URL": prom_url, "PYTHONPATH": str(REPO)}
     pred_log = (tmp_path / "predictor.log").open("w")
     pred = subprocess.Popen(
@@ -208,8 +183,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     finally:
         for p in (pred, prom):
             stop_process(p)
-        replay.server.shutdown()
-        replay.server.server_close()
+        replay.close()
         prom_log.close()
         pred_log.close()
         for name in ("prometheus.log", "predictor.log"):
