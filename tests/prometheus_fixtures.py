@@ -1,18 +1,51 @@
-"""A stand-in ``/metrics`` endpoint for end-to-end tests that run a real Prometheus: every GET is
-answered with the text a ``render`` callable returns at that moment (Prometheus text format 0.0.4).
-The vLLM stand-in of the dashboard test and the trace replay of the predictor test both serve
-through it.
+"""Prometheus for end-to-end tests: a real Prometheus process (Debian's ``prometheus`` package)
+and stand-in ``/metrics`` endpoints for it to scrape, each answering with the text a ``render``
+callable returns at that moment (Prometheus text format 0.0.4). The dashboard test's vLLM
+stand-in and the predictor test's trace replay both serve through :class:`MetricsStandIn`.
 
-I/O: one HTTP server on 127.0.0.1 at a free port, served from a daemon thread until ``close``.
+I/O: ``prometheus`` runs the binary on a free loopback port with its config, TSDB and log under a
+test's directory; ``MetricsStandIn`` is an HTTP server on 127.0.0.1 at a free port, served from a
+daemon thread until ``close``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from local_cluster import free_port, stop_process
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+@dataclass(frozen=True)
+class Prometheus:
+    proc: subprocess.Popen[bytes]
+    url: str
+
+
+@contextlib.contextmanager
+def prometheus(config: str, tmp: Path, tsdb: Path | None = None, extra: Sequence[str] = ()) -> Iterator[Prometheus]:
+    """Prometheus with ``config`` (YAML) as ``tmp``/prometheus.yml, its TSDB at ``tsdb`` (default
+    ``tmp``/tsdb), its output in ``tmp``/prometheus.log and ``extra`` flags; stopped at the end."""
+    assert Path(PROMETHEUS).exists(), "Debian's prometheus package is required: apt-get install -y prometheus"
+    (tmp / "prometheus.yml").write_text(config)
+    port = free_port()
+    argv = [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tsdb or tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}", *extra]  # fmt: skip
+    with (tmp / "prometheus.log").open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield Prometheus(proc, f"http://127.0.0.1:{port}")
+        finally:
+            stop_process(proc, timeout=30)
 
 
 class MetricsStandIn:

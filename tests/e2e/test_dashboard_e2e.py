@@ -26,7 +26,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -41,9 +40,8 @@ from local_cluster.objects import delete_namespace, new_namespace, wait_for
 from rose_cli import dashboard
 from rose_cli import demo_elastic as act
 from tests.cluster_fixtures import session_shaped_cluster
-from tests.metrics_standin import MetricsStandIn
+from tests.prometheus_fixtures import MetricsStandIn, prometheus
 
-PROMETHEUS = "/usr/bin/prometheus"
 RULES = Path(__file__).resolve().parents[2] / "manifests" / "prometheus" / "rules.yaml"
 _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
 _E2E_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, float("inf"))
@@ -100,22 +98,6 @@ def _prometheus_config(targets: dict[str, list[str]], serving_pool: str, vllm_po
             "scrape_configs": jobs}  # fmt: skip
 
 
-@contextlib.contextmanager
-def prometheus(cfg: dict[str, Any], tmp: Path) -> Iterator[str]:
-    assert Path(PROMETHEUS).exists(), "Debian's prometheus package is required: apt-get install -y prometheus"
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    with (tmp / "prometheus.log").open("w") as log:
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-
-
 def _predictor(tmp: Path, prom_url: str, pool: str, port: int) -> list[str]:
     pools = tmp / "pools.yaml"
     pools.write_text(yaml.safe_dump({"pools": [{"name": pool, "query": f'sum(rose_serving_busy_gpus{{pool="{pool}"}})',
@@ -163,7 +145,8 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
                 "rose-controller": [f"127.0.0.1:{s.metrics_port}"],
                 "rose-predictor": [f"127.0.0.1:{predictor_port}"],
             }
-            prom_url = stack.enter_context(prometheus(_prometheus_config(targets, s.quiet, vllm.port), tmp_path))
+            prom_cfg = yaml.safe_dump(_prometheus_config(targets, s.quiet, vllm.port))
+            prom_url = stack.enter_context(prometheus(prom_cfg, tmp_path)).url
             stack.enter_context(module_process(_predictor(tmp_path, prom_url, s.quiet, predictor_port),
                                                tmp_path / "predictor.log"))  # fmt: skip
             # every process scraped before the story starts: the counters' first increase is seen
