@@ -35,7 +35,6 @@ import datetime as dt
 import http.client
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -45,15 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks._common import log, quantiles_ms
 from rose_common import kwatch, names, promtext
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 
 REPO = Path(__file__).resolve().parent.parent
 CONTROLLER_BY = '"rose-elastic-controller"'
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -113,15 +109,6 @@ def diff(after: list[tuple[float, float]], before: list[tuple[float, float]]) ->
     """The observations between two scrapes of one cumulative histogram."""
     old = dict(before)
     return [(le, n - old.get(le, 0.0)) for le, n in after]
-
-
-def quantiles_ms(cumulative: list[tuple[float, float]]) -> dict[str, float]:
-    total = cumulative[-1][1] if cumulative else 0.0
-    out: dict[str, float] = {"count": total}
-    if total > 0:
-        for q in (0.5, 0.95):
-            out[f"p{int(q * 100)}_ms"] = round(promtext.histogram_quantile(q, cumulative) * 1000, 1)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

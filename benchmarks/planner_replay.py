@@ -28,7 +28,6 @@ I/O boundary: reads the series CSV (``predictor.series``), writes the JSON repor
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks._common import write_json
 from elastic_controller.planner import Forecast, Job, Plan, PlanInput, Pool, Settings, Worker, plan
 from predictor.series import read_series_csv
 
@@ -240,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(a.series, Config(**fields))
     print(f"{report['series']}: {report['days']} days, forecaster: {report['forecaster']}")
     print(_table(report))
-    if a.json is not None:
-        a.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(a.json, report, indent=2)
     return 0
 
 

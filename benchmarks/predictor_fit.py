@@ -10,11 +10,11 @@ to one thread); wall and CPU time are both reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
+from benchmarks._common import emit_json
 from predictor.generator import generate
 from predictor.model import ModelConfig, QuantileForecaster
 from predictor.risk import fit_risk
@@ -53,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal_seconds": 10.0,
         "goal_met": max(walls) <= 10.0,
     }
-    print(json.dumps(out, indent=1))
-    if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    emit_json(out, a.json)
     return 0
 
 

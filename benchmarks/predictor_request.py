@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._common import emit_json
 from predictor.generator import generate
 from predictor.model import ModelConfig
 from predictor.replay import ReplaySource
@@ -80,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal_p99_ms": 10.0,
         "goal_met": float(np.percentile(arr, 99)) <= 10.0,
     }
-    print(json.dumps(out, indent=1))
-    if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    emit_json(out, a.json)
     return 0
 
 

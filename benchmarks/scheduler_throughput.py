@@ -38,15 +38,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks._common import log, quantiles_ms
 from rose_common import kwatch, names, promtext, slices
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 
 REPO = Path(__file__).resolve().parent.parent
 VERBS = ("filter", "prioritize", "preempt")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def feasible_nodes_to_find(n: int) -> int:
@@ -122,12 +119,7 @@ def wait_http(host: str, port: int, path: str, timeout: float) -> None:
 def histogram_quantiles(metrics_text: str, verb: str) -> dict[str, float]:
     """p50/p99 from the extender's latency histogram (linear inside a bucket, as PromQL does)."""
     cumulative = promtext.buckets(metrics_text, "rose_extender_request_duration_seconds", {"verb": verb})
-    total = cumulative[-1][1] if cumulative else 0.0
-    out: dict[str, float] = {"count": total}
-    if total > 0:
-        for q in (0.5, 0.99):
-            out[f"p{int(q * 100)}_ms"] = round(promtext.histogram_quantile(q, cumulative) * 1000, 3)
-    return out
+    return quantiles_ms(cumulative, (0.5, 0.99), 3)
 
 
 _SCHED_POINTS = ("PreFilter", "Filter", "PreScore", "Score")

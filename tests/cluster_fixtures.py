@@ -1,6 +1,10 @@
 """A cluster of its own for an end-to-end module whose scenario changes cluster state that the
 session cluster's later tests read (drivers' ResourceSlices, an extender behind the
-rose-scheduler profile, forecasts): the same shape as the session cluster (tests/conftest.py)."""
+rose-scheduler profile, forecasts, cluster-wide admission policies): by default the same shape as
+the session cluster (tests/conftest.py), which is built here too.
+
+I/O: a real local control plane (``local_cluster``) under ``workdir``, torn down on exit.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ from local_cluster import ClusterConfig, ClusterHandle, LocalCluster, free_port
 
 
 @contextlib.contextmanager
-def session_shaped_cluster(workdir: Path) -> Iterator[ClusterHandle]:
-    """4 KWOK nodes with 2 simulated GPUs, 2 pools, an extender URL at a free port; down at the end."""
-    cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=workdir,
-                        extender_url=f"http://127.0.0.1:{free_port()}", die_with_parent=True)  # fmt: skip
+def session_shaped_cluster(workdir: Path, *, nodes: int = 4, extender: bool = True) -> Iterator[ClusterHandle]:
+    """``nodes`` KWOK nodes with 2 simulated GPUs over 2 pools and, with ``extender``, an extender
+    URL at a free port (the rose-scheduler profile); down at the end."""
+    extender_url = f"http://127.0.0.1:{free_port()}" if extender else None
+    cfg = ClusterConfig(nodes=nodes, gpus_per_node=2, pools=2, workdir=workdir,
+                        extender_url=extender_url, die_with_parent=True)  # fmt: skip
     lc = LocalCluster(cfg)
     handle = lc.up()
     try:

@@ -76,23 +76,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
     if os.environ.get("ROSE_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
         yield _existing_cluster()
         return
-    from local_cluster import ClusterConfig, LocalCluster, free_port
+    from tests.cluster_fixtures import session_shaped_cluster
 
-    workdir = tmp_path_factory.mktemp("cluster")
-    cfg = ClusterConfig(
-        nodes=4,
-        gpus_per_node=2,
-        pools=2,
-        workdir=workdir,
-        extender_url=f"http://127.0.0.1:{free_port()}",
-        die_with_parent=True,
-    )
-    lc = LocalCluster(cfg)
-    handle = lc.up()
-    try:
+    with session_shaped_cluster(tmp_path_factory.mktemp("cluster")) as handle:
         yield handle
-    finally:
-        lc.down()
 
 
 @pytest.fixture

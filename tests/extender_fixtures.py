@@ -13,6 +13,17 @@ from scheduler_extender.cache import ClusterCache
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
+class Recorder:
+    """Test double for the API-server suspender (the e2e tier uses the real one): the UIDs of the
+    pods whose suspension would be requested."""
+
+    def __init__(self) -> None:
+        self.uids: list[str] = []
+
+    def request(self, pod: Any, reason: str, preemptor: Any = None) -> None:
+        self.uids.append(pod.uid)
+
+
 def node(name: str, pool: str, host_mem_free: int | None = None) -> dict[str, Any]:
     ann = {} if host_mem_free is None else {names.ANNOTATION_HOST_MEM_FREE: str(host_mem_free)}
     return {

@@ -1,4 +1,4 @@
-"""A real small CPU RL training (REINFORCE on CartPole, the example's environment) that holds a
+"""A real small CPU RL training (REINFORCE on CartPole: the example's environment and episode) that holds a
 time-slice group for each update phase through ``rose_sdk.timeslice``; used by the acceptance test.
 
     python tests/timeslice_trainer.py --out run.pt --updates 12 [--target HOST:PORT --job NAME --group G]
@@ -28,12 +28,14 @@ from rose_sdk import CooperativeOffloader  # noqa: E402
 from rose_sdk.timeslice import TimeSliceOrchestratorClient  # noqa: E402
 
 
-def _cartpole() -> Any:
+def _example() -> Any:
+    """examples/01_cartpole_reinforce.py as a module: its CartPole and its ``episode`` (one
+    REINFORCE rollout and its loss) are this trainer's environment and rollout."""
     spec = importlib.util.spec_from_file_location("cartpole_example", ROOT / "examples" / "01_cartpole_reinforce.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.CartPole
+    return mod
 
 
 class Clobbering(TimeSliceOrchestratorClient):
@@ -45,23 +47,6 @@ class Clobbering(TimeSliceOrchestratorClient):
         super().release(group)
         for s in storages:  # the memory the next job now owns on the device
             s.fill_(0x3C)  # every float32 becomes 0.0115: wrong, yet finite
-
-
-def rollout(env: Any, policy: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    obs, done = env.reset(), False
-    logps, rewards = [], []
-    while not done:
-        dist = torch.distributions.Categorical(logits=policy(torch.from_numpy(obs)))
-        a = dist.sample()
-        logps.append(dist.log_prob(a))
-        obs, r, done = env.step(int(a.item()))
-        rewards.append(r)
-    returns, g = [], 0.0
-    for r in reversed(rewards):
-        g = r + 0.99 * g
-        returns.append(g)
-    ret = torch.tensor(list(reversed(returns)))
-    return torch.stack(logps), (ret - ret.mean()) / (ret.std() + 1e-8), obs
 
 
 def main() -> None:
@@ -76,7 +61,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    env = _cartpole()(np.random.default_rng(args.seed))
+    example = _example()
+    env = example.CartPole(np.random.default_rng(args.seed))
     policy = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
     opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
     replay = torch.zeros(64, 4)
@@ -88,8 +74,7 @@ def main() -> None:
     for update in range(args.updates):
         phase = client.on_accelerators(group_id=args.group, timeout_s=120) if client else contextlib.nullcontext()
         with phase:
-            logps, ret, obs = rollout(env, policy)
-            loss = -(logps * ret).sum()
+            loss, obs, _ = example.episode(policy, env)
             opt.zero_grad()
             loss.backward()
             opt.step()

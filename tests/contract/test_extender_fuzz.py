@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_fixtures import cluster_cache, pod
+from extender_fixtures import Recorder, cluster_cache, pod
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,14 +24,6 @@ UIDS = ["uid-rl", "uid-batch", "uid-serving"]
 EXAMPLES = int(__import__("os").environ.get("ROSE_EXTENDER_FUZZ_EXAMPLES", "10000"))
 BATCH = 5  # bodies per hypothesis example: amortises the engine's per-example cost
 GOLDEN = Path(__file__).parent.parent / "unit" / "extender_golden"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.uids: list[str] = []
-
-    def request(self, pod: Any, reason: str, preemptor: Any = None) -> None:
-        self.uids.append(pod.uid)
 
 
 @pytest.fixture(scope="module")

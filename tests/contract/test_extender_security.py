@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from extender_fixtures import cluster_cache, pod, preempt_body
+from extender_fixtures import Recorder, cluster_cache, pod, preempt_body
 
 from benchmarks import extender_load
 from scheduler_extender import cli, wire
@@ -24,16 +24,6 @@ from scheduler_extender.model import PodInfo, PodKind
 from scheduler_extender.server import Extender, ExtenderServer, ServerLimits
 
 SERVING_PRIORITY = 1000
-
-
-class Recorder:
-    """The suspender: records what would be written to the API server."""
-
-    def __init__(self) -> None:
-        self.uids: list[str] = []
-
-    def request(self, pod: Any, reason: str, preemptor: Any = None) -> None:
-        self.uids.append(pod.uid)
 
 
 class PendingPods:

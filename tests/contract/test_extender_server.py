@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_fixtures import args_body, cluster_cache, forecast, pod, preempt_body
+from extender_fixtures import Recorder, args_body, cluster_cache, forecast, pod, preempt_body
 
 from rose_common.forecast_client import ForecastError, HttpForecastSource, StaticFileForecastSource
 from scheduler_extender import policy
@@ -20,16 +20,6 @@ from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.model import PodInfo, PodKind
 from scheduler_extender.server import METRICS_ROUTES, Extender, ExtenderServer
-
-
-class Recorder:
-    """Test double for the API-server suspender (the e2e test uses the real one)."""
-
-    def __init__(self) -> None:
-        self.uids: list[str] = []
-
-    def request(self, pod: Any, reason: str, preemptor: Any = None) -> None:
-        self.uids.append(pod.uid)
 
 
 class PendingPods:

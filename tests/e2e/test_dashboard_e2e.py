@@ -26,12 +26,9 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -43,39 +40,20 @@ from local_cluster.objects import delete_namespace, new_namespace, wait_for
 from rose_cli import dashboard
 from rose_cli import demo_elastic as act
 from tests.cluster_fixtures import session_shaped_cluster
+from tests.prometheus_fixtures import MetricsStandIn, prometheus
 
-PROMETHEUS = "/usr/bin/prometheus"
 RULES = Path(__file__).resolve().parents[2] / "manifests" / "prometheus" / "rules.yaml"
 _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
 _E2E_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, float("inf"))
 
 
-class VllmStandInExporter:
+class VllmStandInExporter(MetricsStandIn):
     """A stand-in for vLLM's /metrics (no vLLM runs here): a steady request stream whose latency
     histograms and queue follow a slow sine, so the series move."""
 
     def __init__(self) -> None:
         self.t0 = time.time()
-        me = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = me.render(time.time() - me.t0).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
+        super().__init__(lambda: self.render(time.time() - self.t0))
 
     @staticmethod
     def _histogram(name: str, buckets: tuple[float, ...], n: float, typical: float) -> list[str]:
@@ -118,22 +96,6 @@ def _prometheus_config(targets: dict[str, list[str]], serving_pool: str, vllm_po
     return {"global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
             "rule_files": [str(RULES)],
             "scrape_configs": jobs}  # fmt: skip
-
-
-@contextlib.contextmanager
-def prometheus(cfg: dict[str, Any], tmp: Path) -> Iterator[str]:
-    assert Path(PROMETHEUS).exists(), "Debian's prometheus package is required: apt-get install -y prometheus"
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    with (tmp / "prometheus.log").open("w") as log:
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
 
 
 def _predictor(tmp: Path, prom_url: str, pool: str, port: int) -> list[str]:
@@ -183,7 +145,8 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
                 "rose-controller": [f"127.0.0.1:{s.metrics_port}"],
                 "rose-predictor": [f"127.0.0.1:{predictor_port}"],
             }
-            prom_url = stack.enter_context(prometheus(_prometheus_config(targets, s.quiet, vllm.port), tmp_path))
+            prom_cfg = yaml.safe_dump(_prometheus_config(targets, s.quiet, vllm.port))
+            prom_url = stack.enter_context(prometheus(prom_cfg, tmp_path)).url
             stack.enter_context(module_process(_predictor(tmp_path, prom_url, s.quiet, predictor_port),
                                                tmp_path / "predictor.log"))  # fmt: skip
             # every process scraped before the story starts: the counters' first increase is seen
@@ -213,8 +176,7 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             assert not found["empty"], f"panels without data: {found['empty']}"
             act._delete(s, checks, claims)
     finally:
-        vllm.server.shutdown()
-        vllm.server.server_close()
+        vllm.close()
         for name in ("prometheus.log", "predictor.log", "controller-planner-on.log", "trainer.log"):
             with contextlib.suppress(OSError):
                 print(f"--- {name} (tail)\n" + (tmp_path / name).read_text()[-2000:])

@@ -25,6 +25,7 @@ import yaml
 
 from local_cluster.binaries import pinned_versions
 from local_cluster.objects import allocated_claim
+from tests.cluster_fixtures import session_shaped_cluster
 from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 if TYPE_CHECKING:
@@ -37,22 +38,8 @@ MARKER = "<!-- install-commands:"
 
 @pytest.fixture(scope="module")
 def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
-    from local_cluster import ClusterConfig, LocalCluster
-
-    cfg = ClusterConfig(
-        nodes=2,
-        gpus_per_node=2,
-        pools=2,
-        workdir=tmp_path_factory.mktemp("install"),
-        extender_url=None,
-        die_with_parent=True,
-    )
-    lc = LocalCluster(cfg)
-    handle = lc.up()
-    try:
-        yield handle
-    finally:
-        lc.down()
+    with session_shaped_cluster(tmp_path_factory.mktemp("install"), nodes=2, extender=False) as c:
+        yield c
 
 
 def kubectl(

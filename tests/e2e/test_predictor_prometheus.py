@@ -10,42 +10,34 @@ then Prometheus is stopped and the forecast must turn ``stale`` with the pool's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from local_cluster import stop_process
+from local_cluster import free_port, stop_process
 from predictor.series import read_series_csv
 from rose_common.forecast_api import ForecastResponse
 from tests.predictor_fixtures import REPO, traces_dir
+from tests.prometheus_fixtures import PROMETHEUS, MetricsStandIn, prometheus
 
-PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 SCALE = 5000.0  # requests per 10 minutes → "busy GPUs" (about 6..70)
 HISTORY_ROWS = 1200  # backfilled; the replay continues from there
 CAPACITY = 96
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> tuple[int, Any]:
@@ -70,37 +62,20 @@ def _wait(pred: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-class _Replay:
+class _Replay(MetricsStandIn):
     """A replay exporter: row ``k0 + (now - t0)`` of the trace, as a Prometheus gauge."""
 
     def __init__(self, values: np.ndarray, t0: float, k0: int) -> None:
         self.values, self.t0, self.k0 = values, t0, k0
-        replay = self
+        super().__init__(self.render)
 
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                k = min(len(replay.values) - 1, replay.k0 + int(time.time() - replay.t0))
-                v = replay.values[k]
-                body = (
-                    "# HELP rose_serving_busy_gpus Busy serving GPUs (replayed trace).\n"
-                    "# TYPE rose_serving_busy_gpus gauge\n"
-                    f'rose_serving_busy_gpus{{pool="pool-a"}} {v:.6f}\n'
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
+    def render(self) -> str:
+        v = self.values[min(len(self.values) - 1, self.k0 + int(time.time() - self.t0))]
+        return (
+            "# HELP rose_serving_busy_gpus Busy serving GPUs (replayed trace).\n"
+            "# TYPE rose_serving_busy_gpus gauge\n"
+            f'rose_serving_busy_gpus{{pool="pool-a"}} {v:.6f}\n'
+        )
 
 
 @pytest.fixture
@@ -132,88 +107,38 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         capture_output=True,
         timeout=120,
     )
-    prom_port = _free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(
+    cfg = (
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: replay\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{replay.port}']\n"
     )
-    prom_log = (tmp_path / "prometheus.log").open("w")
-    prom = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={cfg}",
-            f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-            "--storage.tsdb.retention.time=30d",
-        ],
-        stdout=prom_log,
-        stderr=subprocess.STDOUT,
-    )
-    prom_url = f"http://127.0.0.1:{prom_port}"
     pools = tmp_path / "pools.yaml"
     pools.write_text(
         'pools:\n  - name: pool-a\n    query: sum(rose_serving_busy_gpus{pool="pool-a"})\n'
         f"    unit: gpus\n    capacity: {CAPACITY}\n    capacity_per_gpu: {CAPACITY / 64}\n"
     )
-    port = _free_port()
-    env = {**os.environ, "ROSE_PREDICTOR_PROMETHEUS_URL": prom_url, "PYTHONPATH": str(REPO)}
-    pred_log = (tmp_path / "predictor.log").open("w")
-    pred = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "predictor",
-            "serve",
-            "--pools",
-            str(pools),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--step",
-            "1s",
-            "--history",
-            "1h",
-            "--horizons",
-            "10s,30s,60s",
-            "--quantiles",
-            "0.9",
-            "--risks",
-            "0.05",
-            "--refresh-interval",
-            "1s",
-            "--max-data-age",
-            "8s",
-            "--season-day",
-            "144s",
-            "--season-week",
-            "1008s",
-            "--model-dir",
-            str(tmp_path / "models"),
-        ],
-        env=env,
-        cwd=REPO,
-        stdout=pred_log,
-        stderr=subprocess.STDOUT,
-    )
+    port = free_port()
     try:
-        yield {
-            "prom": prom,
-            "prom_url": prom_url,
-            "url": f"http://127.0.0.1:{port}",
-            "tmp": tmp_path,
-            "values": values,
-            "t0": t0,
-        }
+        with prometheus(cfg, tmp_path, tsdb=data, extra=["--storage.tsdb.retention.time=30d"]) as prom:
+            env = {**os.environ, "ROSE_PREDICTOR_PROMETHEUS_URL": prom.url, "PYTHONPATH": str(REPO)}
+            with (tmp_path / "predictor.log").open("w") as pred_log:
+                pred = subprocess.Popen(
+                    [sys.executable, "-m", "predictor", "serve", "--pools", str(pools), "--listen", f"127.0.0.1:{port}",
+                     "--step", "1s", "--history", "1h", "--horizons", "10s,30s,60s", "--quantiles", "0.9",
+                     "--risks", "0.05", "--refresh-interval", "1s", "--max-data-age", "8s", "--season-day", "144s",
+                     "--season-week", "1008s", "--model-dir", str(tmp_path / "models")],
+                    env=env, cwd=REPO, stdout=pred_log, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+                try:
+                    yield {"prom": prom.proc, "prom_url": prom.url, "url": f"http://127.0.0.1:{port}",
+                           "tmp": tmp_path, "values": values, "t0": t0}  # fmt: skip
+                finally:
+                    stop_process(pred)
     finally:
-        for p in (pred, prom):
-            stop_process(p)
-        replay.server.shutdown()
-        replay.server.server_close()
-        prom_log.close()
-        pred_log.close()
+        replay.close()
         for name in ("prometheus.log", "predictor.log"):
-            print(f"--- {name} (tail)\n" + (tmp_path / name).read_text()[-3000:])
+            with contextlib.suppress(OSError):
+                print(f"--- {name} (tail)\n" + (tmp_path / name).read_text()[-3000:])
 
 
 def test_forecasts_from_a_real_prometheus(stack: dict[str, Any]) -> None:
