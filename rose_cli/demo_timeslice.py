@@ -310,7 +310,8 @@ def _orchestrator(h: Any, ns: str, port: int, tmp: Path, stack: ExitStack) -> st
 
     def leads() -> bool:
         if proc.poll() is not None:
-            raise RuntimeError(f"rose timeslice serve exited {proc.returncode}: see {tmp / 'orchestrator.log'}")
+            tail = (tmp / "orchestrator.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"rose timeslice serve exited {proc.returncode}; its log ends:\n{tail}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{mport}/readyz", timeout=2) as r:
                 return bool(r.status == 200)
