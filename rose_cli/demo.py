@@ -10,8 +10,9 @@ back, the RL job is suspended into host memory (not evicted) and resumes bit-exa
 applies an ElasticRLJob with kubectl: the real controller grows it on an idle forecast, shrinks
 it to its minimum and then suspends the gang (through real drivers) when serving is forecast to
 need the GPUs, and resumes and regrows it when the forecast falls. Act 5 runs two small CPU RL
-jobs sharing one time-slice group through the orchestrator and prints the group's duty cycle with
-and without sharing (``rose_cli/demo_timeslice.py``).
+jobs sharing one time-slice group through the orchestrator (a process over the cluster's Leases,
+switching through a real driver) and prints the group's duty cycle with and without sharing and
+the switch latency split (``rose_cli/demo_timeslice.py``).
 """
 
 from __future__ import annotations

@@ -4,15 +4,16 @@ I/O boundary: none. The caller sends its pod's projected ServiceAccount token as
 ``authorization: Bearer <token>``; a reviewer (``timeslice.kube.TokenReviewer``: a TokenReview
 in the API server) maps it to a username. :func:`namespace_of` reads the ServiceAccount's
 namespace from ``system:serviceaccount:<ns>:<name>``; :func:`check_job` refuses a job
-(``namespace/name``) outside it. :class:`ReviewCache` keeps verdicts for a short time so a grant
-does not wait for a TokenReview each phase.
+(``namespace/name``) outside it; :func:`member` and :func:`check_member` let a caller read only
+the groups one of its namespace's jobs is in (holding, resident or waiting). :class:`ReviewCache`
+keeps verdicts for a short time so a grant does not wait for a TokenReview each phase.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 SA_PREFIX = "system:serviceaccount:"
 
@@ -48,6 +49,19 @@ def check_job(job: str, namespace: str) -> None:
         raise Forbidden(f"job {job!r} must be 'namespace/name' when callers are authenticated")
     if ns != namespace:
         raise Forbidden(f"job {job!r} is outside the caller's namespace {namespace!r}")
+
+
+def member(jobs: Iterable[str], namespace: str) -> bool:
+    """Whether one of ``jobs`` (``namespace/name``) is in ``namespace``."""
+    return any(j.partition("/")[0] == namespace and "/" in j for j in jobs)
+
+
+def check_member(group: str, jobs: Iterable[str], namespace: str) -> None:
+    if not member(jobs, namespace):
+        raise Forbidden(
+            f"group {group!r} has no job of the caller's namespace {namespace!r} (holding, resident or waiting):"
+            " a caller reads only the groups its namespace's jobs are in"
+        )
 
 
 class ReviewCache:

@@ -7,7 +7,8 @@ callers to it) and, through :class:`Elector`, the leader Lease. Requests are tra
 INVALID_ARGUMENT (bad names), FAILED_PRECONDITION (a stale fencing token), DEADLINE_EXCEEDED,
 UNAVAILABLE (not the leader, the store unreachable: retry), RESOURCE_EXHAUSTED (queue full),
 ABORTED (a hand-over failed and was rolled back), UNAUTHENTICATED / PERMISSION_DENIED (with
-authentication on: no or a refused ServiceAccount token, a job outside the token's namespace).
+authentication on, for every RPC: no or a refused ServiceAccount token, a job outside the token's
+namespace, the Status of a group none of the namespace's jobs is in).
 Connections are bounded by ``maximum_concurrent_rpcs``.
 """
 
@@ -49,6 +50,11 @@ def _status(g: Group, now: float) -> pb.StatusResponse:
     waiters = [pb.Waiter(job=w.job, role=w.role, waited_s=max(0.0, now - w.since)) for w in g.waiters if w.live]
     return pb.StatusResponse(group=g.name, holder=g.holder, fencing_token=g.token, waiters=waiters,
                              resident=g.resident)  # fmt: skip
+
+
+def _jobs(g: Group) -> list[str]:
+    """The jobs in a group: its holder, its resident and its waiters."""
+    return [j for j in (g.holder, g.resident, *(w.job for w in g.waiters)) if j]
 
 
 @contextmanager
@@ -116,16 +122,23 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
         raise AssertionError("unreachable")
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
-        with _codes(context):
-            self.orch.check_leader()
-            return _status(self.orch.status(request.group), self.orch.clock())
-        raise AssertionError("unreachable")
+        return self._statuses(context, request.group)[0]
 
     def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> pb.ListGroupsResponse:
+        return pb.ListGroupsResponse(groups=self._statuses(context, None))
+
+    def _statuses(self, context: grpc.ServicerContext, group: str | None) -> list[pb.StatusResponse]:
+        """Status of ``group`` (None: every group). With authentication on, a caller reads only the
+        groups one of its namespace's jobs is in; another group's Status is PERMISSION_DENIED, and
+        ListGroups leaves it out."""
         with _codes(context):
+            ns = self.auth.namespace(identity.bearer(context.invocation_metadata())) if self.auth else None
             self.orch.check_leader()
             now = self.orch.clock()
-            return pb.ListGroupsResponse(groups=[_status(g, now) for g in self.orch.groups()])
+            groups = [self.orch.status(group)] if group is not None else self.orch.groups()
+            if ns is not None and group is not None:
+                identity.check_member(group, _jobs(groups[0]), ns)
+            return [_status(g, now) for g in groups if ns is None or identity.member(_jobs(g), ns)]
         raise AssertionError("unreachable")
 
 

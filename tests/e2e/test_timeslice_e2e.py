@@ -4,7 +4,9 @@ A holder process SIGKILLed: the next waiter is granted once the holder's lease e
 waiter's own deadline is twice the TTL), and the dead holder's late Yield and Renew are refused
 by fencing. The orchestrator SIGKILLed mid-hand-over and restarted: the hand-over is redone with
 a newer token and one job holds. Two replicas: only the leader grants; the other answers
-UNAVAILABLE and is not ready until the leader dies.
+UNAVAILABLE and is not ready until the leader dies. Caller identity through the real TokenReview:
+a ServiceAccount token admits its namespace's job and reads its group's Status; another namespace's
+job, a missing or forged token, and another group's Status are refused.
 """
 
 from __future__ import annotations
@@ -248,3 +250,12 @@ def test_callers_are_checked_by_token_review(cluster: ClusterHandle, api: Any, t
             with pytest.raises(grpc.RpcError) as e:
                 stub.Acquire(pb.AcquireRequest(group=group, job=job), timeout=30, metadata=metadata)
             assert e.value.code() == code, e.value.details()
+        # Status and ListGroups: the same token; the group of a job of its namespace only
+        assert stub.Status(pb.StatusRequest(group=group), timeout=30, metadata=ok).resident == "default/x"
+        assert [g.group for g in stub.ListGroups(pb.ListGroupsRequest(), timeout=30, metadata=ok).groups] == [group]
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Status(pb.StatusRequest(group=group), timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Status(pb.StatusRequest(group=_group()), timeout=30, metadata=ok)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from timeslice.identity import Forbidden, ReviewCache, Unauthenticated, bearer, check_job, namespace_of
+from timeslice.identity import (
+    Forbidden,
+    ReviewCache,
+    Unauthenticated,
+    bearer,
+    check_job,
+    check_member,
+    member,
+    namespace_of,
+)
 
 
 def test_bearer_token_from_metadata() -> None:
@@ -43,3 +52,11 @@ def test_review_cache_keeps_verdicts_for_its_ttl() -> None:
     now[0] = 11.0
     cache.namespace("t")
     assert calls == ["t", "bad", "t"]
+
+
+def test_membership_is_by_the_jobs_namespace() -> None:
+    assert member(["team-a/grpo", ""], "team-a")
+    assert not member(["team-b/grpo", "team-a"], "team-a")  # a plain name is in no namespace
+    check_member("g", ["team-b/x", "team-a/y"], "team-a")
+    with pytest.raises(Forbidden, match="group 'g' has no job of the caller's namespace 'team-a'"):
+        check_member("g", ["team-b/x"], "team-a")
