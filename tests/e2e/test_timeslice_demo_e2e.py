@@ -2,25 +2,31 @@
 server (Leases, leader election, ``--handover kube``), one real driver on a KWOK node, two CPU
 REINFORCE jobs as separate processes sharing one group through the SDK client. The act must
 succeed (sharing raises the duty cycle, a driver ``Suspended`` Event per switch) and print the
-switch split; afterwards the node gets the session cluster's seed slices back.
+switch split. It runs on a cluster of its own: the act relabels pods, publishes a driver's slices
+and leaves the group's Leases, which the session cluster's later scenarios must not see.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from driver_fixtures import restore_seed_slices
+import pytest
 
 from local_cluster import ClusterHandle
-from rose_cli.demo_timeslice import act_timeslice, pick_node
+from rose_cli.demo_timeslice import act_timeslice
+from tests.cluster_fixtures import session_shaped_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    with session_shaped_cluster(tmp_path_factory.mktemp("timeslice-demo-cluster"), extender=False) as c:
+        yield c
 
 
 def test_act_5_two_jobs_share_a_group_through_the_driver(cluster: ClusterHandle, api: Any) -> None:
     lines: list[str] = []
-    try:
-        ok = act_timeslice(cluster, api, lines.append)
-    finally:
-        restore_seed_slices(cluster, api, [pick_node(cluster.node_names, cluster.pools)])
+    ok = act_timeslice(cluster, api, lines.append)
     out = "\n".join(lines)
     assert ok, out
     assert "leader elected, hand-over through the driver" in out, out
