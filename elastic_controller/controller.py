@@ -30,7 +30,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -62,7 +62,7 @@ from rose_common.workqueue import WorkQueue
 log = logging.getLogger("elastic_controller")
 
 PLANNED_REASONS = ("PlannedShrink:", "PlannedGangSuspend:")  # the planner's reclaim Event reasons
-Inventory = Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+Inventory = Callable[[], Mapping[str, int]]  # physical GPUs per pool
 
 
 class ControllerApi(JobApi, Protocol):
@@ -344,9 +344,8 @@ class Controller:
 
     # ------------------------------------------------------------------ plan
     def _pools(self, now: float) -> tuple[Pool, ...]:
-        nodes, slices = self.inventory()
         out = []
-        for name, capacity in sorted(pools.capacities(nodes, slices).items()):
+        for name, capacity in sorted(self.inventory().items()):
             self.metrics.pool_capacity.labels(name).set(capacity)
             forecast = self.forecasts.get(name)
             if forecast is None:
