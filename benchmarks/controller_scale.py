@@ -62,7 +62,8 @@ class Params:
     max_workers: int = 8
     plan_interval_s: float = 1.0
     forecast_refresh_s: float = 0.5
-    controller_workers: int = 4
+    controller_workers: int = 16
+    write_concurrency: int = 8
     timeout_s: float = 900.0
     namespace: str = "bench"
 
@@ -253,7 +254,8 @@ def _processes(handle: Any, fc: Path, p: Params, workdir: Path, metrics_port: in
     common = ["--forecast-backend=static-file", f"--forecast-file={fc}", f"--forecast-refresh={p.forecast_refresh_s}",
               f"--kubeconfig={handle.kubeconfig}", "--log-level=warning"]  # fmt: skip
     ctl = ["elastic_controller", *common, f"--plan-interval={p.plan_interval_s}", "--dwell=0",
-           f"--workers={p.controller_workers}", "--lease-namespace=default", f"--lease-name=bench-{metrics_port}",
+           f"--workers={p.controller_workers}", f"--write-concurrency={p.write_concurrency}",
+           "--lease-namespace=default", f"--lease-name=bench-{metrics_port}",
            f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
     with (
         module_process(["scheduler_extender", f"--listen={host}:{port}", *common], workdir / "extender.log"),
@@ -372,20 +374,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-workers", type=int, default=8, help="workers (= GPUs) each job grows to")
     ap.add_argument("--plan-interval", type=float, default=1.0, help="the controller's --plan-interval, seconds")
     ap.add_argument("--forecast-refresh", type=float, default=0.5, help="the controller's --forecast-refresh, seconds")
-    ap.add_argument("--controller-workers", type=int, default=4, help="the controller's --workers")
+    ap.add_argument("--controller-workers", type=int, default=16, help="the controller's --workers")
+    ap.add_argument("--write-concurrency", type=int, default=8, help="the controller's --write-concurrency")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds each phase may take")
     ap.add_argument("--json", type=Path, help="write the result here")
     ap.add_argument("--workdir", type=Path, help="cluster and process logs (default: a temporary directory)")
     a = ap.parse_args(argv)
     for flag, value, least in (("--jobs", a.jobs, 1), ("--nodes", a.nodes, 1), ("--pools", a.pools, 1),
-                               ("--max-workers", a.max_workers, 1)):  # fmt: skip
+                               ("--max-workers", a.max_workers, 1), ("--controller-workers", a.controller_workers, 1),
+                               ("--write-concurrency", a.write_concurrency, 1)):  # fmt: skip
         if value < least:
             ap.error(f"{flag} must be >= {least}, got {value}")
     if a.jobs * a.max_workers > a.nodes * 8:
         ap.error(f"--jobs x --max-workers ({a.jobs * a.max_workers}) GPUs exceed --nodes x 8 ({a.nodes * 8})")
     p = Params(jobs=a.jobs, max_workers=a.max_workers, plan_interval_s=a.plan_interval,
                forecast_refresh_s=a.forecast_refresh, controller_workers=a.controller_workers,
-               timeout_s=a.timeout)  # fmt: skip
+               write_concurrency=a.write_concurrency, timeout_s=a.timeout)  # fmt: skip
     with contextlib.ExitStack() as stack:
         workdir = a.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rose-ctl-scale-")))
         workdir.mkdir(parents=True, exist_ok=True)
