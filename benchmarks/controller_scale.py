@@ -106,6 +106,44 @@ def scrape(port: int) -> str:
         conn.close()
 
 
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def apiserver_writes(text: str) -> dict[str, float]:
+    """Write requests the API server has served so far (``apiserver_request_total``), per
+    ``VERB resource[/subresource]`` (pure)."""
+    lines = "\n".join(line for line in text.splitlines() if line.startswith("apiserver_request_total{"))
+    out: dict[str, float] = {}
+    for s in promtext.samples(lines, "apiserver_request_total"):
+        if s.labels.get("verb") in WRITE_VERBS:
+            sub = s.labels.get("subresource") or ""
+            key = f"{s.labels['verb']} {s.labels.get('resource', '')}{'/' + sub if sub else ''}"
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def writes_between(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
+    """The API server's writes in a window: the total, per second, and the largest kinds (pure)."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) > 0}
+    total = sum(d.values())
+    top = dict(sorted(d.items(), key=lambda kv: -kv[1])[:6])
+    return {"total": int(total), "per_s": round(total / seconds, 1) if seconds > 0 else None,
+            "by_kind": {k: int(v) for k, v in top.items()}}  # fmt: skip
+
+
+def apiserver_metrics(handle: Any) -> str:
+    """The API server's own ``/metrics`` page (the cluster's admin credentials)."""
+    api = handle.api_client()
+    try:
+        m, url, headers, _, _ = api.param_serialize(method="GET", resource_path="/metrics",
+                                                    header_params={"Accept": "text/plain"},
+                                                    auth_settings=["BearerToken"])  # fmt: skip
+        resp = api.call_api(m, url, header_params=headers, _request_timeout=60)
+        return str(resp.read().decode())
+    finally:
+        api.close()
+
+
 def histogram(text: str, name: str) -> list[tuple[float, float]]:
     return promtext.buckets(text, name)
 
@@ -304,6 +342,7 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
             log(f"grown in {out['grow_s']}s; forecast of {target_pool} rises to {capacity[target_pool]} GPUs "
                 f"({len(victims)} workers there)")  # fmt: skip
             out["load_average_at_change"] = [round(x, 1) for x in os.getloadavg()]  # the machine is shared
+            writes0 = apiserver_writes(apiserver_metrics(handle))
             t_change = write_forecasts(fc, {**dict.fromkeys(capacity, 0.0), target_pool: float(capacity[target_pool])})
 
             def all_requested() -> bool:
@@ -311,6 +350,8 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
                     return victims <= set(pods.requested)
 
             _wait(f"{len(victims)} suspend requests", all_requested, p.timeout_s, 0.02)
+            window = time.monotonic() - t_change
+            writes1 = apiserver_writes(apiserver_metrics(handle))
             with pods.lock:
                 times = sorted(pods.requested[n] - t_change for n in victims)
             time.sleep(3 * p.plan_interval_s)
@@ -321,6 +362,11 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
     out["suspend_requests"] = len(times)
     out["plan_to_first_request_s"] = round(times[0], 3) if times else None
     out["plan_to_requests_s"] = round(times[-1], 3) if times else None
+    if times:  # the spread: a steady rate (a throughput limit) or a few late stragglers
+        out["requests_at_s"] = {f"p{q}": round(times[min(len(times) - 1, len(times) * q // 100)], 3)
+                                for q in (10, 50, 90)}  # fmt: skip
+    # every write the API server served from the forecast change to the last request (all clients)
+    out["apiserver_writes_reclaim"] = writes_between(writes0, writes1, window)
     others = set(pods.requested) - victims
     victim_jobs = {_job_of(n) for n in victims}
     # a job at minGPUs is suspended as a whole gang: its workers in other pools go too

@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
@@ -178,7 +178,13 @@ class ParallelCalls:
     def __call__(self, calls: list[Callable[[], None]]) -> list[Exception | None]:
         if len(calls) < 2:
             return run_serially(calls)
-        return [f.result() for f in [self._pool.submit(_attempt, c) for c in calls]]
+        futures: list[Future[Exception | None]] = []
+        for i, call in enumerate(calls):
+            try:
+                futures.append(self._pool.submit(_attempt, call))
+            except RuntimeError:  # the interpreter is exiting (the pool takes no more): the rest in this thread
+                return [f.result() for f in futures] + run_serially(calls[i:])
+        return [f.result() for f in futures]
 
 
 class Controller:
