@@ -121,9 +121,13 @@ def world_value(observed: list[ObservedWorker]) -> str | None:
 
 
 def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
-    """The live workers whose ``rose.io/world`` differs from the job's world now."""
+    """The live workers whose ``rose.io/world`` differs from the job's world now; a pending worker
+    (no process yet) gets it when it runs, which changes the world anyway. Writing every
+    intermediate world on pods still starting doubled the annotation writes of a job's grow
+    (``benchmarks/controller_scale.py``)."""
     value = world_value(observed)
-    return [w for w in observed if not w.lost and value is not None and w.world != value]
+    return [w for w in observed if not w.lost and value is not None and w.world != value
+            and planner_state(w) != "pending"]  # fmt: skip
 
 
 def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0) -> Job:

@@ -133,3 +133,12 @@ def test_the_minimum_resources_a_worker_reports_reach_the_jobs_status() -> None:
     unreported = compute_status(JOB, _observed(reported(0, 0, 0)), None, None, NOW)[0]
     assert "minGPUsPerWorker" not in unreported.model_dump(by_alias=True, exclude_none=True)
     assert ElasticRLJob.model_validate({**RAW_JOB, "status": doc}).status == status
+
+
+def test_a_pending_worker_gets_no_world_until_it_runs() -> None:
+    """Regression (controller_scale benchmark): a job growing to 8 wrote each intermediate world
+    on every worker, pending ones included (72 writes; 36 without the pending ones)."""
+    obs = _observed(_pod(0), _pod(1, phase="Pending"))
+    assert world_value(obs) == "1/2"
+    assert [w.name for w in world_updates(obs)] == ["grpo-w0"]
+    assert world_updates(_observed(_pod(0, phase="Pending"), _pod(1, phase="Pending"))) == []
