@@ -342,6 +342,9 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
             log(f"grown in {out['grow_s']}s; forecast of {target_pool} rises to {capacity[target_pool]} GPUs "
                 f"({len(victims)} workers there)")  # fmt: skip
             out["load_average_at_change"] = [round(x, 1) for x in os.getloadavg()]  # the machine is shared
+            # keys still queued from the grow: the reclaim's jobs wait behind them
+            depth = promtext.value(scrape(metrics_port), "rose_controller_queue_depth", None, 0.0)
+            out["queue_depth_at_change"] = int(depth)
             writes0 = apiserver_writes(apiserver_metrics(handle))
             t_change = write_forecasts(fc, {**dict.fromkeys(capacity, 0.0), target_pool: float(capacity[target_pool])})
 

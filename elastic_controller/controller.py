@@ -223,6 +223,7 @@ class Controller:
         self.stop = threading.Event()
         self.last_plan: Plan | None = None
         metrics.leader.set(1 if self.is_leader else 0)
+        metrics.queue_depth.set_function(lambda: len(self.queue))
 
     # ------------------------------------------------------------------ informer handlers
     def on_job_list(self, items: list[dict[str, Any]]) -> None:
