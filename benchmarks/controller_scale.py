@@ -13,7 +13,8 @@ ForecastResponse objects, rewritten atomically (write, then rename) to change th
 1. Every pool is forecast idle; ``--jobs`` ElasticRLJobs (minGPUs 2, maxGPUs ``--max-workers``,
    1 GPU per worker) are created; the controller grows them to their maximum through the
    extender and kube-scheduler, and KWOK runs the bound pods ("workers running").
-2. The forecast of the first pool rises to its whole capacity. The planner must reclaim every
+2. Once the controller is idle (``rose_controller_queue_idle``: the grow's last status and world
+   writes done), the forecast of the first pool rises to its whole capacity. The planner must reclaim every
    worker there: its suspend requests (``rose.io/suspend-request`` by the controller) are seen on
    a pod watch; **plan-to-requests** is the time from the rename of the forecast file to the
    last of them (it includes the controller's forecast refresh and plan interval, both set by
@@ -303,6 +304,16 @@ def _processes(handle: Any, fc: Path, p: Params, workdir: Path, metrics_port: in
         yield
 
 
+def _idle(port: int) -> bool:
+    """Nothing queued or being reconciled, on two scrapes one plan round apart."""
+    for i in range(2):
+        if promtext.value(scrape(port), "rose_controller_queue_idle", None, 0.0) != 1.0:
+            return False
+        if i == 0:
+            time.sleep(1.0)
+    return True
+
+
 def _scrape_ok(port: int) -> bool:
     try:
         return "rose_controller_leader 1.0" in scrape(port)
@@ -335,7 +346,8 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
             log(f"{p.jobs} jobs created in {time.monotonic() - t0:.1f}s; waiting for {workers} workers running")
             _wait(f"{workers} workers running", lambda: pods.count()[0] >= workers, p.timeout_s, 0.5)
             out["grow_s"] = round(time.monotonic() - t0, 1)
-            time.sleep(3 * p.plan_interval_s)  # let the last status writes settle
+            # the grow's last status and world writes done: the change meets a settled controller
+            out["settle_s"] = round(_wait("controller idle", lambda: _idle(metrics_port), p.timeout_s, 0.5), 1)
             grown = scrape(metrics_port)
             with pods.lock:
                 victims = {n for n, node in pods.node.items() if pool_of.get(node) == target_pool}

@@ -224,6 +224,7 @@ class Controller:
         self.last_plan: Plan | None = None
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
+        metrics.queue_idle.set_function(lambda: 1 if self.queue.idle() else 0)
 
     # ------------------------------------------------------------------ informer handlers
     def on_job_list(self, items: list[dict[str, Any]]) -> None:
