@@ -13,7 +13,8 @@ ForecastResponse objects, rewritten atomically (write, then rename) to change th
 1. Every pool is forecast idle; ``--jobs`` ElasticRLJobs (minGPUs 2, maxGPUs ``--max-workers``,
    1 GPU per worker) are created; the controller grows them to their maximum through the
    extender and kube-scheduler, and KWOK runs the bound pods ("workers running").
-2. The forecast of the first pool rises to its whole capacity. The planner must reclaim every
+2. Once the controller is idle (``rose_controller_queue_idle``: the grow's last status and world
+   writes done), the forecast of the first pool rises to its whole capacity. The planner must reclaim every
    worker there: its suspend requests (``rose.io/suspend-request`` by the controller) are seen on
    a pod watch; **plan-to-requests** is the time from the rename of the forecast file to the
    last of them (it includes the controller's forecast refresh and plan interval, both set by
@@ -58,7 +59,8 @@ class Params:
     max_workers: int = 8
     plan_interval_s: float = 1.0
     forecast_refresh_s: float = 0.5
-    controller_workers: int = 4
+    controller_workers: int = 16
+    write_concurrency: int = 8
     timeout_s: float = 900.0
     namespace: str = "bench"
 
@@ -99,6 +101,44 @@ def scrape(port: int) -> str:
         return conn.getresponse().read().decode()
     finally:
         conn.close()
+
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def apiserver_writes(text: str) -> dict[str, float]:
+    """Write requests the API server has served so far (``apiserver_request_total``), per
+    ``VERB resource[/subresource]`` (pure)."""
+    lines = "\n".join(line for line in text.splitlines() if line.startswith("apiserver_request_total{"))
+    out: dict[str, float] = {}
+    for s in promtext.samples(lines, "apiserver_request_total"):
+        if s.labels.get("verb") in WRITE_VERBS:
+            sub = s.labels.get("subresource") or ""
+            key = f"{s.labels['verb']} {s.labels.get('resource', '')}{'/' + sub if sub else ''}"
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def writes_between(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
+    """The API server's writes in a window: the total, per second, and the largest kinds (pure)."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) > 0}
+    total = sum(d.values())
+    top = dict(sorted(d.items(), key=lambda kv: -kv[1])[:6])
+    return {"total": int(total), "per_s": round(total / seconds, 1) if seconds > 0 else None,
+            "by_kind": {k: int(v) for k, v in top.items()}}  # fmt: skip
+
+
+def apiserver_metrics(handle: Any) -> str:
+    """The API server's own ``/metrics`` page (the cluster's admin credentials)."""
+    api = handle.api_client()
+    try:
+        m, url, headers, _, _ = api.param_serialize(method="GET", resource_path="/metrics",
+                                                    header_params={"Accept": "text/plain"},
+                                                    auth_settings=["BearerToken"])  # fmt: skip
+        resp = api.call_api(m, url, header_params=headers, _request_timeout=60)
+        return str(resp.read().decode())
+    finally:
+        api.close()
 
 
 def histogram(text: str, name: str) -> list[tuple[float, float]]:
@@ -240,7 +280,8 @@ def _processes(handle: Any, fc: Path, p: Params, workdir: Path, metrics_port: in
     common = ["--forecast-backend=static-file", f"--forecast-file={fc}", f"--forecast-refresh={p.forecast_refresh_s}",
               f"--kubeconfig={handle.kubeconfig}", "--log-level=warning"]  # fmt: skip
     ctl = ["elastic_controller", *common, f"--plan-interval={p.plan_interval_s}", "--dwell=0",
-           f"--workers={p.controller_workers}", "--lease-namespace=default", f"--lease-name=bench-{metrics_port}",
+           f"--workers={p.controller_workers}", f"--write-concurrency={p.write_concurrency}",
+           "--lease-namespace=default", f"--lease-name=bench-{metrics_port}",
            f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
     with (
         module_process(["scheduler_extender", f"--listen={host}:{port}", *common], workdir / "extender.log"),
@@ -248,6 +289,16 @@ def _processes(handle: Any, fc: Path, p: Params, workdir: Path, metrics_port: in
     ):
         _wait("controller /metrics", lambda: _scrape_ok(metrics_port), 60, 0.5)
         yield
+
+
+def _idle(port: int) -> bool:
+    """Nothing queued or being reconciled, on two scrapes one plan round apart."""
+    for i in range(2):
+        if promtext.value(scrape(port), "rose_controller_queue_idle", None, 0.0) != 1.0:
+            return False
+        if i == 0:
+            time.sleep(1.0)
+    return True
 
 
 def _scrape_ok(port: int) -> bool:
@@ -282,13 +333,18 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
             log(f"{p.jobs} jobs created in {time.monotonic() - t0:.1f}s; waiting for {workers} workers running")
             _wait(f"{workers} workers running", lambda: pods.count()[0] >= workers, p.timeout_s, 0.5)
             out["grow_s"] = round(time.monotonic() - t0, 1)
-            time.sleep(3 * p.plan_interval_s)  # let the last status writes settle
+            # the grow's last status and world writes done: the change meets a settled controller
+            out["settle_s"] = round(_wait("controller idle", lambda: _idle(metrics_port), p.timeout_s, 0.5), 1)
             grown = scrape(metrics_port)
             with pods.lock:
                 victims = {n for n, node in pods.node.items() if pool_of.get(node) == target_pool}
             log(f"grown in {out['grow_s']}s; forecast of {target_pool} rises to {capacity[target_pool]} GPUs "
                 f"({len(victims)} workers there)")  # fmt: skip
             out["load_average_at_change"] = [round(x, 1) for x in os.getloadavg()]  # the machine is shared
+            # keys still queued from the grow: the reclaim's jobs wait behind them
+            depth = promtext.value(scrape(metrics_port), "rose_controller_queue_depth", None, 0.0)
+            out["queue_depth_at_change"] = int(depth)
+            writes0 = apiserver_writes(apiserver_metrics(handle))
             t_change = write_forecasts(fc, {**dict.fromkeys(capacity, 0.0), target_pool: float(capacity[target_pool])})
 
             def all_requested() -> bool:
@@ -296,6 +352,8 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
                     return victims <= set(pods.requested)
 
             _wait(f"{len(victims)} suspend requests", all_requested, p.timeout_s, 0.02)
+            window = time.monotonic() - t_change
+            writes1 = apiserver_writes(apiserver_metrics(handle))
             with pods.lock:
                 times = sorted(pods.requested[n] - t_change for n in victims)
             time.sleep(3 * p.plan_interval_s)
@@ -306,6 +364,11 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
     out["suspend_requests"] = len(times)
     out["plan_to_first_request_s"] = round(times[0], 3) if times else None
     out["plan_to_requests_s"] = round(times[-1], 3) if times else None
+    if times:  # the spread: a steady rate (a throughput limit) or a few late stragglers
+        out["requests_at_s"] = {f"p{q}": round(times[min(len(times) - 1, len(times) * q // 100)], 3)
+                                for q in (10, 50, 90)}  # fmt: skip
+    # every write the API server served from the forecast change to the last request (all clients)
+    out["apiserver_writes_reclaim"] = writes_between(writes0, writes1, window)
     others = set(pods.requested) - victims
     victim_jobs = {_job_of(n) for n in victims}
     # a job at minGPUs is suspended as a whole gang: its workers in other pools go too
@@ -359,20 +422,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-workers", type=int, default=8, help="workers (= GPUs) each job grows to")
     ap.add_argument("--plan-interval", type=float, default=1.0, help="the controller's --plan-interval, seconds")
     ap.add_argument("--forecast-refresh", type=float, default=0.5, help="the controller's --forecast-refresh, seconds")
-    ap.add_argument("--controller-workers", type=int, default=4, help="the controller's --workers")
+    ap.add_argument("--controller-workers", type=int, default=16, help="the controller's --workers")
+    ap.add_argument("--write-concurrency", type=int, default=8, help="the controller's --write-concurrency")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds each phase may take")
     ap.add_argument("--json", type=Path, help="write the result here")
     ap.add_argument("--workdir", type=Path, help="cluster and process logs (default: a temporary directory)")
     a = ap.parse_args(argv)
     for flag, value, least in (("--jobs", a.jobs, 1), ("--nodes", a.nodes, 1), ("--pools", a.pools, 1),
-                               ("--max-workers", a.max_workers, 1)):  # fmt: skip
+                               ("--max-workers", a.max_workers, 1), ("--controller-workers", a.controller_workers, 1),
+                               ("--write-concurrency", a.write_concurrency, 1)):  # fmt: skip
         if value < least:
             ap.error(f"{flag} must be >= {least}, got {value}")
     if a.jobs * a.max_workers > a.nodes * 8:
         ap.error(f"--jobs x --max-workers ({a.jobs * a.max_workers}) GPUs exceed --nodes x 8 ({a.nodes * 8})")
     p = Params(jobs=a.jobs, max_workers=a.max_workers, plan_interval_s=a.plan_interval,
                forecast_refresh_s=a.forecast_refresh, controller_workers=a.controller_workers,
-               timeout_s=a.timeout)  # fmt: skip
+               write_concurrency=a.write_concurrency, timeout_s=a.timeout)  # fmt: skip
     with contextlib.ExitStack() as stack:
         workdir = a.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rose-ctl-scale-")))
         workdir.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.flag("--dwell", default=300.0, type=duration, help="seconds a job that shrank waits before it may grow again")
     p.flag("--planner", default="on", choices=["on", "off"],
            help="off: reactive only, no planned reclaims (serving waits for the suspend on arrival)")  # fmt: skip
-    p.flag("--workers", default=4, type=int, help="reconcile worker threads (one key is never on two at once)")
+    p.flag("--workers", default=16, type=int, help="reconcile worker threads (one key is never on two at once)")
+    p.flag("--write-concurrency", default=8, type=int,
+           help="API writes of a reconcile (suspend requests, pods, world annotations) in flight together, "
+                "over all workers")  # fmt: skip
     p.flag("--leader-elect", default=True, type=boolean, help="hold a coordination.k8s.io Lease before acting")
     p.flag("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "rose-system"),
            help="namespace of the leader Lease (default: $POD_NAMESPACE, else rose-system)")  # fmt: skip
@@ -85,7 +88,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         return ControllerSettings(plan_interval_s=args.plan_interval, dwell_s=args.dwell,
                                   identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",
                                   lease_duration_s=args.lease_duration, lease_renew_s=args.lease_renew,
-                                  planned=args.planner == "on")  # fmt: skip
+                                  planned=args.planner == "on",
+                                  write_concurrency=args.write_concurrency)  # fmt: skip
     except ValueError as e:
         raise SystemExit(f"rose controller: {e}") from None
 
@@ -93,15 +97,18 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.setup(args.log_level)
-    if args.workers < 1:
-        raise SystemExit(f"rose controller: --workers must be >= 1, got {args.workers}")
+    for flag, value in (("--workers", args.workers), ("--write-concurrency", args.write_concurrency)):
+        if value < 1:
+            raise SystemExit(f"rose controller: {flag} must be >= 1, got {value}")
     settings = settings_from(args)
     metrics = ControllerMetrics(args.forecast_backend)
     cache = _forecasts(args, metrics)
     from elastic_controller import kube  # the API-server module, imported only when running
     from rose_common.kube.client import Raw, api_client
 
-    raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+    # one connection per watch (4), reconcile worker, concurrent write, and the Event and lease threads
+    connections = 6 + args.workers + args.write_concurrency
+    raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None, connections))
     lease = kube.LeaseLock(raw, args.lease_namespace, args.lease_name) if args.leader_elect else None
     inventory = kube.InventoryStore()
     ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),

@@ -7,13 +7,16 @@ the pure modules': ``planner.plan`` (targets), ``desired.desired`` (actions), ``
 (the lease); ``reconciler.converge`` carries actions out.
 
 - **Caches.** The informers' handlers keep the jobs and each job's worker pods (selected by
-  label on the server) and queue the job's key ``namespace/name`` on every change.
+  label on the server), each pod also as the worker it is (``observe.observe``, once per event),
+  and queue the job's key ``namespace/name`` on every change. A job is validated into its model
+  once per object the informer delivers.
 - **Reconcile** (level-triggered, one worker per key at a time): observe the job's pods, take
   the planner's pending target for the job (once: a target is a set of one-shot actions), compute
   the desired state and converge; a failed action requeues the key with backoff.
 - **Plan loop** every ``plan_interval_s``: the pools' capacities and forecasts, every job and
   worker → :func:`elastic_controller.planner.plan`; each job's target is stored, its
-  ``status.targetGPUs`` written through the reconcile, and the job queued. A job whose last
+  ``status.targetGPUs`` written through the reconcile; the job is queued when its target differs
+  from the one last queued, and every job once per ``resync_s`` (level-triggered). A job whose last
   creates or deletes the informer has not yet shown is left out of that round's targets
   (its pods would be planned twice).
 - **Planner off** (``ControllerSettings.planned = False``, ``--planner=off``): reactive only,
@@ -30,8 +33,10 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -50,7 +55,7 @@ from elastic_controller.observe import (
     world_value,
 )
 from elastic_controller.planner import Forecast, JobTarget, Plan, PlanInput, Pool, Settings, Worker, plan
-from elastic_controller.reconciler import Failure, JobApi, converge
+from elastic_controller.reconciler import Failure, JobApi, RunAll, converge, run_serially
 from elastic_controller.status import EventSpec
 from elastic_controller.workers import CONTROLLER, claim_template_name
 from rose_common import names
@@ -62,7 +67,7 @@ from rose_common.workqueue import WorkQueue
 log = logging.getLogger("elastic_controller")
 
 PLANNED_REASONS = ("PlannedShrink:", "PlannedGangSuspend:")  # the planner's reclaim Event reasons
-Inventory = Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+Inventory = Callable[[], Mapping[str, int]]  # physical GPUs per pool
 
 
 class ControllerApi(JobApi, Protocol):
@@ -88,10 +93,16 @@ class ControllerSettings:
     lease_duration_s: int = 15
     lease_renew_s: float = 5.0
     planned: bool = True  # False: reactive only, the planner's reclaims are dropped
+    resync_s: float = 30.0  # every job queued at least this often, its target changed or not
+    write_concurrency: int = 1  # API calls of one reconcile's group in flight together (all reconciles)
 
     def __post_init__(self) -> None:
         if self.plan_interval_s <= 0:
             raise ValueError(f"plan interval must be > 0 seconds, got {self.plan_interval_s}")
+        if self.write_concurrency < 1:
+            raise ValueError(f"write concurrency must be >= 1, got {self.write_concurrency}")
+        if self.resync_s <= 0:
+            raise ValueError(f"resync period must be > 0 seconds, got {self.resync_s}")
         if not 0 < self.lease_renew_s < self.lease_duration_s:
             raise ValueError("lease renew period must be > 0 and shorter than the lease duration "
                              f"({self.lease_renew_s} vs {self.lease_duration_s} s)")  # fmt: skip
@@ -111,6 +122,10 @@ def _job_key(obj: dict[str, Any]) -> str:
 def _pod_job_key(pod: dict[str, Any]) -> str | None:
     job = objects.labels(pod).get(names.LABEL_JOB)
     return f"{objects.namespace(pod)}/{job}" if job else None
+
+
+def _observe(key: str, pod: dict[str, Any]) -> ObservedWorker | None:
+    return observe(key.partition("/")[2], pod)
 
 
 def reclaim_kind(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
@@ -146,6 +161,32 @@ def without_reclaims(result: Plan, gpus_per_worker: dict[str, int]) -> Plan:
     return replace(result, targets=targets, reclaims=())
 
 
+def _attempt(call: Callable[[], None]) -> Exception | None:
+    return run_serially([call])[0]
+
+
+class ParallelCalls:
+    """A :data:`~elastic_controller.reconciler.RunAll` on one pool of ``threads`` shared by every
+    reconcile: a job's suspend requests (and its creates, deletes, world annotations) are in
+    flight together, and all reconciles together never have more than ``threads`` of them. One
+    after another, 200 jobs' requests took 15 s after a forecast change
+    (``benchmarks/controller_scale.py``)."""
+
+    def __init__(self, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="api-writes")
+
+    def __call__(self, calls: list[Callable[[], None]]) -> list[Exception | None]:
+        if len(calls) < 2:
+            return run_serially(calls)
+        futures: list[Future[Exception | None]] = []
+        for i, call in enumerate(calls):
+            try:
+                futures.append(self._pool.submit(_attempt, call))
+            except RuntimeError:  # the interpreter is exiting (the pool takes no more): the rest in this thread
+                return [f.result() for f in futures] + run_serially(calls[i:])
+        return [f.result() for f in futures]
+
+
 class Controller:
     def __init__(
         self,
@@ -172,10 +213,18 @@ class Controller:
         self._expect: dict[str, _Expect] = {}
         self._deleted: dict[str, str] = {}  # job key → UID of the job deleted, until its pods are gone
         self._bad: dict[str, str] = {}  # job key → the resourceVersion already reported invalid
+        self._workers: dict[str, dict[str, ObservedWorker | None]] = {}  # job key → pod name → observe()
+        self._parsed: dict[str, tuple[dict[str, Any], ElasticRLJob]] = {}  # job key → (raw, model)
+        self._queued_targets: dict[str, JobTarget] = {}  # job key → the target last queued
+        self._next_resync = 0.0  # monotonic time of the next plan round that queues every job
+        w = self.settings.write_concurrency
+        self._run: RunAll = ParallelCalls(w) if w > 1 else run_serially
         self.is_leader = lease is None
         self.stop = threading.Event()
         self.last_plan: Plan | None = None
         metrics.leader.set(1 if self.is_leader else 0)
+        metrics.queue_depth.set_function(lambda: len(self.queue))
+        metrics.queue_idle.set_function(lambda: 1 if self.queue.idle() else 0)
 
     # ------------------------------------------------------------------ informer handlers
     def on_job_list(self, items: list[dict[str, Any]]) -> None:
@@ -193,6 +242,7 @@ class Controller:
             if event_type == DELETED:
                 self._jobs.pop(key, None)
                 self._targets.pop(key, None)
+                self._parsed.pop(key, None)
                 self._deleted[key] = objects.uid(obj)
             else:
                 self._jobs[key] = obj
@@ -201,13 +251,15 @@ class Controller:
 
     def on_pod_list(self, items: list[dict[str, Any]]) -> None:
         by_job: dict[str, dict[str, dict[str, Any]]] = {}
+        workers: dict[str, dict[str, ObservedWorker | None]] = {}
         for pod in items:
             key = _pod_job_key(pod)
             if key is not None:
                 by_job.setdefault(key, {})[objects.name(pod)] = pod
+                workers.setdefault(key, {})[objects.name(pod)] = _observe(key, pod)
         with self._lock:
             old = set(self._pods)
-            self._pods = by_job
+            self._pods, self._workers = by_job, workers
             for key in list(self._expect):
                 self._settle(key)
         for key in old | set(by_job):
@@ -218,13 +270,15 @@ class Controller:
         if key is None:
             return
         name = objects.name(pod)
+        worker = _observe(key, pod) if event_type != DELETED else None
         with self._lock:
-            pods = self._pods.setdefault(key, {})
+            pods, workers = self._pods.setdefault(key, {}), self._workers.setdefault(key, {})
             old = pods.get(name)
             if event_type == DELETED:
                 pods.pop(name, None)
+                workers.pop(name, None)
             else:
-                pods[name] = pod
+                pods[name], workers[name] = pod, worker
             self._settle(key)
         kind = reclaim_kind(old, pod) if event_type != DELETED else None
         if kind is not None:
@@ -249,9 +303,20 @@ class Controller:
         with self._lock:
             return self._jobs.get(key), list(self._pods.get(key, {}).values())
 
+    def _observed(self, key: str) -> list[ObservedWorker]:
+        """The job's workers as the informer handlers observed them (each pod once per event)."""
+        with self._lock:
+            return [w for w in self._workers.get(key, {}).values() if w is not None]
+
     def _parse(self, key: str, raw: dict[str, Any]) -> ElasticRLJob | None:
+        """The job's model; validated once per object the informer delivers (not per plan round)."""
+        cached = self._parsed.get(key)
+        if cached is not None and cached[0] is raw:
+            return cached[1]
         try:
-            return ElasticRLJob.model_validate(raw)
+            job = ElasticRLJob.model_validate(raw)
+            self._parsed[key] = (raw, job)
+            return job
         except ValidationError as e:
             rv = objects.resource_version(raw)
             if self._bad.get(key) != rv:
@@ -286,11 +351,11 @@ class Controller:
         if job is None:
             return
         start = time.monotonic()
-        observed = [w for w in (observe(job.name, p) for p in pods) if w is not None]
+        observed = self._observed(key)
         with self._lock:
             target = self._targets.pop(key, None)
         d = desired(job, observed, target, self._clock())
-        failures = converge(self.api, job, d) + self._write_world(job, observed)
+        failures = converge(self.api, job, d, self._run) + self._write_world(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)
         if failures:
@@ -306,13 +371,12 @@ class Controller:
     def _write_world(self, job: ElasticRLJob, observed: list[ObservedWorker]) -> list[Failure]:
         """``rose.io/world`` ("active/total") on each live worker whose value is stale: the node
         agent pushes it to the workload (rose_sdk ``on_world_change``)."""
-        value, failures = world_value(observed), []
-        for w in world_updates(observed):
-            try:
-                self.api.annotate_pod(job.namespace, PodRef(w.name, w.uid), {names.ANNOTATION_WORLD: str(value)})
-            except Exception as e:  # retried with the reconcile
-                failures.append(Failure("annotate_world", w.name, repr(e)))
-        return failures
+        value, stale = world_value(observed), world_updates(observed)
+        ann = {names.ANNOTATION_WORLD: str(value)}
+        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid), ann) for w in stale])
+        # a failure is retried with the reconcile
+        return [Failure("annotate_world", w.name, repr(e)) for w, e in zip(stale, errors, strict=True)
+                if e is not None]  # fmt: skip
 
     def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:
         """A deleted job: delete its workers and claim template now, not only when the garbage
@@ -344,9 +408,8 @@ class Controller:
 
     # ------------------------------------------------------------------ plan
     def _pools(self, now: float) -> tuple[Pool, ...]:
-        nodes, slices = self.inventory()
         out = []
-        for name, capacity in sorted(pools.capacities(nodes, slices).items()):
+        for name, capacity in sorted(self.inventory().items()):
             self.metrics.pool_capacity.labels(name).set(capacity)
             forecast = self.forecasts.get(name)
             if forecast is None:
@@ -360,7 +423,7 @@ class Controller:
         t = now.timestamp()
         with self._lock:
             jobs = dict(self._jobs)
-            pods = {k: list(v.values()) for k, v in self._pods.items()}
+            observed_by_job = {k: [w for w in v.values() if w is not None] for k, v in self._workers.items()}
             mono = time.monotonic()
             waiting = {k for k, e in self._expect.items() if e.deadline > mono}
         pj, workers = [], []
@@ -368,7 +431,7 @@ class Controller:
             job = None if objects.deleting(raw) else self._parse(key, raw)
             if job is None:
                 continue
-            observed = [w for w in (observe(job.name, p) for p in pods.get(key, [])) if w is not None]
+            observed = observed_by_job.get(key, [])
             rep = workload_report(observed)  # the workers' own reports, through the node agent
             pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0))
             workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None]
@@ -386,15 +449,35 @@ class Controller:
         self.metrics.plan_latency.observe(time.monotonic() - start)
         for r in result.reclaims:
             self.metrics.reclaims.labels("planned").inc(len(r.workers))
-        with self._lock:
-            for key, target in result.targets.items():
-                if key not in waiting:
-                    self._targets[key] = target
-        for key in result.targets:
+        for key in self._store_targets(result.targets, waiting):
             self.queue.add(key)
         self._gauges(inp.workers)
         self.last_plan = result
         return result
+
+    def _store_targets(self, targets: dict[str, JobTarget], waiting: set[str]) -> list[str]:
+        """Store every target (a reconcile takes it), and return the keys to queue: those whose
+        target differs from the one last queued, those waiting on their expectations, and every
+        key once per ``resync_s``. Queueing all 200 jobs of a plan round made 200 no-op
+        reconciles per second in ``benchmarks/controller_scale.py``, ahead of the jobs that had
+        suspend requests to write."""
+        mono = time.monotonic()
+        resync = mono >= self._next_resync
+        if resync:
+            self._next_resync = mono + self.settings.resync_s
+        out = []
+        with self._lock:
+            for key, target in targets.items():
+                if key in waiting:
+                    out.append(key)
+                    continue
+                self._targets[key] = target
+                if resync or self._queued_targets.get(key) != target:
+                    self._queued_targets[key] = target
+                    out.append(key)
+            for key in set(self._queued_targets) - set(targets):
+                del self._queued_targets[key]
+        return out
 
     def _gauges(self, workers: tuple[Worker, ...]) -> None:
         with self._lock:
@@ -456,6 +539,4 @@ class Controller:
 
     # ------------------------------------------------------------------ observed state for tests and gauges
     def observed(self, key: str) -> list[ObservedWorker]:
-        raw, pods = self._snapshot(key)
-        name = objects.name(raw) if raw else key.partition("/")[2]
-        return [w for w in (observe(name, p) for p in pods) if w is not None]
+        return self._observed(key)

@@ -11,8 +11,8 @@ worker Pods by a **server-side** label selector (``rose.io/elastic-rl-job``), so
 the serving cluster never reach this process. :class:`LeaseLock` reads and writes the
 coordination.k8s.io/v1 Lease of leader election; the decision itself is
 :func:`elastic_controller.leader.decide` (pure). :class:`InventoryStore`, filled by
-:func:`inventory_informers`, holds the pool nodes and the driver's ResourceSlices for the
-planner's capacities.
+:func:`inventory_informers`, keeps the pool nodes' pools and the driver's ResourceSlices'
+device counts and serves the planner's capacities per pool.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import quote
 
+from elastic_controller import pools
 from elastic_controller.desired import PodRef
 from elastic_controller.leader import LeaseRecord
 from elastic_controller.status import EventSpec
@@ -213,39 +214,58 @@ class KubeJobApi:
 
 
 class InventoryStore:
-    """The pool nodes and the driver's ResourceSlices as two informers keep them (see
-    :func:`inventory_informers`): the plan reads them without a request. Listing both on every
-    plan (about 9.5 MB at 1,000 nodes, seconds on a loaded API server) made the plan loop,
-    and so every planned reclaim, that much slower (``benchmarks/controller_scale.py``)."""
+    """Each pool node's pool and each driver ResourceSlice's ``(node, lendable devices)``, as two
+    informers keep them (see :func:`inventory_informers`): the plan reads the capacities without
+    a request. Listing both on every plan (about 9.5 MB at 1,000 nodes, seconds on a loaded API
+    server) made every planned reclaim that much slower, and counting 16,000 devices per plan
+    cost ~60 ms (``benchmarks/controller_scale.py``): a slice's devices are counted once, when
+    its event arrives, and the per-pool sums are kept until the next change."""
 
     KINDS: Final = ("Node", "ResourceSlice")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objs: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in self.KINDS}
+        self._pool_of: dict[str, str] = {}  # node name → its rose.io/gpu-pool label
+        self._slices: dict[str, tuple[str, int]] = {}  # slice name → (node name, lendable devices)
         self._synced: set[str] = set()
+        self._sums: dict[str, int] | None = None  # None: changed since the last sum
+
+    def _put(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "Node":
+            self._pool_of[objects.name(obj)] = objects.labels(obj).get(names.LABEL_POOL, "")
+        elif (entry := pools.lendable_on(obj)) is not None:
+            self._slices[objects.name(obj)] = entry
+        else:
+            self._slices.pop(objects.name(obj), None)
 
     def handler(self, kind: str) -> FunctionHandler:
         def on_list(items: list[dict[str, Any]]) -> None:
             with self._lock:
-                self._objs[kind] = {objects.name(o): o for o in items}
+                (self._pool_of if kind == "Node" else self._slices).clear()
+                for o in items:
+                    self._put(kind, o)
                 self._synced.add(kind)
+                self._sums = None
 
         def on_event(event_type: str, obj: dict[str, Any]) -> None:
             with self._lock:
                 if event_type == "DELETED":
-                    self._objs[kind].pop(objects.name(obj), None)
+                    (self._pool_of if kind == "Node" else self._slices).pop(objects.name(obj), None)
                 else:
-                    self._objs[kind][objects.name(obj)] = obj
+                    self._put(kind, obj)
+                self._sums = None
 
         return FunctionHandler(on_event, on_list)
 
-    def __call__(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """``(nodes, slices)``; raises ``RuntimeError`` until both have been listed once."""
+    def __call__(self) -> dict[str, int]:
+        """Physical GPUs per pool (:func:`elastic_controller.pools.sum_capacities`); raises
+        ``RuntimeError`` until both kinds have been listed once."""
         with self._lock:
             if len(self._synced) < len(self.KINDS):
                 raise RuntimeError("pool inventory not listed yet (nodes and ResourceSlices)")
-            return list(self._objs["Node"].values()), list(self._objs["ResourceSlice"].values())
+            if self._sums is None:
+                self._sums = pools.sum_capacities(self._pool_of, self._slices.values())
+            return dict(self._sums)
 
 
 def inventory_informers(

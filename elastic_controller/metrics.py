@@ -40,6 +40,10 @@ class ControllerMetrics:
         self.plan_latency = Histogram("rose_controller_plan_duration_seconds",
                                       "Time of one plan over all jobs (pure planner only).",
                                       buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.queue_depth = Gauge("rose_controller_queue_depth", "Job keys waiting for a reconcile worker.",
+                                 registry=r)  # fmt: skip
+        self.queue_idle = Gauge("rose_controller_queue_idle", "1 when no job key is queued or being reconciled.",
+                                registry=r)  # fmt: skip
         self.reconciles = Counter("rose_controller_reconciles_total", "Job reconciles by result.", ["result"],
                                   registry=r)  # fmt: skip
         self.forecast_fetch = Counter("rose_controller_forecast_fetch_total", "Forecast fetches by backend and result.",

@@ -5,7 +5,8 @@ I/O boundary: none. Pure functions of a raw Pod dict (as the informer delivers i
 of an ElasticRLJob to the planner's :class:`~elastic_controller.planner.Job`.
 A suspend request names its owner (``by``); only this controller's own requests are its to clear.
 What the workers report through the node agent (the driver's ``rose.io/workload-phase``,
-``rose.io/seconds-to-safe-point``, ``rose.io/reported-state-bytes``) combines into one
+``rose.io/seconds-to-safe-point``, ``rose.io/reported-state-bytes``, ``rose.io/reported-min-gpus``,
+``rose.io/reported-min-host-memory-bytes``) combines into one
 :class:`WorkloadReport` per job (:func:`workload_report`) for the status and the planner; the job's
 world ("active/total", :func:`world_value`) is what the controller writes as ``rose.io/world``.
 """
@@ -48,6 +49,8 @@ class ObservedWorker:
     workload_phase: str | None = None  # the workload's reports (through the node agent and driver)
     seconds_to_safe_point: float | None = None
     reported_state_bytes: int | None = None
+    reported_min_gpus: int | None = None  # the least it can run with, per worker
+    reported_min_host_memory: int | None = None  # bytes
 
     @property
     def lost(self) -> bool:
@@ -85,18 +88,28 @@ class WorkloadReport:
     phase: str | None = None
     seconds_to_safe_point: float | None = None
     state_bytes: int | None = None
+    min_gpus: int | None = None
+    min_host_memory_bytes: int | None = None
+
+
+def _largest(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def workload_report(observed: list[ObservedWorker]) -> WorkloadReport:
     """The phase of the lowest-index active worker that reports one; the most seconds to a safe
     point among active workers (the gang reaches its safe point with its slowest); the largest
-    state bytes among live workers (the planner's cost is per worker)."""
+    state bytes among live workers (the planner's cost is per worker); the largest minimum
+    resources (GPUs per worker, host memory bytes) among live workers (each worker needs them)."""
     live = sorted((w for w in observed if not w.lost), key=lambda w: w.index)
     active = [w for w in live if planner_state(w) == "active"]
     phase = next((w.workload_phase for w in active if w.workload_phase), None)
     secs = [w.seconds_to_safe_point for w in active if w.seconds_to_safe_point is not None]
     sizes = [w.reported_state_bytes for w in live if w.reported_state_bytes is not None]
-    return WorkloadReport(phase, max(secs) if secs else None, max(sizes) if sizes else None)
+    return WorkloadReport(phase, max(secs) if secs else None, max(sizes) if sizes else None,
+                          _largest([w.reported_min_gpus for w in live]),
+                          _largest([w.reported_min_host_memory for w in live]))  # fmt: skip
 
 
 def world_value(observed: list[ObservedWorker]) -> str | None:
@@ -108,9 +121,13 @@ def world_value(observed: list[ObservedWorker]) -> str | None:
 
 
 def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
-    """The live workers whose ``rose.io/world`` differs from the job's world now."""
+    """The live workers whose ``rose.io/world`` differs from the job's world now; a pending worker
+    (no process yet) gets it when it runs, which changes the world anyway. Writing every
+    intermediate world on pods still starting doubled the annotation writes of a job's grow
+    (``benchmarks/controller_scale.py``)."""
     value = world_value(observed)
-    return [w for w in observed if not w.lost and value is not None and w.world != value]
+    return [w for w in observed if not w.lost and value is not None and w.world != value
+            and planner_state(w) != "pending"]  # fmt: skip
 
 
 def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0) -> Job:
@@ -157,6 +174,8 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
         workload_phase=_phase(ann.get(names.ANNOTATION_WORKLOAD_PHASE)),
         seconds_to_safe_point=_number(ann.get(names.ANNOTATION_SECONDS_TO_SAFE_POINT)),
         reported_state_bytes=_int(ann.get(names.ANNOTATION_REPORTED_STATE_BYTES)),
+        reported_min_gpus=_int(ann.get(names.ANNOTATION_REPORTED_MIN_GPUS)),
+        reported_min_host_memory=_int(ann.get(names.ANNOTATION_REPORTED_MIN_HOST_MEMORY)),
     )
 
 

@@ -199,6 +199,9 @@ class _Book:
     def lent(self, pool: str) -> int:
         return self._lent[pool]
 
+    def occupies(self, b: _JobBook, pool: str) -> bool:
+        return b.job.key in self._in[pool]
+
     def occupants(self, pool: str) -> list[_JobBook]:
         """Jobs with a worker holding a GPU in ``pool``."""
         return [self.jobs[k] for k in self._in[pool]]
@@ -246,17 +249,40 @@ def _shrinkable(b: _JobBook, pool: str) -> list[Worker]:
     return [w for w in b.holding if w.pool == pool]
 
 
-def _reclaim_one(book: _Book, pool: str, why: str) -> None:
+class _Cheapest:
+    """The pool's occupants cheapest first, for one pool's reclaim. While a pool is reclaimed its
+    occupants only lose workers: a job that left the pool, or fell to where one worker less would
+    take it below min, stays so; each pointer only moves forward (linear, not occupants x reclaims)."""
+
+    def __init__(self, book: _Book, pool: str) -> None:
+        self.book, self.pool = book, pool
+        self.order = sorted(book.occupants(pool), key=lambda x: x.job.cost())
+        self._shrink = self._gang = 0
+
+    def shrinkable(self) -> _JobBook | None:
+        """The cheapest occupant that stays at or above min without one worker."""
+        while self._shrink < len(self.order) and not (
+            self.book.occupies(b := self.order[self._shrink], self.pool)
+            and b.active - b.job.gpus_per_worker >= b.job.min_gpus
+        ):
+            self._shrink += 1
+        return self.order[self._shrink] if self._shrink < len(self.order) else None
+
+    def occupant(self) -> _JobBook:
+        while not self.book.occupies(self.order[self._gang], self.pool):
+            self._gang += 1
+        return self.order[self._gang]
+
+
+def _reclaim_one(book: _Book, pool: str, why: str, cheapest: _Cheapest) -> None:
     """Give back the cheapest lent GPUs in ``pool``: one worker of a job above min, else a whole gang."""
-    # an occupant holds a worker in the pool: it is shrinkable exactly when it stays >= min without one
-    shrinkable = [b for b in book.occupants(pool) if b.active - b.job.gpus_per_worker >= b.job.min_gpus]
-    if shrinkable:
-        b = min(shrinkable, key=lambda x: x.job.cost())
+    b = cheapest.shrinkable()
+    if b is not None:
         w = _shrinkable(b, pool)[-1]
         book.drop(b, w, f"PlannedShrink: {w.name} in {pool}; {why}")
         book.reclaims.append(Reclaim(pool, b.job.key, "shrink", (w.name,)))
         return
-    b = min(book.occupants(pool), key=lambda x: x.job.cost())
+    b = cheapest.occupant()
     gang = tuple(w.name for w in b.holding)
     for w in list(b.holding):
         book.drop(b, w, f"PlannedGangSuspend: {w.name} (gang at minGPUs {b.job.min_gpus}); {why}")
@@ -266,11 +292,12 @@ def _reclaim_one(book: _Book, pool: str, why: str) -> None:
 def _reclaim(book: _Book) -> None:
     for pool in sorted(book.pools):
         lead = book.lead(pool)
+        cheapest = _Cheapest(book, pool)
         while book.lent(pool) > 0 and book.free(pool, lead) < 0:
             q = book.pools[pool].forecast.quantile
             why = (f"serving {q} needs {book.need(pool, lead):g} of {book.pools[pool].capacity} GPUs within "
                    f"{lead:.0f}s, {book.lent(pool)} lent")  # fmt: skip
-            _reclaim_one(book, pool, why)
+            _reclaim_one(book, pool, why, cheapest)
 
 
 def _room(book: _Book, b: _JobBook, pool: str) -> float:

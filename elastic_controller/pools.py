@@ -36,17 +36,28 @@ def _role(device: Mapping[str, Any]) -> str:
     return ""
 
 
+def lendable_on(sl: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``(node name, lendable devices)`` of one of the ROSE driver's ResourceSlices; None for another driver's."""
+    spec = objects.spec(sl)
+    if spec.get("driver") != names.DRIVER_NAME:
+        return None
+    return str(spec.get("nodeName", "")), sum(1 for d in spec.get("devices") or [] if _role(d) == names.ROLE_LENDABLE)
+
+
+def sum_capacities(pool_of: Mapping[str, str], per_slice: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Physical GPUs per pool from each node's pool and each slice's ``(node, lendable devices)``."""
+    out: Counter[str] = Counter({p: 0 for p in pool_of.values() if p})
+    for node, n in per_slice:
+        pool = pool_of.get(node, "")
+        if pool:
+            out[pool] += n
+    return dict(out)
+
+
 def capacities(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Physical GPUs per pool: lendable devices of the driver's slices on each pool's nodes."""
     pool_of = {objects.name(n): objects.labels(n).get(names.LABEL_POOL, "") for n in nodes}
-    out: Counter[str] = Counter({p: 0 for p in pool_of.values() if p})
-    for sl in slices:
-        spec = objects.spec(sl)
-        pool = pool_of.get(str(spec.get("nodeName", "")), "")
-        if not pool or spec.get("driver") != names.DRIVER_NAME:
-            continue
-        out[pool] += sum(1 for d in spec.get("devices") or [] if _role(d) == names.ROLE_LENDABLE)
-    return dict(out)
+    return sum_capacities(pool_of, (x for x in map(lendable_on, slices) if x is not None))
 
 
 def no_forecast(now: float) -> Forecast:

@@ -5,6 +5,9 @@ API server (create → 409 is success, delete and patches carry the pod's UID as
 unit tests use a recording fake. No client import, no threads, no clock. Each action is
 independent and idempotent, so a controller killed between two calls converges on the next
 reconcile; a failure of one action does not stop the others, and all failures are returned.
+The actions go in ordered groups (status, claim template, creates, deletes, suspend requests,
+Events); the calls of one group are handed to a :data:`RunAll` together, which the controller
+runs on a bounded thread pool (:func:`run_serially` by default).
 """
 
 from __future__ import annotations
@@ -36,26 +39,41 @@ class Failure:
 
 
 Step = tuple[str, str, Callable[[], None]]
+RunAll = Callable[[list[Callable[[], None]]], list[Exception | None]]  # each call's error, or None
 
 
-def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Step]:
+def run_serially(calls: list[Callable[[], None]]) -> list[Exception | None]:
+    """Each call in turn; an ``Exception`` is returned in its place, anything else propagates."""
+    out: list[Exception | None] = []
+    for call in calls:
+        try:
+            call()
+            out.append(None)
+        except Exception as e:  # the reconcile is retried as a whole; keep the others going
+            out.append(e)
+    return out
+
+
+def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[list[Step]]:
+    """The actions in groups; a group starts when the one before it has ended."""
     ns = job.namespace
-    steps: list[Step] = []
+    groups: list[list[Step]] = []
     if d.status != job.status:  # status first (see converge); an unchanged status is not written again
-        steps.append(("patch_status", job.name, partial(api.patch_status, job, d.status)))
+        groups.append([("patch_status", job.name, partial(api.patch_status, job, d.status))])
     if d.create:  # the template is only read when a pod is created
-        steps.append(("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template)))
-    steps += [("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create]
-    steps += [("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete]
-    steps += [("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))
-              for r in d.set_requests]  # fmt: skip
-    steps += [("clear_suspend_request", p.name, partial(api.set_suspend_request, ns, p, None))
-              for p in d.clear_requests]  # fmt: skip
-    steps += [("record_event", e.reason, partial(api.record_event, job, e)) for e in d.events]
-    return steps
+        groups.append([("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template))])
+    groups.append([("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create])
+    groups.append([("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete])
+    requests: list[Step] = [("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))
+                            for r in d.set_requests]  # fmt: skip
+    requests += [("clear_suspend_request", p.name, partial(api.set_suspend_request, ns, p, None))
+                 for p in d.clear_requests]  # fmt: skip
+    groups.append(requests)
+    groups.append([("record_event", e.reason, partial(api.record_event, job, e)) for e in d.events])
+    return [g for g in groups if g]
 
 
-def converge(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Failure]:
+def converge(api: JobApi, job: ElasticRLJob, d: Desired, run: RunAll = run_serially) -> list[Failure]:
     """Status first, then pods, then requests, then Events; every action is tried once.
 
     The status goes first because it carries what the next reconcile cannot see again: a
@@ -64,9 +82,8 @@ def converge(api: JobApi, job: ElasticRLJob, d: Desired) -> list[Failure]:
     planner sees the workers already suspending and decides no shrink to stamp); killed after
     the status and before the requests, the restarted planner decides the same reclaim again."""
     failures: list[Failure] = []
-    for action, target, call in _steps(api, job, d):
-        try:
-            call()
-        except Exception as e:  # the reconcile is retried as a whole; keep the others going
-            failures.append(Failure(action, target, repr(e)))
+    for group in _steps(api, job, d):
+        errors = run([call for _, _, call in group])
+        failures += [Failure(action, target, repr(e)) for (action, target, _), e in zip(group, errors, strict=True)
+                     if e is not None]  # fmt: skip
     return failures

@@ -4,7 +4,8 @@ I/O boundary: none. :func:`compute_status` is a pure function of the job, its ob
 the planner's target, the previous status and ``now``. A condition keeps its
 ``lastTransitionTime`` unless its status changes; ``suspendCount`` counts whole-gang suspends;
 ``totalSuspendedSeconds`` grows by each suspended stretch when the job leaves ``Suspended``;
-``workloadPhase``, ``secondsToSafePoint`` and ``stateBytes`` are the workers' reports combined
+``workloadPhase``, ``secondsToSafePoint``, ``stateBytes``, ``minGPUsPerWorker`` and
+``minHostMemoryBytes`` are the workers' reports combined
 (:func:`~elastic_controller.observe.workload_report`), absent until a worker reports them.
 """
 
@@ -117,5 +118,6 @@ def compute_status(
         "lastShrinkTime": shrink, "suspendCount": count, "totalSuspendedSeconds": total,
         "observedGeneration": job.generation, "conditions": conditions, "workloadPhase": rep.phase,
         "secondsToSafePoint": rep.seconds_to_safe_point, "stateBytes": rep.state_bytes,
+        "minGPUsPerWorker": rep.min_gpus, "minHostMemoryBytes": rep.min_host_memory_bytes,
     })  # fmt: skip
     return status, events

@@ -88,6 +88,8 @@ class ElasticRLJobStatus(_Model):
     )
     seconds_to_safe_point: float | None = Field(default=None, alias="secondsToSafePoint", ge=0)
     state_bytes: int | None = Field(default=None, alias="stateBytes", ge=0)
+    min_gpus_per_worker: int | None = Field(default=None, alias="minGPUsPerWorker", ge=0)
+    min_host_memory_bytes: int | None = Field(default=None, alias="minHostMemoryBytes", ge=0)
     observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
     conditions: list[Condition] | None = None
 

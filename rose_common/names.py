@@ -77,11 +77,14 @@ ANNOTATION_SUSPEND_STATE: Final = f"{LABEL_PREFIX}/suspend-state"
 # Elastic metadata of an RL worker pod. The controller writes ANNOTATION_WORLD ("active/total":
 # the job's active workers and all its workers); the node agent pushes it to the workload. The
 # driver writes what the workload reports through the agent (rate-limited): its phase, expected
-# seconds to its next safe point and its state bytes; the controller reads them into the status.
+# seconds to its next safe point, its state bytes and the least it can run with (GPUs per worker,
+# host memory bytes); the controller reads them into the status.
 ANNOTATION_WORLD: Final = f"{LABEL_PREFIX}/world"
 ANNOTATION_WORKLOAD_PHASE: Final = f"{LABEL_PREFIX}/workload-phase"
 ANNOTATION_SECONDS_TO_SAFE_POINT: Final = f"{LABEL_PREFIX}/seconds-to-safe-point"
 ANNOTATION_REPORTED_STATE_BYTES: Final = f"{LABEL_PREFIX}/reported-state-bytes"
+ANNOTATION_REPORTED_MIN_GPUS: Final = f"{LABEL_PREFIX}/reported-min-gpus"
+ANNOTATION_REPORTED_MIN_HOST_MEMORY: Final = f"{LABEL_PREFIX}/reported-min-host-memory-bytes"
 
 
 class SuspendState(enum.StrEnum):

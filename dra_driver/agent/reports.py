@@ -126,6 +126,10 @@ def annotations_of(r: Report) -> dict[str, str]:
     }
     if r.state_bytes > 0:
         out[names.ANNOTATION_REPORTED_STATE_BYTES] = str(r.state_bytes)
+    if r.min_gpus > 0:  # 0: not reported
+        out[names.ANNOTATION_REPORTED_MIN_GPUS] = str(r.min_gpus)
+    if r.min_host_memory_bytes > 0:
+        out[names.ANNOTATION_REPORTED_MIN_HOST_MEMORY] = str(r.min_host_memory_bytes)
     return out
 
 

@@ -25,13 +25,16 @@ CONNECT_TIMEOUT_S = 10.0
 WATCH_READ_SLACK_S = 30.0
 
 
-def api_client(kubeconfig: str | Path | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, else from the pod's service account."""
+def api_client(kubeconfig: str | Path | None, connections: int | None = None) -> client.ApiClient:
+    """An API client from a kubeconfig file, else from the pod's service account; ``connections``:
+    the HTTP connections kept open (the client's default is 5 per CPU, and each watch holds one)."""
     cfg_mod: Any = _config
-    if kubeconfig:
-        api: client.ApiClient = cfg_mod.new_client_from_config(config_file=str(kubeconfig))
-        return api
     cfg = client.Configuration()
+    if connections is not None:
+        cfg.connection_pool_maxsize = connections
+    if kubeconfig:
+        api: client.ApiClient = cfg_mod.new_client_from_config(config_file=str(kubeconfig), client_configuration=cfg)
+        return api
     cfg_mod.load_incluster_config(client_configuration=cfg)
     return client.ApiClient(cfg)
 

@@ -117,6 +117,7 @@ def test_reports_count_progress_and_become_annotations(tmp_path: Path) -> None:
         names.ANNOTATION_WORKLOAD_PHASE: "train",
         names.ANNOTATION_SECONDS_TO_SAFE_POINT: "0.5",
         names.ANNOTATION_REPORTED_STATE_BYTES: "40",
+        names.ANNOTATION_REPORTED_MIN_GPUS: "1",  # the minimum resources reach the pod (issue 10 §3)
     }
 
 

@@ -27,3 +27,5 @@ def test_controller_scale_benchmark_runs_end_to_end(cluster: ClusterHandle, api:
     assert out["victim_pool"] == target
     assert out["reconcile_all"]["count"] > 0 and out["plan_all"]["count"] > 0
     assert out["reconciles_error"] == 0
+    assert out["apiserver_writes_reclaim"]["by_kind"].get("PATCH pods", 0) >= out["victims"]  # the requests
+    assert out["queue_depth_at_change"] >= 0 and out["settle_s"] >= 0

@@ -8,7 +8,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from elastic_controller import leader
+from elastic_controller import leader, pools
 from elastic_controller.controller import Controller, ControllerSettings, reclaim_kind
 from elastic_controller.desired import PodRef
 from elastic_controller.kube import annotation_patch, job_event
@@ -75,10 +75,10 @@ class Forecasts:
         return Forecast(start=NOW.timestamp() - 60, step=60, upper=(self.need,) * 120)
 
 
-def _inventory() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _inventory() -> dict[str, int]:
     nodes = [{"metadata": {"name": f"n{i}", "labels": {names.LABEL_POOL: "pool-a"}}} for i in range(2)]
     gpus = [GpuInfo(i, f"GPU-{i}", "sim", 80 << 30) for i in range(4)]
-    return nodes, [resource_slice(f"n{i}", gpus, 1) for i in range(2)]
+    return pools.capacities(nodes, [resource_slice(f"n{i}", gpus, 1) for i in range(2)])
 
 
 def _controller(need: float = 0.0) -> tuple[Controller, Recorder]:

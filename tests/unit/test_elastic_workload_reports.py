@@ -111,3 +111,34 @@ def test_reconcile_writes_the_world_on_each_worker_then_stops() -> None:
     ctl.on_pod_event(MODIFIED, suspended)
     _drain(ctl)
     assert dict(api.names("annotate")[before:]) == {f"grpo-w{i}": {names.ANNOTATION_WORLD: "3/4"} for i in range(4)}
+
+
+def test_the_minimum_resources_a_worker_reports_reach_the_jobs_status() -> None:
+    """Issue 10 §3: the workload reports the least it can run with through the node agent (the SDK's
+    ReportRequest min_gpus / min_host_memory_bytes); the driver publishes them on the pod and the
+    controller shows them in the status (largest over live workers). Regression: the driver dropped
+    them and the status had no field for them."""
+    from dra_driver.agent.convert import report_from_pb
+    from dra_driver.agent.reports import annotations_of
+    from rose_sdk.workload import Progress
+
+    def reported(i: int, gpus: int, mem: int) -> dict[str, Any]:
+        req = Progress(phase="train", min_gpus=gpus, min_host_memory_bytes=mem).request(f"uid-{i}", "s", 0)
+        return _pod(i, **annotations_of(report_from_pb(req)))
+
+    obs = _observed(reported(0, 1, 8 << 30), reported(1, 2, 4 << 30), _pod(2))
+    status, _ = compute_status(JOB, obs, None, None, NOW)
+    doc = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert (doc["minGPUsPerWorker"], doc["minHostMemoryBytes"]) == (2, 8 << 30)
+    unreported = compute_status(JOB, _observed(reported(0, 0, 0)), None, None, NOW)[0]
+    assert "minGPUsPerWorker" not in unreported.model_dump(by_alias=True, exclude_none=True)
+    assert ElasticRLJob.model_validate({**RAW_JOB, "status": doc}).status == status
+
+
+def test_a_pending_worker_gets_no_world_until_it_runs() -> None:
+    """Regression (controller_scale benchmark): a job growing to 8 wrote each intermediate world
+    on every worker, pending ones included (72 writes; 36 without the pending ones)."""
+    obs = _observed(_pod(0), _pod(1, phase="Pending"))
+    assert world_value(obs) == "1/2"
+    assert [w.name for w in world_updates(obs)] == ["grpo-w0"]
+    assert world_updates(_observed(_pod(0, phase="Pending"), _pod(1, phase="Pending"))) == []
