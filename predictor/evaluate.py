@@ -109,7 +109,7 @@ class CaseResult:
     n_eval: int
     policies: dict[str, PolicyResult | None]
     oracle_lent: float
-    model_params: dict[str, float | int | list[float]]
+    model_params: dict[str, float | int | list[float] | str]
     notes: list[str] = field(default_factory=list)
     # how predictable the best baseline's misses were from the past (see miss_evidence)
     evidence: dict[str, float] = field(default_factory=dict)

@@ -27,6 +27,7 @@ the volatility width; then it is refitted on the whole training history.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 
@@ -34,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 from sklearn.ensemble import HistGradientBoostingRegressor
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from predictor.features import DAY, rolling_mean_std
 from predictor.series import FloatArray
@@ -197,7 +199,29 @@ def _fit_width_model(z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int) 
         early_stopping=False,
         random_state=0,
     )
-    return g.fit(x[rows], s[rows])
+    with threadpool_limits(limits=1):  # one core, as every fit of the predictor
+        return g.fit(x[rows], s[rows])
+
+
+def _cached_width_model(
+    z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int, key: tuple[object, ...]
+) -> HistGradientBoostingRegressor | None:
+    """:func:`_fit_width_model`, shared by the risks fitted on the same history and horizon (the
+    width model does not depend on the risk; only the choice to use it does)."""
+    full = (hashlib.blake2b(z[:upto].tobytes() + zmax[:upto].tobytes(), digest_size=16).digest(), upto, *key)
+    if full not in _WIDTH_CACHE:
+        if len(_WIDTH_CACHE) >= 16:
+            _WIDTH_CACHE.pop(next(iter(_WIDTH_CACHE)))
+        _WIDTH_CACHE[full] = _fit_width_model(z, zmax, x, upto)
+    return _WIDTH_CACHE[full]
+
+
+_WIDTH_CACHE: dict[tuple[object, ...], HistGradientBoostingRegressor | None] = {}
+
+
+def clear_width_cache() -> None:
+    """Forget the shared width models (benchmarks time every fit from scratch)."""
+    _WIDTH_CACHE.clear()
 
 
 def _with_width_model(plain: RiskParams, hist: FloatArray, t0: int, mean: float) -> RiskParams:
@@ -207,7 +231,8 @@ def _with_width_model(plain: RiskParams, hist: FloatArray, t0: int, mean: float)
     z = np.log(np.clip(hist, 0.0, None) + offset)
     zmax = np.log(window_max(hist, plain.horizon) + offset)
     x = width_features(z, plain.step, t0)
-    older = _fit_width_model(z, zmax, x, cut - plain.horizon)
+    key = (plain.horizon, plain.step, t0, len(hist))
+    older = _cached_width_model(z, zmax, x, cut - plain.horizon, key)
     if older is None:
         return plain
     cand = replace(plain, offset=offset, tod=(), width_model=older)
@@ -216,7 +241,7 @@ def _with_width_model(plain: RiskParams, hist: FloatArray, t0: int, mean: float)
     for level in (plain.risk, min(0.25, 5 * plain.risk)):
         if _reserve_at_coverage(cand, hist, t0, cut, level) >= _reserve_at_coverage(plain, hist, t0, cut, level):
             return plain
-    full = replace(cand, width_model=_fit_width_model(z, zmax, x, len(hist)))
+    full = replace(cand, width_model=_cached_width_model(z, zmax, x, len(hist), key))
     zz, width = _anchor(full, hist, t0)
     s = _scores(zz, zmax, width, 0.0)
     return replace(full, q0=conformal_upper(s[~np.isnan(s)], full.risk))
@@ -324,7 +349,8 @@ def _anchor(p: RiskParams, y: FloatArray, t0: int) -> tuple[FloatArray, FloatArr
     origin; ``t0`` is the time (epoch seconds) of ``y[0]``."""
     z = np.log(np.clip(y, 0.0, None) + p.offset)
     if p.width_model is not None:
-        pred = p.width_model.predict(width_features(z, p.step, t0))
+        with threadpool_limits(limits=1):
+            pred = p.width_model.predict(width_features(z, p.step, t0))
         return z, np.clip(pred, 0.0, None) + GBM_FLOOR
     width = volatility(z, p.vol_window) + p.eps
     if p.tod:
