@@ -109,8 +109,10 @@ class CaseResult:
     n_eval: int
     policies: dict[str, PolicyResult | None]
     oracle_lent: float
-    model_params: dict[str, float | int | list[float]]
+    model_params: dict[str, float | int | list[float] | str]
     notes: list[str] = field(default_factory=list)
+    # how predictable the best baseline's misses were from the past (see miss_evidence)
+    evidence: dict[str, float] = field(default_factory=dict)
     # for the plot: origins and the reservations (demand units) of model and the best baseline
     trace: dict[str, FloatArray] = field(default_factory=dict)
 
@@ -152,6 +154,7 @@ class CaseResult:
                 "risk_relative_error": rel,
                 "risk_met": abs(rel) <= RISK_TOLERANCE,
             },
+            "best_baseline_miss_evidence": self.evidence,
             "notes": self.notes,
         }
 
@@ -236,14 +239,25 @@ def _times(base: FloatArray, factor: float) -> FloatArray:
     return out
 
 
-def _policy(pool: Pool, reserve_at: Any, need: FloatArray, k_train: float, k_test: float) -> PolicyResult:
+def _policy(
+    pool: Pool, reserve_at: Any, need: FloatArray, k_train: float, k_test: float, eq: dict[str, FloatArray], name: str
+) -> PolicyResult:
+    eq[name] = reserve_at(k_test)  # the reserve at equal risk, for the evidence on its misses
     return PolicyResult(
         _score(pool, reserve_at(k_train), need, k_train), _score(pool, reserve_at(k_test), need, k_test)
     )
 
 
 def _baselines(
-    y: FloatArray, h: int, period: int, pool: Pool, train: np.ndarray, test: np.ndarray, risk: float, notes: list[str]
+    y: FloatArray,
+    h: int,
+    period: int,
+    pool: Pool,
+    train: np.ndarray,
+    test: np.ndarray,
+    risk: float,
+    notes: list[str],
+    eq: dict[str, FloatArray],
 ) -> tuple[dict[str, PolicyResult | None], dict[str, FloatArray]]:
     wm = rk.window_max(y, h)
     limit = pool.shortfall_limit(wm)
@@ -251,11 +265,11 @@ def _baselines(
     out: dict[str, PolicyResult | None] = {}
     lines: dict[str, FloatArray] = {}
     kt, ke, _ = _family(y, limit, train, test, risk)
-    out["persistence"] = _policy(pool, lambda k: _times(y[test], 1 + k), need, kt, ke)
+    out["persistence"] = _policy(pool, lambda k: _times(y[test], 1 + k), need, kt, ke, eq, "persistence")
     lines["persistence"] = _times(y, 1 + kt)
     th = limit - y  # additive headroom (demand units): covers a window at zero demand too
     kt, ke = knob_at_risk(th[train], risk), knob_at_risk(th[test], risk)
-    out["persistence_add"] = _policy(pool, lambda k: y[test] + k, need, kt, ke)
+    out["persistence_add"] = _policy(pool, lambda k: y[test] + k, need, kt, ke, eq, "persistence_add")
     lines["persistence_add"] = y + kt
     seas = np.full(len(y), np.nan)
     if period > h and period < len(y):
@@ -263,13 +277,13 @@ def _baselines(
     s_train, s_test = train[~np.isnan(seas[train])], test[~np.isnan(seas[test])]
     if len(s_train) >= rk.min_windows(risk) and len(s_test) == len(test):
         kt, ke, _ = _family(seas, limit, s_train, test, risk)
-        out["seasonal"] = _policy(pool, lambda k: _times(seas[test], 1 + k), need, kt, ke)
+        out["seasonal"] = _policy(pool, lambda k: _times(seas[test], 1 + k), need, kt, ke, eq, "seasonal")
         lines["seasonal"] = _times(seas, 1 + kt)
     else:
         out["seasonal"] = None
         notes.append("seasonal: needs one day of history and an observed window one day before every evaluated origin")
     kt, ke = knob_at_risk(limit[train], risk), knob_at_risk(limit[test], risk)
-    out["static"] = _policy(pool, lambda k: np.full(len(test), k), need, kt, ke)
+    out["static"] = _policy(pool, lambda k: np.full(len(test), k), need, kt, ke, eq, "static")
     lines["static"] = np.full(len(y), kt)
     return out, lines
 
@@ -294,7 +308,8 @@ def evaluate_case(series: Series, h: int, risk: float, pool: Pool, initial_train
             f"measuring a risk of {risk} needs at least {rk.min_windows(risk)} (ceil(1/risk))"
         )
     period = day // series.step if day % series.step == 0 else 0
-    policies, lines = _baselines(y, h, period, pool, train, test, risk, notes)
+    eq: dict[str, FloatArray] = {}
+    policies, lines = _baselines(y, h, period, pool, train, test, risk, notes, eq)
     limit = pool.shortfall_limit(wm)
     th = rk.threshold_shift(params, y, q, limit, t0)
     k_eq = knob_at_risk(th[test], risk)
@@ -306,9 +321,44 @@ def evaluate_case(series: Series, h: int, risk: float, pool: Pool, initial_train
     oracle = float(np.mean(pool.gpus - pool.gpus_for(need))) / pool.gpus
     case = CaseResult(h * series.step, h, risk, len(test), policies, oracle, params.to_json(), notes)
     best, _ = case.best_baseline()
+    case.evidence = miss_evidence(y, h, pool, test, eq[best], series.step)
     case.trace = {"origins": test.astype(np.float64), "model": model_res, "baseline": lines[best], "need": wm}
     case.notes.append(f"best baseline at equal risk: {best}")
     return case
+
+
+def miss_evidence(
+    y: FloatArray, h: int, pool: Pool, test: np.ndarray, reserve: FloatArray, step: int
+) -> dict[str, float]:
+    """How much of a policy's misses the past could have announced, on the evaluated origins.
+
+    ``rise[i] = max(y[i..i+h]) - y[i]`` (what the window adds to now). ``unannounced_share``: of
+    the windows the policy under-provisions (``reserve`` at equal risk), the share whose rise is
+    larger than every rise of the windows that ended in the hour before the origin (``j + h`` in
+    ``[i - 1h, i]``): no recent window showed a jump that large. ``rise_autocorr``: the
+    correlation of ``rise[i]`` with ``rise[i - h]``, the newest rise known at ``i``; near 0 means
+    the size of the next rise is not predictable from the last one.
+    """
+    rise = rk.window_max(y, h) - y
+    hour = max(1, DAY // 24 // step)
+    known = np.full(len(y), np.nan)  # max rise over windows that ended in the hour up to i
+    for i in test:
+        past = rise[max(0, i - hour - h) : max(0, i - h + 1)]
+        past = past[~np.isnan(past)]
+        known[i] = past.max() if len(past) else np.nan
+    missed = test[pool.gpus_for(reserve) < pool.gpus_for(rk.window_max(y, h)[test])]
+    prev = rise[test - h]
+    ok = ~np.isnan(prev) & ~np.isnan(rise[test])
+    a, b = rise[test][ok], prev[ok]
+    with np.errstate(invalid="ignore", divide="ignore"):  # a constant rise has no correlation: NaN
+        rho = float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else math.nan
+    with np.errstate(invalid="ignore"):
+        unannounced = rise[missed] > known[missed]  # NaN (no known past) counts as announced
+    return {
+        "misses": float(len(missed)),
+        "unannounced_share": float(np.mean(unannounced)) if len(missed) else math.nan,
+        "rise_autocorr": rho,
+    }
 
 
 def minimum_points(h: int, risk: float) -> int:

@@ -15,17 +15,27 @@ realized risk follows the target after a regime change. A window's outcome is us
 it has ended (``j + h <= i``): nothing reads past the origin. ``offset``, ``w`` and ``eps``
 are chosen on the training history alone, and so are the optional width factors per hour of
 the day (kept only where they validate on the newest 30 % of that history).
+
+A second width candidate is learnt: a quantile gradient-boosting model (``GBM_LEVEL``) of the
+window-max residual ``log(max + offset) - z`` on trailing features of ``z`` (level, recent
+max/min relative to now, recent volatility, hour of the day), so the band is wide where the
+past says a jump is likely and narrow elsewhere. It is kept only where, fitted on the older
+70 % of the training history, it reserves less at the same coverage on the newest 30 % than
+the volatility width; then it is refitted on the whole training history.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
+from sklearn.ensemble import HistGradientBoostingRegressor
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from predictor.features import DAY, rolling_mean_std
 from predictor.series import FloatArray
@@ -40,6 +50,12 @@ TOD_BUCKET_SECONDS = 3600
 TOD_LEVEL = 0.9  # the width factor compares this quantile of an hour's scores with the overall one
 TOD_SHRINK = 100  # an hour's factor is shrunk toward 1 by n / (n + this) (n: its training windows)
 TOD_FLOOR = 0.3  # above the largest score: q grows by this x (max - median) per unit of level
+GBM_LEVEL = 0.9  # the width model's quantile of the window-max residual (a scale; q sets the risk)
+GBM_OFFSET = 10.0  # x the training mean: the width model works on a near-additive scale
+GBM_FLOOR = 0.02  # added to the width model's output (log units): never a zero-width band
+GBM_WINDOWS_SECONDS = (1800, 3600, 3 * 3600, 6 * 3600)  # trailing windows of its features
+GBM_MAX_ROWS = 4000  # training origins thinned to at most this many (neighbours are near duplicates)
+GBM_MIN_ROWS = 200  # fewer resolved training windows: no width model
 
 
 class NotEnoughWindows(ValueError):
@@ -84,8 +100,10 @@ class RiskParams:
     step: int = 60  # seconds per index (for the time of day)
     # width factor per hour of the day (UTC), learnt on the training windows; empty: none
     tod: tuple[float, ...] = ()
+    # the learnt width (quantile GBM of the window-max residual); None: volatility width
+    width_model: HistGradientBoostingRegressor | None = field(default=None, compare=False, repr=False)
 
-    def to_json(self) -> dict[str, float | int | list[float]]:
+    def to_json(self) -> dict[str, float | int | list[float] | str]:
         return {
             "risk": self.risk,
             "horizon_steps": self.horizon,
@@ -94,6 +112,7 @@ class RiskParams:
             "eps": self.eps,
             "q0": self.q0,
             "time_of_day_factors": [round(f, 3) for f in self.tod],
+            "width": "volatility" if self.width_model is None else f"gbm-quantile-{GBM_LEVEL}",
         }
 
 
@@ -127,7 +146,8 @@ def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int =
             f"{min_windows(risk)} (ceil(1/risk)) with a volatility estimate, or the {1 - risk:.2f} quantile "
             "is beyond every score seen"
         )
-    return _with_time_of_day(replace(best[1], step=step), hist, t0)
+    plain = _with_time_of_day(replace(best[1], step=step), hist, t0)
+    return _with_width_model(plain, hist, t0, mean)
 
 
 def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
@@ -143,6 +163,90 @@ def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
     return _time_of_day(p, hist, t0)
 
 
+def width_features(z: FloatArray, step: int, t0: int) -> FloatArray:
+    """Trailing features of ``z`` at every origin (row ``i`` reads ``z[: i + 1]`` only): the level,
+    the recent max and min relative to it, the recent volatility, the hour of the day."""
+    n = len(z)
+    dz = np.concatenate([[np.nan], np.diff(z)])
+    cols = [z]
+    for w in sorted({max(2, round(ws / step)) for ws in GBM_WINDOWS_SECONDS}):
+        if w >= n:
+            continue
+        win = sliding_window_view(z, w)
+        for red in (win.max(axis=1), win.min(axis=1)):
+            col = np.full(n, np.nan)
+            col[w - 1 :] = red
+            cols.append(col - z)
+        cols.append(rolling_mean_std(dz, w)[1])
+    cols.append(((t0 + step * np.arange(n, dtype=np.int64)) % DAY) / 3600.0)
+    return np.column_stack(cols)
+
+
+def _fit_width_model(z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int) -> HistGradientBoostingRegressor | None:
+    """Quantile GBM of ``zmax - z`` on the windows that ended by ``upto`` (None: too few)."""
+    s = zmax[:upto] - z[:upto]
+    rows = np.flatnonzero(~np.isnan(s))
+    if len(rows) < GBM_MIN_ROWS:
+        return None
+    rows = rows[:: max(1, math.ceil(len(rows) / GBM_MAX_ROWS))]
+    g = HistGradientBoostingRegressor(
+        loss="quantile",
+        quantile=GBM_LEVEL,
+        max_iter=100,
+        learning_rate=0.05,
+        max_leaf_nodes=15,
+        min_samples_leaf=20,
+        early_stopping=False,
+        random_state=0,
+    )
+    with threadpool_limits(limits=1):  # one core, as every fit of the predictor
+        return g.fit(x[rows], s[rows])
+
+
+def _cached_width_model(
+    z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int, key: tuple[object, ...]
+) -> HistGradientBoostingRegressor | None:
+    """:func:`_fit_width_model`, shared by the risks fitted on the same history and horizon (the
+    width model does not depend on the risk; only the choice to use it does)."""
+    full = (hashlib.blake2b(z[:upto].tobytes() + zmax[:upto].tobytes(), digest_size=16).digest(), upto, *key)
+    if full not in _WIDTH_CACHE:
+        if len(_WIDTH_CACHE) >= 16:
+            _WIDTH_CACHE.pop(next(iter(_WIDTH_CACHE)))
+        _WIDTH_CACHE[full] = _fit_width_model(z, zmax, x, upto)
+    return _WIDTH_CACHE[full]
+
+
+_WIDTH_CACHE: dict[tuple[object, ...], HistGradientBoostingRegressor | None] = {}
+
+
+def clear_width_cache() -> None:
+    """Forget the shared width models (benchmarks time every fit from scratch)."""
+    _WIDTH_CACHE.clear()
+
+
+def _with_width_model(plain: RiskParams, hist: FloatArray, t0: int, mean: float) -> RiskParams:
+    """The learnt width instead of the volatility one, where it validates (see the module doc)."""
+    cut = int(len(hist) * 0.7)
+    offset = GBM_OFFSET * mean
+    z = np.log(np.clip(hist, 0.0, None) + offset)
+    zmax = np.log(window_max(hist, plain.horizon) + offset)
+    x = width_features(z, plain.step, t0)
+    key = (plain.horizon, plain.step, t0, len(hist))
+    older = _cached_width_model(z, zmax, x, cut - plain.horizon, key)
+    if older is None:
+        return plain
+    cand = replace(plain, offset=offset, tod=(), width_model=older)
+    # at the target and at a less extreme level too: the newest 30 % hold few windows beyond the
+    # 1 - risk quantile, so one level alone would choose on a handful of them
+    for level in (plain.risk, min(0.25, 5 * plain.risk)):
+        if _reserve_at_coverage(cand, hist, t0, cut, level) >= _reserve_at_coverage(plain, hist, t0, cut, level):
+            return plain
+    full = replace(cand, width_model=_cached_width_model(z, zmax, x, len(hist), key))
+    zz, width = _anchor(full, hist, t0)
+    s = _scores(zz, zmax, width, 0.0)
+    return replace(full, q0=conformal_upper(s[~np.isnan(s)], full.risk))
+
+
 def _time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
     z, width = _anchor(p, hist, t0)
     s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
@@ -155,16 +259,18 @@ def _time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
     return replace(with_tod, q0=conformal_upper(s[~np.isnan(s)], p.risk))
 
 
-def _reserve_at_coverage(p: RiskParams, hist: FloatArray, t0: int, start: int) -> float:
-    """Mean bound over the windows from ``start`` with ``q`` set to their ``1 - risk`` quantile."""
+def _reserve_at_coverage(p: RiskParams, hist: FloatArray, t0: int, start: int, level: float | None = None) -> float:
+    """Mean bound over the windows from ``start`` with ``q`` set to their ``1 - level`` quantile
+    (``level`` defaults to the target risk)."""
+    level = p.risk if level is None else level
     z, width = _anchor(p, hist, t0)
     s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)[start:]
     ok = ~np.isnan(s)
-    if np.count_nonzero(ok) < min_windows(p.risk):
+    if np.count_nonzero(ok) < min_windows(level):
         return math.inf
-    q = conformal_upper(s[ok], p.risk)
+    q = conformal_upper(s[ok], level)
     with np.errstate(over="ignore"):
-        return float(np.mean(np.exp(z[start:][ok] + q * width[start:][ok])))
+        return float(np.mean(np.exp(z[start:][ok] + q * width[start:][ok]))) - p.offset
 
 
 def _best_of(
@@ -242,6 +348,10 @@ def _anchor(p: RiskParams, y: FloatArray, t0: int) -> tuple[FloatArray, FloatArr
     """``z`` (the log level the bound is anchored on) and the width ``(sd + eps) * tod`` at each
     origin; ``t0`` is the time (epoch seconds) of ``y[0]``."""
     z = np.log(np.clip(y, 0.0, None) + p.offset)
+    if p.width_model is not None:
+        with threadpool_limits(limits=1):
+            pred = p.width_model.predict(width_features(z, p.step, t0))
+        return z, np.clip(pred, 0.0, None) + GBM_FLOOR
     width = volatility(z, p.vol_window) + p.eps
     if p.tod:
         width = width * np.asarray(p.tod)[tod_bucket(t0, p.step, len(y))]

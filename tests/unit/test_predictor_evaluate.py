@@ -11,6 +11,7 @@ import pytest
 from predictor import risk as rk
 from predictor.cli import main
 from predictor.evaluate import Pool, evaluate, knob_at_risk, minimum_points
+from predictor.evaluate import miss_evidence as ev_miss
 from predictor.generator import generate
 from predictor.series import Series, write_series_csv
 
@@ -126,7 +127,45 @@ def test_width_follows_the_hour_of_day_whose_windows_burst() -> None:
     burst = (hour == 18) & (rng.random(n) < 0.5)
     y[burst] += rng.uniform(10, 20, int(burst.sum()))
     p = rk.fit_risk(y, 3, 0.01, 600, n // 2 - 1)  # at 1 % the bursts (~4 % of windows) must be covered
-    assert len(p.tod) == 24
-    rest = float(np.median([p.tod[h] for h in range(24) if h not in (17, 18)]))
-    assert rest < 1.0
-    assert min(p.tod[17], p.tod[18]) > 1.5 * rest  # windows starting at 17:xx reach into 18:00
+    _, width = rk._anchor(p, y, 0)  # either width (per-hour factors or the learnt one) must follow the hour
+    by_hour = [float(np.nanmedian(width[hour == h])) for h in range(24)]
+    rest = float(np.median([by_hour[h] for h in range(24) if h not in (17, 18)]))
+    assert min(by_hour[17], by_hour[18]) > 1.5 * rest  # windows starting at 17:xx reach into 18:00
+
+
+def _clustered_bursts(seed: int) -> Series:
+    """A daily wave with bursts that come in clusters (a spike every other step for 80 minutes):
+    the first spike of a cluster is a surprise, the later ones are announced by the recent max,
+    and once a cluster is over the recent max says so before a 2-hour volatility forgets it."""
+    rng = np.random.default_rng(seed)
+    n = 14 * 144
+    y = 300 + 100 * np.sin(np.arange(n) * 2 * np.pi / 144) + rng.normal(0, 5, n)
+    for i in np.flatnonzero(rng.random(n) < 0.015):
+        y[i : i + 8 : 2] += rng.uniform(300, 400)
+    return Series(start=0, step=600, values=np.clip(y, 0, None))
+
+
+def test_learnt_width_lends_more_where_the_past_announces_the_jump(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _clustered_bursts(3)
+    (learnt,) = evaluate(s, [1800], [0.05], gpus_at_peak=64).cases
+    assert learnt.model_params["width"] == f"gbm-quantile-{rk.GBM_LEVEL}"
+    monkeypatch.setattr(rk, "GBM_MIN_ROWS", 10**9)  # the volatility width only
+    rk.clear_width_cache()
+    (plain,) = evaluate(s, [1800], [0.05], gpus_at_peak=64).cases
+    assert plain.model_params["width"] == "volatility"
+    lm, pm = learnt.policies["model"], plain.policies["model"]
+    assert lm is not None and pm is not None
+    assert lm.equal_risk.lent > pm.equal_risk.lent, (lm.equal_risk.lent, pm.equal_risk.lent)
+    assert abs(lm.tuned.risk - 0.05) <= 0.015
+
+
+def test_miss_evidence_counts_jumps_no_recent_window_showed() -> None:
+    y = np.full(200, 10.0)
+    y[100] = 50.0  # a jump out of nowhere: the windows starting at 98 and 99 need 50
+    pool = Pool.sized(64.0, 64, None)
+    test = np.arange(60, 190)
+    e = ev_miss(y, 2, pool, test, y[test] + 1.0, 600)  # persistence + 1 GPU misses exactly those
+    assert e["misses"] == 2 and e["unannounced_share"] == 1.0
+    y[95] = 50.0  # the same jump 50 minutes earlier: the later one was announced within the hour
+    e = ev_miss(y, 2, pool, test, y[test] + 1.0, 600)
+    assert e["misses"] == 4 and e["unannounced_share"] == 0.5

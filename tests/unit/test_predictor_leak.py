@@ -82,3 +82,27 @@ def test_window_max_bounds_are_bit_identical_when_only_the_future_changes(h: int
     np.testing.assert_array_equal(b[: origin + 1], b2[: origin + 1])
     now = rk.forecast_now(p, series.values[: origin + 1], 500, t0)
     assert now == rk.forecast_now(p, changed[: origin + 1], 500, t0)
+
+
+@pytest.mark.parametrize("h", [1, 10])
+def test_learnt_width_is_bit_identical_when_only_the_future_changes(h: int) -> None:
+    series = generate(days=4, step=300, seed=12)
+    t0, train, origin = series.start, 600, 900
+    z = np.log(series.values + 50.0)
+    x = rk.width_features(z, 300, t0)
+    changed = _future_changed(series, origin, 7).values
+    x2 = rk.width_features(np.log(changed + 50.0), 300, t0)
+    np.testing.assert_array_equal(x[: origin + 1], x2[: origin + 1])
+    # a width model fitted on the training part, then tracked and bounded past the origin
+    zmax = np.log(rk.window_max(series.values[:train], h) + 50.0)
+    g = rk._fit_width_model(z[:train], zmax, x[:train], train)
+    assert g is not None
+    p = replace(rk.fit_risk(series.values, h, 0.05, 300, train - 1, t0), offset=50.0, tod=(), width_model=g)
+    q = rk.track_q(p, series.values, train, len(series), t0)
+    q2 = rk.track_q(p, changed, train, len(series), t0)
+    np.testing.assert_array_equal(q[: origin + 1], q2[: origin + 1])
+    b, b2 = rk.bound(p, series.values, q, 0.0, t0), rk.bound(p, changed, q2, 0.0, t0)
+    np.testing.assert_array_equal(b[: origin + 1], b2[: origin + 1])
+    assert rk.forecast_now(p, series.values[: origin + 1], 500, t0) == rk.forecast_now(
+        p, changed[: origin + 1], 500, t0
+    )
