@@ -57,6 +57,7 @@ from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
 from rose_common.informer import ADDED, DELETED
 from rose_common.kube import objects
+from rose_common.timeslice_lease import GroupLease
 from rose_common.workqueue import WorkQueue
 
 log = logging.getLogger("elastic_controller")
@@ -175,6 +176,7 @@ class Controller:
         self.is_leader = lease is None
         self.stop = threading.Event()
         self.last_plan: Plan | None = None
+        self.group_lease: Callable[[str], GroupLease | None] = lambda group: None  # kube.GroupLeases.get
         metrics.leader.set(1 if self.is_leader else 0)
 
     # ------------------------------------------------------------------ informer handlers
@@ -244,6 +246,13 @@ class Controller:
         if not e.present and not e.gone:
             del self._expect[key]
 
+    def on_group_change(self, group: str) -> None:
+        """A time-slice group's Lease changed: requeue its member jobs (their Resident condition)."""
+        with self._lock:
+            keys = [k for k, j in self._jobs.items() if objects.spec(j).get("timesliceGroup") == group]
+        for key in keys:
+            self.queue.add(key)
+
     # ------------------------------------------------------------------ reconcile
     def _snapshot(self, key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         with self._lock:
@@ -289,7 +298,8 @@ class Controller:
         observed = [w for w in (observe(job.name, p) for p in pods) if w is not None]
         with self._lock:
             target = self._targets.pop(key, None)
-        d = desired(job, observed, target, self._clock())
+        group = job.spec.timeslice_group
+        d = desired(job, observed, target, self._clock(), self.group_lease(group) if group else None)
         failures = converge(self.api, job, d) + self._write_world(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)
