@@ -115,14 +115,17 @@ def _pod_job_key(pod: dict[str, Any]) -> str | None:
 
 
 def reclaim_kind(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
-    """``unplanned`` when another owner's suspend request appears, ``fallback`` when the driver
-    reports a checkpoint-and-evict; None otherwise (pure)."""
+    """``unplanned`` when another owner's suspend request appears (not the time-slice orchestrator's
+    hand-over), ``fallback`` when the driver reports a checkpoint-and-evict; None otherwise (pure)."""
     ann, before = objects.annotations(new), objects.annotations(old)
     state = ann.get(names.ANNOTATION_SUSPEND_STATE)
     if state == EVICTED and before.get(names.ANNOTATION_SUSPEND_STATE) != EVICTED:
         return "fallback"
     req = ann.get(names.ANNOTATION_SUSPEND_REQUEST)
     if req is not None and req != before.get(names.ANNOTATION_SUSPEND_REQUEST) and f'"{CONTROLLER}"' not in req:
+        token = names.ANNOTATION_FENCING_TOKEN
+        if ann.get(token) is not None and ann.get(token) != before.get(token):
+            return None  # a time-slice hand-over (it writes a newer fencing token with its request): not a reclaim
         return "unplanned"
     return None
 

@@ -12,7 +12,7 @@ import pytest
 
 from elastic_controller import groups
 from elastic_controller import observe as obs
-from elastic_controller.controller import Controller, ControllerSettings
+from elastic_controller.controller import Controller, ControllerSettings, reclaim_kind
 from elastic_controller.desired import desired
 from elastic_controller.kube import GroupLeases
 from elastic_controller.metrics import ControllerMetrics
@@ -255,3 +255,19 @@ def test_two_jobs_of_a_group_share_claims_and_their_status_follows_the_lease() -
     _drain(ctl)
     assert [_resident(api.statuses[n])[1] for n in ("a", "b")] == ["Waiting", "Resident"]
     assert api.statuses["b"].fencing_token == 2
+
+
+def test_a_time_slice_hand_over_is_not_counted_as_an_unplanned_reclaim() -> None:
+    req, tok = names.ANNOTATION_SUSPEND_REQUEST, names.ANNOTATION_FENCING_TOKEN
+    handover = json.dumps({"by": "timeslice", "reason": "time-slice hand-over 3"}, sort_keys=True)
+    extender = json.dumps({"by": "rose-scheduler", "reason": "serving"})
+
+    def pod(**ann: str) -> dict[str, Any]:
+        return {"metadata": {"name": "a-w0", "annotations": ann}}
+
+    assert reclaim_kind(pod(**{tok: "g1:2"}), pod(**{req: handover, tok: "g1:3"})) is None
+    assert reclaim_kind(pod(), pod(**{req: handover, tok: "g1:1"})) is None
+    assert reclaim_kind(pod(**{tok: "g1:3"}), pod(**{req: extender, tok: "g1:3"})) == "unplanned", (
+        "serving's, same token"
+    )
+    assert reclaim_kind(pod(), pod(**{req: extender})) == "unplanned"
