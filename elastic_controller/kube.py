@@ -149,23 +149,32 @@ class KubeJobApi:
         with contextlib.suppress(Conflict):  # exists: the template is immutable and named after the job
             self.raw.json("POST", f"{RCT_API}/namespaces/{_q(ns)}/resourceclaimtemplates", body=body)
 
-    def ensure_claim(self, body: dict[str, Any]) -> None:
+    def ensure_claim(self, body: dict[str, Any], attempts: int = 5) -> None:
         """Create a time-slice group's shared ResourceClaim; when it exists, add this job's owner
-        reference (a JSON patch that tests the read resourceVersion; a conflict is retried by the reconcile)."""
+        reference (a JSON patch that tests the read resourceVersion). A write that lost a race (the
+        other member's, the claim controller's) is read and tried again, ``attempts`` times in all:
+        the reconcile that creates the pods is the only one that ensures their claims."""
         path = f"{RCT_API}/namespaces/{_q(objects.namespace(body))}/resourceclaims"
-        try:
-            self.raw.json("POST", path, body=body)
-            return
-        except Conflict:
-            pass
-        doc = self.raw.json("GET", f"{path}/{_q(objects.name(body))}")
         mine = body["metadata"]["ownerReferences"][0]
-        owners = objects.meta(doc).get("ownerReferences") or []
-        if any(isinstance(o, dict) and o.get("uid") == mine["uid"] for o in owners):
-            return
-        ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": objects.resource_version(doc)},
-               {"op": "add", "path": "/metadata/ownerReferences", "value": [*owners, mine]}]  # fmt: skip
-        self.raw.json("PATCH", f"{path}/{_q(objects.name(body))}", body=ops, content_type=JSON_PATCH)
+        for _ in range(attempts):
+            try:
+                self.raw.json("POST", path, body=body)
+                return
+            except Conflict:
+                pass
+            doc = self.raw.json("GET", f"{path}/{_q(objects.name(body))}")
+            owners = objects.meta(doc).get("ownerReferences") or []
+            if any(isinstance(o, dict) and o.get("uid") == mine["uid"] for o in owners):
+                return
+            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": objects.resource_version(doc)},
+                   {"op": "add", "path": "/metadata/ownerReferences", "value": [*owners, mine]}]  # fmt: skip
+            try:
+                self.raw.json("PATCH", f"{path}/{_q(objects.name(body))}", body=ops, content_type=JSON_PATCH)
+                return
+            except (Conflict, Unprocessable, NotFound):  # changed or deleted since the read: again
+                continue
+        raise RuntimeError(f"ResourceClaim {objects.name(body)}: owner reference of {mine['name']} not added after "
+                           f"{attempts} attempts: the claim kept changing")  # fmt: skip
 
     def create_pod(self, body: dict[str, Any]) -> None:
         with contextlib.suppress(Conflict):  # created before a crash or a lost reply: the fixed name is idempotent

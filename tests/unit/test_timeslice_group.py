@@ -14,7 +14,7 @@ from elastic_controller import groups
 from elastic_controller import observe as obs
 from elastic_controller.controller import Controller, ControllerSettings, reclaim_kind
 from elastic_controller.desired import desired
-from elastic_controller.kube import GroupLeases
+from elastic_controller.kube import GroupLeases, KubeJobApi
 from elastic_controller.metrics import ControllerMetrics
 from elastic_controller.planner import JobTarget
 from elastic_controller.reconciler import converge
@@ -22,6 +22,7 @@ from elastic_controller.workers import CLAIM_NAME, shared_claim, shared_claim_na
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
 from rose_common.informer import ADDED, DELETED, MODIFIED
+from rose_common.kube.errors import Conflict, Status, Unprocessable
 from rose_common.timeslice_lease import GroupLease, read
 from tests.unit.test_elastic_controller import RAW_JOB, Forecasts, Recorder, _inventory
 from timeslice.state import Group
@@ -271,3 +272,38 @@ def test_a_time_slice_hand_over_is_not_counted_as_an_unplanned_reclaim() -> None
         "serving's, same token"
     )
     assert reclaim_kind(pod(), pod(**{req: extender})) == "unplanned"
+
+
+class ClaimServer:
+    """An explicit stand-in for the API server's ResourceClaim endpoint (the e2e test uses the real
+    one): the claim exists; the first ``races`` owner patches lose to another writer (a failed
+    ``test`` op, 422), as a second member's or the claim controller's write does."""
+
+    def __init__(self, races: int) -> None:
+        self.races = races
+        self.doc: dict[str, Any] = {"metadata": {"name": "ts-g1-w0-gpus", "resourceVersion": "1",
+                                                 "ownerReferences": [{"uid": "uid-a", "name": "a"}]}}  # fmt: skip
+
+    def json(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        if method == "POST":
+            raise Conflict(Status(409, "AlreadyExists"))
+        if method == "GET":
+            return self.doc
+        assert method == "PATCH" and body[0]["value"] == self.doc["metadata"]["resourceVersion"]
+        if self.races > 0:
+            self.races -= 1
+            rv = str(int(self.doc["metadata"]["resourceVersion"]) + 1)
+            self.doc = {"metadata": {**self.doc["metadata"], "resourceVersion": rv}}
+            raise Unprocessable(Status(422, "Invalid", "the test operation failed"))
+        self.doc = {"metadata": {**self.doc["metadata"], "ownerReferences": body[1]["value"]}}
+        return self.doc
+
+
+@pytest.mark.parametrize("races", [0, 2])
+def test_ensure_claim_adds_the_second_members_owner_reference_despite_a_racing_writer(races: int) -> None:
+    server = ClaimServer(races)
+    KubeJobApi(server).ensure_claim(shared_claim(job("b"), 0))  # type: ignore[arg-type]
+    assert [o["name"] for o in server.doc["metadata"]["ownerReferences"]] == ["a", "b"]
+    lost = ClaimServer(races=10)
+    with pytest.raises(RuntimeError, match="owner reference of b not added after 5 attempts"):
+        KubeJobApi(lost).ensure_claim(shared_claim(job("b"), 0))  # type: ignore[arg-type]
