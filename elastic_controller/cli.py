@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     infs = kube.informers(raw, FunctionHandler(ctl.on_job_event, ctl.on_job_list),
                           FunctionHandler(ctl.on_pod_event, ctl.on_pod_list), restart, ctl.stop)  # fmt: skip
     infs += kube.inventory_informers(raw, inventory, restart, ctl.stop)
+    group_leases = kube.GroupLeases(ctl.on_group_change)  # the time-slice orchestrator's, read only
+    ctl.group_lease = group_leases.get
+    infs += kube.group_informers(raw, args.lease_namespace, group_leases, restart, ctl.stop)
     host, port = args.metrics_listen
     if port:
         start_http_server(port, host, registry=metrics.registry)

@@ -62,6 +62,7 @@ from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
 from rose_common.informer import ADDED, DELETED
 from rose_common.kube import objects
+from rose_common.timeslice_lease import GroupLease
 from rose_common.workqueue import WorkQueue
 
 log = logging.getLogger("elastic_controller")
@@ -129,14 +130,17 @@ def _observe(key: str, pod: dict[str, Any]) -> ObservedWorker | None:
 
 
 def reclaim_kind(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
-    """``unplanned`` when another owner's suspend request appears, ``fallback`` when the driver
-    reports a checkpoint-and-evict; None otherwise (pure)."""
+    """``unplanned`` when another owner's suspend request appears (not the time-slice orchestrator's
+    hand-over), ``fallback`` when the driver reports a checkpoint-and-evict; None otherwise (pure)."""
     ann, before = objects.annotations(new), objects.annotations(old)
     state = ann.get(names.ANNOTATION_SUSPEND_STATE)
     if state == EVICTED and before.get(names.ANNOTATION_SUSPEND_STATE) != EVICTED:
         return "fallback"
     req = ann.get(names.ANNOTATION_SUSPEND_REQUEST)
     if req is not None and req != before.get(names.ANNOTATION_SUSPEND_REQUEST) and f'"{CONTROLLER}"' not in req:
+        token = names.ANNOTATION_FENCING_TOKEN
+        if ann.get(token) is not None and ann.get(token) != before.get(token):
+            return None  # a time-slice hand-over (it writes a newer fencing token with its request): not a reclaim
         return "unplanned"
     return None
 
@@ -222,6 +226,7 @@ class Controller:
         self.is_leader = lease is None
         self.stop = threading.Event()
         self.last_plan: Plan | None = None
+        self.group_lease: Callable[[str], GroupLease | None] = lambda group: None  # kube.GroupLeases.get
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
         metrics.queue_idle.set_function(lambda: 1 if self.queue.idle() else 0)
@@ -298,6 +303,13 @@ class Controller:
         if not e.present and not e.gone:
             del self._expect[key]
 
+    def on_group_change(self, group: str) -> None:
+        """A time-slice group's Lease changed: requeue its member jobs (their Resident condition)."""
+        with self._lock:
+            keys = [k for k, j in self._jobs.items() if objects.spec(j).get("timesliceGroup") == group]
+        for key in keys:
+            self.queue.add(key)
+
     # ------------------------------------------------------------------ reconcile
     def _snapshot(self, key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         with self._lock:
@@ -354,7 +366,8 @@ class Controller:
         observed = self._observed(key)
         with self._lock:
             target = self._targets.pop(key, None)
-        d = desired(job, observed, target, self._clock())
+        group = job.spec.timeslice_group
+        d = desired(job, observed, target, self._clock(), self.group_lease(group) if group else None)
         failures = converge(self.api, job, d, self._run) + self._write_world(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)

@@ -5,6 +5,13 @@ carries out the :class:`Desired` it returns through ``kube.py`` (create, delete 
 precondition, patch the ``rose.io/suspend-request`` annotation) and writes the status from
 ``elastic_controller.status``. Creating a worker by its fixed name is idempotent: a retry after a
 crash gets a conflict, never a duplicate pod.
+
+A job with ``spec.timesliceGroup`` (see ``elastic_controller.groups``): its new workers use the
+group's shared ResourceClaims (``claims``, ensured before the pods) instead of a template of
+its own; its status carries the ``Resident`` condition and ``fencingToken`` read from the
+orchestrator's group Lease (``lease``); and the controller writes no ``rose.io/suspend-request``
+on its workers, which the orchestrator's hand-over owns: a planned suspend or resume of such a
+worker becomes the Event ``SuspendLeftToOrchestrator`` instead.
 """
 
 from __future__ import annotations
@@ -14,11 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from elastic_controller.groups import owns_suspend_requests, reflect
 from elastic_controller.observe import ObservedWorker
 from elastic_controller.planner import JobTarget
 from elastic_controller.status import EventSpec, compute_status
-from elastic_controller.workers import CONTROLLER, claim_template, worker_pod
+from elastic_controller.workers import CONTROLLER, claim_template, shared_claim, worker_index, worker_pod
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
+from rose_common.timeslice_lease import GroupLease
 
 
 @dataclass(frozen=True)
@@ -35,13 +44,14 @@ class SuspendRequest:
 
 @dataclass(frozen=True)
 class Desired:
-    claim_template: dict[str, Any]
+    claim_template: dict[str, Any] | None  # None for a job in a time-slice group (it uses ``claims``)
     status: ElasticRLJobStatus
     create: tuple[dict[str, Any], ...] = ()
     delete: tuple[PodRef, ...] = ()
     set_requests: tuple[SuspendRequest, ...] = ()
     clear_requests: tuple[PodRef, ...] = ()
     events: tuple[EventSpec, ...] = ()
+    claims: tuple[dict[str, Any], ...] = ()  # the group's shared ResourceClaims the new workers use
 
 
 def suspend_request(reason: str, grace_seconds: int, now: datetime) -> str:
@@ -77,12 +87,26 @@ def _requests(job: ElasticRLJob, by_name: dict[str, ObservedWorker], target: Job
     return sets, clears
 
 
-def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None, now: datetime) -> Desired:
-    """What to change so the job's pods match ``target`` (None: the planner has not spoken; keep)."""
+def _left_to_orchestrator(job: ElasticRLJob, target: JobTarget) -> tuple[EventSpec, ...]:
+    n = len(target.suspend) + len(target.resume)
+    if owns_suspend_requests(job) or n == 0:
+        return ()
+    message = (f"{n} planned suspend/resume of workers in time-slice group {job.spec.timeslice_group} not "
+               "written: its orchestrator owns their rose.io/suspend-request")  # fmt: skip
+    return (EventSpec("SuspendLeftToOrchestrator", message),)
+
+
+def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None, now: datetime,
+            lease: GroupLease | None = None) -> Desired:  # fmt: skip
+    """What to change so the job's pods match ``target`` (None: the planner has not spoken; keep);
+    ``lease``: the orchestrator's Lease of the job's time-slice group, when it has one."""
     status, transitions = compute_status(job, observed, target, job.status, now)
+    status, grouped = reflect(job, status, lease, now)
+    transitions = [*transitions, *grouped]
+    template = claim_template(job) if job.spec.timeslice_group is None else None
     lost = tuple(PodRef(w.name, w.uid) for w in observed if w.lost and not w.deleting)
     if target is None:
-        return Desired(claim_template(job), status, delete=lost, events=tuple(transitions))
+        return Desired(template, status, delete=lost, events=tuple(transitions))
     by_name = {w.name: w for w in observed}
     removed = tuple(PodRef(w.name, w.uid) for w in (by_name[n] for n in target.remove if n in by_name)
                     if not w.deleting)  # fmt: skip
@@ -91,7 +115,14 @@ def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget
         worker_pod(job, i, pool, state_bytes) for i, pool in zip(_free_indexes(observed, len(target.add)),
                                                                   target.add, strict=True)
     )  # fmt: skip
-    sets, clears = _requests(job, by_name, target, now)
+    sets, clears = _requests(job, by_name, target, now) if owns_suspend_requests(job) else ((), ())
     delete = tuple(dict.fromkeys(lost + removed))
-    events = tuple(transitions) + tuple(_event(r) for r in target.reasons)
-    return Desired(claim_template(job), status, create, delete, sets, clears, events)
+    events = tuple(transitions) + tuple(_event(r) for r in target.reasons) + _left_to_orchestrator(job, target)
+    claims = () if template is not None else tuple(shared_claim(job, _index(job, b)) for b in create)
+    return Desired(template, status, create, delete, sets, clears, events, claims)
+
+
+def _index(job: ElasticRLJob, pod: dict[str, Any]) -> int:
+    i = worker_index(job.name, pod["metadata"]["name"])
+    assert i is not None  # worker_pod names every pod <job>-w<index>
+    return i

@@ -12,7 +12,11 @@ the serving cluster never reach this process. :class:`LeaseLock` reads and write
 coordination.k8s.io/v1 Lease of leader election; the decision itself is
 :func:`elastic_controller.leader.decide` (pure). :class:`InventoryStore`, filled by
 :func:`inventory_informers`, keeps the pool nodes' pools and the driver's ResourceSlices'
-device counts and serves the planner's capacities per pool.
+device counts and serves the planner's capacities per pool. :class:`GroupLeases`, filled by
+:func:`group_informers`, holds the time-slice orchestrator's group Leases (label
+``rose.io/timeslice-group``, in the controller's Lease namespace), read only;
+:meth:`KubeJobApi.ensure_claim` creates a group's shared ResourceClaim or adds the job's owner
+reference to it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from rose_common.informer import FunctionHandler, Handler, Informer, InformerSet
 from rose_common.kube import objects
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import Conflict, NotFound, Unprocessable
+from rose_common.timeslice_lease import LABEL_GROUP, GroupLease
+from rose_common.timeslice_lease import read as read_group_lease
 
 JOBS_PATH: Final = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 RCT_API: Final = "/apis/resource.k8s.io/v1"
@@ -144,6 +150,33 @@ class KubeJobApi:
         ns = objects.namespace(body)
         with contextlib.suppress(Conflict):  # exists: the template is immutable and named after the job
             self.raw.json("POST", f"{RCT_API}/namespaces/{_q(ns)}/resourceclaimtemplates", body=body)
+
+    def ensure_claim(self, body: dict[str, Any], attempts: int = 5) -> None:
+        """Create a time-slice group's shared ResourceClaim; when it exists, add this job's owner
+        reference (a JSON patch that tests the read resourceVersion). A write that lost a race (the
+        other member's, the claim controller's) is read and tried again, ``attempts`` times in all:
+        the reconcile that creates the pods is the only one that ensures their claims."""
+        path = f"{RCT_API}/namespaces/{_q(objects.namespace(body))}/resourceclaims"
+        mine = body["metadata"]["ownerReferences"][0]
+        for _ in range(attempts):
+            try:
+                self.raw.json("POST", path, body=body)
+                return
+            except Conflict:
+                pass
+            doc = self.raw.json("GET", f"{path}/{_q(objects.name(body))}")
+            owners = objects.meta(doc).get("ownerReferences") or []
+            if any(isinstance(o, dict) and o.get("uid") == mine["uid"] for o in owners):
+                return
+            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": objects.resource_version(doc)},
+                   {"op": "add", "path": "/metadata/ownerReferences", "value": [*owners, mine]}]  # fmt: skip
+            try:
+                self.raw.json("PATCH", f"{path}/{_q(objects.name(body))}", body=ops, content_type=JSON_PATCH)
+                return
+            except (Conflict, Unprocessable, NotFound):  # changed or deleted since the read: again
+                continue
+        raise RuntimeError(f"ResourceClaim {objects.name(body)}: owner reference of {mine['name']} not added after "
+                           f"{attempts} attempts: the claim kept changing")  # fmt: skip
 
     def create_pod(self, body: dict[str, Any]) -> None:
         with contextlib.suppress(Conflict):  # created before a crash or a lost reply: the fixed name is idempotent
@@ -335,3 +368,56 @@ def informers(
     pods = InformerSettings(kind="Pod", path="/api/v1/pods", label_selector=names.LABEL_JOB,
                             watch_timeout_seconds=60, resync_seconds=resync_seconds)  # fmt: skip
     return [Informer(raw, jobs, on_job, on_restart, stop), Informer(raw, pods, on_pod, on_restart, stop)]
+
+
+# ---------------------------------------------------------------------- time-slice groups (read only)
+
+
+class GroupLeases:
+    """The orchestrator's group Leases as an informer keeps them; ``on_change(group)`` after each
+    change (the controller requeues the group's member jobs). An unreadable Lease is logged and
+    counts as absent."""
+
+    def __init__(self, on_change: Callable[[str], None]) -> None:
+        self._lock = threading.Lock()
+        self._by_lease: dict[str, GroupLease] = {}
+        self._on_change = on_change
+
+    @staticmethod
+    def _read(obj: dict[str, Any]) -> GroupLease | None:
+        try:
+            return read_group_lease(obj)
+        except ValueError as e:
+            log.warning("time-slice group lease unreadable", extra={"lease": objects.name(obj), "err": str(e)})
+            return None
+
+    def handler(self) -> FunctionHandler:
+        def on_list(items: list[dict[str, Any]]) -> None:
+            fresh = {objects.name(o): g for o in items if (g := self._read(o)) is not None}
+            with self._lock:
+                old, self._by_lease = self._by_lease, fresh
+            for group in {g.group for g in (*old.values(), *fresh.values())}:
+                self._on_change(group)
+
+        def on_event(event_type: str, obj: dict[str, Any]) -> None:
+            g = None if event_type == "DELETED" else self._read(obj)
+            with self._lock:
+                old = self._by_lease.pop(objects.name(obj), None)
+                if g is not None:
+                    self._by_lease[objects.name(obj)] = g
+            for group in {x.group for x in (old, g) if x is not None}:
+                self._on_change(group)
+
+        return FunctionHandler(on_event, on_list)
+
+    def get(self, group: str) -> GroupLease | None:
+        with self._lock:
+            return next((g for g in self._by_lease.values() if g.group == group), None)
+
+
+def group_informers(raw: Raw, namespace: str, leases: GroupLeases, on_restart: Callable[[str], None],
+                    stop: threading.Event) -> list[Informer]:  # fmt: skip
+    """The time-slice orchestrator's group Leases in ``namespace`` (label selected by the server)."""
+    settings = InformerSettings(kind="Lease", path=f"{LEASE_API}/namespaces/{_q(namespace)}/leases",
+                                label_selector=LABEL_GROUP, watch_timeout_seconds=300)  # fmt: skip
+    return [Informer(raw, settings, leases.handler(), on_restart, stop)]

@@ -1,4 +1,5 @@
-"""Worker Pods and the per-job ResourceClaimTemplate of an ElasticRLJob, as plain API objects.
+"""Worker Pods and the per-job ResourceClaimTemplate (or, for a job in a time-slice group, the
+group's shared ResourceClaims) of an ElasticRLJob, as plain API objects.
 
 I/O boundary: none. Pure functions of the validated job (``rose_common.elasticrljob``) to JSON
 dicts that ``kube.py`` will create; no client, no clock. What the other components read:
@@ -7,7 +8,8 @@ dicts that ``kube.py`` will create; no client, no clock. What the other componen
   rose-scheduler``, annotations ``rose.io/gpus``, ``rose.io/min-useful-run-seconds``,
   ``rose.io/graceful-shutdown-seconds`` and ``rose.io/state-bytes``;
 - the DRA driver: the lendable claim (device class ``lendable.gpu.rose.io``, ``gpusPerWorker``
-  devices) and the grace period annotation;
+  devices) and the grace period annotation; with ``spec.timesliceGroup`` worker ``i`` of every
+  member job references the one claim ``ts-<group>-w<i>-gpus`` (:func:`shared_claim`);
 - the SDK in the worker: ``ROSE_POD_UID``/``NAME``/``NAMESPACE`` (downward API),
   ``ROSE_CHECKPOINT_PATH`` with ``ROSE_RESTORE=latest`` (restore from it on start, when one
   exists), ``ROSE_JOB_NAME``, ``ROSE_WORKER_INDEX``, ``ROSE_MIN_WORKERS`` and
@@ -71,6 +73,37 @@ def claim_template(job: ElasticRLJob) -> dict[str, Any]:
         },
         "spec": {"spec": {"devices": {"requests": [request]}}},
     }
+
+
+def shared_claim_name(group: str, index: int) -> str:
+    """The ResourceClaim every member of time-slice ``group`` uses for worker slot ``index``."""
+    return f"ts-{group}-w{index}-{CLAIM_NAME}"
+
+
+def shared_claim(job: ElasticRLJob, index: int) -> dict[str, Any]:
+    """Worker slot ``index``'s ResourceClaim of the job's time-slice group: the group's members
+    reference it by ``resourceClaimName`` (DRA reserves one allocated claim for up to 256 pods,
+    ``status.reservedFor``), so they share its devices and the orchestrator decides whose state is
+    resident. Each member adds its own (non-controller) owner reference: the garbage collector
+    deletes the claim once every member job is gone."""
+    group = job.spec.timeslice_group
+    if group is None:
+        raise ValueError(f"ElasticRLJob {job.namespace}/{job.name} has no spec.timesliceGroup; it has no shared claim")
+    request = {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
+               "allocationMode": "ExactCount", "count": job.spec.gpus_per_worker}}  # fmt: skip
+    owner = {**owner_reference(job), "controller": False, "blockOwnerDeletion": False}
+    meta = {"name": shared_claim_name(group, index), "namespace": job.namespace,
+            "labels": {names.LABEL_TIMESLICE_GROUP: group, LABEL_WORKER_INDEX: str(index)},
+            "ownerReferences": [owner]}  # fmt: skip
+    return {"apiVersion": RESOURCE_API, "kind": "ResourceClaim", "metadata": meta,
+            "spec": {"devices": {"requests": [request]}}}  # fmt: skip
+
+
+def _pod_claim(job: ElasticRLJob, index: int) -> dict[str, Any]:
+    """The pod's claim entry: the group's shared claim for a time-sliced job, else the job's template."""
+    if job.spec.timeslice_group is not None:
+        return {"name": CLAIM_NAME, "resourceClaimName": shared_claim_name(job.spec.timeslice_group, index)}
+    return {"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template_name(job.name)}
 
 
 def _annotations(job: ElasticRLJob, state_bytes: int | None) -> dict[str, str]:
@@ -150,7 +183,7 @@ def worker_pod(
         spec["volumes"] = [*volumes, timeslice_token_volume()]
     spec["schedulerName"] = names.SCHEDULER_NAME
     claims = [c for c in spec.get("resourceClaims", []) if c.get("name") != CLAIM_NAME]
-    spec["resourceClaims"] = [*claims, {"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template_name(job.name)}]
+    spec["resourceClaims"] = [*claims, _pod_claim(job, index)]
     spec.setdefault("restartPolicy", "Never")
     if pool is not None:
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), names.LABEL_POOL: pool}

@@ -306,7 +306,75 @@ ENGINE_ROW = Row(
     ),
 )
 
-ROWS: tuple[Row, ...] = (SLO_ROW, BROKEN_ROW, CONTROLLER_ROW, ENGINE_ROW)
+
+def _quantile(q: float, metric: str, by: str) -> str:
+    return f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket[{RATE}])))"
+
+
+TIMESLICE_ROW = Row(
+    "Time-slicing (rose timeslice)",
+    (
+        Panel(
+            "Duty cycle per time-slice group",
+            "percentunit",
+            (Target("max by (group) (rose_timeslice_duty_cycle)", "{{group}}"),),
+            "held time over the time since the group's first grant (the orchestrator's leader)",
+            width=8,
+        ),
+        Panel(
+            "Acquire wait p95 per job and role",
+            "s",
+            (Target(_quantile(0.95, "rose_timeslice_wait_seconds", "group, job, role"), "{{job}} {{role}}"),),
+            width=8,
+        ),
+        Panel(
+            "Switch latency p50 / p95: suspend, restore, grant overhead",
+            "s",
+            (
+                Target(_quantile(0.5, "rose_timeslice_switch_seconds", "part"), "p50 {{part}}"),
+                Target(_quantile(0.95, "rose_timeslice_switch_seconds", "part"), "p95 {{part}}"),
+            ),
+            "grant overhead: the orchestrator's own time beyond moving state (goal p95 <= 50 ms)",
+            width=8,
+        ),
+        Panel(
+            "Host DRAM held by suspended group members; state moved",
+            "bytes",
+            (
+                Target("sum by (group, job) (rose_timeslice_host_state_bytes)", "held {{job}}"),
+                Target(f"sum by (group) (increase(rose_timeslice_bytes_moved_total[{RATE}]))", "moved {{group}}"),
+            ),
+            "held: the state of each member the last hand-over suspended, kept in its nodes' host memory",
+            width=8,
+        ),
+        Panel(
+            "Grants, fencing rejections, lease expiries, failed hand-overs (10m)",
+            "none",
+            (
+                Target("sum by (kind) (increase(rose_timeslice_grants_total[10m]))", "grants {{kind}}"),
+                Target(
+                    "sum by (command) (increase(rose_timeslice_fencing_rejections_total[10m]))", "fenced {{command}}"
+                ),
+                Target("sum(increase(rose_timeslice_lease_expiries_total[10m]))", "lease expiries"),
+                Target("sum(increase(rose_timeslice_handover_failures_total[10m]))", "hand-overs rolled back"),
+            ),
+            width=8,
+        ),
+        Panel(
+            "RL steps and samples per hour per job",
+            "none",
+            (
+                Target("sum by (namespace, job) (rose_rl_steps_per_hour)", "steps/h {{namespace}}/{{job}}"),
+                Target("sum by (namespace, job) (rose_rl_samples_per_hour)", "samples/h {{namespace}}/{{job}}"),
+            ),
+            "from the workloads' own reports (rose_sdk, through the node agent); recording rules of "
+            "manifests/prometheus/rules.yaml",
+            width=8,
+        ),
+    ),
+)
+
+ROWS: tuple[Row, ...] = (SLO_ROW, BROKEN_ROW, CONTROLLER_ROW, ENGINE_ROW, TIMESLICE_ROW)
 PANELS: tuple[Panel, ...] = tuple(p for row in ROWS for p in row.panels)
 
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SuspendPolicy = Literal["HostMemoryFirst", "CheckpointAndEvict"]
 Phase = Literal["Pending", "Running", "Scaling", "Suspending", "Suspended", "Resuming", "Failed", "Succeeded"]
-ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded"]
+ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded", "Resident"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 MAX_STATE_BYTES: Final = 1 << 50
@@ -90,6 +90,7 @@ class ElasticRLJobStatus(_Model):
     state_bytes: int | None = Field(default=None, alias="stateBytes", ge=0)
     min_gpus_per_worker: int | None = Field(default=None, alias="minGPUsPerWorker", ge=0)
     min_host_memory_bytes: int | None = Field(default=None, alias="minHostMemoryBytes", ge=0)
+    fencing_token: int | None = Field(default=None, alias="fencingToken", ge=0)
     observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
     conditions: list[Condition] | None = None
 

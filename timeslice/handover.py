@@ -51,7 +51,8 @@ class HandoverResult:
     restore_s: float = 0.0
     rolled_back: bool = False
     failed_pods: tuple[str, ...] = ()  # "namespace/name@node" that missed the deadline
-    bytes_moved: int = 0
+    bytes_moved: int = 0  # the state suspended plus the state restored (the workers' state-bytes annotations)
+    suspended_bytes: int = 0  # out_job's state the nodes now hold in host memory
 
 
 class Handover(Protocol):
@@ -105,6 +106,17 @@ def workers_of(pods: Iterable[dict[str, Any]], job: str) -> list[dict[str, Any]]
         for p in pods
         if objects.namespace(p) == ns and objects.labels(p).get(names.LABEL_JOB) == name and not objects.deleting(p)
     ]
+
+
+def state_bytes(pods: Iterable[dict[str, Any]]) -> int:
+    """The device state of ``pods``: each worker's reported size (``rose.io/reported-state-bytes``),
+    else the controller's estimate (``rose.io/state-bytes``), else 0."""
+    total = 0
+    for p in pods:
+        ann = objects.annotations(p)
+        raw = ann.get(names.ANNOTATION_REPORTED_STATE_BYTES) or ann.get(names.ANNOTATION_STATE_BYTES) or "0"
+        total += int(raw) if raw.isdigit() else 0
+    return total
 
 
 def suspend_request(token: int, at: str) -> str:
@@ -210,7 +222,10 @@ class KubeHandover:
         if not missing:
             missing = self._run(group, steps.restore, deadline)
             if not missing:
-                return HandoverResult(True, suspend_s=t1 - t0, restore_s=self.clock() - t1)
+                out_b = state_bytes(workers_of(items, out_job)) if out_job else 0
+                in_b = state_bytes(workers_of(items, in_job))
+                return HandoverResult(True, suspend_s=t1 - t0, restore_s=self.clock() - t1, bytes_moved=out_b + in_b,
+                                      suspended_bytes=out_b)  # fmt: skip
         return self._roll_back(group, token, steps, missing, t1 - t0)
 
     def _roll_back(self, group: str, token: int, steps: Plan, missing: list[str], suspend_s: float) -> HandoverResult:

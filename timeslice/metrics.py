@@ -3,7 +3,9 @@
 I/O boundary: none (in-memory counters; ``timeslice.server`` serves them on ``/metrics``).
 Duty cycle per group is held time over the time since the group's first grant, updated at every
 grant and release; the switch latency is split into suspend, restore and the orchestrator's own
-grant overhead (queueing, store writes, wake-up: everything beyond data movement).
+grant overhead (queueing, store writes, wake-up: everything beyond data movement). Host DRAM
+held: after each hand-over, the state of the job it suspended (the workers' state-bytes, as the
+hand-over reports it) per group and job, and 0 for the job it restored.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class TimesliceMetrics:
                                       registry=r)  # fmt: skip
         self.handover_failures = Counter("rose_timeslice_handover_failures", "hand-overs rolled back", ["group"],
                                          registry=r)  # fmt: skip
+        self.host_state_bytes = Gauge("rose_timeslice_host_state_bytes",
+                                      "device state of a suspended group member held in host memory by its nodes",
+                                      ["group", "job"], registry=r)  # fmt: skip
         self.waiters = Gauge("rose_timeslice_waiters", "Acquire calls waiting", ["group"], registry=r)
         self.leader = Gauge("rose_timeslice_leader", "1 while this replica is the active one", registry=r)
         self._duty: dict[str, _Duty] = {}
@@ -57,6 +62,12 @@ class TimesliceMetrics:
             if d.since is None:
                 d.since = now
             self._update(group, d, now)
+
+    def switched(self, group: str, out_job: str | None, in_job: str, suspended_bytes: int) -> None:
+        """A hand-over settled: ``out_job``'s state (``suspended_bytes``) is in host memory, ``in_job``'s on devices."""
+        if out_job:
+            self.host_state_bytes.labels(group, out_job).set(suspended_bytes)
+        self.host_state_bytes.labels(group, in_job).set(0)
 
     def released(self, group: str, now: float) -> None:
         """The group was just yielded, expired or lost."""

@@ -81,6 +81,7 @@ class NoopOutcome:
     suspend_s: float = 0.0
     restore_s: float = 0.0
     bytes_moved: int = 0
+    suspended_bytes: int = 0
 
 
 class NoopHandover:
@@ -278,6 +279,8 @@ class Orchestrator:
             if outcome.ok:
                 now = self.clock()
                 self._mutate(s, lambda g: (state.settle(g, grant.job, grant.token, now), None))
+                held = int(getattr(outcome, "suspended_bytes", 0) or 0)
+                self.metrics.switched(group, grant.out_job, grant.job, held)
                 return outcome
             self.metrics.handover_failures.labels(group).inc()
             self._mutate(s, lambda g: (state.fail_switch(g, grant.job, grant.token), None))

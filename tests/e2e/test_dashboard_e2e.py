@@ -14,6 +14,10 @@ Stand-in, named: ``VllmStandInExporter`` serves vLLM's metric names
 ``vllm:num_requests_waiting``) with synthetic values, since no vLLM runs here; Prometheus adds
 the ``pool`` label as manifests/prometheus/scrape-configs.yaml does for serving pods.
 
+The time-slice orchestrator runs as ``rose timeslice serve --store memory`` (the explicit
+one-process store; no device state moves with its ``noop`` hand-over), two job threads taking
+turns on one group through real gRPC Acquire / Yield for the whole scenario.
+
 Then every panel query of the dashboard (interpolated with the variables' defaults, as Grafana
 sends it) must return a series, and ``rose dashboard preview`` renders them to a PNG (set
 ``ROSE_DASHBOARD_PREVIEW_OUT`` to keep it, e.g. docs/dashboard-preview.png).
@@ -26,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -90,7 +95,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
 
 
 def _prometheus_config(targets: dict[str, list[str]], serving_pool: str, vllm_port: int) -> dict[str, Any]:
-    jobs = [{"job_name": job, "static_configs": [{"targets": addrs}]} for job, addrs in targets.items()]
+    # honor_labels as manifests/prometheus/scrape-configs.yaml: the RL job's `job` label is kept
+    jobs = [{"job_name": job, "honor_labels": True, "static_configs": [{"targets": addrs}]}
+            for job, addrs in targets.items()]  # fmt: skip
     vllm = {"targets": [f"127.0.0.1:{vllm_port}"], "labels": {"pool": serving_pool}}
     jobs.append({"job_name": "serving-vllm", "static_configs": [vllm]})
     return {"global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
@@ -105,6 +112,41 @@ def _predictor(tmp: Path, prom_url: str, pool: str, port: int) -> list[str]:
     return ["predictor", "serve", f"--pools={pools}", f"--listen=127.0.0.1:{port}", f"--prometheus-url={prom_url}",
             "--step=1s", "--history=1h", "--horizons=10s,30s", "--quantiles=0.9", "--refresh-interval=1s",
             "--season-day=144s", "--season-week=1008s"]  # fmt: skip
+
+
+@contextlib.contextmanager
+def timeslice_jobs(port: int, metrics_port: int, tmp: Path) -> Iterator[None]:
+    """The orchestrator (memory store) and two job threads taking turns on group ``dash`` every 0.5 s."""
+    import grpc
+
+    from rose_common.proto import rose_timeslice_v1_pb2 as pb
+    from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
+
+    args = ["timeslice", "serve", "--store", "memory", "--listen", f"127.0.0.1:{port}",
+            "--metrics-listen", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+    stop = threading.Event()
+    with module_process(args, tmp / "timeslice.log"), grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = pb_grpc.TimeSliceOrchestratorStub(ch)
+        grpc.channel_ready_future(ch).result(timeout=30)
+
+        def turns(job: str, role: str) -> None:
+            while not stop.is_set():
+                with contextlib.suppress(grpc.RpcError):  # the other job's turn ran past our deadline: again
+                    r = stub.Acquire(pb.AcquireRequest(group="dash", job=job, role=role), timeout=10)
+                    stop.wait(0.5)
+                    stub.Yield(pb.YieldRequest(group="dash", job=job, fencing_token=r.fencing_token), timeout=10)
+                stop.wait(0.5)
+
+        threads = [threading.Thread(target=turns, args=a, daemon=True) for a in (("sampler", "sampler"),
+                                                                                  ("trainer", "trainer"))]  # fmt: skip
+        for t in threads:
+            t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=15)
 
 
 def _targets_down(prom_url: str) -> list[str]:
@@ -131,7 +173,7 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
     s.capacity = {p: cluster.gpus_per_node * sum(1 for q in cluster.pools.values() if q == p) for p in pools}
     checks = act.Checks()
     vllm = VllmStandInExporter()
-    predictor_port = free_port()
+    predictor_port, ts_port, ts_metrics = free_port(), free_port(), free_port()
     assert cluster.extender_url is not None
     try:
         with contextlib.ExitStack() as stack:
@@ -144,7 +186,9 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
                 "rose-extender": [cluster.extender_url.removeprefix("http://")],
                 "rose-controller": [f"127.0.0.1:{s.metrics_port}"],
                 "rose-predictor": [f"127.0.0.1:{predictor_port}"],
+                "rose-timeslice": [f"127.0.0.1:{ts_metrics}"],
             }
+            stack.enter_context(timeslice_jobs(ts_port, ts_metrics, tmp_path))
             prom_cfg = yaml.safe_dump(_prometheus_config(targets, s.quiet, vllm.port))
             prom_url = stack.enter_context(prometheus(prom_cfg, tmp_path)).url
             stack.enter_context(module_process(_predictor(tmp_path, prom_url, s.quiet, predictor_port),
@@ -177,7 +221,7 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             act._delete(s, checks, claims)
     finally:
         vllm.close()
-        for name in ("prometheus.log", "predictor.log", "controller-planner-on.log", "trainer.log"):
+        for name in ("prometheus.log", "predictor.log", "timeslice.log", "controller-planner-on.log", "trainer.log"):
             with contextlib.suppress(OSError):
                 print(f"--- {name} (tail)\n" + (tmp_path / name).read_text()[-2000:])
     assert checks.ok(), checks.rows

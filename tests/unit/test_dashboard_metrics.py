@@ -35,12 +35,13 @@ def exported_metric_names() -> set[str]:
     from elastic_controller.metrics import ControllerMetrics
     from predictor.metrics import PredictorMetrics
     from scheduler_extender.metrics import ExtenderMetrics
+    from timeslice.metrics import TimesliceMetrics
 
     names = _names(DriverMetrics([0, 1], registry=CollectorRegistry()).registry)
     suspend_reg = CollectorRegistry()
     SuspendMetrics(registry=suspend_reg)
     names |= _names(suspend_reg) | _names(ExtenderMetrics().registry) | _names(ControllerMetrics().registry)
-    names |= _names(PredictorMetrics(["pool-a"], [600], [0.9]).registry)
+    names |= _names(PredictorMetrics(["pool-a"], [600], [0.9]).registry) | _names(TimesliceMetrics().registry)
     return names
 
 

@@ -1,0 +1,62 @@
+"""The time-slice orchestrator's group Lease as its readers see it (the shared contract).
+
+I/O boundary: none. The orchestrator (``timeslice.store``) writes one coordination.k8s.io/v1
+Lease per group, labelled ``rose.io/timeslice-group``: ``holderIdentity`` the holder (a job
+``namespace/name``), ``leaseTransitions`` the fencing token, ``renewTime`` +
+``leaseDurationSeconds`` its expiry, and ``rose.io/timeslice-*`` annotations (the group, the
+resident job, the switching flag). :func:`read` turns such a Lease into a :class:`GroupLease`;
+the ElasticRLJob controller reflects it in each member job's status. The orchestrator's Lease is
+the source of truth for who holds and who is resident: readers never write it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Final
+
+from rose_common import names
+
+LABEL_GROUP: Final = names.LABEL_TIMESLICE_GROUP
+A_GROUP: Final = "rose.io/timeslice-group"
+A_RESIDENT: Final = "rose.io/timeslice-resident"
+A_SWITCHING: Final = "rose.io/timeslice-switching"
+A_TTL: Final = "rose.io/timeslice-lease-ttl"  # the exact TTL (leaseDurationSeconds is whole seconds)
+
+
+@dataclass(frozen=True)
+class GroupLease:
+    group: str
+    holder: str  # "" when nobody holds the group
+    resident: str  # the job whose state is on the devices ("" when none); stays after a Yield (lazy eviction)
+    token: int  # the fencing token: +1 on every grant
+    switching: bool  # a hand-over to ``holder`` is in flight
+    expires: float  # epoch seconds the holder's lease ends (0: no holder)
+
+    def holds(self, job: str, now: float) -> bool:
+        return bool(self.holder) and self.holder == job and now < self.expires
+
+
+def _epoch(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def read(doc: dict[str, Any]) -> GroupLease | None:
+    """The group of an orchestrator Lease; None for a Lease that is not one (no group annotation).
+
+    Raises ValueError naming the Lease and the field when a group Lease is unreadable."""
+    meta = doc.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    spec = doc.get("spec") or {}
+    group = ann.get(A_GROUP)
+    if not group:
+        return None
+    try:
+        token = int(spec.get("leaseTransitions") or 0)
+        renewed = _epoch(spec["renewTime"]) if spec.get("renewTime") else 0.0
+        ttl = float(ann.get(A_TTL) or spec.get("leaseDurationSeconds") or 0)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"Lease {meta.get('name')!r} of time-slice group {group!r} is unreadable: {e}") from None
+    holder = str(spec.get("holderIdentity") or "")
+    return GroupLease(str(group), holder, str(ann.get(A_RESIDENT) or ""), token, ann.get(A_SWITCHING) == "true",
+                      renewed + ttl if holder and renewed else 0.0)  # fmt: skip
