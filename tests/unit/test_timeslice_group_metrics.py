@@ -3,8 +3,6 @@ bytes moved by the Kubernetes hand-over, and the time-slice row of the dashboard
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import yaml
 from prometheus_client import generate_latest
 
@@ -14,7 +12,7 @@ from tests.unit.test_dashboard_metrics import RULES
 from tests.unit.test_timeslice_handover import Cluster, G, group_pods
 from timeslice.handover import KubeHandover, state_bytes
 from timeslice.metrics import TimesliceMetrics
-from timeslice.orchestrator import Orchestrator
+from timeslice.orchestrator import NoopOutcome, Orchestrator
 from timeslice.store import MemoryStore
 
 GIB = 1 << 30
@@ -42,25 +40,15 @@ def test_the_kube_handover_reports_the_state_it_suspended_and_moved() -> None:
     assert state_bytes([{"metadata": {"annotations": {names.ANNOTATION_STATE_BYTES: "x1"}}}]) == 0
 
 
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool = True
-    error: str = ""
-    suspend_s: float = 0.01
-    restore_s: float = 0.02
-    bytes_moved: int = 0
-    suspended_bytes: int = 0
-
-
 class SizedHandover:
     """Explicit stand-in for the nodes: every job's state is ``size[job]`` bytes."""
 
     def __init__(self, size: dict[str, int]) -> None:
         self.size = size
 
-    def switch(self, group: str, token: int, out_job: str | None, in_job: str, deadline: float) -> Outcome:
+    def switch(self, group: str, token: int, out_job: str | None, in_job: str, deadline: float) -> NoopOutcome:
         out = self.size.get(out_job or "", 0)
-        return Outcome(bytes_moved=out + self.size[in_job], suspended_bytes=out)
+        return NoopOutcome(suspend_s=0.01, restore_s=0.02, bytes_moved=out + self.size[in_job], suspended_bytes=out)
 
 
 def _held(m: TimesliceMetrics, job: str) -> float:
