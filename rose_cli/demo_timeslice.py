@@ -333,8 +333,10 @@ def _pod_events(api: Any, ns: str) -> dict[str, int]:
 
 
 def act_timeslice(h: Any, api: Any, say: Callable[[str], None], updates: int = 6) -> bool:
-    """Returns True when the shared group's duty cycle is above the solo jobs' and every switch
-    went through the driver (a Suspended Event per switch)."""
+    """Returns True when both jobs ran shared with switches between them and every switch went
+    through the driver (a Suspended Event per switch). The duty cycles are printed, not judged:
+    they are timings of CPU jobs on whatever machine runs the demo (two CPU "accelerator" phases
+    compete for the same cores); ``python -m benchmarks.timeslice`` measures the gain."""
     from local_cluster import free_port
     from local_cluster.objects import delete_namespace, new_namespace
 
@@ -372,8 +374,9 @@ def act_timeslice(h: Any, api: Any, say: Callable[[str], None], updates: int = 6
     suspended = events.get("Suspended", 0) - before.get("Suspended", 0)
     say(f"   driver Events on the pods while sharing: {suspended} Suspended, "
         f"{events.get('Resumed', 0) - before.get('Resumed', 0)} Resumed")  # fmt: skip
-    ok = shared_dc > solo_dc and switches > 0 and suspended >= switches - 1
-    say(f"   {'✓' if ok else '✗'} sharing raises the group's duty cycle; every switch moved through the driver")
+    ok = all(r["grants"] for r in shared) and switches > 0 and suspended >= switches - 1
+    say(f"   {'✓' if ok else '✗'} both jobs took turns on the shared group; every switch moved through the driver")
+    say("   (duty cycles above are this machine's timings; `python -m benchmarks.timeslice` measures the gain)")
     return ok
 
 

@@ -1,7 +1,7 @@
-"""Demo act 5 on the session cluster: ``rose timeslice serve`` as a process over the real API
+"""Demo act 5 on a cluster of its own: ``rose timeslice serve`` as a process over the real API
 server (Leases, leader election, ``--handover kube``), one real driver on a KWOK node, two CPU
 REINFORCE jobs as separate processes sharing one group through the SDK client. The act must
-succeed (sharing raises the duty cycle, a driver ``Suspended`` Event per switch) and print the
+succeed (both jobs granted in turn, a driver ``Suspended`` Event per switch) and print the
 switch split. It runs on a cluster of its own: the act relabels pods, publishes a driver's slices
 and leaves the group's Leases, which the session cluster's later scenarios must not see.
 """
