@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from local_cluster import ClusterHandle, free_port, module_process
+from local_cluster import ClusterHandle, free_port, module_process, stop_process
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import (
     allocated_claim,
@@ -353,13 +353,8 @@ def _owned_by(claim: dict[str, Any], pod_uid: str) -> bool:
 
 def _stop_trainer(s: Stage) -> None:
     """SIGTERM, as the kubelet stops a container of a deleted pod."""
-    if s.trainer is not None and s.trainer.poll() is None:
-        s.trainer.terminate()
-        try:
-            s.trainer.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            s.trainer.kill()
-            s.trainer.wait(timeout=10)
+    if s.trainer is not None:
+        stop_process(s.trainer, timeout=30)
     s.trainer = None
 
 

@@ -38,7 +38,7 @@ import pytest
 from kubernetes import client, watch
 
 from elastic_controller.workers import LABEL_WORKER_INDEX
-from local_cluster import ClusterHandle, free_port, module_process
+from local_cluster import ClusterHandle, free_port, module_process, stop_process
 from rose_common import names
 from tests.elastic_fixtures import write_forecasts
 from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
@@ -76,13 +76,8 @@ class ControllerProc:
         self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:]) if self.log.exists() else ""
