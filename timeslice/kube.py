@@ -18,9 +18,10 @@ from rose_common.kube import objects
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import Conflict, NotFound
 from rose_common.leader import LeaseRecord
+from rose_common.timeslice_lease import A_GROUP, LABEL_GROUP
 from timeslice.identity import Unauthenticated
 from timeslice.state import Group
-from timeslice.store import A_GROUP, LABEL_GROUP, from_lease, lease_name, to_lease
+from timeslice.store import from_lease, lease_name, to_lease
 
 LEASE_API: Final = "/apis/coordination.k8s.io/v1"
 

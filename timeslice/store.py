@@ -18,18 +18,16 @@ import math
 import threading
 from typing import Any, Final, Protocol
 
+from rose_common.timeslice_lease import A_GROUP, A_RESIDENT, A_SWITCHING, A_TTL, LABEL_GROUP
 from timeslice.state import Group, Waiter
 
+# what readers see (the group, the resident, the switching flag, the TTL, the label) is the shared
+# contract in rose_common.timeslice_lease; these are the orchestrator's own
 ANNOTATION_PREFIX: Final = "rose.io/timeslice-"
-A_RESIDENT: Final = ANNOTATION_PREFIX + "resident"
 A_PREVIOUS: Final = ANNOTATION_PREFIX + "previous"
-A_SWITCHING: Final = ANNOTATION_PREFIX + "switching"
 A_QUEUE: Final = ANNOTATION_PREFIX + "queue"
-A_TTL: Final = ANNOTATION_PREFIX + "lease-ttl"
 A_ROLE: Final = ANNOTATION_PREFIX + "holder-role"
-A_GROUP: Final = ANNOTATION_PREFIX + "group"
 A_SWITCH_DEADLINE: Final = ANNOTATION_PREFIX + "switch-deadline"
-LABEL_GROUP: Final = "rose.io/timeslice-group"
 
 
 class Store(Protocol):
