@@ -79,3 +79,22 @@ def test_every_case_reports_the_perfect_policy_and_whether_the_model_is_consiste
         assert c["goals"]["risk_consistent"] == (lo <= realized <= hi)
         assert sum(pp["miss_runs"]) == round(c["policies"]["model"]["at_equal_risk"]["realized_risk"] * c["n_eval"])
         assert sum(pp["model_miss_runs"]) == round(realized * c["n_eval"])
+
+
+def test_the_benchmark_table_judges_each_case_against_the_perfect_policy() -> None:
+    from benchmarks.predictor_evaluate_all import markdown
+
+    s = generate(days=8, step=600, seed=4)
+    doc = evaluate(s, [1800], [0.01, 0.05], gpus_at_peak=64).to_json()
+    cases = doc["cases"]
+    cases[0]["goals"]["risk_met"] = False  # one goal miss outside its interval, one inside
+    cases[0]["policies"]["model"]["as_tuned"]["realized_risk"] = 1.0
+    cases[0]["goals"]["risk_consistent"] = False
+    cases[1]["goals"]["risk_met"], cases[1]["goals"]["risk_consistent"] = False, True
+    text = markdown([{**doc, "series": "gen"}], [], "--out X")
+    rows = [line for line in text.splitlines() if line.startswith("| gen |")]
+    assert len(rows) == 2 and rows[0].endswith(" c |") and rows[1].endswith(" C |")
+    expected = sum(c["perfect_policy"]["p_within_tolerance"] for c in cases)
+    assert f"there in {expected:.1f} of 2 cases" in text and "the model does in 0." in text
+    assert "missed in 2 of 2 cases" in text and "1 lie inside the perfect policy's" in text
+    assert "* 1 above it" in text and "gen 30m@0.01 (1.000 vs" in text and "* 0 below it" in text
