@@ -141,7 +141,21 @@ def perfect_policy_text() -> list[str]:
         "run lengths vary; a block bootstrap would need many runs per case, and a case at 1 % has about",
         "ten misses in a few runs. The empirical run lengths per case are few, so the interval is",
         "itself noisy: it is evidence about the order of magnitude, not a test at exactly 90 %.",
+        f"For a perfect policy to land within +-{RISK_TOLERANCE:.0%} with probability 0.9, the test part needs about "
+        + ", ".join(
+            f"{windows_to_resolve(r, run):,} windows at risk {r:g} in runs of {run}" for r in RISKS for run in (1, 2)
+        )
+        + " (one week of 10-minute origins holds about 1,000).",
     ]
+
+
+def windows_to_resolve(risk: float, run: int, step: int = 250) -> int:
+    """The fewest windows (on a grid of ``step``) at which a perfect policy whose misses come in
+    runs of ``run`` lands within the tolerance with probability 0.9."""
+    n = step
+    while perfect_policy(n, risk, [run])["p_within_tolerance"] < 0.9:
+        n += step
+    return n
 
 
 def misses(results: list[dict[str, Any]]) -> list[str]:

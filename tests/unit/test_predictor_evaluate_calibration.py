@@ -98,3 +98,13 @@ def test_the_benchmark_table_judges_each_case_against_the_perfect_policy() -> No
     assert f"there in {expected:.1f} of 2 cases" in text and "the model does in 0." in text
     assert "missed in 2 of 2 cases" in text and "1 lie inside the perfect policy's" in text
     assert "* 1 above it" in text and "gen 30m@0.01 (1.000 vs" in text and "* 0 below it" in text
+
+
+def test_aci_sweep_settings_scale_the_step_with_the_window() -> None:
+    from benchmarks.predictor_aci_sweep import gamma_for
+
+    assert gamma_for("0.002", 6) == 0.002
+    assert gamma_for("0.002x(h+1)/4", 3) == pytest.approx(0.002) and gamma_for("0.002x(h+1)/4", 6) == pytest.approx(
+        0.0035
+    )
+    assert gamma_for("0.005x4/(h+1)", 6) == pytest.approx(0.005 * 4 / 7)
