@@ -313,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     args = f"--out {a.out} --clients {a.clients} --zero-run {a.zero_run}"
     if a.from_json:
         saved = json.loads(a.from_json.read_text())
+        if any("perfect_policy" not in c for r in saved["results"] if "error" not in r for c in r["cases"]):
+            ap.error(f"{a.from_json} has no perfect_policy per case (an older run): rerun without --from-json")
         a.out.write_text(markdown(saved["results"], saved["datasets"], args))
         return 0
     series, infos = all_series(a.clients, a.zero_run)
