@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +110,15 @@ def test_aci_sweep_settings_scale_the_step_with_the_window() -> None:
         0.0035
     )
     assert gamma_for("0.005x4/(h+1)", 6) == pytest.approx(0.005 * 4 / 7)
+
+
+def test_rerendering_a_json_without_the_perfect_policy_says_to_rerun(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.predictor_evaluate_all import main
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"datasets": [], "results": [{"series": "s", "cases": [{"risk": 0.01}]}]}))
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "o.md"), "--from-json", str(old)])
+    assert e.value.code == 2 and "no perfect_policy per case" in capsys.readouterr().err
