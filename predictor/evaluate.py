@@ -18,6 +18,11 @@ the same origins (the second part of the series; the first is training only):
 The fair comparison, **lent at equal realized risk**: every policy's knob swept on the
 evaluated origins until its realized risk is the target (exact: each origin has a threshold
 knob value above which it is covered), then the GPU-time lent at that point.
+
+What a **perfectly calibrated** policy would realize on the same windows
+(:func:`perfect_policy`): overlapping windows make misses come in runs (one burst
+under-provisions every window that contains it), so the realized risk of even a perfect policy
+is the share of ``n`` windows covered by a random number of miss *runs*, not a binomial share.
 """
 
 from __future__ import annotations
@@ -115,6 +120,8 @@ class CaseResult:
     evidence: dict[str, float] = field(default_factory=dict)
     # for the plot: origins and the reservations (demand units) of model and the best baseline
     trace: dict[str, FloatArray] = field(default_factory=dict)
+    # what a perfectly calibrated policy realizes on these windows (see perfect_policy)
+    perfect: dict[str, Any] = field(default_factory=dict)
 
     def best_baseline(self) -> tuple[str, float]:
         scored = {k: v.equal_risk.lent for k, v in self.policies.items() if v is not None and k != "model"}
@@ -133,6 +140,7 @@ class CaseResult:
         assert m is not None
         ratio = self.ratio()
         rel = (m.tuned.risk - self.risk) / self.risk
+        lo, hi = self.perfect["interval_5_95"] if self.perfect else (math.nan, math.nan)
         return {
             "horizon_seconds": self.horizon_seconds,
             "steps": self.steps,
@@ -147,12 +155,16 @@ class CaseResult:
             "oracle_ratio": self.oracle_lent / best if best > 0 else math.inf,
             # realized risk of a perfectly calibrated policy on n independent windows: 5-95 %
             "binomial_band": binomial_band(self.n_eval, self.risk),
+            # the same with the misses in runs as long as this series' runs at the target risk
+            "perfect_policy": self.perfect,
             "model_params": self.model_params,
             "goals": {
                 "lent_ratio_min": LEND_GOAL_RATIO,
                 "lent_met": ratio >= LEND_GOAL_RATIO,
                 "risk_relative_error": rel,
                 "risk_met": abs(rel) <= RISK_TOLERANCE,
+                # inside the 5-95 % interval of a perfectly calibrated policy's realized risk
+                "risk_consistent": bool(lo <= m.tuned.risk <= hi),
             },
             "best_baseline_miss_evidence": self.evidence,
             "notes": self.notes,
@@ -207,14 +219,78 @@ def binomial_band(n: int, risk: float) -> list[float]:
     """5 % and 95 % quantiles of the miss share of a policy whose every window misses with ``risk``."""
     if n <= 0:
         return [math.nan, math.nan]
-    k = np.arange(n + 1)
-    logpmf = (
-        np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-        + k * math.log(risk)
-        + (n - k) * math.log1p(-risk)
-    )
-    cdf = np.cumsum(np.exp(logpmf))
+    cdf = np.cumsum(_binomial_pmf(n, risk))
     return [float(np.searchsorted(cdf, 0.05)) / n, float(np.searchsorted(cdf, 0.95)) / n]
+
+
+def _binomial_pmf(n: int, p: float) -> FloatArray:
+    k = np.arange(n + 1)
+    if p >= 1.0:
+        certain: FloatArray = (k == n).astype(np.float64)
+        return certain
+    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
+    out: FloatArray = np.exp(log_choose + k * math.log(p) + (n - k) * math.log1p(-p))
+    return out
+
+
+def miss_runs(origins: np.ndarray, missed: np.ndarray) -> list[int]:
+    """Lengths of the runs of missed origins, in order; a run continues only to the next index
+    (a gap or a covered origin ends it)."""
+    runs: list[int] = []
+    prev = -2
+    for i in origins[missed].tolist():
+        if i == prev + 1:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+        prev = i
+    return runs
+
+
+def clustered_miss_pmf(n: int, risk: float, runs: list[int]) -> FloatArray:
+    """Distribution of the number of missed windows out of ``n`` (index ``s`` = ``s`` misses) when
+    miss *events* start at each origin independently with probability ``risk / mean(runs)`` and
+    each covers a run of windows whose length is drawn from ``runs`` (empty: single windows):
+
+        S = L_1 + ... + L_K,  K ~ Binomial(n, risk / mean(L)),  so that E[S] / n = risk.
+
+    Exact, by conditioning on ``K`` (convolution powers of the run-length distribution, up to
+    the ``K`` beyond which the binomial tail is below 1e-12); more than ``n`` misses is counted
+    as ``n``. Runs of length 1 give the binomial distribution."""
+    if n <= 0:
+        raise ValueError(f"{n} windows: a realized risk needs at least one")
+    lengths = np.asarray(runs or [1], dtype=np.int64)
+    if lengths.min() < 1:
+        raise ValueError(f"miss run lengths must be >= 1, got {lengths.min()}")
+    run_pmf = np.bincount(lengths) / len(lengths)
+    k_pmf = _binomial_pmf(n, min(1.0, risk / float(lengths.mean())))
+    k_max = min(n, int(np.searchsorted(np.cumsum(k_pmf), 1.0 - 1e-12)) + 1)
+    out = np.zeros(n + 1)
+    conv, over = np.ones(1), 0.0  # the misses of k events (k = 0 first); over: their mass beyond n
+    for k in range(k_max + 1):
+        out[: len(conv)] += k_pmf[k] * conv
+        out[n] += k_pmf[k] * over
+        nxt = np.convolve(conv, run_pmf)
+        over += float(nxt[n + 1 :].sum())
+        conv = nxt[: n + 1]
+    result: FloatArray = out / out.sum()
+    return result
+
+
+def perfect_policy(n: int, risk: float, runs: list[int]) -> dict[str, Any]:
+    """The realized risk of a perfectly calibrated policy on ``n`` windows whose misses come in
+    runs like ``runs`` (:func:`clustered_miss_pmf`): its 5-95 % interval, the probability that
+    it lands within +-:data:`RISK_TOLERANCE` of the target, and the runs it assumed."""
+    pmf = clustered_miss_pmf(n, risk, runs)
+    cdf = np.cumsum(pmf)
+    share = np.arange(n + 1) / n
+    within = np.abs((share - risk) / risk) <= RISK_TOLERANCE  # the same test as the goal's
+    return {
+        "interval_5_95": [float(np.searchsorted(cdf, 0.05)) / n, float(np.searchsorted(cdf, 0.95)) / n],
+        "p_within_tolerance": float(pmf[within].sum()),
+        "mean_run": float(np.mean(runs)) if runs else 1.0,
+        "miss_runs": runs,
+    }
 
 
 def _score(pool: Pool, reserve: FloatArray, need: FloatArray, knob: float) -> Scored:
@@ -314,14 +390,15 @@ def evaluate_case(series: Series, h: int, risk: float, pool: Pool, initial_train
     th = rk.threshold_shift(params, y, q, limit, t0)
     k_eq = knob_at_risk(th[test], risk)
     need = wm[test]
-    policies["model"] = PolicyResult(
-        _score(pool, model_res[test], need, 0.0),
-        _score(pool, rk.bound(params, y, q, k_eq, t0)[test], need, k_eq),
-    )
+    at_target = rk.bound(params, y, q, k_eq, t0)[test]
+    policies["model"] = PolicyResult(_score(pool, model_res[test], need, 0.0), _score(pool, at_target, need, k_eq))
     oracle = float(np.mean(pool.gpus - pool.gpus_for(need))) / pool.gpus
     case = CaseResult(h * series.step, h, risk, len(test), policies, oracle, params.to_json(), notes)
     best, _ = case.best_baseline()
     case.evidence = miss_evidence(y, h, pool, test, eq[best], series.step)
+    # the model swept to exactly the target risk: how misses cluster on this series at that rate
+    case.perfect = perfect_policy(len(test), risk, miss_runs(test, pool.gpus_for(at_target) < pool.gpus_for(need)))
+    case.perfect["model_miss_runs"] = miss_runs(test, pool.gpus_for(model_res[test]) < pool.gpus_for(need))
     case.trace = {"origins": test.astype(np.float64), "model": model_res, "baseline": lines[best], "need": wm}
     case.notes.append(f"best baseline at equal risk: {best}")
     return case

@@ -43,7 +43,7 @@ from predictor.series import FloatArray
 VOL_WINDOW_SECONDS = (2 * 3600, 6 * 3600, 24 * 3600)
 EPS_CHOICES = (0.02, 0.05, 0.1, 0.2, 0.4)
 OFFSET_CHOICES = (0.1, 0.5, 2.0, 10.0)  # x the training mean: small = multiplicative band, large = additive
-ACI_GAMMA = 0.002  # online step of the miss level (measured 0.001-0.005: larger tracks closer, lends less)
+ACI_GAMMA = 0.002  # online step of the miss level (benchmarks.predictor_aci_sweep: larger tracks closer, lends less)
 SCORE_POOL = 4032  # the newest resolved windows whose scores the quantile is taken over
 BEYOND_MAX_SLOPE = 10.0
 TOD_BUCKET_SECONDS = 3600
