@@ -61,6 +61,8 @@ GBM_MIN_ROWS = 200  # fewer resolved training windows: no width model
 # the trailing window (a dip that recovers then costs no headroom; a day long: near static)
 CONST_OFFSETS = (1e-6, 0.1, 0.5, 2.0, 10.0, 100.0)
 CONST_ANCHOR_SECONDS = (0, 3600, 6 * 3600, 24 * 3600)
+VALIDATION_SHARE = 0.3  # the newest share of the training history the width families compete on
+VALIDATION_LEVELS = (1.0, 5.0)  # x the target risk (capped at 25 %)
 
 
 class NotEnoughWindows(ValueError):
@@ -202,7 +204,7 @@ def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
     newest 30 % than the plain width does."""
     if len(hist) * p.step < 2 * DAY or DAY % p.step:
         return p
-    cut = int(len(hist) * 0.7)
+    cut = int(len(hist) * (1.0 - VALIDATION_SHARE))
     older = _time_of_day(p, hist[:cut], t0)
     if not older.tod or _reserve_at_coverage(older, hist, t0, cut) >= _reserve_at_coverage(p, hist, t0, cut):
         return p
@@ -274,7 +276,7 @@ def _validated(p: RiskParams, hist: FloatArray, t0: int, cut: int) -> float:
     """Mean reserve on the newest 30 % at the target and at a less extreme level (the newest
     30 % hold few windows beyond the ``1 - risk`` quantile: one level alone would choose on a
     handful of them)."""
-    return sum(_reserve_at_coverage(p, hist, t0, cut, lv) for lv in (p.risk, min(0.25, 5 * p.risk)))
+    return sum(_reserve_at_coverage(p, hist, t0, cut, min(0.25, m * p.risk)) for m in VALIDATION_LEVELS)
 
 
 def _with_width_model(
@@ -282,7 +284,7 @@ def _with_width_model(
 ) -> RiskParams:
     """The learnt or the constant width instead of the volatility one, where it validates (see
     the module doc)."""
-    cut = int(len(hist) * 0.7)
+    cut = int(len(hist) * (1.0 - VALIDATION_SHARE))
     offset = GBM_OFFSET * mean
     z = np.log(np.clip(hist, 0.0, None) + offset)
     zmax = np.log(window_max(hist, plain.horizon) + offset)
@@ -323,10 +325,8 @@ def _reserve_at_coverage(p: RiskParams, hist: FloatArray, t0: int, start: int, l
     if np.count_nonzero(ok) < min_windows(level):
         return math.inf
     q = conformal_upper(s[ok], level)
-    # above the largest demand seen a reservation lends nothing more (a pool holds at least its peak)
-    cap = float(np.nanmax(hist)) + p.offset
     with np.errstate(over="ignore"):
-        return float(np.mean(np.minimum(np.exp(z[start:][ok] + q * width[start:][ok]), cap))) - p.offset
+        return float(np.mean(np.exp(z[start:][ok] + q * width[start:][ok]))) - p.offset
 
 
 def _best_of(
