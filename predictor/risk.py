@@ -62,6 +62,7 @@ GBM_MIN_ROWS = 200  # fewer resolved training windows: no width model
 CONST_OFFSETS = (1e-6, 0.1, 0.5, 2.0, 10.0, 100.0)
 CONST_ANCHOR_SECONDS = (0, 3600, 6 * 3600, 24 * 3600)
 VALIDATION_SHARE = 0.3  # the newest share of the training history the width families compete on
+GBM_MARGIN = 0.05  # the learnt width competes with its validated reserve x (1 + this)
 VALIDATION_LEVELS = (1.0, 5.0)  # x the target risk (capped at 25 %)
 
 
@@ -294,7 +295,13 @@ def _with_width_model(
     cands = [plain] + ([] if const is None else [const])
     if older is not None:
         cands.append(replace(plain, offset=offset, tod=(), width_model=older))
-    _, win = min((_validated(c, hist, t0, cut), i) for i, c in enumerate(cands))
+    # the learnt width must win by GBM_MARGIN: it is refitted on the whole history after this
+    # choice, and that refit moves its shape more than the others' (see the README's figures)
+    scored = [
+        (_validated(c, hist, t0, cut) * (1.0 + GBM_MARGIN * (c.width_model is not None)), i)
+        for i, c in enumerate(cands)
+    ]
+    _, win = min(scored)
     if cands[win].width_model is None:
         return cands[win]
     full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
