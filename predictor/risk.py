@@ -19,9 +19,18 @@ the day (kept only where they validate on the newest 30 % of that history).
 A second width candidate is learnt: a quantile gradient-boosting model (``GBM_LEVEL``) of the
 window-max residual ``log(max + offset) - z`` on trailing features of ``z`` (level, recent
 max/min relative to now, recent volatility, hour of the day), so the band is wide where the
-past says a jump is likely and narrow elsewhere. It is kept only where, fitted on the older
-70 % of the training history, it reserves less at the same coverage on the newest 30 % than
-the volatility width; then it is refitted on the whole training history.
+past says a jump is likely and narrow elsewhere. Fitted on the older 70 % of the training
+history it competes with the others on the newest 30 %, needing a margin of ``GBM_MARGIN``; if
+chosen it is refitted on the whole training history.
+
+A third candidate has a **constant width** (``vol_window`` 0): ``R = exp(z + q) - offset`` with
+``offset`` from ~0 (persistence x (1 + k) exactly) to 100x the mean (persistence + k), anchored on
+``z`` now or on its max over a trailing window (``anchor``: 1 h, 6 h, 1 d; an outage that
+recovers then costs no headroom all day, and a day-long anchor is near a static reservation).
+Its offset and anchor are chosen on the training windows (least reserve at the target coverage).
+
+The three compete on the newest 30 % of the training history: the one with the least mean
+reserve at coverage, summed over the target risk and 5x it (``_validated``), is deployed.
 """
 
 from __future__ import annotations
