@@ -124,7 +124,13 @@ class CaseResult:
     perfect: dict[str, Any] = field(default_factory=dict)
 
     def best_baseline(self) -> tuple[str, float]:
-        scored = {k: v.equal_risk.lent for k, v in self.policies.items() if v is not None and k != "model"}
+        # a baseline whose knob cannot reach the target (persistence x (1 + k) when more windows rise
+        # from zero than the risk allows) is not at equal risk: it does not compete
+        scored = {
+            k: v.equal_risk.lent
+            for k, v in self.policies.items()
+            if v is not None and k != "model" and v.equal_risk.risk <= self.risk + 1e-12
+        }
         name = max(scored, key=lambda k: scored[k])
         return name, scored[name]
 

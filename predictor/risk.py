@@ -19,9 +19,18 @@ the day (kept only where they validate on the newest 30 % of that history).
 A second width candidate is learnt: a quantile gradient-boosting model (``GBM_LEVEL``) of the
 window-max residual ``log(max + offset) - z`` on trailing features of ``z`` (level, recent
 max/min relative to now, recent volatility, hour of the day), so the band is wide where the
-past says a jump is likely and narrow elsewhere. It is kept only where, fitted on the older
-70 % of the training history, it reserves less at the same coverage on the newest 30 % than
-the volatility width; then it is refitted on the whole training history.
+past says a jump is likely and narrow elsewhere. Fitted on the older 70 % of the training
+history it competes with the others on the newest 30 %, needing a margin of ``GBM_MARGIN``; if
+chosen it is refitted on the whole training history.
+
+A third candidate has a **constant width** (``vol_window`` 0): ``R = exp(z + q) - offset`` with
+``offset`` from ~0 (persistence x (1 + k) exactly) to 100x the mean (persistence + k), anchored on
+``z`` now or on its max over a trailing window (``anchor``: 1 h, 6 h, 1 d; an outage that
+recovers then costs no headroom all day, and a day-long anchor is near a static reservation).
+Its offset and anchor are chosen on the training windows (least reserve at the target coverage).
+
+The three compete on the newest 30 % of the training history: the one with the least mean
+reserve at coverage, summed over the target risk and 5x it (``_validated``), is deployed.
 """
 
 from __future__ import annotations
@@ -56,6 +65,14 @@ GBM_FLOOR = 0.02  # added to the width model's output (log units): never a zero-
 GBM_WINDOWS_SECONDS = (1800, 3600, 3 * 3600, 6 * 3600)  # trailing windows of its features
 GBM_MAX_ROWS = 4000  # training origins thinned to at most this many (neighbours are near duplicates)
 GBM_MIN_ROWS = 200  # fewer resolved training windows: no width model
+# the constant-width family (width 1, no volatility term): x the training mean, from ~0 (the bound
+# is persistence x (1 + k) exactly) to large (persistence + k); anchored on now or on the max of
+# the trailing window (a dip that recovers then costs no headroom; a day long: near static)
+CONST_OFFSETS = (1e-6, 0.1, 0.5, 2.0, 10.0, 100.0)
+CONST_ANCHOR_SECONDS = (0, 3600, 6 * 3600, 24 * 3600)
+VALIDATION_SHARE = 0.3  # the newest share of the training history the width families compete on
+GBM_MARGIN = 0.05  # the learnt width competes with its validated reserve x (1 + this)
+VALIDATION_LEVELS = (1.0, 5.0)  # x the target risk (capped at 25 %)
 
 
 class NotEnoughWindows(ValueError):
@@ -87,6 +104,22 @@ def volatility(z: FloatArray, w: int) -> FloatArray:
     return sd
 
 
+def trailing_max(z: FloatArray, w: int) -> FloatArray:
+    """``max(z[i - w + 1 : i + 1])`` ignoring gaps (reads ``z[: i + 1]``); NaN where ``z[i]`` is a gap.
+
+    Doubling spans: ``log2(w)`` passes, so a day-long window costs little per request."""
+    x = np.where(np.isnan(z), -np.inf, z)
+    span = 1
+    while span < w:
+        d = min(span, w - span)  # [i - span + 1, i] and [i - d - span + 1, i - d]: [i - span - d + 1, i]
+        sh = np.full(len(x), -np.inf)
+        sh[d:] = x[: len(x) - d] if d < len(x) else sh[d:]
+        x = np.maximum(x, sh)
+        span += d
+    x[np.isnan(z) | np.isneginf(x)] = np.nan
+    return x
+
+
 @dataclass(frozen=True)
 class RiskParams:
     """A fitted risk model for one horizon (in steps) and one target risk."""
@@ -94,7 +127,7 @@ class RiskParams:
     risk: float
     horizon: int
     offset: float
-    vol_window: int
+    vol_window: int  # 0: constant width ``eps`` (no volatility term)
     eps: float
     q0: float  # the training quantile of the scores (used until enough windows have ended)
     step: int = 60  # seconds per index (for the time of day)
@@ -102,6 +135,12 @@ class RiskParams:
     tod: tuple[float, ...] = ()
     # the learnt width (quantile GBM of the window-max residual); None: volatility width
     width_model: HistGradientBoostingRegressor | None = field(default=None, compare=False, repr=False)
+    anchor: int = 0  # >1: the bound is anchored on the max of ``z`` over the last ``anchor`` steps
+
+    def width_name(self) -> str:
+        if self.width_model is not None:
+            return f"gbm-quantile-{GBM_LEVEL}"
+        return "volatility" if self.vol_window else "constant"
 
     def to_json(self) -> dict[str, float | int | list[float] | str]:
         return {
@@ -112,7 +151,8 @@ class RiskParams:
             "eps": self.eps,
             "q0": self.q0,
             "time_of_day_factors": [round(f, 3) for f in self.tod],
-            "width": "volatility" if self.width_model is None else f"gbm-quantile-{GBM_LEVEL}",
+            "width": self.width_name(),
+            "anchor_steps": self.anchor,
         }
 
 
@@ -147,7 +187,25 @@ def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int =
             "is beyond every score seen"
         )
     plain = _with_time_of_day(replace(best[1], step=step), hist, t0)
-    return _with_width_model(plain, hist, t0, mean)
+    return _with_width_model(plain, hist, t0, mean, _best_constant(plain, hist, t0, mean))
+
+
+def _best_constant(plain: RiskParams, hist: FloatArray, t0: int, mean: float) -> RiskParams | None:
+    """The constant-width candidate (offset x anchor) that reserves least at the target coverage
+    on the training windows; None where none has enough of them."""
+    best: tuple[float, RiskParams] | None = None
+    anchors = sorted({max(0, round(a / plain.step)) for a in CONST_ANCHOR_SECONDS if a < len(hist) * plain.step / 3})
+    for rel in CONST_OFFSETS:
+        for a in anchors:
+            p = replace(plain, offset=rel * mean, vol_window=0, eps=1.0, tod=(), width_model=None, anchor=a)
+            reserve = _reserve_at_coverage(p, hist, t0, 0)
+            if math.isfinite(reserve) and (best is None or reserve < best[0]):
+                best = (reserve, p)
+    if best is None:
+        return None
+    z, width = _anchor(best[1], hist, t0)
+    s = _scores(z, np.log(window_max(hist, plain.horizon) + best[1].offset), width, 0.0)
+    return replace(best[1], q0=conformal_upper(s[~np.isnan(s)], plain.risk))
 
 
 def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
@@ -156,7 +214,7 @@ def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
     newest 30 % than the plain width does."""
     if len(hist) * p.step < 2 * DAY or DAY % p.step:
         return p
-    cut = int(len(hist) * 0.7)
+    cut = int(len(hist) * (1.0 - VALIDATION_SHARE))
     older = _time_of_day(p, hist[:cut], t0)
     if not older.tod or _reserve_at_coverage(older, hist, t0, cut) >= _reserve_at_coverage(p, hist, t0, cut):
         return p
@@ -224,24 +282,38 @@ def clear_width_cache() -> None:
     _WIDTH_CACHE.clear()
 
 
-def _with_width_model(plain: RiskParams, hist: FloatArray, t0: int, mean: float) -> RiskParams:
-    """The learnt width instead of the volatility one, where it validates (see the module doc)."""
-    cut = int(len(hist) * 0.7)
+def _validated(p: RiskParams, hist: FloatArray, t0: int, cut: int) -> float:
+    """Mean reserve on the newest 30 % at the target and at a less extreme level (the newest
+    30 % hold few windows beyond the ``1 - risk`` quantile: one level alone would choose on a
+    handful of them)."""
+    return sum(_reserve_at_coverage(p, hist, t0, cut, min(0.25, m * p.risk)) for m in VALIDATION_LEVELS)
+
+
+def _with_width_model(
+    plain: RiskParams, hist: FloatArray, t0: int, mean: float, const: RiskParams | None
+) -> RiskParams:
+    """The learnt or the constant width instead of the volatility one, where it validates (see
+    the module doc)."""
+    cut = int(len(hist) * (1.0 - VALIDATION_SHARE))
     offset = GBM_OFFSET * mean
     z = np.log(np.clip(hist, 0.0, None) + offset)
     zmax = np.log(window_max(hist, plain.horizon) + offset)
     x = width_features(z, plain.step, t0)
     key = (plain.horizon, plain.step, t0, len(hist))
     older = _cached_width_model(z, zmax, x, cut - plain.horizon, key)
-    if older is None:
-        return plain
-    cand = replace(plain, offset=offset, tod=(), width_model=older)
-    # at the target and at a less extreme level too: the newest 30 % hold few windows beyond the
-    # 1 - risk quantile, so one level alone would choose on a handful of them
-    for level in (plain.risk, min(0.25, 5 * plain.risk)):
-        if _reserve_at_coverage(cand, hist, t0, cut, level) >= _reserve_at_coverage(plain, hist, t0, cut, level):
-            return plain
-    full = replace(cand, width_model=_cached_width_model(z, zmax, x, len(hist), key))
+    cands = [plain] + ([] if const is None else [const])
+    if older is not None:
+        cands.append(replace(plain, offset=offset, tod=(), width_model=older))
+    # the learnt width must win by GBM_MARGIN: it is refitted on the whole history after this
+    # choice, and that refit moves its shape more than the others' (see the README's figures)
+    scored = [
+        (_validated(c, hist, t0, cut) * (1.0 + GBM_MARGIN * (c.width_model is not None)), i)
+        for i, c in enumerate(cands)
+    ]
+    _, win = min(scored)
+    if cands[win].width_model is None:
+        return cands[win]
+    full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
     zz, width = _anchor(full, hist, t0)
     s = _scores(zz, zmax, width, 0.0)
     return replace(full, q0=conformal_upper(s[~np.isnan(s)], full.risk))
@@ -352,6 +424,8 @@ def _anchor(p: RiskParams, y: FloatArray, t0: int) -> tuple[FloatArray, FloatArr
         with threadpool_limits(limits=1):
             pred = p.width_model.predict(width_features(z, p.step, t0))
         return z, np.clip(pred, 0.0, None) + GBM_FLOOR
+    if not p.vol_window:
+        return (trailing_max(z, p.anchor) if p.anchor > 1 else z), np.full(len(z), p.eps)
     width = volatility(z, p.vol_window) + p.eps
     if p.tod:
         width = width * np.asarray(p.tod)[tod_bucket(t0, p.step, len(y))]
@@ -403,3 +477,17 @@ def forecast_now(p: RiskParams, y: FloatArray, warmup: int, t0: int = 0) -> floa
     start = max(0, n - warmup)
     q = track_q(p, y, start, n, t0)
     return float(bound(p, y, q, 0.0, t0)[-1])
+
+
+def monotone_in_risk(bounds: dict[float, float]) -> dict[float, float]:
+    """Per risk, the largest bound of the risks at least as large: each risk has its own fitted
+    model (width family chosen per risk), and a smaller risk must never reserve less."""
+    out: dict[float, float] = {}
+    top = -math.inf
+    for r in sorted(bounds, reverse=True):
+        if math.isnan(bounds[r]):  # unknown stays unknown (the caller answers with the safe bound)
+            out[r] = bounds[r]
+            continue
+        top = max(top, bounds[r])
+        out[r] = top
+    return dict(sorted(out.items()))

@@ -24,7 +24,7 @@ from predictor import logs
 from predictor.ingest import HistoryBuffer, IngestError
 from predictor.metrics import PredictorMetrics
 from predictor.model import ModelConfig, NotEnoughHistory, QuantileForecaster, quantile_key
-from predictor.risk import NotEnoughWindows, RiskParams, fit_risk, forecast_now
+from predictor.risk import NotEnoughWindows, RiskParams, fit_risk, forecast_now, monotone_in_risk
 from predictor.series import Series, format_duration
 from predictor.store import ModelStore, UntrustedModel, runtime_mismatch
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
@@ -90,9 +90,13 @@ def _window_fields(pool: PoolConfig, bounds: dict[float, float]) -> dict[str, ob
 
 def _window_bounds(series: Series, origin: int, h: int, risk_models: RiskModels) -> dict[float, float]:
     y = series.values[: origin + 1]
-    return {
-        r: forecast_now(p, y, RISK_WARMUP_STEPS, series.start) for (hs, r), p in sorted(risk_models.items()) if hs == h
-    }
+    return monotone_in_risk(
+        {
+            r: forecast_now(p, y, RISK_WARMUP_STEPS, series.start)
+            for (hs, r), p in sorted(risk_models.items())
+            if hs == h
+        }
+    )
 
 
 def build_response(

@@ -106,3 +106,21 @@ def test_learnt_width_is_bit_identical_when_only_the_future_changes(h: int) -> N
     assert rk.forecast_now(p, series.values[: origin + 1], 500, t0) == rk.forecast_now(
         p, changed[: origin + 1], 500, t0
     )
+
+
+@pytest.mark.parametrize(("rel_offset", "anchor"), [(1e-6, 0), (2.0, 6), (100.0, 288)])
+def test_constant_width_is_bit_identical_when_only_the_future_changes(rel_offset: float, anchor: int) -> None:
+    """The constant width anchored on now or on the max of a trailing window (reads ``z[: i + 1]``)."""
+    series = generate(days=4, step=300, seed=12)
+    t0, train, origin = series.start, 600, 900
+    fitted = rk.fit_risk(series.values, 10, 0.05, 300, train - 1, t0)
+    mean = float(np.mean(series.values[:train]))
+    p = replace(fitted, offset=rel_offset * mean, vol_window=0, eps=1.0, tod=(), width_model=None, anchor=anchor)
+    changed = _future_changed(series, origin, 9).values
+    q, q2 = rk.track_q(p, series.values, train, len(series), t0), rk.track_q(p, changed, train, len(series), t0)
+    np.testing.assert_array_equal(q[: origin + 1], q2[: origin + 1])
+    b, b2 = rk.bound(p, series.values, q, 0.0, t0), rk.bound(p, changed, q2, 0.0, t0)
+    np.testing.assert_array_equal(b[: origin + 1], b2[: origin + 1])
+    assert rk.forecast_now(p, series.values[: origin + 1], 500, t0) == rk.forecast_now(
+        p, changed[: origin + 1], 500, t0
+    )
