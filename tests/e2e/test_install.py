@@ -287,6 +287,12 @@ def test_example_serving_claim_is_refused_outside_serving_namespaces(own_cluster
     api = own_cluster.api_client()
     ns = new_namespace(api, "closed")
     try:
+        # the API server loads a policy asynchronously: server-side dry runs until it is in force
+        def refused_dry_run() -> int | None:
+            args = ("-n", ns, "apply", "--dry-run=server", "-f", "examples/serving-claim-template.yaml")
+            return kubectl(own_cluster, *args, check=False).returncode or None
+
+        wait_for("the serving-claim policy in force", refused_dry_run, 30, 0.5)
         r = kubectl(own_cluster, "-n", ns, "apply", "-f", "examples/serving-claim-template.yaml", check=False)
         assert r.returncode != 0 and "rose.io/serving=allowed" in r.stderr, r
     finally:

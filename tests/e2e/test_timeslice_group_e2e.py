@@ -149,9 +149,14 @@ def test_two_jobs_of_a_group_share_claims_and_their_status_follows_the_orchestra
     want = {"a": ("Waiting", b.fencing_token), "b": ("Resident", b.fencing_token)}
     wait_for(f"the flip: b resident, a waiting at token {b.fencing_token}", lambda: _states(api, ns) == want, 60)
 
-    events = client.CoreV1Api(api).list_namespaced_event(ns).items
-    reasons = {(e.involved_object.name, e.reason) for e in events}
-    assert {("a", "TimesliceResident"), ("a", "TimesliceWaiting"), ("b", "TimesliceResident")} <= reasons, reasons
+    expected = {("a", "TimesliceResident"), ("a", "TimesliceWaiting"), ("b", "TimesliceResident")}
+
+    def reasons() -> set[tuple[str, str]]:
+        events = client.CoreV1Api(api).list_namespaced_event(ns).items
+        return {(e.involved_object.name, e.reason) for e in events}
+
+    # an Event is written after the status it reports (the recorder sends it on its own)
+    wait_for("the Timeslice Events of both jobs", lambda: expected <= reasons() or None, 30)
     for job in JOBS:
         for p in _workers(api, ns, job):
             ann = p.metadata.annotations or {}
