@@ -73,7 +73,7 @@ build_one() { # name version binaries... -- go-build-args...
   # the old entry stays usable until the new one replaces it (other checkouts may be running it)
   local work="$CACHE/src/$name-$version"
   rm -rf "$work" "$dir.tmp"; mkdir -p "$work" "$dir.tmp"
-  "$@" "$work" "$dir.tmp"
+  PROGRESS_NAME="$name $version" "$@" "$work" "$dir.tmp"
   write_stamp "$dir.tmp" "${bins[@]}"
   if [ -n "${BUILD_KEY:-}" ]; then printf '%s\n' "$BUILD_KEY" > "$dir.tmp/.build-key"; fi
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
@@ -174,14 +174,14 @@ k8s_ldflags() {
 
 # go build -v prints each package as it is compiled: show a running count, not the flood.
 progress() {
-  local n=0 line
+  local n=0 line what="${PROGRESS_NAME:-}"
   while IFS= read -r line; do
     case "$line" in
       *.go:*|'#'*|go:*|*' '*) printf '%s\n' "$line" >&2 ;;  # compiler messages, not package names
-      *) n=$((n+1)); if (( n % 100 == 0 )); then log "  ... $n packages compiled"; fi ;;
+      *) n=$((n+1)); if (( n % 100 == 0 )); then log "$what: ... $n packages compiled"; fi ;;
     esac
   done
-  log "  ... $n packages compiled"
+  log "$what: ... $n packages compiled"
   return 0
 }
 
@@ -228,12 +228,7 @@ int main(void) {
 C
   gcc -static -Os -s -o "$out/pause" "$work/pause.c"
 }
-real_node() {
-  [[ "$CONTAINERD_VERSION" =~ ^v2\.[0-9]+\.[0-9]+$ ]] || die "CONTAINERD_VERSION '$CONTAINERD_VERSION' is not a 2.x version like v2.2.1"
-  command -v runc >/dev/null 2>&1 || die "no runc: apt-get install runc (or run hack/setup.sh)"
-  build_one kubelet "$K8S_VERSION" kubelet -- do_kubelet
-  build_one containerd "$CONTAINERD_VERSION" containerd containerd-shim-runc-v2 ctr -- do_containerd
-  build_one pause "$PAUSE_VERSION" pause -- do_pause
+real_node_env() {
   cat > "$CACHE/bin/realnode.env" <<ENV
 ROSE_KUBELET_BIN=$CACHE/bin/kubelet-$K8S_VERSION/kubelet
 ROSE_CONTAINERD_DIR=$CACHE/bin/containerd-$CONTAINERD_VERSION
@@ -246,11 +241,56 @@ CONTAINERD_VERSION="${ROSE_CONTAINERD_VERSION:-$CONTAINERD_VERSION}"
 
 set -o pipefail
 mkdir -p "$CACHE/bin"
-build_one etcd "$ETCD_VERSION" etcd -- do_etcd
-build_one kwok "$KWOK_VERSION" kwok kwok-stages.yaml -- do_kwok
-build_one helm "$HELM_VERSION" helm -- do_helm
-BUILD_KEY="ldflags-v1 $K8S_VERSION" build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
-build_one minio "$MINIO_VERSION" minio -- do_minio
+# Two lanes at once: Kubernetes (and the kubelet, which reuses its module setup) in one, every
+# other component in the other. Go compiles a module's packages in parallel already, but a build
+# also spends long single-threaded stretches (module download, go mod tidy, linking), and the
+# other lane fills them: cold, on 2 cores, the two lanes finish well before the sum of the builds.
+lane_kubernetes() {
+  BUILD_KEY="ldflags-v1 $K8S_VERSION" build_one kubernetes "$K8S_VERSION" kube-apiserver kube-controller-manager kube-scheduler -- do_k8s
+  if [ "${1:-}" = real-node ]; then build_one kubelet "$K8S_VERSION" kubelet -- do_kubelet; fi
+}
+lane_others() {
+  build_one etcd "$ETCD_VERSION" etcd -- do_etcd
+  build_one kwok "$KWOK_VERSION" kwok kwok-stages.yaml -- do_kwok
+  build_one helm "$HELM_VERSION" helm -- do_helm
+  build_one minio "$MINIO_VERSION" minio -- do_minio
+  if [ "${1:-}" = real-node ]; then
+    build_one containerd "$CONTAINERD_VERSION" containerd containerd-shim-runc-v2 ctr -- do_containerd
+    build_one pause "$PAUSE_VERSION" pause -- do_pause
+  fi
+}
+if [ "${1:-}" = real-node ]; then
+  [[ "$CONTAINERD_VERSION" =~ ^v2\.[0-9]+\.[0-9]+$ ]] || die "CONTAINERD_VERSION '$CONTAINERD_VERSION' is not a 2.x version like v2.2.1"
+  command -v runc >/dev/null 2>&1 || die "no runc: apt-get install runc (or run hack/setup.sh)"
+fi
+# A version the module proxy does not know is refused before either lane starts building.
+needs_check() { # name version module binaries...   (checked only where the cache lacks the entry)
+  local name="$1" version="$2" module="$3"; shift 3
+  stamp_ok "$CACHE/bin/$name-$version" "$@" || check_module_version "$module" "$version"
+}
+BUILD_KEY="ldflags-v1 $K8S_VERSION" needs_check kubernetes "$K8S_VERSION" k8s.io/kubernetes kube-apiserver kube-controller-manager kube-scheduler
+needs_check etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 etcd
+needs_check kwok "$KWOK_VERSION" sigs.k8s.io/kwok kwok kwok-stages.yaml
+needs_check helm "$HELM_VERSION" "helm.sh/helm/${HELM_VERSION%%.*}" helm
+needs_check minio "$MINIO_VERSION" github.com/minio/minio minio
+if [ "${1:-}" = real-node ]; then
+  needs_check containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2 containerd containerd-shim-runc-v2 ctr
+fi
+
+kill_tree() { local c; for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
+( lane_kubernetes "${1:-}" ) & k8s_lane=$!
+( lane_others "${1:-}" ) & other_lane=$!
+lanes=("$k8s_lane" "$other_lane")
+while [ ${#lanes[@]} -gt 0 ]; do
+  set +e; wait -n -p finished "${lanes[@]}"; rc=$?; set -e
+  if [ "$rc" -ne 0 ]; then  # one lane failed: stop the other, so nothing keeps building unseen
+    for p in "${lanes[@]}"; do [ "$p" = "$finished" ] || kill_tree "$p"; done
+    lane=kubernetes; [ "$finished" = "$k8s_lane" ] || lane="etcd/kwok/helm/minio/containerd"
+    die "the $lane build failed (exit $rc; its error is above)"
+  fi
+  rest=(); for p in "${lanes[@]}"; do [ "$p" = "$finished" ] || rest+=("$p"); done
+  lanes=("${rest[@]+"${rest[@]}"}")
+done
 
 cat > "$CACHE/bin/current.env" <<ENV
 ROSE_ETCD_BIN=$CACHE/bin/etcd-$ETCD_VERSION/etcd
@@ -262,5 +302,5 @@ ROSE_KUBE_CONTROLLER_MANAGER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-control
 ROSE_KUBE_SCHEDULER_BIN=$CACHE/bin/kubernetes-$K8S_VERSION/kube-scheduler
 ROSE_MINIO_BIN=$CACHE/bin/minio-$MINIO_VERSION/minio
 ENV
-if [ "${1:-}" = real-node ]; then real_node; fi
+if [ "${1:-}" = real-node ]; then real_node_env; fi
 echo "$CACHE/bin"

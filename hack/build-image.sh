@@ -5,6 +5,7 @@
 #   hack/build-image.sh                  # dist/rose-image.tar (target rose), prints its path
 #   ROSE_IMAGE_TARGET=driver hack/build-image.sh   # dist/rose-driver-image.tar
 #   ROSE_IMAGE_BASE=python:3.11-slim-bookworm hack/build-image.sh   # a base you can pull
+#   hack/build-image.sh base             # only the Debian base (hack/setup.sh, beside the Go builds)
 #
 # Without ROSE_IMAGE_BASE no registry is needed: the base (Debian bookworm minbase + python3 +
 # python3-venv) is built with debootstrap from the Debian mirror and kept as an image in the
@@ -54,17 +55,26 @@ build_base() {
   rm -rf "$rootfs"
 }
 
-mkdir -p "$CACHE" "$(dirname "$OUT")"
+mkdir -p "$CACHE"
+if [ "${1:-}" = base ]; then build_base; exit 0; fi
+[ $# -eq 0 ] || die "unknown argument '$1': run hack/build-image.sh (the image) or hack/build-image.sh base (only the Debian base)"
+mkdir -p "$(dirname "$OUT")"
 if [ -n "${ROSE_IMAGE_BASE:-}" ]; then BASE="$ROSE_IMAGE_BASE"; else build_base; BASE="$BASE_TAG"; fi
 # pip in the build trusts what this machine trusts (a proxy's CA): a build secret, in no layer.
 CA="${ROSE_IMAGE_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}"
 secret=(); if [ -s "$CA" ]; then secret=(--secret "id=ca-bundle,src=$CA"); fi
+# Cached layers (the dependency installs, keyed by pyproject.toml) pile up as it changes: past
+# ROSE_IMAGE_CACHE_MIB of storage the untagged ones go (the base stays; the next build re-fills).
+if [ "$(du -sm "$CACHE/storage" 2>/dev/null | cut -f1)" -gt "${ROSE_IMAGE_CACHE_MIB:-12288}" ]; then
+  log "the layer cache in $CACHE/storage is over ${ROSE_IMAGE_CACHE_MIB:-12288} MiB: pruning untagged layers"
+  bh rmi --prune >/dev/null 2>&1 || true
+fi
 log "building $NAME (target $TARGET) FROM $BASE"
-bh bud --quiet --isolation chroot --layers=false --pull=never --build-arg "BASE=$BASE" --target "$TARGET" \
+bh bud --quiet --isolation chroot --layers --pull=never --build-arg "BASE=$BASE" --target "$TARGET" \
   "${secret[@]}" -t "$NAME" -f "$ROOT/Dockerfile" "$ROOT" >"$CACHE/bud.log" 2>&1 \
   || { tail -n 30 "$CACHE/bud.log" >&2; die "the image build failed; full log: $CACHE/bud.log"; }
 rm -f "$OUT"
 bh push --quiet "$NAME" "oci-archive:$OUT:$NAME"
-bh rmi --force "$NAME" >/dev/null 2>&1 || true  # the archive is the product; the storage keeps only the base
+bh rmi --force "$NAME" >/dev/null 2>&1 || true  # the archive is the product; the storage keeps the base and cached layers
 log "wrote $OUT ($(du -h "$OUT" | cut -f1))"
 echo "$OUT"

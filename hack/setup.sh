@@ -3,7 +3,8 @@
 #   - Debian packages (prometheus for the predictor's end-to-end test; buildah, debootstrap and runc
 #     for hack/build-image.sh and the image's end-to-end test),
 #   - a virtual environment .venv with the Python dependencies,
-#   - the Kubernetes binaries, built from their Go modules into the version-keyed cache.
+#   - the Kubernetes binaries, built from their Go modules into the version-keyed cache,
+#   - the image's Debian base (hack/build-image.sh base), cached by its package list.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -33,7 +34,17 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$stamp"
 fi
 
-log "Kubernetes binaries (cached by version)"
-bash hack/build-binaries.sh >/dev/null
-log "the real node: kubelet, containerd, pause (cached by version; cold about 8 min on 2 cores)"
+# The image's base (debootstrap from the Debian mirror: mostly download and unpack) builds while
+# the Go builds use the CPUs; cached in $ROSE_CACHE_DIR/image, so a warm run skips it at once.
+base_pid=""
+if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
+  base_log="$(mktemp -t rose-image-base.XXXXXX)"
+  log "the image's base (cached; cold: debootstrap, a few minutes), beside the Go builds; log: $base_log"
+  bash hack/build-image.sh base >"$base_log" 2>&1 & base_pid=$!
+fi
+log "Kubernetes binaries and the real node's kubelet, containerd, pause (cached by version; cold: two build lanes at once)"
 bash hack/build-binaries.sh real-node >/dev/null
+if [ -n "$base_pid" ]; then
+  wait "$base_pid" || { tail -n 20 "$base_log" >&2; log "error: the image's base did not build (log: $base_log)"; exit 1; }
+  rm -f "$base_log"
+fi

@@ -21,7 +21,7 @@ if [ -x hack/gen-protos.sh ]; then bash hack/gen-protos.sh --check; fi
 
 echo "== tests: unit, contract, e2e"
 set +e
-pytest -m "not device" -p no:cacheprovider "$@"
+pytest -m "not device" -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi
