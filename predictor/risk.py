@@ -31,6 +31,10 @@ Its offset and anchor are chosen on the training windows (least reserve at the t
 
 The three compete on the newest 30 % of the training history: the one with the least mean
 reserve at coverage, summed over the target risk and 5x it (``_validated``), is deployed.
+
+Optionally a fourth, a width model shared by several series (:func:`fit_shared_width`, learnt
+on their training histories only) competes in the same validation; it is measured by
+``benchmarks.predictor_pool_sweep`` and not used by the service or ``evaluate``.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ GBM_FLOOR = 0.02  # added to the width model's output (log units): never a zero-
 GBM_WINDOWS_SECONDS = (1800, 3600, 3 * 3600, 6 * 3600)  # trailing windows of its features
 GBM_MAX_ROWS = 4000  # training origins thinned to at most this many (neighbours are near duplicates)
 GBM_MIN_ROWS = 200  # fewer resolved training windows: no width model
+SHARED_MARGIN = 0.05  # the shared width model's margin (as GBM_MARGIN)
+SHARED_MAX_ROWS = 16000  # the shared width model's rows, over all its series
 # the constant-width family (width 1, no volatility term): x the training mean, from ~0 (the bound
 # is persistence x (1 + k) exactly) to large (persistence + k); anchored on now or on the max of
 # the trailing window (a dip that recovers then costs no headroom; a day long: near static)
@@ -136,10 +142,14 @@ class RiskParams:
     # the learnt width (quantile GBM of the window-max residual); None: volatility width
     width_model: HistGradientBoostingRegressor | None = field(default=None, compare=False, repr=False)
     anchor: int = 0  # >1: the bound is anchored on the max of ``z`` over the last ``anchor`` steps
+    # a width model shared by several series (:class:`SharedWidth`) sees the level relative to
+    # this series' training mean: its level feature is ``z - level_ref``
+    shared: bool = False
+    level_ref: float = 0.0
 
     def width_name(self) -> str:
         if self.width_model is not None:
-            return f"gbm-quantile-{GBM_LEVEL}"
+            return f"gbm-quantile-{GBM_LEVEL}" + ("-shared" if self.shared else "")
         return "volatility" if self.vol_window else "constant"
 
     def to_json(self) -> dict[str, float | int | list[float] | str]:
@@ -153,6 +163,7 @@ class RiskParams:
             "time_of_day_factors": [round(f, 3) for f in self.tod],
             "width": self.width_name(),
             "anchor_steps": self.anchor,
+            "shared_width": self.shared,
         }
 
 
@@ -167,9 +178,12 @@ def _scores(z: FloatArray, zmax: FloatArray, sd: FloatArray, eps: float) -> Floa
     return (zmax - z) / (sd + eps)
 
 
-def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int = 0) -> RiskParams:
+def fit_risk(
+    y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int = 0, shared: SharedWidth | None = None
+) -> RiskParams:
     """Fit on ``y[: upto + 1]`` only (``y[0]`` at ``t0``): windows that ended by ``upto`` are the
-    training outcomes."""
+    training outcomes. ``shared``: a width model learnt over several series (this one's training
+    history among them) that competes with this series' own widths."""
     if not 0.0 < risk < 0.5:
         raise ValueError(f"risk {risk} must be in (0, 0.5): it is the share of windows allowed to need more")
     hist = y[: upto + 1]
@@ -187,7 +201,11 @@ def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int =
             "is beyond every score seen"
         )
     plain = _with_time_of_day(replace(best[1], step=step), hist, t0)
-    return _with_width_model(plain, hist, t0, mean, _best_constant(plain, hist, t0, mean))
+    if shared is not None and (shared.horizon, shared.step) != (h, step):
+        raise ValueError(
+            f"the shared width model is for {shared.horizon} steps of {shared.step}s, not {h} steps of {step}s"
+        )
+    return _with_width_model(plain, hist, t0, mean, _best_constant(plain, hist, t0, mean), shared)
 
 
 def _best_constant(plain: RiskParams, hist: FloatArray, t0: int, mean: float) -> RiskParams | None:
@@ -221,12 +239,13 @@ def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
     return _time_of_day(p, hist, t0)
 
 
-def width_features(z: FloatArray, step: int, t0: int) -> FloatArray:
-    """Trailing features of ``z`` at every origin (row ``i`` reads ``z[: i + 1]`` only): the level,
-    the recent max and min relative to it, the recent volatility, the hour of the day."""
+def width_features(z: FloatArray, step: int, t0: int, level_ref: float = 0.0) -> FloatArray:
+    """Trailing features of ``z`` at every origin (row ``i`` reads ``z[: i + 1]`` only): the level
+    (``z - level_ref``), the recent max and min relative to it, the recent volatility, the hour of
+    the day."""
     n = len(z)
     dz = np.concatenate([[np.nan], np.diff(z)])
-    cols = [z]
+    cols = [z - level_ref]
     for w in sorted({max(2, round(ws / step)) for ws in GBM_WINDOWS_SECONDS}):
         if w >= n:
             continue
@@ -247,6 +266,11 @@ def _fit_width_model(z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int) 
     if len(rows) < GBM_MIN_ROWS:
         return None
     rows = rows[:: max(1, math.ceil(len(rows) / GBM_MAX_ROWS))]
+    return _fit_gbm(x[rows], s[rows])
+
+
+def _fit_gbm(x: FloatArray, s: FloatArray) -> HistGradientBoostingRegressor:
+    """The quantile GBM of the width, fitted on one core (as every fit of the predictor)."""
     g = HistGradientBoostingRegressor(
         loss="quantile",
         quantile=GBM_LEVEL,
@@ -257,8 +281,8 @@ def _fit_width_model(z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int) 
         early_stopping=False,
         random_state=0,
     )
-    with threadpool_limits(limits=1):  # one core, as every fit of the predictor
-        return g.fit(x[rows], s[rows])
+    with threadpool_limits(limits=1):
+        return g.fit(x, s)
 
 
 def _cached_width_model(
@@ -282,6 +306,60 @@ def clear_width_cache() -> None:
     _WIDTH_CACHE.clear()
 
 
+@dataclass(frozen=True)
+class SharedWidth:
+    """One learnt width model for several series of the same step and horizon (the pools of one
+    cluster, the clients of one trace): ``older`` fitted on the older 70 % of each series'
+    training history (it competes on the newest 30 %, as a series' own width model does),
+    ``full`` on the whole of each. Features are per series: the level relative to the series'
+    training mean (:func:`_level_ref`), the rest relative to the level already."""
+
+    horizon: int
+    step: int
+    older: HistGradientBoostingRegressor | None = field(compare=False, repr=False)
+    full: HistGradientBoostingRegressor | None = field(compare=False, repr=False)
+    series: int = 0  # how many series it was learnt on
+
+
+def _level_ref(mean: float) -> float:
+    """The log level of a series at its training mean, on the width model's scale."""
+    return math.log((1.0 + GBM_OFFSET) * mean)
+
+
+def _residual_rows(hist: FloatArray, h: int, step: int, t0: int, upto: int) -> tuple[FloatArray, FloatArray]:
+    """Features and window-max residuals of the windows of ``hist`` that ended by ``upto``
+    (thinned to :data:`GBM_MAX_ROWS`), on the shared scale."""
+    mean = max(float(np.nanmean(hist)), 1e-6)
+    z = np.log(np.clip(hist, 0.0, None) + GBM_OFFSET * mean)
+    s = (np.log(window_max(hist, h) + GBM_OFFSET * mean) - z)[:upto]
+    rows = np.flatnonzero(~np.isnan(s))
+    rows = rows[:: max(1, math.ceil(len(rows) / GBM_MAX_ROWS))]
+    return width_features(z, step, t0, _level_ref(mean))[rows], s[rows]
+
+
+def fit_shared_width(histories: list[tuple[FloatArray, int]], h: int, step: int) -> SharedWidth:
+    """The width model of :class:`SharedWidth` from each series' training history ``(y, t0)``
+    (reads nothing else; a series too short for a window adds no rows)."""
+    parts: dict[str, list[tuple[FloatArray, FloatArray]]] = {"older": [], "full": []}
+    for y, t0 in histories:
+        if len(y) <= h or np.all(np.isnan(y)):
+            continue
+        cut = int(len(y) * (1.0 - VALIDATION_SHARE))
+        parts["older"].append(_residual_rows(y, h, step, t0, cut - h))
+        parts["full"].append(_residual_rows(y, h, step, t0, len(y)))
+    models = {k: _fit_rows(v) for k, v in parts.items()}
+    return SharedWidth(h, step, models["older"], models["full"], len(parts["full"]))
+
+
+def _fit_rows(parts: list[tuple[FloatArray, FloatArray]]) -> HistGradientBoostingRegressor | None:
+    if not parts or sum(len(s) for _, s in parts) < GBM_MIN_ROWS:
+        return None
+    x = np.concatenate([p[0] for p in parts])
+    s = np.concatenate([p[1] for p in parts])
+    keep = np.arange(0, len(s), max(1, math.ceil(len(s) / SHARED_MAX_ROWS)))
+    return _fit_gbm(x[keep], s[keep])
+
+
 def _validated(p: RiskParams, hist: FloatArray, t0: int, cut: int) -> float:
     """Mean reserve on the newest 30 % at the target and at a less extreme level (the newest
     30 % hold few windows beyond the ``1 - risk`` quantile: one level alone would choose on a
@@ -290,7 +368,7 @@ def _validated(p: RiskParams, hist: FloatArray, t0: int, cut: int) -> float:
 
 
 def _with_width_model(
-    plain: RiskParams, hist: FloatArray, t0: int, mean: float, const: RiskParams | None
+    plain: RiskParams, hist: FloatArray, t0: int, mean: float, const: RiskParams | None, shared: SharedWidth | None
 ) -> RiskParams:
     """The learnt or the constant width instead of the volatility one, where it validates (see
     the module doc)."""
@@ -304,19 +382,30 @@ def _with_width_model(
     cands = [plain] + ([] if const is None else [const])
     if older is not None:
         cands.append(replace(plain, offset=offset, tod=(), width_model=older))
+    if shared is not None and shared.older is not None and shared.older.n_features_in_ == x.shape[1]:
+        ref = _level_ref(mean)
+        cands.append(replace(plain, offset=offset, tod=(), width_model=shared.older, shared=True, level_ref=ref))
     # the learnt width must win by GBM_MARGIN: it is refitted on the whole history after this
     # choice, and that refit moves its shape more than the others' (see the README's figures)
-    scored = [
-        (_validated(c, hist, t0, cut) * (1.0 + GBM_MARGIN * (c.width_model is not None)), i)
-        for i, c in enumerate(cands)
-    ]
+    scored = [(_validated(c, hist, t0, cut) * (1.0 + _margin(c)), i) for i, c in enumerate(cands)]
     _, win = min(scored)
     if cands[win].width_model is None:
         return cands[win]
-    full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
+    if cands[win].shared:
+        assert shared is not None
+        full = replace(cands[win], width_model=shared.full)
+    else:
+        full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
     zz, width = _anchor(full, hist, t0)
     s = _scores(zz, zmax, width, 0.0)
     return replace(full, q0=conformal_upper(s[~np.isnan(s)], full.risk))
+
+
+def _margin(p: RiskParams) -> float:
+    """What a candidate's validated reserve is scaled by in the choice: the learnt widths' margin."""
+    if p.width_model is None:
+        return 0.0
+    return SHARED_MARGIN if p.shared else GBM_MARGIN
 
 
 def _time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
@@ -422,7 +511,7 @@ def _anchor(p: RiskParams, y: FloatArray, t0: int) -> tuple[FloatArray, FloatArr
     z = np.log(np.clip(y, 0.0, None) + p.offset)
     if p.width_model is not None:
         with threadpool_limits(limits=1):
-            pred = p.width_model.predict(width_features(z, p.step, t0))
+            pred = p.width_model.predict(width_features(z, p.step, t0, p.level_ref))
         return z, np.clip(pred, 0.0, None) + GBM_FLOOR
     if not p.vol_window:
         return (trailing_max(z, p.anchor) if p.anchor > 1 else z), np.full(len(z), p.eps)
