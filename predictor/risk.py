@@ -15,6 +15,8 @@ realized risk follows the target after a regime change. A window's outcome is us
 it has ended (``j + h <= i``): nothing reads past the origin. ``offset``, ``w`` and ``eps``
 are chosen on the training history alone, and so are the optional width factors per hour of
 the day (kept only where they validate on the newest 30 % of that history).
+A series that had not started yet (leading zeros: a client not yet active) is fitted and
+tracked from its first non-zero value: windows over the idle stretch say nothing about it.
 
 A second width candidate is learnt: a quantile gradient-boosting model (``GBM_LEVEL``) of the
 window-max residual ``log(max + offset) - z`` on trailing features of ``z`` (level, recent
@@ -189,14 +191,18 @@ def fit_risk(
     hist = y[: upto + 1]
     if np.nanmin(hist) < 0:
         raise ValueError("values must be >= 0 (serving demand); found negative values")
+    idle = _idle_start(hist)  # the windows before the series started say nothing about it
+    hist, t0 = hist[idle:], t0 + idle * step
     mean = max(float(np.nanmean(hist)), 1e-6)
     best: tuple[float, RiskParams] | None = None
     for rel in OFFSET_CHOICES:
-        best = _best_of(hist, h, risk, step, upto, rel * mean, best)
+        best = _best_of(hist, h, risk, step, len(hist) - 1, rel * mean, best)
     if best is None:
         usable = int(np.count_nonzero(~np.isnan(window_max(hist, h)) & ~np.isnan(hist)))
         raise NotEnoughWindows(
-            f"{usable} resolved windows of {h} steps in the training history; risk {risk} needs at least "
+            f"{usable} resolved windows of {h} steps in the training history"
+            + (f" after its first {idle} steps of zero demand (not started yet)" if idle else "")
+            + f"; risk {risk} needs at least "
             f"{min_windows(risk)} (ceil(1/risk)) with a volatility estimate, or the {1 - risk:.2f} quantile "
             "is beyond every score seen"
         )
@@ -206,6 +212,13 @@ def fit_risk(
             f"the shared width model is for {shared.horizon} steps of {shared.step}s, not {h} steps of {step}s"
         )
     return _with_width_model(plain, hist, t0, mean, _best_constant(plain, hist, t0, mean), shared)
+
+
+def _idle_start(hist: FloatArray) -> int:
+    """Steps before the first non-zero value (a series that had not started yet: its zeros say
+    nothing about the demand once it has)."""
+    active = np.flatnonzero(np.nan_to_num(hist) > 0)
+    return int(active[0]) if len(active) else 0
 
 
 def _best_constant(plain: RiskParams, hist: FloatArray, t0: int, mean: float) -> RiskParams | None:
@@ -474,10 +487,16 @@ def track_q(p: RiskParams, y: FloatArray, start: int, stop: int, t0: int = 0) ->
     """``q`` in effect at each origin in ``[start, stop)`` (NaN outside): adaptive conformal inference.
 
     ``q[i]`` is the ``1 - alpha_i`` quantile of the scores of the windows that have ended by
-    ``i`` among the newest :data:`SCORE_POOL` origins (training windows included). Before
+    ``i`` among the newest :data:`SCORE_POOL` origins (training windows included; none before
+    the series' first non-zero value, as in :func:`fit_risk`). Before
     answering at ``i`` the tracker takes in origin ``j = i - h``, whose window ``[j, j + h]``
     has just ended: ``alpha += ACI_GAMMA * (risk - missed_j)``. Reads ``y[: i + 1]`` only.
     """
+    idle = _idle_start(y[:start])
+    if idle:
+        q = np.full(stop, np.nan)
+        q[idle:] = track_q(p, y[idle:stop], start - idle, stop - idle, t0 + idle * p.step)
+        return q
     z, sd = _anchor(p, y[:stop], t0)
     zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
     s = _scores(z, zmax, sd, 0.0)
