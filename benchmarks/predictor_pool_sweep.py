@@ -1,6 +1,6 @@
 """The shared (pooled) width model against per-series widths only, on the per-client series.
 
-    python -m benchmarks.predictor_pool_sweep [--clients 12] [--json OUT.json]
+    python -m benchmarks.predictor_pool_sweep [--clients 12] [--margin 0.05] [--json OUT.json]
 
 Input: the top ``--clients`` per-client series of each 14-day ServeGen dataset (m-large, m-mid;
 ``benchmarks.predictor_backtest_all``), at risks 1 % / 5 % and windows of 30 / 60 min, evaluated
@@ -85,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=12, help="largest clients per 14-day dataset")
     ap.add_argument("--json", type=Path, help="write every case here")
+    ap.add_argument("--margin", type=float, default=rk.SHARED_MARGIN, help="the shared width's validation margin")
     a = ap.parse_args(argv)
+    if not -0.5 < a.margin < 1.0:
+        ap.error(f"--margin {a.margin} must be in (-0.5, 1): a share of the validated reserve")
+    rk.SHARED_MARGIN = a.margin
     series, _ = all_series(a.clients, 3)
     shared = shared_widths(series)
     cases = []
