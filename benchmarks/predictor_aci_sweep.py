@@ -1,6 +1,6 @@
 """How closely the model's realized risk tracks the target for each online step of ACI.
 
-    python -m benchmarks.predictor_aci_sweep [--clients 3] [--holdout K] [--json OUT.json]
+    python -m benchmarks.predictor_aci_sweep [--clients 3] [--holdout K] [--settings A,B] [--json OUT.json]
 
 Input: the derived 14-day ServeGen series (m-large, m-mid) and the top ``--clients`` per-client
 series of each ServeGen dataset (``benchmarks.predictor_backtest_all``), at risks 1 % / 5 % and
@@ -143,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--holdout", type=int, default=0, help="only the per-client series ranked after the top HOLDOUT (no derived)"
     )
+    ap.add_argument("--settings", help=f"comma-separated subset of {', '.join(SETTINGS)} (default: all)")
     a = ap.parse_args(argv)
+    settings = SETTINGS if not a.settings else tuple(a.settings.split(","))
+    unknown = [x for x in settings if x not in SETTINGS]
+    if unknown:
+        ap.error(f"--settings: unknown {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
     series, _ = all_series(a.clients, 3)
     series = [s for s in series if len(s) * s.step >= 2 * 86400]  # the 14-day series only
     if a.holdout:
@@ -153,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in series:
         for hs in HORIZONS:
             for r in RISKS:
-                res = sweep_case(s, hs // s.step, r, SETTINGS)
+                res = sweep_case(s, hs // s.step, r, settings)
                 cases.append({"series": s.name, "horizon_seconds": hs, "risk": r, "settings": res})
                 print(s.name, hs // 60, r, {k: round(v["realized_risk"], 4) for k, v in res.items()}, flush=True)
-    print("\n".join(summarize(cases, SETTINGS)))
+    print("\n".join(summarize(cases, settings)))
     if a.json:
         a.json.write_text(json.dumps(cases, indent=1) + "\n")
     return 0

@@ -370,8 +370,18 @@ def _baselines(
     return out, lines
 
 
-def evaluate_case(series: Series, h: int, risk: float, pool: Pool, initial_train: int, day: int = DAY) -> CaseResult:
-    """One (horizon in steps, risk) pair: every policy on the origins after ``initial_train``."""
+def evaluate_case(
+    series: Series,
+    h: int,
+    risk: float,
+    pool: Pool,
+    initial_train: int,
+    day: int = DAY,
+    shared: rk.SharedWidth | None = None,
+) -> CaseResult:
+    """One (horizon in steps, risk) pair: every policy on the origins after ``initial_train``
+    (``shared``: a width model learnt on several series' training parts, see ``risk.fit_risk``;
+    measured by ``benchmarks.predictor_pool_sweep``, not used by ``rose predictor evaluate``)."""
     y = series.values
     n = len(y)
     wm = rk.window_max(y, h)
@@ -380,7 +390,7 @@ def evaluate_case(series: Series, h: int, risk: float, pool: Pool, initial_train
     train = np.flatnonzero(ok & (idx + h < initial_train))
     notes: list[str] = []
     t0 = series.start
-    params = rk.fit_risk(y, h, risk, series.step, initial_train - 1, t0)
+    params = rk.fit_risk(y, h, risk, series.step, initial_train - 1, t0, shared)
     q = rk.track_q(params, y, initial_train, n, t0)
     model_res = rk.bound(params, y, q, 0.0, t0)
     test = np.flatnonzero(ok & (idx >= initial_train) & ~np.isnan(model_res))

@@ -15,6 +15,8 @@ realized risk follows the target after a regime change. A window's outcome is us
 it has ended (``j + h <= i``): nothing reads past the origin. ``offset``, ``w`` and ``eps``
 are chosen on the training history alone, and so are the optional width factors per hour of
 the day (kept only where they validate on the newest 30 % of that history).
+A series that had not started yet (leading zeros: a client not yet active) is fitted and
+tracked from its first non-zero value: windows over the idle stretch say nothing about it.
 
 A second width candidate is learnt: a quantile gradient-boosting model (``GBM_LEVEL``) of the
 window-max residual ``log(max + offset) - z`` on trailing features of ``z`` (level, recent
@@ -31,6 +33,10 @@ Its offset and anchor are chosen on the training windows (least reserve at the t
 
 The three compete on the newest 30 % of the training history: the one with the least mean
 reserve at coverage, summed over the target risk and 5x it (``_validated``), is deployed.
+
+Optionally a fourth, a width model shared by several series (:func:`fit_shared_width`, learnt
+on their training histories only) competes in the same validation; it is measured by
+``benchmarks.predictor_pool_sweep`` and not used by the service or ``evaluate``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ GBM_FLOOR = 0.02  # added to the width model's output (log units): never a zero-
 GBM_WINDOWS_SECONDS = (1800, 3600, 3 * 3600, 6 * 3600)  # trailing windows of its features
 GBM_MAX_ROWS = 4000  # training origins thinned to at most this many (neighbours are near duplicates)
 GBM_MIN_ROWS = 200  # fewer resolved training windows: no width model
+SHARED_MARGIN = 0.05  # the shared width model's margin (as GBM_MARGIN)
+SHARED_MAX_ROWS = 16000  # the shared width model's rows, over all its series
 # the constant-width family (width 1, no volatility term): x the training mean, from ~0 (the bound
 # is persistence x (1 + k) exactly) to large (persistence + k); anchored on now or on the max of
 # the trailing window (a dip that recovers then costs no headroom; a day long: near static)
@@ -136,10 +144,14 @@ class RiskParams:
     # the learnt width (quantile GBM of the window-max residual); None: volatility width
     width_model: HistGradientBoostingRegressor | None = field(default=None, compare=False, repr=False)
     anchor: int = 0  # >1: the bound is anchored on the max of ``z`` over the last ``anchor`` steps
+    # a width model shared by several series (:class:`SharedWidth`) sees the level relative to
+    # this series' training mean: its level feature is ``z - level_ref``
+    shared: bool = False
+    level_ref: float = 0.0
 
     def width_name(self) -> str:
         if self.width_model is not None:
-            return f"gbm-quantile-{GBM_LEVEL}"
+            return f"gbm-quantile-{GBM_LEVEL}" + ("-shared" if self.shared else "")
         return "volatility" if self.vol_window else "constant"
 
     def to_json(self) -> dict[str, float | int | list[float] | str]:
@@ -153,6 +165,7 @@ class RiskParams:
             "time_of_day_factors": [round(f, 3) for f in self.tod],
             "width": self.width_name(),
             "anchor_steps": self.anchor,
+            "shared_width": self.shared,
         }
 
 
@@ -167,27 +180,45 @@ def _scores(z: FloatArray, zmax: FloatArray, sd: FloatArray, eps: float) -> Floa
     return (zmax - z) / (sd + eps)
 
 
-def fit_risk(y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int = 0) -> RiskParams:
+def fit_risk(
+    y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int = 0, shared: SharedWidth | None = None
+) -> RiskParams:
     """Fit on ``y[: upto + 1]`` only (``y[0]`` at ``t0``): windows that ended by ``upto`` are the
-    training outcomes."""
+    training outcomes. ``shared``: a width model learnt over several series (this one's training
+    history among them) that competes with this series' own widths."""
     if not 0.0 < risk < 0.5:
         raise ValueError(f"risk {risk} must be in (0, 0.5): it is the share of windows allowed to need more")
     hist = y[: upto + 1]
     if np.nanmin(hist) < 0:
         raise ValueError("values must be >= 0 (serving demand); found negative values")
+    idle = _idle_start(hist)  # the windows before the series started say nothing about it
+    hist, t0 = hist[idle:], t0 + idle * step
     mean = max(float(np.nanmean(hist)), 1e-6)
     best: tuple[float, RiskParams] | None = None
     for rel in OFFSET_CHOICES:
-        best = _best_of(hist, h, risk, step, upto, rel * mean, best)
+        best = _best_of(hist, h, risk, step, len(hist) - 1, rel * mean, best)
     if best is None:
         usable = int(np.count_nonzero(~np.isnan(window_max(hist, h)) & ~np.isnan(hist)))
         raise NotEnoughWindows(
-            f"{usable} resolved windows of {h} steps in the training history; risk {risk} needs at least "
+            f"{usable} resolved windows of {h} steps in the training history"
+            + (f" after its first {idle} steps of zero demand (not started yet)" if idle else "")
+            + f"; risk {risk} needs at least "
             f"{min_windows(risk)} (ceil(1/risk)) with a volatility estimate, or the {1 - risk:.2f} quantile "
             "is beyond every score seen"
         )
     plain = _with_time_of_day(replace(best[1], step=step), hist, t0)
-    return _with_width_model(plain, hist, t0, mean, _best_constant(plain, hist, t0, mean))
+    if shared is not None and (shared.horizon, shared.step) != (h, step):
+        raise ValueError(
+            f"the shared width model is for {shared.horizon} steps of {shared.step}s, not {h} steps of {step}s"
+        )
+    return _with_width_model(plain, hist, t0, mean, _best_constant(plain, hist, t0, mean), shared)
+
+
+def _idle_start(hist: FloatArray) -> int:
+    """Steps before the first non-zero value (a series that had not started yet: its zeros say
+    nothing about the demand once it has)."""
+    active = np.flatnonzero(np.nan_to_num(hist) > 0)
+    return int(active[0]) if len(active) else 0
 
 
 def _best_constant(plain: RiskParams, hist: FloatArray, t0: int, mean: float) -> RiskParams | None:
@@ -221,12 +252,13 @@ def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
     return _time_of_day(p, hist, t0)
 
 
-def width_features(z: FloatArray, step: int, t0: int) -> FloatArray:
-    """Trailing features of ``z`` at every origin (row ``i`` reads ``z[: i + 1]`` only): the level,
-    the recent max and min relative to it, the recent volatility, the hour of the day."""
+def width_features(z: FloatArray, step: int, t0: int, level_ref: float = 0.0) -> FloatArray:
+    """Trailing features of ``z`` at every origin (row ``i`` reads ``z[: i + 1]`` only): the level
+    (``z - level_ref``), the recent max and min relative to it, the recent volatility, the hour of
+    the day."""
     n = len(z)
     dz = np.concatenate([[np.nan], np.diff(z)])
-    cols = [z]
+    cols = [z - level_ref]
     for w in sorted({max(2, round(ws / step)) for ws in GBM_WINDOWS_SECONDS}):
         if w >= n:
             continue
@@ -247,6 +279,11 @@ def _fit_width_model(z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int) 
     if len(rows) < GBM_MIN_ROWS:
         return None
     rows = rows[:: max(1, math.ceil(len(rows) / GBM_MAX_ROWS))]
+    return _fit_gbm(x[rows], s[rows])
+
+
+def _fit_gbm(x: FloatArray, s: FloatArray) -> HistGradientBoostingRegressor:
+    """The quantile GBM of the width, fitted on one core (as every fit of the predictor)."""
     g = HistGradientBoostingRegressor(
         loss="quantile",
         quantile=GBM_LEVEL,
@@ -257,8 +294,8 @@ def _fit_width_model(z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int) 
         early_stopping=False,
         random_state=0,
     )
-    with threadpool_limits(limits=1):  # one core, as every fit of the predictor
-        return g.fit(x[rows], s[rows])
+    with threadpool_limits(limits=1):
+        return g.fit(x, s)
 
 
 def _cached_width_model(
@@ -282,6 +319,60 @@ def clear_width_cache() -> None:
     _WIDTH_CACHE.clear()
 
 
+@dataclass(frozen=True)
+class SharedWidth:
+    """One learnt width model for several series of the same step and horizon (the pools of one
+    cluster, the clients of one trace): ``older`` fitted on the older 70 % of each series'
+    training history (it competes on the newest 30 %, as a series' own width model does),
+    ``full`` on the whole of each. Features are per series: the level relative to the series'
+    training mean (:func:`_level_ref`), the rest relative to the level already."""
+
+    horizon: int
+    step: int
+    older: HistGradientBoostingRegressor | None = field(compare=False, repr=False)
+    full: HistGradientBoostingRegressor | None = field(compare=False, repr=False)
+    series: int = 0  # how many series it was learnt on
+
+
+def _level_ref(mean: float) -> float:
+    """The log level of a series at its training mean, on the width model's scale."""
+    return math.log((1.0 + GBM_OFFSET) * mean)
+
+
+def _residual_rows(hist: FloatArray, h: int, step: int, t0: int, upto: int) -> tuple[FloatArray, FloatArray]:
+    """Features and window-max residuals of the windows of ``hist`` that ended by ``upto``
+    (thinned to :data:`GBM_MAX_ROWS`), on the shared scale."""
+    mean = max(float(np.nanmean(hist)), 1e-6)
+    z = np.log(np.clip(hist, 0.0, None) + GBM_OFFSET * mean)
+    s = (np.log(window_max(hist, h) + GBM_OFFSET * mean) - z)[:upto]
+    rows = np.flatnonzero(~np.isnan(s))
+    rows = rows[:: max(1, math.ceil(len(rows) / GBM_MAX_ROWS))]
+    return width_features(z, step, t0, _level_ref(mean))[rows], s[rows]
+
+
+def fit_shared_width(histories: list[tuple[FloatArray, int]], h: int, step: int) -> SharedWidth:
+    """The width model of :class:`SharedWidth` from each series' training history ``(y, t0)``
+    (reads nothing else; a series too short for a window adds no rows)."""
+    parts: dict[str, list[tuple[FloatArray, FloatArray]]] = {"older": [], "full": []}
+    for y, t0 in histories:
+        if len(y) <= h or np.all(np.isnan(y)):
+            continue
+        cut = int(len(y) * (1.0 - VALIDATION_SHARE))
+        parts["older"].append(_residual_rows(y, h, step, t0, cut - h))
+        parts["full"].append(_residual_rows(y, h, step, t0, len(y)))
+    models = {k: _fit_rows(v) for k, v in parts.items()}
+    return SharedWidth(h, step, models["older"], models["full"], len(parts["full"]))
+
+
+def _fit_rows(parts: list[tuple[FloatArray, FloatArray]]) -> HistGradientBoostingRegressor | None:
+    if not parts or sum(len(s) for _, s in parts) < GBM_MIN_ROWS:
+        return None
+    x = np.concatenate([p[0] for p in parts])
+    s = np.concatenate([p[1] for p in parts])
+    keep = np.arange(0, len(s), max(1, math.ceil(len(s) / SHARED_MAX_ROWS)))
+    return _fit_gbm(x[keep], s[keep])
+
+
 def _validated(p: RiskParams, hist: FloatArray, t0: int, cut: int) -> float:
     """Mean reserve on the newest 30 % at the target and at a less extreme level (the newest
     30 % hold few windows beyond the ``1 - risk`` quantile: one level alone would choose on a
@@ -290,7 +381,7 @@ def _validated(p: RiskParams, hist: FloatArray, t0: int, cut: int) -> float:
 
 
 def _with_width_model(
-    plain: RiskParams, hist: FloatArray, t0: int, mean: float, const: RiskParams | None
+    plain: RiskParams, hist: FloatArray, t0: int, mean: float, const: RiskParams | None, shared: SharedWidth | None
 ) -> RiskParams:
     """The learnt or the constant width instead of the volatility one, where it validates (see
     the module doc)."""
@@ -304,19 +395,30 @@ def _with_width_model(
     cands = [plain] + ([] if const is None else [const])
     if older is not None:
         cands.append(replace(plain, offset=offset, tod=(), width_model=older))
+    if shared is not None and shared.older is not None and shared.older.n_features_in_ == x.shape[1]:
+        ref = _level_ref(mean)
+        cands.append(replace(plain, offset=offset, tod=(), width_model=shared.older, shared=True, level_ref=ref))
     # the learnt width must win by GBM_MARGIN: it is refitted on the whole history after this
     # choice, and that refit moves its shape more than the others' (see the README's figures)
-    scored = [
-        (_validated(c, hist, t0, cut) * (1.0 + GBM_MARGIN * (c.width_model is not None)), i)
-        for i, c in enumerate(cands)
-    ]
+    scored = [(_validated(c, hist, t0, cut) * (1.0 + _margin(c)), i) for i, c in enumerate(cands)]
     _, win = min(scored)
     if cands[win].width_model is None:
         return cands[win]
-    full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
+    if cands[win].shared:
+        assert shared is not None
+        full = replace(cands[win], width_model=shared.full)
+    else:
+        full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
     zz, width = _anchor(full, hist, t0)
     s = _scores(zz, zmax, width, 0.0)
     return replace(full, q0=conformal_upper(s[~np.isnan(s)], full.risk))
+
+
+def _margin(p: RiskParams) -> float:
+    """What a candidate's validated reserve is scaled by in the choice: the learnt widths' margin."""
+    if p.width_model is None:
+        return 0.0
+    return SHARED_MARGIN if p.shared else GBM_MARGIN
 
 
 def _time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
@@ -385,10 +487,16 @@ def track_q(p: RiskParams, y: FloatArray, start: int, stop: int, t0: int = 0) ->
     """``q`` in effect at each origin in ``[start, stop)`` (NaN outside): adaptive conformal inference.
 
     ``q[i]`` is the ``1 - alpha_i`` quantile of the scores of the windows that have ended by
-    ``i`` among the newest :data:`SCORE_POOL` origins (training windows included). Before
+    ``i`` among the newest :data:`SCORE_POOL` origins (training windows included; none before
+    the series' first non-zero value, as in :func:`fit_risk`). Before
     answering at ``i`` the tracker takes in origin ``j = i - h``, whose window ``[j, j + h]``
     has just ended: ``alpha += ACI_GAMMA * (risk - missed_j)``. Reads ``y[: i + 1]`` only.
     """
+    idle = _idle_start(y[:start])
+    if idle:
+        q = np.full(stop, np.nan)
+        q[idle:] = track_q(p, y[idle:stop], start - idle, stop - idle, t0 + idle * p.step)
+        return q
     z, sd = _anchor(p, y[:stop], t0)
     zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
     s = _scores(z, zmax, sd, 0.0)
@@ -422,7 +530,7 @@ def _anchor(p: RiskParams, y: FloatArray, t0: int) -> tuple[FloatArray, FloatArr
     z = np.log(np.clip(y, 0.0, None) + p.offset)
     if p.width_model is not None:
         with threadpool_limits(limits=1):
-            pred = p.width_model.predict(width_features(z, p.step, t0))
+            pred = p.width_model.predict(width_features(z, p.step, t0, p.level_ref))
         return z, np.clip(pred, 0.0, None) + GBM_FLOOR
     if not p.vol_window:
         return (trailing_max(z, p.anchor) if p.anchor > 1 else z), np.full(len(z), p.eps)

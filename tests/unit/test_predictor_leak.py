@@ -124,3 +124,53 @@ def test_constant_width_is_bit_identical_when_only_the_future_changes(rel_offset
     assert rk.forecast_now(p, series.values[: origin + 1], 500, t0) == rk.forecast_now(
         p, changed[: origin + 1], 500, t0
     )
+
+
+def _clients(values: list[np.ndarray], t0: int) -> list[Series]:
+    return [Series(start=t0, step=300, values=v, name=f"ds/client-{i}") for i, v in enumerate(values)]
+
+
+def _shared_bounds(clients: list[Series], train: int) -> dict[tuple[str, int], np.ndarray]:
+    """Every client's bound at every origin, with the shared width model in use (forced, so the
+    test does not depend on the validation choosing it)."""
+    from benchmarks.predictor_pool_sweep import shared_widths
+
+    shared = shared_widths(clients)
+    out = {}
+    for c in clients:
+        for h, sw in shared[c.name].items():
+            assert sw.full is not None and sw.series == len(clients)
+            fitted = rk.fit_risk(c.values, h, 0.05, 300, train - 1, c.start, sw)
+            mean = float(np.nanmean(c.values[:train]))
+            p = replace(
+                fitted,
+                offset=rk.GBM_OFFSET * mean,
+                tod=(),
+                width_model=sw.full,
+                shared=True,
+                level_ref=rk._level_ref(mean),
+            )
+            q = rk.track_q(p, c.values, train, len(c), c.start)
+            out[(c.name, h)] = rk.bound(p, c.values, q, 0.0, c.start)
+            out[(c.name, -h)] = np.array([fitted.q0, fitted.offset, fitted.anchor, float(fitted.shared)])
+    return out
+
+
+def test_shared_width_is_bit_identical_when_only_one_clients_future_changes() -> None:
+    """A width model learnt on every client's training half: changing one client's values after
+    the training half leaves every forecast of every client unchanged up to the origin."""
+    t0 = 1_700_000_000 - 1_700_000_000 % 86400
+    values = [generate(days=4, step=300, seed=s).values for s in (12, 13, 14)]
+    train = len(values[0]) // 2
+    origin = train + 100  # the first client's values change from its evaluated part on
+    before = _shared_bounds(_clients(values, t0), train)
+    changed = [_future_changed(_clients(values, t0)[0], origin, 11).values, *values[1:]]
+    changed[0][train:origin] = changed[0][train:origin] * 3.0  # the first client's evaluated part, too
+    after = _shared_bounds(_clients(changed, t0), train)
+    for key, b in before.items():
+        if key[1] < 0:
+            np.testing.assert_array_equal(b, after[key])
+        elif key[0] == "ds/client-0":
+            np.testing.assert_array_equal(b[:train], after[key][:train])
+        else:  # another client: its data and the shared model are unchanged, so every forecast is
+            np.testing.assert_array_equal(b, after[key])
