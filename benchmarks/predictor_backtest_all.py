@@ -43,20 +43,21 @@ def _read_chunk(path: Path) -> np.ndarray:
         return np.asarray([float(r[1]) if r[1] else 0.0 for r in csv.reader(fh) if r], dtype=np.float64)
 
 
-def all_series(clients: int, zero_run: int) -> tuple[list[Series], list[dict[str, Any]]]:
+def all_series(clients: int, zero_run: int, skip: int = 0) -> tuple[list[Series], list[dict[str, Any]]]:
     """Every derived 14-day series, then the top ``clients`` per-client series of both ServeGen
-    datasets, with what was read of each dataset."""
+    datasets, with what was read of each dataset. ``skip`` > 0: a held-out set instead, the
+    ``clients`` after the ``skip`` largest of each dataset and no derived series."""
     tdir = traces_dir()
-    series: list[Series] = [read_series_csv(p) for p in sorted((tdir / "derived").glob("*.csv"))]
+    series: list[Series] = [] if skip else [read_series_csv(p) for p in sorted((tdir / "derived").glob("*.csv"))]
     infos = []
     for ds in ("m-large", "m-mid"):
-        found, info = servegen_clients(tdir / "servegen" / "language" / ds, clients, zero_run)
+        found, info = servegen_clients(tdir / "servegen" / "language" / ds, clients, zero_run, skip)
         series += found
         infos.append(info)
     return series, infos
 
 
-def servegen_clients(dataset_dir: Path, top: int, zero_run: int) -> tuple[list[Series], dict[str, Any]]:
+def servegen_clients(dataset_dir: Path, top: int, zero_run: int, skip: int = 0) -> tuple[list[Series], dict[str, Any]]:
     files = sorted(dataset_dir.glob("chunk-*-trace.csv"), key=lambda p: int(p.name.split("-")[1]))
     rates = [_read_chunk(f) for f in files]
     n = max(len(r) for r in rates)
@@ -77,7 +78,7 @@ def servegen_clients(dataset_dir: Path, top: int, zero_run: int) -> tuple[list[S
         else:
             i += 1
     totals = m.sum(axis=1)
-    order = np.argsort(-totals)[:top]
+    order = np.argsort(-totals, kind="stable")[skip : skip + top]
     out = []
     for k in order:
         v = m[k] * 600.0

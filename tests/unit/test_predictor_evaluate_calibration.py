@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.predictor_backtest_all import all_series, servegen_clients
+from benchmarks.predictor_evaluate_all import main
 from predictor.evaluate import binomial_band, clustered_miss_pmf, evaluate, miss_runs, perfect_policy
 from predictor.generator import generate
 
@@ -122,3 +124,31 @@ def test_rerendering_a_json_without_the_perfect_policy_says_to_rerun(
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "o.md"), "--from-json", str(old)])
     assert e.value.code == 2 and "no perfect_policy per case" in capsys.readouterr().err
+
+
+def test_the_held_out_set_is_the_next_clients_and_no_derived_series(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--skip-clients K``: clients K+1.. of each dataset by volume, never the derived series."""
+    ds = tmp_path / "servegen" / "language" / "m-large"
+    ds.mkdir(parents=True)
+    for k, volume in enumerate([5.0, 9.0, 1.0, 7.0, 3.0]):
+        (ds / f"chunk-{k}-trace.csv").write_text("".join(f"{i},{volume}\n" for i in range(4)))
+    top = [s.name for s in servegen_clients(ds, 4, 3)[0]]
+    assert top == ["m-large/chunk-1-trace", "m-large/chunk-3-trace", "m-large/chunk-0-trace", "m-large/chunk-4-trace"]
+    assert [s.name for s in servegen_clients(ds, 2, 3, skip=2)[0]] == top[2:4]
+    (tmp_path / "derived").mkdir()
+    (tmp_path / "servegen" / "language" / "m-mid").mkdir()
+    (tmp_path / "servegen" / "language" / "m-mid" / "chunk-0-trace.csv").write_text(
+        "0,1\n1,1\n"
+    )  # one client: none left
+    (tmp_path / "derived" / "x.csv").write_text("timestamp,value\n0,1\n60,2\n")
+    monkeypatch.setenv("ROSE_TRACES_DIR", str(tmp_path))
+    held_out, _ = all_series(2, 3, skip=2)
+    assert [s.name for s in held_out] == top[2:4], "no derived series in a held-out set"
+
+
+def test_a_negative_skip_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "x.md"), "--skip-clients", "-1"])
+    assert "--skip-clients -1: give 0 or a positive number of clients" in capsys.readouterr().err
