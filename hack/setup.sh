@@ -23,6 +23,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || $SUDO service prometheus stop >/dev/null 2>&1 || true
 fi
 
+# The image's base (debootstrap from the Debian mirror: mostly download and unpack) builds while
+# the Go builds use the CPUs; cached in $ROSE_CACHE_DIR/image, so a warm run skips it at once.
+base_pid=""
+if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
+  base_log="$(mktemp -t rose-image-base.XXXXXX)"
+  log "the image's base (cached; cold: debootstrap, a few minutes), beside the Go builds; log: $base_log"
+  bash hack/build-image.sh base >"$base_log" 2>&1 & base_pid=$!
+fi
+log "Kubernetes binaries and the real node's kubelet, containerd, pause (cached by version; cold: two build lanes at once, beside the venv)"
+bash hack/build-binaries.sh real-node >/dev/null & go_pid=$!
+# a failure below (the venv) stops the builds too, so nothing keeps running unseen
+kill_tree() { local c; for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
+trap 'for p in $go_pid $base_pid; do kill_tree "$p"; done' EXIT
+
 PY="${PYTHON:-python3}"
 stamp=".venv/.rose-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
@@ -33,18 +47,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/python -m pip install -q -e '.[workload]' --group test --group lint
   echo "$want" > "$stamp"
 fi
-
-# The image's base (debootstrap from the Debian mirror: mostly download and unpack) builds while
-# the Go builds use the CPUs; cached in $ROSE_CACHE_DIR/image, so a warm run skips it at once.
-base_pid=""
-if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
-  base_log="$(mktemp -t rose-image-base.XXXXXX)"
-  log "the image's base (cached; cold: debootstrap, a few minutes), beside the Go builds; log: $base_log"
-  bash hack/build-image.sh base >"$base_log" 2>&1 & base_pid=$!
-fi
-log "Kubernetes binaries and the real node's kubelet, containerd, pause (cached by version; cold: two build lanes at once)"
-bash hack/build-binaries.sh real-node >/dev/null
+wait "$go_pid" || { log "error: the Go builds failed (their error is above)"; exit 1; }
 if [ -n "$base_pid" ]; then
   wait "$base_pid" || { tail -n 20 "$base_log" >&2; log "error: the image's base did not build (log: $base_log)"; exit 1; }
   rm -f "$base_log"
 fi
+trap - EXIT
