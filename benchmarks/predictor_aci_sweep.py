@@ -25,12 +25,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.predictor_backtest_all import all_series
+from benchmarks.predictor_evaluate_all import RISKS, grid
 from predictor import risk as rk
 from predictor.evaluate import RISK_TOLERANCE, Pool, clustered_miss_pmf, knob_at_risk, miss_runs, perfect_policy
 from predictor.series import Series
 
-RISKS = (0.01, 0.05)
-HORIZONS = (1800, 3600)
 SETTINGS = (
     "0.0005",
     "0.001",
@@ -149,18 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [x for x in settings if x not in SETTINGS]
     if unknown:
         ap.error(f"--settings: unknown {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
-    series, _ = all_series(a.clients, 3)
+    if not 0 <= a.holdout < a.clients:
+        ap.error(f"--holdout {a.holdout}: give 0, or fewer clients than --clients {a.clients}")
+    series, _ = all_series(a.clients - a.holdout, 3, skip=a.holdout)
     series = [s for s in series if len(s) * s.step >= 2 * 86400]  # the 14-day series only
-    if a.holdout:
-        top = {s.name for s in all_series(a.holdout, 3)[0]}
-        series = [s for s in series if "/" in s.name and s.name not in top]
     cases = []
-    for s in series:
-        for hs in HORIZONS:
-            for r in RISKS:
-                res = sweep_case(s, hs // s.step, r, settings)
-                cases.append({"series": s.name, "horizon_seconds": hs, "risk": r, "settings": res})
-                print(s.name, hs // 60, r, {k: round(v["realized_risk"], 4) for k, v in res.items()}, flush=True)
+    for s, h, r in grid(series):
+        res = sweep_case(s, h, r, settings)
+        cases.append({"series": s.name, "horizon_seconds": h * s.step, "risk": r, "settings": res})
+        print(s.name, h * s.step // 60, r, {k: round(v["realized_risk"], 4) for k, v in res.items()}, flush=True)
     print("\n".join(summarize(cases, settings)))
     if a.json:
         a.json.write_text(json.dumps(cases, indent=1) + "\n")

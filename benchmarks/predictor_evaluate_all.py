@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,14 @@ from predictor.series import Series
 RISKS = [0.01, 0.05]
 HORIZONS = [1800, 3600]
 SHORT_HORIZONS = [60, 120, 300, 600]  # for series shorter than a day
+
+
+def grid(series: list[Series]) -> Iterator[tuple[Series, int, float]]:
+    """Every (series, window in steps, risk) of the 14-day grid, in the order the tables list them."""
+    for s in series:
+        for hs in HORIZONS:
+            for r in RISKS:
+                yield s, hs // s.step, r
 
 
 def cases_for(series: Series) -> tuple[list[int], list[float]]:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.predictor_backtest_all import all_series
-from benchmarks.predictor_evaluate_all import HORIZONS, RISKS
+from benchmarks.predictor_evaluate_all import HORIZONS, grid
 from predictor import risk as rk
 from predictor.evaluate import LEND_GOAL_RATIO, Pool, evaluate_case
 from predictor.series import Series
@@ -93,20 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     series, _ = all_series(a.clients, 3)
     shared = shared_widths(series)
     cases = []
-    for s in series:
-        if s.name not in shared:
-            continue
-        for hs in HORIZONS:
-            for r in RISKS:
-                c = sweep_case(s, hs // s.step, r, shared[s.name][hs // s.step])
-                cases.append(c)
-                print(
-                    f"{c['series']} {hs // 60}m@{r:g}: now {c['now']:.3f} ({c['width_now']}) pooled "
-                    f"{c['pooled']:.3f} ({c['width_pooled']})",
-                    flush=True,
-                )
-                if a.json:
-                    a.json.write_text(json.dumps(cases, indent=1) + "\n")
+    for s, h, r in grid([s for s in series if s.name in shared]):
+        c = sweep_case(s, h, r, shared[s.name][h])
+        cases.append(c)
+        print(
+            f"{c['series']} {h * s.step // 60}m@{r:g}: now {c['now']:.3f} ({c['width_now']}) pooled "
+            f"{c['pooled']:.3f} ({c['width_pooled']})",
+            flush=True,
+        )
+        if a.json:
+            a.json.write_text(json.dumps(cases, indent=1) + "\n")
     print("\n".join(summarize(cases)))
     return 0
 
