@@ -255,12 +255,14 @@ def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
 def width_features(z: FloatArray, step: int, t0: int, level_ref: float = 0.0) -> FloatArray:
     """Trailing features of ``z`` at every origin (row ``i`` reads ``z[: i + 1]`` only): the level
     (``z - level_ref``), the recent max and min relative to it, the recent volatility, the hour of
-    the day."""
+    the day. The same columns whatever the length (a window longer than the history is a column
+    of NaN): a model fitted on a short history predicts on a longer one."""
     n = len(z)
     dz = np.concatenate([[np.nan], np.diff(z)])
     cols = [z - level_ref]
     for w in sorted({max(2, round(ws / step)) for ws in GBM_WINDOWS_SECONDS}):
         if w >= n:
+            cols += [np.full(n, np.nan)] * 3
             continue
         win = sliding_window_view(z, w)
         for red in (win.max(axis=1), win.min(axis=1)):
@@ -283,7 +285,13 @@ def _fit_width_model(z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int) 
 
 
 def _fit_gbm(x: FloatArray, s: FloatArray) -> HistGradientBoostingRegressor:
-    """The quantile GBM of the width, fitted on one core (as every fit of the predictor)."""
+    """The quantile GBM of the width, fitted on one core (as every fit of the predictor). A feature
+    unknown on every training row (a trailing window longer than the history so far) is fitted as a
+    constant, which the trees never split on: sklearn cannot bin a column of NaN only."""
+    unknown = np.isnan(x).all(axis=0)
+    if unknown.any():
+        x = x.copy()
+        x[:, unknown] = 0.0
     g = HistGradientBoostingRegressor(
         loss="quantile",
         quantile=GBM_LEVEL,

@@ -53,3 +53,26 @@ def test_a_series_too_short_for_its_features_does_not_use_it(
     short = rk.fit_shared_width([(y[:60], T0)], 6, 300)
     assert short.full is None  # fewer than GBM_MIN_ROWS windows
     assert not rk.fit_risk(y, 6, 0.05, 300, 59, T0, shared).shared  # 60 points: no 6-hour window
+
+
+def test_width_features_have_the_same_columns_at_any_length() -> None:
+    """A width model fitted while the history is shorter than its longest trailing window (6 h)
+    predicts on the longer history of a later refresh: the columns must not depend on the length."""
+    z = np.log(1.0 + np.abs(np.sin(np.arange(1000) / 50.0)))
+    short, full = rk.width_features(z[:100], 60, 0), rk.width_features(z, 60, 0)
+    assert short.shape[1] == full.shape[1]
+    assert np.isnan(short[:, -2]).all(), "the 6 h volatility column is unknown on 100 minutes"
+    np.testing.assert_array_equal(short[:, 0], full[:100, 0])
+
+
+def test_a_history_shorter_than_the_longest_feature_window_still_fits_and_then_predicts_longer() -> None:
+    """Fitted on 5 hours of 1-minute data (the 6 h features unknown on every row), the width model
+    predicts on the 8 hours a later refresh holds: no error from the fit or the prediction."""
+    rng = np.random.default_rng(3)
+    z = np.log(10.0 + np.abs(np.cumsum(rng.normal(size=480))))
+    zmax = np.log(rk.window_max(np.exp(z), 30))
+    short = rk.width_features(z[:300], 60, 0)
+    model = rk._fit_width_model(z[:300], zmax[:300], short, 270)
+    assert model is not None
+    pred = model.predict(rk.width_features(z, 60, 0))
+    assert pred.shape == (480,) and np.isfinite(pred).all()
