@@ -232,11 +232,7 @@ def _best_constant(plain: RiskParams, hist: FloatArray, t0: int, mean: float) ->
             reserve = _reserve_at_coverage(p, hist, t0, 0)
             if math.isfinite(reserve) and (best is None or reserve < best[0]):
                 best = (reserve, p)
-    if best is None:
-        return None
-    z, width = _anchor(best[1], hist, t0)
-    s = _scores(z, np.log(window_max(hist, plain.horizon) + best[1].offset), width, 0.0)
-    return replace(best[1], q0=conformal_upper(s[~np.isnan(s)], plain.risk))
+    return None if best is None else _calibrated(best[1], hist, t0)
 
 
 def _with_time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
@@ -403,7 +399,7 @@ def _with_width_model(
     cands = [plain] + ([] if const is None else [const])
     if older is not None:
         cands.append(replace(plain, offset=offset, tod=(), width_model=older))
-    if shared is not None and shared.older is not None and shared.older.n_features_in_ == x.shape[1]:
+    if shared is not None and shared.older is not None:
         ref = _level_ref(mean)
         cands.append(replace(plain, offset=offset, tod=(), width_model=shared.older, shared=True, level_ref=ref))
     # the learnt width must win by GBM_MARGIN: it is refitted on the whole history after this
@@ -417,9 +413,7 @@ def _with_width_model(
         full = replace(cands[win], width_model=shared.full)
     else:
         full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
-    zz, width = _anchor(full, hist, t0)
-    s = _scores(zz, zmax, width, 0.0)
-    return replace(full, q0=conformal_upper(s[~np.isnan(s)], full.risk))
+    return _calibrated(full, hist, t0)
 
 
 def _margin(p: RiskParams) -> float:
@@ -430,23 +424,29 @@ def _margin(p: RiskParams) -> float:
 
 
 def _time_of_day(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
+    tod = tod_factors(_window_scores(p, hist, t0)[2], tod_bucket(t0, p.step, len(hist)))
+    return _calibrated(replace(p, tod=tod), hist, t0) if tod else p
+
+
+def _window_scores(p: RiskParams, hist: FloatArray, t0: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``z`` and the width ``p``'s bound is anchored on, and the score of every window of ``hist``
+    (NaN where it has not ended or holds a gap)."""
     z, width = _anchor(p, hist, t0)
-    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
-    tod = tod_factors(s, tod_bucket(t0, p.step, len(hist)))
-    if not tod:
-        return p
-    with_tod = replace(p, tod=tod)
-    z, width = _anchor(with_tod, hist, t0)
-    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
-    return replace(with_tod, q0=conformal_upper(s[~np.isnan(s)], p.risk))
+    return z, width, _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)
+
+
+def _calibrated(p: RiskParams, hist: FloatArray, t0: int) -> RiskParams:
+    """``p`` with ``q0`` the conformal ``1 - risk`` quantile of its scores on the windows of ``hist``."""
+    s = _window_scores(p, hist, t0)[2]
+    return replace(p, q0=conformal_upper(s[~np.isnan(s)], p.risk))
 
 
 def _reserve_at_coverage(p: RiskParams, hist: FloatArray, t0: int, start: int, level: float | None = None) -> float:
     """Mean bound over the windows from ``start`` with ``q`` set to their ``1 - level`` quantile
     (``level`` defaults to the target risk)."""
     level = p.risk if level is None else level
-    z, width = _anchor(p, hist, t0)
-    s = _scores(z, np.log(window_max(hist, p.horizon) + p.offset), width, 0.0)[start:]
+    z, width, s = _window_scores(p, hist, t0)
+    s = s[start:]
     ok = ~np.isnan(s)
     if np.count_nonzero(ok) < min_windows(level):
         return math.inf
@@ -505,9 +505,7 @@ def track_q(p: RiskParams, y: FloatArray, start: int, stop: int, t0: int = 0) ->
         q = np.full(stop, np.nan)
         q[idle:] = track_q(p, y[idle:stop], start - idle, stop - idle, t0 + idle * p.step)
         return q
-    z, sd = _anchor(p, y[:stop], t0)
-    zmax = np.log(window_max(y[:stop], p.horizon) + p.offset)
-    s = _scores(z, zmax, sd, 0.0)
+    s = _window_scores(p, y[:stop], t0)[2]
     q = np.full(stop, np.nan)
     alpha = p.risk
     few = min_windows(p.risk)
