@@ -225,7 +225,12 @@ def binomial_band(n: int, risk: float) -> list[float]:
     """5 % and 95 % quantiles of the miss share of a policy whose every window misses with ``risk``."""
     if n <= 0:
         return [math.nan, math.nan]
-    cdf = np.cumsum(_binomial_pmf(n, risk))
+    return _interval_5_95(_binomial_pmf(n, risk))
+
+
+def _interval_5_95(pmf: FloatArray) -> list[float]:
+    """5 % and 95 % quantiles of the miss share whose count ``s`` of ``n`` has probability ``pmf[s]``."""
+    cdf, n = np.cumsum(pmf), len(pmf) - 1
     return [float(np.searchsorted(cdf, 0.05)) / n, float(np.searchsorted(cdf, 0.95)) / n]
 
 
@@ -288,11 +293,10 @@ def perfect_policy(n: int, risk: float, runs: list[int]) -> dict[str, Any]:
     runs like ``runs`` (:func:`clustered_miss_pmf`): its 5-95 % interval, the probability that
     it lands within +-:data:`RISK_TOLERANCE` of the target, and the runs it assumed."""
     pmf = clustered_miss_pmf(n, risk, runs)
-    cdf = np.cumsum(pmf)
     share = np.arange(n + 1) / n
     within = np.abs((share - risk) / risk) <= RISK_TOLERANCE  # the same test as the goal's
     return {
-        "interval_5_95": [float(np.searchsorted(cdf, 0.05)) / n, float(np.searchsorted(cdf, 0.95)) / n],
+        "interval_5_95": _interval_5_95(pmf),
         "p_within_tolerance": float(pmf[within].sum()),
         "mean_run": float(np.mean(runs)) if runs else 1.0,
         "miss_runs": runs,
@@ -413,8 +417,9 @@ def evaluate_case(
     best, _ = case.best_baseline()
     case.evidence = miss_evidence(y, h, pool, test, eq[best], series.step)
     # the model swept to exactly the target risk: how misses cluster on this series at that rate
-    case.perfect = perfect_policy(len(test), risk, miss_runs(test, pool.gpus_for(at_target) < pool.gpus_for(need)))
-    case.perfect["model_miss_runs"] = miss_runs(test, pool.gpus_for(model_res[test]) < pool.gpus_for(need))
+    need_gpus = pool.gpus_for(need)
+    case.perfect = perfect_policy(len(test), risk, miss_runs(test, pool.gpus_for(at_target) < need_gpus))
+    case.perfect["model_miss_runs"] = miss_runs(test, pool.gpus_for(model_res[test]) < need_gpus)
     case.trace = {"origins": test.astype(np.float64), "model": model_res, "baseline": lines[best], "need": wm}
     case.notes.append(f"best baseline at equal risk: {best}")
     return case
