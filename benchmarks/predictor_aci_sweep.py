@@ -27,7 +27,15 @@ import numpy as np
 from benchmarks.predictor_backtest_all import all_series
 from benchmarks.predictor_evaluate_all import RISKS, grid
 from predictor import risk as rk
-from predictor.evaluate import RISK_TOLERANCE, Pool, clustered_miss_pmf, knob_at_risk, miss_runs, perfect_policy
+from predictor.evaluate import (
+    RISK_TOLERANCE,
+    Pool,
+    clustered_miss_pmf,
+    knob_at_risk,
+    miss_runs,
+    perfect_policy,
+    score,
+)
 from predictor.series import Series
 
 SETTINGS = (
@@ -79,11 +87,8 @@ def sweep_case(series: Series, h: int, risk: float, settings: tuple[str, ...]) -
 
 
 def _scored(pool: Pool, reserve: np.ndarray, need: np.ndarray) -> dict[str, float]:
-    r = pool.gpus_for(reserve)
-    return {
-        "realized_risk": float(np.mean(r < pool.gpus_for(need))),
-        "lent_share": float(np.mean(pool.gpus - r)) / pool.gpus,
-    }
+    sc = score(pool, reserve, need, 0.0)
+    return {"realized_risk": sc.risk, "lent_share": sc.lent}
 
 
 def _at_equal_risk(

@@ -303,7 +303,8 @@ def perfect_policy(n: int, risk: float, runs: list[int]) -> dict[str, Any]:
     }
 
 
-def _score(pool: Pool, reserve: FloatArray, need: FloatArray, knob: float) -> Scored:
+def score(pool: Pool, reserve: FloatArray, need: FloatArray, knob: float) -> Scored:
+    """Realized risk and share of GPU-time lent when ``reserve`` is kept for windows needing ``need``."""
     r = pool.gpus_for(reserve)
     missed = r < pool.gpus_for(need)
     return Scored(float(np.mean(missed)), float(np.mean(pool.gpus - r)) / pool.gpus, knob)
@@ -329,9 +330,7 @@ def _policy(
     pool: Pool, reserve_at: Any, need: FloatArray, k_train: float, k_test: float, eq: dict[str, FloatArray], name: str
 ) -> PolicyResult:
     eq[name] = reserve_at(k_test)  # the reserve at equal risk, for the evidence on its misses
-    return PolicyResult(
-        _score(pool, reserve_at(k_train), need, k_train), _score(pool, reserve_at(k_test), need, k_test)
-    )
+    return PolicyResult(score(pool, reserve_at(k_train), need, k_train), score(pool, reserve_at(k_test), need, k_test))
 
 
 def _baselines(
@@ -411,7 +410,7 @@ def evaluate_case(
     k_eq = knob_at_risk(th[test], risk)
     need = wm[test]
     at_target = rk.bound(params, y, q, k_eq, t0)[test]
-    policies["model"] = PolicyResult(_score(pool, model_res[test], need, 0.0), _score(pool, at_target, need, k_eq))
+    policies["model"] = PolicyResult(score(pool, model_res[test], need, 0.0), score(pool, at_target, need, k_eq))
     oracle = float(np.mean(pool.gpus - pool.gpus_for(need))) / pool.gpus
     case = CaseResult(h * series.step, h, risk, len(test), policies, oracle, params.to_json(), notes)
     best, _ = case.best_baseline()
