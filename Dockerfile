@@ -39,8 +39,8 @@ RUN --mount=type=secret,id=ca-bundle \
  && /opt/rose/bin/pip install -r /src/driver-requirements.txt \
  && find /opt -name __pycache__ -prune -exec rm -rf {} +
 
-# ROSE's source (what .dockerignore lets through), then ROSE itself on each environment: every component in `build`, the driver's in
-# `build-driver`.
+# ROSE's source (what .dockerignore lets through), then ROSE itself on each environment: every
+# component in `build`, the driver's in `build-driver`.
 FROM scratch AS source
 COPY . /src/
 
