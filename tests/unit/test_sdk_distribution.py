@@ -1,7 +1,7 @@
 """The ``rose-sdk`` distribution (``sdk/pyproject.toml``) against the sources: it ships exactly the
 modules ``rose_sdk`` imports, those import nothing but the standard library and the SDK's declared
 dependencies, and its version and pins move with the main project. Read from the sources; the real
-install into a fresh virtualenv is ``tests/e2e/test_sdk_distribution.py``."""
+install into a fresh virtualenv is ``tests/e2e/test_sdk_fresh_venv.py``."""
 
 from __future__ import annotations
 
