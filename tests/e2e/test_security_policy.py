@@ -247,6 +247,12 @@ def test_driver_may_change_only_its_annotations_on_its_pods(env: Env) -> None:
     assert "may not change a pod's spec" in msg
     out = patched(env.drv, path, ann("rose.io/suspended-cpu", '{"main":"1"}'))
     assert out["metadata"]["labels"] == {"app": "tenant"}
+    # the workload reports it relays from the node agent (dra_driver/agent/reports.py) are its own too
+    reports = {"rose.io/workload-phase": "Training", "rose.io/seconds-to-safe-point": "1.0",
+               "rose.io/reported-state-bytes": "1", "rose.io/reported-min-gpus": "1",
+               "rose.io/reported-min-host-memory-bytes": "1"}  # fmt: skip
+    out = env.drv.json("PATCH", path + "?dryRun=All", body={"metadata": {"annotations": reports}}, content_type=MERGE)
+    assert out["metadata"]["annotations"]["rose.io/workload-phase"] == "Training"
 
 
 def test_driver_may_resize_only_the_cpu_of_its_pods(env: Env) -> None:
