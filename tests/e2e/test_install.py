@@ -160,6 +160,12 @@ def helm_bin() -> str:
 
 
 def helm(tmp: Path, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    r = helm_run(tmp, *args, kubeconfig=kubeconfig)
+    assert r.returncode == 0, f"helm {' '.join(args)} exited {r.returncode}: {r.stderr}"
+    return r
+
+
+def helm_run(tmp: Path, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(
         os.environ,
         HELM_CONFIG_HOME=str(tmp / "cfg"),
@@ -168,9 +174,9 @@ def helm(tmp: Path, *args: str, kubeconfig: Path | None = None) -> subprocess.Co
     )
     if kubeconfig is not None:
         env["KUBECONFIG"] = str(kubeconfig)
-    r = subprocess.run([helm_bin(), *args], text=True, capture_output=True, cwd=REPO, env=env, timeout=600, check=False)
-    assert r.returncode == 0, f"helm {' '.join(args)} exited {r.returncode}: {r.stderr}"
-    return r
+    return subprocess.run(
+        [helm_bin(), *args], text=True, capture_output=True, cwd=REPO, env=env, timeout=600, check=False
+    )
 
 
 def test_chart_lints_and_renders_what_kustomize_renders(tmp_path: Path) -> None:
@@ -221,6 +227,31 @@ def test_chart_lints_and_renders_what_kustomize_renders(tmp_path: Path) -> None:
     assert json.loads(dash["data"]["slo-vs-rl-throughput.json"])["panels"]
     driver = next(d for d in chart if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     assert driver["runtimeClassName"] == "nvidia"
+
+
+def test_chart_refuses_values_that_drop_a_protection(tmp_path: Path) -> None:
+    """Issue 22 (low): `components.policies=false` and env overrides of the orchestrator's
+    authentication or the extender's loopback listen address dropped a protection silently. Each is
+    refused with a message naming the protection, unless its insecure.* value is set; the control-
+    annotation policy names the release namespace's accounts."""
+    base = ("template", "r", "charts/rose", "-n", "ai-infra", "--kube-version", "v1.37.2")
+    cases = (
+        ("components.policies=false", "insecure.withoutPolicies", "drops ROSE's cluster-wide admission policies"),
+        ("env.rose-timeslice.ROSE_TIMESLICE_AUTHENTICATE=none", "insecure.unauthenticatedTimeslice",
+         "turns off the time-slice orchestrator's caller authentication"),
+        ("env.rose-scheduler.ROSE_EXTENDER_LISTEN=0.0.0.0:8888", "insecure.extenderListen", "beyond loopback"),
+    )  # fmt: skip
+    for value, allow, why in cases:
+        r = helm_run(tmp_path, *base, "--set", value)
+        assert r.returncode != 0 and why in r.stderr and allow in r.stderr, (value, r.stderr)
+        helm(tmp_path, *base, "--set", value, "--set", f"{allow}=true")
+    helm(tmp_path, *base, "--set", "env.rose-scheduler.ROSE_EXTENDER_LISTEN=127.0.0.1:9999")
+    r = helm_run(tmp_path, *base, "--set", "components.polices=true")  # a typo: the schema refuses it
+    assert r.returncode != 0 and "polices" in r.stderr, r.stderr
+    out = helm(tmp_path, *base).stdout
+    policy = next(d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"] == "rose-control-annotations")
+    accounts = policy["spec"]["matchConditions"][0]["expression"]
+    assert "system:serviceaccount:ai-infra:rose-dra-driver" in accounts and "rose-system" not in accounts, accounts
 
 
 def test_chart_installs_in_another_namespace(own_cluster: ClusterHandle, tmp_path: Path) -> None:
