@@ -55,7 +55,7 @@ from timeslice.orchestrator import (
     Orchestrator,
     StoreContention,
 )
-from timeslice.state import Group, Refused, group_key, split_key, validate_label, validate_name
+from timeslice.state import Group, Refused, group_key, split_key, validate_label, validate_label_value, validate_name
 
 log = logging.getLogger("timeslice")
 
@@ -130,10 +130,12 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
         self.orch = orch
         self.auth = auth
         self.limits = limits or Limits()
-        raw_members: Members = members or RequestPriority()
-        self._members: Flights[tuple[str, str, str, int], int] = Flights(
-            lambda k: raw_members.priority(*k), time.monotonic, self.limits.member_cache_s, 4096, keep=(NotMember,)
-        )
+        self._raw_members: Members = members or RequestPriority()
+        # a lookup that ignores the request's priority is cached per (namespace, job, group)
+        self._members: Flights[tuple[str, str, str], int] = Flights(
+            lambda k: self._raw_members.priority(*k, 0), time.monotonic, self.limits.member_cache_s, 4096,
+            keep=(NotMember,),
+        )  # fmt: skip
         self._inflight: Counter[str] = Counter()
         self._mu = threading.Lock()
 
@@ -154,7 +156,7 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
         if not sep:
             return ""
         validate_label("job namespace", ns)
-        validate_label("job name", name)
+        validate_label_value("job name", name)
         return ns
 
     def _refused(self, ns: str, reason: str) -> None:
@@ -193,9 +195,12 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
                                  " (or empty)")  # fmt: skip
             key = group_key(request.group, ns)
             with self._slot(ns):
+                name, group = request.job.partition("/")[2] or request.job, split_key(key)[1]
                 try:
-                    prio = self._members.get((ns, request.job.partition("/")[2] or request.job,
-                                              split_key(key)[1], request.priority))  # fmt: skip
+                    if isinstance(self._raw_members, RequestPriority):  # explicit: the request's hint
+                        prio = self._raw_members.priority(ns, name, group, request.priority)
+                    else:
+                        prio = self._members.get((ns, name, group))
                 except NotMember:
                     self._refused(ns, "not-member")
                     raise

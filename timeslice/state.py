@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 
 DEFAULT_AGING_S = 10.0
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 class Refused(Exception):
@@ -115,6 +116,13 @@ def validate_label(kind: str, value: str) -> None:
     if len(value) > 63 or not _LABEL.match(value):
         raise ValueError(f"{kind} must be a DNS-1123 label (1-63 characters of a-z, 0-9 and '-', starting and "
                          f"ending with a letter or digit), got {value!r}")  # fmt: skip
+
+
+def validate_label_value(kind: str, value: str) -> None:
+    """A Kubernetes label value, not empty (a job's name is its workers' rose.io/elastic-rl-job label)."""
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise ValueError(f"{kind} must be 1-63 characters of letters, digits, '-', '_' and '.', starting and "
+                         f"ending with a letter or digit, got {value!r}")  # fmt: skip
 
 
 def group_key(group: str, namespace: str) -> str:
