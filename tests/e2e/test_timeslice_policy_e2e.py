@@ -130,3 +130,38 @@ def test_the_orchestrator_may_write_only_its_hand_over_annotations(world: dict[s
                  "rose.io/suspend-request=" + _request("planner"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "only its own suspend requests" in _refused(raw, worker, _ann(rose_io_suspend_request=None))
+
+
+def _helm_template(tmp: Path, *sets: str) -> subprocess.CompletedProcess[str]:
+    """``helm template`` of the chart (helm as hack/build-binaries.sh builds it) with ``--set`` values."""
+    import os
+
+    from local_cluster.binaries import HACK, cache_dir
+
+    pins = dict(line.split("=", 1) for line in (HACK / "versions.env").read_text().splitlines() if "=" in line)
+    helm = cache_dir() / "bin" / f"helm-{os.environ.get('ROSE_HELM_VERSION', pins['HELM_VERSION'])}" / "helm"
+    if not helm.is_file():
+        pytest.fail(f"{helm} is missing: run hack/build-binaries.sh (it builds helm from helm.sh/helm/v3)")
+    env = dict(os.environ, HELM_CONFIG_HOME=str(tmp / "cfg"), HELM_CACHE_HOME=str(tmp / "cache"),
+               HELM_DATA_HOME=str(tmp / "data"))  # fmt: skip
+    args = [a for s in sets for a in ("--set", s)]
+    cmd = [str(helm), "template", "r", "charts/rose", "-n", "ai-infra", "--kube-version", "v1.37.2", *args]
+    return subprocess.run(cmd, text=True,
+                          capture_output=True, cwd=MANIFESTS.parents[1], env=env, timeout=300, check=False)  # fmt: skip
+
+
+def test_chart_values_cannot_switch_the_orchestrators_protections_off(tmp_path: Path) -> None:
+    """Low of issue 22: ``env.rose-timeslice.ROSE_TIMESLICE_AUTHENTICATE=none`` (or ``…_INSECURE``)
+    fails the render naming the value, instead of silently dropping the protection; other env values
+    still apply. Before, the value was merged over the manifest's."""
+    for var, value in (("ROSE_TIMESLICE_AUTHENTICATE", "none"), ("ROSE_TIMESLICE_INSECURE", "true")):
+        r = _helm_template(tmp_path, f"env.rose-timeslice.{var}={value}")
+        assert r.returncode != 0 and f"values.env.rose-timeslice.{var} would switch a protection off" in r.stderr
+    r = _helm_template(tmp_path, "env.rose-timeslice.ROSE_TIMESLICE_MAX_HOLD=5m")
+    assert r.returncode == 0, r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rose-timeslice"]
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ROSE_TIMESLICE_MAX_HOLD"] == "5m" and env["ROSE_TIMESLICE_AUTHENTICATE"] == "tokenreview"
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("ValidatingAdmissionPolicy", "rose-timeslice-pods"), ("NetworkPolicy", "rose-timeslice")} <= kinds
