@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
            help="HOST:PORT of /metrics, /healthz, /readyz (port 0: off)")  # fmt: skip
     s.flag("--tls-cert", default="", help="PEM certificate chain of the gRPC server (re-read when it changes)")
     s.flag("--tls-key", default="", help="PEM private key of --tls-cert")
-    s.flag("--insecure", default=False, type=boolean,
+    s.flag("--insecure", default=False, type=boolean, nargs="?", const=True,
            help="allow plaintext gRPC, --authenticate none and --job-check none (tests, one process; never in a"
                 " cluster: bearer tokens would travel in clear and anyone could name any job)")  # fmt: skip
     s.flag("--store", default="kubernetes", choices=["kubernetes", "memory"],

@@ -329,6 +329,9 @@ def test_serve_refuses_to_start_plaintext_or_unauthenticated(tmp_path: Path) -> 
     assert r.returncode != 0 and "refusing to start with no TLS certificate" in r.stderr and "--insecure" in r.stderr
     r = _serve_exit("--store", "memory", "--authenticate", "none", "--job-check", "none")
     assert r.returncode != 0 and "--authenticate none (any caller could name any job)" in r.stderr
+    for insecure in (["--insecure"], ["--insecure", "true"]):  # told so: it starts (parsed only here)
+        assert build_parser().parse_args(["serve", *insecure]).insecure is True
+    assert build_parser().parse_args(["serve", "--insecure", "false"]).insecure is False
 
 
 def test_the_readiness_listener_is_bounded() -> None:
