@@ -1,6 +1,6 @@
 """Fencing of time-slice hand-overs on the node: the last token seen per group. Pure: no I/O.
 
-The orchestrator's hand-over carries ``rose.io/fencing-token: "<group>:<token>"`` (on the pod's
+The orchestrator's hand-over carries ``rose.io/fencing-token: "<namespace>/<group>:<token>"`` (on the pod's
 suspend-request path, or in the agent's NodeControl request). :func:`admit` accepts a token not
 older than the last one seen for its group and remembers it; an older one is refused, so an
 orchestrator that lost its lease (a stale replica, a dead holder's late command) can never drive a
@@ -9,13 +9,13 @@ hand-over. The driver keeps the book in its crash-safe checkpoint (``state.py``)
 The book is bounded, because what it is fed is not authority (docs/security.md, "Workload reports
 are hints"): the annotation lives on a pod, and only the admission policy
 (``manifests/policies/control-annotations.yaml``) keeps tenants from writing it. So a token is
-admitted only when its group is a valid time-slice group name (the ElasticRLJob CRD's
-``spec.timesliceGroup``: a DNS label) and its token fits in 63 bits, and the book holds at most
-:data:`MAX_GROUPS` groups: a new group past the cap drops the least recently admitted group that
-has no pod on this node (``in_use``); when every group has one, the new group is refused (nothing
-is dropped that a hand-over on this node still needs). The book's order is its recency: a group
-admitted again moves to the end. A checkpoint keeps the tokens, not the order (a restarted driver
-starts from the saved order).
+admitted only when its group is a valid time-slice group key (the orchestrator's
+``<namespace>/<group>``, each a DNS label as the ElasticRLJob CRD's ``spec.timesliceGroup``) and
+its token fits in 63 bits, and the book holds at most :data:`MAX_GROUPS` groups: a new group past
+the cap drops the least recently admitted group that has no pod on this node (``in_use``); when
+every group has one, the new group is refused (nothing is dropped that a hand-over on this node
+still needs). The book's order is its recency: a group admitted again moves to the end. A
+checkpoint keeps the tokens, not the order (a restarted driver starts from the saved order).
 """
 
 from __future__ import annotations
@@ -70,10 +70,11 @@ def parse(raw: str) -> tuple[str, int]:
     """``(group, token)`` of a ``rose.io/fencing-token`` value; ValueError says what is wrong:
     malformed, a group that is not a DNS label of at most 63 characters, or a token past 2^63-1."""
     group, token = names.parse_fencing_token(raw)
-    if len(group) > MAX_GROUP_LEN or not GROUP_RE.match(group):
+    if not all(len(part) <= MAX_GROUP_LEN and GROUP_RE.match(part) for part in group.split("/", 1)):
         raise ValueError(
-            f"{names.ANNOTATION_FENCING_TOKEN}: group {group[:80]!r} is not a time-slice group name "
-            f"(lower-case letters, digits and '-', at most {MAX_GROUP_LEN} characters)"
+            f"{names.ANNOTATION_FENCING_TOKEN}: group {group[:80]!r} is not a time-slice group key "
+            f"('<namespace>/<group>' or '<group>': lower-case letters, digits and '-', at most {MAX_GROUP_LEN}"
+            " characters each)"
         )
     if token > MAX_TOKEN:
         raise ValueError(f"{names.ANNOTATION_FENCING_TOKEN}: token {str(token)[:40]} of group {group!r} exceeds 2^63-1")

@@ -4,7 +4,7 @@
 :class:`rose_common.informer.Informer` (I/O: the API server, through its :class:`PodSource`) to
 the node driver. A ``DELETED`` pod is forgotten by the suspend engine, which releases the host
 memory it held. The request value is JSON ``{"by","reason","graceSeconds","at"}``. A pod of a
-time-slice group also carries ``rose.io/fencing-token: "<group>:<token>"``: an action whose token
+time-slice group also carries ``rose.io/fencing-token: "<namespace>/<group>:<token>"``: an action whose token
 is older than the last one the node saw for that group is refused (``NodeDriver.admit_fence``).
 """
 
@@ -79,7 +79,8 @@ def parse_fence(pod: dict[str, Any]) -> str | None:
     except ValueError as e:
         raise BadSuspendRequestError(str(e)) from e
     own = objects.labels(pod).get(names.LABEL_TIMESLICE_GROUP)
-    if own != group:
+    # the orchestrator keys a group by its namespace (timeslice.state.group_key): "<namespace>/<group>"
+    if own is None or group not in (own, f"{objects.namespace(pod)}/{own}"):
         raise BadSuspendRequestError(
             f"{names.ANNOTATION_FENCING_TOKEN} names group {group!r} but the pod is "
             + (f"in group {own!r}" if own else f"in no time-slice group (no {names.LABEL_TIMESLICE_GROUP} label)")

@@ -114,10 +114,20 @@ def test_a_token_for_another_group_than_the_pods_own_is_refused() -> None:
 
 
 def test_group_names_and_tokens_are_validated() -> None:
-    for bad in ("Victim:1", "a/b:1", "-a:1", "a" * 64 + ":1", f"g:{2**63}"):
-        with pytest.raises(ValueError, match=r"time-slice group name|exceeds 2"):
+    for bad in ("Victim:1", "a/B:1", "a/b/c:1", "/b:1", "-a:1", "a" * 64 + ":1", f"a/{'b' * 64}:1", f"g:{2**63}"):
+        with pytest.raises(ValueError, match=r"time-slice group key|exceeds 2"):
             judge({}, bad)
     assert judge({}, f"{'a' * 63}:{2**63 - 1}").ok
+    assert judge({}, f"{'a' * 63}/{'b' * 63}:7").ok  # the orchestrator's key: <namespace>/<group>
+
+
+def test_the_orchestrators_namespaced_token_is_the_pods_own_group_only_in_its_namespace() -> None:
+    """The orchestrator writes ``<namespace>/<group>:N`` (timeslice.state.group_key): it is the pod's
+    own group when the namespace is the pod's; another namespace's group of the same name is not."""
+    action = decide(rl_pod(f"{NS}/g:9", request=True), set())
+    assert action is not None and action.fencing_token == f"{NS}/g:9"
+    with pytest.raises(BadSuspendRequestError, match="names group 'other-ns/g'"):
+        decide(rl_pod("other-ns/g:9", request=True), set())
 
 
 def test_the_book_is_bounded_and_keeps_groups_in_use() -> None:
