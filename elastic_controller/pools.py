@@ -9,7 +9,8 @@ operator's quantile, conservatively: each step holds the larger of the two point
 GPUs serving may need over each window at that risk (``gpus_needed``, issue 14 §3) when every
 point carries it: a window bound covers everything from now to its horizon, so each step holds
 the tightest window that covers it. :func:`no_forecast` is what a pool without a fresh forecast
-gets: an empty horizon, which the planner reads as infinite need (lend nothing, reclaim what is lent).
+gets: an empty horizon; the controller also marks such a pool ``frozen``, and the planner makes no
+grants and no planned reclaims where the forecast does not cover the next plan interval.
 """
 
 from __future__ import annotations
