@@ -235,6 +235,7 @@ class Controller:
         self.last_plan: Plan | None = None
         self.group_lease: Callable[[str], GroupLease | None] = lambda group: None  # kube.GroupLeases.get
         self._stale: set[str] = set()  # pools planned frozen last round (no fresh forecast)
+        self.device_memory: Callable[[], int | None] = lambda: None  # kube.InventoryStore.device_memory
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
         metrics.queue_idle.set_function(lambda: 1 if self.queue.idle() else 0)
@@ -480,13 +481,15 @@ class Controller:
             mono = time.monotonic()
             waiting = {k for k, e in self._expect.items() if e.deadline > mono}
         pj, workers = [], []
+        memory = self.device_memory()  # the largest lendable GPU's memory: bounds reported state bytes
         for key, raw in sorted(jobs.items()):
             job = None if objects.deleting(raw) else self._parse(key, raw)
             if job is None:
                 continue
             observed = observed_by_job.get(key, [])
-            rep = workload_report(observed, job.spec)  # the workers' own reports, bounded by the spec
-            pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority(observed)))
+            rep = workload_report(observed, job.spec, memory)  # the workers' own reports, bounded
+            pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority(observed),
+                                  memory))  # fmt: skip
             workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None]
         settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
         return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting

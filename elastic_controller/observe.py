@@ -111,7 +111,8 @@ def _capped(value: float | None, cap: float) -> float | None:
     return None if value is None else min(value, cap)
 
 
-def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | None = None) -> WorkloadReport:
+def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | None = None,
+                    device_memory: int | None = None) -> WorkloadReport:  # fmt: skip
     """The phase of the lowest-index active worker that reports one; the most seconds to a safe
     point among active workers (the gang reaches its safe point with its slowest); the largest
     state bytes among live workers (the planner's cost is per worker); the largest minimum
@@ -119,9 +120,10 @@ def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | Non
 
     With the job's ``spec``, every value is bounded by what the spec justifies: seconds to a safe
     point by the grace period (the driver acts at the deadline whatever the workload says), state
-    bytes by the device memory of the worker's GPUs, minimum GPUs by the most a worker may have (a
-    minimum above ``gpusPerWorker`` is worth showing: the job asks for too few), host memory by
-    :data:`HOST_MEMORY_MAX_BYTES`."""
+    bytes by the device memory of the worker's GPUs (``device_memory``: the cluster's largest
+    lendable GPU, from the driver's ResourceSlices; at most :data:`DEVICE_MEMORY_MAX_BYTES`),
+    minimum GPUs by the most a worker may have (a minimum above ``gpusPerWorker`` is worth
+    showing: the job asks for too few), host memory by :data:`HOST_MEMORY_MAX_BYTES`."""
     live = sorted((w for w in observed if not w.lost), key=lambda w: w.index)
     active = [w for w in live if planner_state(w) == "active"]
     phase = next((w.workload_phase for w in active if w.workload_phase), None)
@@ -135,7 +137,7 @@ def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | Non
     return WorkloadReport(
         rep.phase,
         _capped(rep.seconds_to_safe_point, float(spec.graceful_shutdown_period)),
-        _int_capped(rep.state_bytes, state_bytes_bound(spec)),
+        _int_capped(rep.state_bytes, state_bytes_bound(spec, device_memory)),
         _int_capped(rep.min_gpus, MAX_GPUS_PER_WORKER),
         _int_capped(rep.min_host_memory_bytes, HOST_MEMORY_MAX_BYTES),
     )
@@ -145,9 +147,11 @@ def _int_capped(value: int | None, cap: int) -> int | None:
     return None if value is None else min(value, cap)
 
 
-def state_bytes_bound(spec: ElasticRLJobSpec) -> int:
-    """The most device state a worker can have: its GPUs' memory."""
-    return spec.gpus_per_worker * DEVICE_MEMORY_MAX_BYTES
+def state_bytes_bound(spec: ElasticRLJobSpec, device_memory: int | None = None) -> int:
+    """The most device state a worker can have: its GPUs' memory (``device_memory`` per GPU when
+    the driver publishes it, never above :data:`DEVICE_MEMORY_MAX_BYTES`)."""
+    per_gpu = min(device_memory, DEVICE_MEMORY_MAX_BYTES) if device_memory else DEVICE_MEMORY_MAX_BYTES
+    return spec.gpus_per_worker * per_gpu
 
 
 def world_value(observed: list[ObservedWorker]) -> str | None:
@@ -169,14 +173,15 @@ def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
 
 
 def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0,
-                class_priority: int = 0) -> Job:  # fmt: skip
+                class_priority: int = 0, device_memory: int | None = None) -> Job:  # fmt: skip
     """The planner's view of a job: bounds from the spec, costs from the workload's reports
     (``state_bytes`` overrides ``spec.stateBytesPerWorker``; both bounded by the worker's device
     memory, the seconds to a safe point by the grace period), dwell from ``lastShrinkTime``;
     ``class_priority`` from its pods (:func:`class_priority`), ``spec.priority`` only as the
     tenant's hint among its own namespace's jobs."""
     s = job.spec
-    size = min(state_bytes if state_bytes is not None else (s.state_bytes_per_worker or 0), state_bytes_bound(s))
+    size = min(state_bytes if state_bytes is not None else (s.state_bytes_per_worker or 0),
+               state_bytes_bound(s, device_memory))  # fmt: skip
     seconds_to_safe_point = min(max(0.0, seconds_to_safe_point), float(s.graceful_shutdown_period))
     shrunk = job.status.last_shrink_time if job.status is not None else None
     return Job(

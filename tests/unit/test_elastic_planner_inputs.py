@@ -255,3 +255,23 @@ def test_the_stale_forecast_alert_names_the_controllers_gauge() -> None:
     exported = {m.name for m in ControllerMetrics().registry.collect()}
     assert "rose_controller_forecast_stale" in alerts["RoseForecastStale"]["expr"]
     assert "rose_controller_forecast_stale" in exported
+
+
+def test_state_bytes_are_bounded_by_the_device_memory_the_driver_publishes() -> None:
+    from elastic_controller import pools
+    from elastic_controller.kube import InventoryStore
+    from rose_common.slices import GpuInfo, resource_slice
+
+    store = InventoryStore()
+    gpus = [GpuInfo(i, f"GPU-{i}", "sim", 141 << 30) for i in range(2)]
+    store.handler("ResourceSlice").on_list([resource_slice("n0", gpus, 1)])
+    assert pools.lendable_memory(resource_slice("n0", gpus, 1)) == 141 << 30
+    assert store.device_memory() == 141 << 30
+    job = _erj({"gpusPerWorker": 2, "minGPUs": 2, "maxGPUs": 4})
+    assert planner_job(job, 10**18, device_memory=store.device_memory()).state_bytes == 2 * (141 << 30)
+    assert planner_job(job, 10**18, device_memory=1 << 50).state_bytes == 2 * DEVICE_MEMORY_MAX_BYTES
+    ctl, _ = _controller()
+    ctl.device_memory = store.device_memory
+    ctl.on_job_list([RAW_JOB])
+    inp, _ = ctl.plan_input(NOW)
+    assert inp.jobs[0].state_bytes == 0  # nothing reported, no stateBytesPerWorker
