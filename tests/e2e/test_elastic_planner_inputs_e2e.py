@@ -127,14 +127,17 @@ def test_a_stale_forecast_freezes_lending_instead_of_reclaiming_everything(
     a, quiet = world["a"], world["quiet"]
     _apply(cluster, a, "alpha", world["capacity"])
     _running(api, a, "alpha", world["capacity"])
+    before = promtext.value(_metrics(world["metrics"]), "rose_controller_forecast_missing_total", default=0)
     write_forecasts(world["forecasts"], {world["busy"]: float(world["capacity"])})  # quiet: no forecast any more
 
-    def stale() -> bool | None:
+    def missing() -> bool | None:  # past --forecast-max-age: plans without a fresh forecast for quiet
         text = _metrics(world["metrics"])
-        return promtext.value(text, "rose_controller_forecast_stale", {"pool": quiet}, default=0) == 1 or None
+        return promtext.value(text, "rose_controller_forecast_missing_total", default=0) > before or None
 
-    wait_for("the quiet pool's forecast stale", stale, 20)
-    _quiet_for(api, 5.0, (a, "alpha"))
+    wait_for("plans without a fresh forecast", missing, 20)
+    _quiet_for(api, 5.0, (a, "alpha"))  # before: every lent GPU of the pool reclaimed here
+    text = _metrics(world["metrics"])
+    assert promtext.value(text, "rose_controller_forecast_stale", {"pool": quiet}) == 1
     events = client.CoreV1Api(api).list_namespaced_event(a, field_selector="involvedObject.name=alpha").items
     assert "ForecastStale" in {e.reason for e in events}
     assert promtext.value(_metrics(world["metrics"]), "rose_controller_reclaims_total", {"kind": "planned"}) == 0
