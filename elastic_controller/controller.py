@@ -233,7 +233,7 @@ class Controller:
         self.is_leader = lease is None
         self.stop = threading.Event()
         self.last_plan: Plan | None = None
-        self.group_lease: Callable[[str], GroupLease | None] = lambda group: None  # kube.GroupLeases.get
+        self.group_lease: Callable[[str, str], GroupLease | None] = lambda group, ns: None  # kube.GroupLeases.get
         self._stale: set[str] = set()  # pools planned frozen last round (no fresh forecast)
         self.device_memory: Callable[[], int | None] = lambda: None  # kube.InventoryStore.device_memory
         metrics.leader.set(1 if self.is_leader else 0)
@@ -376,7 +376,7 @@ class Controller:
         with self._lock:
             target = self._targets.pop(key, None)
         group = job.spec.timeslice_group
-        d = desired(job, observed, target, self._clock(), self.group_lease(group) if group else None)
+        d = desired(job, observed, target, self._clock(), self.group_lease(group, job.namespace) if group else None)
         failures = converge(self.api, job, d, self._run) + self._write_world(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)

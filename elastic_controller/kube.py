@@ -423,9 +423,13 @@ class GroupLeases:
 
         return FunctionHandler(on_event, on_list)
 
-    def get(self, group: str) -> GroupLease | None:
+    def get(self, group: str, namespace: str = "") -> GroupLease | None:
+        """The Lease of ``group`` in ``namespace``: groups are namespaced (the orchestrator keys them
+        ``namespace/group``), so another namespace's group of the same name is not this one. A Lease
+        without a namespace (an orchestrator run outside Kubernetes) counts only when none has it."""
         with self._lock:
-            return next((g for g in self._by_lease.values() if g.group == group), None)
+            mine = [g for g in self._by_lease.values() if g.group == group and g.namespace in (namespace, "")]
+        return next((g for g in mine if g.namespace == namespace), mine[0] if mine else None)
 
 
 def group_informers(raw: Raw, namespace: str, leases: GroupLeases, on_restart: Callable[[str], None],
