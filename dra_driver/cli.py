@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
         "enforce-timeout-seconds",
         "serving wins, enforced: after the occupant's grace period (+5 s), how long the driver may take to"
         " free a lent GPU it does not observe free (cuda-checkpoint of the holder PIDs when that backend is"
-        " enabled, else SIGSTOP + SIGKILL of the holders and eviction of the pod)",
+        " enabled, else SIGSTOP + SIGKILL of the holders and eviction of the pod); a durable checkpoint the"
+        " engine requested and is still waiting for gets as long again first",
         type=float,
         default=10.0,
     )

@@ -16,8 +16,10 @@ device free (``dra_driver.suspend.devicewatch``), it enforces, within ``timeout_
    (method ``kill``). The workload
    loses what it had not checkpointed durably: its own doing, and the Event says so.
 
-No durable checkpoint is asked for here: the engine's fallback asked while the driver waited, and a
-workload that answered neither SUSPEND nor CHECKPOINT by its deadline will not answer now.
+No durable checkpoint is asked for here: the engine's fallback asked while the driver waited (and
+when that request is still unanswered at grace + slack, the driver gives it up to
+``timeout_seconds`` more before it gets here: ``NodeDriver._await_fallback_checkpoint``); a
+workload that answered neither SUSPEND nor CHECKPOINT by then will not answer now.
 
 I/O boundary: signals to observed PIDs (``kill``), the injected watch, checkpointer and evictor.
 """
@@ -75,10 +77,10 @@ class EnforceResult:
 def returned_phase(res: SuspendResult, method: str) -> str:
     """Pure: which phase returned the GPU to serving — the driver's enforcement, the engine's
     confirmed checkpoint-and-evict fallback, or the workload's cooperation."""
+    if res.ok and res.fallback is not None:  # confirmed checkpoint: stopping its processes loses nothing
+        return PHASE_FALLBACK
     if method != METHOD_NONE:
         return PHASE_ENFORCED
-    if res.ok and res.fallback is not None:
-        return PHASE_FALLBACK
     return PHASE_COOPERATIVE
 
 

@@ -34,7 +34,14 @@ from dra_driver.enforce import (
     EnforceResult,
     returned_phase,
 )
-from dra_driver.engine_api import ClaimBinder, CopyWatcher, SuspendEngine, SuspendReason, SuspendResult
+from dra_driver.engine_api import (
+    ClaimBinder,
+    CopyWatcher,
+    FallbackWatcher,
+    SuspendEngine,
+    SuspendReason,
+    SuspendResult,
+)
 from dra_driver.metrics import DriverMetrics
 from dra_driver.state import (
     CHECKPOINTED_EVICTED,
@@ -607,6 +614,8 @@ class NodeDriver:
             return res
         except concurrent.futures.TimeoutError:
             late = self._await_started_copy(fut, claim_uid) if fn == "suspend" else None
+            if late is None and fn == "suspend":
+                late = self._await_fallback_checkpoint(fut, claim_uid)
             if late is not None:
                 return late
             return SuspendResult(
@@ -660,6 +669,30 @@ class NodeDriver:
         waited = time.monotonic() - t0
         self.metrics.suspend_copy_wait_seconds.observe(waited)
         return replace(res, message=f"{res.message} (serving waited {waited:.3f}s for the copy that had started)")
+
+    def _await_fallback_checkpoint(
+        self, fut: concurrent.futures.Future[SuspendResult], claim_uid: str
+    ) -> SuspendResult | None:
+        """The engine asked the workload for its durable checkpoint (the fallback) and it has not
+        answered yet: give it up to ``--enforce-timeout-seconds`` more before the enforcement kills
+        the process, so an honest workload's checkpoint in progress is not lost. None: none in flight."""
+        engine, enforcer = self.engine, self.enforcer
+        if enforcer is None or not isinstance(engine, FallbackWatcher):
+            return None
+        try:
+            if not engine.fallback_in_progress(claim_uid):
+                return None
+        except Exception as e:
+            log.warning("fallback_in_progress failed", extra={"claim": claim_uid, "err": repr(e)})
+            return None
+        log.warning("grace period over with a durable checkpoint requested; waiting for it", extra={"claim": claim_uid})
+        try:
+            res: SuspendResult = fut.result(timeout=enforcer.timeout)
+        except concurrent.futures.TimeoutError:
+            return None
+        except Exception as e:
+            return SuspendResult(False, "none", 0, 0.0, None, f"suspend engine raised {e!r}", SuspendReason.FAILED)
+        return res
 
     def _hold(
         self, occupant: ClaimRecord, holder: str, grace: float | None, need_t0: float | None = None

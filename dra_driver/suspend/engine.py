@@ -206,6 +206,7 @@ class NodeSuspendEngine:
         self.metrics.host_budget_bytes.set(config.host_memory_budget_bytes)
         self._ops: collections.OrderedDict[str, OperationRecord] = collections.OrderedDict()
         self._ledger_freed: set[str] = set()  # claims whose simulated occupant the driver evicted
+        self._checkpointing: set[str] = set()  # pods asked for their fallback checkpoint, no answer yet
         self._ops_lock = threading.Lock()
 
     def backend(self, name: str) -> Backend | None:
@@ -335,6 +336,12 @@ class NodeSuspendEngine:
         w = self.registry.get(pod) if pod is not None else None
         if w is not None and w.simulated:
             self.forget(w.pod_uid)
+
+    def fallback_in_progress(self, claim_uid: str) -> bool:
+        """engine_api.FallbackWatcher: the claim's occupant was asked for its durable checkpoint and
+        has not answered yet."""
+        w = self._occupant(claim_uid, create_simulated=False)
+        return w is not None and w.pod_uid in self._checkpointing
 
     def copy_in_progress(self, claim_uid: str) -> bool:
         """engine_api.CopyWatcher: an uninterruptible device-to-host copy of the claim's occupant runs."""
@@ -564,7 +571,11 @@ class NodeSuspendEngine:
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
         deadline = time.monotonic() + self.config.checkpoint_timeout_seconds
-        ack = coop.checkpoint(w, deadline, OpContext(rec.id + "-ckpt", self.config.checkpoint_timeout_seconds, why))
+        self._checkpointing.add(w.pod_uid)
+        try:
+            ack = coop.checkpoint(w, deadline, OpContext(rec.id + "-ckpt", self.config.checkpoint_timeout_seconds, why))
+        finally:
+            self._checkpointing.discard(w.pod_uid)
         if ack is None or not ack.ok:
             why_not = (
                 f"no acknowledgement within {self.config.checkpoint_timeout_seconds}s" if ack is None else ack.message

@@ -88,6 +88,7 @@ def test_the_phase_that_returned_the_gpu() -> None:
     assert returned_phase(ok(), METHOD_NONE) == PHASE_COOPERATIVE
     assert returned_phase(failed, METHOD_NONE) == PHASE_COOPERATIVE  # nothing of it was on the device
     assert returned_phase(ok("checkpoint-evict"), METHOD_NONE) == PHASE_FALLBACK
+    assert returned_phase(ok("checkpoint-evict"), METHOD_KILL) == PHASE_FALLBACK  # checkpoint confirmed first
     assert returned_phase(ok(), METHOD_KILL) == PHASE_ENFORCED  # its ok=True was not believed
     assert returned_phase(failed, METHOD_CUDA_CHECKPOINT) == PHASE_ENFORCED
 
