@@ -362,9 +362,11 @@ class NodeDriver:
 
     def reconcile(self) -> None:
         """Periodic repair: retry resumes nobody holds any more (e.g. the engine did not know the
-        workload yet after a restart) and re-suspend held occupants the engine reports running.
-        Suspends that failed (``SuspendFailed``) are not retried here: a retry would block the
-        node's prepare calls for up to a grace period; the next serving prepare retries them."""
+        workload yet after a restart) and re-suspend held occupants the engine reports running, or
+        whose device the driver observes occupied again (then enforced if need be). Suspends that
+        failed (``SuspendFailed``) are retried here only when the device is observed occupied: a
+        blind retry would block the node's prepare calls for up to a grace period; the next serving
+        prepare retries them."""
         with self._locked() as data:
             for s in list(data.suspensions.values()):
                 owner = data.claims.get(s.claim_uid)
@@ -373,7 +375,7 @@ class NodeDriver:
                 if not s.held_by:
                     self._resume(owner, s)
                 elif (s.state == SUSPENDED and self._engine_says_running(s.claim_uid)) or (
-                    s.state in (SUSPENDED, *_EVICTED) and self._observe(owner) is not None
+                    s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner) is not None
                 ):
                     self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
 

@@ -373,3 +373,29 @@ def test_the_cli_builds_the_simulated_watch_and_reads_the_flags(monkeypatch: pyt
     args.enforce_timeout_seconds = 0
     with pytest.raises(cli.StartupError, match="enforce-timeout-seconds"):
         cli.build_enforcer(args, gpus, None, Evictions())
+
+
+def test_a_failed_suspend_is_reclaimed_by_the_repair_loop_only_once_its_device_is_occupied(tmp_path: Path) -> None:
+    from dra_driver.claims import ClaimRef
+
+    dev = DeviceOf(occupied=False)
+    sig = Signals()
+    driver, engine = _driver(tmp_path, dev, kill=sig)
+    d: Any = driver
+    engine.fail = True  # type: ignore[attr-defined]  # e.g. no workload registered: nothing to command
+    assert d.prepare([ClaimRef("ml", "uid-l0", "l0")])["uid-l0"].error == ""
+    assert d.prepare([ClaimRef("ml", "uid-s0", "s0")])["uid-s0"].error == ""  # nothing on the device: serving in
+    assert d.snapshot().suspensions["uid-l0"].state == "SuspendFailed"
+    calls = len(engine.calls)  # type: ignore[attr-defined]
+    d.reconcile()
+    assert len(engine.calls) == calls  # type: ignore[attr-defined]  # not retried blindly
+    dev.occupied = True  # a process of the pod starts using the device under serving
+
+    def killed(pid: int, sig_: int) -> None:
+        sig.sent.append((pid, sig_))
+        dev.occupied = dev.occupied and sig_ != signal.SIGKILL
+
+    d.enforcer._kill = killed
+    d.reconcile()
+    assert d.snapshot().suspensions["uid-l0"].state == "EnforcedEvicted" and (42, signal.SIGKILL) in sig.sent
+    d.close()
