@@ -375,7 +375,7 @@ class NodeDriver:
                 if not s.held_by:
                     self._resume(owner, s)
                 elif (s.state == SUSPENDED and self._engine_says_running(s.claim_uid)) or (
-                    s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner) is not None
+                    s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner, s) is not None
                 ):
                     self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
 
@@ -550,10 +550,10 @@ class NodeDriver:
             tuple(p.uid for p in occupant.pods),
         )
 
-    def _observe(self, occupant: ClaimRecord) -> str | None:
-        """None when the occupant's device is observed free (or nothing observes: no enforcer);
-        else what is still there."""
-        if self.enforcer is None:
+    def _observe(self, occupant: ClaimRecord, s: Suspension | None = None) -> str | None:
+        """None when the occupant's device is observed free (or nothing observes: no enforcer, or a
+        hold the claim-wide observation cannot judge: ``observable``); else what is still there."""
+        if self.enforcer is None or (s is not None and not observable(occupant, s)):
             return None
         try:
             obs = self.enforcer.observe(self._target(occupant))
@@ -707,7 +707,7 @@ class NodeDriver:
         elif holder not in s.held_by:
             s.held_by.append(holder)
         done = s.state in _EVICTED or (s.state == SUSPENDED and not self._engine_says_running(occupant.uid))
-        if done and self._observe(occupant) is None:  # recorded done, and observed free: nothing to do
+        if done and self._observe(occupant, s) is None:  # recorded done, and observed free: nothing to do
             self._save()
             return s
         self._suspend(occupant, s, grace, need_t0)
@@ -738,7 +738,7 @@ class NodeDriver:
         res = self._engine_suspend(occupant, grace_s)
         crash_point("suspend-engine-returned")
         s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
-        enforced = self._enforce(occupant, res)
+        enforced = self._enforce(occupant, s, res)
         if enforced is None or enforced.method == METHOD_NONE:
             outcome = self._record_engine_result(occupant, s, res, enforced)
         else:
@@ -768,9 +768,9 @@ class NodeDriver:
             )
         return self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s)
 
-    def _enforce(self, occupant: ClaimRecord, res: SuspendResult) -> EnforceResult | None:
+    def _enforce(self, occupant: ClaimRecord, s: Suspension, res: SuspendResult) -> EnforceResult | None:
         """Observe the device; enforce when it is not free. None: nothing observes (no enforcer)."""
-        if self.enforcer is None:
+        if self.enforcer is None or not observable(occupant, s):
             return None
         why = enforcement_cause(res)
         try:
@@ -894,3 +894,11 @@ def enforcement_cause(res: SuspendResult) -> str:
     if res.ok:
         return f"the {res.fallback} fallback was confirmed"
     return f"cooperative suspend failed ({res.reason}): {res.message}"
+
+
+def observable(occupant: ClaimRecord, s: Suspension) -> bool:
+    """Pure: can the claim-wide observation judge this hold? Yes when serving holds the GPU (every
+    occupant must leave it) or the claim has one pod. A suspend request for one pod of a shared
+    (time-slice) claim is not: the other pods may use the device legitimately, and the simulated
+    file cannot tell whose bytes it holds — that hold is left to the engine's result."""
+    return len(occupant.pods) <= 1 or any(not h.startswith(REQUEST_HOLDER_PREFIX) for h in s.held_by)

@@ -399,3 +399,32 @@ def test_a_failed_suspend_is_reclaimed_by_the_repair_loop_only_once_its_device_i
     d.reconcile()
     assert d.snapshot().suspensions["uid-l0"].state == "EnforcedEvicted" and (42, signal.SIGKILL) in sig.sent
     d.close()
+
+
+def test_a_request_for_one_pod_of_a_shared_claim_is_not_judged_by_the_claim_wide_observation(
+    tmp_path: Path,
+) -> None:
+    """Time-slicing: the other pod of a shared claim may use the device; the simulated file cannot
+    tell whose bytes it holds, so the driver neither kills nor evicts on a one-pod request there —
+    while serving, which needs the whole GPU, is still enforced."""
+    from driver_fixtures import RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
+
+    from dra_driver.claims import ClaimRef
+    from dra_driver.node import observable
+    from dra_driver.state import ClaimRecord, Suspension
+
+    rec = ClaimRecord("c", "ml", "c", "PrepareCompleted", [], [POD, OTHER])
+    assert not observable(rec, Suspension("c", "Suspended", ["request/pod-uid-1"]))
+    assert observable(rec, Suspension("c", "Suspended", ["request/pod-uid-1", "uid-s0"]))
+    assert observable(ClaimRecord("c", "ml", "c", "PrepareCompleted", [], [POD]), Suspension("c", "x", ["request/u"]))
+
+    shared = make_claim("uid-l0", "l0", [("gpu", "gpu-0-lendable")], pod=("rl-0", "pod-uid-1"))
+    shared["status"]["reservedFor"].append({"resource": "pods", "name": "rl-1", "uid": "pod-uid-2"})
+    sig = Signals()
+    e = Enforcer(DeviceOf(), timeout_seconds=0.2, poll_seconds=0.01, cgroup_of=lambda pid: "", kill=sig)
+    d: Any = make_driver(tmp_path, StaticClaims([shared]), RecordingEngine(), RecordingNotifier(), enforcer=e)
+    assert d.prepare([ClaimRef("ml", "uid-l0", "l0")])["uid-l0"].error == ""
+    assert d.request_suspend(POD, 5.0) == "Suspended" and sig.sent == []
+    d.reconcile()
+    assert sig.sent == []
+    d.close()
