@@ -374,7 +374,7 @@ class NodeDriver:
                     continue
                 if not s.held_by:
                     self._resume(owner, s)
-                elif (s.state == SUSPENDED and self._engine_says_running(s.claim_uid)) or (
+                elif self._engine_disagrees(s) or (
                     s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner, s) is not None
                 ):
                     self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
@@ -706,12 +706,19 @@ class NodeDriver:
             data.suspensions[occupant.uid] = s
         elif holder not in s.held_by:
             s.held_by.append(holder)
-        done = s.state in _EVICTED or (s.state == SUSPENDED and not self._engine_says_running(occupant.uid))
+        done = s.state in _EVICTED or (s.state == SUSPENDED and not self._engine_disagrees(s))
         if done and self._observe(occupant, s) is None:  # recorded done, and observed free: nothing to do
             self._save()
             return s
         self._suspend(occupant, s, grace, need_t0)
         return s
+
+    def _engine_disagrees(self, s: Suspension) -> bool:
+        """Recorded suspended, but the engine reports its workload running (and the driver did not
+        checkpoint it itself: then the engine's view of that process does not count)."""
+        return (
+            s.state == SUSPENDED and s.backend != BACKEND_ENFORCED_CHECKPOINT and self._engine_says_running(s.claim_uid)
+        )
 
     def _engine_says_running(self, claim_uid: str) -> bool:
         """The engine (restarted since, its workload re-registered as running) disagrees with our record."""

@@ -329,6 +329,9 @@ def test_an_acknowledged_suspend_is_checked_and_cuda_checkpoint_enforced_then_re
     s = d.snapshot().suspensions["uid-l0"]
     assert (s.state, s.backend, s.pids) == ("Suspended", "cuda-checkpoint-enforced", [41, 42])
     assert d.metrics.registry.get_sample_value("rose_driver_gpu_returned_seconds_count", {"phase": "enforced"}) == 1
+    engine.states["uid-l0"] = "running"  # type: ignore[attr-defined]  # the engine never saw it suspend
+    d.reconcile()  # the driver checkpointed it itself: the engine's view of it does not count
+    assert [c[0] for c in engine.calls] == ["suspend"]  # type: ignore[attr-defined]
     assert d.unprepare([ClaimRef("ml", "uid-s0", "s0")])["uid-s0"] == ""
     assert ("restore", 41) in ck.calls and [c[0] for c in engine.calls] == ["suspend"]  # restored by the driver
     d.close()
