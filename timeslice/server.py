@@ -277,7 +277,7 @@ class Tls:
             except OSError:
                 return None  # mid-rotation: keep the current pair
             seen[0] = stamp
-            log.info("TLS certificate reloaded", extra={"cert": str(self.cert)})
+            log.info("tls certificate reloaded", extra={"cert": str(self.cert)})
             return grpc.ssl_server_certificate_configuration([(key, cert)])
 
         initial = grpc.ssl_server_certificate_configuration([first])
