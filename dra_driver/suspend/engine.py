@@ -30,7 +30,7 @@ from typing import Protocol
 
 from dra_driver.engine_api import SuspendReason, SuspendResult
 from dra_driver.suspend.budget import HostMemoryBudget
-from dra_driver.suspend.cooperative import CooperativeBackend, verify_checkpoint
+from dra_driver.suspend.cooperative import CooperativeBackend
 from dra_driver.suspend.events import (
     REASON_FALLBACK_CHECKPOINT,
     REASON_FALLBACK_FAILED,
@@ -70,6 +70,7 @@ from dra_driver.suspend.registry import (
     Workload,
     WorkloadRegistry,
 )
+from dra_driver.suspend.verify import CheckpointVerifier, Verdict, VerifyRequest
 
 log = logging.getLogger("rose.suspend")
 
@@ -192,6 +193,7 @@ class NodeSuspendEngine:
         events: EventSink | None = None,
         metrics: SuspendMetrics | None = None,
         evictor: Evictor | None = None,
+        verifier: CheckpointVerifier | None = None,
     ) -> None:
         missing = [b for b in config.backends if b not in backends]
         if missing:
@@ -202,6 +204,7 @@ class NodeSuspendEngine:
         self._events = events if events is not None else LogEventSink()
         self.metrics = metrics if metrics is not None else SuspendMetrics()
         self._evictor = evictor
+        self.verifier = verifier if verifier is not None else CheckpointVerifier()
         self.budget = HostMemoryBudget(config.host_memory_budget_bytes)
         self.metrics.host_budget_bytes.set(config.host_memory_budget_bytes)
         self._ops: collections.OrderedDict[str, OperationRecord] = collections.OrderedDict()
@@ -540,10 +543,10 @@ class NodeSuspendEngine:
             )
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
-        problem = verify_checkpoint(ack.checkpoint_path, ack.checkpoint_sha256, w.reg.pid)
-        if problem:
+        verdict = self._verify(w, ack)
+        if not verdict.ok:
             rec.state = "failed"
-            rec.message = f"{detail}; checkpoint not verified ({problem}); the engine did not evict the workload"
+            rec.message = f"{detail}; checkpoint not verified: {verdict.problem}; the engine did not evict the workload"
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
         self.registry.set_state(w, STATE_CHECKPOINTED_EVICTED)
@@ -563,6 +566,26 @@ class NodeSuspendEngine:
         self._event(w, REASON_FALLBACK_CHECKPOINT, rec.message, "Warning")
         if self._evictor is not None and pod is not None:
             self._evictor.evict(pod, rec.message)
+
+    def _verify(self, w: Workload, ack: Ack) -> Verdict:
+        """The ack's checkpoint, checked only inside the pod's own root and its job's checkpointPath
+        (``verify.py``); off this thread, bounded. The detail goes to the log, never to an Event."""
+        pod = w.scope.pod(w.pod_uid) if w.scope is not None else None
+        req = VerifyRequest(
+            pod_uid=pod.uid if pod is not None else "",
+            namespace=pod.namespace if pod is not None else "",
+            name=pod.name if pod is not None else "",
+            reported_pid=w.reg.pid,
+            path=ack.checkpoint_path,
+            sha256=ack.checkpoint_sha256,
+        )
+        verdict = self.verifier.verify(req)
+        if not verdict.ok:
+            log.warning(
+                "checkpoint not verified",
+                extra={"podUID": w.pod_uid, "problem": str(verdict.problem), "err": verdict.detail},
+            )
+        return verdict
 
     def _do_resume(self, w: Workload, rec: OperationRecord) -> None:
         if w.state == STATE_RUNNING:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from dra_driver.suspend.registry import (
     validate_registration,
 )
 from dra_driver.suspend.simulated import SimulatedBackend, transfer_seconds
+from dra_driver.suspend.verify import CheckpointVerifier, StaticCheckpointPaths
 
 MiB = 1 << 20
 
@@ -249,7 +251,11 @@ def test_cooperative_refusal_then_checkpoint(
     coop: tuple[NodeSuspendEngine, RecordingEventSink], tmp_path: Path
 ) -> None:
     eng, events = coop
-    w = eng.register(reg(backends=("cooperative",)))
+    scope = ClaimScope("claim-a", (TrustedPod("rl", "pod-a", "pod-a"),), 1 << 30)
+    w = eng.register(reg(backends=("cooperative",)), scope)
+    # the pod's job checkpoints under tmp_path; its process is this test's (same root)
+    paths = StaticCheckpointPaths(default=str(tmp_path))
+    eng.verifier = CheckpointVerifier(paths=paths, resolve_pid=lambda u, p: os.getpid())
     ckpt, digest = tmp_path / "x.rose", hashlib.sha256(b"state").hexdigest()
     ckpt.write_bytes(b"ROSECKPT1\n" + digest.encode() + b"\nstate")  # rose_sdk.checkpoint's layout
     answers = {
