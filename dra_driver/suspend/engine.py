@@ -179,6 +179,30 @@ def occupant_state_of(state: str) -> str:
     return "unknown"
 
 
+def _pods_note(pod_uids: Sequence[str] | None) -> str:
+    return "" if pod_uids is None else f" (pods {sorted(pod_uids)})"
+
+
+def combine_results(results: Sequence[tuple[str, SuspendResult]]) -> SuspendResult:
+    """Pure: one result for an operation on several workloads of one claim. ok when all are;
+    the fallback only when every one of them took it (then nothing is left to resume); the reason
+    of the first failure; bytes summed; the longest duration."""
+    ok = all(r.ok for _, r in results)
+    fallbacks = {r.fallback for _, r in results}
+    fallback = next(iter(fallbacks)) if ok and len(fallbacks) == 1 else None
+    failed = [r for _, r in results if not r.ok]
+    reason = failed[0].reason if failed else SuspendReason.FALLBACK if fallback else SuspendReason.DONE
+    return SuspendResult(
+        ok=ok,
+        backend=",".join(sorted({r.backend for _, r in results})),
+        bytes_moved=sum(r.bytes_moved for _, r in results),
+        seconds=max(r.seconds for _, r in results),
+        fallback=fallback,
+        message="; ".join(f"pod {uid}: {r.message}" for uid, r in results),
+        reason=reason,
+    )
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -256,63 +280,119 @@ class NodeSuspendEngine:
 
     # ------------------------------------------------------------------ engine_api.SuspendEngine
 
+    def _simulating(self) -> bool:
+        return BACKEND_SIMULATED in self.config.backends and self.config.simulated_occupant_bytes > 0
+
+    def _simulated(self, claim_uid: str, pod_uid: str) -> Workload:
+        reg = Registration(
+            pod_uid=pod_uid,
+            pid=1,
+            state_bytes=self.config.simulated_occupant_bytes,
+            backends=frozenset({BACKEND_SIMULATED}),
+            claim_uids=frozenset({claim_uid}),
+        )
+        w = self.registry.register(reg, simulated=True)
+        self._refresh_gauges()
+        return w
+
+    def _members(self, claim_uid: str, pods: Sequence[str] | None, *, create_simulated: bool) -> list[Workload]:
+        """The workloads a claim operation acts on: every pod registered on the claim (``pods``
+        None: the whole claim, as when serving takes its GPU), or only ``pods`` (a hold on some
+        pods of a shared claim: a time-slice hand-over parks one member job). With the simulated
+        backend, a pod without a workload is a simulated occupant of its own (a claim of one pod,
+        or of none bound: one occupant for the claim, as before)."""
+        bound = self.registry.pods_for_claim(claim_uid)
+        wanted = bound if pods is None else list(pods)
+        found = {p: w for p in wanted if (w := self.registry.get(p)) is not None}
+        if create_simulated and self._simulating():
+            if pods is not None or len(bound) > 1:
+                for p in wanted:
+                    if p not in found:
+                        found[p] = self._simulated(claim_uid, p)
+            elif not found:
+                return [self._simulated(claim_uid, f"simulated-claim-{claim_uid}")]
+        return [found[p] for p in wanted if p in found]
+
     def _occupant(self, claim_uid: str, *, create_simulated: bool) -> Workload | None:
-        pod = self.registry.pod_for_claim(claim_uid)
-        if pod is not None:
-            w = self.registry.get(pod)
-            if w is not None:
-                return w
-        if create_simulated and BACKEND_SIMULATED in self.config.backends and self.config.simulated_occupant_bytes > 0:
-            reg = Registration(
-                pod_uid=f"simulated-claim-{claim_uid}",
-                pid=1,
-                state_bytes=self.config.simulated_occupant_bytes,
-                backends=frozenset({BACKEND_SIMULATED}),
-                claim_uids=frozenset({claim_uid}),
-            )
-            w = self.registry.register(reg, simulated=True)
-            self._refresh_gauges()
-            return w
-        return None
+        """The claim's last-bound registered workload (a claim of one pod: its workload)."""
+        ws = self._members(claim_uid, None, create_simulated=create_simulated)
+        return ws[-1] if ws else None
 
     def suspend(self, claim_uid: str, grace_seconds: float) -> SuspendResult:
-        w = self._occupant(claim_uid, create_simulated=True)
-        if w is None:
+        """Suspend every workload registered on the claim (each its own operation, in parallel)."""
+        return self.suspend_pods(claim_uid, None, grace_seconds)
+
+    def suspend_pods(self, claim_uid: str, pod_uids: Sequence[str] | None, grace_seconds: float) -> SuspendResult:
+        """engine_api.PodScopedEngine: suspend only ``pod_uids`` of the claim (None: all of them)."""
+        ws = self._members(claim_uid, pod_uids, create_simulated=True)
+        if not ws:
             return SuspendResult(
                 False,
                 "none",
                 0,
                 0.0,
                 None,
-                f"no workload registered for claim {claim_uid} on this node: the workload must register"
-                " with the node agent (rose_sdk) or the driver must bind_claim() it",
+                f"no workload registered for claim {claim_uid}{_pods_note(pod_uids)} on this node: the workload"
+                " must register with the node agent (rose_sdk) or the driver must bind_claim() it",
                 SuspendReason.NO_WORKLOAD,
             )
-        rec = self._run(w, "suspend", grace_seconds, f"claim {claim_uid} reclaimed")
-        return self._result(rec)
+        return self._on_members(ws, "suspend", grace_seconds, f"claim {claim_uid} reclaimed")
 
     def resume(self, claim_uid: str) -> SuspendResult:
-        w = self._occupant(claim_uid, create_simulated=False)
-        if w is None:
+        return self.resume_pods(claim_uid, None)
+
+    def resume_pods(self, claim_uid: str, pod_uids: Sequence[str] | None) -> SuspendResult:
+        """engine_api.PodScopedEngine: resume only ``pod_uids`` of the claim (None: all of them).
+        Of several, a member evicted by the checkpoint fallback is left alone (nothing to resume)."""
+        ws = self._members(claim_uid, pod_uids, create_simulated=False)
+        if len(ws) > 1:
+            ws = [w for w in ws if w.state != STATE_CHECKPOINTED_EVICTED] or ws[:1]
+        if not ws:
             return SuspendResult(
-                False, "none", 0, 0.0, None, f"no workload registered for claim {claim_uid}", SuspendReason.NO_WORKLOAD
+                False,
+                "none",
+                0,
+                0.0,
+                None,
+                f"no workload registered for claim {claim_uid}{_pods_note(pod_uids)}",
+                SuspendReason.NO_WORKLOAD,
             )
-        rec = self._run(w, "resume", 0.0, f"claim {claim_uid} given back")
-        return self._result(rec)
+        return self._on_members(ws, "resume", 0.0, f"claim {claim_uid} given back")
+
+    def _on_members(self, ws: list[Workload], kind: CommandKind, grace: float, reason: str) -> SuspendResult:
+        """One operation per workload, in parallel (one grace period for all), then one result."""
+        if len(ws) == 1:
+            return self._result(self._run(ws[0], kind, grace, reason))
+        recs: dict[str, OperationRecord] = {}
+
+        def one(w: Workload) -> None:
+            recs[w.pod_uid] = self._run(w, kind, grace, reason)
+
+        threads = [threading.Thread(target=one, args=(w,), name=f"rose-{kind}-{w.pod_uid[:8]}") for w in ws]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return combine_results([(w.pod_uid, self._result(recs[w.pod_uid])) for w in ws])
 
     def occupant_state(self, claim_uid: str) -> str:
-        w = self._occupant(claim_uid, create_simulated=False)
-        return "unknown" if w is None else occupant_state_of(w.state)
+        return self.pods_state(claim_uid, None)
+
+    def pods_state(self, claim_uid: str, pod_uids: Sequence[str] | None) -> str:
+        """engine_api.PodScopedEngine: "running" when any of them has its state on the GPU,
+        "suspended" when all are off it, "unknown" when none is registered."""
+        states = {occupant_state_of(w.state) for w in self._members(claim_uid, pod_uids, create_simulated=False)}
+        if "running" in states:
+            return "running"
+        return "suspended" if states == {"suspended"} else "unknown"
 
     def copy_in_progress(self, claim_uid: str) -> bool:
-        """engine_api.CopyWatcher: an uninterruptible device-to-host copy of the claim's occupant runs."""
-        w = self._occupant(claim_uid, create_simulated=False)
-        if w is None:
-            return False
-        for b in self._backends.values():
-            started = getattr(b, "copy_started", None)
-            if started is not None and started(w) is not None:
-                return True
+        """engine_api.CopyWatcher: an uninterruptible device-to-host copy of a claim's occupant runs."""
+        for w in self._members(claim_uid, None, create_simulated=False):
+            for b in self._backends.values():
+                started = getattr(b, "copy_started", None)
+                if started is not None and started(w) is not None:
+                    return True
         return False
 
     @staticmethod
