@@ -179,6 +179,11 @@ def occupant_state_of(state: str) -> str:
     return "unknown"
 
 
+def _stand_in(claim_uid: str) -> str:
+    """The pod UID of a claim's one simulated occupant (a claim of one pod, or of none bound)."""
+    return f"simulated-claim-{claim_uid}"
+
+
 def _pods_note(pod_uids: Sequence[str] | None) -> str:
     return "" if pod_uids is None else f" (pods {sorted(pod_uids)})"
 
@@ -295,22 +300,29 @@ class NodeSuspendEngine:
         self._refresh_gauges()
         return w
 
+    def _bound(self, claim_uid: str) -> list[str]:
+        """The claim's pods (from the driver's binding and its socket's registrations)."""
+        return [p for p in self.registry.pods_for_claim(claim_uid) if p != _stand_in(claim_uid)]
+
     def _members(self, claim_uid: str, pods: Sequence[str] | None, *, create_simulated: bool) -> list[Workload]:
         """The workloads a claim operation acts on: every pod registered on the claim (``pods``
         None: the whole claim, as when serving takes its GPU), or only ``pods`` (a hold on some
         pods of a shared claim: a time-slice hand-over parks one member job). With the simulated
         backend, a pod without a workload is a simulated occupant of its own (a claim of one pod,
         or of none bound: one occupant for the claim, as before)."""
-        bound = self.registry.pods_for_claim(claim_uid)
-        wanted = bound if pods is None else list(pods)
+        stand_in = _stand_in(claim_uid)
+        bound = self._bound(claim_uid)
+        wanted = [*bound, stand_in] if pods is None else list(pods)
         found = {p: w for p in wanted if (w := self.registry.get(p)) is not None}
+        if any(not w.simulated for w in found.values()):  # a real workload registered: no stand-in
+            found.pop(stand_in, None)
         if create_simulated and self._simulating():
             if pods is not None or len(bound) > 1:
                 for p in wanted:
-                    if p not in found:
+                    if p not in found and p != stand_in:
                         found[p] = self._simulated(claim_uid, p)
             elif not found:
-                return [self._simulated(claim_uid, f"simulated-claim-{claim_uid}")]
+                return [self._simulated(claim_uid, stand_in)]
         return [found[p] for p in wanted if p in found]
 
     def _occupant(self, claim_uid: str, *, create_simulated: bool) -> Workload | None:
@@ -381,7 +393,10 @@ class NodeSuspendEngine:
     def pods_state(self, claim_uid: str, pod_uids: Sequence[str] | None) -> str:
         """engine_api.PodScopedEngine: "running" when any of them has its state on the GPU,
         "suspended" when all are off it, "unknown" when none is registered."""
-        states = {occupant_state_of(w.state) for w in self._members(claim_uid, pod_uids, create_simulated=False)}
+        # simulated: a member of a shared claim without a workload yet is a stand-in whose state is on the GPU
+        shared = pod_uids is not None or len(self._bound(claim_uid)) > 1
+        members = self._members(claim_uid, pod_uids, create_simulated=shared and self._simulating())
+        states = {occupant_state_of(w.state) for w in members}
         if "running" in states:
             return "running"
         return "suspended" if states == {"suspended"} else "unknown"
