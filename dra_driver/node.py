@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -153,6 +153,9 @@ class NodeDriver:
         self._mu = threading.Lock()
         self._data = NodeStateData(boot_id=boot_id)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine")
+        # The time-slice groups with a pod on this node (the pod watcher's view): their fences are
+        # never dropped to make room in the bounded book (dra_driver/fencing.py).
+        self.fence_groups_in_use: Callable[[], Collection[str]] = frozenset
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -310,15 +313,28 @@ class NodeDriver:
     def admit_fence(self, raw: str, pods: list[PodRef], source: str = "pod") -> fencing.Verdict:
         """Judge a hand-over's ``rose.io/fencing-token`` against the last one this node saw for its
         group (kept in the checkpoint, so a restart does not forget it). A stale one is refused:
-        a warning Event on ``pods`` and ``rose_driver_fencing_rejections``. ValueError: malformed."""
+        a warning Event on ``pods`` and ``rose_driver_fencing_rejections``. ValueError: malformed
+        (also a group that is no time-slice group name, a token past 2^63-1). The book is bounded
+        (``fencing.MAX_GROUPS``; groups with a pod on this node, ``fence_groups_in_use``, are kept)."""
         with self._locked() as data:
-            v = fencing.judge(data.fences, raw)
-            if v.ok and data.fences.get(v.group) != v.token:
-                data.fences[v.group] = v.token
-                self._save()
+            if pods and not any(self._lent_claims_of(p.uid) for p in pods):
+                # only a pod with a lent claim here is part of a hand-over on this node: another
+                # pod's annotation must not move the node's fence (it would refuse real hand-overs)
+                group, token = fencing.parse(raw)
+                v = fencing.Verdict(False, group, token, data.fences.get(group, 0), fencing.NO_CLAIM)
+            else:
+                before = dict(data.fences)
+                v = fencing.admit(data.fences, raw, self.fence_groups_in_use())
+                if data.fences != before:  # the order alone is not saved (the checkpoint sorts it)
+                    self._save()
+        if v.dropped:
+            log.info("fence book full: least recent groups forgotten", extra={"group": v.group, "dropped": v.dropped})
         if not v.ok:
             self.metrics.fencing_rejections_total.labels(source).inc()
-            log.warning("stale fencing token refused", extra={"group": v.group, "token": v.token, "last": v.last})
+            log.warning(
+                "fencing token refused",
+                extra={"group": v.group, "token": v.token, "last": v.last, "reason": v.reason},
+            )
             for p in pods:
                 self._event(p, names.EVENT_FENCING_REJECTED, v.message())
         return v
