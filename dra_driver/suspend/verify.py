@@ -332,9 +332,12 @@ class CheckpointVerifier:
         want = req.sha256.lower()
         if len(want) != _HEX_LEN or any(c not in "0123456789abcdef" for c in want):
             return Verdict(Problem.BAD_DIGEST, f"{req.sha256!r:.80}")
-        prefix = (
-            self.paths.checkpoint_path(req.namespace, req.name, req.pod_uid) if self.paths and req.pod_uid else None
-        )
+        try:
+            prefix = (
+                self.paths.checkpoint_path(req.namespace, req.name, req.pod_uid) if self.paths and req.pod_uid else None
+            )
+        except Exception as e:  # the API server down: nothing is verified, nothing evicted
+            return Verdict(Problem.NO_CHECKPOINT_PATH, f"reading the pod's checkpointPath failed: {e!r}")
         if not prefix:
             return Verdict(Problem.NO_CHECKPOINT_PATH, f"pod {req.namespace}/{req.name} uid {req.pod_uid!r}")
         parts = within(req.path, prefix)

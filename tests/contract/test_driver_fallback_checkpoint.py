@@ -238,3 +238,22 @@ def test_host_paths_in_an_ack_leak_nothing_in_events(node: Node) -> None:
     assert t0 and t0 == t1, (t0, t1)  # the same words whether the host file exists or not
     assert not any("/etc" in t or "shadow" in t or "No such file" in t for t in t0), t0
     assert any("checkpoint not verified: outside checkpointPath" in t for t in t0), t0
+
+
+def test_a_100_gb_sparse_checkpoint_is_refused_fast(node: Node) -> None:
+    root = node.tmp / "root-0"
+    (root / "ckpt").mkdir(parents=True)
+    with open(root / "ckpt" / "job.rose", "wb") as f:
+        f.write(b"ROSECKPT1\n" + b"0" * 64 + b"\n")  # a valid header, then 100 GB of holes
+        f.truncate(100 * 10**9)  # no blocks on disk; hashing it would take minutes
+    with chrooted(root) as pid:
+        liar = Liar(node.socket("uid-l0"), "pod-liar-0", pid, "/ckpt/job.rose")
+        try:
+            t0 = time.monotonic()
+            assert node.driver.prepare([ref(serving(0))])["uid-s0"].error == ""
+            took = time.monotonic() - t0
+        finally:
+            liar.close()
+    texts = node.notifier.texts("liar-0")
+    assert any("checkpoint not verified: too large" in t for t in texts), texts
+    assert suspension(node, "uid-l0") == "SuspendFailed" and took < 5.0, took
