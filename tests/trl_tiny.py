@@ -87,13 +87,23 @@ def config(output_dir: str, *, max_steps: int, seed: int = 7, **overrides: Any) 
     return GRPOConfig(**kw)
 
 
-def trainer(output_dir: str, *, max_steps: int, seed: int = 7, **overrides: Any) -> Any:
+def trainer(output_dir: str, *, max_steps: int, seed: int = 7, beta: float = 0.0, **overrides: Any) -> Any:
+    """TRL's GRPOTrainer on the tiny model. ``beta`` > 0 adds the KL term and so TRL's reference
+    model, which TRL loads from a path: the tiny model is saved under ``output_dir/init`` first."""
+    from pathlib import Path
+
     from trl import GRPOTrainer
 
+    policy: Any = model(seed)
+    if beta:
+        init = Path(output_dir) / "init"
+        policy.save_pretrained(init)
+        tokenizer().save_pretrained(init)
+        policy = str(init)
     return GRPOTrainer(
-        model=model(seed),
+        model=policy,
         reward_funcs=repeat_first_digit,
-        args=config(output_dir, max_steps=max_steps, seed=seed, **overrides),
+        args=config(output_dir, max_steps=max_steps, seed=seed, beta=beta, **overrides),
         train_dataset=dataset(),
         processing_class=tokenizer(),
     )

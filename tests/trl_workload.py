@@ -11,10 +11,12 @@ then opens the gate, so the suspend lands at the next step's safe point, mid-tra
 every tensor of the job, enumerated here independently of the integration, must have left its
 storage, which is then overwritten with NaN bytes; and the host state the integration promises to
 put back is garbled while parked (every RNG drawn from, the LR scheduler stepped, the learning
-rate overwritten). ``--skip rng|scheduler|optimizer|buffered``: the integration with that one
-piece left out (the check that the bit-identity test catches it). ``--exit-after-checkpoint``:
-exit 3 right after the first durable checkpoint (a lost worker). Writes to ``--out`` the final
-model, optimizer and scheduler states, every RNG, the losses and the accumulation per step.
+rate overwritten). ``--skip rng|scheduler|optimizer|buffered|ref_model``: the integration with
+that one piece left out (the check that the bit-identity test catches it). ``--beta`` (default
+0.04): the KL coefficient; above 0 TRL keeps a reference model, loaded from the tiny model saved
+to a path. ``--exit-after-checkpoint``: exit 3 right after the first durable checkpoint (a lost
+worker). Writes to ``--out`` the final model, optimizer and scheduler states, every RNG, the
+losses and the accumulation per step.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def _skip(piece: str) -> None:
             original(self, trainer)
 
         rt.HostState.restore = restore  # type: ignore[method-assign]
-    elif piece in ("optimizer", "buffered"):
-        prefix = {"optimizer": "optimizer.", "buffered": "trl.buffered_inputs"}[piece]
+    elif piece in ("optimizer", "buffered", "ref_model"):
+        prefix = {"optimizer": "optimizer.", "buffered": "trl.buffered_inputs", "ref_model": "ref_model."}[piece]
         tensors = rt.trainer_tensors
 
         def trainer_tensors(trainer: Any) -> Any:
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int, default=6)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--num-iterations", type=int, default=2)
+    p.add_argument("--beta", type=float, default=0.04)  # > 0: TRL's reference model is part of the state
     p.add_argument("--gradient-accumulation", type=int, default=1)
     p.add_argument("--gate-dir", default="")
     p.add_argument("--gates", default="")
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir,
         max_steps=a.max_steps,
         seed=a.seed,
+        beta=a.beta,
         num_iterations=a.num_iterations,
         gradient_accumulation_steps=a.gradient_accumulation,
         steps_per_generation=1,
@@ -103,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     wl = rose.workload
     tenants: list[NextTenant] = []
     if a.next_tenant:
-        # Enumerated here, not by the integration: the model, the optimizer, TRL's buffered
-        # generations and the accumulated loss (registered after attach: its hooks run first).
+        # Enumerated here, not by the integration: the model, the optimizer, TRL's reference model
+        # and buffered generations, the accumulated loss (registered after attach: its hooks run first).
         def named() -> dict[str, torch.Tensor]:
             out: dict[str, torch.Tensor] = {"tr_loss": trainer._tr_loss}
+            if trainer.ref_model is not None:
+                out.update({f"ref.{k}": v for k, v in trainer.ref_model.named_parameters()})
             for i, batch in enumerate(trainer._buffered_inputs or []):
                 out.update({f"buffered{i}.{k}": v for k, v in batch.items() if isinstance(v, torch.Tensor)})
             return out

@@ -2,7 +2,8 @@
 
 The workload is ``tests/trl_workload.py``: GRPO on a tiny 2-layer Qwen2 model built from a config,
 generating in-process on the CPU, with ``num_iterations=2`` so that TRL's buffered generations
-outlive the optimizer step where the suspends land. The suspended run simulates the GPU's next
+outlive the optimizer step where the suspends land, and ``beta=0.04`` so that TRL keeps a
+reference model. The suspended run simulates the GPU's next
 tenant (``tests/next_tenant.py``): while it is parked, the storage of every tensor of the job
 (enumerated by the workload, not by the integration) is overwritten with NaN bytes, every RNG is
 drawn from, the LR scheduler is stepped and the learning rate overwritten — and the run must still
@@ -150,7 +151,8 @@ def test_grpo_suspended_mid_training_ends_bit_identical(tmp_path: Path, baseline
     for r in records:
         assert r["stayed"] == []
         assert r["checked"]["param"] > 0 and r["checked"]["optim"] > 0
-        assert r["checked"]["tensor"] > 1  # the accumulated loss and TRL's buffered generations
+        # the accumulated loss, TRL's reference model (26 parameters) and buffered generations
+        assert r["checked"]["tensor"] > 1 + 26
     # the parameters, Adam's moments and the buffered generations: more than the model alone
     # (lm_head.weight is tied to the embedding: one tensor)
     params = sum(v.numel() * v.element_size() for k, v in base["model"].items() if k != "lm_head.weight")
@@ -165,6 +167,7 @@ def test_grpo_suspended_mid_training_ends_bit_identical(tmp_path: Path, baseline
         ("scheduler", "scheduler"),  # the LR scheduler stepped and the learning rate overwritten while parked
         ("optimizer", "optimizer"),  # Adam's moments stay in the storage the next tenant overwrites
         ("buffered", "model:"),  # TRL's buffered generations too (the step after the suspend trains on NaN)
+        ("ref_model", "model:"),  # TRL's reference model (the KL term turns NaN)
     ],
 )
 def test_a_missing_piece_is_caught(tmp_path: Path, baseline: dict[str, Any], piece: str, differ: str) -> None:
