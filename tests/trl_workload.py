@@ -1,4 +1,4 @@
-"""TRL's real GRPOTrainer on the tiny model (``trl_tiny``), on ROSE through
+"""TRL's real GRPOTrainer on the tiny model (``examples/02_grpo_tiny_llm/tiny_grpo.py``), on ROSE through
 ``rose_sdk.integrations.transformers.attach``: the workload process of the integration tests.
 
     python tests/trl_workload.py --out R.pt --max-steps 6 [--gate-dir D --gates 1,3] [--next-tenant REPORT.json]
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
+sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "examples" / "02_grpo_tiny_llm")]
 
 # TRL 1.16's generation helper (trl/models/utils.py, _unwrap_model_for_generation) reads
 # `is_gradient_checkpointing`, which Transformers 5.24 deprecates; nothing here can avoid it.
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     import numpy as np
+    import tiny_grpo
     import torch
-    import trl_tiny
     from next_tenant import NextTenant
     from transformers import TrainerCallback
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.skip:
         _skip(a.skip)
     out_dir = str(Path(a.out).with_suffix(".trainer"))
-    trainer = trl_tiny.trainer(
+    trainer = tiny_grpo.trainer(
         out_dir,
         max_steps=a.max_steps,
         seed=a.seed,

@@ -6,6 +6,7 @@ integration says how to install it)."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "examples" / "02_grpo_tiny_llm"))
 
 # TRL 1.16's generation helper (trl/models/utils.py, _unwrap_model_for_generation) reads
 # `is_gradient_checkpointing`, which Transformers 5.24 deprecates; nothing the test passes avoids it.
@@ -50,7 +51,7 @@ def test_without_transformers_the_integration_says_how_to_install_it() -> None:
 def test_world_change_keeps_the_global_batch_through_gradient_accumulation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import trl_tiny
+    import tiny_grpo
     from transformers import TrainerCallback
 
     from rose_sdk import World
@@ -59,7 +60,7 @@ def test_world_change_keeps_the_global_batch_through_gradient_accumulation(
     for k in ("ROSE_AGENT_SOCKET", "ROSE_CHECKPOINT_PATH", "ROSE_CHECKPOINT_EVERY", "ROSE_RESTORE"):
         monkeypatch.delenv(k, raising=False)
     # one prompt (4 completions) per micro-batch, generated at every micro-batch
-    trainer = trl_tiny.trainer(str(tmp_path / "out"), max_steps=9, per_device_train_batch_size=4,
+    trainer = tiny_grpo.trainer(str(tmp_path / "out"), max_steps=9, per_device_train_batch_size=4,
                                gradient_accumulation_steps=2, steps_per_generation=1)  # fmt: skip
     rose = attach(trainer)
     # worlds as the agent would deliver them at the safe point of these steps
@@ -89,3 +90,15 @@ def test_world_change_keeps_the_global_batch_through_gradient_accumulation(
     assert micro == [2, 2, 2, 2, 4, 4, 4, 2, 2]
     assert trainer.state.global_step == 9
     assert any("does not divide" in r.getMessage() for r in caplog.records)
+
+
+def test_example_02_runs_standalone(tmp_path: Path) -> None:
+    """examples/02_grpo_tiny_llm/train.py without a node agent: trains, no warning escapes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
+    r = subprocess.run(
+        [sys.executable, "-W", "error", str(ROOT / "examples" / "02_grpo_tiny_llm" / "train.py"),
+         "--max-steps", "2", "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "steps=2 reward" in r.stdout and "suspends=0 resumes=0" in r.stdout, r.stdout[-2000:]

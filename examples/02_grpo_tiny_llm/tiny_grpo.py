@@ -1,10 +1,11 @@
-"""A tiny GRPO job for the Transformers / TRL integration tests: no model hub, no download.
+"""The tiny GRPO job of example 02 (and of the Transformers / TRL integration tests): no model
+hub, no download.
 
-A 2-layer Qwen2-architecture causal LM with random weights built from a config (about 87k
-parameters), a one-character-per-token tokenizer built with ``tokenizers``, prompts that are
-strings of digits, and a reward for completions that repeat the prompt's first digit. TRL's real
-``GRPOTrainer`` generates in-process (``use_vllm=False``) on the CPU. Test support only: the
-trainer writes under ``output_dir``; nothing else is touched.
+A 2-layer Qwen2-architecture causal LM with random weights built from a config (19k parameters),
+a one-character-per-token tokenizer built with ``tokenizers``, prompts of 4 random digits, and a
+reward for completions that repeat one digit (the share of the completion it takes). TRL's real
+``GRPOTrainer`` generates in-process (``use_vllm=False``) on the CPU. The trainer writes under
+``output_dir`` only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import random
 from typing import Any
 
 VOCAB = ["<pad>", "<eos>", *"0123456789 "]
+MAX_COMPLETION = 8  # tokens per completion
 
 
 def tokenizer() -> Any:
@@ -55,9 +57,11 @@ def dataset(n: int = 64, seed: int = 0) -> Any:
     return Dataset.from_dict({"prompt": ["".join(rng.choice("0123456789") for _ in range(4)) for _ in range(n)]})
 
 
-def repeat_first_digit(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-    """The share of the completion's characters that equal the prompt's first digit."""
-    return [sum(c == p[0] for c in comp) / max(len(comp), 1) for p, comp in zip(prompts, completions, strict=True)]
+def repeated_digit(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """The share of the completion's ``MAX_COMPLETION`` tokens taken by its most repeated digit
+    (1.0: one digit, repeated to the end)."""
+    del prompts
+    return [max((comp.count(d) for d in "0123456789"), default=0) / MAX_COMPLETION for comp in completions]
 
 
 def config(output_dir: str, *, max_steps: int, seed: int = 7, **overrides: Any) -> Any:
@@ -71,7 +75,7 @@ def config(output_dir: str, *, max_steps: int, seed: int = 7, **overrides: Any) 
         "max_steps": max_steps,
         "per_device_train_batch_size": 8,
         "num_generations": 4,
-        "max_completion_length": 8,
+        "max_completion_length": MAX_COMPLETION,
         "learning_rate": 1e-2,
         "seed": seed,
         "data_seed": seed,
@@ -102,7 +106,7 @@ def trainer(output_dir: str, *, max_steps: int, seed: int = 7, beta: float = 0.0
         policy = str(init)
     return GRPOTrainer(
         model=policy,
-        reward_funcs=repeat_first_digit,
+        reward_funcs=repeated_digit,
         args=config(output_dir, max_steps=max_steps, seed=seed, beta=beta, **overrides),
         train_dataset=dataset(),
         processing_class=tokenizer(),
