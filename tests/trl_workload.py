@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     gates = {int(s) for s in a.gates.split(",") if s}
     per_step: list[int] = []
 
-    class Probe(TrainerCallback):  # type: ignore[misc]
+    class Probe(TrainerCallback):
         micro = 0
 
         def on_substep_end(self, *args: Any, **kw: Any) -> None:

@@ -67,7 +67,7 @@ def test_world_change_keeps_the_global_batch_through_gradient_accumulation(
     schedule = {1: World(2, 2), 2: World(1, 2), 6: World(3, 3)}
     micro: list[int] = []
 
-    class Worlds(TrainerCallback):  # type: ignore[misc]
+    class Worlds(TrainerCallback):
         n = 0
 
         def on_substep_end(self, *a: Any, **kw: Any) -> None:
