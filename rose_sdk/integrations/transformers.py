@@ -353,13 +353,13 @@ class RoseTrainerCallback(TrainerCallback):
         per = int(args.per_device_train_batch_size)
         if self.global_batch is None:
             self.global_batch = per * int(args.gradient_accumulation_steps) * world.active
-            log.info("global batch taken from the first world", extra={"global_batch": self.global_batch})
+            log.info("global batch taken from the first world", extra={"globalBatch": self.global_batch})
         want = max(1, math.ceil(self.global_batch / (per * world.active)))
         got = want * per * world.active
         if got != self.global_batch:
             log.warning(
                 "the global batch does not divide over the active workers; it grows",
-                extra={"global_batch": self.global_batch, "now": got, "world": str(world)},
+                extra={"globalBatch": self.global_batch, "now": got, "world": str(world)},
             )
         current = self._pending_accumulation or int(args.gradient_accumulation_steps)
         if want != current:
@@ -376,7 +376,7 @@ class RoseTrainerCallback(TrainerCallback):
         args.gradient_accumulation_steps = want
         self._pending_accumulation = None
         self.accumulation_changes.append((int(state.global_step), want))
-        log.info("gradient accumulation changed", extra={"step": state.global_step, "gradient_accumulation": want})
+        log.info("gradient accumulation changed", extra={"step": state.global_step, "gradientAccumulation": want})
 
     # ------------------------------------------------------------------ TrainerCallback
 
