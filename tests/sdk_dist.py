@@ -30,6 +30,7 @@ IMPORT_NAME = {
     "torch": "torch",
     "s3fs": "s3fs",
     "transformers": "transformers",
+    "trl": "trl",
 }
 
 

@@ -62,9 +62,9 @@ def test_imports_only_the_standard_library_and_declared_dependencies() -> None:
         " the rose-sdk distribution does not declare; an RL image must not need the control plane's"
         " dependencies. Keep such imports out of rose_sdk, or declare a light dependency in sdk/pyproject.toml"
     )
-    # and every declared import name is used: no dependency comes along for nothing (transformers is
-    # reserved for the integrations to come)
-    unused = set(allowed) - set(closure.external) - {"transformers"}
+    # and every declared import name is used: no dependency comes along for nothing (trl: the [trl]
+    # extra installs the TRL release the integration is tested with; rose_sdk imports transformers only)
+    unused = set(allowed) - set(closure.external) - {"trl"}
     assert not unused, f"sdk/pyproject.toml declares dependencies rose_sdk never imports: {sorted(unused)}"
 
 
@@ -108,8 +108,12 @@ def test_extras_pin_what_the_main_project_tests() -> None:
     main = _requirements(pyproject(MAIN_PYPROJECT)["project"], "workload")
     for name in ("torch", "s3fs"):
         assert str(sdk[name].specifier) == str(main[name].specifier), f"{name}: rose-sdk and rose[workload] differ"
+    sdk = _requirements(pyproject(SDK_PYPROJECT)["project"], "transformers", "trl")
+    main = _requirements(pyproject(MAIN_PYPROJECT)["project"], "integrations")
+    for name in ("transformers", "trl"):
+        assert str(sdk[name].specifier) == str(main[name].specifier), f"{name}: rose-sdk and rose[integrations] differ"
     for name, req in _requirements(pyproject(SDK_PYPROJECT)["project"]).items():
-        assert name not in ("torch", "s3fs", "transformers"), f"{req}: an extra, never a base dependency"
+        assert name not in ("torch", "s3fs", "transformers", "trl"), f"{req}: an extra, never a base dependency"
 
 
 def test_readme_is_the_packages_own() -> None:
