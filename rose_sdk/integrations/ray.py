@@ -86,9 +86,9 @@ class ActorWorkload:
 
     def close(self) -> None:
         self._stop.set()
+        self.workload.close()  # a parked idle thread returns once the workload closes
         if self._idle is not None:
             self._idle.join(timeout=5)
-        self.workload.close()
 
 
 def register_actor(
