@@ -141,13 +141,14 @@ class EngineOffloader(CooperativeOffloader):
         self.weights = weights
         self.stats = EngineStats()
         self._engine_bytes = 0  # what the engine held when it slept (reported while suspended)
+        self._asleep = False  # slept by offload() and not yet woken (and reloaded) by restore()
 
     def state_bytes(self) -> int:
         own = super().state_bytes()
-        return own + (self._engine_bytes if self.offloaded else self.engine.device_bytes())
+        return own + (self._engine_bytes if self._asleep else self.engine.device_bytes())
 
     def offload(self) -> OffloadReport:
-        if self.offloaded:
+        if self._asleep:
             return OffloadReport(0, 0, 0.0, True)
         t0 = time.perf_counter()
         nbytes = self.engine.device_bytes()
@@ -159,17 +160,20 @@ class EngineOffloader(CooperativeOffloader):
         except Exception:
             self._wake()  # nothing half-done: the engine runs again, the suspend is refused
             raise
-        self._engine_bytes = nbytes
+        self._asleep, self._engine_bytes = True, nbytes
         # a level-2 sleep moves nothing to host memory: its bytes are dropped, not moved
         moved = own.bytes_moved + (nbytes if self.level == KEEPS_WEIGHTS else 0)
         return OffloadReport(moved, own.tensors, time.perf_counter() - t0, own.arena_reused, own.copy_seconds)
 
     def restore(self) -> OffloadReport:
-        if not self.offloaded:
+        """Restore the trainer's tensors, wake the engine, reload its weights after level 2. Each
+        part that already succeeded is skipped when a failed restore is retried."""
+        if not self._asleep:
             return OffloadReport(0, 0, 0.0, True)
         t0 = time.perf_counter()
-        own = super().restore()
-        self._wake()
+        own = super().restore()  # a no-op on a retry after it succeeded
+        self._wake()  # engine.wake() is a no-op once awake; the reload runs until it succeeds
+        self._asleep = False
         moved = own.bytes_moved + (self._engine_bytes if self.level == KEEPS_WEIGHTS else 0)
         self._engine_bytes = 0
         return OffloadReport(moved, own.tensors, time.perf_counter() - t0, own.arena_reused, own.copy_seconds)

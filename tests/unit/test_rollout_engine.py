@@ -113,3 +113,25 @@ def test_offloader_sleeps_on_suspend_and_wakes_and_reloads_on_resume(tok: Any) -
     one = EngineOffloader(engine, level=1)
     assert one.offload().bytes_moved == nbytes and one.restore().bytes_moved == nbytes
     assert one.stats.reloads == 0 and tensors_equal(e.model.state_dict(), ref)
+
+
+def test_a_failed_reload_leaves_the_workload_suspended_and_a_retry_reloads(tok: Any) -> None:
+    e = _engine(tok)
+    ref = _state(e)
+    calls = []
+
+    def weights() -> dict[str, torch.Tensor]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("the trainer's weights are not reachable yet")
+        return ref
+
+    off = EngineOffloader(e, level=2, weights=weights)
+    off.offload()
+    with pytest.raises(OSError, match="not reachable"):
+        off.restore()  # the SDK acknowledges a failed resume; the agent may retry it
+    assert e.needs_weights and off.state_bytes() == e.device_bytes()
+    off.restore()
+    assert not e.needs_weights and tensors_equal(e.model.state_dict(), ref)
+    assert off.restore().bytes_moved == 0  # resumed: nothing more to do
+    assert (off.stats.wakes, off.stats.reloads) == (2, 1)
