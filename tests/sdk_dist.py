@@ -153,8 +153,14 @@ def shipped_modules(sdk: dict[str, Any] | None = None) -> set[str]:
     return out
 
 
+# Imported by an engine adapter of rose_sdk.integrations and never installed by rose-sdk: the RL image
+# brings it (vLLM is a CUDA build of its own). Imported lazily, inside the adapter (rose_sdk.integrations.vllm).
+IMAGE_PROVIDED = {"vllm": "vllm"}
+
+
 def allowed_external(sdk: dict[str, Any] | None = None) -> dict[str, str]:
-    """Import name → the distribution that provides it, for every dependency and extra of the SDK."""
+    """Import name → the distribution that provides it, for every dependency and extra of the SDK
+    (and the packages rose_sdk's engine adapters find in the RL image: ``IMAGE_PROVIDED``)."""
     project = (sdk or pyproject(SDK_PYPROJECT))["project"]
     reqs = list(project["dependencies"])
     for extra in project.get("optional-dependencies", {}).values():
@@ -164,7 +170,7 @@ def allowed_external(sdk: dict[str, Any] | None = None) -> dict[str, str]:
         name = dist_name(r)
         assert name in IMPORT_NAME, f"{name}: add its import name to tests/sdk_dist.py IMPORT_NAME"
         out[IMPORT_NAME[name]] = name
-    return out
+    return {**IMAGE_PROVIDED, **out}
 
 
 def is_stdlib(name: str) -> bool:
