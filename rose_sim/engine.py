@@ -35,7 +35,18 @@ import numpy as np
 
 from elastic_controller import pools as ec_pools
 from elastic_controller.observe import planner_job
-from elastic_controller.planner import Forecast, Job, Plan, PlanInput, Pool, Settings, Worker, plan, without_reclaims
+from elastic_controller.planner import (
+    Forecast,
+    Job,
+    JobTarget,
+    Plan,
+    PlanInput,
+    Pool,
+    Settings,
+    Worker,
+    plan,
+    without_reclaims,
+)
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 from rose_sim.forecasters import Bounds
 from rose_sim.inputs import DAY, CostModel, Demand, SimJob
@@ -57,6 +68,7 @@ class SimConfig:
     pool_gpus: int = 64
     risk: str = "0.01"  # the operator's risk, a wire key: the forecast's gpus_needed at it
     dwell_s: float = 300.0  # the controller's --dwell
+    pool_name: str = POOL  # the pool's name (its GPUs' rose.io/gpu-pool label)
 
 
 @dataclass
@@ -134,13 +146,14 @@ class Simulation:
     """One policy over the evaluated ticks of one demand series."""
 
     def __init__(self, demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig, policy: Policy,
-                 bounds: dict[str, Bounds]) -> None:  # fmt: skip
+                 bounds: dict[str, Bounds], record: bool = False) -> None:  # fmt: skip
+        self.record = record  # keep every decision (the leak test compares them)
+        self.decisions: list[tuple[float, str, dict[str, JobTarget]]] = []
         self.d, self.cost, self.cfg, self.policy = demand, cost, cfg, policy
         self.sims = {j.key: j for j in jobs}
-        self.base = {j.key: planner_job(j.job, seconds_to_safe_point=j.safe_wait_s) for j in jobs}
+        self.base = {j.key: planner_job(j.job) for j in jobs}
         self.last_shrink: dict[str, float | None] = dict.fromkeys(self.sims)
         self.workers: list[_W] = []
-        self.serial = 0
         self.r = Result(policy.name, steps_by_job=dict.fromkeys(self.sims, 0.0))
         self.settings = Settings(dwell_s=cfg.dwell_s, interval_s=float(demand.tick_s))
         self.evict = policy.kind == "evict-restart"
@@ -154,25 +167,43 @@ class Simulation:
 
     # ------------------------------------------------------------------ planner plumbing
     def jobs(self) -> tuple[Job, ...]:
-        return tuple(replace(self.base[k], last_shrink_at=self.last_shrink[k]) for k in sorted(self.base))
+        """The controller's view of each job (``observe.planner_job``): the seconds to a safe point
+        are what its running workers report (at worst the safe-point period), 0 with none running."""
+        running = {w.job for w in self.workers if w.state == "active"}
+        return tuple(replace(self.base[k], last_shrink_at=self.last_shrink[k],
+                             seconds_to_safe_point=self.sims[k].safe_wait_s if k in running else 0.0)
+                     for k in sorted(self.base))  # fmt: skip
 
     def planner_workers(self) -> tuple[Worker, ...]:
-        return tuple(Worker(w.name, w.job, w.state, POOL) for w in self.workers if not w.evicted)
+        pool = self.cfg.pool_name
+        return tuple(Worker(w.name, w.job, w.state, pool) for w in sorted(self.workers, key=lambda w: w.name)
+                     if not w.evicted)  # fmt: skip
 
-    def run_plan(self, inp: PlanInput) -> Plan:
+    def new_name(self, key: str) -> str:
+        """``<job>-w<lowest free index>``, as the controller names a new worker (``desired``)."""
+        name = self.sims[key].job.name
+        used = {w.name for w in self.workers if w.job == key}
+        i = 0
+        while f"{name}-w{i}" in used:
+            i += 1
+        return f"{name}-w{i}"
+
+    def run_plan(self, inp: PlanInput, what: str = "plan") -> Plan:
         started = time.perf_counter()
         p = plan(inp)
         self.r.plan_s += time.perf_counter() - started
         self.r.plans += 1
+        if self.record:
+            self.decisions.append((inp.now, what, p.targets))
         return p
 
     def pool(self, i: int, now: float) -> Pool:
         if self.policy.kind == "dedicated":  # RL's own GPUs: nobody else needs them
-            return Pool(POOL, self.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
+            return Pool(self.cfg.pool_name, self.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
         assert self.bounds is not None
         reply = forecast_reply(self.bounds, i, now, self.cfg.risk, self.cfg.pool_gpus)
-        return Pool(POOL, self.cfg.pool_gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s),
-                                                                    self.cfg.risk))  # fmt: skip
+        return Pool(self.cfg.pool_name, self.cfg.pool_gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s),
+                                                                                  self.cfg.risk))  # fmt: skip
 
     def plan_input(self, i: int, now: float) -> PlanInput:
         return PlanInput(now, (self.pool(i, now),), self.jobs(), self.planner_workers(), self.settings)
@@ -239,10 +270,9 @@ class Simulation:
                 w = by_name[n]
                 w.state, w.ready_at, w.stop_at = "resuming", now + self.cost.transfer_s(sim.state_bytes), math.inf
             for _ in t.add:
-                self.serial += 1
                 start = now + self.cost.pod_start_s
                 restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict else 0.0
-                self.workers.append(_W(f"{key}-w{self.serial}", key, "pending", start + restore, pod_ready_at=start))
+                self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start))
             if changed:
                 for w in self.workers:
                     if w.job == key and w.state in ("active", "resuming", "pending") and not w.evicted:
@@ -276,8 +306,9 @@ class Simulation:
         if short <= 0:
             return
         actual = Forecast(now, float(self.d.tick_s), (need, need), "actual")
-        inp = PlanInput(now, (Pool(POOL, pool, actual),), self.jobs(), self.planner_workers(), self.settings)
-        p = self.run_plan(inp)
+        inp = PlanInput(now, (Pool(self.cfg.pool_name, pool, actual),), self.jobs(), self.planner_workers(),
+                        self.settings)  # fmt: skip
+        p = self.run_plan(inp, "unplanned")
         for key, t in p.targets.items():
             names = set(t.suspend) | set(t.remove)
             for w in [w for w in self.workers if w.job == key and w.name in names and w.state != "suspending"]:

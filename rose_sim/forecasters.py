@@ -42,11 +42,12 @@ def _last(busy: FloatArray, pool_gpus: int) -> FloatArray:
     return np.concatenate([[float(pool_gpus)], busy[:-1]])
 
 
-def oracle(busy: FloatArray, horizons_s: tuple[int, ...], tick_s: int, pool_gpus: int) -> Bounds:
+def oracle(busy: FloatArray, horizons_s: tuple[int, ...], tick_s: int) -> Bounds:
     cols = []
+    rest = np.maximum.accumulate(busy[::-1])[::-1]  # max of busy[i:]: the trace ends, nothing comes after
     for h in horizons_s:
         wm = rk.window_max(busy, h // tick_s)
-        cols.append(np.where(np.isnan(wm), float(pool_gpus), wm))  # past the end: the whole pool
+        cols.append(np.where(np.isnan(wm), rest, wm))
     return Bounds("oracle", horizons_s, np.stack(cols, axis=1))
 
 

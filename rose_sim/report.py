@@ -40,7 +40,7 @@ def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> 
     """Every forecaster's bounds over all ticks (persistence always: reactive and evict-restart use it)."""
     out = {"persistence": fc.persistence(demand.busy, HORIZONS_S, cfg.pool_gpus)}
     if "oracle" in forecasters:
-        out["oracle"] = fc.oracle(demand.busy, HORIZONS_S, demand.tick_s, cfg.pool_gpus)
+        out["oracle"] = fc.oracle(demand.busy, HORIZONS_S, demand.tick_s)
     if "baseline" in forecasters:
         out["baseline"] = fc.baseline(demand.busy, HORIZONS_S, demand.tick_s, demand.history, cfg.pool_gpus,
                                       float(cfg.risk))  # fmt: skip
