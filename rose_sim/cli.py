@@ -20,7 +20,7 @@ from rose_sim.engine import SimConfig, default_policies
 from rose_sim.inputs import CostModel, SimInputError, load_demand, load_jobs
 from rose_sim.report import FORECASTERS, markdown, plot, simulate
 
-KNOWN_FORECASTERS = ("oracle", "baseline")
+KNOWN_FORECASTERS = ("oracle", "baseline", "model")
 COST_HELP = {
     "pcie_bytes_per_s": "bytes/s a suspend or resume moves over PCIe (the controller's planning rate)",
     "pin_s": "seconds to pin host buffers per suspend",
@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the start of the series used only to size and tune, never evaluated (7d)")  # fmt: skip
     ap.add_argument("--tick", type=_duration, default=60, help="decision and accounting step (60s)")
     ap.add_argument("--risk", default="0.01", help="the operator's risk for the forecasts in the loop (0.01)")
+    ap.add_argument("--refit-every", type=_duration, default=86400,
+                    help="refit the predictor's model this often (1d; the service refits hourly)")  # fmt: skip
     ap.add_argument("--dwell", type=_duration, default=300, help="the controller's --dwell (5m)")
     ap.add_argument("--forecasters", default=",".join(FORECASTERS),
                     help=f"planned policies, one per forecaster: {', '.join(KNOWN_FORECASTERS)}")  # fmt: skip
@@ -111,7 +113,7 @@ def run(a: argparse.Namespace) -> int:
         peak_util=a.peak_util,
         capacity_per_gpu=1.0 if a.busy_gpus else a.capacity_per_gpu,
     )
-    cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell))
+    cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell), refit_every_s=a.refit_every)
     report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted))
     report["series"] = str(a.series)
     title = (f"{a.series.name}: {a.pool_gpus} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "

@@ -69,6 +69,7 @@ class SimConfig:
     risk: str = "0.01"  # the operator's risk, a wire key: the forecast's gpus_needed at it
     dwell_s: float = 300.0  # the controller's --dwell
     pool_name: str = POOL  # the pool's name (its GPUs' rose.io/gpu-pool label)
+    refit_every_s: int = 86400  # the predictor's model: refit this often (the service's default is 1 h)
 
 
 @dataclass

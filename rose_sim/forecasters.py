@@ -56,6 +56,36 @@ def persistence(busy: FloatArray, horizons_s: tuple[int, ...], pool_gpus: int) -
     return Bounds("persistence", horizons_s, np.repeat(last[:, None], len(horizons_s), axis=1))
 
 
+class ModelUnavailable(ValueError):
+    """The predictor's model cannot be fitted on this history (too few windows for the risk)."""
+
+
+def model(observed: FloatArray, capacity_per_gpu: float, horizons_s: tuple[int, ...], tick_s: int, history: int,
+          t0: int, risk: float, refit_every: int, pool_gpus: int) -> Bounds:  # fmt: skip
+    """The predictor's model in the loop (see the module docstring); reads ``observed[:i]`` at tick ``i``."""
+    n = len(observed)
+    cols, widths = [], []
+    for hs in horizons_s:
+        h = hs // tick_s + 1
+        col = np.full(n, float(pool_gpus))
+        names = set()
+        for a in range(history, n, refit_every):
+            b = min(n, a + refit_every)
+            try:
+                p = rk.fit_risk(observed, h, risk, tick_s, a - 1, t0)  # the history up to the last observation
+            except rk.NotEnoughWindows as e:
+                raise ModelUnavailable(f"the predictor's model at risk {risk}, {hs // 60}m windows: {e}") from None
+            y = observed[: b - 1]
+            q = rk.track_q(p, y, a - 1, b - 1, t0)
+            seg = rk.bound(p, y, q, 0.0, t0)[a - 1 : b - 1]
+            col[a:b] = np.where(np.isnan(seg), float(pool_gpus), np.ceil(seg / capacity_per_gpu - 1e-9))
+            names.add(p.width_name())
+        cols.append(col)
+        widths.append(f"{hs // 60}m: {'/'.join(sorted(names))} width")
+    detail = f"predictor.risk at risk {risk}, refit every {refit_every * tick_s // 3600} h; " + "; ".join(widths)
+    return Bounds("model", horizons_s, np.stack(cols, axis=1), detail)
+
+
 def _mult(base: FloatArray, need: FloatArray) -> FloatArray:
     with np.errstate(invalid="ignore", divide="ignore"):
         out: FloatArray = np.where(base > 0, need / base - 1.0, np.where(need > 0, np.inf, -np.inf))

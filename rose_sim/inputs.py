@@ -187,6 +187,7 @@ class Demand:
     history: int  # ticks before the evaluated period
     source_step: int
     capacity_per_gpu: float  # demand one GPU serves, from the history only
+    observed: FloatArray | None = None  # the demand itself (its unit), held like ``busy``: what the predictor reads
 
     @property
     def ticks(self) -> int:
@@ -245,7 +246,7 @@ def demand_from_values(
     if capacity_per_gpu <= 0:
         raise SimInputError(f"--capacity-per-gpu must be > 0, got {capacity_per_gpu}")
     busy: FloatArray = np.ceil(np.clip(x, 0, None) / capacity_per_gpu - 1e-9)
-    return Demand(start, tick_s, busy, history, source_step, capacity_per_gpu)
+    return Demand(start, tick_s, busy, history, source_step, capacity_per_gpu, np.clip(x, 0, None))
 
 
 def load_demand(path: Path, **kw: Any) -> Demand:

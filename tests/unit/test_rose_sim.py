@@ -56,7 +56,7 @@ def run_policy(policy: Policy, demand: Demand, jobs: list[dict[str, Any]] | None
                record: bool = False) -> Simulation:  # fmt: skip
     sims = parse_jobs([("t", j) for j in (jobs or [raw_job()])])
     cfg = SimConfig(pool_gpus=pool)
-    bounds = bounds_for(demand, cfg, ("oracle", "baseline"))
+    bounds = bounds_for(demand, cfg, (policy.forecaster,) if policy.forecaster else ())
     s = Simulation(demand, sims, CostModel(), cfg, policy, bounds, record=record)
     s.run()
     return s
@@ -142,7 +142,7 @@ def _decisions(s: Simulation, before: float) -> list[tuple[float, str, dict[str,
     return [x for x in s.decisions if x[0] < before]
 
 
-@pytest.mark.parametrize("policy", [p for p in default_policies(("oracle", "baseline"))
+@pytest.mark.parametrize("policy", [p for p in default_policies(("oracle", "baseline", "model"))
                                     if p.name not in ("planned-oracle", "no-lending")],
                          ids=lambda p: p.name)  # fmt: skip
 def test_leak_changing_demand_after_t_changes_no_decision_before_t(policy: Policy) -> None:
@@ -280,7 +280,7 @@ def test_cli_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.Capture
     assert rc == 0
     report = json.loads(out.read_text())
     assert list(report["results"]) == ["no-lending", "dedicated", "evict-restart", "reactive", "planned-oracle",
-                                       "planned-baseline"]  # fmt: skip
+                                       "planned-baseline", "planned-model"]  # fmt: skip
     assert report["cost_model"]["pin_s"] == 0.5 and report["evaluated_days"] == 1.0
     assert "| planned-oracle |" in md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
     assert "RL useful GPU-h" in capsys.readouterr().out
@@ -306,6 +306,8 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     _one_line_error(capsys, ["--series", str(good), "--jobs", str(tmp_path / "nowhere")], "no such file or folder")
     _one_line_error(capsys, ["--series", str(good), "--jobs", str(jobs), "--forecasters", "crystal-ball"],
                     "unknown crystal-ball")  # fmt: skip
+    _one_line_error(capsys, ["--series", str(good), "--jobs", str(jobs), "--history", "1d", "--risk", "0.0004",
+                             "--forecasters", "model"], "the predictor's model at risk 0.0004")  # fmt: skip
     wrong_kind = _jobs_dir(tmp_path / "kind", {**raw_job(), "kind": "Deployment"})
     _one_line_error(capsys, ["--series", str(good), "--jobs", str(wrong_kind)], "is not ElasticRLJob")
     with pytest.raises(SystemExit):
@@ -317,5 +319,5 @@ def test_simulate_report_judges_the_goals() -> None:
     d = burst_demand()
     report = simulate(d, parse_jobs([("t", raw_job())]), CostModel(), SimConfig(pool_gpus=8))
     g = report["goals"]
-    assert g["judged"] == "planned-baseline" and set(g) >= {"waits_per_day", "duty_cycle", "useful_vs_evict_restart"}
+    assert g["judged"].startswith("planned-") and set(g) >= {"waits_per_day", "duty_cycle", "useful_vs_evict_restart"}
     assert report["runtime_s"]["total_s"] > 0
