@@ -20,7 +20,9 @@ Policies: ``no-lending``; ``dedicated`` (a static split sized from the history: 
 ``pool - ceil(history peak)`` GPUs, serving the rest, and waits when it needs more);
 ``evict-restart`` (grow into what is idle now, preempt by eviction, restart from the last periodic
 checkpoint: Kueue / KAI); ``reactive`` (ROSE with the planner off: suspend when serving arrives);
-``planned-<forecaster>`` (ROSE's planner fed that forecaster at the operator's risk).
+``planned-<forecaster>`` (ROSE's planner fed that forecaster at the operator's risk);
+``evict-planned-<forecaster>`` (the same planner and forecaster, but every reclaim evicts: a
+scheduler that had ROSE's forecast and no suspend, compared at about equal serving waits).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from rose_sim.forecasters import Bounds
 from rose_sim.inputs import DAY, CostModel, Demand, SimJob
 
 POOL = "serving"
-PolicyKind = Literal["no-lending", "dedicated", "evict-restart", "reactive", "planned"]
+PolicyKind = Literal["no-lending", "dedicated", "evict-restart", "evict-planned", "reactive", "planned"]
 QUANTILE = "0.9"  # the controller's --quantile (unused at a risk the reply carries)
 
 
@@ -157,7 +159,7 @@ class Simulation:
         self.workers: list[_W] = []
         self.r = Result(policy.name, steps_by_job=dict.fromkeys(self.sims, 0.0))
         self.settings = Settings(dwell_s=cfg.dwell_s, interval_s=float(demand.tick_s))
-        self.evict = policy.kind == "evict-restart"
+        self.evict = policy.kind in ("evict-restart", "evict-planned")
         self.bounds = bounds.get(policy.forecaster or "persistence") if policy.kind != "dedicated" else None
         hist_peak = float(np.max(demand.busy[: demand.history]))
         self.rl_gpus = max(0, cfg.pool_gpus - math.ceil(hist_peak)) if policy.kind == "dedicated" else 0
@@ -390,10 +392,15 @@ class Simulation:
 
 
 def default_policies(forecasters: tuple[str, ...]) -> tuple[Policy, ...]:
+    """The policies side by side; the evict-and-restart twin of the last deployable forecaster
+    (model, else baseline) compares suspend with eviction at about equal serving waits."""
+    deployable = [f for f in forecasters if f != "oracle"]
+    twin = (Policy(f"evict-planned-{deployable[-1]}", "evict-planned", deployable[-1]),) if deployable else ()
     return (
         Policy("no-lending", "no-lending"),
         Policy("dedicated", "dedicated"),
         Policy("evict-restart", "evict-restart", "persistence"),
         Policy("reactive", "reactive", "persistence"),
         *(Policy(f"planned-{f}", "planned", f) for f in forecasters),
+        *twin,
     )

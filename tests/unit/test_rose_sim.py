@@ -119,6 +119,11 @@ def test_each_policy_on_a_burst_of_serving() -> None:
     assert dedicated.waits == pytest.approx([3600.0] * 6)
     for r in out.values():
         assert r.over_capacity_gpu_s == 0
+    job = raw_job()
+    job["metadata"]["annotations"] = {"sim.rose.io/checkpoint-interval": "45m"}  # not on the eviction's tick
+    twin = run_policy(Policy("evict-planned-oracle", "evict-planned", "oracle"), d, [job]).r  # the planner, evicting
+    assert twin.waits == [] and twin.evictions == 4 and twin.suspends == 0 and twin.lost_gpu_s > 0
+    assert twin.useful_gpu_s < oracle.useful_gpu_s
 
 
 def test_transitions_cost_time_useful_work_is_less_than_lent() -> None:
@@ -280,7 +285,7 @@ def test_cli_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.Capture
     assert rc == 0
     report = json.loads(out.read_text())
     assert list(report["results"]) == ["no-lending", "dedicated", "evict-restart", "reactive", "planned-oracle",
-                                       "planned-baseline", "planned-model"]  # fmt: skip
+                                       "planned-baseline", "planned-model", "evict-planned-model"]  # fmt: skip
     assert report["cost_model"]["pin_s"] == 0.5 and report["evaluated_days"] == 1.0
     assert "| planned-oracle |" in md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
     assert "RL useful GPU-h" in capsys.readouterr().out
