@@ -56,13 +56,14 @@ def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> 
 
 
 def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's goals, judged on the planned policy (not the oracle) with the most useful GPU-hours;
-    the 3x comparison against its evict-and-restart twin (same planner and forecaster: about equal
-    serving waits) when there is one, else against plain evict-restart."""
+    """The issue's goals, judged on the planned policy (not the oracle) that has an evict-and-restart
+    twin (same planner and forecaster: about equal serving waits), else the one with the most useful
+    GPU-hours against plain evict-restart."""
     planned = {k: v for k, v in results.items() if k.startswith("planned-") and k != "planned-oracle"}
     if not planned or "evict-restart" not in results:
         return {}
-    name, r = max(planned.items(), key=lambda kv: kv[1]["rl_useful_gpu_hours"])
+    twinned = {k: v for k, v in planned.items() if f"evict-{k}" in results} or planned
+    name, r = max(twinned.items(), key=lambda kv: kv[1]["rl_useful_gpu_hours"])
     twin = f"evict-{name}"
     against = twin if twin in results else "evict-restart"
     ev = results[against]
