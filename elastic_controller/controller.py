@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -61,7 +61,17 @@ from elastic_controller.observe import (
     world_updates,
     world_value,
 )
-from elastic_controller.planner import Forecast, JobTarget, Plan, PlanInput, Pool, Settings, Worker, plan
+from elastic_controller.planner import (
+    Forecast,
+    JobTarget,
+    Plan,
+    PlanInput,
+    Pool,
+    Settings,
+    Worker,
+    plan,
+    without_reclaims,
+)
 from elastic_controller.reconciler import Failure, JobApi, RunAll, converge, run_serially
 from elastic_controller.status import EventSpec
 from elastic_controller.workers import CONTROLLER, claim_template_name
@@ -74,7 +84,6 @@ from rose_common.workqueue import WorkQueue
 
 log = logging.getLogger("elastic_controller")
 
-PLANNED_REASONS = ("PlannedShrink:", "PlannedGangSuspend:")  # the planner's reclaim Event reasons
 Inventory = Callable[[], Mapping[str, int]]  # physical GPUs per pool
 
 
@@ -150,26 +159,6 @@ def reclaim_kind(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
             return None  # a time-slice hand-over (it writes a newer fencing token with its request): not a reclaim
         return "unplanned"
     return None
-
-
-def without_reclaims(result: Plan, gpus_per_worker: dict[str, int]) -> Plan:
-    """The plan with its planned reclaims taken out (pure): the workers they would suspend or
-    remove keep running, their GPUs stay in the job's target, their reasons leave the Events."""
-    reclaimed: dict[str, set[str]] = {}
-    for r in result.reclaims:
-        reclaimed.setdefault(r.job, set()).update(r.workers)
-    targets = {}
-    for key, t in result.targets.items():
-        gone = reclaimed.get(key, set())
-        kept = sum(1 for n in (*t.suspend, *t.remove) if n in gone)
-        targets[key] = replace(
-            t,
-            active_gpus=t.active_gpus + kept * gpus_per_worker.get(key, 1),
-            suspend=tuple(n for n in t.suspend if n not in gone),
-            remove=tuple(n for n in t.remove if n not in gone),
-            reasons=tuple(r for r in t.reasons if not r.startswith(PLANNED_REASONS)),
-        )
-    return replace(result, targets=targets, reclaims=())
 
 
 def _attempt(call: Callable[[], None]) -> Exception | None:

@@ -31,11 +31,12 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 WorkerState = Literal["active", "pending", "resuming", "suspending", "suspended"]
 HOLDING: frozenset[str] = frozenset({"active", "pending", "resuming"})  # states that hold a GPU
+PLANNED_REASONS = ("PlannedShrink:", "PlannedGangSuspend:")  # the planner's reclaim Event reasons
 
 
 @dataclass(frozen=True)
@@ -425,3 +426,23 @@ def plan(inp: PlanInput) -> Plan:
     _partial_gangs(book)
     return Plan(inp.now, {k: b.target() for k, b in book.jobs.items()}, tuple(book.reclaims),
                 {p: book.lent(p) for p in sorted(book.pools)})  # fmt: skip
+
+
+def without_reclaims(result: Plan, gpus_per_worker: dict[str, int]) -> Plan:
+    """The plan with its planned reclaims taken out (pure): the workers they would suspend or
+    remove keep running, their GPUs stay in the job's target, their reasons leave the Events."""
+    reclaimed: dict[str, set[str]] = {}
+    for r in result.reclaims:
+        reclaimed.setdefault(r.job, set()).update(r.workers)
+    targets = {}
+    for key, t in result.targets.items():
+        gone = reclaimed.get(key, set())
+        kept = sum(1 for n in (*t.suspend, *t.remove) if n in gone)
+        targets[key] = replace(
+            t,
+            active_gpus=t.active_gpus + kept * gpus_per_worker.get(key, 1),
+            suspend=tuple(n for n in t.suspend if n not in gone),
+            remove=tuple(n for n in t.remove if n not in gone),
+            reasons=tuple(r for r in t.reasons if not r.startswith(PLANNED_REASONS)),
+        )
+    return replace(result, targets=targets, reclaims=())

@@ -6,6 +6,7 @@
     rose driver ...                     the DRA node driver and suspend engine
     rose predictor ...                  the serving-demand forecaster (serve, backtest, generate)
     rose timeslice serve|advise         the time-slice orchestrator (acquire / yield a GPU group)
+    rose simulate                       one serving fleet under several lending policies, trace-driven
     rose demo                           the whole story on a local cluster
     rose dashboard generate|check|preview  the Grafana dashboard as code, and a PNG preview of its panels
     rose version                        the client's version and, with a kubeconfig, the API server's
@@ -33,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("dra_driver.agent.cli", "the node agent alone (suspend engine, workload socket)"),
     "predictor": ("predictor.cli", "serving-demand forecasts: serve, backtest, generate"),
     "timeslice": ("timeslice.cli", "the time-slice orchestrator: serve (gRPC Acquire / Yield), advise"),
+    "simulate": ("rose_sim.cli", "one serving fleet under several lending policies, from a demand trace"),
     "demo": ("rose_cli.demo", "the whole story on a local cluster"),
     "dashboard": ("rose_cli.dashboard", "the Grafana dashboard as code: generate, check, preview (PNG)"),
     "version": ("rose_cli.version", "the client's version; with --kubeconfig also the API server's"),

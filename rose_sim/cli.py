@@ -1,0 +1,138 @@
+"""``rose simulate``: how many GPU-hours would RL get from this serving fleet, and what would serving pay?
+
+    rose simulate --series FILE.csv --jobs DIR [--json OUT.json] [--report OUT.png] [--markdown OUT.md]
+
+I/O boundary: argv, the series CSV, the jobs' YAML, stdout, the files named by flags. Every
+failure is one line on stderr and exit status 2 (bad flags, an unknown series format, a job the
+CRD refuses, a series shorter than the history); docs/simulate.md describes the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from predictor.series import format_duration, parse_duration
+from rose_sim.engine import SimConfig, default_policies
+from rose_sim.inputs import CostModel, SimInputError, load_demand, load_jobs
+from rose_sim.report import FORECASTERS, markdown, plot, simulate
+
+KNOWN_FORECASTERS = ("oracle", "baseline", "model")
+COST_HELP = {
+    "pcie_bytes_per_s": "bytes/s a suspend or resume moves over PCIe (the controller's planning rate)",
+    "pin_s": "seconds to pin host buffers per suspend",
+    "pod_start_s": "seconds from a new worker's creation to its process running",
+    "world_change_s": "seconds every running worker of a job stalls when its set of workers changes",
+    "storage_bytes_per_s": "bytes/s of durable checkpoint writes and restores",
+    "evict_s": "seconds an evicted worker takes to exit and free its GPU",
+    "scaling_efficiency": "progress each added worker brings, as a share of one worker's",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"rose simulate: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+    if not 1 <= v <= 100_000:
+        raise argparse.ArgumentTypeError(f"{v} is out of range: use 1..100000")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be in (0, 1]")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="rose simulate", description=__doc__.split("\n")[0])
+    ap.add_argument("--series", type=Path, required=True, help="serving demand, a CSV in the traces' format")
+    ap.add_argument("--jobs", type=Path, required=True, help="an ElasticRLJob YAML file or a folder of them")
+    ap.add_argument("--json", type=Path, help="write the report as JSON here")
+    ap.add_argument("--markdown", type=Path, help="write the markdown table here (it is printed anyway)")
+    ap.add_argument("--report", type=Path, help="write one PNG here")
+    ap.add_argument("--pool-gpus", type=_positive_int, default=64, help="GPUs of the pool (64)")
+    ap.add_argument("--peak-util", type=_fraction, default=0.9,
+                    help="the history's peak uses this share of the pool (0.9); sizes what one GPU serves")  # fmt: skip
+    ap.add_argument("--capacity-per-gpu", type=float, help="demand one GPU serves (instead of --peak-util)")
+    ap.add_argument("--busy-gpus", action="store_true", help="the series already counts busy serving GPUs")
+    ap.add_argument("--history", type=_duration, default=7 * 86400,
+                    help="the start of the series used only to size and tune, never evaluated (7d)")  # fmt: skip
+    ap.add_argument("--tick", type=_duration, default=60, help="decision and accounting step (60s)")
+    ap.add_argument("--risk", default="0.01", help="the operator's risk for the forecasts in the loop (0.01)")
+    ap.add_argument("--refit-every", type=_duration, default=86400,
+                    help="refit the predictor's model this often (1d; the service refits hourly)")  # fmt: skip
+    ap.add_argument("--dwell", type=_duration, default=300, help="the controller's --dwell (5m)")
+    ap.add_argument("--forecasters", default=",".join(FORECASTERS),
+                    help=f"planned policies, one per forecaster: {', '.join(KNOWN_FORECASTERS)}")  # fmt: skip
+    for f in fields(CostModel):
+        ap.add_argument(f"--cost-{f.name.replace('_', '-')}", type=float, default=f.default,
+                        help=f"{COST_HELP[f.name]} ({f.default:g})")  # fmt: skip
+    return ap
+
+
+def run(a: argparse.Namespace) -> int:
+    try:
+        risk = float(a.risk)
+    except ValueError:
+        raise SimInputError(f"--risk {a.risk!r} is not a number") from None
+    if not 0 < risk < 0.5:
+        raise SimInputError(f"--risk {a.risk} must be in (0, 0.5)")
+    wanted = tuple(x.strip() for x in a.forecasters.split(",") if x.strip())
+    unknown = [x for x in wanted if x not in KNOWN_FORECASTERS]
+    if unknown:
+        raise SimInputError(f"--forecasters: unknown {', '.join(unknown)}; known: {', '.join(KNOWN_FORECASTERS)}")
+    cost = CostModel(**{f.name: getattr(a, f"cost_{f.name}") for f in fields(CostModel)})
+    jobs = load_jobs(a.jobs)
+    demand = load_demand(
+        a.series,
+        tick_s=a.tick,
+        history_s=a.history,
+        pool_gpus=a.pool_gpus,
+        peak_util=a.peak_util,
+        capacity_per_gpu=1.0 if a.busy_gpus else a.capacity_per_gpu,
+    )
+    cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell), refit_every_s=a.refit_every)
+    report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted))
+    report["series"] = str(a.series)
+    title = (f"{a.series.name}: {a.pool_gpus} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
+             f"after {format_duration(a.history)} of history")  # fmt: skip
+    table = markdown(report, title)
+    print(table)
+    if a.json is not None:
+        a.json.write_text(json.dumps(report, indent=1) + "\n")
+    if a.markdown is not None:
+        a.markdown.write_text(table + "\n")
+    if a.report is not None:
+        plot(report, a.report, title)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return run(a)
+    except SimInputError as e:
+        print(f"rose simulate: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,406 @@
+"""The simulation: one pool, its serving demand, the RL jobs, one policy; tick by tick.
+
+I/O boundary: none. Every tick (``Demand.tick_s``, default 60 s), in this order:
+
+1. transitions that finished by now take effect (a suspend's GPU is free, a pod started, a resume done);
+2. the policy decides. ROSE's policies build the controller's planner input (each job through
+   ``observe.planner_job``, the forecast through ``pools.to_forecast`` from a predictor-shaped reply)
+   and call ``planner.plan``; ``reactive`` and ``evict-restart`` drop its planned reclaims with
+   ``planner.without_reclaims`` (``rose controller --planner=off``);
+3. serving arrives with the tick's demand. GPUs it needs that RL still holds are taken back
+   *unplanned*: a suspend already under way is waited for; otherwise ``planner.plan`` with the demand
+   of now picks the victims (cheapest first, whole gangs at ``minGPUs``, as the planner orders
+   them), and serving waits for each: safe point + pinning + the state over PCIe (ROSE) or the
+   process's exit (evict-restart, which also loses the job's work since its last checkpoint);
+4. the tick is accounted: each worker's productive seconds (not while its pod starts, its world
+   changes, its state moves, or it waits for a checkpoint restore), scaled by the scaling
+   efficiency per job, less the checkpoint stall.
+
+Policies: ``no-lending``; ``dedicated`` (a static split sized from the history: RL keeps
+``pool - ceil(history peak)`` GPUs, serving the rest, and waits when it needs more);
+``evict-restart`` (grow into what is idle now, preempt by eviction, restart from the last periodic
+checkpoint: Kueue / KAI); ``reactive`` (ROSE with the planner off: suspend when serving arrives);
+``planned-<forecaster>`` (ROSE's planner fed that forecaster at the operator's risk);
+``evict-planned-<forecaster>`` (the same planner and forecaster, but every reclaim evicts: a
+scheduler that had ROSE's forecast and no suspend, compared at about equal serving waits).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Literal
+
+import numpy as np
+
+from elastic_controller import pools as ec_pools
+from elastic_controller.observe import planner_job
+from elastic_controller.planner import (
+    Forecast,
+    Job,
+    JobTarget,
+    Plan,
+    PlanInput,
+    Pool,
+    Settings,
+    Worker,
+    plan,
+    without_reclaims,
+)
+from rose_common.forecast_api import ForecastPoint, ForecastResponse
+from rose_sim.forecasters import Bounds
+from rose_sim.inputs import DAY, CostModel, Demand, SimJob
+
+POOL = "serving"
+PolicyKind = Literal["no-lending", "dedicated", "evict-restart", "evict-planned", "reactive", "planned"]
+QUANTILE = "0.9"  # the controller's --quantile (unused at a risk the reply carries)
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    kind: PolicyKind
+    forecaster: str | None = None  # planned: which Bounds; reactive and evict-restart: persistence
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    pool_gpus: int = 64
+    risk: str = "0.01"  # the operator's risk, a wire key: the forecast's gpus_needed at it
+    dwell_s: float = 300.0  # the controller's --dwell
+    pool_name: str = POOL  # the pool's name (its GPUs' rose.io/gpu-pool label)
+    refit_every_s: int = 86400  # the predictor's model: refit this often (the service's default is 1 h)
+
+
+@dataclass
+class _W:
+    """A worker as the simulation tracks it (the planner sees ``planner_state``)."""
+
+    name: str
+    job: str
+    state: Literal["pending", "active", "resuming", "suspending", "suspended"]
+    ready_at: float  # productive from here (pod start, world change, resume, restore)
+    pod_ready_at: float = 0.0  # pending -> active (the pod runs)
+    stop_at: float = math.inf  # suspending: productive until its safe point
+    free_at: float = 0.0  # suspending: the GPU is free from here
+    evicted: bool = False  # evict-restart: gone once the GPU is free, never resumed
+
+
+@dataclass
+class Result:
+    policy: str
+    useful_gpu_s: float = 0.0
+    steps: float = 0.0
+    lent_gpu_s: float = 0.0  # GPU-seconds RL held (transitions included)
+    productive_gpu_s: float = 0.0  # GPU-seconds RL computed (before scaling efficiency)
+    serving_gpu_s: float = 0.0
+    waits: list[float] = field(default_factory=list)  # one per serving GPU that waited, seconds
+    suspends: int = 0
+    evictions: int = 0
+    lost_gpu_s: float = 0.0
+    planned_reclaims: int = 0
+    unplanned_reclaims: int = 0
+    host_bytes_peak: int = 0
+    over_capacity_gpu_s: float = 0.0  # serving beyond the whole pool: no policy's doing
+    plan_s: float = 0.0
+    plans: int = 0
+    steps_by_job: dict[str, float] = field(default_factory=dict)
+
+    def report(self, seconds: float, pool_gpus: int) -> dict[str, float | int | dict[str, float]]:
+        days = seconds / DAY
+        w = np.asarray(self.waits) if self.waits else np.zeros(0)
+        return {
+            "rl_useful_gpu_hours": round(self.useful_gpu_s / 3600, 1),
+            "rl_steps": round(self.steps),
+            "rl_lent_gpu_hours": round(self.lent_gpu_s / 3600, 1),
+            "rl_lost_gpu_hours": round(self.lost_gpu_s / 3600, 1),
+            "pool_duty_cycle": round((self.serving_gpu_s + self.productive_gpu_s) / (pool_gpus * seconds), 4),
+            "serving_waits": len(self.waits),
+            "serving_wait_gpu_seconds": round(float(w.sum()), 1),
+            "serving_wait_p99_s": round(float(np.quantile(w, 0.99)), 2) if len(w) else 0.0,
+            "serving_waits_per_day": round(len(self.waits) / days, 2),
+            "suspends_per_day": round(self.suspends / days, 1),
+            "evictions_per_day": round(self.evictions / days, 1),
+            "planned_reclaims": self.planned_reclaims,
+            "unplanned_reclaims": self.unplanned_reclaims,
+            "host_memory_peak_gib": round(self.host_bytes_peak / 2**30, 1),
+            "over_capacity_gpu_seconds": round(self.over_capacity_gpu_s, 1),
+            "plan_ms_mean": round(1000 * self.plan_s / self.plans, 3) if self.plans else 0.0,
+            "steps_by_job": {k: round(v) for k, v in sorted(self.steps_by_job.items())},
+        }
+
+
+def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int) -> ForecastResponse:
+    """What the predictor would serve at tick ``i``: per horizon the GPUs needed at ``risk``."""
+    at = datetime.fromtimestamp(now, UTC)
+    row = bounds.values[i]
+    points = [
+        ForecastPoint(horizon_seconds=h, timestamp=datetime.fromtimestamp(now + h, UTC),
+                      quantiles={QUANTILE: float(v)}, gpus_needed={risk: int(min(v, 1e9))})
+        for h, v in zip(bounds.horizons_s, row, strict=True)
+    ]  # fmt: skip
+    return ForecastResponse(pool=POOL, model_version=bounds.name, generated_at=at, last_observation_at=at,
+                            data_age_seconds=0.0, stale=False, current=None, points=points)  # fmt: skip
+
+
+class Simulation:
+    """One policy over the evaluated ticks of one demand series."""
+
+    def __init__(self, demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig, policy: Policy,
+                 bounds: dict[str, Bounds], record: bool = False) -> None:  # fmt: skip
+        self.record = record  # keep every decision (the leak test compares them)
+        self.decisions: list[tuple[float, str, dict[str, JobTarget]]] = []
+        self.d, self.cost, self.cfg, self.policy = demand, cost, cfg, policy
+        self.sims = {j.key: j for j in jobs}
+        self.base = {j.key: planner_job(j.job) for j in jobs}
+        self.last_shrink: dict[str, float | None] = dict.fromkeys(self.sims)
+        self.workers: list[_W] = []
+        self.r = Result(policy.name, steps_by_job=dict.fromkeys(self.sims, 0.0))
+        self.settings = Settings(dwell_s=cfg.dwell_s, interval_s=float(demand.tick_s))
+        self.evict = policy.kind in ("evict-restart", "evict-planned")
+        self.bounds = bounds.get(policy.forecaster or "persistence") if policy.kind != "dedicated" else None
+        hist_peak = float(np.max(demand.busy[: demand.history]))
+        self.rl_gpus = max(0, cfg.pool_gpus - math.ceil(hist_peak)) if policy.kind == "dedicated" else 0
+        self.since_ckpt = dict.fromkeys(self.sims, 0.0)  # evict-restart: useful GPU-s not yet checkpointed
+        self.since_steps = dict.fromkeys(self.sims, 0.0)  # and its steps
+        self.last_ckpt = dict.fromkeys(self.sims, 0.0)
+        self.short_open: list[float] = []  # dedicated: serving GPUs waiting since (start times)
+
+    # ------------------------------------------------------------------ planner plumbing
+    def jobs(self) -> tuple[Job, ...]:
+        """The controller's view of each job (``observe.planner_job``): the seconds to a safe point
+        are what its running workers report (at worst the safe-point period), 0 with none running."""
+        running = {w.job for w in self.workers if w.state == "active"}
+        return tuple(replace(self.base[k], last_shrink_at=self.last_shrink[k],
+                             seconds_to_safe_point=self.sims[k].safe_wait_s if k in running else 0.0)
+                     for k in sorted(self.base))  # fmt: skip
+
+    def planner_workers(self) -> tuple[Worker, ...]:
+        pool = self.cfg.pool_name
+        return tuple(Worker(w.name, w.job, w.state, pool) for w in sorted(self.workers, key=lambda w: w.name)
+                     if not w.evicted)  # fmt: skip
+
+    def new_name(self, key: str) -> str:
+        """``<job>-w<lowest free index>``, as the controller names a new worker (``desired``)."""
+        name = self.sims[key].job.name
+        used = {w.name for w in self.workers if w.job == key}
+        i = 0
+        while f"{name}-w{i}" in used:
+            i += 1
+        return f"{name}-w{i}"
+
+    def run_plan(self, inp: PlanInput, what: str = "plan") -> Plan:
+        started = time.perf_counter()
+        p = plan(inp)
+        self.r.plan_s += time.perf_counter() - started
+        self.r.plans += 1
+        if self.record:
+            self.decisions.append((inp.now, what, p.targets))
+        return p
+
+    def pool(self, i: int, now: float) -> Pool:
+        if self.policy.kind == "dedicated":  # RL's own GPUs: nobody else needs them
+            return Pool(self.cfg.pool_name, self.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
+        assert self.bounds is not None
+        reply = forecast_reply(self.bounds, i, now, self.cfg.risk, self.cfg.pool_gpus)
+        return Pool(self.cfg.pool_name, self.cfg.pool_gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s),
+                                                                                  self.cfg.risk))  # fmt: skip
+
+    def plan_input(self, i: int, now: float) -> PlanInput:
+        return PlanInput(now, (self.pool(i, now),), self.jobs(), self.planner_workers(), self.settings)
+
+    def decide(self, i: int, now: float) -> Plan | None:
+        if self.policy.kind == "no-lending":
+            return None
+        p = self.run_plan(self.plan_input(i, now))
+        if self.policy.kind in ("reactive", "evict-restart"):
+            p = without_reclaims(p, {k: j.gpus_per_worker for k, j in self.base.items()})
+        return p
+
+    # ------------------------------------------------------------------ carrying out
+    def settle(self, now: float) -> None:
+        out = []
+        for w in self.workers:
+            if w.state == "suspending" and w.free_at <= now:
+                if w.evicted:
+                    continue
+                w.state = "suspended"
+            elif (w.state == "pending" and w.pod_ready_at <= now) or (w.state == "resuming" and w.ready_at <= now):
+                w.state = "active"
+            out.append(w)
+        self.workers = out
+
+    def take_off(self, w: _W, now: float) -> float:
+        """Suspend (ROSE) or evict (evict-restart) ``w``; the seconds until its GPU is free."""
+        sim = self.sims[w.job]
+        if w.state == "pending":  # a pod not started yet: removed at once
+            self.workers.remove(w)
+            return 0.0
+        if self.evict:
+            wait = self.cost.evict_s
+            w.evicted, w.state, w.stop_at, w.free_at = True, "suspending", now, now + wait
+            self.r.evictions += 1
+            self._restart(w.job, now)
+            return wait
+        wait = self.cost.suspend_s(sim.state_bytes, sim.safe_wait_s)
+        w.state, w.stop_at, w.free_at = "suspending", now + sim.safe_wait_s, now + wait
+        self.r.suspends += 1
+        return wait
+
+    def _restart(self, job: str, now: float) -> None:
+        """An eviction: the job's work since its last checkpoint is lost; who remains reloads it."""
+        self.r.lost_gpu_s += self.since_ckpt[job]
+        self.since_ckpt[job] = self.since_steps[job] = 0.0
+        restore = self.cost.checkpoint_s(self.sims[job].state_bytes)
+        for x in self.workers:
+            if x.job == job and x.state in ("active", "resuming", "pending") and not x.evicted:
+                x.ready_at = max(x.ready_at, now + self.cost.world_change_s + restore)
+
+    def carry_out(self, p: Plan, now: float) -> None:
+        by_name = {w.name: w for w in self.workers if not w.evicted}
+        for key, t in p.targets.items():
+            sim = self.sims[key]
+            changed = bool(t.suspend or t.remove or t.resume or t.add)
+            for n in t.remove:
+                if n in by_name:
+                    self.workers.remove(by_name[n])
+            for n in t.suspend:
+                if n in by_name and by_name[n].state != "suspending":
+                    self.take_off(by_name[n], now)
+            for n in t.resume:
+                w = by_name[n]
+                w.state, w.ready_at, w.stop_at = "resuming", now + self.cost.transfer_s(sim.state_bytes), math.inf
+            for _ in t.add:
+                start = now + self.cost.pod_start_s
+                restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict else 0.0
+                self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start))
+            if changed:
+                for w in self.workers:
+                    if w.job == key and w.state in ("active", "resuming", "pending") and not w.evicted:
+                        w.ready_at = max(w.ready_at, now + self.cost.world_change_s)
+            if t.shrinks:
+                self.last_shrink[key] = now
+        self.r.planned_reclaims += sum(len(r.workers) for r in p.reclaims)
+
+    # ------------------------------------------------------------------ serving
+    def serving(self, i: int, now: float) -> None:
+        demand = float(self.d.busy[i])
+        pool = self.cfg.pool_gpus
+        over = max(0.0, demand - pool)
+        self.r.over_capacity_gpu_s += over * self.d.tick_s
+        need = min(demand, pool)
+        self.r.serving_gpu_s += need * self.d.tick_s
+        if self.policy.kind == "dedicated":
+            self._dedicated_short(need - (pool - self.rl_gpus), now)
+            return
+        gpw = {k: j.gpus_per_worker for k, j in self.base.items()}
+        occupied = sum(gpw[w.job] for w in self.workers if w.state != "suspended")
+        short = int(need - (pool - occupied))
+        if short <= 0:
+            return
+        for w in sorted((w for w in self.workers if w.state == "suspending"), key=lambda w: w.free_at):
+            if short <= 0:
+                return
+            take = min(short, gpw[w.job])
+            self.r.waits += [w.free_at - now] * take  # > 0: settle() freed the finished ones
+            short -= take
+        if short <= 0:
+            return
+        actual = Forecast(now, float(self.d.tick_s), (need, need), "actual")
+        inp = PlanInput(now, (Pool(self.cfg.pool_name, pool, actual),), self.jobs(), self.planner_workers(),
+                        self.settings)  # fmt: skip
+        p = self.run_plan(inp, "unplanned")
+        for key, t in p.targets.items():
+            names = set(t.suspend) | set(t.remove)
+            for w in [w for w in self.workers if w.job == key and w.name in names and w.state != "suspending"]:
+                wait = self.take_off(w, now)
+                self.r.unplanned_reclaims += gpw[key]
+                take = min(max(short, 0), gpw[key])
+                self.r.waits += [wait] * take if wait > 0 else []
+                short -= take
+            if t.shrinks:
+                self.last_shrink[key] = now
+
+    def _dedicated_short(self, short: float, now: float) -> None:
+        """Serving's partition is too small: each GPU short waits until demand falls back."""
+        n = max(0, int(short))
+        while len(self.short_open) > n:
+            self.r.waits.append(now - self.short_open.pop())
+        while len(self.short_open) < n:
+            self.short_open.append(now)
+
+    # ------------------------------------------------------------------ accounting
+    def account(self, now: float) -> None:
+        tick = float(self.d.tick_s)
+        end = now + tick
+        per_job: dict[str, float] = {}
+        held = 0.0
+        host = 0
+        for w in self.workers:
+            g = self.base[w.job].gpus_per_worker
+            if w.state == "suspended" or (w.state == "suspending" and not w.evicted):
+                host += self.sims[w.job].state_bytes
+            if w.state != "suspended":
+                held += g * (min(end, w.free_at) - now if w.state == "suspending" else tick)
+            t0, t1 = max(now, w.ready_at), min(end, w.stop_at)
+            if w.state != "suspended" and t1 > t0:
+                per_job[w.job] = per_job.get(w.job, 0.0) + (t1 - t0) / tick
+        self.r.lent_gpu_s += held
+        self.r.host_bytes_peak = max(self.r.host_bytes_peak, host)
+        for key, workers in per_job.items():
+            sim, g = self.sims[key], self.base[key].gpus_per_worker
+            ckpt = 1.0 - min(1.0, self.cost.checkpoint_s(sim.state_bytes) / sim.checkpoint_interval_s)
+            useful_worker_s = self.cost.throughput(workers) * tick * ckpt
+            self.r.productive_gpu_s += workers * g * tick
+            self.since_ckpt[key] += useful_worker_s * g
+            self.since_steps[key] += useful_worker_s / sim.step_seconds
+            if not self.evict:  # suspend loses nothing: all of it counts at once
+                self._commit(key)
+        if self.evict:
+            for key, sim in self.sims.items():
+                if end - self.last_ckpt[key] >= sim.checkpoint_interval_s:
+                    self._commit(key)
+                    self.last_ckpt[key] = end
+
+    def _commit(self, key: str) -> None:
+        self.r.useful_gpu_s += self.since_ckpt[key]
+        self.r.steps += self.since_steps[key]
+        self.r.steps_by_job[key] += self.since_steps[key]
+        self.since_ckpt[key] = self.since_steps[key] = 0.0
+
+    def run(self) -> Result:
+        tick = self.d.tick_s
+        first = self.d.history
+        for key in self.last_ckpt:
+            self.last_ckpt[key] = float(self.d.start + first * tick)
+        for i in range(first, self.d.ticks):
+            now = float(self.d.start + i * tick)
+            self.settle(now)
+            p = self.decide(i, now)
+            if p is not None:
+                self.carry_out(p, now)
+            self.serving(i, now)
+            self.account(now)
+        end = float(self.d.start + self.d.ticks * tick)
+        for start in self.short_open:
+            self.r.waits.append(end - start)
+        for key in self.sims:  # what is not checkpointed at the end still counts (the run stops, not evicted)
+            self._commit(key)
+        return self.r
+
+
+def default_policies(forecasters: tuple[str, ...]) -> tuple[Policy, ...]:
+    """The policies side by side; the evict-and-restart twin of the last deployable forecaster
+    (model, else baseline) compares suspend with eviction at about equal serving waits."""
+    deployable = [f for f in forecasters if f != "oracle"]
+    twin = (Policy(f"evict-planned-{deployable[-1]}", "evict-planned", deployable[-1]),) if deployable else ()
+    return (
+        Policy("no-lending", "no-lending"),
+        Policy("dedicated", "dedicated"),
+        Policy("evict-restart", "evict-restart", "persistence"),
+        Policy("reactive", "reactive", "persistence"),
+        *(Policy(f"planned-{f}", "planned", f) for f in forecasters),
+        *twin,
+    )

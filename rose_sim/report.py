@@ -1,0 +1,170 @@
+"""Run every policy on one demand series and report: a JSON-able dict, a markdown table, one PNG.
+
+I/O boundary: :func:`simulate` and :func:`markdown` are pure; :func:`plot` writes the PNG
+(matplotlib, imported there).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rose_sim import forecasters as fc
+from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
+from rose_sim.inputs import CostModel, Demand, SimInputError, SimJob
+
+FORECASTERS = ("oracle", "baseline", "model")
+HORIZONS_S = (600, 1800, 3600)  # the predictor's served horizons: 10, 30, 60 min
+GOAL_WAITS_PER_DAY = 1.0
+GOAL_DUTY_CYCLE = 0.85
+GOAL_VS_EVICT = 3.0
+
+COLUMNS = (
+    ("rl_useful_gpu_hours", "RL useful GPU-h"),
+    ("rl_steps", "RL steps"),
+    ("pool_duty_cycle", "duty cycle"),
+    ("serving_waits", "serving waits"),
+    ("serving_wait_gpu_seconds", "wait GPU-s"),
+    ("serving_wait_p99_s", "wait p99 s"),
+    ("serving_waits_per_day", "waits/day"),
+    ("suspends_per_day", "suspends/day"),
+    ("evictions_per_day", "evictions/day"),
+    ("rl_lost_gpu_hours", "lost GPU-h"),
+    ("host_memory_peak_gib", "host GiB peak"),
+)
+
+
+def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> dict[str, fc.Bounds]:
+    """Every forecaster's bounds over all ticks (persistence always: reactive and evict-restart use it)."""
+    out = {"persistence": fc.persistence(demand.busy, HORIZONS_S, cfg.pool_gpus)}
+    if "oracle" in forecasters:
+        out["oracle"] = fc.oracle(demand.busy, HORIZONS_S, demand.tick_s)
+    if "baseline" in forecasters:
+        out["baseline"] = fc.baseline(demand.busy, HORIZONS_S, demand.tick_s, demand.history, cfg.pool_gpus,
+                                      float(cfg.risk))  # fmt: skip
+    if "model" in forecasters:
+        obs = demand.busy if demand.observed is None else demand.observed
+        every = max(1, cfg.refit_every_s // demand.tick_s)
+        try:
+            out["model"] = fc.model(obs, demand.capacity_per_gpu, HORIZONS_S, demand.tick_s, demand.history,
+                                    demand.start, float(cfg.risk), every, cfg.pool_gpus)  # fmt: skip
+        except fc.ModelUnavailable as e:
+            raise SimInputError(f"{e} (a longer --history, or a larger --risk)") from None
+    return out
+
+
+def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's goals, judged on the planned policy (not the oracle) that has an evict-and-restart
+    twin (same planner and forecaster: about equal serving waits), else the one with the most useful
+    GPU-hours against plain evict-restart."""
+    planned = {k: v for k, v in results.items() if k.startswith("planned-") and k != "planned-oracle"}
+    if not planned or "evict-restart" not in results:
+        return {}
+    twinned = {k: v for k, v in planned.items() if f"evict-{k}" in results} or planned
+    name, r = max(twinned.items(), key=lambda kv: kv[1]["rl_useful_gpu_hours"])
+    twin = f"evict-{name}"
+    against = twin if twin in results else "evict-restart"
+    ev = results[against]
+    ratio = r["rl_useful_gpu_hours"] / ev["rl_useful_gpu_hours"] if ev["rl_useful_gpu_hours"] else float("inf")
+    equal_waits = ev["serving_waits_per_day"] <= max(1.25 * r["serving_waits_per_day"], GOAL_WAITS_PER_DAY)
+    return {
+        "judged": name,
+        "waits_per_day": {"goal": GOAL_WAITS_PER_DAY, "value": r["serving_waits_per_day"],
+                          "met": r["serving_waits_per_day"] <= GOAL_WAITS_PER_DAY},
+        "duty_cycle": {"goal": GOAL_DUTY_CYCLE, "value": r["pool_duty_cycle"],
+                       "met": r["pool_duty_cycle"] >= GOAL_DUTY_CYCLE},
+        "useful_vs_evict_restart": {"goal": GOAL_VS_EVICT, "value": round(ratio, 2), "against": against,
+                                    "their_waits_per_day": ev["serving_waits_per_day"],
+                                    "at_equal_waits": equal_waits,
+                                    "met": ratio >= GOAL_VS_EVICT and equal_waits},
+    }  # fmt: skip
+
+
+def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig,
+             forecasters: tuple[str, ...] = FORECASTERS, policies: tuple[Policy, ...] | None = None,
+             ) -> dict[str, Any]:  # fmt: skip
+    """Every policy on the evaluated period; the report as plain data (JSON-able)."""
+    started, cpu = time.perf_counter(), time.process_time()
+    bounds = bounds_for(demand, cfg, forecasters)
+    seconds = (demand.ticks - demand.history) * demand.tick_s
+    results: dict[str, dict[str, Any]] = {}
+    runtime: dict[str, float] = {"forecasts_s": round(time.perf_counter() - started, 2)}
+    for p in policies or default_policies(forecasters):
+        t0 = time.perf_counter()
+        results[p.name] = Simulation(demand, jobs, cost, cfg, p, bounds).run().report(seconds, cfg.pool_gpus)
+        runtime[p.name] = round(time.perf_counter() - t0, 2)
+    return {
+        "evaluated_days": round(demand.evaluated_days, 2),
+        "history_days": round(demand.history * demand.tick_s / 86400, 2),
+        "tick_seconds": demand.tick_s,
+        "series_step_seconds": demand.source_step,
+        "pool_gpus": cfg.pool_gpus,
+        "capacity_per_gpu": demand.capacity_per_gpu,
+        "risk": cfg.risk,
+        "dwell_seconds": cfg.dwell_s,
+        "cost_model": asdict(cost),
+        "jobs": [
+            {
+                "key": j.key,
+                "minGPUs": j.job.spec.min_gpus,
+                "maxGPUs": j.job.spec.max_gpus,
+                "gpusPerWorker": j.job.spec.gpus_per_worker,
+                "stateBytesPerWorker": j.state_bytes,
+                "gracefulShutdownPeriod": j.job.spec.graceful_shutdown_period,
+                "step_seconds": j.step_seconds,
+                "checkpoint_interval_s": j.checkpoint_interval_s,
+                "safe_point_s": j.safe_point_s,
+            }
+            for j in jobs
+        ],
+        "forecasters": {k: b.detail or k for k, b in bounds.items()},
+        "results": results,
+        "goals": goals(results),
+        "runtime_s": runtime
+        | {"total_s": round(time.perf_counter() - started, 2), "cpu_s": round(time.process_time() - cpu, 2)},
+    }
+
+
+def markdown(report: dict[str, Any], title: str = "") -> str:
+    results = report["results"]
+    lines = [f"**{title}**", ""] if title else []
+    lines += ["| policy | " + " | ".join(c for _, c in COLUMNS) + " |", "| --- |" + " ---: |" * len(COLUMNS)]
+    for name, r in results.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[k]:,}" for k, _ in COLUMNS) + " |")
+    g = report.get("goals") or {}
+    if g:
+        lines += ["", f"Goals (judged on {g['judged']}):"]
+        for key, v in g.items():
+            if isinstance(v, dict):
+                extra = ("" if "against" not in v else
+                         f", against {v['against']} at {v['their_waits_per_day']} waits/day: equal waits "
+                         f"{v['at_equal_waits']}")  # fmt: skip
+                lines.append(f"- {key}: {v['value']} (goal {v['goal']}{extra}): {'met' if v['met'] else 'not met'}")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path, title: str = "") -> None:
+    """One PNG: RL useful GPU-hours and serving waits per day, per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["results"])
+    useful = [report["results"][n]["rl_useful_gpu_hours"] for n in names]
+    waits = [report["results"][n]["serving_waits_per_day"] for n in names]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.barh(names, useful, color="tab:green")
+    a.set_xlabel("RL useful GPU-hours")
+    a.invert_yaxis()
+    b.barh(names, waits, color="tab:red")
+    b.set_xlabel("serving waits per day")
+    b.axvline(GOAL_WAITS_PER_DAY, color="k", ls="--", lw=1)
+    b.invert_yaxis()
+    b.set_yticklabels([])
+    fig.suptitle(title or f"rose simulate: {report['pool_gpus']} GPUs, {report['evaluated_days']} days evaluated")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,328 @@
+"""``rose simulate`` (issue 24): the cost model, demand held at the trace's resolution, each policy on
+a scripted burst, the leak test (changing demand after T changes no decision before T), the drift
+test (the simulator and the controller's plan loop decide the same from the same objects), and
+bad input as one line."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from elastic_controller import controller as ec_controller
+from elastic_controller import observe, planner, pools
+from elastic_controller.controller import Controller, ControllerSettings
+from elastic_controller.metrics import ControllerMetrics
+from elastic_controller.planner import Forecast
+from rose_cli.main import main as rose_main
+from rose_common import names
+from rose_common.informer import ADDED
+from rose_sim import engine
+from rose_sim import forecasters as fc
+from rose_sim.cli import main as sim_main
+from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
+from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, held, parse_jobs
+from rose_sim.report import HORIZONS_S, bounds_for, simulate
+from tests.unit.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
+
+GIB16 = 16 * 2**30
+STEP = 600
+
+
+def raw_job(name: str = "grpo", lo: int = 2, hi: int = 4, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob",
+        "metadata": {"name": name, "namespace": "rl", "uid": f"u-{name}", "generation": 1, "resourceVersion": "1"},
+        "spec": {"minGPUs": lo, "maxGPUs": hi, "gpusPerWorker": 1, "stateBytesPerWorker": GIB16,
+                 "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}}, **spec},
+    }  # fmt: skip
+
+
+def burst_demand(pool: int = 8) -> Demand:
+    """1 day of history at 2 GPUs, then 2 h 10 min at 2, 1 h at all 8, the rest of 5 h at 2 (10-minute points)."""
+    values = np.array([2.0] * 144 + [2.0] * 13 + [8.0] * 6 + [2.0] * 11)
+    return demand_from_values(0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=pool, capacity_per_gpu=1.0,
+                              min_evaluated_s=3600)  # fmt: skip
+
+
+def run_policy(policy: Policy, demand: Demand, jobs: list[dict[str, Any]] | None = None, pool: int = 8,
+               record: bool = False) -> Simulation:  # fmt: skip
+    sims = parse_jobs([("t", j) for j in (jobs or [raw_job()])])
+    cfg = SimConfig(pool_gpus=pool)
+    bounds = bounds_for(demand, cfg, (policy.forecaster,) if policy.forecaster else ())
+    s = Simulation(demand, sims, CostModel(), cfg, policy, bounds, record=record)
+    s.run()
+    return s
+
+
+# --------------------------------------------------------------------------- cost model and demand
+
+
+def test_cost_model_defaults_and_formulas() -> None:
+    c = CostModel()
+    assert c.pcie_bytes_per_s == observe.PCIE_BYTES_PER_SECOND == 25e9  # the controller's planning rate
+    assert c.suspend_s(GIB16, 20.0) == pytest.approx(20.0 + 0.5 + GIB16 / 25e9)
+    assert c.transfer_s(GIB16) == pytest.approx(0.687, abs=1e-3)
+    assert c.checkpoint_s(GIB16) == pytest.approx(GIB16 / 2e9)
+    assert c.throughput(0.5) == 0.5 and c.throughput(1) == 1 and c.throughput(4) == pytest.approx(1 + 3 * 0.9)
+    for bad in ({"pin_s": -1.0}, {"scaling_efficiency": 1.5}, {"pcie_bytes_per_s": 0.0}, {"evict_s": math.nan}):
+        with pytest.raises(SimInputError):
+            CostModel(**bad)  # type: ignore[arg-type]
+
+
+def test_demand_is_held_at_the_trace_resolution_never_interpolated() -> None:
+    x = held(np.array([1.0, np.nan, 5.0]), 600, 60)
+    assert list(x) == [1.0] * 20 + [5.0] * 10  # a gap carries the last value; the jump is a step, not a ramp
+    d = burst_demand()
+    jump = d.history + 13 * 10
+    assert d.busy[jump - 1] == 2 and d.busy[jump] == 8
+
+
+def test_pool_sizing_reads_the_history_only() -> None:
+    base = np.array([3.0] * 144 + [4.0] * 144)
+    late = base.copy()
+    late[-10:] = 100.0  # a late burst in the evaluated day
+    a = demand_from_values(0, base, STEP, tick_s=60, history_s=DAY, pool_gpus=64)
+    b = demand_from_values(0, late, STEP, tick_s=60, history_s=DAY, pool_gpus=64)
+    assert a.capacity_per_gpu == b.capacity_per_gpu == 3.0 / (64 * 0.9)
+    assert np.array_equal(a.busy[:-100], b.busy[:-100])
+
+
+# --------------------------------------------------------------------------- policies on a burst
+
+
+def test_each_policy_on_a_burst_of_serving() -> None:
+    d = burst_demand()
+    wait = CostModel().suspend_s(GIB16, 20.0)
+    out = {p.name: run_policy(p, d).r for p in default_policies(("oracle", "baseline"))}
+    none = out["no-lending"]
+    assert none.useful_gpu_s == 0 and not none.waits and none.suspends == 0
+    reactive = out["reactive"]  # grows to max 4, gives them back only when serving is there
+    assert reactive.unplanned_reclaims == 4 and reactive.waits == pytest.approx([wait] * 4)
+    assert reactive.suspends == 4 and reactive.host_bytes_peak == 4 * GIB16 and reactive.lost_gpu_s == 0
+    oracle = out["planned-oracle"]  # the planner gives them back before serving arrives
+    assert oracle.waits == [] and oracle.planned_reclaims == 4 and oracle.suspends == 4
+    assert 0 < oracle.useful_gpu_s <= reactive.useful_gpu_s
+    evict = out["evict-restart"]  # evicted: serving waits for the exit, the job loses its uncheckpointed work
+    assert evict.evictions == 4 and evict.waits == pytest.approx([CostModel().evict_s] * 4)
+    assert evict.lost_gpu_s > 0 and evict.suspends == 0 and evict.host_bytes_peak == 0
+    assert evict.useful_gpu_s < reactive.useful_gpu_s
+    dedicated = out["dedicated"]  # a static split from the history: RL keeps 8 - 2 GPUs, serving waits the hour
+    assert dedicated.lent_gpu_s == pytest.approx(4 * 5 * 3600)  # the job's max, all 5 hours
+    assert dedicated.waits == pytest.approx([3600.0] * 6)
+    for r in out.values():
+        assert r.over_capacity_gpu_s == 0
+    job = raw_job()
+    job["metadata"]["annotations"] = {"sim.rose.io/checkpoint-interval": "45m"}  # not on the eviction's tick
+    twin = run_policy(Policy("evict-planned-oracle", "evict-planned", "oracle"), d, [job]).r  # the planner, evicting
+    assert twin.waits == [] and twin.evictions == 4 and twin.suspends == 0 and twin.lost_gpu_s > 0
+    assert twin.useful_gpu_s < oracle.useful_gpu_s
+
+
+def test_transitions_cost_time_useful_work_is_less_than_lent() -> None:
+    r = run_policy(Policy("reactive", "reactive", "persistence"), burst_demand()).r
+    assert r.productive_gpu_s < r.lent_gpu_s  # pod start, world changes, suspend and resume
+    assert r.useful_gpu_s < r.productive_gpu_s  # scaling efficiency and the checkpoint stall
+    assert r.steps == pytest.approx(r.useful_gpu_s / 20.0)  # one step per 20 s of one worker (default)
+
+
+# --------------------------------------------------------------------------- leak test
+
+
+def _wavy(days: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(days * 144)
+    base = 20 + 12 * np.sin(2 * np.pi * t / 144) + rng.normal(0, 2, len(t))
+    return np.clip(base, 0, None)
+
+
+def _decisions(s: Simulation, before: float) -> list[tuple[float, str, dict[str, planner.JobTarget]]]:
+    return [x for x in s.decisions if x[0] < before]
+
+
+@pytest.mark.parametrize("policy", [p for p in default_policies(("oracle", "baseline", "model"))
+                                    if p.name not in ("planned-oracle", "no-lending")],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_leak_changing_demand_after_t_changes_no_decision_before_t(policy: Policy) -> None:
+    values = _wavy(3, 1)
+    changed = values.copy()
+    cut = 2 * 144 + 60  # 10 h into the evaluated day
+    changed[cut:] = changed[cut:] * 1.6 + 5
+    jobs = [raw_job("a", 2, 8), raw_job("b", 4, 8, priority=1)]
+    kw: dict[str, Any] = {"tick_s": 60, "history_s": 2 * DAY, "pool_gpus": 48}
+    a = run_policy(policy, demand_from_values(0, values, STEP, **kw), jobs, 48, record=True)
+    b = run_policy(policy, demand_from_values(0, changed, STEP, **kw), jobs, 48, record=True)
+    t_cut = float(cut * STEP)
+    assert len(_decisions(a, t_cut)) > 100
+    assert _decisions(a, t_cut) == _decisions(b, t_cut)
+    if policy.kind != "dedicated":  # (its decisions never read the demand)
+        assert a.decisions != b.decisions  # the change itself is seen after T
+
+
+def test_leak_check_catches_a_forecaster_that_reads_the_future() -> None:
+    """The same comparison fails for the oracle, which reads ahead by definition: the check can fail."""
+    values = _wavy(3, 1)
+    changed = values.copy()
+    cut = 2 * 144 + 60
+    changed[cut:] = changed[cut:] * 1.6 + 5
+    kw: dict[str, Any] = {"tick_s": 60, "history_s": 2 * DAY, "pool_gpus": 48}
+    policy = Policy("planned-oracle", "planned", "oracle")
+    a = run_policy(policy, demand_from_values(0, values, STEP, **kw), [raw_job("a", 2, 8)], 48, record=True)
+    b = run_policy(policy, demand_from_values(0, changed, STEP, **kw), [raw_job("a", 2, 8)], 48, record=True)
+    assert _decisions(a, float(cut * STEP)) != _decisions(b, float(cut * STEP))
+
+
+def test_forecasters_read_only_the_past() -> None:
+    busy = np.arange(300, dtype=float) % 17
+    later = busy.copy()
+    later[200:] += 50
+    for make in (lambda y: fc.persistence(y, HORIZONS_S, 64), lambda y: fc.baseline(y, HORIZONS_S, 60, 150, 64, 0.05)):
+        assert np.array_equal(make(busy).values[:201], make(later).values[:201])  # tick 200 reads busy[:200]
+    assert not np.array_equal(
+        fc.oracle(busy, HORIZONS_S, 60).values[:200], fc.oracle(later, HORIZONS_S, 60).values[:200]
+    )
+
+
+# --------------------------------------------------------------------------- drift test
+
+
+def test_the_simulator_calls_the_controllers_own_functions() -> None:
+    assert engine.plan is planner.plan is ec_controller.plan
+    assert engine.without_reclaims is planner.without_reclaims is ec_controller.without_reclaims
+    assert engine.ec_pools.to_forecast is pools.to_forecast
+    assert engine.planner_job is observe.planner_job is ec_controller.planner_job
+
+
+class _Fixed:
+    def __init__(self) -> None:
+        self.forecast: Forecast | None = None
+
+    def get(self, pool: str) -> Forecast | None:
+        return self.forecast
+
+
+def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> None:
+    """One job, the controller's own loops (a recording API) and the simulator, fed the same objects
+    and the same predictor reply: equal planner inputs and equal targets, step after step (grow to
+    max on an idle forecast; planned reclaims when it rises). Fails if either side changes how it
+    maps a job, a worker or a forecast, or calls another planner."""
+    raw = raw_job()
+    t0 = int(NOW.timestamp()) - DAY
+    values = np.array([2.0] * 144 + [2.0] * 6 + [7.0] * 6 + [2.0] * 6)
+    d = demand_from_values(t0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0,
+                           min_evaluated_s=3600)  # fmt: skip
+    cfg = SimConfig(pool_gpus=8, pool_name="pool-a")
+    bounds = bounds_for(d, cfg, ("oracle",))
+    sim = Simulation(d, parse_jobs([("t", raw)]), CostModel(), cfg, Policy("planned-oracle", "planned", "oracle"),
+                     bounds)  # fmt: skip
+    cache = _Fixed()
+    api = Recorder()
+    settings = ControllerSettings(plan_interval_s=60.0, dwell_s=300.0)
+    clock = {"now": NOW}
+    ctl = Controller(api, cache, _inventory, ControllerMetrics(), settings, clock=lambda: clock["now"])
+    ctl.on_job_list([copy.deepcopy(raw)])
+    assert _inventory() == {"pool-a": 8}
+    seen = 0
+    grew = reclaimed = False
+    for i in range(d.history, d.ticks):
+        now = float(t0 + i * 60)
+        clock["now"] = dt.datetime.fromtimestamp(now, dt.UTC)
+        sim.settle(now)
+        reply = engine.forecast_reply(bounds["oracle"], i, now, cfg.risk, cfg.pool_gpus)
+        cache.forecast = pools.to_forecast(reply, "0.9", risk=cfg.risk)  # as `rose controller`'s cache reduces it
+        ctl_inp, _ = ctl.plan_input(clock["now"])
+        sim_inp = sim.plan_input(i, now)
+        assert sim_inp.pools == ctl_inp.pools and sim_inp.settings == ctl_inp.settings
+        assert sim_inp.jobs == ctl_inp.jobs, i
+        assert sorted(sim_inp.workers, key=lambda w: w.name) == sorted(ctl_inp.workers, key=lambda w: w.name)
+        ctl_plan = ctl.plan_once()
+        sim_plan = sim.decide(i, now)
+        assert ctl_plan is not None and sim_plan is not None
+        assert ctl_plan.targets == sim_plan.targets, i
+        sim.carry_out(sim_plan, now)
+        _drain(ctl)
+        for body in api.created[seen:]:  # the pods start (the simulator's pod start is 60 s: next tick)
+            pod = _running(body, f"uid-{body['metadata']['name']}")
+            pod["metadata"]["annotations"][names.ANNOTATION_SECONDS_TO_SAFE_POINT] = "20"  # the worker's report
+            ctl.on_pod_event(ADDED, pod)
+        seen = len(api.created)
+        grew |= bool(sim_plan.targets["rl/grpo"].add)
+        reclaimed |= bool(sim_plan.reclaims)
+        if reclaimed:
+            break
+        _drain(ctl)
+    assert grew and reclaimed
+
+
+# --------------------------------------------------------------------------- CLI and bad input
+
+
+def _series_csv(path: Path, values: list[float]) -> Path:
+    path.write_text("t_seconds,value\n" + "".join(f"{i * STEP},{v}\n" for i, v in enumerate(values)))
+    return path
+
+
+def _jobs_dir(path: Path, *jobs: dict[str, Any]) -> Path:
+    path.mkdir()
+    for j in jobs:
+        (path / f"{j['metadata']['name']}.yaml").write_text(yaml.safe_dump(j))
+    return path
+
+
+def test_cli_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    series = _series_csv(tmp_path / "s.csv", list(_wavy(2, 3)))
+    jobs = _jobs_dir(tmp_path / "jobs", raw_job("a", 2, 8), raw_job("b", 2, 8))
+    out, md, png = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.png"
+    rc = rose_main(["simulate", "--series", str(series), "--jobs", str(jobs), "--history", "1d", "--pool-gpus", "32",
+                    "--json", str(out), "--markdown", str(md), "--report", str(png)])  # fmt: skip
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert list(report["results"]) == ["no-lending", "dedicated", "evict-restart", "reactive", "planned-oracle",
+                                       "planned-baseline", "planned-model", "evict-planned-model"]  # fmt: skip
+    assert report["cost_model"]["pin_s"] == 0.5 and report["evaluated_days"] == 1.0
+    assert "| planned-oracle |" in md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
+    assert "RL useful GPU-h" in capsys.readouterr().out
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
+    assert sim_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rose simulate: error: ") and match in err, err
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = _series_csv(tmp_path / "s.csv", list(_wavy(2, 3)))
+    jobs = _jobs_dir(tmp_path / "jobs", raw_job())
+    txt = tmp_path / "s.txt"
+    txt.write_text("whatever")
+    _one_line_error(capsys, ["--series", str(txt), "--jobs", str(jobs)], "unknown series format '.txt'")
+    bad = _jobs_dir(tmp_path / "bad", raw_job("x", 4, 2))
+    _one_line_error(capsys, ["--series", str(good), "--jobs", str(bad), "--history", "1d"],
+                    "minGPUs must be less than or equal to maxGPUs")  # fmt: skip
+    short = _series_csv(tmp_path / "short.csv", [1.0] * 6)  # one hour, like the Azure 2023 trace
+    _one_line_error(capsys, ["--series", str(short), "--jobs", str(jobs)], "the series spans 1.0 h")
+    _one_line_error(capsys, ["--series", str(good), "--jobs", str(tmp_path / "nowhere")], "no such file or folder")
+    _one_line_error(capsys, ["--series", str(good), "--jobs", str(jobs), "--forecasters", "crystal-ball"],
+                    "unknown crystal-ball")  # fmt: skip
+    _one_line_error(capsys, ["--series", str(good), "--jobs", str(jobs), "--history", "1d", "--risk", "0.0004",
+                             "--forecasters", "model"], "the predictor's model at risk 0.0004")  # fmt: skip
+    wrong_kind = _jobs_dir(tmp_path / "kind", {**raw_job(), "kind": "Deployment"})
+    _one_line_error(capsys, ["--series", str(good), "--jobs", str(wrong_kind)], "is not ElasticRLJob")
+    with pytest.raises(SystemExit):
+        sim_main(["--series", str(good), "--jobs", str(jobs), "--pool-gpus", "0"])
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_simulate_report_judges_the_goals() -> None:
+    d = burst_demand()
+    report = simulate(d, parse_jobs([("t", raw_job())]), CostModel(), SimConfig(pool_gpus=8))
+    g = report["goals"]
+    assert g["judged"].startswith("planned-") and set(g) >= {"waits_per_day", "duty_cycle", "useful_vs_evict_restart"}
+    assert report["runtime_s"]["total_s"] > 0
