@@ -95,6 +95,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         extra_args=[
             "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
             "--agent-socket", str(agent_sock), "--agent-control-socket", str(control_sock),
+            "--enforce-timeout-seconds", f"{ENFORCE_TIMEOUT_S:g}",
         ],
     )  # fmt: skip
     procs: list[subprocess.Popen[str]] = []
@@ -187,7 +188,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
 
 
 HOSTILE_GRACE_S = 3  # the hostile pod's rose.io/graceful-shutdown-seconds
-ENFORCE_TIMEOUT_S = 10.0  # the driver's --enforce-timeout-seconds (its default)
+ENFORCE_TIMEOUT_S = 5.0  # the driver's --enforce-timeout-seconds (default 10)
 COOPERATIVE_SLACK_S = 5.0  # the driver waits for the cooperative phase at most grace + 5 s
 
 
@@ -198,7 +199,9 @@ def _hostile_occupant(
     keeps holding its device memory (``rose_cli/demo_hostile.py``); the serving prepare on its GPU
     returns only once the driver has freed the device itself. True when the device was observed
     free (the claim's device-memory file at 0 allocated bytes) when the prepare returned, within
-    grace + 5 s + the enforcement bound, phase ``enforced``."""
+    the driver's documented bound (``dra_driver/README.md``): grace + 5 s + the enforcement timeout,
+    plus another enforcement timeout while the durable checkpoint the engine's fallback asked for is
+    unanswered (a hostile occupant never answers it), phase ``enforced``."""
     from kubernetes import client
 
     from rose_common import promtext
@@ -254,7 +257,7 @@ def _hostile_occupant(
             for ph in ("cooperative", "enforced", "fallback")
         }
         returned = promtext.value(text, "rose_driver_gpu_returned_seconds_sum", {"phase": "enforced"}, default=0.0)
-        bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + ENFORCE_TIMEOUT_S
+        bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S
         say(f"   · a serving pod gets GPU 1; its prepare returned after {wait:.2f}s (error {err!r}); the hostile "
             f"process was {'killed (SIGKILL)' if rc == -9 else f'rc={rc}'}")  # fmt: skip
         say(f"   · the driver's rose_driver_gpu_returned_seconds{{phase}} counts: cooperative "
@@ -273,8 +276,9 @@ def _hostile_occupant(
         say(f"   · Event ReclaimEnforced on rl-hostile-1: {events[0].message if events else '(none)'}")
         ok = err == "" and resident == 0 and wait <= bound and phases["enforced"] == 1 and bool(events)
         say(f"   · serving prepared only once the device was observed free (device-memory file {resident} bytes "
-            f"allocated at return, {wait:.1f}s <= grace {HOSTILE_GRACE_S}s + {COOPERATIVE_SLACK_S:.0f}s + "
-            f"enforcement {ENFORCE_TIMEOUT_S:.0f}s = {bound:.0f}s): {'YES' if ok else 'NO'}")  # fmt: skip
+            f"allocated at return; {wait:.1f}s <= grace {HOSTILE_GRACE_S}s + {COOPERATIVE_SLACK_S:.0f}s + "
+            f"{ENFORCE_TIMEOUT_S:.0f}s for the fallback checkpoint the engine asked for + enforcement "
+            f"{ENFORCE_TIMEOUT_S:.0f}s = {bound:.0f}s): {'YES' if ok else 'NO'}")  # fmt: skip
         drv.kubelet.unprepare(srv)
         return ok
     finally:
