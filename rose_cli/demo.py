@@ -5,8 +5,10 @@ kube-schedulers, KWOK nodes with simulated GPUs) and shows the nodes and their G
 table. Act 2 forecasts serving demand per pool with the predictor's model (from a fixed origin
 of the generated history, so the act is the same at any hour) and lets the real kube-scheduler,
 through the ROSE extender, place an RL job's workers in the pool forecast to leave the most
-room. Act 3 runs the DRA driver and a real training process: a serving pod takes the GPU
-back, the RL job is suspended into host memory (not evicted) and resumes bit-exact. Act 4
+room. Act 3 runs the DRA driver and a real training process (TRL's GRPOTrainer on a tiny LLM):
+a serving pod takes the GPU back, the RL job is suspended into host memory (not evicted) and
+resumes bit-exact; then a hostile occupant that claims to be suspended while it keeps its device
+memory is stopped by the driver's enforcement before serving is prepared. Act 4
 applies an ElasticRLJob with kubectl: the real controller grows it on an idle forecast, shrinks
 it to its minimum and then suspends the gang (through real drivers) when serving is forecast to
 need the GPUs, and resumes and regrows it when the forecast falls. Act 5 runs two small CPU RL
@@ -136,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
 
             _say("\nAct 2: lend by forecast: RL workers go where serving is forecast to leave the most room")
             ok &= act_lend_by_forecast(h, api, _say)
-            _say("\nAct 3: serving wins: the RL job is suspended into host memory, not evicted")
+            _say(
+                "\nAct 3: serving wins: the RL job is suspended into host memory, not evicted; a hostile one is stopped"
+            )
             ok &= act_serving_wins(h, api, _say)
             _say("\nAct 4: an ElasticRLJob grows on idle GPUs and gives them back before serving needs them")
             ok &= act_elastic_job(h, api, _say)

@@ -1,10 +1,13 @@
 """Demo act: serving wins, the RL job is suspended into host memory and resumes bit-exact.
 
 A real ``rose driver`` runs for one KWOK node (simulated GPUs, cooperative suspend backend,
-its node agent socket). The RL pod's process is ``examples/01_cartpole_reinforce.py``, a real
-REINFORCE training loop using rose_sdk, started by the demo with the pod's UID as the container
-would be. KWOK has no kubelet, so the demo plays the kubelet's DRA manager: it calls
-NodePrepareResources / NodeUnprepareResources over the driver's real gRPC sockets.
+its node agent socket). The RL pod's process is example 02's GRPO job (TRL's real GRPOTrainer on
+a tiny LLM, ``rose_cli/demo_grpo.py``) on ROSE through ``rose_sdk.integrations.transformers``,
+started by the demo with the pod's UID and its claim's env as the container would be; it resumes
+bit-identical to an uninterrupted run. Then a hostile occupant (``rose_cli/demo_hostile.py``)
+registers as SUSPENDED while it keeps its device memory, and the serving prepare on its GPU
+returns only after the driver enforced the reclaim. KWOK has no kubelet, so the demo plays the
+kubelet's DRA manager: it calls NodePrepareResources / NodeUnprepareResources over the driver's real gRPC sockets.
 """
 
 from __future__ import annotations
@@ -37,14 +40,17 @@ from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 
-EXAMPLE = REPO_ROOT / "examples" / "01_cartpole_reinforce.py"
+GRPO_STEPS, GRPO_SEED, GRPO_WAIT_STEP = 30, 7, 10
 
 
 def _start_training(out: Path, env_extra: dict[str, str]) -> subprocess.Popen[str]:
+    """Example 02's GRPO trainer (``rose_cli/demo_grpo.py``): it stays at step 10's safe point
+    until suspended and resumed once when it has a node agent, else runs straight through."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
     env.update(env_extra)
     return subprocess.Popen(
-        [sys.executable, str(EXAMPLE), "--updates", "30", "--seed", "11", "--suspend-points", "1", "--out", str(out)],
+        [sys.executable, "-m", "rose_cli.demo_grpo", "--out", str(out), "--max-steps", str(GRPO_STEPS),
+         "--seed", str(GRPO_SEED), "--wait-step", str(GRPO_WAIT_STEP)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
@@ -89,6 +95,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         extra_args=[
             "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
             "--agent-socket", str(agent_sock), "--agent-control-socket", str(control_sock),
+            "--enforce-timeout-seconds", f"{ENFORCE_TIMEOUT_S:g}",
         ],
     )  # fmt: skip
     procs: list[subprocess.Popen[str]] = []
@@ -98,7 +105,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
         create_claim_template(api, ns, claim_template("lent-gpu0", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
         create_claim_template(api, ns, claim_template("serve-gpu0", names.DEVICE_CLASS_SERVING, selectors=gpu0))
-        rl = gpu_pod("rl-worker-0", "lent-gpu0", labels={names.LABEL_JOB: "cartpole"}, cpu="4", node_name=node)
+        rl = gpu_pod("rl-worker-0", "lent-gpu0", labels={names.LABEL_JOB: "grpo"}, cpu="4", node_name=node)
         rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "60"}
         core.create_namespaced_pod(ns, rl)
         rl_claim = wait_for("RL claim allocated", lambda: allocated_claim(api, ns, "rl-worker-0"), timeout=90)
@@ -129,8 +136,9 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
                 ),
                 timeout=60,
             )
-            say("   · examples/01_cartpole_reinforce.py (REINFORCE, torch) is training as that pod, "
-                "registered with the node agent")  # fmt: skip
+            say("   · examples/02_grpo_tiny_llm (TRL's GRPOTrainer on a tiny Qwen2 LLM, on ROSE through "
+                "rose_sdk.integrations.transformers.attach) is training as that pod, registered with "
+                "the node agent")  # fmt: skip
 
             core.create_namespaced_pod(
                 ns, gpu_pod("llm-serving-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
@@ -146,7 +154,7 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
             ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
             say(f"   · serving wins: prepare returned after {wait:.2f}s with the RL occupant "
                 f"{ann.get(names.ANNOTATION_SUSPEND_STATE)} at its safe point "
-                f"({op.bytes_moved} bytes of model, Adam state and buffers now in host memory)")  # fmt: skip
+                f"({op.bytes_moved} bytes of model, Adam state and TRL's buffers now in host memory)")  # fmt: skip
             say(f"   · its CPU goes back to the scheduler through pods/resize: cpu request 4 -> "
                 f"{_wait_cpu(core, ns, 'rl-worker-0', '100m')} while suspended (same pod)")  # fmt: skip
             assert drv.kubelet.unprepare(srv).error == ""
@@ -158,16 +166,122 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         a = torch.load(run_out, weights_only=True)
         b = torch.load(base_out, weights_only=True)
         same = tensors_equal(a["model"], b["model"]) and tensors_equal(a["optimizer"], b["optimizer"])
+        k = max(1, len(a["rewards"]) // 5)
+        say(f"   · GRPO finished {a['steps']} steps (the reference run {b['steps']}): mean reward "
+            f"{sum(a['rewards'][:k]) / k:.2f} over the first {k} steps -> {sum(a['rewards'][-k:]) / k:.2f} "
+            f"over the last {k}")  # fmt: skip
+        same = same and a["suspends"] == a["resumes"] == 1 and a["steps"] == b["steps"] == GRPO_STEPS
         pod = core.read_namespaced_pod("rl-worker-0", ns)
         say(f"   · training finished: suspended {a['suspends']}x, resumed {a['resumes']}x; parameters and Adam "
             f"state bit-identical to an uninterrupted run: {'yes' if same else 'NO'}")  # fmt: skip
         say(f"   · the RL pod was never deleted: same UID {pod.metadata.uid == rl_uid}, no restart")
         events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-worker-0").items
         say("   · Events on the RL pod: " + json.dumps(sorted({e.reason for e in events})))
-        return bool(same)
+        enforced = _hostile_occupant(drv, api, ns, node, control_sock, say)
+        return bool(same) and enforced
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         drv.stop()
+
+
+HOSTILE_GRACE_S = 3  # the hostile pod's rose.io/graceful-shutdown-seconds
+ENFORCE_TIMEOUT_S = 5.0  # the driver's --enforce-timeout-seconds (default 10)
+COOPERATIVE_SLACK_S = 5.0  # the driver waits for the cooperative phase at most grace + 5 s
+
+
+def _hostile_occupant(
+    drv: DriverProcess, api: Any, ns: str, node: str, control_sock: Path, say: Callable[[str], None]
+) -> bool:
+    """Serving wins whatever the RL job does: a lent occupant that registers as SUSPENDED while it
+    keeps holding its device memory (``rose_cli/demo_hostile.py``); the serving prepare on its GPU
+    returns only once the driver has freed the device itself. True when the device was observed
+    free (the claim's device-memory file at 0 allocated bytes) when the prepare returned, within
+    the driver's documented bound (``dra_driver/README.md``): grace + 5 s + the enforcement timeout,
+    plus another enforcement timeout while the durable checkpoint the engine's fallback asked for is
+    unanswered (a hostile occupant never answers it), phase ``enforced``."""
+    from kubernetes import client
+
+    from rose_common import promtext
+
+    core = client.CoreV1Api(api)
+    gpu1 = ['device.attributes["gpu.rose.io"].index == 1']
+    create_claim_template(api, ns, claim_template("lent-gpu1", names.DEVICE_CLASS_LENDABLE, selectors=gpu1))
+    create_claim_template(api, ns, claim_template("serve-gpu1", names.DEVICE_CLASS_SERVING, selectors=gpu1))
+    rl = gpu_pod("rl-hostile-1", "lent-gpu1", labels={names.LABEL_JOB: "hostile"}, node_name=node)
+    rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: str(HOSTILE_GRACE_S)}
+    core.create_namespaced_pod(ns, rl)
+    claim = wait_for("hostile RL claim allocated", lambda: allocated_claim(api, ns, "rl-hostile-1"), timeout=90)
+    uid = core.read_namespaced_pod("rl-hostile-1", ns).metadata.uid
+    assert drv.kubelet.prepare(claim).error == ""
+    claim_dir = drv.plugin_dir / "claims" / claim["metadata"]["uid"]
+    memfile = claim_dir / "device-memory"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
+    env.update(ROSE_AGENT_SOCKET=str(claim_dir / "workload.sock"), ROSE_SIMULATED_DEVICE_MEMORY=str(memfile),
+               ROSE_POD_UID=uid, PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rose_cli.demo_hostile", "--bytes", str(64 << 20)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        _wait_ready(proc)
+        with grpc.insecure_channel(f"unix://{control_sock}") as ch:
+            control = pb_grpc.NodeControlStub(ch)  # type: ignore[no-untyped-call]
+            wait_for(
+                "hostile occupant registered with the node agent",
+                lambda: (
+                    any(w.pod_uid == uid and w.connected for w in control.Status(pb.StatusRequest()).workloads) or None
+                ),
+                timeout=60,
+            )
+        held = os.stat(memfile).st_blocks * 512
+        say(f"   · a hostile RL pod rl-hostile-1 on {node}'s GPU 1 (grace {HOSTILE_GRACE_S}s): registers with the "
+            f"node agent as SUSPENDED while it keeps {held >> 20} MiB of device memory and computes")  # fmt: skip
+        core.create_namespaced_pod(
+            ns, gpu_pod("llm-serving-1", "serve-gpu1", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+        )
+        srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "llm-serving-1"), timeout=90)
+        t0 = time.monotonic()
+        err = drv.kubelet.prepare(srv).error
+        wait = time.monotonic() - t0
+        resident = os.stat(memfile).st_blocks * 512 if memfile.exists() else 0
+        try:
+            rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        text = "\n".join(drv.metrics())
+        phases = {
+            ph: promtext.value(text, "rose_driver_gpu_returned_seconds_count", {"phase": ph}, default=0.0)
+            for ph in ("cooperative", "enforced", "fallback")
+        }
+        returned = promtext.value(text, "rose_driver_gpu_returned_seconds_sum", {"phase": "enforced"}, default=0.0)
+        bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S
+        say(f"   · a serving pod gets GPU 1; its prepare returned after {wait:.2f}s (error {err!r}); the hostile "
+            f"process was {'killed (SIGKILL)' if rc == -9 else f'rc={rc}'}")  # fmt: skip
+        say(f"   · the driver's rose_driver_gpu_returned_seconds{{phase}} counts: cooperative "
+            f"{phases['cooperative']:.0f} (the honest trainer above), enforced {phases['enforced']:.0f} "
+            f"(this one: {returned:.2f}s from the serving prepare to the device observed free), "
+            f"fallback {phases['fallback']:.0f}")  # fmt: skip
+
+        def reclaim_enforced() -> list[Any] | None:
+            evs = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-hostile-1").items
+            return [e for e in evs if e.reason == "ReclaimEnforced"] or None
+
+        try:
+            events = wait_for("the ReclaimEnforced Event", reclaim_enforced, timeout=15)
+        except Exception:
+            events = []
+        say(f"   · Event ReclaimEnforced on rl-hostile-1: {events[0].message if events else '(none)'}")
+        ok = err == "" and resident == 0 and wait <= bound and phases["enforced"] == 1 and bool(events)
+        say(f"   · serving prepared only once the device was observed free (device-memory file {resident} bytes "
+            f"allocated at return; {wait:.1f}s <= grace {HOSTILE_GRACE_S}s + {COOPERATIVE_SLACK_S:.0f}s + "
+            f"{ENFORCE_TIMEOUT_S:.0f}s for the fallback checkpoint the engine asked for + enforcement "
+            f"{ENFORCE_TIMEOUT_S:.0f}s = {bound:.0f}s): {'YES' if ok else 'NO'}")  # fmt: skip
+        drv.kubelet.unprepare(srv)
+        return ok
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
