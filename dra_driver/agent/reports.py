@@ -103,19 +103,31 @@ def validate(r: Report) -> None:
         raise ReportError("invalid report: " + "; ".join(problems))
 
 
-def progress_delta(old: Report | None, new: Report) -> tuple[int, int, int]:
-    """Increments of (steps, samples, tokens) since ``old``; a counter below its last value means
-    the workload restarted, so it counts again from 0."""
+# The most progress one report may add per second since the pod's previous report (or since the
+# book first saw the pod): the counters are the workload's own word (docs/security.md, "Workload
+# reports are hints"), so a report of 10^18 steps, or one that drops to 0 and climbs back again and
+# again, adds at most this much. Far above any real job: a step is milliseconds at the fastest.
+MAX_PROGRESS_PER_S: Final = (10_000, 10_000_000, 10_000_000_000)  # steps, samples, tokens
+MIN_PROGRESS_WINDOW_S: Final = 1.0  # a report right after another may still add one second's worth
 
-    def inc(before: int | None, now: int | None) -> int:
+
+def progress_delta(old: Report | None, new: Report, elapsed_s: float | None = None) -> tuple[int, int, int]:
+    """Increments of (steps, samples, tokens) since ``old``; a counter below its last value means
+    the workload restarted, so it counts again from 0. With ``elapsed_s`` (seconds since ``old``, or
+    since the pod was first seen), each increment is capped at :data:`MAX_PROGRESS_PER_S` times
+    ``max(elapsed_s, MIN_PROGRESS_WINDOW_S)``."""
+
+    def inc(before: int | None, now: int | None, per_s: int) -> int:
         if now is None:
             return 0
-        return now if before is None or now < before else now - before
+        d = now if before is None or now < before else now - before
+        return d if elapsed_s is None else min(d, int(per_s * max(elapsed_s, MIN_PROGRESS_WINDOW_S)))
 
+    steps_s, samples_s, tokens_s = MAX_PROGRESS_PER_S
     return (
-        inc(old.steps if old else None, new.steps),
-        inc(old.samples if old else None, new.samples),
-        inc(old.tokens if old else None, new.tokens),
+        inc(old.steps if old else None, new.steps, steps_s),
+        inc(old.samples if old else None, new.samples, samples_s),
+        inc(old.tokens if old else None, new.tokens, tokens_s),
     )
 
 
@@ -157,6 +169,8 @@ class _Pod:
     report: Report | None = None
     published: dict[str, str] | None = None
     published_at: float = 0.0
+    reported_at: float | None = None  # when the last report came (None: none yet)
+    seen_at: float | None = None  # when the book first heard of the pod
 
 
 def _pool_of(pod: dict[str, Any]) -> str:
@@ -235,8 +249,11 @@ class ReportBook:
         with self._lock:
             p = self._entry(pod.uid)
             p.namespace, p.name = p.namespace or pod.namespace, p.name or pod.name
-            steps, samples, tokens = progress_delta(p.report, r)
-            p.report = r
+            now = self._clock()
+            p.seen_at = now if p.seen_at is None else p.seen_at
+            since = p.reported_at if p.reported_at is not None else p.seen_at
+            steps, samples, tokens = progress_delta(p.report, r, now - since)
+            p.report, p.reported_at = r, now
             labels = (p.namespace, p.job, p.pool)
             world = p.world
         m = self.metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dra_driver.agent.reports import (
+    MAX_PROGRESS_PER_S,
     PHASE_MIN_INTERVAL_S,
     Report,
     ReportBook,
@@ -44,6 +45,27 @@ def test_progress_delta_counts_increments_and_restarts() -> None:
     assert progress_delta(a, b) == (5, 50, 7)
     restarted = Report("train", steps=2, samples=20, tokens=1)
     assert progress_delta(b, restarted) == (2, 20, 1)
+
+
+def test_progress_a_workload_reports_is_bounded_by_time() -> None:
+    """The counters are the workload's word: 10^18 steps in one report, or a counter that drops to
+    0 and climbs back (each drop reads as a restart), adds at most MAX_PROGRESS_PER_S per second."""
+    huge = Report("train", steps=10**18, samples=10**18, tokens=10**18)
+    steps_s, samples_s, tokens_s = MAX_PROGRESS_PER_S
+    assert progress_delta(None, huge, 0.0) == (steps_s, samples_s, tokens_s)  # one second's worth
+    assert progress_delta(None, huge, 3.0) == (3 * steps_s, 3 * samples_s, 3 * tokens_s)
+    honest = Report("train", steps=50, samples=500, tokens=None)
+    assert progress_delta(None, honest, 10.0) == (50, 500, 0)  # a real job is far below the caps
+
+    clock = [0.0]
+    m = DriverMetrics([])
+    book = ReportBook(m, clock=lambda: clock[0])
+    pod = PodRef("ns", "w0", "uid-w0")
+    for i in range(10):  # a liar alternating 10^12 and 0, once a second
+        clock[0] += 1.0
+        book.report(pod, Report("train", steps=10**12 if i % 2 == 0 else 0))
+    total = sum(s.value for f in m.rl_steps_total.collect() for s in f.samples if s.name.endswith("_total"))
+    assert 0 < total <= 10 * steps_s
 
 
 def test_due_rate_limits_per_pod_but_lets_a_phase_change_through_sooner() -> None:
