@@ -5,8 +5,11 @@ with SIGKILL and restarts. Forecasts come from the explicit ``static-file`` back
 
 The test plays the DRA driver, and says so: a watch on the job's worker pods writes
 ``rose.io/suspend-state: Suspended`` on a pod as soon as it carries a ``rose.io/suspend-request``,
-and ``Running`` once the request is withdrawn (KWOK nodes have no driver). The same watch checks
-the invariants on every event it sees (not only at the end):
+and ``Running`` once the request is withdrawn (KWOK nodes have no driver). Like the real driver
+(``dra_driver.podwatch``: every listed pod is handled), it acts on every pod a (re)list shows,
+not only on watch events: a change made after one watch stream ends and before the next list is
+seen only in that list. The same watch checks the invariants on every event it sees (not only at
+the end):
 
 - never two live pods for one worker index, never more live workers than ``maxGPUs``;
 - never a job running (phase Running, no suspend request, not suspended) with more than
@@ -120,11 +123,9 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[World]:
             ctl.start()
             w = World(api, ns, forecasts, quiet, busy, capacity, ctl)
             w.watch = Watch(w, {})
-            thread = threading.Thread(target=w.watch.run, name="played-driver", daemon=True)
-            thread.start()
+            w.watch.start()
             yield w
-            w.watch.stop.set()
-            thread.join(timeout=10)
+            w.watch.halt()
     finally:
         ctl.stop()
         delete_namespace(api, ns)
@@ -198,9 +199,23 @@ class Watch:
     episodes: list[tuple[str, float, bool]] = field(default_factory=list)  # (job, seconds, a kill cut it)
     kills: int = 0  # SIGKILLs so far (the trial loop counts them here)
     stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
     events: int = 0
     uids: set[str] = field(default_factory=set)  # every worker pod ever seen
     _open: dict[str, tuple[float, int]] = field(default_factory=dict)  # job -> (start, kills at start)
+
+    def start(self) -> None:
+        """Run the watch (it lists first) on a thread of its own."""
+        self.stop.clear()
+        self.thread = threading.Thread(target=self.run, name="played-driver", daemon=True)
+        self.thread.start()
+
+    def halt(self) -> None:
+        """Stop the watch (within one watch stream's 5 s) and wait for it."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+            assert not self.thread.is_alive(), "the played driver's watch did not stop"
 
     def run(self) -> None:
         core = client.CoreV1Api(self.w.api)
@@ -209,6 +224,8 @@ class Watch:
                 listed = core.list_namespaced_pod(self.w.ns, label_selector=names.LABEL_JOB)
                 self.pods = {p.metadata.name: p for p in listed.items}
                 self._check()
+                for pod in listed.items:  # changed while no watch was open: seen only here (issue 25 §1)
+                    self._play_driver(core, pod, "LISTED")
                 for ev in watch.Watch().stream(core.list_namespaced_pod, self.w.ns, label_selector=names.LABEL_JOB,
                                                resource_version=listed.metadata.resource_version,
                                                timeout_seconds=5):  # fmt: skip
@@ -354,12 +371,19 @@ def converged(w: World, name: str, level: str, max_gpus: int = 4) -> str | None:
     return None
 
 
+def _pod_states(w: World, name: str) -> str:
+    """One line per live worker: phase, suspend request and suspend state (a failed trial's evidence)."""
+    return "\n".join(f"  {p.metadata.name}: phase {p.status.phase}, request "
+                     f"{_ann(p).get(names.ANNOTATION_SUSPEND_REQUEST)}, state {_state(p)}"
+                     for p in pods_of(w, name))  # fmt: skip
+
+
 def _converge(w: World, name: str, level: str, what: str, max_gpus: int = 4) -> None:
     why: list[str | None] = []
     try:
         wait_for(what, lambda: not why.append(converged(w, name, level, max_gpus)) and why[-1] is None, 90)
     except AssertionError as e:
-        raise AssertionError(f"{e}: {why[-1]}\ncontroller log:\n{w.ctl.tail()}") from None
+        raise AssertionError(f"{e}: {why[-1]}\n{_pod_states(w, name)}\ncontroller log:\n{w.ctl.tail()}") from None
     assert w.ctl.proc is not None and w.ctl.proc.poll() is None, f"the controller exited:\n{w.ctl.tail()}"
 
 
@@ -407,3 +431,26 @@ def test_controller_sigkilled_at_random_points_of_transitions_converges(world: W
     assert not w.watch.violations, w.watch.violations
     _crd(w.api).delete_namespaced_custom_object(names.GROUP, names.VERSION, w.ns, names.PLURAL, name)
     wait_for("no worker left after delete", lambda: not pods_of(w, name) or None, 60)
+
+
+def test_the_played_driver_acts_on_what_a_relist_shows(world: World) -> None:
+    """Issue 25 §1 (CI, trial 38 of the SIGKILL test: room-for-min, maxGPUs 2; "0 running, 0
+    suspended of 2 pods" for 90 s): the controller withdrew its suspend requests while the played
+    driver's watch was between two streams (it lists again every 5 s); the list showed both pods
+    with no request and still ``Suspended``, the driver played only watch events, and nothing
+    changed the pods again. The kill was not involved. Here the watch is held at exactly that
+    step: stopped while the requests are withdrawn, then started again (list first)."""
+    w, name = world, "relist"
+    assert w.watch is not None
+    w.watch.bounds = {name: (2, 2)}
+    create_job(w, name, 2, 2)
+    _converge(w, name, "idle", "2 running", max_gpus=2)
+    w.forecast(_need(w, "full"))
+    _converge(w, name, "full", "gang suspended", max_gpus=2)
+    w.watch.halt()  # between two watch streams
+    w.forecast(_need(w, "room-for-min"))
+    withdrawn = lambda ps: len(ps) == 2 and all(not requested(p) and _state(p) == "Suspended" for p in ps)  # noqa: E731
+    _wait_pods(w, name, "requests withdrawn, pods still suspended", withdrawn)
+    w.watch.start()
+    _converge(w, name, "room-for-min", "resumed by the driver after a relist", max_gpus=2)
+    assert not w.watch.violations, w.watch.violations
