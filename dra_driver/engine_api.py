@@ -83,6 +83,15 @@ class FallbackWatcher(Protocol):
 
 
 @runtime_checkable
+class Abandoner(Protocol):
+    """Optional engine capability: the driver stopped the processes of ``claim_uid``'s occupants
+    (enforcement at the deadline), so the engine stops waiting for their acknowledgements: a
+    hostile or hung occupant must not hold an engine thread that an honest one's suspend needs."""
+
+    def abandon(self, claim_uid: str) -> None: ...
+
+
+@runtime_checkable
 class PodScopedEngine(Protocol):
     """Optional engine capability: act on some pods of a claim only. A claim can be shared by
     several pods (a time-slice group's claim lists each member job's worker in ``reservedFor``),

@@ -35,6 +35,7 @@ from dra_driver.enforce import (
     returned_phase,
 )
 from dra_driver.engine_api import (
+    Abandoner,
     ClaimBinder,
     CopyWatcher,
     FallbackWatcher,
@@ -78,6 +79,7 @@ POD_CHECKPOINTED_EVICTED = names.SuspendState.CHECKPOINTED_EVICTED
 EVENT_RECLAIM_ENFORCED = "ReclaimEnforced"  # the driver freed the GPU itself at the deadline
 EVENT_RECLAIM_NOT_FREED = "ReclaimNotFreed"  # still occupied after enforcement: serving not prepared
 EVENT_SERVING_ON_OCCUPIED = "ServingOnOccupiedDevice"  # the operator's override let serving in anyway
+ENGINE_THREADS_MIN = 4  # the engine pool's floor (two per GPU above it)
 BACKEND_ENFORCED_CHECKPOINT = "cuda-checkpoint-enforced"  # Suspension.backend: restore its pids on resume
 _EVICTED = (CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
 
@@ -175,7 +177,11 @@ class NodeDriver:
         self._flock = FileLock(str(state_dir / "checkpoint.lock"), timeout=lock_timeout_seconds)
         self._mu = threading.Lock()
         self._data = NodeStateData(boot_id=boot_id)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine")
+        # Engine calls wait for workloads (a grace period, a fallback checkpoint): two per GPU, so a
+        # hung occupant on one GPU never queues an honest occupant's suspend on another behind it;
+        # the waits of an occupant the driver stopped end at once (engine_api.Abandoner).
+        workers = max(ENGINE_THREADS_MIN, 2 * len(self.gpus) + 2)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine")
         # The time-slice groups with a pod on this node (the pod watcher's view): their fences are
         # never dropped to make room in the bounded book (dra_driver/fencing.py).
         self.fence_groups_in_use: Callable[[], Collection[str]] = frozenset
@@ -788,6 +794,8 @@ class NodeDriver:
         crash_point("suspend-engine-returned")
         s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
         enforced = self._enforce(occupant, s, res)
+        if enforced is not None and enforced.method == METHOD_KILL and isinstance(self.engine, Abandoner):
+            self.engine.abandon(occupant.uid)  # its processes are stopped: no ack will come, free the engine's threads
         if enforced is None or enforced.method == METHOD_NONE:
             outcome = self._record_engine_result(occupant, s, res, enforced)
         else:

@@ -426,6 +426,13 @@ class NodeSuspendEngine:
             if w.simulated:
                 self.forget(w.pod_uid)
 
+    def abandon(self, claim_uid: str) -> None:
+        """engine_api.Abandoner: the driver stopped the processes of the claim's occupants (the
+        enforced reclaim): no acknowledgement will come from them, so the engine's waits for one
+        (a cooperative command, the fallback's checkpoint) end now and free their threads."""
+        for w in self._members(claim_uid, None, create_simulated=False):
+            w.abandon()
+
     def fallback_in_progress(self, claim_uid: str) -> bool:
         """engine_api.FallbackWatcher: the claim's occupant was asked for its durable checkpoint and
         has not answered yet."""

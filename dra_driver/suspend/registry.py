@@ -133,6 +133,9 @@ class Workload:
     # a registration's current_state is a hint; the engine still sends its command)
     engine_suspended: bool = False
     scope: ClaimScope | None = None  # set when it registered on its claim's socket
+    # The driver stopped this workload's processes (enforcement) or its pod is gone: no ack will
+    # come, so every wait for one ends now instead of holding an engine thread to its deadline.
+    abandoned: bool = False
 
     @property
     def pod_uid(self) -> str:
@@ -150,12 +153,19 @@ class Workload:
             self.acks[ack.operation_id] = ack
             self.cond.notify_all()
 
+    def abandon(self) -> None:
+        """No ack will come (its processes were stopped, or its pod is gone): end every wait."""
+        with self.cond:
+            self.abandoned = True
+            self.cond.notify_all()
+
     def wait_ack(self, operation_id: str, deadline_monotonic: float) -> Ack | None:
-        """Block until the ack for ``operation_id`` arrives or the deadline passes (None)."""
+        """Block until the ack for ``operation_id`` arrives, the deadline passes or the workload is
+        abandoned (None for both)."""
         with self.cond:
             while operation_id not in self.acks:
                 left = deadline_monotonic - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self.abandoned:
                     return None
                 self.cond.wait(timeout=left)
             return self.acks.pop(operation_id)
@@ -258,6 +268,7 @@ class WorkloadRegistry:
                     self._trusted.discard(c)
         if w is not None:
             w.commands.put(None)
+            w.abandon()
         return w
 
     def all(self) -> list[Workload]:

@@ -445,3 +445,28 @@ def test_state_size_updates_drive_budget_admission() -> None:
     assert eng.update_state_bytes("pod-a", w.session_id, 30 * MiB) == (True, "")
     r = eng.suspend("claim-a", 5)  # 30 MiB no longer fits the 20 MiB budget
     assert not r.ok and f"{30 * MiB} B of state does not fit" in r.message
+
+
+def test_abandon_ends_the_engines_wait_for_an_occupant_the_driver_stopped() -> None:
+    """A hung occupant (never acks) holds an engine thread through its grace and then the fallback
+    checkpoint's wait; once the driver has stopped its processes (enforcement), ``abandon`` ends
+    that wait at once, so the thread is free for an honest occupant's suspend on another GPU."""
+    eng = NodeSuspendEngine(
+        EngineConfig(host_memory_budget_bytes=100 * MiB, backends=("cooperative",), checkpoint_timeout_seconds=30),
+        {"cooperative": CooperativeBackend()},
+        events=RecordingEventSink(),
+        metrics=SuspendMetrics(CollectorRegistry()),
+    )
+    w = eng.register(reg(backends=("cooperative",)))
+    play_workload(eng, w, lambda k: None)  # hangs before its safe point: no ack, ever
+    done: list[SuspendResult] = []
+    t = threading.Thread(target=lambda: done.append(eng.suspend("claim-a", 0.3)), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(1.0)  # past the grace: the engine now waits for the fallback checkpoint (30 s)
+    assert not done
+    eng.abandon("claim-a")
+    t.join(timeout=5)
+    assert done and not done[0].ok, "the wait ended, with no checkpoint confirmed"
+    assert time.monotonic() - t0 < 5, "abandon must end the checkpoint wait, not its 30 s deadline"
+    w.commands.put(None)
