@@ -629,6 +629,32 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a Markdown table per case, then why each failed property failed."""
+    b = report["bound"]
+    out = [
+        f"Bound = grace {b['grace_s']:g} s + enforcement {b['enforcement_s']:g} s ({b['source']}) ="
+        f" **{b['total_s']:g} s**. Neighbour baseline (alone, {report['baseline']['runs']} runs):"
+        f" p50 {_f(report['baseline']['p50_s'])} s, p99 {_f(report['baseline']['p99_s'])} s.",
+        "",
+        "| case | occupant | runs | return p50 / p99 s | free p50 / p99 s | never free | neighbour p50 / p99 s"
+        " | within bound | never on state | neighbour not delayed | honest state intact |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in report["cases"]:
+        marks = " | ".join("pass" if c["properties"][k] else "**FAIL**" for k in PROPERTIES)
+        out.append(
+            f"| {c['case']} | {c['title']} | {c['runs']} | {_f(c['return_p50_s'])} / {_f(c['return_p99_s'])}"
+            f" | {_f(c['free_p50_s'])} / {_f(c['free_p99_s'])} | {c['never_free_runs']}"
+            f" | {_f(c['neighbour_p50_s'])} / {_f(c['neighbour_p99_s'])} | {marks} |"
+        )
+    out += ["", "Why (first runs of each failed property):", ""]
+    for c in report["cases"]:
+        for k, v in c["failures"].items():
+            out.append(f"- **{c['case']} {k}**: " + "; ".join(v[:2]))
+    return "\n".join(out) + "\n"
+
+
 # --------------------------------------------------------------------------- the whole benchmark
 
 
@@ -715,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-runs", type=int, default=5, help="runs of the honest neighbour alone")
     ap.add_argument("--delay-tolerance", type=float, default=1.0, help="seconds over the baseline p99 that count")
     ap.add_argument("--sparse-bytes", type=int, default=100 * 10**9, help="case f-sparse's file size")
+    ap.add_argument("--markdown", type=Path, help="write the tables as Markdown here")
     ap.add_argument("--workdir", type=Path, help="cluster, driver and workload logs (default: a temporary directory)")
     a = ap.parse_args(argv)
     try:
@@ -735,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
     report["table"] = table(report)
     if a.json:
         a.json.write_text(json.dumps(report, indent=1) + "\n")
+    if a.markdown:
+        a.markdown.write_text(markdown(report))
     print(report["table"])
     return 0 if report["passed"] else 1
 
