@@ -16,7 +16,7 @@ GPU a lent occupant holds, and the occupant is one of (``benchmarks.adversaries`
 
 The node has two GPUs. GPU 0 holds the case's occupant; GPU 1 an honest rose_sdk neighbour. At
 t0 the harness plays the kubelet's NodePrepareResources (the real gRPC contract) for a serving
-claim on GPU 0, and 50 ms later for one on GPU 1 (two serving pods arriving together). A sampler
+claim on GPU 0, and 200 ms later for one on GPU 1 (two serving pods arriving together). A sampler
 reads both claims' simulated device-memory files (``<plugin-dir>/claims/<uid>/device-memory``:
 resident bytes = st_blocks * 512; free ⇔ 0) every few milliseconds. Per run:
 
@@ -84,7 +84,7 @@ TITLE = {
     "h": "two time-slice members, one shared claim",
 }
 PROPERTIES = ("within_bound", "never_on_state", "neighbour_not_delayed", "honest_state_intact")
-NEIGHBOUR_OFFSET_S = 0.05  # the neighbour's serving prepare starts this long after GPU 0's
+NEIGHBOUR_OFFSET_S = 0.2  # the neighbour's serving prepare starts this long after GPU 0's
 SAMPLE_S = 0.005
 
 
@@ -262,12 +262,20 @@ class Node:
             body["metadata"]["annotations"] = {names.ANNOTATION_GRACE: f"{self.p.grace_s:g}"}
         return str(self.core.create_namespaced_pod(self.ns, body).metadata.uid)
 
-    def _allocated(self, pod: str, reserved: int = 1) -> dict[str, Any]:
+    def _allocated(self, pod: str, reserved: int = 1, claim: str = "") -> dict[str, Any]:
+        """The pod's claim (from its template, or ``claim`` by name) once allocated and reserved
+        for ``reserved`` pods."""
         from local_cluster.objects import allocated_claim, wait_for
 
         def ok() -> dict[str, Any] | None:
-            c = allocated_claim(self.api, self.ns, pod)
-            return c if c and len(c["status"].get("reservedFor") or []) >= reserved else None
+            if claim:
+                c: dict[str, Any] | None = self.custom.get_namespaced_custom_object(
+                    "resource.k8s.io", "v1", self.ns, "resourceclaims", claim
+                )
+            else:
+                c = allocated_claim(self.api, self.ns, pod)
+            st = (c or {}).get("status") or {}
+            return c if st.get("allocation") and len(st.get("reservedFor") or []) >= reserved else None
 
         return wait_for(f"claim of {pod} allocated", ok, timeout=120)
 
@@ -457,7 +465,7 @@ def one_run(n: Node, case: str | None, i: int) -> dict[str, Any]:
                 _shared_claim(n, shared)
                 uids = [n._pod(f"h{i}-m{k}", None, shared=shared) for k in (0, 1)]
                 pods = [f"h{i}-m{k}" for k in (0, 1)]
-                lent = n._allocated(pods[0], reserved=2)
+                lent = n._allocated(pods[0], reserved=2, claim=shared)
             else:
                 uids = [n._pod(f"{case}-{i}", "lent-g0")]
                 pods = [f"{case}-{i}"]
