@@ -250,7 +250,9 @@ class Node:
         self.serving = [self._allocated(f"srv-{i}") for i in (0, 1)]
         self.start_neighbour()
 
-    def _pod(self, name: str, template: str | None, *, serving: bool = False, shared: str = "") -> str:
+    def _pod(
+        self, name: str, template: str | None, *, serving: bool = False, shared: str = "", checkpoint_path: str = ""
+    ) -> str:
         from local_cluster.objects import gpu_pod
         from rose_common import names
 
@@ -260,6 +262,8 @@ class Node:
             body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": shared}]
         if not serving:
             body["metadata"]["annotations"] = {names.ANNOTATION_GRACE: f"{self.p.grace_s:g}"}
+        if checkpoint_path:  # the job's checkpointPath, as the controller sets it (the driver reads it here)
+            body["spec"]["containers"][0]["env"] = [{"name": "ROSE_CHECKPOINT_PATH", "value": checkpoint_path}]
         return str(self.core.create_namespaced_pod(self.ns, body).metadata.uid)
 
     def _allocated(self, pod: str, reserved: int = 1, claim: str = "") -> dict[str, Any]:
@@ -467,7 +471,9 @@ def one_run(n: Node, case: str | None, i: int) -> dict[str, Any]:
                 pods = [f"h{i}-m{k}" for k in (0, 1)]
                 lent = n._allocated(pods[0], reserved=2, claim=shared)
             else:
-                uids = [n._pod(f"{case}-{i}", "lent-g0")]
+                # case f's hostile files lie under the pod's own checkpointPath (the ack names them there)
+                ckpt = str(rundir / "occ0-ckpt") if case.startswith("f-") else ""
+                uids = [n._pod(f"{case}-{i}", "lent-g0", checkpoint_path=ckpt)]
                 pods = [f"{case}-{i}"]
                 lent = n._allocated(pods[0])
             sock, mem0 = n.prepare_lent(lent)
