@@ -492,7 +492,7 @@ def one_run(n: Node, case: str | None, i: int) -> dict[str, Any]:
         sampler = Sampler([mem0, mem1]).start()
         calls = [Call(), Call()]
         threads = []
-        t0 = time.monotonic()
+        t0, t_need = time.monotonic(), time.time()
         if case is not None:
             threads.append(threading.Thread(target=_timed, args=(lambda: n.driver.prepare(n.serving[0]), calls[0], 0)))
         offset = NEIGHBOUR_OFFSET_S if case else 0.0
@@ -538,12 +538,20 @@ def one_run(n: Node, case: str | None, i: int) -> dict[str, Any]:
         rec["unprepare_errors"] = [e for e in errors if e]
         honest = [n.neighbour] + (occupants if case in ("a", "h") else [])
         intact: list[bool] = []
+        never_moved = []
         for h in honest:
+            if not any(e["event"] == "suspended" and e["t"] >= t_need for e in h.events()):
+                # never suspended in this run (its state stayed where it was: never_on_state judges
+                # that): intact while it still runs
+                never_moved.append(h.name)
+                intact.append(h.popen.poll() is None)
+                continue
             with contextlib.suppress(AssertionError):
                 wait_for(f"{h.name} resumed", partial(_resumed, h, t_un), timeout=p.resume_timeout_s, interval=0.1)
             ev = _resumed(h, t_un)
             intact.append(bool(ev and ev.get("intact")))
         rec["intact"] = intact
+        rec["honest_not_suspended"] = never_moved
         return rec
     finally:
         for o in occupants:
