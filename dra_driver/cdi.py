@@ -6,13 +6,16 @@ Each spec injects ``ROSE_CLAIM_UID_<UID>=<UID>`` (``rose_common.names.claim_uid_
 variable per claim, since a container may hold several claims) and ``ROSE_SIMULATED_GPU``.
 A lent claim's spec also mounts the claim's own node-agent socket directory at
 ``/run/rose/claims/<UID>`` and sets ``ROSE_AGENT_SOCKET`` to the socket in it: the workload's
-identity is the socket it reaches, so pods need no hostPath. I/O boundary: the CDI directory.
+identity is the socket it reaches, so pods need no hostPath. On simulated GPUs that directory also
+holds the claim's simulated device memory (``ROSE_SIMULATED_DEVICE_MEMORY``,
+``dra_driver.suspend.devicewatch``). I/O boundary: the CDI directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +56,11 @@ def build_spec(
     simulated: bool,
     *,
     agent_socket_dir: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim. ``minors`` maps GPU index → /dev/nvidia<minor>;
-    ``agent_socket_dir``: the host directory of the claim's node-agent socket, mounted when given."""
+    ``agent_socket_dir``: the host directory of the claim's node-agent socket, mounted when given;
+    ``extra_env``: more variables for every container (e.g. ``ROSE_SIMULATED_DEVICE_MEMORY``)."""
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
     cdi_devices: list[dict[str, Any]] = []
@@ -76,6 +81,7 @@ def build_spec(
         edits = agent_socket_edits(claim_uid, agent_socket_dir)
         common["env"] += edits["env"]
         common["mounts"] = edits["mounts"]
+    common["env"] += [f"{k}={v}" for k, v in sorted((extra_env or {}).items())]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,

@@ -166,6 +166,30 @@ def build_parser() -> argparse.ArgumentParser:
         "restored on resume (rose.io/suspended-cpu holds the originals); empty: off",
         default="100m",
     )
+    add(
+        "enforce-timeout-seconds",
+        "serving wins, enforced: after the occupant's grace period (+5 s), how long the driver may take to"
+        " free a lent GPU it does not observe free (cuda-checkpoint of the holder PIDs when that backend is"
+        " enabled, else SIGSTOP + SIGKILL of the holders and eviction of the pod); a durable checkpoint the"
+        " engine requested and is still waiting for gets as long again first",
+        type=float,
+        default=10.0,
+    )
+    add(
+        "allow-serving-on-occupied-device",
+        "prepare a serving claim even while a lent occupant's state is still observed on the device"
+        " (counted in rose_driver_serving_on_occupied_device_total, an Event on the occupant); default:"
+        " refuse, the kubelet retries (true/false)",
+        type=boolean,
+        default=False,
+    )
+    add(
+        "device-context-allowance",
+        "nvml: device memory a lent occupant's process may keep on a reclaimed GPU (its CUDA context);"
+        " more is an occupied device",
+        type=byte_size,
+        default="512Mi",
+    )
     add("log-level", "debug, info, warning, error", default="info")
     return p
 
@@ -292,6 +316,7 @@ def build(args: argparse.Namespace) -> Wiring:
         raise StartupError(f"cannot start the suspend engine: {e}") from None
     state_dir = Path(args.state_dir or args.plugin_dir)
     agent_server = _agent_server(args, engine)
+    enforcer = build_enforcer(args, gpus, engine, kube.KubeEvictor(api))
     driver = NodeDriver(
         node_name=args.node_name,
         gpus=gpus,
@@ -304,6 +329,8 @@ def build(args: argparse.Namespace) -> Wiring:
         metrics=metrics,
         default_grace_seconds=float(args.default_grace_seconds),
         workload_sockets=agent_server.claims if agent_server is not None else None,
+        enforcer=enforcer,
+        allow_serving_on_occupied_device=bool(args.allow_serving_on_occupied_device),
     )
     try:
         driver.recover()
@@ -333,6 +360,35 @@ def build(args: argparse.Namespace) -> Wiring:
     if agent_server is not None:  # one fencing book for both paths, kept in the node checkpoint
         agent_server.control.fence = lambda raw: driver.admit_fence(raw, [], "agent")
     return wiring
+
+
+def build_enforcer(args: argparse.Namespace, gpus: list[Any], engine: Any, evictor: Any) -> Any:
+    """The driver's eyes and hands on lent GPUs (``dra_driver.enforce``): the simulated device
+    accounting on simulated GPUs, NVML on real ones; cuda-checkpoint only where enabled."""
+    from dra_driver.enforce import Enforcer
+    from dra_driver.suspend.devicewatch import NvmlDeviceWatch, SimulatedDeviceMemory
+
+    if float(args.enforce_timeout_seconds) <= 0:
+        raise StartupError(f"--enforce-timeout-seconds must be > 0, got {args.enforce_timeout_seconds}")
+    watch: Any
+    if all(g.simulated for g in gpus):
+        watch = SimulatedDeviceMemory(
+            Path(args.plugin_dir) / "claims",
+            ledger=getattr(engine, "simulated_resident_bytes", None),
+            ledger_free=getattr(engine, "free_simulated", None),
+        )
+    else:
+        from dra_driver.suspend.nvml import NvmlMemoryProbe, NvmlUnavailable
+
+        try:
+            watch = NvmlDeviceWatch(NvmlMemoryProbe.load(), int(args.device_context_allowance))
+        except NvmlUnavailable as e:
+            raise StartupError(f"cannot observe lent GPUs: {e}") from None
+    backend = getattr(engine, "backend", None)
+    checkpointer = backend("cuda-checkpoint") if backend is not None else None
+    return Enforcer(
+        watch, timeout_seconds=float(args.enforce_timeout_seconds), evictor=evictor, checkpointer=checkpointer
+    )
 
 
 def _agent_server(args: argparse.Namespace, engine: Any) -> Any:

@@ -73,6 +73,15 @@ class CopyWatcher(Protocol):
 
 
 @runtime_checkable
+class FallbackWatcher(Protocol):
+    """Optional engine capability: has the engine asked the occupant of ``claim_uid`` for its
+    durable checkpoint (the checkpoint-and-evict fallback) without an answer yet? The driver gives
+    such a checkpoint the enforcement's bound before it stops the process."""
+
+    def fallback_in_progress(self, claim_uid: str) -> bool: ...
+
+
+@runtime_checkable
 class ClaimBinder(Protocol):
     """Optional engine capability: learn which pod uses a lent claim (from ``status.reservedFor``),
     for workloads that registered with the node agent by pod UID only."""

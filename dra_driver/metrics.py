@@ -17,7 +17,10 @@ from prometheus_client.registry import Collector
 
 RESULTS = ("ok", "error")
 RESIDENTS = ("none", "serving", "lent")
-SUSPEND_OUTCOMES = ("suspended", "checkpoint_evict", "failed", "timeout")
+SUSPEND_OUTCOMES = ("suspended", "checkpoint_evict", "enforced", "failed", "timeout")
+RETURN_PHASES = ("cooperative", "enforced", "fallback")  # dra_driver.enforce.PHASES
+ENFORCE_METHODS = ("cuda-checkpoint", "kill")
+ENFORCE_RESULTS = ("freed", "not_freed")
 RESIZE_ACTIONS = ("shrink", "restore")
 WATCH_KINDS = ("Pod", "ResourceSlice")
 RESIZE_RESULTS = ("ok", "skipped", "error")
@@ -120,6 +123,30 @@ class DriverMetrics:
             ["outcome"],
             registry=r,
         )
+        self.gpu_returned_seconds = Histogram(
+            "rose_driver_gpu_returned_seconds",
+            "From serving's need of a lent GPU to the device observed free, by the phase that freed it",
+            ["phase"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.reclaim_enforced_total = Counter(
+            "rose_driver_reclaim_enforced",
+            "Lent GPUs the driver freed itself at the deadline (not observed free after the cooperative"
+            " phase), by method and result",
+            ["method", "result"],
+            registry=r,
+        )
+        self.serving_refused_occupied_total = Counter(
+            "rose_driver_serving_refused_occupied",
+            "Serving prepares refused because a lent occupant's state was still observed on the device",
+            registry=r,
+        )
+        self.serving_on_occupied_total = Counter(
+            "rose_driver_serving_on_occupied_device",
+            "Serving prepares let onto a device still holding lent state (--allow-serving-on-occupied-device)",
+            registry=r,
+        )
         self.occupant_resume_total = Counter(
             "rose_driver_occupant_resume", "Lent occupants resumed, by result", ["result"], registry=r
         )
@@ -201,6 +228,11 @@ class DriverMetrics:
             self.suspend_requests_total.labels(res)
         for o in SUSPEND_OUTCOMES:
             self.occupant_suspend_total.labels(o)
+        for phase in RETURN_PHASES:
+            self.gpu_returned_seconds.labels(phase)
+        for method in ENFORCE_METHODS:
+            for res in ENFORCE_RESULTS:
+                self.reclaim_enforced_total.labels(method, res)
         for i in gpu_indexes:
             for resident in RESIDENTS:
                 self.residency.labels(str(i), resident).set(0)

@@ -26,10 +26,26 @@ from filelock import FileLock, Timeout
 from dra_driver import cdi, fencing
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
-from dra_driver.engine_api import ClaimBinder, CopyWatcher, SuspendEngine, SuspendReason, SuspendResult
+from dra_driver.enforce import (
+    METHOD_CUDA_CHECKPOINT,
+    METHOD_KILL,
+    METHOD_NONE,
+    Enforcer,
+    EnforceResult,
+    returned_phase,
+)
+from dra_driver.engine_api import (
+    ClaimBinder,
+    CopyWatcher,
+    FallbackWatcher,
+    SuspendEngine,
+    SuspendReason,
+    SuspendResult,
+)
 from dra_driver.metrics import DriverMetrics
 from dra_driver.state import (
     CHECKPOINTED_EVICTED,
+    ENFORCED_EVICTED,
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     RESUME_STARTED,
@@ -43,6 +59,7 @@ from dra_driver.state import (
     Suspension,
     crash_point,
 )
+from dra_driver.suspend.devicewatch import Observation, Target
 from rose_common import names
 from rose_common.kube import objects
 
@@ -55,6 +72,13 @@ POD_SUSPENDED = names.SuspendState.SUSPENDED
 POD_RESUMING = names.SuspendState.RESUMING
 POD_RUNNING = names.SuspendState.RUNNING
 POD_CHECKPOINTED_EVICTED = names.SuspendState.CHECKPOINTED_EVICTED
+
+# Events of the enforced reclaim (ARCHITECTURE §9: serving wins in two phases)
+EVENT_RECLAIM_ENFORCED = "ReclaimEnforced"  # the driver freed the GPU itself at the deadline
+EVENT_RECLAIM_NOT_FREED = "ReclaimNotFreed"  # still occupied after enforcement: serving not prepared
+EVENT_SERVING_ON_OCCUPIED = "ServingOnOccupiedDevice"  # the operator's override let serving in anyway
+BACKEND_ENFORCED_CHECKPOINT = "cuda-checkpoint-enforced"  # Suspension.backend: restore its pids on resume
+_EVICTED = (CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
 
 
 class ClaimNotFoundError(LookupError):
@@ -122,6 +146,8 @@ class NodeDriver:
         driver_name: str = names.DRIVER_NAME,
         copy_wait_limit_seconds: float = 300.0,
         workload_sockets: WorkloadSockets | None = None,
+        enforcer: Enforcer | None = None,
+        allow_serving_on_occupied_device: bool = False,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -139,6 +165,9 @@ class NodeDriver:
         self.grace_slack = grace_slack_seconds
         self.copy_wait_limit = copy_wait_limit_seconds
         self.workload_sockets = workload_sockets
+        # None: no observation (state-machine tests only); every real driver observes (cli.build)
+        self.enforcer = enforcer
+        self.allow_serving_on_occupied = allow_serving_on_occupied_device
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cdi_dir.mkdir(parents=True, exist_ok=True)
         self._ckpt = CheckpointFile(state_dir / "checkpoint.json")
@@ -333,9 +362,11 @@ class NodeDriver:
 
     def reconcile(self) -> None:
         """Periodic repair: retry resumes nobody holds any more (e.g. the engine did not know the
-        workload yet after a restart) and re-suspend held occupants the engine reports running.
-        Suspends that failed (``SuspendFailed``) are not retried here: a retry would block the
-        node's prepare calls for up to a grace period; the next serving prepare retries them."""
+        workload yet after a restart) and re-suspend held occupants the engine reports running, or
+        whose device the driver observes occupied again (then enforced if need be). Suspends that
+        failed (``SuspendFailed``) are retried here only when the device is observed occupied: a
+        blind retry would block the node's prepare calls for up to a grace period; the next serving
+        prepare retries them."""
         with self._locked() as data:
             for s in list(data.suspensions.values()):
                 owner = data.claims.get(s.claim_uid)
@@ -343,8 +374,10 @@ class NodeDriver:
                     continue
                 if not s.held_by:
                     self._resume(owner, s)
-                elif s.state == SUSPENDED and self._engine_says_running(s.claim_uid):
-                    self._suspend(owner, s)
+                elif self._engine_disagrees(s) or (
+                    s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner, s) is not None
+                ):
+                    self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
 
     def held_pods(self) -> set[str]:
         """Pod UIDs with a suspend request this node is holding."""
@@ -360,7 +393,9 @@ class NodeDriver:
     def _spec(self, rec: ClaimRecord) -> dict[str, Any]:
         """The claim's CDI spec; for a lent claim this opens its workload socket (mounted by the spec)."""
         minors = {i: g.minor for i, g in self.gpus.items()}
-        return cdi.build_spec(rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=self._open_socket(rec))
+        sock = self._open_socket(rec)
+        env = self.enforcer.watch.provision(rec.uid) if sock is not None and self.enforcer is not None else {}
+        return cdi.build_spec(rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=sock, extra_env=env)
 
     def _open_socket(self, rec: ClaimRecord) -> Path | None:
         if self.workload_sockets is None or names.ROLE_LENDABLE not in rec.roles():
@@ -462,12 +497,17 @@ class NodeDriver:
         serving_gpus = {d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}
         if serving_gpus:
             t0 = time.monotonic()
-            for occupant in list(data.claims.values()):
-                if occupant.uid == rec.uid or occupant.state != PREPARE_COMPLETED:
-                    continue
-                if any(d.role == names.ROLE_LENDABLE and d.gpu_index in serving_gpus for d in occupant.devices):
-                    self._hold(occupant, rec.uid, None)
+            occupants = [
+                o
+                for o in list(data.claims.values())
+                if o.uid != rec.uid
+                and o.state == PREPARE_COMPLETED
+                and any(d.role == names.ROLE_LENDABLE and d.gpu_index in serving_gpus for d in o.devices)
+            ]
+            for occupant in occupants:
+                self._hold(occupant, rec.uid, None, t0)
             self.metrics.serving_wait_seconds.observe(time.monotonic() - t0)
+            self._gate_serving(ref, occupants)
         cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
         crash_point("prepare-cdi-written")
         rec.state = PREPARE_COMPLETED
@@ -479,6 +519,51 @@ class NodeDriver:
             extra={"claim": ref.key(), "uid": ref.uid, "devices": [d.device for d in rec.devices]},
         )
         return tuple(rec.devices)
+
+    def _gate_serving(self, ref: ClaimRef, occupants: list[ClaimRecord]) -> None:
+        """A serving claim is never prepared while a lent occupant's state is observed on the
+        device, unless the operator's override allows it (counted, and an Event on the occupant)."""
+        for occupant in occupants:
+            obs = self._observe(occupant)
+            if obs is None:
+                continue
+            what = f"lent claim {occupant.namespace}/{occupant.name} ({occupant.uid}): {obs}"
+            if self.allow_serving_on_occupied:
+                self.metrics.serving_on_occupied_total.inc()
+                self._events(
+                    occupant.pods,
+                    EVENT_SERVING_ON_OCCUPIED,
+                    f"serving claim {ref.key()} prepared on a device still holding {what}"
+                    " (--allow-serving-on-occupied-device)",
+                )
+                continue
+            self.metrics.serving_refused_occupied_total.inc()
+            raise ClaimError(
+                f"ResourceClaim {ref.key()}: serving is not prepared onto an occupied device: {what};"
+                " the kubelet retries (each retry reclaims again)"
+            )
+
+    def _target(self, occupant: ClaimRecord) -> Target:
+        return Target(
+            occupant.uid,
+            tuple(sorted({d.gpu_index for d in occupant.devices})),
+            tuple(p.uid for p in occupant.pods),
+        )
+
+    def _observe(self, occupant: ClaimRecord, s: Suspension | None = None) -> str | None:
+        """None when the occupant's device is observed free (or nothing observes: no enforcer, or a
+        hold the claim-wide observation cannot judge: ``observable``); else what is still there."""
+        if self.enforcer is None or (s is not None and not observable(occupant, s)):
+            return None
+        try:
+            obs = self.enforcer.observe(self._target(occupant))
+        except Exception as e:  # an observation that fails is not a free device
+            return f"observation failed: {e!r}"
+        return None if self.enforcer.is_free(obs) else obs.describe(self.enforcer.watch.allowance_bytes)
+
+    def _events(self, pods: list[PodRef], reason: str, message: str) -> None:
+        for p in pods:
+            self._event(p, reason, message)
 
     def _bind(self, rec: ClaimRecord) -> None:
         """Tell an engine that wants it which pods use a lent claim."""
@@ -516,6 +601,8 @@ class NodeDriver:
             del data.suspensions[rec.uid]
         data.claims.pop(rec.uid, None)
         self._save()
+        if self.enforcer is not None and names.ROLE_LENDABLE in rec.roles():
+            self.enforcer.watch.forget(rec.uid)
         self._close_socket(rec.uid)
         crash_point("unprepare-completed")
 
@@ -529,6 +616,8 @@ class NodeDriver:
             return res
         except concurrent.futures.TimeoutError:
             late = self._await_started_copy(fut, claim_uid) if fn == "suspend" else None
+            if late is None and fn == "suspend":
+                late = self._await_fallback_checkpoint(fut, claim_uid)
             if late is not None:
                 return late
             return SuspendResult(
@@ -583,7 +672,33 @@ class NodeDriver:
         self.metrics.suspend_copy_wait_seconds.observe(waited)
         return replace(res, message=f"{res.message} (serving waited {waited:.3f}s for the copy that had started)")
 
-    def _hold(self, occupant: ClaimRecord, holder: str, grace: float | None) -> Suspension:
+    def _await_fallback_checkpoint(
+        self, fut: concurrent.futures.Future[SuspendResult], claim_uid: str
+    ) -> SuspendResult | None:
+        """The engine asked the workload for its durable checkpoint (the fallback) and it has not
+        answered yet: give it up to ``--enforce-timeout-seconds`` more before the enforcement kills
+        the process, so an honest workload's checkpoint in progress is not lost. None: none in flight."""
+        engine, enforcer = self.engine, self.enforcer
+        if enforcer is None or not isinstance(engine, FallbackWatcher):
+            return None
+        try:
+            if not engine.fallback_in_progress(claim_uid):
+                return None
+        except Exception as e:
+            log.warning("fallback_in_progress failed", extra={"claim": claim_uid, "err": repr(e)})
+            return None
+        log.warning("grace period over with a durable checkpoint requested; waiting for it", extra={"claim": claim_uid})
+        try:
+            res: SuspendResult = fut.result(timeout=enforcer.timeout)
+        except concurrent.futures.TimeoutError:
+            return None
+        except Exception as e:
+            return SuspendResult(False, "none", 0, 0.0, None, f"suspend engine raised {e!r}", SuspendReason.FAILED)
+        return res
+
+    def _hold(
+        self, occupant: ClaimRecord, holder: str, grace: float | None, need_t0: float | None = None
+    ) -> Suspension:
         data = self._data
         s = data.suspensions.get(occupant.uid)
         if s is None:
@@ -591,11 +706,19 @@ class NodeDriver:
             data.suspensions[occupant.uid] = s
         elif holder not in s.held_by:
             s.held_by.append(holder)
-        if s.state == CHECKPOINTED_EVICTED or (s.state == SUSPENDED and not self._engine_says_running(occupant.uid)):
+        done = s.state in _EVICTED or (s.state == SUSPENDED and not self._engine_disagrees(s))
+        if done and self._observe(occupant, s) is None:  # recorded done, and observed free: nothing to do
             self._save()
             return s
-        self._suspend(occupant, s, grace)
+        self._suspend(occupant, s, grace, need_t0)
         return s
+
+    def _engine_disagrees(self, s: Suspension) -> bool:
+        """Recorded suspended, but the engine reports its workload running (and the driver did not
+        checkpoint it itself: then the engine's view of that process does not count)."""
+        return (
+            s.state == SUSPENDED and s.backend != BACKEND_ENFORCED_CHECKPOINT and self._engine_says_running(s.claim_uid)
+        )
 
     def _engine_says_running(self, claim_uid: str) -> bool:
         """The engine (restarted since, its workload re-registered as running) disagrees with our record."""
@@ -606,15 +729,42 @@ class NodeDriver:
         except Exception:
             return False
 
-    def _suspend(self, occupant: ClaimRecord, s: Suspension, grace: float | None = None) -> None:
+    def _suspend(
+        self, occupant: ClaimRecord, s: Suspension, grace: float | None = None, need_t0: float | None = None
+    ) -> None:
+        """Reclaim the occupant's GPU in two phases: the engine's cooperative suspend (with its
+        checkpoint-and-evict fallback) within the grace period, then — unless the device is then
+        observed free — the driver's enforcement (``dra_driver.enforce``)."""
+        t0 = time.monotonic() if need_t0 is None else need_t0
         grace_s = occupant.grace_seconds if grace is None else grace
         s.state = SUSPEND_STARTED
         self._save()
         crash_point("suspend-started")
         pods = list(occupant.pods)
         self._notify(pods, POD_SUSPENDING, f"suspending lent GPU workload (grace {grace_s:g}s), held by {s.held_by}")
+        res = self._engine_suspend(occupant, grace_s)
+        crash_point("suspend-engine-returned")
+        s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
+        enforced = self._enforce(occupant, s, res)
+        if enforced is None or enforced.method == METHOD_NONE:
+            outcome = self._record_engine_result(occupant, s, res, enforced)
+        else:
+            outcome = self._record_enforced(occupant, s, res, enforced)
+        if enforced is not None and enforced.free:
+            self.metrics.gpu_returned_seconds.labels(returned_phase(res, enforced.method)).observe(
+                time.monotonic() - t0
+            )
+        self.metrics.occupant_suspend_total.labels(outcome).inc()
+        log.info(
+            "occupant suspend done",
+            extra={"claim": occupant.uid, "state": s.state, "backend": s.backend, "seconds": res.seconds},
+        )
+        self._save()
+        crash_point("suspend-completed")
+
+    def _engine_suspend(self, occupant: ClaimRecord, grace_s: float) -> SuspendResult:
         if self.engine is None:
-            res = SuspendResult(
+            return SuspendResult(
                 False,
                 "none",
                 0,
@@ -623,44 +773,85 @@ class NodeDriver:
                 "no suspend engine configured (--suspend-engine=none)",
                 SuspendReason.NO_ENGINE,
             )
-        else:
-            res = self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s)
-        crash_point("suspend-engine-returned")
-        s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
+        return self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s)
+
+    def _enforce(self, occupant: ClaimRecord, s: Suspension, res: SuspendResult) -> EnforceResult | None:
+        """Observe the device; enforce when it is not free. None: nothing observes (no enforcer)."""
+        if self.enforcer is None or not observable(occupant, s):
+            return None
+        why = enforcement_cause(res)
+        try:
+            return self.enforcer.enforce(self._target(occupant), occupant.pods, why, checkpoint=res.fallback is None)
+        except Exception as e:  # an enforcement that fails leaves the device not observed free
+            log.exception("enforcement failed", extra={"claim": occupant.uid})
+            return EnforceResult(False, METHOD_KILL, (), (), Observation(source="error"), f"enforcement failed: {e!r}")
+
+    def _record_engine_result(
+        self, occupant: ClaimRecord, s: Suspension, res: SuspendResult, seen: EnforceResult | None
+    ) -> str:
+        """The device is observed free without the driver acting (or nothing observes): the
+        engine's result decides the record. Returns the outcome label."""
+        pods = list(occupant.pods)
         if res.ok and res.fallback is None:
-            s.state, outcome = SUSPENDED, "suspended"
-            self._notify(
-                pods,
-                POD_SUSPENDED,
-                f"suspended into host memory via {res.backend}: {res.bytes_moved} bytes in {res.seconds:.3f}s",
-                "Suspended",
+            s.state = SUSPENDED
+            msg = f"suspended into host memory via {res.backend}: {res.bytes_moved} bytes in {res.seconds:.3f}s"
+            self._notify(pods, POD_SUSPENDED, msg, "Suspended")
+            return "suspended"
+        if res.ok:  # checkpoint confirmed, pod evicted
+            s.state = CHECKPOINTED_EVICTED
+            msg = f"suspend fell back to {res.fallback}: {res.message}"
+            self._notify(pods, POD_CHECKPOINTED_EVICTED, msg, "SuspendFallback", warning=True)
+            return "checkpoint_evict"
+        s.state = SUSPEND_FAILED
+        tail = "serving proceeds" if seen is None else "the device is observed free, serving proceeds"
+        self._notify(pods, POD_SUSPENDING, f"suspend failed, {tail}: {res.message}", "SuspendFailed", warning=True)
+        return "timeout" if res.timed_out else "failed"
+
+    def _record_enforced(self, occupant: ClaimRecord, s: Suspension, res: SuspendResult, e: EnforceResult) -> str:
+        """The driver acted at the deadline: record what it did and what the workload lost."""
+        pods = list(occupant.pods)
+        self.metrics.reclaim_enforced_total.labels(e.method, "freed" if e.free else "not_freed").inc()
+        cause = f"the device was not observed free after the cooperative phase ({enforcement_cause(res)})"
+        if not e.free:
+            s.state, s.message = SUSPEND_FAILED, f"{cause}; enforcement ({e.method}) did not free it: {e.message}"
+            self._notify(pods, POD_SUSPENDING, s.message + "; serving is not prepared", EVENT_RECLAIM_NOT_FREED, True)
+            return "failed"
+        if e.method == METHOD_CUDA_CHECKPOINT:
+            s.state, s.backend, s.pids = SUSPENDED, BACKEND_ENFORCED_CHECKPOINT, list(e.pids)
+            s.message = (
+                f"{cause}; the driver checkpointed PIDs {list(e.pids)} with cuda-checkpoint: state kept in host memory"
             )
-        elif res.ok and res.fallback is not None:  # checkpoint confirmed, pod evicted
-            s.state, outcome = CHECKPOINTED_EVICTED, "checkpoint_evict"
-            self._notify(
-                pods,
-                POD_CHECKPOINTED_EVICTED,
-                f"suspend fell back to {res.fallback}: {res.message}",
-                "SuspendFallback",
-                warning=True,
+            self._notify(pods, POD_SUSPENDED, s.message, EVENT_RECLAIM_ENFORCED, True)
+            return "enforced"
+        evicted = ", ".join(f"{p.namespace}/{p.name}" for p in e.evicted) or "none (no evictor)"
+        if res.ok and res.fallback is not None:
+            s.state = CHECKPOINTED_EVICTED
+            s.message = (
+                f"durable checkpoint confirmed ({res.message}); the driver stopped the pod's processes on the"
+                f" device ({e.message}) so serving does not wait for the eviction: nothing lost"
             )
-        else:
-            s.state = SUSPEND_FAILED
-            outcome = "timeout" if res.timed_out else "failed"
-            self._notify(
-                pods,
-                POD_SUSPENDING,
-                f"suspend failed, serving proceeds: {res.message}",
-                "SuspendFailed",
-                warning=True,
-            )
-        self.metrics.occupant_suspend_total.labels(outcome).inc()
-        log.info(
-            "occupant suspend done",
-            extra={"claim": occupant.uid, "state": s.state, "backend": res.backend, "seconds": res.seconds},
+            self._notify(pods, POD_CHECKPOINTED_EVICTED, s.message, "SuspendFallback", warning=True)
+            return "checkpoint_evict"
+        s.state = ENFORCED_EVICTED
+        s.message = (
+            f"{cause}; at the deadline the driver killed the workload's processes on the device ({e.message})"
+            f" and evicted {evicted}: the workload lost what it had not checkpointed durably, because it did"
+            " not free the device within its grace period"
         )
-        self._save()
-        crash_point("suspend-completed")
+        self._events(pods, EVENT_RECLAIM_ENFORCED, s.message)
+        return "enforced"
+
+    def _restore_enforced(self, s: Suspension) -> SuspendResult:
+        """Resume what the driver checkpointed itself: restore and unlock its PIDs."""
+        ck = self.enforcer.checkpointer if self.enforcer is not None else None
+        if ck is None:
+            return SuspendResult(
+                False, "none", 0, 0.0, None, "cuda-checkpoint is not enabled to restore", SuspendReason.FAILED
+            )
+        errors = [f"{pid}: {e}" for pid in s.pids if (e := ck.restore_pid(pid))]
+        if errors:
+            return SuspendResult(False, METHOD_CUDA_CHECKPOINT, 0, 0.0, None, "; ".join(errors), SuspendReason.FAILED)
+        return SuspendResult(True, METHOD_CUDA_CHECKPOINT, s.bytes_moved, 0.0, None, f"restored PIDs {s.pids}")
 
     def _release(self, occupant_uid: str, holder: str) -> None:
         data = self._data
@@ -676,7 +867,7 @@ class NodeDriver:
 
     def _resume(self, occupant: ClaimRecord, s: Suspension) -> None:
         data = self._data
-        if s.state == CHECKPOINTED_EVICTED:  # nothing left on this node to resume
+        if s.state in _EVICTED:  # nothing left on this node to resume
             del data.suspensions[occupant.uid]
             self._save()
             return
@@ -685,7 +876,9 @@ class NodeDriver:
         crash_point("resume-started")
         pods = list(occupant.pods)
         self._notify(pods, POD_RESUMING, "resuming lent GPU workload")
-        if self.engine is None:
+        if s.backend == BACKEND_ENFORCED_CHECKPOINT:
+            res = self._restore_enforced(s)
+        elif self.engine is None:
             res = SuspendResult(True, "none", 0, 0.0, None, "no suspend engine configured")
         else:
             res = self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0)
@@ -699,3 +892,20 @@ class NodeDriver:
             self.metrics.occupant_resume_total.labels("error").inc()
             self._notify(pods, POD_SUSPENDED, f"resume failed: {res.message}", "ResumeFailed", warning=True)
         self._save()
+
+
+def enforcement_cause(res: SuspendResult) -> str:
+    """Pure: why the cooperative phase did not (provably) free the device, for the Event."""
+    if res.ok and res.fallback is None:
+        return f"the workload acknowledged the suspend ({res.backend}), which the driver does not take on its word"
+    if res.ok:
+        return f"the {res.fallback} fallback was confirmed"
+    return f"cooperative suspend failed ({res.reason}): {res.message}"
+
+
+def observable(occupant: ClaimRecord, s: Suspension) -> bool:
+    """Pure: can the claim-wide observation judge this hold? Yes when serving holds the GPU (every
+    occupant must leave it) or the claim has one pod. A suspend request for one pod of a shared
+    (time-slice) claim is not: the other pods may use the device legitimately, and the simulated
+    file cannot tell whose bytes it holds — that hold is left to the engine's result."""
+    return len(occupant.pods) <= 1 or any(not h.startswith(REQUEST_HOLDER_PREFIX) for h in s.held_by)

@@ -15,14 +15,16 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from dra_driver.state import CHECKPOINTED_EVICTED, PREPARE_COMPLETED, NodeStateData
+from dra_driver.state import CHECKPOINTED_EVICTED, ENFORCED_EVICTED, PREPARE_COMPLETED, NodeStateData
 from rose_common import names
 
 log = logging.getLogger("rose.driver.nodefacts")
 
 
 def node_facts(data: NodeStateData, host_memory_budget_bytes: int) -> dict[str, str]:
-    held = sum(s.bytes_moved for s in data.suspensions.values() if s.state != CHECKPOINTED_EVICTED)
+    held = sum(
+        s.bytes_moved for s in data.suspensions.values() if s.state not in (CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
+    )
     lent = sorted(
         {
             d.gpu_index

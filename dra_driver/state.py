@@ -5,7 +5,7 @@ every lent workload it suspended:
 
 * claims: ``PrepareStarted`` → ``PrepareCompleted`` → ``UnprepareStarted`` → (removed);
 * suspensions (keyed by the lendable claim UID): ``SuspendStarted`` → ``Suspended`` (or
-  ``CheckpointedEvicted`` / ``SuspendFailed``) → ``ResumeStarted`` → (removed), with the set of
+  ``CheckpointedEvicted`` / ``EnforcedEvicted`` / ``SuspendFailed``) → ``ResumeStarted`` → (removed), with the set of
   holders (serving claim UIDs or ``request/<podUID>``) that keep the occupant suspended;
 * fences: the last time-slice fencing token seen per group (``dra_driver.fencing``).
 
@@ -40,6 +40,7 @@ SUSPEND_STARTED = "SuspendStarted"
 SUSPENDED = "Suspended"
 CHECKPOINTED_EVICTED = "CheckpointedEvicted"
 SUSPEND_FAILED = "SuspendFailed"
+ENFORCED_EVICTED = "EnforcedEvicted"  # the driver killed the occupant at the deadline and evicted its pod
 RESUME_STARTED = "ResumeStarted"
 
 CRASH_POINTS = (
@@ -134,9 +135,10 @@ class Suspension:
     backend: str = ""
     bytes_moved: int = 0
     message: str = ""
+    pids: list[int] = field(default_factory=list)  # host PIDs the driver checkpointed itself (enforced)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "claimUID": self.claim_uid,
             "state": self.state,
             "heldBy": sorted(self.held_by),
@@ -144,6 +146,9 @@ class Suspension:
             "bytesMoved": self.bytes_moved,
             "message": self.message,
         }
+        if self.pids:
+            out["pids"] = sorted(self.pids)
+        return out
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Suspension:
@@ -154,6 +159,7 @@ class Suspension:
             backend=str(d.get("backend", "")),
             bytes_moved=int(d.get("bytesMoved", 0)),
             message=str(d.get("message", "")),
+            pids=[int(x) for x in d.get("pids", [])],
         )
 
 

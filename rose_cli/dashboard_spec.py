@@ -108,9 +108,16 @@ SLO_ROW = Row(
                     f"(rate(rose_driver_serving_wait_seconds_bucket[{RATE}]) {BY_POOL}))",
                     "ROSE serving wait at prepare q${slo_quantile} {{pool}}",
                 ),
+                Target(
+                    "histogram_quantile(${slo_quantile}, sum by (le, pool, phase) "
+                    f"(rate(rose_driver_gpu_returned_seconds_bucket[{RATE}]) {BY_POOL}))",
+                    "GPU returned to serving q${slo_quantile} {{pool}} {{phase}}",
+                ),
             ),
-            "The serving engine's own time-to-first-token per pool, and how long a serving claim's "
-            "prepare waited for a lent GPU's RL occupant to be suspended (the part ROSE adds).",
+            "The serving engine's own time-to-first-token per pool, how long a serving claim's "
+            "prepare waited for a lent GPU's RL occupant to be suspended (the part ROSE adds), and "
+            "the time from serving's need to the GPU observed free, by the phase that freed it "
+            "(cooperative, enforced by the driver, fallback checkpoint-and-evict).",
         ),
         Panel(
             "RL throughput on lent GPUs: steps, samples, tokens per second",

@@ -109,8 +109,10 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
             f"CDI {next(iter(out.devices[0].cdi_device_ids))}")  # fmt: skip
 
         run_out, base_out = root / "run.pt", root / "baseline.pt"
+        claim_dir = drv.plugin_dir / "claims" / rl_claim["metadata"]["uid"]  # its CDI spec mounts it
         pod_env = {
-            "ROSE_AGENT_SOCKET": str(drv.plugin_dir / "claims" / rl_claim["metadata"]["uid"] / "workload.sock"),
+            "ROSE_AGENT_SOCKET": str(claim_dir / "workload.sock"),
+            "ROSE_SIMULATED_DEVICE_MEMORY": str(claim_dir / "device-memory"),  # what the driver observes
             "ROSE_POD_UID": rl_uid,
             "ROSE_POD_NAMESPACE": ns, "ROSE_POD_NAME": "rl-worker-0", "PYTHONPATH": str(REPO_ROOT),
         }  # fmt: skip

@@ -27,7 +27,9 @@ wins; unset = no agent, safe_point does nothing), ROSE_POD_UID, ROSE_POD_NAMESPA
 ``rose_common.names.claim_uids_from_env``), ROSE_CHECKPOINT_PATH (a file path or
 ``s3://bucket/prefix``), ROSE_RESTORE=latest (``start()`` restores the newest checkpoint there, if
 any: ``restored``), ROSE_CHECKPOINT_EVERY=N (a durable checkpoint at every N-th step's safe point,
-so a worker whose node is lost has one to restore from).
+so a worker whose node is lost has one to restore from), ROSE_SIMULATED_DEVICE_MEMORY (on
+simulated GPUs: the claim's device-memory file the driver observes; the workload holds its state
+size there while resident and truncates it when it offloads — ``SimulatedDeviceMemory``).
 """
 
 from __future__ import annotations
@@ -78,6 +80,42 @@ class AgentError(RuntimeError):
     """The node agent refused or could not be reached; the message says why."""
 
 
+class SimulatedDeviceMemory:
+    """The simulated GPU's memory as the driver observes it (``ROSE_SIMULATED_DEVICE_MEMORY``, set
+    by the claim's CDI spec on simulated GPUs): the file is kept open, ``hold(n)`` allocates ``n``
+    bytes in it (resident state), ``free()`` truncates it to 0 (offloaded). A failure is logged,
+    never raised: training goes on, the driver's observation decides."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def hold(self, nbytes: int) -> None:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR)
+            os.ftruncate(self._fd, 0)
+            if nbytes > 0:
+                os.posix_fallocate(self._fd, 0, nbytes)
+        except OSError as e:
+            log.warning("simulated device memory not allocated", extra={"path": self.path, "err": repr(e)})
+
+    def free(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError as e:
+            log.warning("simulated device memory not freed", extra={"path": self.path, "err": repr(e)})
+
+    def close(self) -> None:
+        """Free and let go (a process that exits frees its device memory)."""
+        if self._fd is not None:
+            self.free()
+            os.close(self._fd)
+            self._fd = None
+
+
 class Workload:
     def __init__(
         self,
@@ -118,6 +156,8 @@ class Workload:
             raise ValueError(f"unknown backend(s) {unknown}; choose from {sorted(_BACKENDS)}")
         self.backends = list(backends)
         self._state_bytes = state_bytes
+        sim = env.get("ROSE_SIMULATED_DEVICE_MEMORY", "")
+        self.device_memory = SimulatedDeviceMemory(sim) if sim else None
         self.step = 0
         self.suspended = False
         self.suspend_count = 0
@@ -210,6 +250,8 @@ class Workload:
         except grpc.RpcError as e:
             self.close()
             raise AgentError(f"node agent at {self.socket_path} refused the registration: {e.details()}") from e
+        if self.device_memory is not None:
+            self.device_memory.hold(self._reported_bytes)
         self._thread = threading.Thread(target=self._stream_loop, name="rose-sdk-commands", daemon=True)
         self._thread.start()
         return self
@@ -248,6 +290,8 @@ class Workload:
         if self._stub is not None and self._progress.phase and not self._closing.is_set():
             self._send_report(force=True)
         self._closing.set()
+        if self.device_memory is not None:
+            self.device_memory.close()
         if self._channel is not None:
             self._channel.close()
         self._channel, self._stub = None, None
@@ -394,6 +438,8 @@ class Workload:
             self.offloader.restore()
             self._ack(cmd, False, message=f"on_suspended hook failed: {e!r}; state restored, still running")
             return
+        if self.device_memory is not None:
+            self.device_memory.free()
         self.suspended = True
         self.suspend_count += 1
         self._ack(
@@ -429,6 +475,8 @@ class Workload:
         t0 = time.perf_counter()
         try:
             rep = self.offloader.restore()
+            if self.device_memory is not None:
+                self.device_memory.hold(self._reported_bytes)
             for fn in self._on_resume:
                 fn()
         except Exception as e:

@@ -50,9 +50,11 @@ def start_workload(
     extra: list[str] | None = None,
     namespace: str = "rl",
     script: Path = SCRIPT,
+    env_extra: dict[str, str] | None = None,
 ) -> WorkloadProc:
     out = tmp / f"{name}.pt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
+    env.update(env_extra or {})
     env["PYTHONPATH"] = str(REPO)
     if socket is not None:
         env["ROSE_AGENT_SOCKET"] = str(socket)

@@ -342,6 +342,39 @@ class CudaCheckpointBackend:
         held = w.host_bytes_held or w.reg.state_bytes
         return BackendOutcome(True, held, "device memory restored")
 
+    # ------------------------------------------------------------------ enforcement (observed host PIDs)
+
+    def checkpoint_pid(self, pid: int, deadline_monotonic: float) -> str | None:
+        """Lock and checkpoint a host PID the driver observed on a lent GPU (enforcement: no
+        workload cooperation, no registration). None = checkpointed; else why not (still running)."""
+        facts = self._facts(pid)
+        refused = unsupported_reasons(facts)
+        if refused:
+            return f"cuda-checkpoint refuses pid {pid}: " + "; ".join(refused)
+        try:
+            if self._drv.get_state(pid) == PROCESS_STATE_CHECKPOINTED:
+                return None
+            left_ms = int((deadline_monotonic - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return "no time left to lock"
+            self._drv.lock(pid, left_ms)
+        except CudaCheckpointError as e:
+            return f"lock: {e}"
+        return self._checkpoint_or_unlock(pid)
+
+    def restore_pid(self, pid: int) -> str | None:
+        """Restore and unlock a PID checkpointed by :meth:`checkpoint_pid`; None = running again."""
+        try:
+            st = self._drv.get_state(pid)
+            if st == PROCESS_STATE_RUNNING:
+                return None
+            if st == PROCESS_STATE_CHECKPOINTED:
+                self._drv.restore(pid)
+            self._drv.unlock(pid)
+        except CudaCheckpointError as e:
+            return str(e)
+        return None
+
 
 def _no_pid(w: Workload) -> str:
     return (

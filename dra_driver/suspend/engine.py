@@ -205,7 +205,13 @@ class NodeSuspendEngine:
         self.budget = HostMemoryBudget(config.host_memory_budget_bytes)
         self.metrics.host_budget_bytes.set(config.host_memory_budget_bytes)
         self._ops: collections.OrderedDict[str, OperationRecord] = collections.OrderedDict()
+        self._ledger_freed: set[str] = set()  # claims whose simulated occupant the driver evicted
+        self._checkpointing: set[str] = set()  # pods asked for their fallback checkpoint, no answer yet
         self._ops_lock = threading.Lock()
+
+    def backend(self, name: str) -> Backend | None:
+        """An enabled backend by name (the driver's enforcement uses cuda-checkpoint by PID)."""
+        return self._backends.get(name) if name in self.config.backends else None
 
     # ------------------------------------------------------------------ registration
 
@@ -259,7 +265,13 @@ class NodeSuspendEngine:
             w = self.registry.get(pod)
             if w is not None:
                 return w
-        if create_simulated and BACKEND_SIMULATED in self.config.backends and self.config.simulated_occupant_bytes > 0:
+        cfg = self.config
+        if (
+            create_simulated
+            and BACKEND_SIMULATED in cfg.backends
+            and cfg.simulated_occupant_bytes > 0
+            and (claim_uid not in self._ledger_freed)
+        ):
             reg = Registration(
                 pod_uid=f"simulated-claim-{claim_uid}",
                 pid=1,
@@ -300,6 +312,36 @@ class NodeSuspendEngine:
     def occupant_state(self, claim_uid: str) -> str:
         w = self._occupant(claim_uid, create_simulated=False)
         return "unknown" if w is None else occupant_state_of(w.state)
+
+    def simulated_resident_bytes(self, claim_uid: str) -> int:
+        """The driver's ledger of a claim's process-less simulated occupant (``devicewatch``): its
+        size while resident, 0 once the simulated backend moved it or the driver evicted it. Only the
+        driver moves these bytes, so the ledger is an observation, not a report."""
+        if BACKEND_SIMULATED not in self.config.backends or self.config.simulated_occupant_bytes <= 0:
+            return 0
+        if claim_uid in self._ledger_freed:
+            return 0
+        pod = self.registry.pod_for_claim(claim_uid)
+        w = self.registry.get(pod) if pod is not None else None
+        if w is None:  # no workload: the simulated occupant a suspend would stand in for
+            return self.config.simulated_occupant_bytes
+        if not w.simulated or w.state in (STATE_SUSPENDED, STATE_CHECKPOINTED_EVICTED):
+            return 0
+        return w.reg.state_bytes
+
+    def free_simulated(self, claim_uid: str) -> None:
+        """The driver evicted a claim's simulated occupant: its ledger bytes are gone."""
+        self._ledger_freed.add(claim_uid)
+        pod = self.registry.pod_for_claim(claim_uid)
+        w = self.registry.get(pod) if pod is not None else None
+        if w is not None and w.simulated:
+            self.forget(w.pod_uid)
+
+    def fallback_in_progress(self, claim_uid: str) -> bool:
+        """engine_api.FallbackWatcher: the claim's occupant was asked for its durable checkpoint and
+        has not answered yet."""
+        w = self._occupant(claim_uid, create_simulated=False)
+        return w is not None and w.pod_uid in self._checkpointing
 
     def copy_in_progress(self, claim_uid: str) -> bool:
         """engine_api.CopyWatcher: an uninterruptible device-to-host copy of the claim's occupant runs."""
@@ -431,8 +473,9 @@ class NodeSuspendEngine:
         self._fallback(w, rec, why, out.message)
 
     def _already_suspended(self, w: Workload, rec: OperationRecord) -> bool:
-        """Idempotence: a suspended (or checkpointed-and-evicted) workload moves nothing."""
-        if w.state == STATE_SUSPENDED:
+        """Idempotence: a workload this engine suspended (or checkpointed-and-evicted) moves nothing.
+        One that only *registered* as SUSPENDED still gets the command: its word is a hint."""
+        if w.state == STATE_SUSPENDED and w.engine_suspended:
             rec.state, rec.backend = "succeeded", w.suspended_by or ""
             rec.message = "already suspended; nothing moved"
             return True
@@ -476,6 +519,7 @@ class NodeSuspendEngine:
         held = max(out.bytes_moved, need)
         self.budget.force(w.pod_uid, held)
         w.host_bytes_held, w.suspended_by = held, name
+        w.engine_suspended = True
         self.registry.set_state(w, STATE_SUSPENDED)
         rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
         self.metrics.suspend_seconds.labels(name).observe(secs)
@@ -527,7 +571,11 @@ class NodeSuspendEngine:
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
         deadline = time.monotonic() + self.config.checkpoint_timeout_seconds
-        ack = coop.checkpoint(w, deadline, OpContext(rec.id + "-ckpt", self.config.checkpoint_timeout_seconds, why))
+        self._checkpointing.add(w.pod_uid)
+        try:
+            ack = coop.checkpoint(w, deadline, OpContext(rec.id + "-ckpt", self.config.checkpoint_timeout_seconds, why))
+        finally:
+            self._checkpointing.discard(w.pod_uid)
         if ack is None or not ack.ok:
             why_not = (
                 f"no acknowledgement within {self.config.checkpoint_timeout_seconds}s" if ack is None else ack.message
@@ -598,7 +646,7 @@ class NodeSuspendEngine:
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
             return
         self.budget.release(w.pod_uid)
-        w.host_bytes_held, w.suspended_by = 0, None
+        w.host_bytes_held, w.suspended_by, w.engine_suspended = 0, None, False
         self.registry.set_state(w, STATE_RUNNING)
         secs = time.monotonic() - t0
         rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message

@@ -94,6 +94,19 @@ class NvmlMemoryProbe:
                 return list(buf[: count.value])
         raise NvmlError("nvmlDeviceGetComputeRunningProcesses", rc)
 
+    def gpu_processes(self, index: int) -> list[tuple[int, int | None]]:
+        """``(host pid, used bytes or None when NVML cannot tell)`` of every compute process on GPU
+        ``index`` (``devicewatch.GpuProcessLister``: what the driver observes on a lent GPU)."""
+        with self._lock:
+            handle = ctypes.c_void_p()
+            self._check(
+                "nvmlDeviceGetHandleByIndex_v2", self._lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
+            )
+            return [
+                (int(p.pid), None if p.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else int(p.usedGpuMemory))
+                for p in self._processes(handle)
+            ]
+
     def process_device_bytes(self, pid: int) -> int | None:
         """Bytes ``pid`` holds on all GPUs; None when no GPU lists it or NVML cannot tell."""
         with self._lock:

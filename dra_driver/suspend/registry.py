@@ -129,6 +129,9 @@ class Workload:
     cond: threading.Condition = field(default_factory=threading.Condition)
     op_lock: threading.Lock = field(default_factory=threading.Lock)
     simulated: bool = False  # a stand-in occupant of the explicit simulated backend
+    # Suspended by this engine's own operation (not merely reported SUSPENDED at registration:
+    # a registration's current_state is a hint; the engine still sends its command)
+    engine_suspended: bool = False
     scope: ClaimScope | None = None  # set when it registered on its claim's socket
 
     @property

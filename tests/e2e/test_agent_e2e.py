@@ -118,7 +118,8 @@ def test_serving_claim_suspends_training_cooperatively_and_training_is_unharmed(
     # the claim's CDI spec mounts into the container (played here by the host path of that mount)
     sock = _claim_socket_from_cdi(drv, rl_claim["metadata"]["uid"])
     args = ["--updates", "24", "--seed", "3", "--suspend-points", "1"]
-    wl = start_workload(tmp_path, "rl-0", socket=sock, pod_uid=rl_uid, extra=args, namespace=ns)
+    dev = {"ROSE_SIMULATED_DEVICE_MEMORY": str(sock.parent / "device-memory")}  # the driver observes it
+    wl = start_workload(tmp_path, "rl-0", socket=sock, pod_uid=rl_uid, extra=args, namespace=ns, env_extra=dev)
     base = start_workload(tmp_path, "base", socket=None, extra=args)
     with reaped(wl, base), grpc.insecure_channel(f"unix://{drv.control_socket}") as ch:
         control = pb_grpc.NodeControlStub(ch)
@@ -155,8 +156,77 @@ def test_serving_claim_suspends_training_cooperatively_and_training_is_unharmed(
     assert tensors_equal(a["model"], b["model"]) and tensors_equal(a["optimizer"], b["optimizer"])
     rl_now = core.read_namespaced_pod("rl-0", ns)
     assert rl_now.metadata.uid == rl_uid and rl_now.metadata.deletion_timestamp is None
+    assert 'rose_driver_gpu_returned_seconds_count{phase="cooperative"} 1.0' in drv.metrics()
     # its reports through the agent: the phase on its pod (written by the driver), progress in the metrics
     phase = wait_for("reported phase", lambda: _ann(api, ns, "rl-0").get(names.ANNOTATION_WORKLOAD_PHASE), timeout=30)
     steps = [m for m in drv.metrics() if m.startswith(f'rose_rl_steps_total{{job="job-a",namespace="{ns}"')]
     assert phase == "train" and len(steps) == 1 and float(steps[0].split()[-1]) == 24, steps
     assert drv.unprepare(rl_claim).error == ""
+
+
+def test_an_occupant_that_keeps_its_gpu_is_killed_and_evicted_and_serving_gets_a_free_gpu(
+    env: tuple[Driver, Any, str, str], tmp_path: Path
+) -> None:
+    """Issue 22 finding 1 with the real ``rose driver`` process: a lent pod's process that never
+    registers (no SDK) and holds its claim's simulated device memory is stopped at the deadline,
+    its pod evicted through the API server (UID precondition), and serving is prepared on a device
+    the driver observed free — within grace + 5 s + --enforce-timeout-seconds."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    drv, api, ns, node = env
+    core = client.CoreV1Api(api)
+    wait_for("driver published its slice", lambda: len(driver_slices(api, node)) == 1 or None, timeout=60)
+    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
+    create_claim_template(api, ns, claim_template("lent", names.DEVICE_CLASS_LENDABLE, selectors=gpu0))
+    create_claim_template(api, ns, claim_template("serve", names.DEVICE_CLASS_SERVING, selectors=gpu0))
+    rl = gpu_pod("rl-h", "lent", labels={names.LABEL_JOB: "job-h"}, node_name=node)
+    rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "2"}
+    core.create_namespaced_pod(ns, rl)
+    rl_claim = wait_for("RL claim allocated and reserved", lambda: allocated_claim(api, ns, "rl-h"), timeout=90)
+    rl_uid = core.read_namespaced_pod("rl-h", ns).metadata.uid
+    assert drv.prepare(rl_claim).error == ""
+    dev = _claim_socket_from_cdi(drv, rl_claim["metadata"]["uid"]).parent / "device-memory"
+    env_ = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
+    env_.update(ROSE_SIMULATED_DEVICE_MEMORY=str(dev), ROSE_POD_UID=rl_uid, PYTHONPATH=str(REPO))
+    hostile = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "enforce_hostile.py"), "--mode", "never-registers"],
+        env=env_,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert hostile.stdout is not None and hostile.stdout.readline().startswith("READY")
+        assert dev.stat().st_blocks > 0
+        core.create_namespaced_pod(
+            ns, gpu_pod("serve-h", "serve", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+        )
+        srv_claim = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "serve-h"), timeout=90)
+        t0 = time.monotonic()
+        out = drv.prepare(srv_claim)
+        assert out.error == "" and time.monotonic() - t0 < 2 + 5 + 10 + 3
+        assert hostile.wait(timeout=5) == -9 and dev.stat().st_blocks == 0
+        wait_for("RL pod evicted", lambda: _gone_or_deleting(core, ns, "rl-h", rl_uid), timeout=30)
+        reasons = [e.reason for e in core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-h").items]
+        assert "ReclaimEnforced" in reasons, reasons
+        m = drv.metrics()
+        assert 'rose_driver_gpu_returned_seconds_count{phase="enforced"} 1.0' in m
+        assert 'rose_driver_reclaim_enforced_total{method="kill",result="freed"} 1.0' in m
+        assert drv.unprepare(srv_claim).error == ""
+        assert drv.unprepare(rl_claim).error == ""
+    finally:
+        if hostile.poll() is None:
+            hostile.kill()
+        hostile.wait(timeout=10)
+        if hostile.stdout is not None:
+            hostile.stdout.close()
+
+
+def _gone_or_deleting(core: Any, ns: str, name: str, uid: str) -> bool | None:
+    try:
+        p = core.read_namespaced_pod(name, ns)
+    except client.ApiException as e:
+        return True if e.status == 404 else None
+    return True if p.metadata.uid != uid or p.metadata.deletion_timestamp is not None else None

@@ -293,6 +293,38 @@ def test_reregistration_as_suspended_is_remembered(coop: tuple[NodeSuspendEngine
     assert eng.resume("c").ok and eng.budget.held_bytes() == 0
 
 
+def test_a_registration_as_suspended_does_not_skip_the_command(
+    coop: tuple[NodeSuspendEngine, RecordingEventSink],
+) -> None:
+    """Its current_state is a hint (issue 22 finding 1): the engine still sends SUSPEND, and only a
+    suspend the engine itself ran makes the next one a no-op."""
+    eng, _ = coop
+    r = Registration("pod-a", 9, 3 * MiB, frozenset({"cooperative"}), current_state="Suspended")
+    eng.register(r, ClaimScope("c", (TrustedPod("rl", "a", "pod-a"),), 80 * 1024 * MiB))
+    w = eng.registry.get("pod-a")
+    assert w is not None
+    kinds: list[str] = []
+    play_workload(eng, w, lambda k: kinds.append(k) or Ack("", True, 3 * MiB))  # type: ignore[func-returns-value]
+    res = eng.suspend("c", 5.0)
+    assert res.ok and kinds == ["suspend"] and "already suspended" not in res.message
+    again = eng.suspend("c", 5.0)
+    assert again.ok and kinds == ["suspend"] and again.message == "already suspended; nothing moved"
+
+
+def test_the_ledger_of_simulated_occupants_is_what_the_engine_itself_moved() -> None:
+    eng, _, _ = sim_engine(simulated_occupant_bytes=2 * MiB)
+    assert eng.simulated_resident_bytes("claim-z") == 2 * MiB  # no workload: the simulated occupant
+    assert eng.suspend("claim-z", 5.0).ok and eng.simulated_resident_bytes("claim-z") == 0
+    assert eng.resume("claim-z").ok and eng.simulated_resident_bytes("claim-z") == 2 * MiB
+    eng.free_simulated("claim-z")  # the driver evicted it
+    assert eng.simulated_resident_bytes("claim-z") == 0 and eng.occupant_state("claim-z") == "unknown"
+    assert not eng.suspend("claim-z", 5.0).ok  # not re-created behind the driver's back
+    eng.register(reg(claims=("claim-r",)))  # a real process: its bytes are in its device memory file
+    assert eng.simulated_resident_bytes("claim-r") == 0
+    off, _, _ = sim_engine()
+    assert off.simulated_resident_bytes("claim-z") == 0
+
+
 def test_operations_on_one_workload_are_serialised() -> None:
     order: list[str] = []
 

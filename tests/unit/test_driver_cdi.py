@@ -40,3 +40,12 @@ def test_write_list_delete(tmp_path: Path) -> None:
     (tmp_path / "other-vendor.json").write_text("{}")
     assert cdi.list_specs(tmp_path) == ["u1"]
     assert cdi.delete_spec(tmp_path, "u1") and not cdi.delete_spec(tmp_path, "u1")
+
+
+def test_a_lent_claims_spec_names_its_simulated_device_memory() -> None:
+    env = {"ROSE_SIMULATED_DEVICE_MEMORY": "/run/rose/claims/u1/device-memory"}
+    spec = cdi.build_spec(
+        "u1", [_dev(0, "lendable")], {}, simulated=True, agent_socket_dir=Path("/p/u1"), extra_env=env
+    )
+    assert "ROSE_SIMULATED_DEVICE_MEMORY=/run/rose/claims/u1/device-memory" in spec["containerEdits"]["env"]
+    assert spec["containerEdits"]["mounts"][0]["containerPath"] == "/run/rose/claims/u1"  # the same directory

@@ -31,6 +31,13 @@ def _data() -> NodeStateData:
     return d
 
 
+def test_enforced_checkpoint_pids_round_trip_and_old_records_read_without_them() -> None:
+    d = _data()
+    d.suspensions["u"].pids = [4242, 17]
+    assert decode(encode(d)).suspensions["u"].pids == [17, 4242]
+    assert "pids" not in _data().body()["suspensions"]["u"]  # unchanged JSON for every other record
+
+
 def test_roundtrip_and_checksum(tmp_path: Path) -> None:
     raw = encode(_data())
     back = decode(raw)

@@ -93,3 +93,49 @@ def test_a_failing_on_suspended_hook_restores_and_refuses_the_suspend() -> None:
     assert not stub.acks[0].ok and "on_suspended hook failed" in stub.acks[0].message
     assert not wl.suspended and not wl.offloader.offloaded
     assert all(torch.equal(m.state_dict()[k], v) for k, v in want.items())
+
+
+def _resident(p: Path) -> int:
+    return p.stat().st_blocks * 512
+
+
+def test_simulated_device_memory_is_held_while_resident_and_freed_when_offloaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """ROSE_SIMULATED_DEVICE_MEMORY (the claim's CDI env on simulated GPUs): the driver observes the
+    file, so the SDK holds its state size there while resident, frees it at the offload (before the
+    acknowledgement) and holds it again after the restore."""
+    dev = tmp_path / "device-memory"
+    dev.touch()
+    monkeypatch.setenv("ROSE_SIMULATED_DEVICE_MEMORY", str(dev))
+    wl = Workload(model=torch.nn.Linear(2, 2), socket_path="")
+    assert wl.device_memory is not None
+    wl._reported_bytes = 64 * 1024
+    wl.device_memory.hold(wl._reported_bytes)
+    assert _resident(dev) >= 64 * 1024
+    seen: list[int] = []
+    wl.on_suspended(lambda: seen.append(_resident(dev)))
+    stub = _commands(wl, pb.COMMAND_KIND_SUSPEND)
+    original_ack = stub.Acknowledge
+
+    def ack(req: pb.AcknowledgeRequest, timeout: float) -> None:
+        seen.append(_resident(dev))
+        original_ack(req, timeout)
+        if len(stub.acks) == 1:
+            wl._pending.put(pb.Command(operation_id="op-r", kind=pb.COMMAND_KIND_RESUME))
+
+    stub.Acknowledge = ack  # type: ignore[method-assign]
+    assert wl.safe_point(1) == 1
+    assert seen[1] == 0  # freed before the suspend was acknowledged
+    assert _resident(dev) >= 64 * 1024  # held again after the resume
+    wl.device_memory.close()
+    assert _resident(dev) == 0  # a workload that lets go frees it
+
+
+def test_simulated_device_memory_failures_are_logged_not_raised(tmp_path: Path) -> None:
+    from rose_sdk.workload import SimulatedDeviceMemory
+
+    m = SimulatedDeviceMemory(str(tmp_path / "missing" / "device-memory"))
+    m.hold(4096)
+    m.free()
+    m.close()
