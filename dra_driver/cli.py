@@ -130,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
     )
     add(
+        "checkpoint-max-bytes",
+        "the fallback verifies a workload's durable checkpoint only up to this size (larger: refused, not evicted)",
+        type=byte_size,
+        default="64Gi",
+    )
+    add(
+        "checkpoint-verify-seconds",
+        "the fallback waits at most this long for a checkpoint's verification (then: not evicted)",
+        type=float,
+        default=120.0,
+    )
+    add(
         "default-grace-seconds",
         "grace period when the RL pod has no rose.io/graceful-shutdown-seconds",
         type=float,
@@ -194,15 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_engine(args: argparse.Namespace, gpus: list[Any], notifier: Any, evictor: Any, registry: Any) -> Any:
+def build_engine(
+    args: argparse.Namespace, gpus: list[Any], notifier: Any, evictor: Any, registry: Any, checkpoint_paths: Any = None
+) -> Any:
     """The suspend engine (``dra_driver.suspend``) with the chosen backends, imported only when used.
 
     Its Events go to the API through the driver's notifier, its evictions through ``evictor``,
-    its metrics to the driver's registry.
+    its metrics to the driver's registry; a fallback checkpoint is verified only under the
+    ``checkpointPath`` that ``checkpoint_paths`` (``verify.CheckpointPaths``) knows for the pod.
     """
     from dra_driver.suspend.engine import EngineConfig
     from dra_driver.suspend.events import NotifierEventSink
     from dra_driver.suspend.factory import build_engine as factory
+    from dra_driver.suspend.verify import CheckpointVerifier, VerifyLimits
 
     backends = tuple(b.strip() for b in str(args.suspend_backends).split(",") if b.strip())
     cfg = EngineConfig(
@@ -218,6 +234,10 @@ def build_engine(args: argparse.Namespace, gpus: list[Any], notifier: Any, evict
         events=NotifierEventSink(notifier),
         evictor=evictor,
         metrics_registry=registry,
+        verifier=CheckpointVerifier(
+            VerifyLimits(int(args.checkpoint_max_bytes), float(args.checkpoint_verify_seconds)),
+            paths=checkpoint_paths,
+        ),
     )
 
 
@@ -308,7 +328,7 @@ def build(args: argparse.Namespace) -> Wiring:
     notifier = kube.KubeNotifier(api, args.node_name, suspended_cpu=args.suspended_cpu, metrics=metrics)
     try:
         engine = (
-            build_engine(args, gpus, notifier, kube.KubeEvictor(api), metrics.registry)
+            build_engine(args, gpus, notifier, kube.KubeEvictor(api), metrics.registry, kube.KubeCheckpointPaths(api))
             if args.suspend_engine == "node"
             else None
         )

@@ -9,6 +9,7 @@ idempotent: ``suspend`` of an already suspended occupant and ``resume`` of a run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -79,6 +80,20 @@ class FallbackWatcher(Protocol):
     such a checkpoint the enforcement's bound before it stops the process."""
 
     def fallback_in_progress(self, claim_uid: str) -> bool: ...
+
+
+@runtime_checkable
+class PodScopedEngine(Protocol):
+    """Optional engine capability: act on some pods of a claim only. A claim can be shared by
+    several pods (a time-slice group's claim lists each member job's worker in ``reservedFor``),
+    each with its own state; a suspend request on one of them (a time-slice hand-over parking it)
+    must move that pod only, while ``suspend(claim)`` (serving takes the GPU) moves them all."""
+
+    def suspend_pods(self, claim_uid: str, pod_uids: Sequence[str], grace_seconds: float) -> SuspendResult: ...
+
+    def resume_pods(self, claim_uid: str, pod_uids: Sequence[str]) -> SuspendResult: ...
+
+    def pods_state(self, claim_uid: str, pod_uids: Sequence[str]) -> str: ...
 
 
 @runtime_checkable

@@ -48,6 +48,42 @@ class KubeClaimSource:
             return None
 
 
+class KubeCheckpointPaths:
+    """``verify.CheckpointPaths`` from the API server: the job's ``checkpointPath`` is the pod's
+    ``ROSE_CHECKPOINT_PATH`` env value (the controller sets it from ``spec.checkpointPath``) as the
+    API server has the pod — never what the workload says. Cached by pod UID (a pod's env cannot
+    change); a pod whose UID differs (recreated under the name) has none."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.raw = Raw(api)
+        self._mu = threading.Lock()
+        self._cache: dict[str, str | None] = {}
+
+    def checkpoint_path(self, namespace: str, name: str, uid: str) -> str | None:
+        with self._mu:
+            if uid in self._cache:
+                return self._cache[uid]
+        try:
+            pod = self.raw.json("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except NotFound:
+            return None
+        got = pod_checkpoint_path(pod) if objects.uid(pod) == uid else None
+        with self._mu:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[uid] = got
+        return got
+
+
+def pod_checkpoint_path(pod: dict[str, Any]) -> str | None:
+    """Pure: the first literal ``ROSE_CHECKPOINT_PATH`` of the pod's containers (None: none)."""
+    for c in pod.get("spec", {}).get("containers", []) or []:
+        for e in c.get("env", []) or []:
+            if e.get("name") == names.ENV_CHECKPOINT_PATH and isinstance(e.get("value"), str) and e["value"]:
+                return str(e["value"])
+    return None
+
+
 class KubeNotifier:
     """Writes ``rose.io/suspend-state`` on RL pods and records Events about them.
 

@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +38,7 @@ from dra_driver.engine_api import (
     ClaimBinder,
     CopyWatcher,
     FallbackWatcher,
+    PodScopedEngine,
     SuspendEngine,
     SuspendReason,
     SuspendResult,
@@ -175,6 +176,9 @@ class NodeDriver:
         self._mu = threading.Lock()
         self._data = NodeStateData(boot_id=boot_id)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine")
+        # The time-slice groups with a pod on this node (the pod watcher's view): their fences are
+        # never dropped to make room in the bounded book (dra_driver/fencing.py).
+        self.fence_groups_in_use: Callable[[], Collection[str]] = frozenset
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -332,15 +336,28 @@ class NodeDriver:
     def admit_fence(self, raw: str, pods: list[PodRef], source: str = "pod") -> fencing.Verdict:
         """Judge a hand-over's ``rose.io/fencing-token`` against the last one this node saw for its
         group (kept in the checkpoint, so a restart does not forget it). A stale one is refused:
-        a warning Event on ``pods`` and ``rose_driver_fencing_rejections``. ValueError: malformed."""
+        a warning Event on ``pods`` and ``rose_driver_fencing_rejections``. ValueError: malformed
+        (also a group that is no time-slice group name, a token past 2^63-1). The book is bounded
+        (``fencing.MAX_GROUPS``; groups with a pod on this node, ``fence_groups_in_use``, are kept)."""
         with self._locked() as data:
-            v = fencing.judge(data.fences, raw)
-            if v.ok and data.fences.get(v.group) != v.token:
-                data.fences[v.group] = v.token
-                self._save()
+            if pods and not any(self._lent_claims_of(p.uid) for p in pods):
+                # only a pod with a lent claim here is part of a hand-over on this node: another
+                # pod's annotation must not move the node's fence (it would refuse real hand-overs)
+                group, token = fencing.parse(raw)
+                v = fencing.Verdict(False, group, token, data.fences.get(group, 0), fencing.NO_CLAIM)
+            else:
+                before = dict(data.fences)
+                v = fencing.admit(data.fences, raw, self.fence_groups_in_use())
+                if data.fences != before:  # the order alone is not saved (the checkpoint sorts it)
+                    self._save()
+        if v.dropped:
+            log.info("fence book full: least recent groups forgotten", extra={"group": v.group, "dropped": v.dropped})
         if not v.ok:
             self.metrics.fencing_rejections_total.labels(source).inc()
-            log.warning("stale fencing token refused", extra={"group": v.group, "token": v.token, "last": v.last})
+            log.warning(
+                "fencing token refused",
+                extra={"group": v.group, "token": v.token, "last": v.last, "reason": v.reason},
+            )
             for p in pods:
                 self._event(p, names.EVENT_FENCING_REJECTED, v.message())
         return v
@@ -607,10 +624,15 @@ class NodeDriver:
         crash_point("unprepare-completed")
 
     # ------------------------------------------------------------------ suspend / resume
-    def _run_engine(self, fn: str, claim_uid: str, timeout: float, *args: float) -> SuspendResult:
+    def _run_engine(
+        self, fn: str, claim_uid: str, timeout: float, *args: float, pods: list[str] | None = None
+    ) -> SuspendResult:
         assert self.engine is not None
         t0 = time.monotonic()
-        fut = self._pool.submit(getattr(self.engine, fn), claim_uid, *args)
+        if pods is not None and isinstance(self.engine, PodScopedEngine):  # some pods of a shared claim
+            fut = self._pool.submit(getattr(self.engine, f"{fn}_pods"), claim_uid, pods, *args)
+        else:
+            fut = self._pool.submit(getattr(self.engine, fn), claim_uid, *args)
         try:
             res: SuspendResult = fut.result(timeout=timeout)
             return res
@@ -714,20 +736,39 @@ class NodeDriver:
         return s
 
     def _engine_disagrees(self, s: Suspension) -> bool:
-        """Recorded suspended, but the engine reports its workload running (and the driver did not
-        checkpoint it itself: then the engine's view of that process does not count)."""
-        return (
-            s.state == SUSPENDED and s.backend != BACKEND_ENFORCED_CHECKPOINT and self._engine_says_running(s.claim_uid)
-        )
+        """Recorded suspended, but the engine reports its workload (the held pods of a shared claim)
+        running, and the driver did not checkpoint it itself: then the engine's view of that process
+        does not count."""
+        if s.state != SUSPENDED or s.backend == BACKEND_ENFORCED_CHECKPOINT:
+            return False
+        owner = self._data.claims.get(s.claim_uid)
+        return self._engine_says_running(s.claim_uid, None if owner is None else self._targets(owner, s.held_by))
 
-    def _engine_says_running(self, claim_uid: str) -> bool:
-        """The engine (restarted since, its workload re-registered as running) disagrees with our record."""
+    def _engine_says_running(self, claim_uid: str, pods: list[str] | None = None) -> bool:
+        """The engine (restarted since, its workload re-registered as running) disagrees with our
+        record, for ``pods`` of the claim (None: any of its pods)."""
         if self.engine is None:
             return False
         try:
+            if pods is not None and isinstance(self.engine, PodScopedEngine):
+                return self.engine.pods_state(claim_uid, pods) == "running"
             return self.engine.occupant_state(claim_uid) == "running"
         except Exception:
             return False
+
+    def _targets(self, occupant: ClaimRecord, held_by: list[str]) -> list[str] | None:
+        """The pods of a claim its holders keep suspended. None, the whole claim: a serving claim
+        holds it, or it has one pod, or the engine acts on whole claims only. Else (a claim shared
+        by a time-slice group's members) only the pods whose own suspend request holds it."""
+        if len(occupant.pods) <= 1 or not isinstance(self.engine, PodScopedEngine):
+            return None
+        if any(not h.startswith(REQUEST_HOLDER_PREFIX) for h in held_by):
+            return None
+        return [p.uid for p in occupant.pods if REQUEST_HOLDER_PREFIX + p.uid in held_by]
+
+    @staticmethod
+    def _pods_of(occupant: ClaimRecord, targets: list[str] | None) -> list[PodRef]:
+        return [p for p in occupant.pods if targets is None or p.uid in targets]
 
     def _suspend(
         self, occupant: ClaimRecord, s: Suspension, grace: float | None = None, need_t0: float | None = None
@@ -740,9 +781,10 @@ class NodeDriver:
         s.state = SUSPEND_STARTED
         self._save()
         crash_point("suspend-started")
-        pods = list(occupant.pods)
+        targets = self._targets(occupant, s.held_by)
+        pods = self._pods_of(occupant, targets)
         self._notify(pods, POD_SUSPENDING, f"suspending lent GPU workload (grace {grace_s:g}s), held by {s.held_by}")
-        res = self._engine_suspend(occupant, grace_s)
+        res = self._engine_suspend(occupant, grace_s, targets)
         crash_point("suspend-engine-returned")
         s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
         enforced = self._enforce(occupant, s, res)
@@ -762,7 +804,7 @@ class NodeDriver:
         self._save()
         crash_point("suspend-completed")
 
-    def _engine_suspend(self, occupant: ClaimRecord, grace_s: float) -> SuspendResult:
+    def _engine_suspend(self, occupant: ClaimRecord, grace_s: float, targets: list[str] | None) -> SuspendResult:
         if self.engine is None:
             return SuspendResult(
                 False,
@@ -773,7 +815,7 @@ class NodeDriver:
                 "no suspend engine configured (--suspend-engine=none)",
                 SuspendReason.NO_ENGINE,
             )
-        return self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s)
+        return self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s, pods=targets)
 
     def _enforce(self, occupant: ClaimRecord, s: Suspension, res: SuspendResult) -> EnforceResult | None:
         """Observe the device; enforce when it is not free. None: nothing observes (no enforcer)."""
@@ -791,7 +833,7 @@ class NodeDriver:
     ) -> str:
         """The device is observed free without the driver acting (or nothing observes): the
         engine's result decides the record. Returns the outcome label."""
-        pods = list(occupant.pods)
+        pods = self._pods_of(occupant, self._targets(occupant, s.held_by))
         if res.ok and res.fallback is None:
             s.state = SUSPENDED
             msg = f"suspended into host memory via {res.backend}: {res.bytes_moved} bytes in {res.seconds:.3f}s"
@@ -858,14 +900,37 @@ class NodeDriver:
         s = data.suspensions.get(occupant_uid)
         if s is None or holder not in s.held_by:
             return
-        s.held_by.remove(holder)
         occupant = data.claims.get(occupant_uid)
+        before = None if occupant is None else self._targets(occupant, s.held_by)
+        s.held_by.remove(holder)
+        if s.held_by and occupant is not None:
+            self._resume_released(occupant, s, before)
         if s.held_by or occupant is None:
             self._save()
             return
-        self._resume(occupant, s)
+        self._resume(occupant, s, before)
 
-    def _resume(self, occupant: ClaimRecord, s: Suspension) -> None:
+    def _resume_released(self, occupant: ClaimRecord, s: Suspension, before: list[str] | None) -> None:
+        """Others still hold the claim, but maybe not every pod the released holder held (a shared
+        claim: serving left while a member's own request still parks it): resume the rest."""
+        after = self._targets(occupant, s.held_by)
+        if after is None or s.state != SUSPENDED:
+            return
+        dropped = [p.uid for p in occupant.pods if (before is None or p.uid in before) and p.uid not in after]
+        if not dropped:
+            return
+        pods = self._pods_of(occupant, dropped)
+        self._notify(pods, POD_RESUMING, "resuming lent GPU workload")
+        assert self.engine is not None
+        res = self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0, pods=dropped)
+        if res.ok:
+            self.metrics.occupant_resume_total.labels("ok").inc()
+            self._notify(pods, POD_RUNNING, f"resumed via {res.backend} in {res.seconds:.3f}s", "Resumed")
+        else:
+            self.metrics.occupant_resume_total.labels("error").inc()
+            self._notify(pods, POD_SUSPENDED, f"resume failed: {res.message}", "ResumeFailed", warning=True)
+
+    def _resume(self, occupant: ClaimRecord, s: Suspension, targets: list[str] | None = None) -> None:
         data = self._data
         if s.state in _EVICTED:  # nothing left on this node to resume
             del data.suspensions[occupant.uid]
@@ -874,14 +939,14 @@ class NodeDriver:
         s.state = RESUME_STARTED
         self._save()
         crash_point("resume-started")
-        pods = list(occupant.pods)
+        pods = self._pods_of(occupant, targets)
         self._notify(pods, POD_RESUMING, "resuming lent GPU workload")
         if s.backend == BACKEND_ENFORCED_CHECKPOINT:
             res = self._restore_enforced(s)
         elif self.engine is None:
             res = SuspendResult(True, "none", 0, 0.0, None, "no suspend engine configured")
         else:
-            res = self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0)
+            res = self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0, pods=targets)
         crash_point("resume-engine-returned")
         if res.ok:
             del data.suspensions[occupant.uid]

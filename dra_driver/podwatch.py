@@ -4,7 +4,7 @@
 :class:`rose_common.informer.Informer` (I/O: the API server, through its :class:`PodSource`) to
 the node driver. A ``DELETED`` pod is forgotten by the suspend engine, which releases the host
 memory it held. The request value is JSON ``{"by","reason","graceSeconds","at"}``. A pod of a
-time-slice group also carries ``rose.io/fencing-token: "<group>:<token>"``: an action whose token
+time-slice group also carries ``rose.io/fencing-token: "<namespace>/<group>:<token>"``: an action whose token
 is older than the last one the node saw for that group is refused (``NodeDriver.admit_fence``).
 """
 
@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dra_driver import fencing
 from dra_driver.claims import PodRef
 from dra_driver.engine_api import PodForgetter
 from dra_driver.node import NodeDriver
@@ -66,14 +67,24 @@ def pod_ref(pod: dict[str, Any]) -> PodRef:
 
 
 def parse_fence(pod: dict[str, Any]) -> str | None:
-    """The pod's ``rose.io/fencing-token`` (None: not time-sliced); refuses a malformed one."""
+    """The pod's ``rose.io/fencing-token`` (None: not time-sliced); refuses a malformed one
+    (``fencing.parse``: the group a time-slice group name, the token within 63 bits) and one whose
+    group is not the pod's own ``rose.io/timeslice-group``: the orchestrator writes a group's token
+    only on that group's workers, so a token for another group is not a hand-over of this pod."""
     raw = objects.annotations(pod).get(names.ANNOTATION_FENCING_TOKEN)
     if raw is None:
         return None
     try:
-        names.parse_fencing_token(raw)
+        group, _ = fencing.parse(raw)
     except ValueError as e:
         raise BadSuspendRequestError(str(e)) from e
+    own = objects.labels(pod).get(names.LABEL_TIMESLICE_GROUP)
+    # the orchestrator keys a group by its namespace (timeslice.state.group_key): "<namespace>/<group>"
+    if own is None or group not in (own, f"{objects.namespace(pod)}/{own}"):
+        raise BadSuspendRequestError(
+            f"{names.ANNOTATION_FENCING_TOKEN} names group {group!r} but the pod is "
+            + (f"in group {own!r}" if own else f"in no time-slice group (no {names.LABEL_TIMESLICE_GROUP} label)")
+        )
     return raw
 
 
@@ -104,6 +115,11 @@ class PodWatcher:
     ) -> None:
         self.driver = driver
         self.observers = list(observers)  # also see every pod (e.g. the CPU resizer's repair)
+        # pod UID -> its time-slice group, for the node's pods that have one: the driver keeps
+        # these groups' fences when its bounded fence book is full (NodeDriver.admit_fence)
+        self._groups: dict[str, str] = {}
+        self._groups_mu = threading.Lock()
+        driver.fence_groups_in_use = self.groups_in_use
         restarts = driver.metrics.watch_restarts_total
         self.informer = Informer(
             api, api.settings, self, on_restart=on_restart or (lambda kind: restarts.labels(kind).inc())
@@ -111,6 +127,8 @@ class PodWatcher:
 
     # ------------------------------------------------------------------ informer handler
     def on_list(self, items: list[dict[str, Any]]) -> None:
+        with self._groups_mu:  # a (re)list is the whole truth: pods deleted unseen drop out
+            self._groups.clear()
         for pod in items:
             self.handle(pod)
 
@@ -121,8 +139,22 @@ class PodWatcher:
             self.handle(obj)
 
     # ------------------------------------------------------------------ decisions
+    def groups_in_use(self) -> frozenset[str]:
+        """The time-slice groups of the node's pods (label ``rose.io/timeslice-group``)."""
+        with self._groups_mu:
+            return frozenset(self._groups.values())
+
+    def _track_group(self, pod: dict[str, Any], gone: bool = False) -> None:
+        uid, group = objects.uid(pod), objects.labels(pod).get(names.LABEL_TIMESLICE_GROUP)
+        with self._groups_mu:
+            if group and not gone:
+                self._groups[uid] = group
+            else:
+                self._groups.pop(uid, None)
+
     def deleted(self, pod: dict[str, Any]) -> None:
         """The pod is gone: the engine drops its workload and the host memory it held."""
+        self._track_group(pod, gone=True)
         engine = self.driver.engine
         uid = objects.uid(pod)
         if not uid or not isinstance(engine, PodForgetter):
@@ -133,6 +165,7 @@ class PodWatcher:
         )
 
     def handle(self, pod: dict[str, Any]) -> None:
+        self._track_group(pod)
         for observe in self.observers:
             try:
                 observe(pod)

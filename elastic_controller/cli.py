@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     inventory = kube.InventoryStore()
     ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),
                      inventory, metrics, settings, lease)  # fmt: skip
+    ctl.device_memory = inventory.device_memory
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
     infs = kube.informers(raw, FunctionHandler(ctl.on_job_event, ctl.on_job_list),
                           FunctionHandler(ctl.on_pod_event, ctl.on_pod_list), restart, ctl.stop)  # fmt: skip

@@ -19,6 +19,12 @@ the pure modules': ``planner.plan`` (targets), ``desired.desired`` (actions), ``
   from the one last queued, and every job once per ``resync_s`` (level-triggered). A job whose last
   creates or deletes the informer has not yet shown is left out of that round's targets
   (its pods would be planned twice).
+- **Stale forecasts freeze lending.** A pool without a fresh forecast (the cache's max age
+  passed, the predictor unreachable or refusing) is planned ``frozen``: no grants and no planned
+  reclaims there; serving still wins at the driver's prepare. ``rose_controller_forecast_stale{pool}``
+  is 1 meanwhile, and each job with workers in the pool gets a Warning Event ``ForecastStale``
+  when it freezes (``ForecastFresh`` when it thaws). Reclaiming everything instead would hand
+  any client that can starve the predictor every lent GPU of the cluster (issue 22 §5).
 - **Planner off** (``ControllerSettings.planned = False``, ``--planner=off``): reactive only,
   the comparison baseline. The planner's reclaims are dropped from the targets
   (:func:`without_reclaims`); grow, resume, ``maxGPUs`` and whole-gang rules stay. GPUs go back
@@ -47,6 +53,7 @@ from elastic_controller.metrics import PHASES, ControllerMetrics
 from elastic_controller.observe import (
     EVICTED,
     ObservedWorker,
+    class_priority,
     observe,
     planner_job,
     to_planner,
@@ -226,7 +233,9 @@ class Controller:
         self.is_leader = lease is None
         self.stop = threading.Event()
         self.last_plan: Plan | None = None
-        self.group_lease: Callable[[str], GroupLease | None] = lambda group: None  # kube.GroupLeases.get
+        self.group_lease: Callable[[str, str], GroupLease | None] = lambda group, ns: None  # kube.GroupLeases.get
+        self._stale: set[str] = set()  # pools planned frozen last round (no fresh forecast)
+        self.device_memory: Callable[[], int | None] = lambda: None  # kube.InventoryStore.device_memory
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
         metrics.queue_idle.set_function(lambda: 1 if self.queue.idle() else 0)
@@ -367,7 +376,7 @@ class Controller:
         with self._lock:
             target = self._targets.pop(key, None)
         group = job.spec.timeslice_group
-        d = desired(job, observed, target, self._clock(), self.group_lease(group) if group else None)
+        d = desired(job, observed, target, self._clock(), self.group_lease(group, job.namespace) if group else None)
         failures = converge(self.api, job, d, self._run) + self._write_world(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)
@@ -421,15 +430,47 @@ class Controller:
 
     # ------------------------------------------------------------------ plan
     def _pools(self, now: float) -> tuple[Pool, ...]:
+        """Each pool's capacity and forecast; one without a fresh forecast is frozen (no grants, no
+        planned reclaims), not read as infinite need (that reclaimed every lent GPU: issue 22 §5)."""
         out = []
         for name, capacity in sorted(self.inventory().items()):
             self.metrics.pool_capacity.labels(name).set(capacity)
             forecast = self.forecasts.get(name)
             if forecast is None:
                 self.metrics.forecast_missing.inc()
-                forecast = pools.no_forecast(now)
-            out.append(Pool(name, capacity, forecast))
+            self.metrics.forecast_stale.labels(name).set(1 if forecast is None else 0)
+            out.append(Pool(name, capacity, forecast or pools.no_forecast(now), frozen=forecast is None))
         return tuple(out)
+
+    def _report_stale(self, inp: PlanInput) -> None:
+        """A Warning Event ``ForecastStale`` on the jobs with workers in a pool that froze this round,
+        ``ForecastFresh`` when it thaws (once per change, not per round)."""
+        stale = {p.name for p in inp.pools if p.frozen}
+        froze, thawed = stale - self._stale, self._stale - stale
+        self._stale = stale
+        if not froze and not thawed:
+            return
+        for name in sorted(froze):
+            log.warning("no fresh forecast: lending frozen", extra={"pool": name})
+        by_pool: dict[str, set[str]] = {}
+        for w in inp.workers:
+            if w.pool is not None:
+                by_pool.setdefault(w.pool, set()).add(w.job)
+        events = [(k, EventSpec("ForecastStale", f"pool {p} has no fresh forecast: lending there is frozen (no "
+                                "grants, no planned reclaims); serving still wins at the driver", "Warning"))
+                  for p in sorted(froze) for k in sorted(by_pool.get(p, ()))]  # fmt: skip
+        events += [(k, EventSpec("ForecastFresh", f"pool {p} has a fresh forecast again: planning resumed"))
+                   for p in sorted(thawed) for k in sorted(by_pool.get(p, ()))]  # fmt: skip
+        for key, event in events:
+            with self._lock:
+                raw = self._jobs.get(key)
+            job = self._parse(key, raw) if raw is not None else None
+            if job is None:
+                continue
+            try:
+                self.api.record_event(job, event)
+            except Exception as e:  # the gauge and the log line already say it
+                log.warning("event not recorded", extra={"job": key, "err": repr(e)})
 
     def plan_input(self, now: dt.datetime) -> tuple[PlanInput, set[str]]:
         """The planner's input from the caches, and the keys whose targets must wait (expectations)."""
@@ -440,13 +481,15 @@ class Controller:
             mono = time.monotonic()
             waiting = {k for k, e in self._expect.items() if e.deadline > mono}
         pj, workers = [], []
+        memory = self.device_memory()  # the largest lendable GPU's memory: bounds reported state bytes
         for key, raw in sorted(jobs.items()):
             job = None if objects.deleting(raw) else self._parse(key, raw)
             if job is None:
                 continue
             observed = observed_by_job.get(key, [])
-            rep = workload_report(observed)  # the workers' own reports, through the node agent
-            pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0))
+            rep = workload_report(observed, job.spec, memory)  # the workers' own reports, bounded
+            pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority(observed),
+                                  memory))  # fmt: skip
             workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None]
         settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
         return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting
@@ -465,6 +508,7 @@ class Controller:
         for key in self._store_targets(result.targets, waiting):
             self.queue.add(key)
         self._gauges(inp.workers)
+        self._report_stale(inp)
         self.last_plan = result
         return result
 

@@ -262,19 +262,24 @@ class InventoryStore:
         self._slices: dict[str, tuple[str, int]] = {}  # slice name → (node name, lendable devices)
         self._synced: set[str] = set()
         self._sums: dict[str, int] | None = None  # None: changed since the last sum
+        self._memory: dict[str, int] = {}  # slice name → its largest lendable device's memory (bytes)
 
     def _put(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "Node":
             self._pool_of[objects.name(obj)] = objects.labels(obj).get(names.LABEL_POOL, "")
         elif (entry := pools.lendable_on(obj)) is not None:
             self._slices[objects.name(obj)] = entry
+            self._memory[objects.name(obj)] = pools.lendable_memory(obj)
         else:
             self._slices.pop(objects.name(obj), None)
+            self._memory.pop(objects.name(obj), None)
 
     def handler(self, kind: str) -> FunctionHandler:
         def on_list(items: list[dict[str, Any]]) -> None:
             with self._lock:
                 (self._pool_of if kind == "Node" else self._slices).clear()
+                if kind != "Node":
+                    self._memory.clear()
                 for o in items:
                     self._put(kind, o)
                 self._synced.add(kind)
@@ -284,6 +289,8 @@ class InventoryStore:
             with self._lock:
                 if event_type == "DELETED":
                     (self._pool_of if kind == "Node" else self._slices).pop(objects.name(obj), None)
+                    if kind != "Node":
+                        self._memory.pop(objects.name(obj), None)
                 else:
                     self._put(kind, obj)
                 self._sums = None
@@ -299,6 +306,12 @@ class InventoryStore:
             if self._sums is None:
                 self._sums = pools.sum_capacities(self._pool_of, self._slices.values())
             return dict(self._sums)
+
+    def device_memory(self) -> int | None:
+        """The most memory one lendable GPU of the cluster has (bytes), from the driver's slices;
+        None when no slice publishes it. A worker's reported state is bounded by it."""
+        with self._lock:
+            return max(self._memory.values(), default=0) or None
 
 
 def inventory_informers(
@@ -410,9 +423,13 @@ class GroupLeases:
 
         return FunctionHandler(on_event, on_list)
 
-    def get(self, group: str) -> GroupLease | None:
+    def get(self, group: str, namespace: str = "") -> GroupLease | None:
+        """The Lease of ``group`` in ``namespace``: groups are namespaced (the orchestrator keys them
+        ``namespace/group``), so another namespace's group of the same name is not this one. A Lease
+        without a namespace (an orchestrator run outside Kubernetes) counts only when none has it."""
         with self._lock:
-            return next((g for g in self._by_lease.values() if g.group == group), None)
+            mine = [g for g in self._by_lease.values() if g.group == group and g.namespace in (namespace, "")]
+        return next((g for g in mine if g.namespace == namespace), mine[0] if mine else None)
 
 
 def group_informers(raw: Raw, namespace: str, leases: GroupLeases, on_restart: Callable[[str], None],

@@ -53,8 +53,12 @@ class ControllerMetrics:
                                       "or quantile (--quantile; also when the reply lacks the risk).",
                                       ["basis"], registry=r)  # fmt: skip
         self.forecast_missing = Counter("rose_controller_forecast_missing_total",
-                                        "Pool plans made without a fresh forecast (the pool lends nothing).",
+                                        "Pool plans made without a fresh forecast (lending in the pool frozen).",
                                         registry=r)  # fmt: skip
+        self.forecast_stale = Gauge("rose_controller_forecast_stale",
+                                    "1 while the pool has no fresh forecast: no grants and no planned reclaims "
+                                    "there (serving still wins at the driver's prepare).", ["pool"],
+                                    registry=r)  # fmt: skip
         self.watch_restarts = Counter("rose_controller_watch_restarts_total", "Watches that failed and relisted.",
                                       ["kind"], registry=r)  # fmt: skip
         self.leader = Gauge("rose_controller_leader", "1 while this replica holds the lease.", registry=r)

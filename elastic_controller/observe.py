@@ -9,6 +9,12 @@ What the workers report through the node agent (the driver's ``rose.io/workload-
 ``rose.io/reported-min-host-memory-bytes``) combines into one
 :class:`WorkloadReport` per job (:func:`workload_report`) for the status and the planner; the job's
 world ("active/total", :func:`world_value`) is what the controller writes as ``rose.io/world``.
+
+What a pod says about itself is a hint, never authority (issue 22 §4-§6): the reports are bounded
+by what the spec justifies (:func:`planner_job`: state bytes by ``gpusPerWorker`` x
+:data:`DEVICE_MEMORY_MAX_BYTES`, seconds to a safe point by the grace period; :func:`workload_report`:
+the minimums), and ``rose.io/suspend-state`` can only make the planner more conservative
+(:func:`holding_state`): a worker holds its GPU unless a suspend request asked the driver to take it.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from typing import Any, Final
 from elastic_controller.planner import Job, Worker, WorkerState
 from elastic_controller.workers import CONTROLLER, worker_index
 from rose_common import names
-from rose_common.elasticrljob import ElasticRLJob
+from rose_common.elasticrljob import DEVICE_MEMORY_MAX_BYTES as DEVICE_MEMORY_MAX
+from rose_common.elasticrljob import MAX_GPUS_PER_WORKER, ElasticRLJob, ElasticRLJobSpec
 
 _PHASE_RE: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # the CRD's status.workloadPhase
 PCIE_BYTES_PER_SECOND: Final = 25e9  # a conservative pinned-memory PCIe rate (SUSPEND.md: ~55 GB/s Gen5)
+DEVICE_MEMORY_MAX_BYTES: Final = DEVICE_MEMORY_MAX  # the most one GPU holds (the CRD bounds the spec the same way)
+HOST_MEMORY_MAX_BYTES: Final = 1 << 46  # 64 TiB: no node has more host memory for one worker
 
 # Values of rose.io/suspend-state (written by the DRA driver).
 SUSPENDED: Final = "Suspended"
@@ -51,6 +60,7 @@ class ObservedWorker:
     reported_state_bytes: int | None = None
     reported_min_gpus: int | None = None  # the least it can run with, per worker
     reported_min_host_memory: int | None = None  # bytes
+    pod_priority: int | None = None  # spec.priority, resolved by the API server from the PriorityClass
 
     @property
     def lost(self) -> bool:
@@ -97,19 +107,51 @@ def _largest(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
-def workload_report(observed: list[ObservedWorker]) -> WorkloadReport:
+def _capped(value: float | None, cap: float) -> float | None:
+    return None if value is None else min(value, cap)
+
+
+def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | None = None,
+                    device_memory: int | None = None) -> WorkloadReport:  # fmt: skip
     """The phase of the lowest-index active worker that reports one; the most seconds to a safe
     point among active workers (the gang reaches its safe point with its slowest); the largest
     state bytes among live workers (the planner's cost is per worker); the largest minimum
-    resources (GPUs per worker, host memory bytes) among live workers (each worker needs them)."""
+    resources (GPUs per worker, host memory bytes) among live workers (each worker needs them).
+
+    With the job's ``spec``, every value is bounded by what the spec justifies: seconds to a safe
+    point by the grace period (the driver acts at the deadline whatever the workload says), state
+    bytes by the device memory of the worker's GPUs (``device_memory``: the cluster's largest
+    lendable GPU, from the driver's ResourceSlices; at most :data:`DEVICE_MEMORY_MAX_BYTES`),
+    minimum GPUs by the most a worker may have (a minimum above ``gpusPerWorker`` is worth
+    showing: the job asks for too few), host memory by :data:`HOST_MEMORY_MAX_BYTES`."""
     live = sorted((w for w in observed if not w.lost), key=lambda w: w.index)
     active = [w for w in live if planner_state(w) == "active"]
     phase = next((w.workload_phase for w in active if w.workload_phase), None)
     secs = [w.seconds_to_safe_point for w in active if w.seconds_to_safe_point is not None]
     sizes = [w.reported_state_bytes for w in live if w.reported_state_bytes is not None]
-    return WorkloadReport(phase, max(secs) if secs else None, max(sizes) if sizes else None,
-                          _largest([w.reported_min_gpus for w in live]),
-                          _largest([w.reported_min_host_memory for w in live]))  # fmt: skip
+    rep = WorkloadReport(phase, max(secs) if secs else None, max(sizes) if sizes else None,
+                         _largest([w.reported_min_gpus for w in live]),
+                         _largest([w.reported_min_host_memory for w in live]))  # fmt: skip
+    if spec is None:
+        return rep
+    return WorkloadReport(
+        rep.phase,
+        _capped(rep.seconds_to_safe_point, float(spec.graceful_shutdown_period)),
+        _int_capped(rep.state_bytes, state_bytes_bound(spec, device_memory)),
+        _int_capped(rep.min_gpus, MAX_GPUS_PER_WORKER),
+        _int_capped(rep.min_host_memory_bytes, HOST_MEMORY_MAX_BYTES),
+    )
+
+
+def _int_capped(value: int | None, cap: int) -> int | None:
+    return None if value is None else min(value, cap)
+
+
+def state_bytes_bound(spec: ElasticRLJobSpec, device_memory: int | None = None) -> int:
+    """The most device state a worker can have: its GPUs' memory (``device_memory`` per GPU when
+    the driver publishes it, never above :data:`DEVICE_MEMORY_MAX_BYTES`)."""
+    per_gpu = min(device_memory, DEVICE_MEMORY_MAX_BYTES) if device_memory else DEVICE_MEMORY_MAX_BYTES
+    return spec.gpus_per_worker * per_gpu
 
 
 def world_value(observed: list[ObservedWorker]) -> str | None:
@@ -130,11 +172,17 @@ def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
             and planner_state(w) != "pending"]  # fmt: skip
 
 
-def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0) -> Job:
-    """The planner's view of a job: bounds and priority from the spec, costs from the workload's
-    reports (``state_bytes`` overrides ``spec.stateBytesPerWorker``), dwell from ``lastShrinkTime``."""
+def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0,
+                class_priority: int = 0, device_memory: int | None = None) -> Job:  # fmt: skip
+    """The planner's view of a job: bounds from the spec, costs from the workload's reports
+    (``state_bytes`` overrides ``spec.stateBytesPerWorker``; both bounded by the worker's device
+    memory, the seconds to a safe point by the grace period), dwell from ``lastShrinkTime``;
+    ``class_priority`` from its pods (:func:`class_priority`), ``spec.priority`` only as the
+    tenant's hint among its own namespace's jobs."""
     s = job.spec
-    size = state_bytes if state_bytes is not None else (s.state_bytes_per_worker or 0)
+    size = min(state_bytes if state_bytes is not None else (s.state_bytes_per_worker or 0),
+               state_bytes_bound(s, device_memory))  # fmt: skip
+    seconds_to_safe_point = min(max(0.0, seconds_to_safe_point), float(s.graceful_shutdown_period))
     shrunk = job.status.last_shrink_time if job.status is not None else None
     return Job(
         key=f"{job.namespace}/{job.name}",
@@ -148,7 +196,17 @@ def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_sa
         suspend_s=size / PCIE_BYTES_PER_SECOND,
         min_useful_run_s=float(s.min_useful_run_seconds),
         last_shrink_at=shrunk.timestamp() if shrunk is not None else None,
+        class_priority=class_priority,
     )
+
+
+def class_priority(observed: list[ObservedWorker]) -> int:
+    """The job's priority among tenants: the lowest ``spec.priority`` of its live pods, which the
+    API server's Priority admission sets from the PriorityClass (a pod cannot choose the number;
+    which classes a namespace may use is the cluster admin's ResourceQuota / policy). 0 when no pod
+    says (a job without pods has nothing to reclaim)."""
+    known = [w.pod_priority for w in observed if not w.lost and w.pod_priority is not None]
+    return min(known) if known else 0
 
 
 def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> ObservedWorker | None:
@@ -176,6 +234,7 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
         reported_state_bytes=_int(ann.get(names.ANNOTATION_REPORTED_STATE_BYTES)),
         reported_min_gpus=_int(ann.get(names.ANNOTATION_REPORTED_MIN_GPUS)),
         reported_min_host_memory=_int(ann.get(names.ANNOTATION_REPORTED_MIN_HOST_MEMORY)),
+        pod_priority=spec.get("priority") if isinstance(spec.get("priority"), int) else None,
     )
 
 
@@ -198,6 +257,22 @@ def planner_state(w: ObservedWorker) -> WorkerState:
     return "active" if w.phase == "Running" else "pending"
 
 
+def holding_state(w: ObservedWorker) -> WorkerState:
+    """The state the planner counts a worker in: :func:`planner_state`, except that
+    ``rose.io/suspend-state`` alone never releases a GPU. The driver suspends an occupant only
+    when asked (a ``rose.io/suspend-request``, by this controller, the extender or the time-slice
+    orchestrator) or when a serving claim is prepared on its GPU; the pod annotation is all the
+    API server shows of either, and a tenant may write it on its own pod (issue 22 §6). So a
+    worker with no request counts as holding its GPU whatever the annotation says: a forged
+    ``Suspended`` cannot make the planner lend that GPU twice or skip its reclaim. The price is
+    conservative: a worker the driver suspended for a serving pod (no request) counts as lent
+    until the serving pod leaves, so the planner may give back one GPU more than needed."""
+    state = planner_state(w)
+    if w.request_by is None and state in ("suspended", "suspending"):
+        return "active" if w.phase == "Running" else "pending"
+    return state
+
+
 def to_planner(job_key: str, w: ObservedWorker) -> Worker | None:
-    """The planner's view; a lost worker holds nothing and is not planned for."""
-    return None if w.lost else Worker(w.name, job_key, planner_state(w), w.pool)
+    """The planner's view (:func:`holding_state`); a lost worker holds nothing and is not planned for."""
+    return None if w.lost else Worker(w.name, job_key, holding_state(w), w.pool)

@@ -5,13 +5,21 @@ capacity, the lent workers and their jobs, ``now``) to a :class:`Plan`; no clock
 no threads. The controller's plan loop and ``benchmarks/planner_replay.py`` call the same
 function.
 
-Rules (issue 10 §2):
+Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the others):
 
 - **Planned reclaim.** In each pool, serving may need ``ceil(peak)`` GPUs over ``[now, now +
   lead]``, where ``peak`` is the forecast's upper quantile and ``lead`` the longest grace period
-  + estimated suspend time of the pool's occupants, plus the time to the next plan
-  (``Settings.interval_s``). Lent GPUs above ``capacity - ceil(peak)``
-  are reclaimed *now*, cheapest first: smaller state, lower priority, nearer its safe point.
+  + estimated suspend time of the pool's occupants *whose own lead the forecast covers*, plus the
+  time to the next plan (``Settings.interval_s``). Lent GPUs above ``capacity - ceil(peak)``
+  are reclaimed *now*, cheapest first (:meth:`Job.cost`): lower class priority (the pods'
+  PriorityClass, admin-controlled), smaller state, then ``spec.priority`` only among jobs of one
+  namespace, nearer its safe point.
+- **One job's lead is its own problem.** A job whose lead reaches past a pool's forecast horizon
+  is not lent there, and its workers there are reclaimed; it never makes the pool's need
+  infinite for the other tenants.
+- **No forecast, no decisions.** A pool whose forecast does not cover the next plan interval
+  (``Pool.frozen``, or a stale or missing forecast) is frozen: no grants and no planned reclaims
+  there; serving still wins at the driver's prepare.
 - **Shrink before suspend.** A worker of a job that stays at or above ``minGPUs`` without it is
   suspended alone first (its pod and state kept, so a regrow resumes it); only when no such
   worker is left in the pool is a whole gang suspended. Pending workers are removed, not suspended.
@@ -46,6 +54,10 @@ class Forecast:
         if any(math.isnan(u) or u < 0 for u in self.upper):
             raise ValueError("forecast values must be numbers >= 0 (serving GPUs needed)")
 
+    def covers(self, t0: float, t1: float) -> bool:
+        """True when the forecast says something about every moment of ``[t0, t1]``."""
+        return not math.isinf(self.peak(t0, t1))
+
     def peak(self, t0: float, t1: float) -> float:
         """Most serving GPUs needed at any time in ``[t0, t1]``."""
         i0 = max(0, math.floor((t0 - self.start) / self.step))
@@ -60,6 +72,7 @@ class Pool:
     name: str
     capacity: int  # physical GPUs serving and lending share
     forecast: Forecast
+    frozen: bool = False  # no fresh forecast: no grants and no planned reclaims in this pool
 
 
 @dataclass(frozen=True)
@@ -68,21 +81,33 @@ class Job:
     min_gpus: int
     max_gpus: int
     gpus_per_worker: int = 1
-    priority: int = 0
+    priority: int = 0  # spec.priority: the tenant's hint, compared only among jobs of its namespace
     state_bytes: int = 0  # per worker: what a suspend moves over PCIe
     seconds_to_safe_point: float = 0.0  # the gang reaches its safe points together
     grace_s: float = 30.0
     suspend_s: float = 0.0  # estimated time to move the state out
     min_useful_run_s: float = 600.0
     last_shrink_at: float | None = None  # dwell starts here
+    class_priority: int = 0  # the workers' pod priority (their PriorityClass): set by the API server
 
     @property
     def lead_s(self) -> float:
         return self.grace_s + self.suspend_s
 
-    def cost(self) -> tuple[int, int, float, str]:
-        """Reclaim cost, cheapest first: state size, priority, time to the next safe point."""
-        return (self.state_bytes, self.priority, self.seconds_to_safe_point, self.key)
+    @property
+    def namespace(self) -> str:
+        return self.key.partition("/")[0]
+
+    def cost(self) -> tuple[int, int, str, int, float, str]:
+        """Reclaim cost, cheapest first: class priority (admin-controlled), state size, then the
+        tenant's ``spec.priority`` only against jobs of the same namespace (the namespace comes
+        before it, so a big number never jumps another tenant's job), time to the next safe point."""
+        return (self.class_priority, self.state_bytes, self.namespace, self.priority, self.seconds_to_safe_point,
+                self.key)  # fmt: skip
+
+    def grow_order(self) -> tuple[int, str, int, str]:
+        """Who grows first: higher class priority, then, inside one namespace, higher ``spec.priority``."""
+        return (-self.class_priority, self.namespace, -self.priority, self.key)
 
 
 @dataclass(frozen=True)
@@ -206,8 +231,19 @@ class _Book:
         """Jobs with a worker holding a GPU in ``pool``."""
         return [self.jobs[k] for k in self._in[pool]]
 
+    def frozen(self, pool: str) -> bool:
+        """No grants and no planned reclaims: the pool has no forecast for the next plan interval."""
+        p = self.pools[pool]
+        return p.frozen or not p.forecast.covers(self.now, self.now + self.interval)
+
+    def fits(self, pool: str, b: _JobBook) -> bool:
+        """The pool's forecast covers the job's own lead (and the time to the next plan)."""
+        return self.pools[pool].forecast.covers(self.now, self.now + self.interval + b.job.lead_s)
+
     def lead(self, pool: str) -> float:
-        return self.interval + max((b.job.lead_s for b in self.occupants(pool)), default=0.0)
+        """The time to the next plan + the longest lead of the pool's occupants whose lead fits the
+        forecast: a job whose does not is reclaimed alone (:func:`_overreach`), never the pool."""
+        return self.interval + max((b.job.lead_s for b in self.occupants(pool) if self.fits(pool, b)), default=0.0)
 
     def need(self, pool: str, seconds: float) -> float:
         peak = self.pools[pool].forecast.peak(self.now, self.now + seconds)
@@ -289,8 +325,24 @@ def _reclaim_one(book: _Book, pool: str, why: str, cheapest: _Cheapest) -> None:
     book.reclaims.append(Reclaim(pool, b.job.key, "gang-suspend", gang))
 
 
+def _overreach(book: _Book, pool: str) -> None:
+    """Workers of jobs whose own lead reaches past the pool's forecast horizon: reclaimed, alone."""
+    horizon = book.pools[pool].forecast
+    for b in [b for b in book.occupants(pool) if not book.fits(pool, b)]:
+        mine = tuple(w.name for w in b.holding if w.pool == pool)
+        end = horizon.start + horizon.step * len(horizon.upper) - book.now
+        why = (f"its lead {book.interval + b.job.lead_s:.0f}s (grace + suspend + plan interval) reaches past "
+               f"the forecast horizon of {pool} ({end:.0f}s)")  # fmt: skip
+        for w in [w for w in b.holding if w.pool == pool]:
+            book.drop(b, w, f"PlannedShrink: {w.name} in {pool}; {why}")
+        book.reclaims.append(Reclaim(pool, b.job.key, "gang-suspend" if not b.holding else "shrink", mine))
+
+
 def _reclaim(book: _Book) -> None:
     for pool in sorted(book.pools):
+        if book.frozen(pool):
+            continue
+        _overreach(book, pool)
         lead = book.lead(pool)
         cheapest = _Cheapest(book, pool)
         while book.lent(pool) > 0 and book.free(pool, lead) < 0:
@@ -301,6 +353,8 @@ def _reclaim(book: _Book) -> None:
 
 
 def _room(book: _Book, b: _JobBook, pool: str) -> float:
+    if book.frozen(pool):
+        return -math.inf
     return book.free(pool, max(book.interval + b.job.lead_s + b.job.min_useful_run_s, book.lead(pool)))
 
 
@@ -365,7 +419,7 @@ def plan(inp: PlanInput) -> Plan:
     book = _Book(inp)
     _enforce_max(book)
     _reclaim(book)
-    for b in sorted(book.jobs.values(), key=lambda x: (-x.job.priority, x.job.key)):
+    for b in sorted(book.jobs.values(), key=lambda x: x.job.grow_order()):
         if _may_grow(b, inp.now, inp.settings.dwell_s):
             _grow(book, b)
     _partial_gangs(book)

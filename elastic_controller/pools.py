@@ -9,7 +9,8 @@ operator's quantile, conservatively: each step holds the larger of the two point
 GPUs serving may need over each window at that risk (``gpus_needed``, issue 14 §3) when every
 point carries it: a window bound covers everything from now to its horizon, so each step holds
 the tightest window that covers it. :func:`no_forecast` is what a pool without a fresh forecast
-gets: an empty horizon, which the planner reads as infinite need (lend nothing, reclaim what is lent).
+gets: an empty horizon; the controller also marks such a pool ``frozen``, and the planner makes no
+grants and no planned reclaims where the forecast does not cover the next plan interval.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elastic_controller.planner import Forecast
-from rose_common import forecast_risk, names
+from rose_common import forecast_risk, names, quantity
 from rose_common.forecast_api import ForecastResponse
 from rose_common.kube import objects
 
@@ -42,6 +43,23 @@ def lendable_on(sl: Mapping[str, Any]) -> tuple[str, int] | None:
     if spec.get("driver") != names.DRIVER_NAME:
         return None
     return str(spec.get("nodeName", "")), sum(1 for d in spec.get("devices") or [] if _role(d) == names.ROLE_LENDABLE)
+
+
+def lendable_memory(sl: Mapping[str, Any]) -> int:
+    """The most device memory (bytes) of one lendable device of the ROSE driver's slice ``sl``;
+    0 for another driver's slice or when no device publishes its ``memory`` capacity."""
+    if objects.spec(sl).get("driver") != names.DRIVER_NAME:
+        return 0
+    best = 0
+    for d in objects.spec(sl).get("devices") or []:
+        cap = (d.get("capacity") or {}).get(names.CAPACITY_MEMORY)
+        if _role(d) != names.ROLE_LENDABLE or not isinstance(cap, Mapping):
+            continue
+        try:
+            best = max(best, quantity.to_int(str(cap.get("value", ""))))
+        except ValueError:
+            continue
+    return best
 
 
 def sum_capacities(pool_of: Mapping[str, str], per_slice: Iterable[tuple[str, int]]) -> dict[str, int]:

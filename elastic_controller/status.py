@@ -111,7 +111,7 @@ def compute_status(
     if prev.phase != phase:
         events.insert(0, EventSpec(phase, f"phase {prev.phase or 'None'} -> {phase}"))
     shrink = now if target is not None and target.shrinks else prev.last_shrink_time
-    rep = workload_report(observed)
+    rep = workload_report(observed, job.spec)  # bounded by what the spec justifies
     status = ElasticRLJobStatus.model_validate({
         "phase": phase, "activeWorkers": c.active, "suspendedWorkers": c.suspended, "activeGPUs": c.active * gpw,
         "suspendedGPUs": c.suspended * gpw, "targetGPUs": target_gpus, "lastSafePoint": prev.last_safe_point,

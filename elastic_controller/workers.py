@@ -165,13 +165,29 @@ def _container(c: dict[str, Any], env: list[dict[str, Any]], timesliced: bool = 
     return c
 
 
+def is_control_key(key: str) -> bool:
+    """Whether a label or annotation key is ROSE's (``rose.io/...`` or ``<sub>.rose.io/...``): its
+    control state, which only ROSE's components write (manifests/policies/control-annotations.yaml)."""
+    prefix, sep, _ = key.partition("/")
+    return bool(sep) and (prefix == names.LABEL_PREFIX or prefix.endswith("." + names.LABEL_PREFIX))
+
+
+def _tenant_keys(m: Any) -> dict[str, Any]:
+    """The template's labels or annotations without ROSE's control keys: a template must not forge
+    a suspend request, a suspend state, a fencing token or a time-slice group on the workers."""
+    return {k: v for k, v in (m or {}).items() if not is_control_key(str(k))}
+
+
 def worker_pod(
     job: ElasticRLJob, index: int, pool: str | None = None, state_bytes: int | None = None
 ) -> dict[str, Any]:
-    """Worker ``index`` of the job, from its template; ``pool`` pins it to the pool the planner chose."""
+    """Worker ``index`` of the job, from its template; ``pool`` pins it to the pool the planner chose.
+    The template's ``rose.io/`` labels and annotations are dropped (the controller writes its own)
+    and so is ``spec.nodeName`` (the scheduler places workers; the admission policy refuses it)."""
     template = copy.deepcopy(job.spec.template)
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template.get("spec") or {}
+    spec.pop("nodeName", None)
     if not spec.get("containers"):
         raise ValueError(f"ElasticRLJob {job.namespace}/{job.name}: spec.template.spec.containers is empty; "
                          "give the worker Pod template at least one container")  # fmt: skip
@@ -187,11 +203,11 @@ def worker_pod(
     spec.setdefault("restartPolicy", "Never")
     if pool is not None:
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), names.LABEL_POOL: pool}
-    labels = {**meta.get("labels", {}), names.LABEL_JOB: job.name, names.LABEL_ROLE: ROLE_RL_WORKER,
+    labels = {**_tenant_keys(meta.get("labels")), names.LABEL_JOB: job.name, names.LABEL_ROLE: ROLE_RL_WORKER,
               LABEL_WORKER_INDEX: str(index)}  # fmt: skip
     if job.spec.timeslice_group is not None:  # the time-slice hand-over finds the group's workers by it
         labels[names.LABEL_TIMESLICE_GROUP] = job.spec.timeslice_group
     metadata = {"name": worker_name(job.name, index), "namespace": job.namespace, "labels": labels,
-                "annotations": {**meta.get("annotations", {}), **_annotations(job, state_bytes)},
+                "annotations": {**_tenant_keys(meta.get("annotations")), **_annotations(job, state_bytes)},
                 "ownerReferences": [owner_reference(job)]}  # fmt: skip
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

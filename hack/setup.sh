@@ -44,7 +44,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   log "creating .venv and installing the Python dependencies (first run: a few minutes)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade "pip>=25.1" "setuptools>=77" wheel
-  .venv/bin/python -m pip install -q -e '.[workload]' --group test --group lint
+  .venv/bin/python -m pip install -q -e '.[workload,integrations]' --group test --group lint
   echo "$want" > "$stamp"
 fi
 wait "$go_pid" || { log "error: the Go builds failed (their error is above)"; exit 1; }

@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     s.flag("--prometheus-url", help="Prometheus base URL", default="http://127.0.0.1:9090")
     s.flag("--pools", help="YAML file: pools: [{name, query, unit, capacity}]", required=True, type=Path)
     s.flag("--listen", help="address:port to serve HTTP on", default="0.0.0.0:8080", type=host_port)
+    s.flag("--max-connections", help="HTTP connections at once (beyond: 503)", default="256",
+           type=bounded_int(1, 65536))  # fmt: skip
+    s.flag("--max-connections-per-client", help="HTTP connections at once from one client address (beyond: 503)",
+           default="64", type=bounded_int(1, 65536))  # fmt: skip
+    s.flag("--idle-timeout", help="close a keep-alive connection idle this long", default="30s",
+           type=duration_flag(3600))  # fmt: skip
     s.flag("--step", help="resampling step (e.g. 60s, 1m; at most 1d)", default="60s", type=duration_flag(86400))
     s.flag("--history", help="history kept in memory and trained on", default="14d", type=parse_duration)
     s.flag("--horizons", help="forecast horizons", default="10m,30m,60m")
@@ -264,7 +270,7 @@ def _horizons(text: str) -> list[int]:
 def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None) -> int:
     from predictor.ingest import PrometheusSource
     from predictor.model import ModelConfig
-    from predictor.server import PredictorHTTPServer, serve_in_thread
+    from predictor.server import Limits, PredictorHTTPServer, serve_in_thread
     from predictor.service import PredictorService, Settings, Source, load_pools
     from predictor.store import ModelStore
 
@@ -313,7 +319,9 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         source = PrometheusSource(a.prometheus_url)
     service = PredictorService(pools, source, settings, store)
     try:
-        server = PredictorHTTPServer(address, service)
+        limits = Limits(max_connections=a.max_connections, idle_timeout=float(a.idle_timeout),
+                        max_connections_per_client=min(a.max_connections_per_client, a.max_connections))  # fmt: skip
+        server = PredictorHTTPServer(address, service, limits)
     except OSError as e:
         print(f"error: cannot listen on --listen {address[0]}:{address[1]}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -5,8 +5,12 @@ forecast (no Prometheus call, no fit on the request path). Bad input gets a 4xx 
 ``{"error": ...}`` that says what to fix.
 
 The server is sized for its API (small GET requests, no bodies) and bounded everywhere
-(:class:`Limits`): a real listen backlog; at most ``max_connections`` connections at once (one
-more is answered 503 and closed); a keep-alive connection idle for ``idle_timeout`` is closed; the
+(:class:`Limits`): a real listen backlog; at most ``max_connections`` connections at once, and at
+most ``max_connections_per_client`` from one client address (one more is answered 503 and
+closed); when every slot is taken, a new connection takes the slot of a parked one (a keep-alive
+connection waiting for its next request; the longest parked of the client holding the most), so
+connections that send one request now and then cannot hold the server (issue 22 §5); a
+keep-alive connection idle for ``idle_timeout`` is closed; the
 request line and headers must arrive within ``request_timeout`` (slowloris: 408 and close) and
 fit ``max_header_bytes`` / ``max_headers`` (431 and close); a body is read and discarded up to
 ``max_body_bytes`` (413 and close beyond), so a GET with a body is answered once; a client
@@ -17,6 +21,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -44,6 +49,7 @@ class Limits:
 
     backlog: int = 128
     max_connections: int = 256
+    max_connections_per_client: int = 64  # one client address's share of max_connections
     idle_timeout: float = 30.0
     request_timeout: float = 10.0
     write_timeout: float = 10.0
@@ -191,7 +197,7 @@ class _Handler(BaseHTTPRequestHandler):
         """One request: read it within the limits, answer it, or refuse it and close."""
         self.close_connection = True
         try:
-            self.reader.wait_for_request()
+            self._wait_parked()
             deadline = time.monotonic() + self.server.limits.request_timeout
             if not self._parse(self.reader.read_head(deadline)):
                 return
@@ -207,6 +213,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(405, _err(f"method {self.command} not allowed; use GET"), "application/json", Allow="GET")
             return
         self.do_GET()
+
+    def _wait_parked(self) -> None:
+        """Wait for the next request as a parked connection: a new client may take this slot
+        (:meth:`PredictorHTTPServer.evict_parked` shuts the socket down) until its first byte."""
+        if self.reader.buf.lstrip(b"\r\n"):
+            self.reader.wait_for_request()  # a pipelined request is already here
+            return
+        self.server.park(self.connection)
+        try:
+            self.reader.wait_for_request()
+        finally:
+            if not self.server.unpark(self.connection):
+                raise _ClientGone  # its slot went to another client (a keep-alive close race)
 
     def _parse(self, head: bytes) -> bool:
         """``BaseHTTPRequestHandler.parse_request`` on an already bounded head (False: answered)."""
@@ -312,6 +331,10 @@ class PredictorHTTPServer(ThreadingHTTPServer):
         self.service = service
         self.refused = _refused_counter(service.metrics.registry)
         self._slots = threading.BoundedSemaphore(self.limits.max_connections)
+        self._conn_lock = threading.Lock()
+        self._per_client: dict[str, int] = {}  # connections open per client address
+        self._parked: dict[socket.socket, tuple[float, str]] = {}  # waiting for a request: since, client
+        self._client_of: dict[socket.socket, str] = {}
         super().__init__(address, _Handler)
 
     @property
@@ -319,25 +342,81 @@ class PredictorHTTPServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    def _refuse_connection(self, request: Any, reason: str, msg: str) -> None:
+        self.refused.labels(reason).inc()
+        _answer_and_close(request, 503, msg, 1.0)
+        self.shutdown_request(request)
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        """One thread per connection, at most ``max_connections``: beyond, 503 and close."""
-        if not self._slots.acquire(blocking=False):
-            self.refused.labels("too_many_connections").inc()
-            msg = f"more than {self.limits.max_connections} connections; retry"
-            _answer_and_close(request, 503, msg, 1.0)
-            self.shutdown_request(request)
+        """One thread per connection: at most ``max_connections_per_client`` from one address, and
+        at most ``max_connections`` in all, a parked connection giving its slot up for a new one;
+        beyond, 503 and close."""
+        client = str(client_address[0]) if isinstance(client_address, tuple) else str(client_address)
+        lim = self.limits
+        with self._conn_lock:
+            if self._per_client.get(client, 0) >= lim.max_connections_per_client:
+                full = True
+            else:
+                full = False
+                self._per_client[client] = self._per_client.get(client, 0) + 1
+                self._client_of[request] = client
+        if full:
+            self._refuse_connection(request, "too_many_client_connections",
+                                    f"more than {lim.max_connections_per_client} connections from {client}; "
+                                    "reuse one (keep-alive) or retry")  # fmt: skip
+            return
+        if not self._slots.acquire(blocking=False) and not (self.evict_parked() and self._slots.acquire(timeout=1.0)):
+            self._forget(request)
+            self._refuse_connection(request, "too_many_connections",
+                                    f"more than {lim.max_connections} connections; retry")  # fmt: skip
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
+            self._forget(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._forget(request)
             self._slots.release()
+
+    def _forget(self, request: Any) -> None:
+        with self._conn_lock:
+            self._parked.pop(request, None)
+            client = self._client_of.pop(request, None)
+            if client is not None:
+                left = self._per_client.get(client, 1) - 1
+                if left > 0:
+                    self._per_client[client] = left
+                else:
+                    self._per_client.pop(client, None)
+
+    def park(self, conn: socket.socket) -> None:
+        """``conn`` waits for its next request: its slot may go to a new connection."""
+        with self._conn_lock:
+            self._parked[conn] = (time.monotonic(), self._client_of.get(conn, ""))
+
+    def unpark(self, conn: socket.socket) -> bool:
+        """``conn`` has a request (or is done); False when its slot was taken meanwhile."""
+        with self._conn_lock:
+            return self._parked.pop(conn, None) is not None
+
+    def evict_parked(self) -> bool:
+        """Close one parked connection (of the client with the most connections, the longest
+        parked first) so a new connection gets its slot; False when none is parked."""
+        with self._conn_lock:
+            if not self._parked:
+                return False
+            victim = min(self._parked, key=lambda c: (-self._per_client.get(self._parked[c][1], 0), self._parked[c][0]))
+            del self._parked[victim]
+        self.refused.labels("parked_connection_evicted").inc()
+        with contextlib.suppress(OSError):  # its handler's recv returns: the thread ends, the slot frees
+            victim.shutdown(socket.SHUT_RDWR)
+        return True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away is a debug line; anything else one JSON error line, no traceback dump."""

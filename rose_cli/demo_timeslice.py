@@ -8,8 +8,11 @@ process: a *sampler* phase (episodes with the current policy, off the accelerato
 (labels ``rose.io/elastic-rl-job`` and ``rose.io/timeslice-group``) with a lendable claim that a
 real ``rose driver`` process prepared (simulated GPUs, the node suspend engine with its explicit
 ``simulated`` backend: the pod's device state is a modelled 1 GiB occupant). The orchestrator is
-a real ``rose timeslice serve`` process: group records and the fencing token in Leases of the
-real API server, leader election, and ``--handover kube``: each switch suspends the yielder's pod
+a real ``rose timeslice serve`` process as it runs in a cluster: TLS (a CA and certificate the act
+generates, ``rose timeslice certs``), callers authenticated by TokenReview (the jobs send a
+ServiceAccount token of their namespace), a job admitted only with worker pods of the group;
+group records and the fencing token in Leases of the real API server, leader election, and
+``--handover kube``: each switch suspends the yielder's pod
 and restores the next job's through the driver (``rose.io/suspend-request`` with the fencing
 token, all or nothing). The training processes run outside the pods (KWOK runs no containers),
 so their own tensors move with the SDK's ``offloader=``: the policy and Adam state go to host
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -208,12 +212,14 @@ class _Workers:
     """The jobs' worker processes, started early (importing torch overlaps the act's setup) and
     driven run by run: ``go`` on their stdin, one ``RESULT`` line back from each."""
 
-    def __init__(self, target: str, jobs: list[str], updates: int, stack: ExitStack) -> None:
+    def __init__(self, target: str, jobs: list[str], updates: int, stack: ExitStack,
+                 env: Mapping[str, str] | None = None) -> None:  # fmt: skip
         self.procs: list[subprocess.Popen[str]] = []
         for i, job in enumerate(jobs):
             cmd = [sys.executable, "-m", "rose_cli.demo_timeslice", "--worker", "--target", target, "--job", job,
                    "--groups", f"{solo_group(job)},{GROUP}", "--updates", str(updates), "--seed", str(i)]  # fmt: skip
-            proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                    env={**os.environ, **(env or {})})  # fmt: skip
             self.procs.append(proc)
             stack.callback(_stop, proc)
 
@@ -296,16 +302,38 @@ def _relabel(api: Any, ns: str, jobs: list[str], group: str) -> None:
         client.CoreV1Api(api).patch_namespaced_pod(f"{job.split('/')[1]}-0", ns, body)
 
 
+def _credentials(api: Any, ns: str, tmp: Path) -> dict[str, str]:
+    """What the jobs' clients need against the secure orchestrator: a CA and server certificate
+    (``tls.crt``/``tls.key`` for the server, ``ca.crt`` for the clients) and a ServiceAccount token of
+    the jobs' namespace with the orchestrator's audience; the clients' environment."""
+    from kubernetes import client
+
+    from timeslice import certs
+
+    files = certs.generate(tmp / "tls", ("localhost", "127.0.0.1"))
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "demo-jobs"}})
+    req = {"spec": {"audiences": [names.TIMESLICE_TOKEN_AUDIENCE], "expirationSeconds": 3600}}
+    token = core.create_namespaced_service_account_token("demo-jobs", ns, req).status.token
+    token_file = tmp / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    return {names.ENV_TIMESLICE_TOKEN_FILE: str(token_file), "ROSE_TIMESLICE_CA_FILE": str(files.ca)}
+
+
 def _orchestrator(h: Any, ns: str, port: int, tmp: Path, stack: ExitStack) -> str:
     """``rose timeslice serve`` over the cluster's Leases, hand-over through the drivers, leader
-    election on; its gRPC target once it leads (``/readyz`` 200)."""
+    election on, TLS, TokenReview and the job check (the defaults); its gRPC target once it leads
+    (``/readyz`` 200)."""
     from local_cluster import free_port, module_process
     from local_cluster.objects import wait_for
 
     mport = free_port()
     args = ["timeslice", "serve", "--store", "kubernetes", "--kubeconfig", str(h.kubeconfig), "--namespace", ns,
             "--handover", "kube", "--switch-timeout", "30s", "--identity", "demo-orchestrator",
-            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{mport}"]  # fmt: skip
+            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{mport}",
+            "--tls-cert", str(tmp / "tls" / "tls.crt"), "--tls-key", str(tmp / "tls" / "tls.key"),
+            "--token-audience", names.TIMESLICE_TOKEN_AUDIENCE]  # fmt: skip
     proc = stack.enter_context(module_process(args, tmp / "orchestrator.log"))
 
     def leads() -> bool:
@@ -346,16 +374,16 @@ def act_timeslice(h: Any, api: Any, say: Callable[[str], None], updates: int = 6
         stack.callback(delete_namespace, api, ns)
         jobs = [f"{ns}/{name}" for name in JOB_NAMES]
         port = free_port()
-        workers = _Workers(f"127.0.0.1:{port}", jobs, updates, stack)
         root = Path(tempfile.mkdtemp(prefix="rose-ts-", dir="/tmp"))  # unix socket paths stay short
         stack.callback(shutil.rmtree, root, True)
+        workers = _Workers(f"127.0.0.1:{port}", jobs, updates, stack, _credentials(api, ns, root))
         drv = _driver(h, api, node, root, stack)
         _pods(api, ns, node, drv, jobs)
         say(f"   · `rose driver` on {node} (simulated GPUs, node suspend engine); a worker pod per job "
             f"({', '.join(jobs)}) with a lendable claim it prepared")  # fmt: skip
         target = _orchestrator(h, ns, port, root, stack)
-        say(f"   · `rose timeslice serve` at {target}: group Leases in {ns}, leader elected, hand-over through "
-            "the driver (suspend-request + fencing token)")  # fmt: skip
+        say(f"   · `rose timeslice serve` at {target}: TLS, callers' ServiceAccount tokens reviewed, group Leases "
+            f"in {ns}, leader elected, hand-over through the driver (suspend-request + fencing token)")  # fmt: skip
         say("   · two CPU REINFORCE jobs (separate processes), each alone on a group of its own")
         solo = workers.run()
         _relabel(api, ns, jobs, GROUP)

@@ -18,11 +18,17 @@ Phase = Literal["Pending", "Running", "Scaling", "Suspending", "Suspended", "Res
 ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded", "Resident"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
-MAX_STATE_BYTES: Final = 1 << 50
+DEVICE_MEMORY_MAX_BYTES: Final = 256 << 30  # the most memory one GPU has (MI325X 256 GiB; H200 141 GB)
+MAX_GPUS_PER_WORKER: Final = 64
+MAX_STATE_BYTES: Final = MAX_GPUS_PER_WORKER * DEVICE_MEMORY_MAX_BYTES  # 16 TiB: what 64 GPUs hold
 # The CRD's CEL rules, message for message (kept equal by the unit test).
 MSG_MIN_LE_MAX: Final = "minGPUs must be less than or equal to maxGPUs"
 MSG_MULTIPLES: Final = "minGPUs and maxGPUs must be multiples of gpusPerWorker"
 MSG_CHECKPOINT: Final = "suspendPolicy CheckpointAndEvict needs checkpointPath"
+MSG_STATE_BYTES: Final = (
+    "stateBytesPerWorker must be at most gpusPerWorker x 274877906944 bytes, 256 GiB per GPU: "
+    "a worker's device state fits its GPUs' memory"
+)
 
 
 class _Model(BaseModel):
@@ -32,7 +38,7 @@ class _Model(BaseModel):
 class ElasticRLJobSpec(_Model):
     min_gpus: int = Field(alias="minGPUs", ge=1)
     max_gpus: int = Field(alias="maxGPUs", ge=1, le=4096)
-    gpus_per_worker: int = Field(default=1, alias="gpusPerWorker", ge=1, le=64)
+    gpus_per_worker: int = Field(default=1, alias="gpusPerWorker", ge=1, le=MAX_GPUS_PER_WORKER)
     graceful_shutdown_period: int = Field(default=30, alias="gracefulShutdownPeriod", ge=0, le=3600)
     checkpoint_path: str | None = Field(default=None, alias="checkpointPath", min_length=1, max_length=4096)
     suspend_policy: SuspendPolicy = Field(default="HostMemoryFirst", alias="suspendPolicy")
@@ -52,6 +58,10 @@ class ElasticRLJobSpec(_Model):
             raise ValueError(MSG_MULTIPLES)
         if self.suspend_policy == "CheckpointAndEvict" and self.checkpoint_path is None:
             raise ValueError(MSG_CHECKPOINT)
+        if self.state_bytes_per_worker is not None and (
+            self.state_bytes_per_worker > self.gpus_per_worker * DEVICE_MEMORY_MAX_BYTES
+        ):
+            raise ValueError(MSG_STATE_BYTES)
         return self
 
     @property

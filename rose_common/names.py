@@ -47,6 +47,9 @@ ANNOTATION_LENT: Final = f"{LABEL_PREFIX}/lent-gpus"
 # upper-cased with "-" as "_", whose value is the UID itself.
 ENV_CLAIM_UID_PREFIX: Final = "ROSE_CLAIM_UID_"
 ENV_SIMULATED_GPU: Final = "ROSE_SIMULATED_GPU"  # "1" when the claim's GPUs are simulated
+# The job's spec.checkpointPath on its worker pods (the controller sets it); the driver verifies a
+# fallback checkpoint only under it.
+ENV_CHECKPOINT_PATH: Final = "ROSE_CHECKPOINT_PATH"
 _CLAIM_UID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 
 

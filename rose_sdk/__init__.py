@@ -8,12 +8,26 @@ The offload and checkpoint paths import only torch and NumPy. The agent client (
 ``rose.agent.v1`` stubs (a protobuf runtime as new as the one they were generated with); it is
 imported on first use, so ``from rose_sdk import CooperativeOffloader`` works without them. So is
 the time-slice client (``TimeSliceOrchestratorClient``, in ``rose_sdk.timeslice``).
+
+The ``rose-sdk`` distribution (``sdk/pyproject.toml``) installs grpcio, protobuf and NumPy, not
+torch (the training image's own is used; ``rose-sdk[torch]`` installs one). For RL engineers:
+``rose_sdk/README.md``.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+try:  # every part but World needs torch, which rose-sdk does not install unless asked ([torch])
+    import torch  # noqa: F401
+except ModuleNotFoundError as e:
+    if e.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "rose_sdk needs PyTorch: install it into the training image that has torch, or pip install 'rose-sdk[torch]'",
+        name="torch",
+    ) from e
 
 from rose_sdk.checkpoint import (
     Checkpoint,

@@ -450,7 +450,7 @@ def s3_filesystem() -> Any:
     try:
         import s3fs  # only s3:// checkpoints need it
     except ImportError as e:
-        raise CheckpointError("s3:// checkpoints need s3fs: pip install 'rose[workload]' (or s3fs)") from e
+        raise CheckpointError("s3:// checkpoints need s3fs: pip install 'rose-sdk[s3]' (or s3fs)") from e
     endpoint = s3_endpoint(os.environ)
     return s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
 

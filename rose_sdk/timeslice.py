@@ -16,6 +16,11 @@ are retried with exponential backoff until ``retry_timeout_s``. Against an orche
 ServiceAccount token at ``token_file`` (default ``$ROSE_TIMESLICE_TOKEN_FILE``, which the controller
 sets and mounts, audience ``rose-timeslice``, on the workers of a job with ``spec.timesliceGroup``).
 
+The channel is TLS: the server's certificate is verified against the CA file ``ca_file`` (default
+``$ROSE_TIMESLICE_CA_FILE``; without one, the system's roots), for the target's host name or
+``server_name`` (``$ROSE_TIMESLICE_SERVER_NAME``). ``insecure=True`` (or
+``ROSE_TIMESLICE_INSECURE=1``) is plaintext, only for an orchestrator run with ``--insecure``.
+
 Where the device state moves: on Kubernetes the orchestrator's hand-over suspends the job through
 its node's driver and agent (the job's :class:`rose_sdk.Workload` offloads at its safe point). Out
 of Kubernetes (CPU jobs, the orchestrator's ``NoopHandover``) pass ``offloader=``: the client then
@@ -53,6 +58,9 @@ T = TypeVar("T")
 DEFAULT_PORT = 50051
 ENV_JOB = names.ENV_TIMESLICE_JOB  # set by the controller on the workers of a job with spec.timesliceGroup
 ENV_TOKEN_FILE = names.ENV_TIMESLICE_TOKEN_FILE  # the projected ServiceAccount token the controller mounts
+ENV_CA_FILE = "ROSE_TIMESLICE_CA_FILE"  # PEM CA that signed the orchestrator's certificate
+ENV_SERVER_NAME = "ROSE_TIMESLICE_SERVER_NAME"  # the name its certificate is for, when not the target's host
+ENV_INSECURE = "ROSE_TIMESLICE_INSECURE"  # "1": plaintext, for an orchestrator run with --insecure
 
 
 class TimeSliceError(RuntimeError):
@@ -119,6 +127,9 @@ class TimeSliceOrchestratorClient:
         backoff_max_s: float = 2.0,
         channel: grpc.Channel | None = None,
         token_file: str | None = None,
+        ca_file: str | None = None,
+        server_name: str | None = None,
+        insecure: bool | None = None,
     ) -> None:
         if ":" not in target.rsplit("]", 1)[-1]:
             target = f"{target}:{DEFAULT_PORT}"
@@ -134,7 +145,7 @@ class TimeSliceOrchestratorClient:
         self.min_phase_ratio = min_phase_ratio
         self.retry_timeout_s = retry_timeout_s
         self._delay = backoff_delays(backoff_first_s, backoff_max_s)
-        self._channel = channel or grpc.insecure_channel(target)
+        self._channel = channel or _channel(target, ca_file, server_name, insecure)
         self._stub = pb_grpc.TimeSliceOrchestratorStub(self._channel)  # type: ignore[no-untyped-call]
         self._mu = threading.Lock()
         self._held: dict[str, _Holding] = {}
@@ -267,7 +278,11 @@ class TimeSliceOrchestratorClient:
 
     # ------------------------------------------------------------------ status
     def status(self, group: str) -> pb.StatusResponse:
-        r: pb.StatusResponse = self._call("Status", self._stub.Status, pb.StatusRequest(group=group), self._short())
+        """The group's record; ``group`` is resolved in this client's job's namespace (a group belongs
+        to one namespace), unless it names one (``namespace/name``)."""
+        ns = self.job.partition("/")[0] if "/" in self.job else ""
+        ref = f"{ns}/{group}" if ns and "/" not in group else group
+        r: pb.StatusResponse = self._call("Status", self._stub.Status, pb.StatusRequest(group=ref), self._short())
         return r
 
     def list_groups(self) -> list[pb.StatusResponse]:
@@ -286,6 +301,24 @@ class TimeSliceOrchestratorClient:
         for h in held:
             _join(h)
         self._channel.close()
+
+
+def _channel(target: str, ca_file: str | None, server_name: str | None, insecure: bool | None) -> grpc.Channel:
+    """A TLS channel verified with ``ca_file`` (else the system roots); plaintext only when asked."""
+    if insecure is None:
+        insecure = os.environ.get(ENV_INSECURE, "").lower() in ("1", "true", "yes")
+    if insecure:
+        return grpc.insecure_channel(target)
+    ca_file = ca_file if ca_file is not None else os.environ.get(ENV_CA_FILE)
+    roots = None
+    if ca_file:
+        try:
+            roots = Path(ca_file).read_bytes()
+        except OSError as e:
+            raise TimeSliceError(f"cannot read the orchestrator's CA {ca_file} ({ENV_CA_FILE}): {e.strerror}") from None
+    name = server_name if server_name is not None else os.environ.get(ENV_SERVER_NAME)
+    options = [("grpc.ssl_target_name_override", name)] if name else []
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
 
 
 def _join(holding: _Holding, timeout_s: float = 10.0) -> None:

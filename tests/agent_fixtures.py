@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "examples" / "01_cartpole_reinforce.py"  # the RL workload these tests run
@@ -129,10 +130,26 @@ class Agent:
         return Path(d) / "workload.sock"
 
 
+def workload_pids(pod_uid: str, reported_pid: int) -> int | None:
+    """Stands in for ``pids.resolve_pid`` (a pod cgroup naming the pod UID): the tests' workloads
+    are plain processes in the test's own PID namespace, so the PID they report is theirs."""
+    return reported_pid if pod_uid else None
+
+
+def checkpoint_verifier(checkpoint_prefix: str, **limits: Any) -> Any:
+    """The fallback's real checkpoint verifier; every test pod's job checkpoints under
+    ``checkpoint_prefix`` (what the driver reads from the pod's ROSE_CHECKPOINT_PATH)."""
+    from dra_driver.suspend.verify import CheckpointVerifier, StaticCheckpointPaths, VerifyLimits
+
+    return CheckpointVerifier(
+        VerifyLimits(**limits), paths=StaticCheckpointPaths(default=checkpoint_prefix), resolve_pid=workload_pids
+    )
+
+
 @contextlib.contextmanager
-def running_agent(tmp: Path, **config: object) -> Iterator[Agent]:
+def running_agent(tmp: Path, verifier: Any = None, **config: object) -> Iterator[Agent]:
     """The real node agent (control socket, a shared workload socket, per-claim sockets under
-    ``tmp/claims``) in this process."""
+    ``tmp/claims``) in this process; fallback checkpoints verify under ``tmp``."""
     import grpc
     from prometheus_client import CollectorRegistry
 
@@ -151,6 +168,7 @@ def running_agent(tmp: Path, **config: object) -> Iterator[Agent]:
         events=events,
         evictor=evictor,
         metrics_registry=CollectorRegistry(),
+        verifier=verifier if verifier is not None else checkpoint_verifier(str(tmp)),
     )
     evictor.engine = engine
     ws, cs = tmp / "w.sock", tmp / "c.sock"

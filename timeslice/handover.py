@@ -9,7 +9,9 @@ A switch from ``out_job`` to ``in_job`` at fencing token N is a two-phase protoc
 deadline (epoch seconds, as the orchestrator's clock):
 
 1. *suspend*: every worker pod of ``out_job`` in the group, on every node, gets the suspend
-   request and ``rose.io/fencing-token: "<group>:N"``; wait until all report ``Suspended``;
+   request and ``rose.io/fencing-token: "<namespace>/<group>:N"`` (the group's key: a node keeps
+   the last token per key, so two namespaces' groups of one name never fence each other); wait
+   until all report ``Suspended``;
 2. *restore*: every worker pod of ``in_job`` gets its request cleared (same token); wait until
    all report ``Running``.
 
@@ -133,7 +135,8 @@ def plan(pods: list[dict[str, Any]], group: str, token: int, out_job: str | None
     ins = workers_of(pods, in_job)
     if not ins:
         raise HandoverError(
-            f"no worker pods of {in_job} carry {names.LABEL_TIMESLICE_GROUP}={group}: label the job's workers"
+            f"no worker pods of {in_job} carry {names.LABEL_TIMESLICE_GROUP}={group.rpartition('/')[2]}: label the"
+            " job's workers"
             " (ElasticRLJob spec.timesliceGroup) before it acquires the group"
         )
     outs = workers_of(pods, out_job) if out_job else []
@@ -172,22 +175,29 @@ class PodApi(Protocol):
 
 
 class RawPods:
-    """:class:`PodApi` over :class:`rose_common.kube.client.Raw` (plain JSON)."""
+    """:class:`PodApi` over :class:`rose_common.kube.client.Raw` (plain JSON). ``group`` is the group's
+    key ``namespace/name``: its pods are those of its namespace labelled with its name (a group
+    outside any namespace, only without Kubernetes tenancy: every namespace)."""
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
 
     @staticmethod
+    def _path(group: str) -> str:
+        ns = group.rpartition("/")[0]
+        return f"/api/v1/namespaces/{ns}/pods" if ns else "/api/v1/pods"
+
+    @staticmethod
     def _selector(group: str) -> dict[str, str]:
-        return {"labelSelector": f"{names.LABEL_TIMESLICE_GROUP}={group}"}
+        return {"labelSelector": f"{names.LABEL_TIMESLICE_GROUP}={group.rpartition('/')[2]}"}
 
     def list(self, group: str) -> tuple[list[dict[str, Any]], str]:
-        doc = self.raw.json("GET", "/api/v1/pods", query=self._selector(group))
+        doc = self.raw.json("GET", self._path(group), query=self._selector(group))
         return list(doc.get("items", [])), str(doc.get("metadata", {}).get("resourceVersion", ""))
 
     def watch(self, group: str, resource_version: str, timeout_s: int) -> Iterable[tuple[str, dict[str, Any]]]:
         q = dict(self._selector(group), resourceVersion=resource_version, allowWatchBookmarks="true")
-        return self.raw.watch("/api/v1/pods", q, timeout_s)  # type: ignore[no-any-return]
+        return self.raw.watch(self._path(group), q, timeout_s)  # type: ignore[no-any-return]
 
     def patch(self, patch: PodPatch) -> None:
         self.raw.json(

@@ -6,7 +6,8 @@ I/O boundary: HTTP requests to the API server through :class:`rose_common.kube.c
 write over a newer record is refused (compare-and-swap) and the orchestrator decides again.
 :class:`LeaseLock` reads and writes the leader-election Lease; the decision is
 :func:`rose_common.leader.decide` (pure). :class:`TokenReviewer` asks the API server who a
-ServiceAccount token belongs to (a TokenReview).
+ServiceAccount token belongs to (a TokenReview). :class:`PodMembers` finds a job's worker pods of
+a group in the job's namespace (whether it may take a place, and its priority).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from __future__ import annotations
 from typing import Any, Final
 from urllib.parse import quote
 
+from rose_common import names
 from rose_common.kube import objects
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import Conflict, NotFound
 from rose_common.leader import LeaseRecord
 from rose_common.timeslice_lease import A_GROUP, LABEL_GROUP
 from timeslice.identity import Unauthenticated
+from timeslice.members import pod_priority
 from timeslice.state import Group
-from timeslice.store import from_lease, lease_name, to_lease
+from timeslice.store import from_lease, lease_of, to_lease
 
 LEASE_API: Final = "/apis/coordination.k8s.io/v1"
 
@@ -40,7 +43,7 @@ class LeaseStore:
 
     def load(self, group: str) -> tuple[Group | None, str]:
         try:
-            doc = self.raw.json("GET", f"{self.path}/{lease_name(group)}")
+            doc = self.raw.json("GET", f"{self.path}/{lease_of(group)}")
         except NotFound:
             return None, ""
         return from_lease(doc), objects.resource_version(doc)
@@ -50,7 +53,7 @@ class LeaseStore:
         try:
             if version:
                 body["metadata"]["resourceVersion"] = version
-                doc = self.raw.json("PUT", f"{self.path}/{lease_name(g.name)}", body=body)
+                doc = self.raw.json("PUT", f"{self.path}/{lease_of(g.name)}", body=body)
             else:
                 doc = self.raw.json("POST", self.path, body=body)
         except Conflict:  # a newer write (or a create that lost the race: AlreadyExists is a 409 too)
@@ -59,7 +62,7 @@ class LeaseStore:
 
     def groups(self) -> list[str]:
         doc = self.raw.json("GET", self.path, query={"labelSelector": LABEL_GROUP})
-        return sorted(str(objects.annotations(item).get(A_GROUP, "")) for item in objects.items(doc))
+        return sorted(from_lease(item).name for item in objects.items(doc) if objects.annotations(item).get(A_GROUP))
 
 
 class LeaseLock:
@@ -109,3 +112,17 @@ class TokenReviewer:
         if not status.get("authenticated"):
             raise Unauthenticated(f"the API server refused the token: {status.get('error') or 'not authenticated'}")
         return str((status.get("user") or {}).get("username") or "")
+
+
+class PodMembers:
+    """``timeslice.members.Members`` over the API server: the job's worker pods of the group, listed
+    in the job's own namespace; their ``spec.priority`` (the request's priority is ignored)."""
+
+    def __init__(self, raw: Raw) -> None:
+        self.raw = raw
+
+    def priority(self, namespace: str, job: str, group: str, hint: int) -> int:
+        selector = f"{names.LABEL_JOB}={job},{names.LABEL_TIMESLICE_GROUP}={group}"
+        doc = self.raw.json("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods",
+                            query={"labelSelector": selector})  # fmt: skip
+        return pod_priority(list(objects.items(doc)), namespace, job, group)

@@ -45,6 +45,10 @@ class TimesliceMetrics:
                                           ["group", "command"], registry=r)  # fmt: skip
         self.lease_expiries = Counter("rose_timeslice_lease_expiries", "holders whose lease expired", ["group"],
                                       registry=r)  # fmt: skip
+        self.max_hold_reached = Counter("rose_timeslice_max_hold_reached", "holders that lost the group to --max-hold",
+                                        ["group"], registry=r)  # fmt: skip
+        self.refusals = Counter("rose_timeslice_refusals", "calls refused before they reached a group, by reason",
+                                ["namespace", "reason"], registry=r)  # fmt: skip
         self.handover_failures = Counter("rose_timeslice_handover_failures", "hand-overs rolled back", ["group"],
                                          registry=r)  # fmt: skip
         self.host_state_bytes = Gauge("rose_timeslice_host_state_bytes",

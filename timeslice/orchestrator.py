@@ -16,6 +16,7 @@ the hand-over outside the group's lock and writes it settled (or rolled back).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -110,8 +111,11 @@ class Settings:
     switch_timeout_s: float = 60.0
     orphan_grace_s: float = 10.0
     cas_attempts: int = 5
+    max_hold_s: float = 0.0  # the longest one grant lasts, Renew or not (0: no limit)
 
     def __post_init__(self) -> None:
+        if self.max_hold_s < 0:
+            raise ValueError(f"max-hold must be >= 0 (0: no limit), got {self.max_hold_s}")
         for name in ("lease_ttl_s", "aging_s", "switch_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name.removesuffix('_s').replace('_', '-')} must be > 0, got {getattr(self, name)}")
@@ -163,22 +167,49 @@ class Orchestrator:
     # ------------------------------------------------------------------ slots and the store
 
     def _slot(self, group: str) -> _Slot:
+        """The group's slot, created (from its record, or empty) if this replica has none: only an
+        Acquire, whose job was checked, creates one."""
         with self._lock:
             slot = self._slots.get(group)
             if slot is None:
                 now = self.clock()
                 g, version = self.store.load(group)
-                g = state.adopt(g, frozenset(), now, self.settings.orphan_grace_s) if g else self._new(group)
+                g = (
+                    self._limits(state.adopt(g, frozenset(), now, self.settings.orphan_grace_s))
+                    if g
+                    else self._new(group)
+                )
                 slot = self._slots[group] = _Slot(g, version, freed_at=now)
             return slot
 
+    def _known(self, group: str) -> _Slot:
+        """The slot of a group that has a record; Refused (nothing created) for one that has none."""
+        with self._lock:
+            slot = self._slots.get(group)
+        if slot is not None:
+            return slot
+        g, _ = self.store.load(group)
+        if g is None:
+            raise Refused(f"group {group} has no record: nobody has acquired it (Acquire it first)")
+        return self._slot(group)
+
     def _new(self, group: str) -> Group:
-        return Group(group, lease_ttl_s=self.settings.lease_ttl_s)
+        return Group(group, lease_ttl_s=self.settings.lease_ttl_s, max_hold_s=self.settings.max_hold_s)
+
+    def _limits(self, g: Group) -> Group:
+        """The record with this replica's maximum hold (the flag wins over what the record says)."""
+        return (
+            g
+            if g.max_hold_s == self.settings.max_hold_s
+            else dataclasses.replace(g, max_hold_s=self.settings.max_hold_s)
+        )
 
     def _reload(self, s: _Slot) -> None:
         g, version = self.store.load(s.g.name)
         live = frozenset(j for j, n in s.live.items() if n > 0)
-        s.g = state.adopt(g, live, self.clock(), self.settings.orphan_grace_s) if g else self._new(s.g.name)
+        s.g = (
+            self._limits(state.adopt(g, live, self.clock(), self.settings.orphan_grace_s)) if g else self._new(s.g.name)
+        )
         s.version = version
 
     def check_leader(self) -> None:
@@ -234,10 +265,15 @@ class Orchestrator:
     def _expire(self, s: _Slot, g: Group, now: float) -> Group:
         out = state.expire(g, now)
         if out is not g and out.holder != g.holder:
-            self.metrics.lease_expiries.labels(g.name).inc()
+            if g.held_too_long(now):
+                self.metrics.max_hold_reached.labels(g.name).inc()
+                log.info("maximum hold reached", extra={"group": g.name, "job": g.holder, "token": g.token,
+                                                        "maxHoldS": g.max_hold_s})  # fmt: skip
+            else:
+                self.metrics.lease_expiries.labels(g.name).inc()
+                log.info("lease expired", extra={"group": g.name, "job": g.holder, "token": g.token})
             self.metrics.released(g.name, g.expiry())
             s.freed_at = g.expiry()
-            log.info("lease expired", extra={"group": g.name, "job": g.holder, "token": g.token})
         return out
 
     def try_begin(self, group: str, job: str, role: str = "", priority: int = 0) -> Grant | None:
@@ -351,7 +387,7 @@ class Orchestrator:
 
     def yield_(self, group: str, job: str, token: int) -> None:
         """Give the group up; the next live waiter's grant is written in the same compare-and-swap."""
-        s = self._slot(group)
+        s = self._known(group)
         with s.cond:
             now = self.clock()
             switch_deadline = now + self.settings.switch_timeout_s
@@ -373,18 +409,26 @@ class Orchestrator:
             s.cond.notify_all()
 
     def renew(self, group: str, job: str, token: int) -> float:
-        s = self._slot(group)
+        """Keep the holder's lease (never past the grant's maximum hold); the TTL left to it."""
+        s = self._known(group)
         with s.cond:
             now = self.clock()
             try:
                 self._mutate(s, lambda g: (state.renew(self._expire(s, g, now), job, token, now), None))
             except Refused:
                 self.metrics.fencing_rejections.labels(group, "renew").inc()
+                s.cond.notify_all()  # a hold that ended frees the group for its waiters now
                 raise
-            return s.g.lease_ttl_s
+            return min(s.g.lease_ttl_s, max(0.0, s.g.hold_ends() - now))
 
-    def status(self, group: str) -> Group:
-        s = self._slot(group)
+    def status(self, group: str) -> Group | None:
+        """The group's record (an expired holder dropped); None for a group nobody acquired (nothing is
+        created for it)."""
+        with self._lock:
+            s = self._slots.get(group)
+        if s is None:
+            g, _ = self.store.load(group)
+            return state.expire(g, self.clock()) if g is not None else None
         with s.cond:
             return state.expire(s.g, self.clock())
 
@@ -392,4 +436,4 @@ class Orchestrator:
         names = set(self.store.groups())
         with self._lock:
             names |= set(self._slots)
-        return [self.status(n) for n in sorted(names)]
+        return [g for g in (self.status(n) for n in sorted(names)) if g is not None]

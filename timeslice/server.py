@@ -8,20 +8,33 @@ INVALID_ARGUMENT (bad names), FAILED_PRECONDITION (a stale fencing token), DEADL
 UNAVAILABLE (not the leader, the store unreachable: retry), RESOURCE_EXHAUSTED (queue full),
 ABORTED (a hand-over failed and was rolled back), UNAUTHENTICATED / PERMISSION_DENIED (with
 authentication on, for every RPC: no or a refused ServiceAccount token, a job outside the token's
-namespace, the Status of a group none of the namespace's jobs is in).
-Connections are bounded by ``maximum_concurrent_rpcs``.
+namespace, a group of another namespace, a job without worker pods in the group), NOT_FOUND (the
+Status of a group nobody acquired: nothing is created for it).
+
+Tenancy: a group's key is ``namespace/name``, the namespace being the job's (with authentication,
+the caller's ServiceAccount namespace, which the job must be in); a job takes a place only after
+its :class:`~timeslice.members.Members` source confirmed it, and its priority comes from there
+(the job's pods' ``spec.priority``), clamped. Acquire calls in flight are capped per namespace and
+in all, below the gRPC thread pool, so Yield, Renew and Status always find a thread. The server
+speaks TLS (the certificate and key files are re-read when they change) unless it was built
+insecure on purpose; the HTTP listener is bounded (a thread cap, a socket timeout, a backlog).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
+import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -31,7 +44,8 @@ from rose_common import leader
 from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
 from timeslice import identity
-from timeslice.identity import Forbidden, ReviewCache, Unauthenticated
+from timeslice.identity import Flights, Forbidden, ReviewCache, Unauthenticated
+from timeslice.members import Members, NotMember, RequestPriority, clamp
 from timeslice.orchestrator import (
     Busy,
     Cancelled,
@@ -41,20 +55,40 @@ from timeslice.orchestrator import (
     Orchestrator,
     StoreContention,
 )
-from timeslice.state import Group, Refused
+from timeslice.state import Group, Refused, group_key, split_key, validate_label, validate_label_value, validate_name
 
 log = logging.getLogger("timeslice")
+
+# what ``role`` may be (a metric label): a fixed set, so a caller cannot mint label values
+ROLES = frozenset({"", "trainer", "sampler", "rollout", "learner", "actor", "critic", "reward", "reference",
+                   "evaluator"})  # fmt: skip
+RESERVED_THREADS = 32  # gRPC threads no Acquire may take: Yield, Renew and Status always find one
+
+
+class NotFound(Exception):
+    """A group nobody acquired (Status)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one namespace, and all of them, may hold of the server."""
+
+    max_acquires: int = 256  # Acquire calls in flight in all (waiting or being granted)
+    max_acquires_per_namespace: int = 32  # ... per caller namespace
+    max_priority: int = 100  # a job's priority is clamped to +- this many --aging periods
+    member_cache_s: float = 5.0  # how long a job's membership (and priority) is trusted
+
+    def __post_init__(self) -> None:
+        if self.max_acquires < 1 or self.max_acquires_per_namespace < 1:
+            raise ValueError("max-acquires and max-acquires-per-namespace must be >= 1")
+        if self.max_priority < 0:
+            raise ValueError(f"max-priority must be >= 0, got {self.max_priority}")
 
 
 def _status(g: Group, now: float) -> pb.StatusResponse:
     waiters = [pb.Waiter(job=w.job, role=w.role, waited_s=max(0.0, now - w.since)) for w in g.waiters if w.live]
     return pb.StatusResponse(group=g.name, holder=g.holder, fencing_token=g.token, waiters=waiters,
                              resident=g.resident)  # fmt: skip
-
-
-def _jobs(g: Group) -> list[str]:
-    """The jobs in a group: its holder, its resident and its waiters."""
-    return [j for j in (g.holder, g.resident, *(w.job for w in g.waiters)) if j]
 
 
 @contextmanager
@@ -65,6 +99,10 @@ def _codes(context: grpc.ServicerContext) -> Iterator[None]:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     except Refused as e:
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+    except NotFound as e:
+        context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+    except (PermissionError, NotMember) as e:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
     except (DeadlineExceeded, Cancelled) as e:
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
     except Unauthenticated as e:
@@ -87,23 +125,88 @@ def _codes(context: grpc.ServicerContext) -> Iterator[None]:
 
 
 class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
-    def __init__(self, orch: Orchestrator, auth: ReviewCache | None = None) -> None:
+    def __init__(self, orch: Orchestrator, auth: ReviewCache | None = None, members: Members | None = None,
+                 limits: Limits | None = None) -> None:  # fmt: skip
         self.orch = orch
         self.auth = auth
+        self.limits = limits or Limits()
+        self._raw_members: Members = members or RequestPriority()
+        # a lookup that ignores the request's priority is cached per (namespace, job, group)
+        self._members: Flights[tuple[str, str, str], int] = Flights(
+            lambda k: self._raw_members.priority(*k, 0), time.monotonic, self.limits.member_cache_s, 4096,
+            keep=(NotMember,),
+        )  # fmt: skip
+        self._inflight: Counter[str] = Counter()
+        self._mu = threading.Lock()
 
-    def _caller(self, job: str, context: grpc.ServicerContext) -> None:
-        """With authentication on: the caller's ServiceAccount namespace must be the job's."""
-        if self.auth is not None:
-            identity.check_job(job, self.auth.namespace(identity.bearer(context.invocation_metadata())))
+    # ------------------------------------------------------------------ who, which group
+    def _caller_ns(self, context: grpc.ServicerContext) -> str | None:
+        """The caller's namespace (authentication on), else None."""
+        if self.auth is None:
+            return None
+        return self.auth.namespace(identity.bearer(context.invocation_metadata()))
 
+    def _job(self, job: str, context: grpc.ServicerContext) -> str:
+        """The job's namespace ("" for a plain name, only without authentication); refusals name the fix."""
+        validate_name("job", job)
+        caller = self._caller_ns(context)
+        if caller is not None:
+            identity.check_job(job, caller)
+        ns, sep, name = job.partition("/")
+        if not sep:
+            return ""
+        validate_label("job namespace", ns)
+        validate_label_value("job name", name)
+        return ns
+
+    def _refused(self, ns: str, reason: str) -> None:
+        self.orch.metrics.refusals.labels(ns or "-", reason).inc()
+
+    @contextmanager
+    def _slot(self, ns: str) -> Iterator[None]:
+        """An Acquire in flight for namespace ``ns``: Busy beyond the per-namespace or the total cap."""
+        lim = self.limits
+        with self._mu:
+            if self._inflight[ns] >= lim.max_acquires_per_namespace:
+                self._refused(ns, "namespace-cap")
+                raise Busy(f"namespace {ns or '(none)'!r} has {lim.max_acquires_per_namespace} Acquire calls in flight"
+                           " (--max-acquires-per-namespace): let some be granted or withdrawn, then retry")  # fmt: skip
+            if sum(self._inflight.values()) >= lim.max_acquires:
+                self._refused(ns, "total-cap")
+                raise Busy(f"the orchestrator has {lim.max_acquires} Acquire calls in flight (--max-acquires); retry")
+            self._inflight[ns] += 1
+        try:
+            yield
+        finally:
+            with self._mu:
+                self._inflight[ns] -= 1
+                if self._inflight[ns] <= 0:
+                    del self._inflight[ns]
+
+    # ------------------------------------------------------------------ the RPCs
     def Acquire(self, request: pb.AcquireRequest, context: grpc.ServicerContext) -> pb.AcquireResponse:
         remaining = context.time_remaining()
         deadline = self.orch.clock() + remaining if remaining is not None else None
-        context.add_callback(lambda: self.orch.wake(request.group))
         with _codes(context):
-            self._caller(request.job, context)
-            r = self.orch.acquire(request.group, request.job, request.role, request.priority, deadline,
-                                  alive=context.is_active)  # fmt: skip
+            ns = self._job(request.job, context)
+            if request.role not in ROLES:
+                self._refused(ns, "role")
+                raise ValueError(f"role {request.role!r} is not one of {', '.join(sorted(r for r in ROLES if r))}"
+                                 " (or empty)")  # fmt: skip
+            key = group_key(request.group, ns)
+            with self._slot(ns):
+                name, group = request.job.partition("/")[2] or request.job, split_key(key)[1]
+                try:
+                    if isinstance(self._raw_members, RequestPriority):  # explicit: the request's hint
+                        prio = self._raw_members.priority(ns, name, group, request.priority)
+                    else:
+                        prio = self._members.get((ns, name, group))
+                except NotMember:
+                    self._refused(ns, "not-member")
+                    raise
+                context.add_callback(lambda: self.orch.wake(key))
+                r = self.orch.acquire(key, request.job, request.role, clamp(prio, self.limits.max_priority), deadline,
+                                      alive=context.is_active)  # fmt: skip
             return pb.AcquireResponse(fencing_token=r.token, lease_ttl_s=r.lease_ttl_s, was_resident=r.was_resident,
                                       wait_s=r.wait_s, suspend_s=r.suspend_s, restore_s=r.restore_s,
                                       grant_overhead_s=r.grant_overhead_s)  # fmt: skip
@@ -111,14 +214,15 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
 
     def Yield(self, request: pb.YieldRequest, context: grpc.ServicerContext) -> pb.YieldResponse:
         with _codes(context):
-            self._caller(request.job, context)
-            self.orch.yield_(request.group, request.job, request.fencing_token)
+            ns = self._job(request.job, context)
+            self.orch.yield_(group_key(request.group, ns), request.job, request.fencing_token)
         return pb.YieldResponse()
 
     def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> pb.RenewResponse:
         with _codes(context):
-            self._caller(request.job, context)
-            return pb.RenewResponse(lease_ttl_s=self.orch.renew(request.group, request.job, request.fencing_token))
+            ns = self._job(request.job, context)
+            ttl = self.orch.renew(group_key(request.group, ns), request.job, request.fencing_token)
+            return pb.RenewResponse(lease_ttl_s=ttl)
         raise AssertionError("unreachable")
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
@@ -128,27 +232,82 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
         return pb.ListGroupsResponse(groups=self._statuses(context, None))
 
     def _statuses(self, context: grpc.ServicerContext, group: str | None) -> list[pb.StatusResponse]:
-        """Status of ``group`` (None: every group). With authentication on, a caller reads only the
-        groups one of its namespace's jobs is in; another group's Status is PERMISSION_DENIED, and
-        ListGroups leaves it out."""
+        """Status of ``group`` (None: every group). With authentication on, a caller reads only its own
+        namespace's groups (``group`` is resolved in it; another namespace's is PERMISSION_DENIED and
+        ListGroups leaves them out). An unknown group is NOT_FOUND, and nothing is created for it."""
         with _codes(context):
-            ns = self.auth.namespace(identity.bearer(context.invocation_metadata())) if self.auth else None
+            ns = self._caller_ns(context)
             self.orch.check_leader()
             now = self.orch.clock()
-            groups = [self.orch.status(group)] if group is not None else self.orch.groups()
-            if ns is not None and group is not None:
-                identity.check_member(group, _jobs(groups[0]), ns)
-            return [_status(g, now) for g in groups if ns is None or identity.member(_jobs(g), ns)]
+            if group is None:
+                groups = [g for g in self.orch.groups() if ns is None or split_key(g.name)[0] == ns]
+            else:
+                key = group_key(group, ns if ns is not None else group.rpartition("/")[0])
+                g = self.orch.status(key)
+                if g is None:
+                    raise NotFound(f"group {key} has no record: nobody has acquired it")
+                groups = [g]
+            return [_status(g, now) for g in groups]
         raise AssertionError("unreachable")
 
 
-def grpc_server(orch: Orchestrator, address: str, max_rpcs: int,
-                auth: ReviewCache | None = None) -> tuple[grpc.Server, int]:  # fmt: skip
-    """A started gRPC server on ``address`` (``HOST:PORT``, port 0 = ephemeral) and its port."""
+@dataclass(frozen=True)
+class Tls:
+    """The server's certificate chain and key files (PEM), re-read when either changes."""
+
+    cert: Path
+    key: Path
+
+    def _read(self) -> tuple[bytes, bytes]:
+        return self.key.read_bytes(), self.cert.read_bytes()
+
+    def credentials(self) -> grpc.ServerCredentials:
+        try:
+            first = self._read()
+        except OSError as e:
+            raise OSError(f"cannot read the TLS certificate or key ({e}): check --tls-cert and --tls-key") from None
+        seen = [self._stamp()]
+
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
+            stamp = self._stamp()
+            if stamp == seen[0]:
+                return None
+            try:
+                key, cert = self._read()
+            except OSError:
+                return None  # mid-rotation: keep the current pair
+            seen[0] = stamp
+            log.info("tls certificate reloaded", extra={"cert": str(self.cert)})
+            return grpc.ssl_server_certificate_configuration([(key, cert)])
+
+        initial = grpc.ssl_server_certificate_configuration([first])
+        return grpc.dynamic_ssl_server_credentials(initial, fetch)  # type: ignore[arg-type]  # None: no change
+
+    def _stamp(self) -> tuple[float, float]:
+        try:
+            return (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+        except OSError:
+            return (0.0, 0.0)
+
+
+def grpc_server(orch: Orchestrator, address: str, max_rpcs: int | None = None, auth: ReviewCache | None = None,
+                members: Members | None = None, limits: Limits | None = None,
+                tls: Tls | None = None) -> tuple[grpc.Server, int]:  # fmt: skip
+    """A started gRPC server on ``address`` (``HOST:PORT``, port 0 = ephemeral) and its port; TLS with
+    ``tls``, plaintext without (the caller decided: ``--insecure``). ``max_rpcs`` (default: the
+    Acquire cap plus the reserved threads) sizes the thread pool and the concurrent-call limit."""
+    limits = limits or Limits()
+    if max_rpcs is None:
+        max_rpcs = limits.max_acquires + RESERVED_THREADS
+    cap = max(1, max_rpcs - min(RESERVED_THREADS, max(1, max_rpcs // 4)))  # threads for Yield / Renew / Status
+    if limits.max_acquires > cap:
+        per_ns = min(limits.max_acquires_per_namespace, cap)
+        limits = dataclasses.replace(limits, max_acquires=cap, max_acquires_per_namespace=per_ns)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="ts-grpc"),
                          maximum_concurrent_rpcs=max_rpcs)  # fmt: skip
-    pb_grpc.add_TimeSliceOrchestratorServicer_to_server(Servicer(orch, auth), server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port(address)
+    servicer = Servicer(orch, auth, members, limits)
+    pb_grpc.add_TimeSliceOrchestratorServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}: choose a free port (--listen)")
     server.start()
@@ -208,10 +367,43 @@ class Elector:
 # ---------------------------------------------------------------------- HTTP
 
 
-def http_server(orch: Orchestrator, address: tuple[str, int]) -> ThreadingHTTPServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` (200 only while this replica leads), served in a thread."""
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per request, at most ``max_threads`` at once (beyond: the connection is closed at once),
+    a listen backlog of ``request_queue_size``; each handler's socket times out (``Handler.timeout``),
+    so a half-sent request holds its thread for seconds, not forever."""
+
+    daemon_threads = True
+    request_queue_size = 64
+    max_threads = 16
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handlers = threading.BoundedSemaphore(self.max_threads)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._handlers.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._handlers.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._handlers.release()
+
+
+def http_server(orch: Orchestrator, address: tuple[str, int], timeout_s: float = 5.0) -> ThreadingHTTPServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` (200 only while this replica leads), served in a thread;
+    bounded (:class:`_BoundedHTTPServer`, ``timeout_s`` per connection)."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = timeout_s
+
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, generate_latest(orch.metrics.registry), CONTENT_TYPE_LATEST)
@@ -233,7 +425,6 @@ def http_server(orch: Orchestrator, address: tuple[str, int]) -> ThreadingHTTPSe
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    srv = ThreadingHTTPServer(address, Handler)
-    srv.daemon_threads = True
+    srv = _BoundedHTTPServer(address, Handler)
     threading.Thread(target=srv.serve_forever, name="ts-http", daemon=True).start()
     return srv

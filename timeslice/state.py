@@ -8,7 +8,11 @@ compare-and-swap before it answers.
 Rules:
 
 - **One holder.** A job holds the group from its grant until it yields or its lease expires
-  (``renewed + lease_ttl_s < now``); nobody else is granted meanwhile.
+  (``renewed + lease_ttl_s < now``, or ``granted + max_hold_s < now``: a grant has a maximum hold,
+  Renew does not extend it); nobody else is granted meanwhile.
+- **One namespace.** A group's key is ``namespace/name`` (:func:`group_key`): a group belongs to
+  the namespace of the jobs that acquire it, and a name is a DNS-1123 label (``Team_A`` is refused,
+  not aliased to ``team-a``).
 - **Fencing.** Every grant increments ``token``; Yield and Renew must carry the current token and
   come from the holder, anything else is :class:`Refused` (a dead holder's late command).
 - **Queue.** Waiters are ordered by ``priority + waited_s / aging_s`` (ties: first come), so a
@@ -25,9 +29,12 @@ Rules:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 DEFAULT_AGING_S = 10.0
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 class Refused(Exception):
@@ -60,9 +67,20 @@ class Group:
     switching: bool = False
     switch_deadline: float = 0.0  # while switching, the lease runs until this plus the TTL
     waiters: tuple[Waiter, ...] = field(default_factory=tuple)
+    max_hold_s: float = 0.0  # the longest one grant lasts, Renew or not (0: no limit)
+    granted: float = 0.0  # when the holder's grant started (settled, for a grant that moved state)
+    hold_ended: str = ""  # "<job>:<token>" of the last grant that reached its maximum hold (for its refusal)
 
     def expired(self, now: float) -> bool:
         return bool(self.holder) and now > self.expiry()
+
+    def hold_ends(self) -> float:
+        """When the holder's grant reaches its maximum hold (+inf without one)."""
+        return self.granted + self.max_hold_s if self.holder and self.max_hold_s > 0 else float("inf")
+
+    def held_too_long(self, now: float) -> bool:
+        """The holder lost the group to its maximum hold (not to a missing Renew)."""
+        return bool(self.holder) and not self.switching and now > self.hold_ends()
 
     def holds(self, job: str, now: float) -> bool:
         return self.holder == job and not self.expired(now)
@@ -72,7 +90,9 @@ class Group:
         if not self.holder:
             return float("inf")
         base = self.renewed + self.lease_ttl_s
-        return max(base, self.switch_deadline + self.lease_ttl_s) if self.switching else base
+        if self.switching:
+            return max(base, self.switch_deadline + self.lease_ttl_s)
+        return min(base, self.hold_ends())
 
     def waiting(self, job: str) -> Waiter | None:
         return next((w for w in self.waiters if w.job == job), None)
@@ -89,6 +109,41 @@ class Grant:
 def validate_name(kind: str, value: str) -> None:
     if not value or len(value) > 253 or any(c.isspace() for c in value):
         raise ValueError(f"{kind} must be 1-253 characters without spaces, got {value!r}")
+
+
+def validate_label(kind: str, value: str) -> None:
+    """A DNS-1123 label: lower-case letters, digits and '-', 1-63 characters (a Kubernetes name)."""
+    if len(value) > 63 or not _LABEL.match(value):
+        raise ValueError(f"{kind} must be a DNS-1123 label (1-63 characters of a-z, 0-9 and '-', starting and "
+                         f"ending with a letter or digit), got {value!r}")  # fmt: skip
+
+
+def validate_label_value(kind: str, value: str) -> None:
+    """A Kubernetes label value, not empty (a job's name is its workers' rose.io/elastic-rl-job label)."""
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise ValueError(f"{kind} must be 1-63 characters of letters, digits, '-', '_' and '.', starting and "
+                         f"ending with a letter or digit, got {value!r}")  # fmt: skip
+
+
+def group_key(group: str, namespace: str) -> str:
+    """The key of ``group`` in ``namespace``: ``namespace/name`` (just ``name`` outside Kubernetes, with
+    no namespace). ``group`` may be ``name`` or ``namespace/name``; a namespace other than
+    ``namespace`` is refused (a group belongs to one namespace). ValueError naming what to fix."""
+    ns, sep, name = group.rpartition("/")
+    if sep and ns != namespace:
+        raise PermissionError(f"group {group!r} belongs to namespace {ns!r}, not the caller's namespace "
+                              f"{namespace or '(none)'!r}: a job acquires only its own namespace's groups")  # fmt: skip
+    validate_label("group", name)
+    if not namespace:
+        return name
+    validate_label("namespace", namespace)
+    return f"{namespace}/{name}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``(namespace, name)`` of a group key (namespace "" outside Kubernetes)."""
+    ns, _, name = key.rpartition("/")
+    return ns, name
 
 
 def enqueue(g: Group, job: str, role: str, priority: int, now: float) -> Group:
@@ -113,13 +168,22 @@ def expire(g: Group, now: float) -> Group:
     """Drop a holder whose lease expired (its state stays resident until someone else is granted)."""
     if not g.expired(now):
         return g
-    return replace(g, holder="", holder_role="", switching=False)
+    ended = f"{g.holder}:{g.token}" if g.held_too_long(now) else g.hold_ended
+    return replace(g, holder="", holder_role="", switching=False, hold_ended=ended)
 
 
 def check_token(g: Group, job: str, token: int, now: float, what: str) -> None:
+    if g.hold_ended == f"{job}:{token}" and (token != g.token or g.holder != job):
+        raise Refused(f"{what} by {job} with fencing token {token} refused: its grant of {g.name} reached the "
+                      f"maximum hold of {g.max_hold_s:g}s (--max-hold) and the group went on; Yield at the end of "
+                      "each phase and Acquire again")  # fmt: skip
     if token != g.token or g.holder != job:
         holder = f"{g.holder} with token {g.token}" if g.holder else f"nobody (token {g.token})"
         raise Refused(f"{what} by {job} with fencing token {token} refused: group {g.name} is held by {holder}")
+    if g.held_too_long(now):
+        raise Refused(f"{what} by {job} with fencing token {token} refused: its grant of {g.name} reached the "
+                      f"maximum hold of {g.max_hold_s:g}s (--max-hold); Yield at the end of each phase and Acquire "
+                      "again (the state stays resident when nobody waits)")  # fmt: skip
     if g.expired(now):
         raise Refused(f"{what} by {job} with fencing token {token} refused: its lease on {g.name} expired")
 
@@ -159,8 +223,8 @@ def grant(g: Group, job: str, now: float, switch_deadline: float = 0.0) -> tuple
     waiter = g.waiting(job)
     waiters = tuple(w for w in g.waiters if w.job != job and (w.live or w.orphan_until >= now))
     new = replace(g, holder=job, holder_role=waiter.role if waiter else g.holder_role, token=token, renewed=now,
-                  previous=g.resident, resident=job, switching=not was_resident, switch_deadline=switch_deadline,
-                  waiters=waiters)  # fmt: skip
+                  granted=now, previous=g.resident, resident=job, switching=not was_resident,
+                  switch_deadline=switch_deadline, waiters=waiters)  # fmt: skip
     return new, Grant(job, token, out, was_resident)
 
 
@@ -169,7 +233,7 @@ def redo(g: Group, now: float, switch_deadline: float = 0.0) -> tuple[Group, Gra
     if not g.switching or not g.holder:
         raise Refused(f"group {g.name} is not mid-hand-over")
     token = g.token + 1
-    new = replace(g, token=token, renewed=now, switch_deadline=switch_deadline)
+    new = replace(g, token=token, renewed=now, granted=now, switch_deadline=switch_deadline)
     return new, Grant(g.holder, token, g.previous or None, False)
 
 
@@ -177,7 +241,7 @@ def settle(g: Group, job: str, token: int, now: float) -> Group:
     """The hand-over of grant ``token`` to ``job`` is done; its lease starts now."""
     if g.holder != job or g.token != token:
         raise Refused(f"hand-over of {g.name} to {job} (token {token}) superseded by token {g.token}")
-    return replace(g, switching=False, switch_deadline=0.0, renewed=now)
+    return replace(g, switching=False, switch_deadline=0.0, renewed=now, granted=now)
 
 
 def fail_switch(g: Group, job: str, token: int) -> Group:

@@ -18,8 +18,18 @@ import math
 import threading
 from typing import Any, Final, Protocol
 
-from rose_common.timeslice_lease import A_GROUP, A_RESIDENT, A_SWITCHING, A_TTL, LABEL_GROUP
-from timeslice.state import Group, Waiter
+from rose_common.timeslice_lease import (
+    A_GRANTED,
+    A_GROUP,
+    A_MAX_HOLD,
+    A_NAMESPACE,
+    A_RESIDENT,
+    A_SWITCHING,
+    A_TTL,
+    LABEL_GROUP,
+    lease_name,
+)
+from timeslice.state import Group, Waiter, split_key
 
 # what readers see (the group, the resident, the switching flag, the TTL, the label) is the shared
 # contract in rose_common.timeslice_lease; these are the orchestrator's own
@@ -28,6 +38,7 @@ A_PREVIOUS: Final = ANNOTATION_PREFIX + "previous"
 A_QUEUE: Final = ANNOTATION_PREFIX + "queue"
 A_ROLE: Final = ANNOTATION_PREFIX + "holder-role"
 A_SWITCH_DEADLINE: Final = ANNOTATION_PREFIX + "switch-deadline"
+A_HOLD_ENDED: Final = ANNOTATION_PREFIX + "hold-ended"
 
 
 class Store(Protocol):
@@ -42,10 +53,10 @@ class Store(Protocol):
     def groups(self) -> list[str]: ...
 
 
-def lease_name(group: str) -> str:
-    """A DNS-1123 name for the group's Lease (``ts-`` + the group, lower-cased, other characters as ``-``)."""
-    safe = "".join(c if c.isalnum() or c in "-." else "-" for c in group.lower()).strip("-.")
-    return f"ts-{safe}"[:253]
+def lease_of(key: str) -> str:
+    """The Lease name of the group with key ``namespace/name`` (or ``name``)."""
+    ns, name = split_key(key)
+    return lease_name(name, ns)
 
 
 def _fmt(t: float) -> str:
@@ -67,8 +78,13 @@ def to_lease(g: Group, namespace: str) -> dict[str, Any]:
         spec["holderIdentity"] = g.holder
     if g.renewed:
         spec["renewTime"] = _fmt(g.renewed)
+    ns, name = split_key(g.name)
     ann = {
-        A_GROUP: g.name,
+        A_GROUP: name,
+        A_NAMESPACE: ns,
+        A_MAX_HOLD: repr(g.max_hold_s),
+        A_GRANTED: repr(g.granted),
+        A_HOLD_ENDED: g.hold_ended,
         A_RESIDENT: g.resident,
         A_PREVIOUS: g.previous,
         A_SWITCHING: "true" if g.switching else "false",
@@ -77,8 +93,7 @@ def to_lease(g: Group, namespace: str) -> dict[str, Any]:
         A_ROLE: g.holder_role,
         A_QUEUE: json.dumps([_waiter_json(w) for w in g.waiters], separators=(",", ":")),
     }
-    meta = {"name": lease_name(g.name), "namespace": namespace, "labels": {LABEL_GROUP: lease_name(g.name)[3:]},
-            "annotations": ann}  # fmt: skip
+    meta = {"name": lease_name(name, ns), "namespace": namespace, "labels": {LABEL_GROUP: name}, "annotations": ann}
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
 
@@ -87,7 +102,8 @@ def from_lease(doc: dict[str, Any]) -> Group:
     meta = doc.get("metadata") or {}
     ann = meta.get("annotations") or {}
     spec = doc.get("spec") or {}
-    name = ann.get(A_GROUP)
+    bare = ann.get(A_GROUP)
+    name = f"{ann[A_NAMESPACE]}/{bare}" if bare and ann.get(A_NAMESPACE) else bare
     if not name:
         raise ValueError(f"Lease {meta.get('name')!r} has no {A_GROUP} annotation: not a timeslice group")
     try:
@@ -97,13 +113,16 @@ def from_lease(doc: dict[str, Any]) -> Group:
         ttl = float(ann.get(A_TTL) or spec.get("leaseDurationSeconds") or 10)
         renewed = _parse(spec["renewTime"]) if spec.get("renewTime") else 0.0
         switch_deadline = float(ann.get(A_SWITCH_DEADLINE) or 0.0)
+        max_hold = float(ann.get(A_MAX_HOLD) or 0.0)
+        granted = float(ann.get(A_GRANTED) or renewed)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"Lease {meta.get('name')!r} of group {name!r} is unreadable: {e}") from None
     return Group(name=str(name), lease_ttl_s=ttl, holder=str(spec.get("holderIdentity") or ""),
                  holder_role=str(ann.get(A_ROLE) or ""), token=int(spec.get("leaseTransitions") or 0),
                  renewed=renewed, resident=str(ann.get(A_RESIDENT) or ""), previous=str(ann.get(A_PREVIOUS) or ""),
                  switching=ann.get(A_SWITCHING) == "true", switch_deadline=switch_deadline,
-                 waiters=waiters)  # fmt: skip
+                 waiters=waiters, max_hold_s=max_hold, granted=granted,
+                 hold_ended=str(ann.get(A_HOLD_ENDED) or ""))  # fmt: skip
 
 
 class MemoryStore:
@@ -117,13 +136,13 @@ class MemoryStore:
 
     def load(self, group: str) -> tuple[Group | None, str]:
         with self._lock:
-            hit = self._docs.get(lease_name(group))
+            hit = self._docs.get(lease_of(group))
         if hit is None:
             return None, ""
         return from_lease(json.loads(json.dumps(hit[0]))), hit[1]
 
     def save(self, g: Group, version: str) -> str | None:
-        name = lease_name(g.name)
+        name = lease_of(g.name)
         with self._lock:
             current = self._docs.get(name)
             if (current[1] if current else "") != version:
@@ -135,4 +154,4 @@ class MemoryStore:
 
     def groups(self) -> list[str]:
         with self._lock:
-            return sorted(str(doc["metadata"]["annotations"][A_GROUP]) for doc, _ in self._docs.values())
+            return sorted(from_lease(doc).name for doc, _ in self._docs.values())

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from dra_driver.engine_api import SuspendReason, SuspendResult
 from dra_driver.suspend.budget import HostMemoryBudget
-from dra_driver.suspend.cooperative import CooperativeBackend, verify_checkpoint
+from dra_driver.suspend.cooperative import CooperativeBackend
 from dra_driver.suspend.events import (
     REASON_FALLBACK_CHECKPOINT,
     REASON_FALLBACK_FAILED,
@@ -70,6 +70,7 @@ from dra_driver.suspend.registry import (
     Workload,
     WorkloadRegistry,
 )
+from dra_driver.suspend.verify import CheckpointVerifier, Verdict, VerifyRequest
 
 log = logging.getLogger("rose.suspend")
 
@@ -178,6 +179,35 @@ def occupant_state_of(state: str) -> str:
     return "unknown"
 
 
+def _stand_in(claim_uid: str) -> str:
+    """The pod UID of a claim's one simulated occupant (a claim of one pod, or of none bound)."""
+    return f"simulated-claim-{claim_uid}"
+
+
+def _pods_note(pod_uids: Sequence[str] | None) -> str:
+    return "" if pod_uids is None else f" (pods {sorted(pod_uids)})"
+
+
+def combine_results(results: Sequence[tuple[str, SuspendResult]]) -> SuspendResult:
+    """Pure: one result for an operation on several workloads of one claim. ok when all are;
+    the fallback only when every one of them took it (then nothing is left to resume); the reason
+    of the first failure; bytes summed; the longest duration."""
+    ok = all(r.ok for _, r in results)
+    fallbacks = {r.fallback for _, r in results}
+    fallback = next(iter(fallbacks)) if ok and len(fallbacks) == 1 else None
+    failed = [r for _, r in results if not r.ok]
+    reason = failed[0].reason if failed else SuspendReason.FALLBACK if fallback else SuspendReason.DONE
+    return SuspendResult(
+        ok=ok,
+        backend=",".join(sorted({r.backend for _, r in results})),
+        bytes_moved=sum(r.bytes_moved for _, r in results),
+        seconds=max(r.seconds for _, r in results),
+        fallback=fallback,
+        message="; ".join(f"pod {uid}: {r.message}" for uid, r in results),
+        reason=reason,
+    )
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -192,6 +222,7 @@ class NodeSuspendEngine:
         events: EventSink | None = None,
         metrics: SuspendMetrics | None = None,
         evictor: Evictor | None = None,
+        verifier: CheckpointVerifier | None = None,
     ) -> None:
         missing = [b for b in config.backends if b not in backends]
         if missing:
@@ -202,6 +233,7 @@ class NodeSuspendEngine:
         self._events = events if events is not None else LogEventSink()
         self.metrics = metrics if metrics is not None else SuspendMetrics()
         self._evictor = evictor
+        self.verifier = verifier if verifier is not None else CheckpointVerifier()
         self.budget = HostMemoryBudget(config.host_memory_budget_bytes)
         self.metrics.host_budget_bytes.set(config.host_memory_budget_bytes)
         self._ops: collections.OrderedDict[str, OperationRecord] = collections.OrderedDict()
@@ -259,99 +291,153 @@ class NodeSuspendEngine:
 
     # ------------------------------------------------------------------ engine_api.SuspendEngine
 
+    def _simulating(self) -> bool:
+        return BACKEND_SIMULATED in self.config.backends and self.config.simulated_occupant_bytes > 0
+
+    def _simulated(self, claim_uid: str, pod_uid: str) -> Workload:
+        reg = Registration(
+            pod_uid=pod_uid,
+            pid=1,
+            state_bytes=self.config.simulated_occupant_bytes,
+            backends=frozenset({BACKEND_SIMULATED}),
+            claim_uids=frozenset({claim_uid}),
+        )
+        w = self.registry.register(reg, simulated=True)
+        self._refresh_gauges()
+        return w
+
+    def _bound(self, claim_uid: str) -> list[str]:
+        """The claim's pods (from the driver's binding and its socket's registrations)."""
+        return [p for p in self.registry.pods_for_claim(claim_uid) if p != _stand_in(claim_uid)]
+
+    def _members(self, claim_uid: str, pods: Sequence[str] | None, *, create_simulated: bool) -> list[Workload]:
+        """The workloads a claim operation acts on: every pod registered on the claim (``pods``
+        None: the whole claim, as when serving takes its GPU), or only ``pods`` (a hold on some
+        pods of a shared claim: a time-slice hand-over parks one member job). With the simulated
+        backend, a pod without a workload is a simulated occupant of its own (a claim of one pod,
+        or of none bound: one occupant for the claim, as before)."""
+        stand_in = _stand_in(claim_uid)
+        bound = self._bound(claim_uid)
+        wanted = [*bound, stand_in] if pods is None else list(pods)
+        found = {p: w for p in wanted if (w := self.registry.get(p)) is not None}
+        if any(not w.simulated for w in found.values()):  # a real workload registered: no stand-in
+            found.pop(stand_in, None)
+        if create_simulated and self._simulating() and claim_uid not in self._ledger_freed:
+            if pods is not None or len(bound) > 1:
+                for p in wanted:
+                    if p not in found and p != stand_in:
+                        found[p] = self._simulated(claim_uid, p)
+            elif not found:
+                return [self._simulated(claim_uid, stand_in)]
+        return [found[p] for p in wanted if p in found]
+
     def _occupant(self, claim_uid: str, *, create_simulated: bool) -> Workload | None:
-        pod = self.registry.pod_for_claim(claim_uid)
-        if pod is not None:
-            w = self.registry.get(pod)
-            if w is not None:
-                return w
-        cfg = self.config
-        if (
-            create_simulated
-            and BACKEND_SIMULATED in cfg.backends
-            and cfg.simulated_occupant_bytes > 0
-            and (claim_uid not in self._ledger_freed)
-        ):
-            reg = Registration(
-                pod_uid=f"simulated-claim-{claim_uid}",
-                pid=1,
-                state_bytes=self.config.simulated_occupant_bytes,
-                backends=frozenset({BACKEND_SIMULATED}),
-                claim_uids=frozenset({claim_uid}),
-            )
-            w = self.registry.register(reg, simulated=True)
-            self._refresh_gauges()
-            return w
-        return None
+        """The claim's last-bound registered workload (a claim of one pod: its workload)."""
+        ws = self._members(claim_uid, None, create_simulated=create_simulated)
+        return ws[-1] if ws else None
 
     def suspend(self, claim_uid: str, grace_seconds: float) -> SuspendResult:
-        w = self._occupant(claim_uid, create_simulated=True)
-        if w is None:
+        """Suspend every workload registered on the claim (each its own operation, in parallel)."""
+        return self.suspend_pods(claim_uid, None, grace_seconds)
+
+    def suspend_pods(self, claim_uid: str, pod_uids: Sequence[str] | None, grace_seconds: float) -> SuspendResult:
+        """engine_api.PodScopedEngine: suspend only ``pod_uids`` of the claim (None: all of them)."""
+        ws = self._members(claim_uid, pod_uids, create_simulated=True)
+        if not ws:
             return SuspendResult(
                 False,
                 "none",
                 0,
                 0.0,
                 None,
-                f"no workload registered for claim {claim_uid} on this node: the workload must register"
-                " with the node agent (rose_sdk) or the driver must bind_claim() it",
+                f"no workload registered for claim {claim_uid}{_pods_note(pod_uids)} on this node: the workload"
+                " must register with the node agent (rose_sdk) or the driver must bind_claim() it",
                 SuspendReason.NO_WORKLOAD,
             )
-        rec = self._run(w, "suspend", grace_seconds, f"claim {claim_uid} reclaimed")
-        return self._result(rec)
+        return self._on_members(ws, "suspend", grace_seconds, f"claim {claim_uid} reclaimed")
 
     def resume(self, claim_uid: str) -> SuspendResult:
-        w = self._occupant(claim_uid, create_simulated=False)
-        if w is None:
+        return self.resume_pods(claim_uid, None)
+
+    def resume_pods(self, claim_uid: str, pod_uids: Sequence[str] | None) -> SuspendResult:
+        """engine_api.PodScopedEngine: resume only ``pod_uids`` of the claim (None: all of them).
+        Of several, a member evicted by the checkpoint fallback is left alone (nothing to resume)."""
+        ws = self._members(claim_uid, pod_uids, create_simulated=False)
+        if len(ws) > 1:
+            ws = [w for w in ws if w.state != STATE_CHECKPOINTED_EVICTED] or ws[:1]
+        if not ws:
             return SuspendResult(
-                False, "none", 0, 0.0, None, f"no workload registered for claim {claim_uid}", SuspendReason.NO_WORKLOAD
+                False,
+                "none",
+                0,
+                0.0,
+                None,
+                f"no workload registered for claim {claim_uid}{_pods_note(pod_uids)}",
+                SuspendReason.NO_WORKLOAD,
             )
-        rec = self._run(w, "resume", 0.0, f"claim {claim_uid} given back")
-        return self._result(rec)
+        return self._on_members(ws, "resume", 0.0, f"claim {claim_uid} given back")
+
+    def _on_members(self, ws: list[Workload], kind: CommandKind, grace: float, reason: str) -> SuspendResult:
+        """One operation per workload, in parallel (one grace period for all), then one result."""
+        if len(ws) == 1:
+            return self._result(self._run(ws[0], kind, grace, reason))
+        recs: dict[str, OperationRecord] = {}
+
+        def one(w: Workload) -> None:
+            recs[w.pod_uid] = self._run(w, kind, grace, reason)
+
+        threads = [threading.Thread(target=one, args=(w,), name=f"rose-{kind}-{w.pod_uid[:8]}") for w in ws]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return combine_results([(w.pod_uid, self._result(recs[w.pod_uid])) for w in ws])
 
     def occupant_state(self, claim_uid: str) -> str:
-        w = self._occupant(claim_uid, create_simulated=False)
-        return "unknown" if w is None else occupant_state_of(w.state)
+        return self.pods_state(claim_uid, None)
+
+    def pods_state(self, claim_uid: str, pod_uids: Sequence[str] | None) -> str:
+        """engine_api.PodScopedEngine: "running" when any of them has its state on the GPU,
+        "suspended" when all are off it, "unknown" when none is registered."""
+        # simulated: a member of a shared claim without a workload yet is a stand-in whose state is on the GPU
+        shared = pod_uids is not None or len(self._bound(claim_uid)) > 1
+        members = self._members(claim_uid, pod_uids, create_simulated=shared and self._simulating())
+        states = {occupant_state_of(w.state) for w in members}
+        if "running" in states:
+            return "running"
+        return "suspended" if states == {"suspended"} else "unknown"
 
     def simulated_resident_bytes(self, claim_uid: str) -> int:
         """The driver's ledger of a claim's process-less simulated occupant (``devicewatch``): its
         size while resident, 0 once the simulated backend moved it or the driver evicted it. Only the
         driver moves these bytes, so the ledger is an observation, not a report."""
-        if BACKEND_SIMULATED not in self.config.backends or self.config.simulated_occupant_bytes <= 0:
+        if not self._simulating() or claim_uid in self._ledger_freed:
             return 0
-        if claim_uid in self._ledger_freed:
-            return 0
-        pod = self.registry.pod_for_claim(claim_uid)
-        w = self.registry.get(pod) if pod is not None else None
-        if w is None:  # no workload: the simulated occupant a suspend would stand in for
+        ws = self._members(claim_uid, None, create_simulated=False)
+        if not ws:  # no workload: the simulated occupant a suspend would stand in for
             return self.config.simulated_occupant_bytes
-        if not w.simulated or w.state in (STATE_SUSPENDED, STATE_CHECKPOINTED_EVICTED):
-            return 0
-        return w.reg.state_bytes
+        off = (STATE_SUSPENDED, STATE_CHECKPOINTED_EVICTED)
+        return sum(w.reg.state_bytes for w in ws if w.simulated and w.state not in off)
 
     def free_simulated(self, claim_uid: str) -> None:
         """The driver evicted a claim's simulated occupant: its ledger bytes are gone."""
         self._ledger_freed.add(claim_uid)
-        pod = self.registry.pod_for_claim(claim_uid)
-        w = self.registry.get(pod) if pod is not None else None
-        if w is not None and w.simulated:
-            self.forget(w.pod_uid)
+        for w in self._members(claim_uid, None, create_simulated=False):
+            if w.simulated:
+                self.forget(w.pod_uid)
 
     def fallback_in_progress(self, claim_uid: str) -> bool:
         """engine_api.FallbackWatcher: the claim's occupant was asked for its durable checkpoint and
         has not answered yet."""
-        w = self._occupant(claim_uid, create_simulated=False)
-        return w is not None and w.pod_uid in self._checkpointing
+        return any(w.pod_uid in self._checkpointing for w in self._members(claim_uid, None, create_simulated=False))
 
     def copy_in_progress(self, claim_uid: str) -> bool:
-        """engine_api.CopyWatcher: an uninterruptible device-to-host copy of the claim's occupant runs."""
-        w = self._occupant(claim_uid, create_simulated=False)
-        if w is None:
-            return False
-        for b in self._backends.values():
-            started = getattr(b, "copy_started", None)
-            if started is not None and started(w) is not None:
-                return True
+        """engine_api.CopyWatcher: an uninterruptible device-to-host copy of a claim's occupant runs."""
+        for w in self._members(claim_uid, None, create_simulated=False):
+            for b in self._backends.values():
+                started = getattr(b, "copy_started", None)
+                if started is not None and started(w) is not None:
+                    return True
         return False
 
     @staticmethod
@@ -588,10 +674,10 @@ class NodeSuspendEngine:
             )
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
-        problem = verify_checkpoint(ack.checkpoint_path, ack.checkpoint_sha256, w.reg.pid)
-        if problem:
+        verdict = self._verify(w, ack)
+        if not verdict.ok:
             rec.state = "failed"
-            rec.message = f"{detail}; checkpoint not verified ({problem}); the engine did not evict the workload"
+            rec.message = f"{detail}; checkpoint not verified: {verdict.problem}; the engine did not evict the workload"
             self._event(w, REASON_FALLBACK_FAILED, rec.message, "Warning")
             return
         self.registry.set_state(w, STATE_CHECKPOINTED_EVICTED)
@@ -611,6 +697,26 @@ class NodeSuspendEngine:
         self._event(w, REASON_FALLBACK_CHECKPOINT, rec.message, "Warning")
         if self._evictor is not None and pod is not None:
             self._evictor.evict(pod, rec.message)
+
+    def _verify(self, w: Workload, ack: Ack) -> Verdict:
+        """The ack's checkpoint, checked only inside the pod's own root and its job's checkpointPath
+        (``verify.py``); off this thread, bounded. The detail goes to the log, never to an Event."""
+        pod = w.scope.pod(w.pod_uid) if w.scope is not None else None
+        req = VerifyRequest(
+            pod_uid=pod.uid if pod is not None else "",
+            namespace=pod.namespace if pod is not None else "",
+            name=pod.name if pod is not None else "",
+            reported_pid=w.reg.pid,
+            path=ack.checkpoint_path,
+            sha256=ack.checkpoint_sha256,
+        )
+        verdict = self.verifier.verify(req)
+        if not verdict.ok:
+            log.warning(
+                "checkpoint not verified",
+                extra={"podUID": w.pod_uid, "problem": str(verdict.problem), "err": verdict.detail},
+            )
+        return verdict
 
     def _do_resume(self, w: Workload, rec: OperationRecord) -> None:
         if w.state == STATE_RUNNING:

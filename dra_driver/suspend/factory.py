@@ -12,6 +12,7 @@ from dra_driver.suspend.metrics import SuspendMetrics
 from dra_driver.suspend.model import BACKEND_COOPERATIVE, BACKEND_CUDA_CHECKPOINT, BACKEND_SIMULATED
 from dra_driver.suspend.nvml import NvmlMemoryProbe, NvmlUnavailable
 from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND, SimulatedBackend
+from dra_driver.suspend.verify import CheckpointVerifier
 
 
 def build_engine(
@@ -23,6 +24,7 @@ def build_engine(
     events: EventSink | None = None,
     evictor: Evictor | None = None,
     metrics_registry: CollectorRegistry | None = None,
+    verifier: CheckpointVerifier | None = None,
 ) -> NodeSuspendEngine:
     """Raises CudaCheckpointUnavailable when cuda-checkpoint is enabled but libcuda cannot serve it
     or NVML cannot measure processes' GPU memory (the host-memory budget needs that measurement)."""
@@ -34,7 +36,14 @@ def build_engine(
             backends[name] = SimulatedBackend(simulated_host_link_bytes_per_second)
         elif name == BACKEND_CUDA_CHECKPOINT:
             backends[name] = _cuda_checkpoint(libcuda_path, libnvml_path)
-    return NodeSuspendEngine(config, backends, events=events, evictor=evictor, metrics=SuspendMetrics(metrics_registry))
+    return NodeSuspendEngine(
+        config,
+        backends,
+        events=events,
+        evictor=evictor,
+        metrics=SuspendMetrics(metrics_registry),
+        verifier=verifier,
+    )
 
 
 def _cuda_checkpoint(libcuda_path: str, libnvml_path: str) -> CudaCheckpointBackend:

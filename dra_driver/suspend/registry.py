@@ -162,14 +162,26 @@ class Workload:
 
 
 class WorkloadRegistry:
-    """Thread-safe table of workloads by pod UID, plus the claim → pod binding."""
+    """Thread-safe table of workloads by pod UID, plus the claim → pods binding: a claim may be
+    shared by several pods (a time-slice group's claim lists every member job's worker in its
+    ``reservedFor``), each with its own workload and its own suspend / resume."""
 
     def __init__(self, max_workloads: int = MAX_WORKLOADS) -> None:
         self._lock = threading.Lock()
         self._by_pod: dict[str, Workload] = {}
-        self._claims: dict[str, str] = {}
-        self._trusted: dict[str, str] = {}  # claims bound by the driver or a scope: not re-bindable
+        self._claims: dict[str, list[str]] = {}  # claim → its pods, in the order they were bound
+        self._trusted: set[str] = set()  # claims bound by the driver or a scope: a body cannot join them
         self.max_workloads = max_workloads
+
+    def _bind(self, claim_uid: str, pod_uid: str, *, trusted: bool) -> None:
+        """Add ``pod_uid`` to the claim (lock held). The first trusted binding of a claim drops the
+        pods only a registration body had named."""
+        pods = self._claims.setdefault(claim_uid, [])
+        if trusted and claim_uid not in self._trusted:
+            self._trusted.add(claim_uid)
+            pods.clear()
+        if pod_uid not in pods:
+            pods.append(pod_uid)
 
     def register(self, reg: Registration, *, simulated: bool = False, scope: ClaimScope | None = None) -> Workload:
         """Record a workload; RegistrationError when malformed, RegistrationRefused when not allowed."""
@@ -195,30 +207,35 @@ class WorkloadRegistry:
                 old.commands.put(None)
             self._by_pod[reg.pod_uid] = w
             for c in reg.claim_uids:
-                if scope is not None:
-                    self._trusted[c] = reg.pod_uid
-                if c not in self._trusted or scope is not None or simulated:  # simulated: the engine's own
-                    self._claims[c] = reg.pod_uid
+                if scope is not None or simulated:  # simulated: the engine's own stand-in
+                    self._bind(c, reg.pod_uid, trusted=scope is not None)
+                elif c not in self._trusted:
+                    self._bind(c, reg.pod_uid, trusted=False)
             return w
 
     def bind_claim(self, claim_uid: str, pod_uid: str) -> None:
         """The driver's binding (from its claim records): a registration body cannot override it."""
         with self._lock:
-            self._claims[claim_uid] = pod_uid
-            self._trusted[claim_uid] = pod_uid
+            self._bind(claim_uid, pod_uid, trusted=True)
 
     def unbind_claim(self, claim_uid: str) -> None:
         with self._lock:
             self._claims.pop(claim_uid, None)
-            self._trusted.pop(claim_uid, None)
+            self._trusted.discard(claim_uid)
 
     def count(self) -> int:
         with self._lock:
             return len(self._by_pod)
 
-    def pod_for_claim(self, claim_uid: str) -> str | None:
+    def pods_for_claim(self, claim_uid: str) -> list[str]:
+        """Every pod bound to the claim, in binding order."""
         with self._lock:
-            return self._claims.get(claim_uid)
+            return list(self._claims.get(claim_uid, ()))
+
+    def pod_for_claim(self, claim_uid: str) -> str | None:
+        """The pod bound to the claim last (a claim of one pod: its pod)."""
+        pods = self.pods_for_claim(claim_uid)
+        return pods[-1] if pods else None
 
     def get(self, pod_uid: str) -> Workload | None:
         with self._lock:
@@ -233,9 +250,12 @@ class WorkloadRegistry:
     def remove(self, pod_uid: str) -> Workload | None:
         with self._lock:
             w = self._by_pod.pop(pod_uid, None)
-            for c in [c for c, p in self._claims.items() if p == pod_uid]:
-                del self._claims[c]
-                self._trusted.pop(c, None)
+            for c, pods in list(self._claims.items()):
+                if pod_uid in pods:
+                    pods.remove(pod_uid)
+                if not pods:
+                    del self._claims[c]
+                    self._trusted.discard(c)
         if w is not None:
             w.commands.put(None)
         return w

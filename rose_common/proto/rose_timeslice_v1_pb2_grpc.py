@@ -80,14 +80,16 @@ class TimeSliceOrchestratorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Renew(self, request, context):
-        """Keeps the holder's lease alive. FAILED_PRECONDITION for a stale fencing token.
+        """Keeps the holder's lease alive, never past the grant's maximum hold (the server's --max-hold):
+        then FAILED_PRECONDITION and the next waiter gets the group. FAILED_PRECONDITION for a stale token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The group's holder, token, waiters and resident; NOT_FOUND for a group nobody acquired.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

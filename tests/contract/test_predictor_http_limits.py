@@ -169,6 +169,8 @@ def test_connections_are_bounded(service: PredictorService) -> None:
     srv = _start(service, Limits(max_connections=2, idle_timeout=5.0))
     try:
         held = [_connect(srv), _connect(srv)]
+        for h in held:  # inside a request (not parked between requests): their slots are not given up
+            h.sendall(b"GET /healthz HTTP/1.1\r\n")
         time.sleep(0.2)
         with _connect(srv) as s:
             code, body = _status_and_json(_read_all(s, wait=2.0))
@@ -273,3 +275,66 @@ def test_a_client_that_never_reads_is_dropped(server: PredictorHTTPServer) -> No
             closed = not chunk
     assert closed, "the server still holds the connection of a client that does not read"
     assert raw.count(b"HTTP/1.1 200") < n
+
+
+def _park(srv: PredictorHTTPServer, source: str, n: int) -> list[socket.socket]:
+    """``n`` keep-alive connections from ``source`` that each got one answer and now wait (the
+    issue 22 §5 load: one request per 25 s keeps a connection inside the idle timeout)."""
+    held = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=5.0, source_address=(source, 0))
+        try:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.recv(65536)
+        except OSError:
+            pass
+        held.append(s)
+    return held
+
+
+def _forecasts(srv: PredictorHTTPServer, n: int) -> list[int]:
+    codes = []
+    for _ in range(n):
+        with _connect(srv) as s:  # from 127.0.0.1
+            s.sendall(b"GET /v1/forecast?pool=pool-a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            raw = _read_all(s)
+            codes.append(int(raw.split()[1]) if raw else 0)
+    return codes
+
+
+def test_one_client_cannot_take_every_slot(service: PredictorService) -> None:
+    """Issue 22 §5: 256 parked keep-alive connections of one pod held every slot, and a
+    legitimate client got 40/40 x 503; now one address holds at most its share."""
+    srv = _start(service, None)  # the default limits: 256 connections
+    held: list[socket.socket] = []
+    try:
+        held = _park(srv, "127.0.0.2", 256)
+        codes = _forecasts(srv, 40)
+        assert codes == [200] * 40, codes
+        refused = srv.refused.labels("too_many_client_connections")._value.get()
+        assert refused == 256 - srv.limits.max_connections_per_client
+    finally:
+        for s in held:
+            s.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_parked_connections_give_their_slot_to_a_new_client(service: PredictorService) -> None:
+    """Many addresses, each within its share, park every slot: a new client still gets answered,
+    taking the slot of a parked connection (closed by the server; its client reconnects)."""
+    srv = _start(service, None)
+    held: list[socket.socket] = []
+    try:
+        for i in range(4):  # 4 x 64 = the default 256 slots, each address within its default share
+            held += _park(srv, f"127.0.0.{i + 2}", 64)
+        t0 = time.monotonic()
+        codes = _forecasts(srv, 40)
+        assert codes == [200] * 40, codes
+        assert time.monotonic() - t0 < 20.0
+        assert srv.refused.labels("parked_connection_evicted")._value.get() >= 1
+    finally:
+        for s in held:
+            s.close()
+        srv.shutdown()
+        srv.server_close()

@@ -1,4 +1,5 @@
-"""The orchestrator over real gRPC on loopback (memory store, the explicit no-op hand-over)."""
+"""The orchestrator over real gRPC on loopback (memory store, the explicit no-op hand-over). A
+group is resolved in its job's namespace: group "g" of job "ns/a" has the key "ns/g"."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_acquire_yield_hand_over_and_lazy_eviction(served) -> None:  # type: ign
     t.start()
     # b waits: the status shows it queued behind the holder
     for _ in range(200):
-        st = stub.Status(pb.StatusRequest(group="g"))
+        st = stub.Status(pb.StatusRequest(group="ns/g"))
         if st.waiters:
             break
         threading.Event().wait(0.01)
@@ -89,10 +90,10 @@ def test_deadline_withdraws_the_request(served) -> None:  # type: ignore[no-unty
         _acquire(stub, "ns/b", timeout=0.3)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     for _ in range(200):  # the server side withdraws once it sees the deadline
-        if not orch.status("g").waiters:
+        if not orch.status("ns/g").waiters:
             break
         threading.Event().wait(0.01)
-    assert orch.status("g").waiters == ()
+    assert orch.status("ns/g").waiters == ()
 
 
 def test_failed_hand_over_rolls_back_and_reports(served) -> None:  # type: ignore[no-untyped-def]
@@ -103,7 +104,7 @@ def test_failed_hand_over_rolls_back_and_reports(served) -> None:  # type: ignor
     with pytest.raises(grpc.RpcError) as e:
         _acquire(stub, "ns/b")
     assert e.value.code() == grpc.StatusCode.ABORTED and "did not suspend" in e.value.details()
-    g = orch.status("g")
+    g = orch.status("ns/g")
     assert (g.holder, g.resident) == ("", "ns/a")
 
 
@@ -138,6 +139,6 @@ def test_metrics_count_grants_and_fencing(served) -> None:  # type: ignore[no-un
     with pytest.raises(grpc.RpcError):
         stub.Yield(pb.YieldRequest(group="g", job="ns/a", fencing_token=9))
     reg = orch.metrics.registry
-    assert reg.get_sample_value("rose_timeslice_grants_total", {"group": "g", "kind": "switch"}) == 1
-    assert reg.get_sample_value("rose_timeslice_fencing_rejections_total", {"group": "g", "command": "yield"}) == 1
-    assert reg.get_sample_value("rose_timeslice_bytes_moved_total", {"group": "g"}) == 1 << 20
+    assert reg.get_sample_value("rose_timeslice_grants_total", {"group": "ns/g", "kind": "switch"}) == 1
+    assert reg.get_sample_value("rose_timeslice_fencing_rejections_total", {"group": "ns/g", "command": "yield"}) == 1
+    assert reg.get_sample_value("rose_timeslice_bytes_moved_total", {"group": "ns/g"}) == 1 << 20

@@ -1,6 +1,7 @@
-"""rose_sdk.timeslice against the real orchestrator over gRPC on loopback (memory store; the
-explicit no-op or a reporting hand-over: no nodes here), and the acceptance test: two real CPU RL
-trainings sharing one group end bit-identical to their solo runs."""
+"""rose_sdk.timeslice against the real orchestrator over gRPC with TLS on loopback (memory store;
+the explicit no-op or a reporting hand-over: no nodes here), and the acceptance test: two real CPU
+RL trainings sharing one group end bit-identical to their solo runs. The clients verify the
+server's certificate with the CA in ROSE_TIMESLICE_CA_FILE, as in a cluster."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import torch
 
 from rose_sdk import tensors_equal
 from rose_sdk.timeslice import LeaseLostError, PhaseTooShortError, TimeSliceError, TimeSliceOrchestratorClient
+from timeslice import certs
 from timeslice.orchestrator import NoopOutcome, Orchestrator, Settings
-from timeslice.server import grpc_server
+from timeslice.server import Tls, grpc_server
 from timeslice.store import MemoryStore
 
 TRAINER = Path(__file__).resolve().parents[1] / "timeslice_trainer.py"
@@ -31,9 +33,25 @@ class CostlyHandover:
         return NoopOutcome(suspend_s=0.2, restore_s=0.3)
 
 
+CERTS: list[certs.CertFiles] = []
+
+
+@pytest.fixture(scope="module")
+def cert_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[certs.CertFiles]:
+    CERTS.append(certs.generate(tmp_path_factory.mktemp("tls"), ("localhost", "127.0.0.1")))
+    yield CERTS[-1]
+    CERTS.clear()
+
+
+@pytest.fixture(autouse=True)
+def _client_ca(cert_files: certs.CertFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROSE_TIMESLICE_CA_FILE", str(cert_files.ca))  # the clients (and trainer processes)
+    monkeypatch.delenv("ROSE_TIMESLICE_INSECURE", raising=False)
+
+
 def _serve(handover: object | None = None, port: int = 0, ttl: float = 30.0) -> tuple[object, int]:
     orch = Orchestrator(MemoryStore(), handover, settings=Settings(lease_ttl_s=ttl))  # type: ignore[arg-type]
-    return grpc_server(orch, f"127.0.0.1:{port}", 32)
+    return grpc_server(orch, f"127.0.0.1:{port}", 32, tls=Tls(CERTS[-1].cert, CERTS[-1].key))
 
 
 @pytest.fixture
@@ -63,7 +81,7 @@ def test_decorator_and_context_manager_take_turns(target: str) -> None:
     t.join(10)
     assert order == ["a", "2"] and grant.token >= 1
     assert a.grants[-1].token > grant.token  # every hand-over fences the one before
-    assert {g.group for g in a.list_groups()} == {"g"}
+    assert {g.group for g in a.list_groups()} == {"ml/g"}  # a group's key: its namespace/name
     a.close()
     b.close()
 
@@ -164,7 +182,8 @@ def test_the_client_sends_its_serviceaccount_token(tmp_path: Path) -> None:
         return users[token]
 
     orch = Orchestrator(MemoryStore(), None, settings=Settings(lease_ttl_s=30.0))
-    server, port = grpc_server(orch, "127.0.0.1:0", 8, auth=ReviewCache(review, lambda: 0.0, ttl_s=0.0))
+    server, port = grpc_server(orch, "127.0.0.1:0", 8, auth=ReviewCache(review, lambda: 0.0, ttl_s=0.0),
+                               tls=Tls(CERTS[-1].cert, CERTS[-1].key))  # fmt: skip
     token, target = tmp_path / "token", f"127.0.0.1:{port}"
     clients: list[TimeSliceOrchestratorClient] = []
 

@@ -62,11 +62,12 @@ def test_a_caller_reads_only_its_namespaces_groups(stub: pb_grpc.TimeSliceOrches
     stub.Acquire(pb.AcquireRequest(group="g-a", job="team-a/grpo"), timeout=10, metadata=A)
     stub.Acquire(pb.AcquireRequest(group="g-b", job="team-b/ppo"), timeout=10, metadata=B)
     st = stub.Status(pb.StatusRequest(group="g-a"), timeout=10, metadata=A)
-    assert (st.holder, st.fencing_token) == ("team-a/grpo", 1)
-    code, details = _code(stub.Status, pb.StatusRequest(group="g-b"), A)
+    assert (st.group, st.holder, st.fencing_token) == ("team-a/g-a", "team-a/grpo", 1)
+    code, details = _code(stub.Status, pb.StatusRequest(group="g-b"), A)  # team-a's g-b: nobody acquired it
+    assert code == grpc.StatusCode.NOT_FOUND and "group team-a/g-b has no record" in details
+    code, details = _code(stub.Status, pb.StatusRequest(group="team-b/g-b"), A)
     assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert "group 'g-b' has no job of the caller's namespace 'team-a'" in details
+    assert "group 'team-b/g-b' belongs to namespace 'team-b'" in details
     listed = stub.ListGroups(pb.ListGroupsRequest(), timeout=10, metadata=A)
-    assert [g.group for g in listed.groups] == ["g-a"]
-    # a waiting job makes its namespace a member too
-    assert [g.group for g in stub.ListGroups(pb.ListGroupsRequest(), timeout=10, metadata=B).groups] == ["g-b"]
+    assert [g.group for g in listed.groups] == ["team-a/g-a"]
+    assert [g.group for g in stub.ListGroups(pb.ListGroupsRequest(), timeout=10, metadata=B).groups] == ["team-b/g-b"]

@@ -15,8 +15,9 @@ Stand-in, named: ``VllmStandInExporter`` serves vLLM's metric names
 the ``pool`` label as manifests/prometheus/scrape-configs.yaml does for serving pods.
 
 The time-slice orchestrator runs as ``rose timeslice serve --store memory`` (the explicit
-one-process store; no device state moves with its ``noop`` hand-over), two job threads taking
-turns on one group through real gRPC Acquire / Yield for the whole scenario.
+one-process store; no device state moves with its ``noop`` hand-over; TLS, but without a cluster
+no TokenReview or job check: ``--insecure`` for those two), two job threads taking turns on one
+group through real gRPC Acquire / Yield for the whole scenario.
 
 Then every panel query of the dashboard (interpolated with the variables' defaults, as Grafana
 sends it) must return a series, and ``rose dashboard preview`` renders them to a PNG (set
@@ -121,11 +122,15 @@ def timeslice_jobs(port: int, metrics_port: int, tmp: Path) -> Iterator[None]:
 
     from rose_common.proto import rose_timeslice_v1_pb2 as pb
     from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
+    from timeslice import certs
 
+    tls = certs.generate(tmp / "timeslice-tls", ("127.0.0.1",))
     args = ["timeslice", "serve", "--store", "memory", "--listen", f"127.0.0.1:{port}",
-            "--metrics-listen", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+            "--metrics-listen", f"127.0.0.1:{metrics_port}", "--tls-cert", str(tls.cert), "--tls-key", str(tls.key),
+            "--authenticate", "none", "--job-check", "none", "--insecure"]  # fmt: skip
+    creds = grpc.ssl_channel_credentials(root_certificates=tls.ca.read_bytes())
     stop = threading.Event()
-    with module_process(args, tmp / "timeslice.log"), grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+    with module_process(args, tmp / "timeslice.log"), grpc.secure_channel(f"127.0.0.1:{port}", creds) as ch:
         stub = pb_grpc.TimeSliceOrchestratorStub(ch)
         grpc.channel_ready_future(ch).result(timeout=30)
 

@@ -25,6 +25,12 @@ CASES: tuple[CelCase, ...] = (
     CelCase(".spec", "minGPUs must be less than or equal to maxGPUs", {"minGPUs": 9, "maxGPUs": 8}),
     CelCase(".spec", "minGPUs and maxGPUs must be multiples of gpusPerWorker", {"minGPUs": 2, "gpusPerWorker": 4}),
     CelCase(".spec", "suspendPolicy CheckpointAndEvict needs checkpointPath", {"suspendPolicy": "CheckpointAndEvict"}),
+    CelCase(
+        ".spec",
+        "stateBytesPerWorker must be at most gpusPerWorker x 274877906944 bytes, 256 GiB per GPU: "
+        "a worker's device state fits its GPUs' memory",
+        {"stateBytesPerWorker": (256 << 30) + 1},
+    ),
 )
 
 

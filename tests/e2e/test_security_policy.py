@@ -8,7 +8,14 @@ broken policy changes nothing.
   annotations, pods/resize only the cpu, Events only about pods and stamped with node 0;
 - the extender (rose-extender) patches only ``rose.io/suspend-request`` and deletes nothing;
 - serving claims and the rose-serving PriorityClass only in namespaces labelled rose.io/serving=allowed;
-- Pod Security: an RL worker pod of the example job is admitted under ``enforce=baseline``.
+- Pod Security: an RL worker pod of the example job is admitted under ``enforce=baseline``;
+- control annotations (issue 22, finding 6): a tenant with the ``edit`` role cannot set, change or
+  remove ``rose.io/`` pod annotations (a forged suspend state or fencing token), nor can an account
+  that merely shares a ROSE account's name in another namespace;
+- ElasticRLJob templates (finding 10): held to Pod Security baseline at apply time (each offending
+  field named), no ``nodeName``, another service account only for who may create pods; the
+  namespace's ``pod-security.kubernetes.io/enforce=privileged`` opts out; the controller's own pods
+  are held to the same rules.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ INSTALL = [
     "extender/rbac.yaml",
     "policies/serving-namespaces.yaml",
     "policies/controller-pods.yaml",
+    "policies/control-annotations.yaml",
+    "policies/elastic-pod-security.yaml",
 ]
 KUBECTL = shutil.which("kubectl") or str(Path(sys.executable).with_name("kubectl"))
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
@@ -107,8 +116,14 @@ def can_i(env: Env, who: list[str], verb: str, resource: str) -> bool:
 
 
 def _install_docs(install_ns: str) -> list[dict[str, Any]]:
-    """The manifests as kustomize would render them for ``install_ns`` (namespace and subjects)."""
-    docs = [d for f in INSTALL for d in yaml.safe_load_all((MANIFESTS / f).read_text()) if d]
+    """The manifests as the chart renders them for ``install_ns``: namespace, subjects, and the
+    ROSE accounts the control-annotation policy names (``rose-system`` replaced, as the chart does)."""
+    docs = [
+        d
+        for f in INSTALL
+        for d in yaml.safe_load_all((MANIFESTS / f).read_text().replace("rose-system", install_ns))
+        if d
+    ]
     for d in docs:
         if d["kind"] in ("ServiceAccount", "Secret", "Role") or (
             d["kind"] == "RoleBinding" and "namespace" not in d["metadata"]
@@ -232,6 +247,12 @@ def test_driver_may_change_only_its_annotations_on_its_pods(env: Env) -> None:
     assert "may not change a pod's spec" in msg
     out = patched(env.drv, path, ann("rose.io/suspended-cpu", '{"main":"1"}'))
     assert out["metadata"]["labels"] == {"app": "tenant"}
+    # the workload reports it relays from the node agent (dra_driver/agent/reports.py) are its own too
+    reports = {"rose.io/workload-phase": "Training", "rose.io/seconds-to-safe-point": "1.0",
+               "rose.io/reported-state-bytes": "1", "rose.io/reported-min-gpus": "1",
+               "rose.io/reported-min-host-memory-bytes": "1"}  # fmt: skip
+    out = env.drv.json("PATCH", path + "?dryRun=All", body={"metadata": {"annotations": reports}}, content_type=MERGE)
+    assert out["metadata"]["annotations"]["rose.io/workload-phase"] == "Training"
 
 
 def test_driver_may_resize_only_the_cpu_of_its_pods(env: Env) -> None:
@@ -458,3 +479,181 @@ def test_rl_worker_pod_is_admitted_under_baseline_pod_security(cluster: ClusterH
         with contextlib.suppress(Exception):
             delete_namespace(api, ns)
         api.close()
+
+
+# --- control annotations (issue 22, finding 6) ------------------------------------------------------
+
+TENANT = "sec-tenant-user"
+JOBS_ONLY = "sec-jobs-only-user"  # may create ElasticRLJobs, not pods
+
+
+def wait_can(env: Env, who: list[str], verb: str, resource: str) -> None:
+    """Until RBAC (its informer) grants what a test just bound."""
+    deadline = time.monotonic() + 30
+    while not can_i(env, who, verb, resource):
+        assert time.monotonic() < deadline, f"{who} never got {verb} {resource}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def tenant(cluster: ClusterHandle, env: Env) -> Iterator[Raw]:
+    """A tenant user with the built-in ``edit`` role in the tenant namespace, plus ``create
+    elasticrljobs`` (and nothing on pods beyond edit): requests sent as that user."""
+    ok(env, "create", "rolebinding", "sec-tenant-edit", "-n", env.ns, "--clusterrole=edit", f"--user={TENANT}")
+    ok(env, "create", "role", "sec-tenant-jobs", "-n", env.ns, "--verb=create,update,patch,get",
+       "--resource=elasticrljobs.elastic.rose.io")  # fmt: skip
+    ok(env, "create", "rolebinding", "sec-tenant-jobs", "-n", env.ns, "--role=sec-tenant-jobs", f"--user={TENANT}")
+    wait_can(env, [f"--as={TENANT}"], "patch", "pods")
+    wait_can(env, [f"--as={TENANT}"], "create", "elasticrljobs.elastic.rose.io")
+    raw = impersonating(cluster, TENANT)
+    try:
+        yield raw
+    finally:
+        raw.api.close()
+
+
+def test_a_tenant_with_edit_cannot_forge_control_annotations(env: Env, tenant: Raw) -> None:
+    """Finding 6: a forged ``rose.io/fencing-token`` raised a node's fence for another group, a
+    forged ``rose.io/suspend-state: Suspended`` hid a running worker from the planner; both were
+    plain pod patches for the ``edit`` role. Now refused with a message naming the annotation."""
+    path = pod_path(env, "sec-pod-1")  # an RL worker
+    assert can_i(env, [f"--as={TENANT}"], "patch", "pods")  # edit may patch pods: the policy must refuse
+    assert not can_i(env, [f"--as={TENANT}"], "update", "controlannotations.rose.io")
+    for key, value in (("rose.io/suspend-state", "Suspended"), ("rose.io/fencing-token", "victim:2147483647"),
+                       ("rose.io/suspend-request", '{"by": "timeslice"}'), ("gpu.rose.io/anything", "1")):  # fmt: skip
+        msg = refused(tenant, path, ann(key, value))
+        assert "pod annotations under rose.io/ are ROSE's control state" in msg, msg
+        assert f"{TENANT} may not change {key}" in msg, msg
+    pod = _pod(f"sec-forged-{uuid.uuid4().hex[:6]}", env.node0)
+    pod["metadata"]["annotations"] = {"rose.io/fencing-token": "victim:2147483647"}
+    msg = refused(tenant, f"/api/v1/namespaces/{env.ns}/pods", pod, "application/json", method="POST")
+    assert f"{TENANT} may not create a pod with rose.io/fencing-token" in msg, msg
+    # a ROSE account's annotation stays as it wrote it: the tenant can neither change nor remove it
+    patched(env.ext, path, _request("rose-scheduler-extender"))
+    try:
+        msg = refused(tenant, path, ann("rose.io/suspend-request", None))
+        assert "may not change rose.io/suspend-request" in msg, msg
+        out = patched(tenant, path, ann("example.com/note", "mine"))  # its own annotations: allowed
+        assert "rose.io/suspend-request" in out["metadata"]["annotations"]
+    finally:
+        patched(env.ext, path, ann("rose.io/suspend-request", None))
+        ok(env, "annotate", "pod/sec-pod-1", "-n", env.ns, "example.com/note-")
+
+
+def test_an_account_named_like_roses_in_another_namespace_is_not_exempt(cluster: ClusterHandle, env: Env) -> None:
+    """The exemption names ROSE's accounts with their install namespace: a tenant's own
+    ServiceAccount called rose-timeslice (the orchestrator's name) is a tenant."""
+    ok(env, "create", "serviceaccount", "rose-timeslice", "-n", env.ns)
+    ok(env, "create", "rolebinding", "sec-fake-timeslice", "-n", env.ns, "--clusterrole=edit",
+       f"--serviceaccount={env.ns}:rose-timeslice")  # fmt: skip
+    wait_can(env, [f"--as=system:serviceaccount:{env.ns}:rose-timeslice"], "patch", "pods")
+    fake = impersonating(cluster, f"system:serviceaccount:{env.ns}:rose-timeslice")
+    try:
+        msg = refused(fake, pod_path(env, "sec-pod-1"), ann("rose.io/fencing-token", "victim:9"))
+        assert "ROSE's control state" in msg, msg
+    finally:
+        fake.api.close()
+
+
+# --- ElasticRLJob templates and the controller's pods (issue 22, finding 10) ------------------------
+
+
+def _job(name: str, spec: dict[str, Any], template_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    container = {"name": "trainer", "image": "registry.invalid/rose/fake:1"}
+    pod_spec = {"containers": [container], **spec}
+    template = {"metadata": template_meta or {}, "spec": pod_spec}
+    return {"apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob", "metadata": {"name": name},
+            "spec": {"minGPUs": 1, "maxGPUs": 1, "template": template}}  # fmt: skip
+
+
+HOSTILE: dict[str, Any] = {
+    "hostNetwork": True,
+    "hostPID": True,
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    "containers": [
+        {
+            "name": "trainer",
+            "image": "registry.invalid/rose/fake:1",
+            "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN", "CHOWN"]}},
+            "ports": [{"containerPort": 80, "hostPort": 80}],
+        }
+    ],
+    "securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}], "seccompProfile": {"type": "Unconfined"}},
+}
+
+
+def _jobs_path(ns: str) -> str:
+    return f"/apis/elastic.rose.io/v1alpha1/namespaces/{ns}/elasticrljobs"
+
+
+def test_an_elasticrljob_template_is_held_to_baseline_pod_security(
+    cluster: ClusterHandle, env: Env, tenant: Raw
+) -> None:
+    """Finding 10: the template became a pod as written (privileged, hostPath /, host namespaces, any
+    node). Refused at apply time, the message naming each field; a plain template is accepted."""
+    msg = refused(tenant, _jobs_path(env.ns), _job("sec-hostile", HOSTILE), "application/json", method="POST")
+    for field in ("spec.template.spec.hostNetwork", "spec.template.spec.hostPID",
+                  "spec.template.spec.volumes[root].hostPath", "container trainer securityContext.privileged",
+                  "container trainer securityContext.capabilities.add SYS_ADMIN", "container trainer ports[].hostPort",
+                  "sysctls kernel.msgmax", "seccompProfile Unconfined"):  # fmt: skip
+        assert field in msg, (field, msg)
+    assert "held to Pod Security baseline" in msg and "pod-security.kubernetes.io/enforce=privileged" in msg, msg
+    assert "CHOWN" not in msg.split("capabilities.add")[1].split(";")[0], msg  # a baseline capability is fine
+    apparmor = {"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": "unconfined"}}
+    msg = refused(tenant, _jobs_path(env.ns), _job("sec-aa", {}, apparmor), "application/json", method="POST")
+    assert "container.apparmor.security.beta.kubernetes.io/trainer=unconfined" in msg, msg
+    msg = refused(
+        tenant, _jobs_path(env.ns), _job("sec-node", {"nodeName": env.node0}), "application/json", method="POST"
+    )
+    assert "spec.template.spec.nodeName is not allowed: the scheduler (rose-scheduler) places the workers" in msg
+    # a user who may create ElasticRLJobs but not pods cannot lend itself another account of the namespace
+    ok(env, "create", "rolebinding", "sec-jobs-only", "-n", env.ns, "--role=sec-tenant-jobs", f"--user={JOBS_ONLY}")
+    wait_can(env, [f"--as={JOBS_ONLY}"], "create", "elasticrljobs.elastic.rose.io")
+    assert not can_i(env, [f"--as={JOBS_ONLY}"], "create", "pods")
+    jobs_only = impersonating(cluster, JOBS_ONLY)
+    try:
+        sa = _job("sec-sa", {"serviceAccountName": "builder"})
+        msg = refused(jobs_only, _jobs_path(env.ns), sa, "application/json", method="POST")
+        assert f"serviceAccountName 'builder' needs the right to create pods in namespace '{env.ns}'" in msg, msg
+        assert JOBS_ONLY in msg, msg
+        jobs_only.json("POST", _jobs_path(env.ns) + "?dryRun=All", body=_job("sec-default", {}))
+    finally:
+        jobs_only.api.close()
+    ok(env, "create", "-n", env.ns, "--dry-run=server", "-f", "-", f"--as={TENANT}",  # edit may create pods
+       stdin=json.dumps(_job("sec-sa-edit", {"serviceAccountName": "builder"})))  # fmt: skip
+    ok(env, "create", "-n", env.ns, "--dry-run=server", "-f", "-", f"--as={TENANT}",
+       stdin=json.dumps(_job("sec-plain", {"securityContext": {"runAsNonRoot": True}})))  # fmt: skip
+
+
+def test_a_privileged_namespace_opts_out_of_the_template_rules(cluster: ClusterHandle, env: Env) -> None:
+    api = cluster.api_client()
+    ns = new_namespace(api, "sec-priv")
+    try:
+        ok(env, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged")
+        job = json.dumps(_job("sec-hostile", HOSTILE))
+        deadline = time.monotonic() + 30  # the namespace label reaches the policy's informer asynchronously
+        while (r := kubectl(env, "create", "-n", ns, "--dry-run=server", "-f", "-", stdin=job)).returncode != 0:
+            assert time.monotonic() < deadline, r.stderr
+            time.sleep(0.5)
+    finally:
+        delete_namespace(api, ns)
+        api.close()
+
+
+def test_the_controllers_pods_are_held_to_baseline_pod_security(env: Env) -> None:
+    """The same rules for pods the controller's account creates (a job admitted before the policy,
+    or a controller bug): a worker with a hostPath is refused, the worker of the example job passes."""
+    user = f"system:serviceaccount:{env.install_ns}:rose-elastic-controller"
+    role = f"rose-sec-test-controller-psa-{env.install_ns}"
+    ok(env, "create", "clusterrole", role, "--verb=create", "--resource=pods")
+    try:
+        ok(env, "create", "clusterrolebinding", role, f"--clusterrole={role}",
+           f"--serviceaccount={env.install_ns}:rose-elastic-controller")  # fmt: skip
+        pod = workers.worker_pod(_example_job(env.ns), 0)
+        hostile = json.loads(json.dumps(pod))
+        hostile["spec"]["hostPID"] = True
+        msg = denied(env, "create", "-n", env.ns, "-f", "-", f"--as={user}", stdin=json.dumps(hostile))
+        assert "of an ElasticRLJob is held to Pod Security baseline and may not set spec.hostPID" in msg, msg
+        ok(env, "create", "-n", env.ns, "--dry-run=server", "-f", "-", f"--as={user}", stdin=json.dumps(pod))
+    finally:
+        kubectl(env, "delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found")

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from kubernetes import client
 
@@ -30,6 +29,7 @@ from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names
 from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
+from tests import timeslice_secure as sec
 from tests.elastic_fixtures import write_forecasts
 from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
 
@@ -55,9 +55,10 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
     ctl = ["elastic_controller", "--forecast-backend=static-file", f"--forecast-file={forecasts}",
            f"--kubeconfig={cluster.kubeconfig}", "--plan-interval=1", "--dwell=0", f"--lease-namespace={ns}",
            "--lease-name=ctl", f"--metrics-listen=127.0.0.1:{cport}"]  # fmt: skip
+    tls = sec.tls_files(tmp_path / "tls")  # the orchestrator as in a cluster: TLS, TokenReview, the job check
     orch = ["timeslice", "serve", "--store", "kubernetes", f"--kubeconfig={cluster.kubeconfig}", "--namespace", ns,
             "--handover", "noop", "--lease-name", "orch", "--lease-ttl", "30", "--listen", f"127.0.0.1:{oport}",
-            "--metrics-listen", f"127.0.0.1:{omport}"]  # fmt: skip
+            "--metrics-listen", f"127.0.0.1:{omport}", *sec.tls_flags(tls)]  # fmt: skip
     try:
         with (
             module_process(ctl, tmp_path / "controller.log"),
@@ -65,8 +66,9 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
         ):
             wait_for("controller metrics up", lambda: _ready(cport, "/metrics"), 30)
             wait_for("orchestrator ready (leader)", lambda: _ready(omport, "/readyz"), 60)
-            with grpc.insecure_channel(f"127.0.0.1:{oport}") as ch:
-                yield {"ns": ns, "stub": pb_grpc.TimeSliceOrchestratorStub(ch), "tmp": tmp_path}
+            with sec.channel(f"127.0.0.1:{oport}", tls) as ch:
+                yield {"ns": ns, "stub": pb_grpc.TimeSliceOrchestratorStub(ch), "tmp": tmp_path,
+                       "md": sec.bearer(sec.sa_token(api, ns))}  # fmt: skip
     finally:
         for log in ("controller.log", "orchestrator.log"):
             with contextlib.suppress(OSError):
@@ -111,7 +113,7 @@ def _states(api: Any, ns: str) -> dict[str, tuple[str | None, int | None]]:
 def test_two_jobs_of_a_group_share_claims_and_their_status_follows_the_orchestrator(
     cluster: ClusterHandle, api: Any, world: dict[str, Any]
 ) -> None:
-    ns, stub = world["ns"], world["stub"]
+    ns, stub, md = world["ns"], world["stub"], world["md"]
     for job in JOBS:
         _apply(cluster, ns, job)
 
@@ -139,12 +141,12 @@ def test_two_jobs_of_a_group_share_claims_and_their_status_follows_the_orchestra
         "both jobs report NoGrant", lambda: _states(api, ns) == {"a": ("NoGrant", None), "b": ("NoGrant", None)}, 60
     )
 
-    a = stub.Acquire(pb.AcquireRequest(group=GROUP, job=f"{ns}/a", role="trainer"), timeout=30)
+    a = stub.Acquire(pb.AcquireRequest(group=GROUP, job=f"{ns}/a", role="trainer"), timeout=30, metadata=md)
     want = {"a": ("Resident", a.fencing_token), "b": ("Waiting", a.fencing_token)}
     wait_for(f"a resident, b waiting at token {a.fencing_token}", lambda: _states(api, ns) == want, 60)
 
-    stub.Yield(pb.YieldRequest(group=GROUP, job=f"{ns}/a", fencing_token=a.fencing_token), timeout=10)
-    b = stub.Acquire(pb.AcquireRequest(group=GROUP, job=f"{ns}/b", role="trainer"), timeout=30)
+    stub.Yield(pb.YieldRequest(group=GROUP, job=f"{ns}/a", fencing_token=a.fencing_token), timeout=10, metadata=md)
+    b = stub.Acquire(pb.AcquireRequest(group=GROUP, job=f"{ns}/b", role="trainer"), timeout=30, metadata=md)
     assert b.fencing_token > a.fencing_token
     want = {"a": ("Waiting", b.fencing_token), "b": ("Resident", b.fencing_token)}
     wait_for(f"the flip: b resident, a waiting at token {b.fencing_token}", lambda: _states(api, ns) == want, 60)

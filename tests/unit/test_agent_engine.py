@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from dra_driver.suspend.registry import (
     validate_registration,
 )
 from dra_driver.suspend.simulated import SimulatedBackend, transfer_seconds
+from dra_driver.suspend.verify import CheckpointVerifier, StaticCheckpointPaths
 
 MiB = 1 << 20
 
@@ -145,6 +147,32 @@ def test_simulated_occupant_for_unregistered_claims_only_when_configured() -> No
     assert eng.resume("kwok-claim").ok and eng.occupant_state("kwok-claim") == "running"
 
 
+def test_a_bound_claims_simulated_occupant_is_one_and_stays_one() -> None:
+    eng, _, _ = sim_engine(simulated_occupant_bytes=2 * MiB)
+    eng.bind_claim("kwok-claim", "pod-w0")  # the driver binds reservedFor; nothing registers on KWOK
+    for _ in range(2):
+        r = eng.suspend("kwok-claim", 5)
+        assert r.ok and r.bytes_moved in (0, 2 * MiB)
+        assert eng.occupant_state("kwok-claim") == "suspended"
+        assert eng.resume("kwok-claim").ok
+        assert eng.occupant_state("kwok-claim") == "running"
+    assert [w.pod_uid for w in eng.registry.all()] == ["simulated-claim-kwok-claim"]
+    assert eng.budget.held_bytes() == 0
+
+
+def test_shared_claim_members_are_simulated_one_each() -> None:
+    eng, _, _ = sim_engine(simulated_occupant_bytes=2 * MiB)
+    eng.bind_claim("ts-claim", "pod-a")
+    eng.bind_claim("ts-claim", "pod-b")
+    assert eng.suspend_pods("ts-claim", ["pod-b"], 5).bytes_moved == 2 * MiB  # b parked
+    assert eng.pods_state("ts-claim", ["pod-b"]) == "suspended" and eng.occupant_state("ts-claim") == "running"
+    r = eng.suspend("ts-claim", 5)  # serving: a moves, b is already off the GPU
+    assert r.ok and r.bytes_moved == 2 * MiB and eng.occupant_state("ts-claim") == "suspended"
+    assert eng.resume_pods("ts-claim", ["pod-a"]).ok
+    assert eng.pods_state("ts-claim", ["pod-a"]) == "running" and eng.pods_state("ts-claim", ["pod-b"]) == "suspended"
+    assert sorted(w.pod_uid for w in eng.registry.all()) == ["pod-a", "pod-b"]
+
+
 def test_bind_claim_maps_a_claim_to_a_pod() -> None:
     eng, _, _ = sim_engine()
     eng.register(reg(claims=()))
@@ -249,7 +277,11 @@ def test_cooperative_refusal_then_checkpoint(
     coop: tuple[NodeSuspendEngine, RecordingEventSink], tmp_path: Path
 ) -> None:
     eng, events = coop
-    w = eng.register(reg(backends=("cooperative",)))
+    scope = ClaimScope("claim-a", (TrustedPod("rl", "pod-a", "pod-a"),), 1 << 30)
+    w = eng.register(reg(backends=("cooperative",)), scope)
+    # the pod's job checkpoints under tmp_path; its process is this test's (same root)
+    paths = StaticCheckpointPaths(default=str(tmp_path))
+    eng.verifier = CheckpointVerifier(paths=paths, resolve_pid=lambda u, p: os.getpid())
     ckpt, digest = tmp_path / "x.rose", hashlib.sha256(b"state").hexdigest()
     ckpt.write_bytes(b"ROSECKPT1\n" + digest.encode() + b"\nstate")  # rose_sdk.checkpoint's layout
     answers = {

@@ -135,9 +135,47 @@ def test_serving_never_planned_short_at_the_quantile(inp: PlanInput) -> None:
                 lead[pool] = max(lead[pool], inp.settings.interval_s + by_key[key].lead_s)
     for pool in inp.pools:
         assert p.lent[pool.name] == lent[pool.name]
+        if _frozen(inp, pool):  # no forecast for the next plan: nothing planned there (issue 22 §5)
+            continue
         if lent[pool.name]:
             need = math.ceil(pool.forecast.peak(NOW, NOW + lead[pool.name]))
             assert lent[pool.name] <= pool.capacity - need, (pool, lent[pool.name], need)
+
+
+def _frozen(inp: PlanInput, pool: Pool) -> bool:
+    return math.isinf(pool.forecast.peak(NOW, NOW + inp.settings.interval_s))
+
+
+def _overreaches(inp: PlanInput, job: Job, pool: str) -> bool:
+    """The job's own lead reaches past the pool's forecast (it is reclaimed there alone)."""
+    fc = next(p.forecast for p in inp.pools if p.name == pool)
+    return math.isinf(fc.peak(NOW, NOW + inp.settings.interval_s + job.lead_s))
+
+
+@settings(max_examples=150, deadline=None)
+@given(plan_inputs())
+def test_frozen_pools_get_no_grants_and_no_planned_reclaims(inp: PlanInput) -> None:
+    p = plan(inp)
+    frozen = {pool.name for pool in inp.pools if _frozen(inp, pool)}
+    assert not [r for r in p.reclaims if r.pool in frozen], p.reclaims
+    for t in p.targets.values():
+        assert not frozen & set(t.add), t
+    parked_in = {w.name: w.pool for w in inp.workers}
+    assert not [n for t in p.targets.values() for n in t.resume if parked_in[n] in frozen]
+
+
+@settings(max_examples=150, deadline=None)
+@given(plan_inputs())
+def test_a_job_whose_lead_overreaches_is_reclaimed_alone(inp: PlanInput) -> None:
+    """A job whose own lead the pool's forecast does not cover loses its workers there and never
+    grows there; the other occupants' fate is decided by the leads that fit (no infinite need)."""
+    p = plan(inp)
+    by_key = {j.key: j for j in inp.jobs}
+    for pool in inp.pools:
+        if _frozen(inp, pool):
+            continue
+        for key, ws in holders_after(inp, p).items():
+            assert not [w for w, at in ws if at == pool.name and _overreaches(inp, by_key[key], pool.name)], ws
 
 
 def _shrinkable_at_end(inp: PlanInput, p: Plan, job: Job) -> bool:
@@ -163,10 +201,12 @@ def test_cheapest_first_and_shrink_before_suspend(inp: PlanInput) -> None:
     by_key = {j.key: j for j in inp.jobs}
 
     def cost(j: Job) -> tuple[int, int, float, str]:  # the issue's order: state, priority, safe point
-        return (j.state_bytes, j.priority, j.seconds_to_safe_point, j.key)
+        return (j.state_bytes, j.priority, j.seconds_to_safe_point, j.key)  # (one namespace, one class)
 
     for r in p.reclaims:
         victim = by_key[r.job]
+        if _overreaches(inp, victim, r.pool):
+            continue  # reclaimed for its own lead, whatever it costs
         for other in (by_key[k] for k in _kept_in(inp, p, r.pool) if k != r.job):
             shrinkable = _shrinkable_at_end(inp, p, other)
             if r.kind == "gang-suspend":

@@ -64,6 +64,33 @@ def test_worker_pod_does_not_change_the_job_template() -> None:
     assert job.spec.template == TEMPLATE
 
 
+def test_the_template_cannot_forge_roses_control_annotations_labels_or_node() -> None:
+    """Issue 22 finding 6: the controller copied the template's metadata, so a template carrying
+    ``rose.io/fencing-token`` or ``rose.io/suspend-state`` reached the worker pods under the
+    controller's (trusted) name. ROSE's keys are dropped; the tenant's own keys are kept."""
+    forged = {
+        names.ANNOTATION_FENCING_TOKEN: "victim:2147483647",
+        names.ANNOTATION_SUSPEND_STATE: "Suspended",
+        names.ANNOTATION_SUSPEND_REQUEST: '{"by": "timeslice"}',
+        names.ANNOTATION_GRACE: "86400",
+        "x.rose.io/anything": "1",
+        "note": "x",
+    }
+    labels = {names.LABEL_TIMESLICE_GROUP: "victim", names.LABEL_POOL: "p", "team": "rl"}
+    spec = {"nodeName": "node-0", "containers": [{"name": "trainer", "image": "trainer:1"}]}
+    pod = workers.worker_pod(
+        make_job(template={"metadata": {"labels": labels, "annotations": forged}, "spec": spec}), 0
+    )
+    ann, got = pod["metadata"]["annotations"], pod["metadata"]["labels"]
+    assert not {names.ANNOTATION_FENCING_TOKEN, names.ANNOTATION_SUSPEND_STATE, names.ANNOTATION_SUSPEND_REQUEST,
+                "x.rose.io/anything"} & set(ann)  # fmt: skip
+    assert ann[names.ANNOTATION_GRACE] == "30" and ann["note"] == "x"
+    assert names.LABEL_TIMESLICE_GROUP not in got and names.LABEL_POOL not in got and got["team"] == "rl"
+    assert "nodeName" not in pod["spec"]
+    assert workers.is_control_key("rose.io/x") and workers.is_control_key("gpu.rose.io/x")
+    assert not workers.is_control_key("notrose.io/x") and not workers.is_control_key("rose.io")
+
+
 def test_reported_state_bytes_override_the_spec_estimate() -> None:
     pod = workers.worker_pod(make_job(stateBytesPerWorker=1), 0, state_bytes=99)
     assert pod["metadata"]["annotations"][names.ANNOTATION_STATE_BYTES] == "99"

@@ -78,14 +78,15 @@ def test_the_planner_gets_the_reported_seconds_to_safe_point_and_state_bytes() -
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
     _drain(ctl)
-    ann = {names.ANNOTATION_SECONDS_TO_SAFE_POINT: "42.0", names.ANNOTATION_REPORTED_STATE_BYTES: str(7 << 30)}
+    # within the job's grace period (30 s): a longer report is bounded by it (issue 22 §4)
+    ann = {names.ANNOTATION_SECONDS_TO_SAFE_POINT: "22.0", names.ANNOTATION_REPORTED_STATE_BYTES: str(7 << 30)}
     for i, body in enumerate(api.created):
         pod = _running(body, f"uid-{i}")
         pod["metadata"]["annotations"] = {**pod["metadata"].get("annotations", {}), **ann}
         ctl.on_pod_event(ADDED, pod)
     inp, _ = ctl.plan_input(NOW)
     (job,) = inp.jobs
-    assert job.seconds_to_safe_point == 42.0 and job.state_bytes == 7 << 30
+    assert job.seconds_to_safe_point == 22.0 and job.state_bytes == 7 << 30
 
 
 def test_reconcile_writes_the_world_on_each_worker_then_stops() -> None:

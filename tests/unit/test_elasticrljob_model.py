@@ -138,6 +138,7 @@ _CEL_VIOLATIONS = {
     erj.MSG_MIN_LE_MAX: {"minGPUs": 9, "maxGPUs": 8},
     erj.MSG_MULTIPLES: {"minGPUs": 2, "maxGPUs": 8, "gpusPerWorker": 4},
     erj.MSG_CHECKPOINT: {"minGPUs": 1, "maxGPUs": 2, "suspendPolicy": "CheckpointAndEvict"},
+    erj.MSG_STATE_BYTES: {"minGPUs": 2, "maxGPUs": 2, "gpusPerWorker": 2, "stateBytesPerWorker": (512 << 30) + 1},
 }
 
 

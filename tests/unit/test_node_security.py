@@ -4,6 +4,8 @@ request, the checkpoint check, the CDI socket mount, and the DaemonSet's privile
 from __future__ import annotations
 
 import hashlib
+import io
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,6 @@ import yaml
 
 from dra_driver import cdi
 from dra_driver.kube import eviction_body
-from dra_driver.suspend.cooperative import verify_checkpoint
 from dra_driver.suspend.engine import unverified_bytes_counted
 from dra_driver.suspend.model import Registration
 from dra_driver.suspend.registry import (
@@ -22,6 +23,7 @@ from dra_driver.suspend.registry import (
     WorkloadRegistry,
     scoped_registration,
 )
+from dra_driver.suspend.verify import Problem, check_stream
 
 SCOPE = ClaimScope("claim-1", (TrustedPod("rl", "worker-0", "uid-0"),), 80 << 30)
 DS = Path(__file__).resolve().parents[2] / "manifests" / "driver" / "daemonset.yaml"
@@ -79,19 +81,21 @@ def test_eviction_names_the_uid_precondition() -> None:
         eviction_body("rl", "worker-0", "")
 
 
-def test_verify_checkpoint_reads_the_sdk_format(tmp_path: Path) -> None:
+def test_verify_checkpoint_reads_the_sdk_format() -> None:
     payload = b"x" * 3_000_000
     digest = hashlib.sha256(payload).hexdigest()
-    good = tmp_path / "c.rose"
-    good.write_bytes(b"ROSECKPT1\n" + digest.encode() + b"\n" + payload)
-    assert verify_checkpoint(str(good), digest) == ""
-    assert "acknowledgement says" in verify_checkpoint(str(good), "0" * 64)
-    bad = tmp_path / "bad.rose"
-    bad.write_bytes(b"ROSECKPT1\n" + digest.encode() + b"\n" + payload[:-1])
-    assert "payload sha256" in verify_checkpoint(str(bad), digest)
-    assert "bad header" in verify_checkpoint("/etc/hostname", digest)
-    assert "cannot read" in verify_checkpoint(str(tmp_path / "none"), digest)
-    assert "names no checkpoint_path" in verify_checkpoint("", digest)
+    good = b"ROSECKPT1\n" + digest.encode() + b"\n" + payload
+    end = time.monotonic() + 60
+
+    def check(data: bytes, want: str = digest, cap: int = 1 << 30) -> Problem:
+        return check_stream(io.BytesIO(data).read, want, cap, end).problem
+
+    assert check(good) is Problem.NONE
+    assert check(good, "0" * 64) is Problem.MISMATCH
+    assert check(good[:-1]) is Problem.MISMATCH
+    assert check(b"root:x:0:0:root:/root:/bin/bash\n") is Problem.NOT_CHECKPOINT
+    assert check(good, cap=1 << 20) is Problem.TOO_LARGE  # a file growing past the cap while read
+    assert check_stream(io.BytesIO(good).read, digest, 1 << 30, time.monotonic() - 1).problem is Problem.TIMED_OUT
 
 
 def test_cdi_mounts_the_claims_socket_directory() -> None:

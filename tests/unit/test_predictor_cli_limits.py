@@ -28,6 +28,9 @@ def pools(tmp_path: Path) -> Path:
         (["--history", "99999999999d"], "argument --history: '99999999999d' is too long: at most 400d"),
         (["--retrain-interval", HUGE], "argument --retrain-interval: .* is too large"),
         (["--listen", "0.0.0.0:99999"], "argument --listen: not HOST:PORT"),
+        (["--max-connections-per-client", "0"], "argument --max-connections-per-client: '0' is out of range"),
+        (["--max-connections", HUGE], "argument --max-connections: .* is out of range: use 1..65536"),
+        (["--idle-timeout", "2h"], "argument --idle-timeout: '2h' is too long: at most 1h"),
     ],
 )
 def test_absurd_serve_flags_are_refused_by_the_parser(

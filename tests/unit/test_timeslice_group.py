@@ -219,6 +219,19 @@ def test_group_leases_cache_notifies_the_group_on_every_change() -> None:
     assert cache.get("g1") is None and changed == ["g1"] * 5
 
 
+def test_a_group_lease_is_found_only_in_its_own_namespace() -> None:
+    """Groups are namespaced: team-b's ``g1`` is not team-a's ``g1`` (one would show the other's
+    holder and fencing token in its jobs' status)."""
+    cache = GroupLeases(lambda group: None)
+    h = cache.handler()
+    h.on_event(ADDED, to_lease(Group("team-a/g1", lease_ttl_s=30, holder="team-a/x", token=3, renewed=T), "rose"))
+    h.on_event(ADDED, to_lease(Group("team-b/g1", lease_ttl_s=30, holder="team-b/y", token=9, renewed=T), "rose"))
+    a, b = cache.get("g1", "team-a"), cache.get("g1", "team-b")
+    assert a is not None and (a.holder, a.token) == ("team-a/x", 3)
+    assert b is not None and (b.holder, b.token) == ("team-b/y", 9)
+    assert cache.get("g1", "team-c") is None
+
+
 class StatusRecorder(ClaimRecorder):
     def __init__(self) -> None:
         super().__init__()

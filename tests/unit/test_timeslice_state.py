@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from rose_common.timeslice_lease import lease_name
 from timeslice import state
 from timeslice.state import Group, Refused
-from timeslice.store import MemoryStore, from_lease, lease_name, to_lease
+from timeslice.store import MemoryStore, from_lease, lease_of, to_lease
 
 
 def _queued(*jobs: tuple[str, int, float]) -> Group:
@@ -61,13 +62,42 @@ def test_rollback_restores_the_previous_resident() -> None:
 
 
 def test_lease_codec_round_trip() -> None:
-    g = Group("Trainer_Group", lease_ttl_s=2.5, holder="ns/a", holder_role="trainer", token=9, renewed=1.7e9 + 0.25,
-              resident="ns/a", previous="ns/b", switching=True, switch_deadline=1.7e9 + 60,
-              waiters=(state.Waiter("ns/c", "sampler", 1.7e9, 1),))  # fmt: skip
+    g = Group("ns/trainer-group", lease_ttl_s=2.5, holder="ns/a", holder_role="trainer", token=9,
+              renewed=1.7e9 + 0.25, resident="ns/a", previous="ns/b", switching=True, switch_deadline=1.7e9 + 60,
+              waiters=(state.Waiter("ns/c", "sampler", 1.7e9, 1),), max_hold_s=600.0,
+              granted=1.7e9)  # fmt: skip
     doc = to_lease(g, "rose-system")
     assert doc["spec"]["leaseTransitions"] == 9 and doc["spec"]["leaseDurationSeconds"] == 3
-    assert doc["metadata"]["name"] == lease_name("Trainer_Group") == "ts-trainer-group"
+    assert doc["metadata"]["name"] == lease_name("trainer-group", "ns") == lease_of("ns/trainer-group")
+    assert doc["metadata"]["name"].startswith("ts-ns-trainer-group-")
+    assert doc["metadata"]["labels"] == {"rose.io/timeslice-group": "trainer-group"}
     assert from_lease(doc) == g
+
+
+def test_group_names_are_labels_and_leases_never_collide() -> None:
+    """Low of issue 22: ``Team_A`` is refused (before: aliased to team-a's Lease), a name over 63
+    characters is refused (before: it broke the Lease's label), and two groups whose readable
+    names coincide get two Leases (a hash of the key)."""
+    assert state.group_key("team-a", "ns") == "ns/team-a"
+    for bad in ("Team_A", "a" * 64, "-a", "a b"):
+        with pytest.raises(ValueError, match="DNS-1123 label"):
+            state.group_key(bad, "ns")
+    with pytest.raises(PermissionError, match="belongs to namespace 'other'"):
+        state.group_key("other/g", "ns")
+    assert lease_of("a-b/c") != lease_of("a/b-c")
+    longest = lease_of(f"{'n' * 63}/{'g' * 63}")
+    assert len(longest) <= 63 and longest != lease_of(f"{'n' * 63}/{'g' * 62}h")
+    assert len(to_lease(Group(f"{'n' * 63}/{'g' * 63}"), "x")["metadata"]["labels"]["rose.io/timeslice-group"]) == 63
+
+
+def test_max_hold_ends_a_grant_however_often_it_is_renewed() -> None:
+    g, _ = state.grant(state.enqueue(Group("g", lease_ttl_s=10.0, max_hold_s=30.0), "a", "", 0, 0.0), "a", 0.0)
+    g = state.settle(g, "a", 1, 0.0)  # the hold counts from the settled hand-over
+    for t in range(5, 30, 5):
+        g = state.renew(g, "a", 1, float(t))
+    assert g.holds("a", 29.0) and not g.holds("a", 30.5) and g.held_too_long(30.5)
+    with pytest.raises(state.Refused, match="maximum hold of 30s"):
+        state.renew(g, "a", 1, 31.0)
 
 
 def test_unreadable_lease_names_what_is_wrong() -> None:

@@ -7,6 +7,15 @@ and the workloads get the image, GPU mode and environment from the values.
 Namespace CustomResourceDefinition ClusterRole ClusterRoleBinding DeviceClass PriorityClass ValidatingAdmissionPolicy ValidatingAdmissionPolicyBinding MutatingAdmissionPolicy MutatingAdmissionPolicyBinding RuntimeClass
 {{- end }}
 
+{{/*
+Environment variables values.env may not set, by workload: they switch protections off (the
+time-slice orchestrator's TLS, caller authentication and job check). Setting one fails the render
+instead of silently dropping the protection (docs/security.md, "Time-slice orchestrator").
+*/}}
+{{- define "rose.protectedEnv" -}}
+rose-timeslice: [ROSE_TIMESLICE_INSECURE, ROSE_TIMESLICE_AUTHENTICATE, ROSE_TIMESLICE_JOB_CHECK, ROSE_TIMESLICE_TLS_CERT, ROSE_TIMESLICE_TLS_KEY, ROSE_TIMESLICE_TOKEN_AUDIENCE]
+{{- end }}
+
 {{- define "rose.labels" -}}
 app.kubernetes.io/part-of: rose
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -40,6 +49,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $v := $root.Values }}
 {{- $pod := $obj.spec.template.spec }}
 {{- $env := deepCopy (index ($v.env | default dict) $obj.metadata.name | default dict) }}
+{{- range $k := (index (fromYaml (include "rose.protectedEnv" $root)) $obj.metadata.name | default list) }}
+{{- if hasKey $env $k }}{{ fail (printf "values.env.%s.%s would switch a protection off: it cannot be set from values (docs/security.md)" $obj.metadata.name $k) }}{{ end }}
+{{- end }}
 {{- if eq $obj.metadata.name "rose-dra-driver" }}
 {{- if eq $v.gpus.mode "simulated" }}
 {{- $env = merge $env (dict "ROSE_DRIVER_GPU_BACKEND" "simulated" "ROSE_DRIVER_SIMULATED_GPUS" (toString $v.gpus.simulated.count) "ROSE_DRIVER_SUSPEND_BACKENDS" "cooperative" "ROSE_DRIVER_HOST_MEMORY_BUDGET" $v.gpus.simulated.hostMemoryBudget) }}
