@@ -86,6 +86,9 @@ TITLE = {
 PROPERTIES = ("within_bound", "never_on_state", "neighbour_not_delayed", "honest_state_intact")
 NEIGHBOUR_OFFSET_S = 0.2  # the neighbour's serving prepare starts this long after GPU 0's
 SAMPLE_S = 0.005
+# Cases whose engine work can outlive their run (a fallback's CHECKPOINT waited for up to 60 s, a
+# verification): on one shared driver they run last, so what they leave cannot blame another case.
+LINGERING = ("f-sparse", "f-fifo", "e", "g")
 
 
 def expand_cases(spec: str) -> list[str]:
@@ -718,7 +721,7 @@ def measure(
 ) -> dict[str, Any]:
     """The baseline, then each case. ``driver_per_case``: each on a fresh driver and neighbour (so
     one case's leftovers — a stuck thread, a leaked hold — cannot blame the next); else all on one
-    (faster: the e2e test), the cases that can leave the driver busy (f-sparse, f-fifo) last.
+    (faster: the e2e test), the cases that can leave the driver busy (``LINGERING``) last.
     ``workdir`` keeps every log; socket paths under it must stay short."""
     bound_extra, tight_extra, bound_src = enforcement_bound(driver_args(p, Path("/x")))
     bound, tight = p.grace_s + bound_extra, p.grace_s + tight_extra
@@ -755,8 +758,11 @@ def measure(
         report["baseline"] = {"runs": len(nb), "p50_s": percentile(times, 0.5), "p99_s": percentile(times, 0.99),
                               "per_run": nb}  # fmt: skip
         base_p99 = report["baseline"]["p99_s"] or 0.0
-        order = list(cases) if driver_per_case else sorted(cases, key=lambda c: ("f-sparse", "f-fifo").index(c) + 1
-                                                           if c in ("f-sparse", "f-fifo") else 0)  # fmt: skip
+        order = (
+            list(cases)
+            if driver_per_case
+            else sorted(cases, key=lambda c: LINGERING.index(c) + 1 if c in LINGERING else 0)
+        )
         for case in order:
             runs = []
             with contextlib.ExitStack() as stack:

@@ -31,7 +31,7 @@ from rose_common.slices import resource_slice, simulated_gpus
 def test_serving_wins_against_every_adversary(cluster: ClusterHandle, api: Any) -> None:
     node = cluster.node_names[0]
     root = Path(tempfile.mkdtemp(prefix="rose-adv-", dir="/tmp"))  # short: unix socket paths <= 107 bytes
-    # one run per case, all on one driver (the cases that can leave it busy last), a 3 s enforcement
+    # one run per case, all on one driver (the cases that can leave it busy last: LINGERING), a 3 s enforcement
     # bound (read back from the flag, as the benchmark's bound is): about 2 minutes
     p = Params(runs=1, baseline_runs=2, grace_s=1.0, hold_s=0.5, resume_timeout_s=20.0, enforce_timeout_s=3.0)
     try:
