@@ -233,13 +233,12 @@ def test_chart_lints_and_renders_what_kustomize_renders(tmp_path: Path) -> None:
 def test_chart_refuses_values_that_drop_a_protection(tmp_path: Path) -> None:
     """Issue 22 (low): `components.policies=false` and env overrides of the orchestrator's
     authentication or the extender's loopback listen address dropped a protection silently. Each is
-    refused with a message naming the protection, unless its insecure.* value is set; the control-
-    annotation policy names the release namespace's accounts."""
+    refused with a message naming the protection: the first two unless their insecure.* value is
+    set, the orchestrator's at all (test_timeslice_policy_e2e checks each of its variables); the
+    control-annotation policy names the release namespace's accounts."""
     base = ("template", "r", "charts/rose", "-n", "ai-infra", "--kube-version", "v1.37.2")
     cases = (
         ("components.policies=false", "insecure.withoutPolicies", "drops ROSE's cluster-wide admission policies"),
-        ("env.rose-timeslice.ROSE_TIMESLICE_AUTHENTICATE=none", "insecure.unauthenticatedTimeslice",
-         "turns off the time-slice orchestrator's caller authentication"),
         ("env.rose-scheduler.ROSE_EXTENDER_LISTEN=0.0.0.0:8888", "insecure.extenderListen", "beyond loopback"),
     )  # fmt: skip
     for value, allow, why in cases:
@@ -247,6 +246,8 @@ def test_chart_refuses_values_that_drop_a_protection(tmp_path: Path) -> None:
         assert r.returncode != 0 and why in r.stderr and allow in r.stderr, (value, r.stderr)
         helm(tmp_path, *base, "--set", value, "--set", f"{allow}=true")
     helm(tmp_path, *base, "--set", "env.rose-scheduler.ROSE_EXTENDER_LISTEN=127.0.0.1:9999")
+    r = helm_run(tmp_path, *base, "--set", "env.rose-timeslice.ROSE_TIMESLICE_AUTHENTICATE=none")
+    assert r.returncode != 0 and "ROSE_TIMESLICE_AUTHENTICATE would switch a protection off" in r.stderr, r.stderr
     r = helm_run(tmp_path, *base, "--set", "components.polices=true")  # a typo: the schema refuses it
     assert r.returncode != 0 and "polices" in r.stderr, r.stderr
     out = helm(tmp_path, *base).stdout

@@ -112,8 +112,14 @@ WORKLOAD = textwrap.dedent(
     from importlib import metadata
     mods = sorted(str(f.with_suffix("")).replace("/", ".").removesuffix(".__init__")
                   for f in metadata.files("rose-sdk") if f.suffix == ".py")
+    optional = {}  # an integration whose framework is an extra not installed here must say which
     for m in mods:
-        importlib.import_module(m)
+        try:
+            importlib.import_module(m)
+        except ModuleNotFoundError as e:
+            if not m.startswith("rose_sdk.integrations.") or "rose-sdk[" not in str(e):
+                raise
+            optional[m] = str(e)
     import rose_sdk, torch
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
@@ -128,7 +134,7 @@ WORKLOAD = textwrap.dedent(
         step += 1
         wl.safe_point(step, wait_seconds=0.05)
     wl.close()
-    print(json.dumps({"modules": mods, "rose_sdk": rose_sdk.__file__, "torch": torch.__file__,
+    print(json.dumps({"modules": mods, "optional": optional, "rose_sdk": rose_sdk.__file__, "torch": torch.__file__,
                       "prefix": sys.prefix, "suspends": wl.suspend_count, "resumes": wl.resume_count}))
     """
 )
@@ -206,4 +212,6 @@ def test_sdk_installs_alone_and_a_workload_is_suspended_through_it(tmp_path: Pat
     assert seen["rose_sdk"].startswith(seen["prefix"]) and seen["torch"].startswith(str(torch_site)), seen
     assert (seen["suspends"], seen["resumes"]) == (1, 1), seen
     assert "rose_sdk.workload" in seen["modules"] and "rose_common.proto.rose_timeslice_v1_pb2_grpc" in seen["modules"]
+    # transformers is an extra: its integration refuses to import without it, naming the extra
+    assert set(seen["optional"]) == {"rose_sdk.integrations.transformers"}, seen["optional"]
     assert install_s < INSTALL_BUDGET_S, f"the fresh venv and the install took {install_s:.0f} s"
