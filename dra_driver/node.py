@@ -12,6 +12,7 @@ or complete whatever a crash interrupted.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import threading
 import time
@@ -177,6 +178,11 @@ class NodeDriver:
         self._flock = FileLock(str(state_dir / "checkpoint.lock"), timeout=lock_timeout_seconds)
         self._mu = threading.Lock()
         self._data = NodeStateData(boot_id=boot_id)
+        # Serving prepares wait for their occupants' reclaim with the node lock released, so a hung
+        # occupant on one GPU does not hold up other claims' prepares (ARCHITECTURE §9): the claims
+        # being prepared that way, and the occupants whose reclaim runs unlocked.
+        self._preparing: set[str] = set()
+        self._reclaiming: set[str] = set()
         # Engine calls wait for workloads (a grace period, a fallback checkpoint): two per GPU, so a
         # hung occupant on one GPU never queues an honest occupant's suspend on another behind it;
         # the waits of an occupant the driver stopped end at once (engine_api.Abandoner).
@@ -279,22 +285,25 @@ class NodeDriver:
         )
 
     def _prepare_locked(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
+        """Each claim takes the node lock itself (:meth:`_prepare_claim`)."""
         out: dict[str, PrepareOutcome] = {}
-        with self._locked():
-            for ref in refs:
-                t0 = time.monotonic()
-                try:
-                    out[ref.uid] = PrepareOutcome(devices=self._prepare_one(ref))
-                    self.metrics.prepare_total.labels("ok").inc()
-                except ClaimError as e:
-                    out[ref.uid] = PrepareOutcome(error=str(e))
-                    self.metrics.prepare_total.labels("error").inc()
-                    log.warning("prepare refused", extra={"claim": ref.key(), "err": str(e)})
-                except Exception as e:
-                    out[ref.uid] = PrepareOutcome(error=f"prepare of {ref.key()} failed: {e!r}")
-                    self.metrics.prepare_total.labels("error").inc()
-                    log.exception("prepare failed", extra={"claim": ref.key(), "err": repr(e)})
-                self.metrics.prepare_seconds.observe(time.monotonic() - t0)
+        for ref in refs:
+            t0 = time.monotonic()
+            try:
+                out[ref.uid] = PrepareOutcome(devices=self._prepare_claim(ref))
+                self.metrics.prepare_total.labels("ok").inc()
+            except Timeout as e:
+                out[ref.uid] = PrepareOutcome(error=self._lock_busy("prepare", ref, e))
+                self.metrics.prepare_total.labels("error").inc()
+            except ClaimError as e:
+                out[ref.uid] = PrepareOutcome(error=str(e))
+                self.metrics.prepare_total.labels("error").inc()
+                log.warning("prepare refused", extra={"claim": ref.key(), "err": str(e)})
+            except Exception as e:
+                out[ref.uid] = PrepareOutcome(error=f"prepare of {ref.key()} failed: {e!r}")
+                self.metrics.prepare_total.labels("error").inc()
+                log.exception("prepare failed", extra={"claim": ref.key(), "err": repr(e)})
+            self.metrics.prepare_seconds.observe(time.monotonic() - t0)
         return out
 
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
@@ -393,7 +402,7 @@ class NodeDriver:
         with self._locked() as data:
             for s in list(data.suspensions.values()):
                 owner = data.claims.get(s.claim_uid)
-                if owner is None or owner.state != PREPARE_COMPLETED:
+                if owner is None or owner.state != PREPARE_COMPLETED or s.claim_uid in self._reclaiming:
                     continue
                 if not s.held_by:
                     self._resume(owner, s)
@@ -465,7 +474,35 @@ class NodeDriver:
                 return g
         return self.default_grace
 
-    def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+    def _prepare_claim(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        """Prepare one claim: under the node lock, record it and start its occupants' reclaim (a
+        serving claim); without the lock, wait for that reclaim (the cooperative phase, then the
+        enforcement: up to grace + the enforcement bound), so a hung occupant on one GPU holds up
+        no other claim's prepare; under the lock again, record the outcome, refuse serving onto an
+        occupied device, write the CDI spec and complete."""
+        with self._locked():
+            if ref.uid in self._preparing:
+                raise ClaimError(
+                    f"ResourceClaim {ref.key()}: a prepare of it is already in progress; the kubelet retries"
+                )
+            begun = self._prepare_begin(ref)
+            if not isinstance(begun, Reclaims):
+                return begun
+            self._preparing.add(ref.uid)
+        try:
+            ran = [self._suspend_run(p) for p in begun.pendings]
+            with self._locked():
+                for p, r in zip(begun.pendings, ran, strict=True):
+                    self._suspend_record(p, r)
+                return self._prepare_finish(ref, begun.t0)
+        finally:
+            self._preparing.discard(ref.uid)
+            self._reclaiming.difference_update(p.occupant.uid for p in begun.pendings)
+
+    def _prepare_begin(self, ref: ClaimRef) -> tuple[PreparedDevice, ...] | Reclaims:
+        """Under the lock: the prepared devices when there is nothing to wait for (idempotent, or
+        not a serving claim, or no occupant to reclaim: then the claim is completed here too); else
+        the reclaims to run without the lock, and when serving's need began."""
         data = self._data
         rec = data.claims.get(ref.uid)
         if rec is not None and rec.state == PREPARE_COMPLETED:
@@ -517,18 +554,31 @@ class NodeDriver:
         data.claims[ref.uid] = rec
         self._save()
         crash_point("prepare-started")
+        t0 = time.monotonic()
+        pendings = [p for o in self._occupants_of(rec) if (p := self._hold_begin(o, rec.uid, None, t0)) is not None]
+        if pendings:
+            return Reclaims(pendings, t0)
+        return self._prepare_finish(ref, t0)
+
+    def _occupants_of(self, rec: ClaimRecord) -> list[ClaimRecord]:
+        """The prepared lent claims on the GPUs of serving claim ``rec`` (none for a lent claim)."""
         serving_gpus = {d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}
-        if serving_gpus:
-            t0 = time.monotonic()
-            occupants = [
-                o
-                for o in list(data.claims.values())
-                if o.uid != rec.uid
-                and o.state == PREPARE_COMPLETED
-                and any(d.role == names.ROLE_LENDABLE and d.gpu_index in serving_gpus for d in o.devices)
-            ]
-            for occupant in occupants:
-                self._hold(occupant, rec.uid, None, t0)
+        return [
+            o
+            for o in list(self._data.claims.values())
+            if serving_gpus
+            and o.uid != rec.uid
+            and o.state == PREPARE_COMPLETED
+            and any(d.role == names.ROLE_LENDABLE and d.gpu_index in serving_gpus for d in o.devices)
+        ]
+
+    def _prepare_finish(self, ref: ClaimRef, t0: float) -> tuple[PreparedDevice, ...]:
+        """Under the lock, after the occupants' reclaim: gate, CDI spec, completed."""
+        rec = self._data.claims.get(ref.uid)
+        if rec is None or rec.state != PREPARE_STARTED:
+            raise ClaimError(f"ResourceClaim {ref.key()}: unprepared while its prepare waited; the kubelet retries")
+        occupants = self._occupants_of(rec)
+        if any(d.role == names.ROLE_SERVING for d in rec.devices):
             self.metrics.serving_wait_seconds.observe(time.monotonic() - t0)
             self._gate_serving(ref, occupants)
         cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
@@ -734,12 +784,35 @@ class NodeDriver:
             data.suspensions[occupant.uid] = s
         elif holder not in s.held_by:
             s.held_by.append(holder)
+        p = self._hold_begin_locked(occupant, s, grace, need_t0)
+        if p is not None:
+            self._suspend_record(p, self._suspend_run(p))
+        return self._data.suspensions.get(occupant.uid, s)
+
+    def _hold_begin(
+        self, occupant: ClaimRecord, holder: str, grace: float | None, need_t0: float | None = None
+    ) -> PendingSuspend | None:
+        """Add ``holder`` to the occupant's hold; the reclaim to run (None: nothing to do now)."""
+        data = self._data
+        s = data.suspensions.get(occupant.uid)
+        if s is None:
+            s = Suspension(claim_uid=occupant.uid, state=SUSPEND_STARTED, held_by=[holder])
+            data.suspensions[occupant.uid] = s
+        elif holder not in s.held_by:
+            s.held_by.append(holder)
+        return self._hold_begin_locked(occupant, s, grace, need_t0)
+
+    def _hold_begin_locked(
+        self, occupant: ClaimRecord, s: Suspension, grace: float | None, need_t0: float | None
+    ) -> PendingSuspend | None:
+        if occupant.uid in self._reclaiming:  # a reclaim of it runs now: it records the outcome
+            self._save()
+            return None
         done = s.state in _EVICTED or (s.state == SUSPENDED and not self._engine_disagrees(s))
         if done and self._observe(occupant, s) is None:  # recorded done, and observed free: nothing to do
             self._save()
-            return s
-        self._suspend(occupant, s, grace, need_t0)
-        return s
+            return None
+        return self._suspend_begin(occupant, s, grace, need_t0)
 
     def _engine_disagrees(self, s: Suspension) -> bool:
         """Recorded suspended, but the engine reports its workload (the held pods of a shared claim)
@@ -781,7 +854,15 @@ class NodeDriver:
     ) -> None:
         """Reclaim the occupant's GPU in two phases: the engine's cooperative suspend (with its
         checkpoint-and-evict fallback) within the grace period, then — unless the device is then
-        observed free — the driver's enforcement (``dra_driver.enforce``)."""
+        observed free — the driver's enforcement (``dra_driver.enforce``). All under the caller's
+        lock; a serving prepare runs the middle part (:meth:`_suspend_run`) without it."""
+        p = self._suspend_begin(occupant, s, grace, need_t0)
+        self._suspend_record(p, self._suspend_run(p))
+
+    def _suspend_begin(
+        self, occupant: ClaimRecord, s: Suspension, grace: float | None, need_t0: float | None
+    ) -> PendingSuspend:
+        """Under the lock: record the suspend as started and say so; what the run needs."""
         t0 = time.monotonic() if need_t0 is None else need_t0
         grace_s = occupant.grace_seconds if grace is None else grace
         s.state = SUSPEND_STARTED
@@ -790,12 +871,34 @@ class NodeDriver:
         targets = self._targets(occupant, s.held_by)
         pods = self._pods_of(occupant, targets)
         self._notify(pods, POD_SUSPENDING, f"suspending lent GPU workload (grace {grace_s:g}s), held by {s.held_by}")
-        res = self._engine_suspend(occupant, grace_s, targets)
+        self._reclaiming.add(occupant.uid)
+        return PendingSuspend(copy.deepcopy(occupant), targets, grace_s, t0, observable(occupant, s))
+
+    def _suspend_run(self, p: PendingSuspend) -> RanSuspend:
+        """The waiting part, safe without the node lock (it reads only ``p``): the engine's
+        cooperative suspend, then the enforcement when the device is not observed free."""
+        try:
+            res = self._engine_suspend(p.occupant, p.grace_s, p.targets)
+        except Exception as e:  # _run_engine reports its own failures; anything else is one too
+            res = SuspendResult(False, "none", 0, 0.0, None, f"suspend raised {e!r}", SuspendReason.FAILED)
+        enforced = self._enforce(p.occupant, p.observable, res)
+        if enforced is not None and enforced.method == METHOD_KILL and isinstance(self.engine, Abandoner):
+            try:  # its processes are stopped: no ack will come, free the engine's threads
+                self.engine.abandon(p.occupant.uid)
+            except Exception:
+                log.exception("abandon failed", extra={"claim": p.occupant.uid})
+        return RanSuspend(res, enforced)
+
+    def _suspend_record(self, p: PendingSuspend, ran: RanSuspend) -> None:
+        """Under the lock: record what the run did (nothing when the claim went away meanwhile)."""
+        self._reclaiming.discard(p.occupant.uid)
+        occupant, s = self._data.claims.get(p.occupant.uid), self._data.suspensions.get(p.occupant.uid)
+        if occupant is None or s is None:
+            log.info("occupant gone while its suspend ran", extra={"claim": p.occupant.uid})
+            return
+        res, enforced, t0 = ran.res, ran.enforced, p.t0
         crash_point("suspend-engine-returned")
         s.backend, s.bytes_moved, s.message = res.backend, res.bytes_moved, res.message
-        enforced = self._enforce(occupant, s, res)
-        if enforced is not None and enforced.method == METHOD_KILL and isinstance(self.engine, Abandoner):
-            self.engine.abandon(occupant.uid)  # its processes are stopped: no ack will come, free the engine's threads
         if enforced is None or enforced.method == METHOD_NONE:
             outcome = self._record_engine_result(occupant, s, res, enforced)
         else:
@@ -825,9 +928,10 @@ class NodeDriver:
             )
         return self._run_engine("suspend", occupant.uid, grace_s + self.grace_slack, grace_s, pods=targets)
 
-    def _enforce(self, occupant: ClaimRecord, s: Suspension, res: SuspendResult) -> EnforceResult | None:
-        """Observe the device; enforce when it is not free. None: nothing observes (no enforcer)."""
-        if self.enforcer is None or not observable(occupant, s):
+    def _enforce(self, occupant: ClaimRecord, can_observe: bool, res: SuspendResult) -> EnforceResult | None:
+        """Observe the device; enforce when it is not free. None: nothing observes (no enforcer, or
+        a hold the claim-wide observation cannot judge: ``observable``)."""
+        if self.enforcer is None or not can_observe:
             return None
         why = enforcement_cause(res)
         try:
@@ -965,6 +1069,31 @@ class NodeDriver:
             self.metrics.occupant_resume_total.labels("error").inc()
             self._notify(pods, POD_SUSPENDED, f"resume failed: {res.message}", "ResumeFailed", warning=True)
         self._save()
+
+
+@dataclass(frozen=True)
+class PendingSuspend:
+    """A started reclaim of one occupant: what its run needs (a copy: the run holds no lock)."""
+
+    occupant: ClaimRecord
+    targets: list[str] | None
+    grace_s: float
+    t0: float  # when serving's need began (rose_driver_gpu_returned_seconds)
+    observable: bool
+
+
+@dataclass(frozen=True)
+class Reclaims:
+    """A serving prepare's occupants to reclaim without the node lock, and when its need began."""
+
+    pendings: list[PendingSuspend]
+    t0: float
+
+
+@dataclass(frozen=True)
+class RanSuspend:
+    res: SuspendResult
+    enforced: EnforceResult | None
 
 
 def enforcement_cause(res: SuspendResult) -> str:
