@@ -336,8 +336,9 @@ class PodResizer:
 
 
 class KubeEvictor:
-    """Evicts a pod from the driver's claim records (policy/v1 Eviction) after its durable
-    checkpoint is verified. The UID precondition makes the API server refuse the eviction when
+    """Evicts a pod from the driver's claim records (policy/v1 Eviction): after its durable
+    checkpoint is verified (the fallback), or after the enforcement stopped its processes at the
+    deadline (``reason`` says which). The UID precondition makes the API server refuse the eviction when
     the name now belongs to another pod (``409 Conflict``)."""
 
     def __init__(self, api: client.ApiClient) -> None:
@@ -346,7 +347,7 @@ class KubeEvictor:
     def evict(self, pod: Any, reason: str) -> None:
         body = eviction_body(str(pod.namespace), str(pod.name), str(pod.uid))
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        log.info("evicting checkpointed workload", extra={"pod": f"{ns}/{name}", "podUID": pod.uid, "reason": reason})
+        log.info("evicting lent workload", extra={"pod": f"{ns}/{name}", "podUID": pod.uid, "reason": reason})
         with contextlib.suppress(NotFound):
             self.raw.json("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", body=body)
 
