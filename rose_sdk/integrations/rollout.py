@@ -100,6 +100,39 @@ def weight_items(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
     return weights
 
 
+class EngineSleepState:
+    """What an adapter over an engine that sleeps itself (vLLM, SGLang) tracks: the level it sleeps
+    at, whether a level-2 wake still owes the weights, and the device bytes a sleep frees (given, or
+    ``fraction`` of the current CUDA device, what the engine was started with)."""
+
+    def __init__(self, device_bytes: int | None, fraction: float) -> None:
+        if device_bytes is None:
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            device_bytes = int(total * fraction)
+        self._device_bytes = device_bytes
+        self._level = 0  # 0 awake, else the level it sleeps at
+        self._needs_weights = False
+
+    @property
+    def sleeping(self) -> bool:
+        return self._level != 0
+
+    @property
+    def needs_weights(self) -> bool:
+        return self._needs_weights
+
+    def device_bytes(self) -> int:
+        return self._device_bytes
+
+    def _require_awake(self) -> None:
+        if self.sleeping:
+            raise RuntimeError("the engine sleeps: wake() before load_weights")
+
+    def _require_ready(self) -> None:
+        if self.sleeping or self._needs_weights:
+            raise RuntimeError("the engine sleeps or waits for its weights (load_weights after a level-2 wake)")
+
+
 @dataclass
 class EngineStats:
     """What the offloader did: counts and the last sleep / wake / reload durations (seconds)."""

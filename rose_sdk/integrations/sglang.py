@@ -32,6 +32,7 @@ import torch
 from rose_sdk.integrations.rollout import (
     DROPS_WEIGHTS,
     KEEPS_WEIGHTS,
+    EngineSleepState,
     Sample,
     Weights,
     check_level,
@@ -54,7 +55,7 @@ class SGLangLike(Protocol):
     def generate(self, prompt: Any = None, sampling_params: Any = None, *args: Any, **kwargs: Any) -> Any: ...
 
 
-class SGLangEngine:
+class SGLangEngine(EngineSleepState):
     """``engine``: an ``sglang.Engine`` built with ``enable_memory_saver=True``;
     ``mem_fraction_static``: the fraction of the device it was given (what a sleep frees)."""
 
@@ -66,25 +67,9 @@ class SGLangEngine:
         device_bytes: int | None = None,
         weights_backed_up: bool = False,
     ) -> None:
+        super().__init__(device_bytes, mem_fraction_static)
         self.engine = engine
         self.weights_backed_up = weights_backed_up
-        if device_bytes is None:
-            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            device_bytes = int(total * mem_fraction_static)
-        self._device_bytes = device_bytes
-        self._level = 0
-        self._needs_weights = False
-
-    @property
-    def sleeping(self) -> bool:
-        return self._level != 0
-
-    @property
-    def needs_weights(self) -> bool:
-        return self._needs_weights
-
-    def device_bytes(self) -> int:
-        return self._device_bytes
 
     def sleep(self, level: int = KEEPS_WEIGHTS) -> None:
         check_level(level)
@@ -105,8 +90,7 @@ class SGLangEngine:
         self._level = 0
 
     def load_weights(self, weights: Weights) -> None:
-        if self.sleeping:
-            raise RuntimeError("the engine sleeps: wake() before load_weights")
+        self._require_awake()
         self.engine.update_weights_from_tensor([(n, t) for n, t in weight_items(weights)], flush_cache=True)
         self._needs_weights = False
 
@@ -114,8 +98,7 @@ class SGLangEngine:
         self, prompts: Sequence[str], seeds: Sequence[int], *, max_new_tokens: int = 16, temperature: float = 1.0
     ) -> list[Sample]:
         check_seeds(prompts, seeds)
-        if self.sleeping or self._needs_weights:
-            raise RuntimeError("the engine sleeps or waits for its weights (load_weights after a level-2 wake)")
+        self._require_ready()
         params = [
             {"temperature": temperature, "max_new_tokens": max_new_tokens, "sampling_seed": int(s)} for s in seeds
         ]

@@ -33,7 +33,15 @@ from typing import Any, Protocol
 
 import torch
 
-from rose_sdk.integrations.rollout import DROPS_WEIGHTS, Sample, Weights, check_level, check_seeds, weight_items
+from rose_sdk.integrations.rollout import (
+    DROPS_WEIGHTS,
+    EngineSleepState,
+    Sample,
+    Weights,
+    check_level,
+    check_seeds,
+    weight_items,
+)
 
 
 class VLLMCompletion(Protocol):
@@ -67,7 +75,7 @@ def _load_into(pairs: list[tuple[str, torch.Tensor]]) -> Callable[[Any], Any]:
     return load
 
 
-class VLLMEngine:
+class VLLMEngine(EngineSleepState):
     """``llm``: a ``vllm.LLM`` built with ``enable_sleep_mode=True``. ``gpu_memory_utilization``:
     the fraction of the device it was given (what a sleep frees, reported to the node agent)."""
 
@@ -79,25 +87,9 @@ class VLLMEngine:
         device_bytes: int | None = None,
         reload_from_disk: bool = False,
     ) -> None:
+        super().__init__(device_bytes, gpu_memory_utilization)
         self.llm = llm
         self.reload_from_disk = reload_from_disk
-        if device_bytes is None:
-            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            device_bytes = int(total * gpu_memory_utilization)
-        self._device_bytes = device_bytes
-        self._level = 0
-        self._needs_weights = False
-
-    @property
-    def sleeping(self) -> bool:
-        return self._level != 0
-
-    @property
-    def needs_weights(self) -> bool:
-        return self._needs_weights
-
-    def device_bytes(self) -> int:
-        return self._device_bytes
 
     def sleep(self, level: int = 1) -> None:
         check_level(level)
@@ -117,8 +109,7 @@ class VLLMEngine:
         self._level = 0
 
     def load_weights(self, weights: Weights) -> None:
-        if self.sleeping:
-            raise RuntimeError("the engine sleeps: wake() before load_weights")
+        self._require_awake()
         if self.reload_from_disk:
             self.llm.collective_rpc("reload_weights")
         else:
@@ -131,8 +122,7 @@ class VLLMEngine:
         self, prompts: Sequence[str], seeds: Sequence[int], *, max_new_tokens: int = 16, temperature: float = 1.0
     ) -> list[Sample]:
         check_seeds(prompts, seeds)
-        if self.sleeping or self._needs_weights:
-            raise RuntimeError("the engine sleeps or waits for its weights (load_weights after a level-2 wake)")
+        self._require_ready()
         from vllm import SamplingParams
 
         params = [SamplingParams(seed=int(s), temperature=temperature, max_tokens=max_new_tokens) for s in seeds]
