@@ -269,14 +269,6 @@ class NodeDriver:
                 if uid not in data.claims:
                     cdi.delete_spec(self.cdi_dir, uid)
 
-    def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
-        """Per-claim outcomes; never raises (a busy node lock is a per-claim error; the kubelet retries)."""
-        try:
-            return self._prepare_locked(refs)
-        except Timeout as e:
-            self.metrics.prepare_total.labels("error").inc()
-            return {r.uid: PrepareOutcome(error=self._lock_busy("prepare", r, e)) for r in refs}
-
     def _lock_busy(self, op: str, ref: ClaimRef, e: Timeout) -> str:
         log.warning("node state lock busy", extra={"claim": ref.key(), "op": op, "lock": str(e.lock_file)})
         return (
@@ -284,8 +276,9 @@ class NodeDriver:
             " (another driver instance on this node, or a stuck operation); the kubelet retries"
         )
 
-    def _prepare_locked(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
-        """Each claim takes the node lock itself (:meth:`_prepare_claim`)."""
+    def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
+        """Per-claim outcomes; never raises (a busy node lock is a per-claim error; the kubelet
+        retries). Each claim takes the node lock itself (:meth:`_prepare_claim`)."""
         out: dict[str, PrepareOutcome] = {}
         for ref in refs:
             t0 = time.monotonic()
@@ -1034,7 +1027,13 @@ class NodeDriver:
         pods = self._pods_of(occupant, dropped)
         self._notify(pods, POD_RESUMING, "resuming lent GPU workload")
         assert self.engine is not None
-        res = self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0, pods=dropped)
+        self._report_resume(pods, self._engine_resume(occupant, dropped))
+
+    def _engine_resume(self, occupant: ClaimRecord, targets: list[str] | None) -> SuspendResult:
+        return self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0, pods=targets)
+
+    def _report_resume(self, pods: list[PodRef], res: SuspendResult) -> None:
+        """The resume's metric and Event (and the pods' suspend state)."""
         if res.ok:
             self.metrics.occupant_resume_total.labels("ok").inc()
             self._notify(pods, POD_RUNNING, f"resumed via {res.backend} in {res.seconds:.3f}s", "Resumed")
@@ -1058,16 +1057,13 @@ class NodeDriver:
         elif self.engine is None:
             res = SuspendResult(True, "none", 0, 0.0, None, "no suspend engine configured")
         else:
-            res = self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0, pods=targets)
+            res = self._engine_resume(occupant, targets)
         crash_point("resume-engine-returned")
         if res.ok:
             del data.suspensions[occupant.uid]
-            self.metrics.occupant_resume_total.labels("ok").inc()
-            self._notify(pods, POD_RUNNING, f"resumed via {res.backend} in {res.seconds:.3f}s", "Resumed")
         else:  # stays recorded (nobody holds it): the next recovery retries the resume
             s.state, s.message = SUSPENDED, res.message
-            self.metrics.occupant_resume_total.labels("error").inc()
-            self._notify(pods, POD_SUSPENDED, f"resume failed: {res.message}", "ResumeFailed", warning=True)
+        self._report_resume(pods, res)
         self._save()
 
 
