@@ -324,7 +324,9 @@ def filter_nodes(
         for name in passed:
             free = mem_get(name)
             if free is not None and free < state:
-                out.unresolvable[name] = f"host memory for suspended state: {free} bytes free (DRAM + disk tiers), pod needs {state}"
+                out.unresolvable[name] = (
+                    f"host memory for suspended state: {free} bytes free (DRAM + disk tiers), pod needs {state}"
+                )
             else:
                 keep.append(name)
         out.passed = keep

@@ -156,6 +156,8 @@ class EngineConfig:
             raise ValueError(f"spill directory must be an absolute path, got {self.spill_dir!r}")
         if self.spill_budget_bytes > 0 and not self.spill_dir:
             raise ValueError("a spill budget needs a spill directory (--spill-dir)")
+        if self.spill_dir and self.spill_budget_bytes == 0:
+            raise ValueError(f"spill directory {self.spill_dir} needs a budget > 0 (--spill-budget-bytes)")
 
 
 def choose_backend(supported: Iterable[str], enabled: Sequence[str]) -> str | None:

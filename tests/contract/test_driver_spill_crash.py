@@ -29,6 +29,7 @@ def _child(root: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]
     return subprocess.run(
         [sys.executable, str(FIXTURES), "crash-child", str(root)],
         env=env,
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,

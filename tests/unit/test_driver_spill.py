@@ -97,7 +97,7 @@ def test_a_flipped_bit_is_never_restored(tmp_path: Path) -> None:
     raw = bytearray(p.read_bytes())
     raw[-100] ^= 0x01  # in the last chunk: the first two verify, then this one fails
     p.write_bytes(bytes(raw))
-    with pytest.raises(SpillCorrupt, match="chunk 2 .* fails its blake2b checksum"):
+    with pytest.raises(SpillCorrupt, match=r"chunk 2 .* fails its blake2b checksum"):
         store.restore("pod-a", host)
     assert host.host_bytes("pod-a") is None  # no DRAM copy of corrupt state
     assert not p.exists() and store.held_bytes() == 0
@@ -145,7 +145,7 @@ def test_bad_input_gets_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=">= 0 bytes"):
         SpillStore(tmp_path, -1)
     store = SpillStore(tmp_path / "s", 1)
-    with pytest.raises(ValueError, match="spill key '../x'"):
+    with pytest.raises(ValueError, match=r"spill key '\.\./x'"):
         store.path("../x")
     with pytest.raises(SpillError, match="no spilled state for 'nope'"):
         store.read("nope")
@@ -288,3 +288,42 @@ def test_node_facts_publish_both_tiers() -> None:
     assert facts[names.ANNOTATION_HOST_MEM_FREE] == str(10 * MiB)
     assert facts[names.ANNOTATION_SPILL_FREE] == str(61 * MiB)
     assert names.ANNOTATION_SPILL_FREE not in node_facts(data, 10 * MiB)
+
+
+# ---------------------------------------------------------------------------------- the driver's flags
+
+
+def test_driver_flags_build_the_disk_tier(tmp_path: Path) -> None:
+    from dra_driver import cli
+    from dra_driver.suspend.engine import EngineConfig
+    from dra_driver.suspend.events import RecordingEventSink
+    from dra_driver.suspend.factory import build_engine
+
+    a = cli.build_parser().parse_args(
+        [
+            "--node-name",
+            "n1",
+            "--gpu-backend",
+            "simulated",
+            "--spill-dir",
+            str(tmp_path / "spill"),
+            "--spill-budget-bytes",
+            "1Gi",
+        ]
+    )
+    assert (a.spill_dir, a.spill_budget_bytes) == (str(tmp_path / "spill"), 1 << 30)
+    cfg = EngineConfig(
+        host_memory_budget_bytes=1,
+        backends=("simulated",),
+        spill_dir=a.spill_dir,
+        spill_budget_bytes=a.spill_budget_bytes,
+    )
+    eng = build_engine(cfg, events=RecordingEventSink(), simulated_host_dir=str(tmp_path / "host"))
+    assert eng.spill is not None and eng.tier_usage()["disk"] == (1 << 30, 0)
+    assert cli._disk_tier(eng) == (1 << 30, 0)
+    with pytest.raises(ValueError, match="needs a budget > 0"):
+        EngineConfig(host_memory_budget_bytes=1, spill_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="needs a spill directory"):
+        EngineConfig(host_memory_budget_bytes=1, spill_budget_bytes=5)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--node-name", "n1", "--gpu-backend", "simulated", "--spill-dir", "relative"])
