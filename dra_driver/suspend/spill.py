@@ -232,8 +232,9 @@ class SpillStore:
             with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f:
                 f.write(_HEADER.pack(MAGIC, 0, self.chunk_bytes))
                 for c in chunks:
-                    for off in range(0, len(c), self.chunk_bytes):
-                        part = c[off : off + self.chunk_bytes]
+                    view = memoryview(c)
+                    for off in range(0, len(view), self.chunk_bytes):
+                        part = view[off : off + self.chunk_bytes]
                         f.write(_CHUNK.pack(len(part), _digest(part)))
                         f.write(part)
                         total += len(part)
