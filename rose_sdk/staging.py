@@ -27,6 +27,12 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def _bytes_of(buf: torch.Tensor) -> memoryview:
+    """A writable byte view of a host uint8 tensor's memory (no copy)."""
+    arr: Any = buf.numpy()
+    return memoryview(arr).cast("B")
+
+
 class PinnedStaging:
     """``buffers`` host buffers of ``chunk_bytes`` each, pinned when CUDA is available (or
     ``pin=True``), allocated once and reused by every move."""
@@ -42,7 +48,7 @@ class PinnedStaging:
         self.pinned = cuda if pin is None else pin
         self.chunk_bytes = chunk_bytes
         self._bufs = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=self.pinned) for _ in range(buffers)]
-        self._stream: Any = torch.cuda.Stream() if cuda else None
+        self._stream: Any = torch.cuda.Stream() if cuda else None  # type: ignore[no-untyped-call]
 
     @property
     def buffers(self) -> list[torch.Tensor]:
@@ -51,7 +57,7 @@ class PinnedStaging:
     def _event(self) -> Any:
         if self._stream is None:
             return None
-        ev = torch.cuda.Event()
+        ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ev.record(self._stream)
         return ev
 
@@ -86,7 +92,7 @@ class PinnedStaging:
             if ev is not None:
                 ev.synchronize()
             m = min(c, n - offs[i])
-            yield memoryview(self._bufs[i % k].numpy())[:m]
+            yield _bytes_of(self._bufs[i % k])[:m]
 
     def to_device(self, chunks: Iterable[bytes | memoryview], dst: torch.Tensor) -> int:
         """Fill ``dst`` from ``chunks`` (any sizes; together exactly ``dst``'s bytes), through the
@@ -109,7 +115,7 @@ class PinnedStaging:
                 if ev is not None:
                     ev.synchronize()  # this buffer's previous H2D copy is done
                 buf = self._bufs[slot]
-                memoryview(buf.numpy())[:m] = view[pos : pos + m]
+                _bytes_of(buf)[:m] = view[pos : pos + m]
                 if cuda:
                     with torch.cuda.stream(self._stream):
                         flat[off : off + m].copy_(buf[:m], non_blocking=True)
