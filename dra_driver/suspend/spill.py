@@ -7,7 +7,9 @@ resume. See README.md in this folder, *Layered memory*.
   both tiers together cannot hold it (then the checkpoint-and-evict fallback runs).
 * :class:`SpillStore` is the disk tier: one file per workload, ``<dir>/<key>.spill``, written as
   chunks each with its own blake2b-256 digest, to ``<key>.spill.tmp``, fsynced, renamed, the
-  directory fsynced, then read back and verified. Only then may the caller drop the DRAM copy
+  directory fsynced, its pages dropped from the page cache (``posix_fadvise(DONTNEED)``: the
+  read-back then checks the disk, and spilled state does not stay in DRAM as cache), then read
+  back and verified. Only then may the caller drop the DRAM copy
   (:meth:`SpillStore.spill` does it in that order), so a crash at any point leaves at least one
   complete copy: :meth:`SpillStore.recover` removes partial files and, where the DRAM copy still
   exists, the disk copy (the spill never finished; DRAM is what is accounted).
@@ -88,6 +90,18 @@ class HostCopy(Protocol):
         """Put the state back into DRAM from ``chunks``; atomic: an exception from ``chunks``
         leaves no DRAM copy. Returns the bytes written."""
         ...
+
+
+def _drop_cached(p: Path) -> None:
+    """Ask the kernel to drop ``p``'s clean pages from the page cache (after its fsync)."""
+    fadvise = getattr(os, "posix_fadvise", None)
+    if fadvise is None:
+        return
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -208,9 +222,11 @@ class SpillStore:
             os.replace(tmp, final)
             _fsync_dir(self.root)
             crash_point("spill-renamed")
+            _drop_cached(final)  # the read-back checks what the disk holds, not the page cache
             got = sum(len(c) for c in self._read(final))
             if got != total:
                 raise SpillCorrupt(f"spill of {key!r} read back {got} B, wrote {total} B")
+            _drop_cached(final)  # spilled state must not stay in host memory as page cache
             crash_point("spill-verified")
         except OSError as e:
             self._abort(key, tmp, final)
