@@ -336,6 +336,9 @@ class NodeSuspendEngine:
         if pod_uid in self._on_disk and self.spill is not None:
             self.spill.remove(pod_uid)
             self._on_disk.discard(pod_uid)
+        gone = getattr(self._any_host_copy(), "forget", None)
+        if gone is not None:
+            gone(pod_uid)
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:

@@ -98,6 +98,11 @@ class SimulatedHostMemory:
         self.drop_host(key)
         return n
 
+    def forget(self, key: str) -> None:
+        """The occupant is gone: its device memory and any DRAM copy with it."""
+        for p in (self.device(key), self.dram(key)):
+            p.unlink(missing_ok=True)
+
     # spill.HostCopy
     def host_bytes(self, key: str) -> int | None:
         try:

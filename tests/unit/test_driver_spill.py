@@ -258,6 +258,8 @@ def test_a_forgotten_pod_leaves_nothing_on_disk(tmp_path: Path) -> None:
         eng.suspend_pod(uid, 30)
     eng.forget("pod-a")
     assert eng.spill is not None and eng.spill.held_bytes() == 0 and not list(eng.spill.root.iterdir())
+    eng.forget("pod-b")
+    assert not list((tmp_path / "host" / "dram").iterdir()) and not list((tmp_path / "host" / "device").iterdir())
 
 
 def test_a_restarted_engine_finds_spilled_state_and_resumes_it(tmp_path: Path) -> None:
