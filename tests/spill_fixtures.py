@@ -59,6 +59,8 @@ def crash_child(root: Path) -> int:
     eng, _, _ = spill_engine(root)
     for uid in ("pod-a", "pod-b"):
         eng.register(reg(uid))
+        if uid == "pod-b":
+            print("spilling", flush=True)  # the next suspend spills pod-a: a random SIGKILL aims here
         rec = eng.suspend_pod(uid, 30.0)
         if rec.state != "succeeded":
             print(f"suspend {uid} failed: {rec.message}", flush=True)

@@ -1,15 +1,19 @@
 """A crash while spilling loses nothing: the engine runs in a subprocess (``tests/spill_fixtures.py
 crash-child``) that suspends two workloads into a DRAM budget that holds one, so the first spills
-to disk; it dies (``os._exit(137)``, the driver's ``ROSE_DRIVER_CRASH_AT`` hook: no cleanup, like
-kill -9) at each named spill point. Then a fresh engine recovers the same directories: no partial
-file is left, and the first workload's state is in exactly one tier, whole — DRAM byte-for-byte,
-or disk with every chunk verified — and a resume brings it back bit-exact."""
+to disk; it dies at each named spill point (``os._exit(137)``, the driver's ``ROSE_DRIVER_CRASH_AT``
+hook: no cleanup, like kill -9), or by a real SIGKILL at a random moment of the spill. Then a fresh
+engine recovers the same directories: no partial file is left, and the first workload's state is
+in exactly one tier, whole — DRAM byte-for-byte, or disk with every chunk verified — and a resume
+brings it back bit-exact."""
 
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,17 +40,44 @@ def _child(root: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]
     )
 
 
+def _prepare(root: Path) -> bytes:
+    """pod-a's device memory, created before the child runs; returns its bytes."""
+    _, host, _ = spill_engine(root)
+    host.ensure_device("pod-a", STATE)
+    return host.device("pod-a").read_bytes()
+
+
 @pytest.mark.parametrize("point", SPILL_CRASH_POINTS)
 def test_a_crash_at_each_spill_point_loses_no_state(tmp_path: Path, point: str) -> None:
     root = tmp_path / "node"
-    eng, host, _ = spill_engine(root)
-    host.ensure_device("pod-a", STATE)
-    original = host.device("pod-a").read_bytes()
-    del eng
-
+    original = _prepare(root)
     done = _child(root, point)
     assert done.returncode == 137, f"the child did not die at {point}: rc={done.returncode} {done.stdout}{done.stderr}"
+    _check_recovered(root, original, point)
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sigkill_at_a_random_moment_of_a_spill_loses_no_state(tmp_path: Path, seed: int) -> None:
+    """A real SIGKILL, at a random delay after the child says it starts the suspend that spills."""
+    root = tmp_path / "node"
+    original = _prepare(root)
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    child = subprocess.Popen(
+        [sys.executable, str(FIXTURES), "crash-child", str(root)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "spilling"
+        time.sleep(random.Random(seed).uniform(0.0, 0.25))
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+        if child.stdout is not None:
+            child.stdout.close()
+    _check_recovered(root, original, f"random delay (seed {seed}), rc {child.returncode}")
+
+
+def _check_recovered(root: Path, original: bytes, point: str) -> None:
     again, host2, _ = spill_engine(root)  # recovery: partial files removed, ledger rebuilt
     spill_dir = root / "spill"
     assert not [p.name for p in spill_dir.iterdir() if p.name.endswith(TMP_SUFFIX)]
