@@ -708,6 +708,11 @@ class NodeSuspendEngine:
             and copy.host_bytes(o.pod_uid) is not None
         ]
         plan = plan_spill(resident, need, self.budget.capacity_bytes, self.budget.held_bytes(), self.spill.free_bytes())
+        if plan is None and not resident:
+            return (
+                "; no suspended state in DRAM can spill to the disk tier (only backends that hand over"
+                " their DRAM copy can: the simulated one; cooperative and cuda-checkpoint keep it in the workload)"
+            )
         if plan is None:
             return (
                 f"; both tiers full: spilling the {len(resident)} spillable suspended state(s) cannot make"

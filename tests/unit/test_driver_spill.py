@@ -329,3 +329,14 @@ def test_driver_flags_build_the_disk_tier(tmp_path: Path) -> None:
         EngineConfig(host_memory_budget_bytes=1, spill_budget_bytes=5)
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["--node-name", "n1", "--gpu-backend", "simulated", "--spill-dir", "relative"])
+
+
+def test_dram_full_of_unspillable_state_falls_back_saying_why(tmp_path: Path) -> None:
+    """A state whose backend keeps its DRAM copy in the workload (no HostCopy) cannot spill."""
+    eng, _, _ = spill_engine(tmp_path)
+    eng._backends["simulated"].host_copy = None  # type: ignore[attr-defined]
+    for uid in ("pod-a", "pod-b"):
+        eng.register(reg(uid))
+    assert eng.suspend_pod("pod-a", 30).state == "succeeded"
+    rec = eng.suspend_pod("pod-b", 30)
+    assert rec.fallback == "checkpoint-evict" and "no suspended state in DRAM can spill" in rec.message
