@@ -237,7 +237,8 @@ class SpillStore:
             self._abort(key, tmp, final)
             raise
         if total > account_bytes:
-            self._reserve(key, total)  # never under-count what is on disk
+            with self._lock:  # never under-count what is on disk (even past the budget: it is there)
+                self._held[key] = total
         return total
 
     def _write_tmp(self, tmp: Path, chunks: Iterable[bytes | memoryview]) -> int:
