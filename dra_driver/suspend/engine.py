@@ -303,6 +303,9 @@ class NodeSuspendEngine:
             # Re-registration after an agent restart: the state is parked in the workload's host
             # memory; account for it (bounded: unverified) and remember how to bring it back.
             w.suspended_by = BACKEND_COOPERATIVE if BACKEND_COOPERATIVE in reg.backends else None
+            holder = self._holder_of(reg.pod_uid)
+            if holder is not None and holder in reg.backends:  # its state is in this engine's tiers
+                w.suspended_by = holder
             w.host_bytes_held = unverified_bytes_counted(reg.state_bytes, scope)
             if reg.pod_uid in self._on_disk:  # its state is in the disk tier, not in DRAM
                 self.budget.release(reg.pod_uid)
@@ -679,6 +682,14 @@ class NodeSuspendEngine:
             )
             return None
         return name, need
+
+    def _holder_of(self, pod_uid: str) -> str | None:
+        """The backend whose DRAM copy, or whose spilled copy on disk, holds a pod's state."""
+        for name, b in self._backends.items():
+            copy = getattr(b, "host_copy", None)
+            if copy is not None and (pod_uid in self._on_disk or copy.host_bytes(pod_uid) is not None):
+                return name
+        return None
 
     def _any_host_copy(self) -> HostCopy | None:
         for b in self._backends.values():

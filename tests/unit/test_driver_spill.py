@@ -274,8 +274,7 @@ def test_a_restarted_engine_finds_spilled_state_and_resumes_it(tmp_path: Path) -
     assert again.tier_of("pod-a") == "disk" and again.spill is not None and again.spill.held_bytes() == STATE
     again.register(replace(reg("pod-a"), current_state="Suspended"))
     w = again.registry.get("pod-a")
-    assert w is not None
-    w.suspended_by = "simulated"  # re-registered as suspended: the simulated backend parked it
+    assert w is not None and w.suspended_by == "simulated"  # the engine knows which backend holds it
     assert again.budget.held_bytes("pod-a") == 0  # on disk, not in DRAM
     assert again.resume_pod("pod-a").state == "succeeded"
     assert _device(host2, "pod-a") == original
