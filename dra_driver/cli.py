@@ -99,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="64Gi",
     )
     add(
+        "spill-dir",
+        "local directory (NVMe) for the disk tier of suspended state: when the host-memory budget "
+        "is full, the least recently suspended state spills there before any checkpoint-and-evict; "
+        "'' = no disk tier",
+        type=absolute_dir,
+        default="",
+    )
+    add(
+        "spill-budget-bytes",
+        "bytes the disk tier (--spill-dir) may hold",
+        type=byte_size,
+        default="0",
+    )
+    add(
         "suspend-engine",
         "suspend engine: 'node' (dra_driver.suspend) or 'none' (lent occupants are not "
         "suspended; serving-wins suspends are recorded as failed)",
@@ -226,6 +240,8 @@ def build_engine(
         backends=backends,
         simulated_occupant_bytes=int(args.simulated_occupant_bytes),
         node_name=args.node_name,
+        spill_dir=str(args.spill_dir),
+        spill_budget_bytes=int(args.spill_budget_bytes),
     )
     gbps = min((g.host_link_gbps for g in gpus), default=float(args.simulated_host_link_gbps))
     return factory(
@@ -367,7 +383,7 @@ def build(args: argparse.Namespace) -> Wiring:
     )
     facts = NodeFactsPublisher(
         kube.KubeNode(api, args.node_name),
-        lambda: node_facts(driver.snapshot(), int(args.host_memory_budget)),
+        lambda: node_facts(driver.snapshot(), int(args.host_memory_budget), _disk_tier(engine)),
         float(args.node_facts_seconds),
     )
     observers = [notifier.resizer.observe] if notifier.resizer is not None else []
@@ -380,6 +396,15 @@ def build(args: argparse.Namespace) -> Wiring:
     if agent_server is not None:  # one fencing book for both paths, kept in the node checkpoint
         agent_server.control.fence = lambda raw: driver.admit_fence(raw, [], "agent")
     return wiring
+
+
+def _disk_tier(engine: Any) -> tuple[int, int] | None:
+    """The engine's disk tier of suspended state as (budget, held) bytes; None without one."""
+    usage = getattr(engine, "tier_usage", None)
+    if usage is None or getattr(engine, "spill", None) is None:
+        return None
+    budget, held = usage()["disk"]
+    return int(budget), int(held)
 
 
 def build_enforcer(args: argparse.Namespace, gpus: list[Any], engine: Any, evictor: Any) -> Any:

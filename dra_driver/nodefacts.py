@@ -1,7 +1,9 @@
 """Node facts the scheduler extender reads, published as Node annotations (ARCHITECTURE §3).
 
 * ``rose.io/host-memory-free-bytes``: the host-memory budget for suspended state minus what the
-  node's suspended occupants hold (the extender's cache reads it);
+  node's suspended occupants hold in DRAM (the extender's cache reads it);
+* ``rose.io/host-state-disk-free-bytes``: with a disk tier (``--spill-dir``), its budget minus what
+  spilled state holds there (the extender adds it to the above);
 * ``rose.io/lent-gpus``: comma-separated indexes of GPUs with a prepared lent (lendable) claim,
   suspended or not ("" when none).
 
@@ -21,10 +23,16 @@ from rose_common import names
 log = logging.getLogger("rose.driver.nodefacts")
 
 
-def node_facts(data: NodeStateData, host_memory_budget_bytes: int) -> dict[str, str]:
+def node_facts(
+    data: NodeStateData, host_memory_budget_bytes: int, spill: tuple[int, int] | None = None
+) -> dict[str, str]:
+    """``spill``: the disk tier's (budget, held) bytes; None without one. What the suspended
+    occupants hold counts in DRAM except what the disk tier holds."""
     held = sum(
         s.bytes_moved for s in data.suspensions.values() if s.state not in (CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
     )
+    if spill is not None:
+        held = max(0, held - spill[1])
     lent = sorted(
         {
             d.gpu_index
@@ -34,10 +42,13 @@ def node_facts(data: NodeStateData, host_memory_budget_bytes: int) -> dict[str, 
             if d.role == names.ROLE_LENDABLE
         }
     )
-    return {
+    out = {
         names.ANNOTATION_HOST_MEM_FREE: str(max(0, host_memory_budget_bytes - held)),
         names.ANNOTATION_LENT: ",".join(str(i) for i in lent),
     }
+    if spill is not None:
+        out[names.ANNOTATION_SPILL_FREE] = str(max(0, spill[0] - spill[1]))
+    return out
 
 
 class NodeApi(Protocol):

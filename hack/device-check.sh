@@ -5,7 +5,9 @@
 #      Adam training on the GPU suspended/resumed by each backend, bit-identical; the rollout engines
 #      (test_rollout_engines.py: Transformers generate, vLLM, SGLang slept, woken, reloaded; vLLM and
 #      SGLang skip, saying so, where they are not installed: its own step, 2b, at most 180 s);
-#   3. python -m benchmarks.gpu_suspend --sizes-gib 1,8,32 --json OUT/gpu_suspend.json.
+#   3. python -m benchmarks.gpu_suspend --sizes-gib 1,8,32 --json OUT/gpu_suspend.json;
+#   3b. python -m benchmarks.spill --sizes-mib 256,1024 --repeats 2 --json OUT/spill.json (the disk tier
+#      of suspended state on this machine's disk and CPU, at most 60 s; the GPU staging path is in step 2).
 # Usage: hack/device-check.sh [OUT_DIR]   (default: $OUT, else out/device-check)
 # Exit status: 0 all passed; 2 no usable GPU here (says what was found); 1 a test or the benchmark failed.
 # Changes no GPU setting (persistence mode is recorded, not set).
@@ -91,6 +93,20 @@ for e in r["sizes"]:
     print("; ".join(line))
 print("goal:", json.dumps(r["goal"]))
 print("skipped sizes:", r.get("skipped_sizes_gib"), "unavailable:", r.get("cuda_checkpoint_unavailable"))
+PYEOF
+fi
+say "3b/3 disk tier: spill and restore bandwidth (benchmarks.spill, at most 60 s)"
+timeout 60 "$PY" -m benchmarks.spill --sizes-mib 256,1024 --repeats 2 --json "$OUT_DIR/spill.json" \
+  >/dev/null 2>"$OUT_DIR/spill.stderr"
+rc=$?
+tail -n 5 "$OUT_DIR/spill.stderr" | tee -a "$LOG" >&2
+[ $rc -eq 0 ] || { say "spill benchmark failed (status $rc; 124 = timed out)"; status=1; }
+if [ -s "$OUT_DIR/spill.json" ]; then
+  "$PY" - "$OUT_DIR/spill.json" <<'PYEOF' | tee -a "$LOG" >&2
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    print(f"disk tier {r['size_mib']} MiB: spill {r['spill_gbps']} GB/s, cold restore {r['restore_cold_gbps']} GB/s,"
+          f" plain write+fsync {r['baseline_write_fsync_gbps']} GB/s, exact={r['bit_exact']}")
 PYEOF
 fi
 say "done, status $status; files in $OUT_DIR"

@@ -38,6 +38,9 @@ LABEL_GPU_NODE: Final = f"{LABEL_PREFIX}/gpu-node"
 ANNOTATION_GRACE: Final = f"{LABEL_PREFIX}/graceful-shutdown-seconds"
 ANNOTATION_STATE_BYTES: Final = f"{LABEL_PREFIX}/state-bytes"
 ANNOTATION_HOST_MEM_FREE: Final = f"{LABEL_PREFIX}/host-memory-free-bytes"
+# The disk tier of suspended state (the driver's --spill-dir): bytes free under its budget; absent
+# without a disk tier. The extender's host-memory filter counts both tiers.
+ANNOTATION_SPILL_FREE: Final = f"{LABEL_PREFIX}/host-state-disk-free-bytes"
 ANNOTATION_LENT: Final = f"{LABEL_PREFIX}/lent-gpus"
 
 # Container environment injected by the DRA driver's per-claim CDI spec (dra_driver/cdi.py) and

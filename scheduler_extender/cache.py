@@ -156,11 +156,9 @@ class ClusterCache:
         else:
             labels = meta.get("labels") or {}
             annotations = meta.get("annotations") or {}
-            raw = annotations.get(names.ANNOTATION_HOST_MEM_FREE)
-            try:
-                mem: int | None = int(raw) if raw is not None else None
-            except (TypeError, ValueError):
-                mem = None
+            mem = policy.host_state_free(
+                annotations.get(names.ANNOTATION_HOST_MEM_FREE), annotations.get(names.ANNOTATION_SPILL_FREE)
+            )
             self._nodes[name] = _Node(pool=str(labels.get(names.LABEL_POOL, "")), host_mem_free=mem)
         self._dirty.add(name)
 

@@ -54,7 +54,7 @@ class NodeState:
     serving_used: int  # physical GPUs whose serving device is allocated
     lent: int  # physical GPUs whose lendable device is allocated
     lendable_free: int  # lendable devices free whose serving twin is free too
-    host_mem_free: int | None  # bytes free for suspended state; None = not published
+    host_mem_free: int | None  # bytes free for suspended state, DRAM + disk tiers; None = not published
     reclaim_cost_s: float  # estimated seconds to take back every lent GPU on the node
     jobs: frozenset[str] = frozenset()  # ElasticRLJobs with a worker on the node
 

@@ -263,6 +263,25 @@ def _rl_group_reason(
     return None
 
 
+def host_state_free(dram_free: object, disk_free: object) -> int | None:
+    """Pure: bytes a node can still take of suspended state, from its annotations
+    ``rose.io/host-memory-free-bytes`` (DRAM) and ``rose.io/host-state-disk-free-bytes`` (the
+    driver's disk tier, absent without one): their sum. None when DRAM is not published (or not a
+    non-negative integer: the filter then does not judge the node); a malformed disk value counts 0."""
+
+    def parse(raw: object) -> int | None:
+        try:
+            v = int(str(raw)) if raw is not None else None
+        except ValueError:
+            return None
+        return v if v is not None and v >= 0 else None
+
+    dram = parse(dram_free)
+    if dram is None:
+        return None
+    return dram + (parse(disk_free) or 0)
+
+
 def filter_nodes(
     pod: PodInfo,
     node_names: Sequence[str],
@@ -305,7 +324,9 @@ def filter_nodes(
         for name in passed:
             free = mem_get(name)
             if free is not None and free < state:
-                out.unresolvable[name] = f"host memory for suspended state: {free} bytes free, pod needs {state}"
+                out.unresolvable[name] = (
+                    f"host memory for suspended state: {free} bytes free (DRAM + disk tiers), pod needs {state}"
+                )
             else:
                 keep.append(name)
         out.passed = keep

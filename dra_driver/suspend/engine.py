@@ -12,7 +12,12 @@ pod-level operations the NodeControl service exposes. Invariants:
 * the fallback evicts only a pod from the driver's claim records (the workload's ``ClaimScope``),
   and only after the checkpoint file named in the ack exists and its sha256 verifies;
 * state sizes a workload reports are unverified: they count in the budget only up to its claim's
-  device memory (the scope's bound), and not at all without a scope.
+  device memory (the scope's bound), and not at all without a scope;
+* layered memory: with a disk tier (``spill.SpillStore``), a suspend that does not fit the DRAM
+  budget first spills the least recently suspended DRAM copies the backend can hand over; the
+  fallback runs only when both tiers are full. A DRAM copy is dropped only after its disk copy is
+  written, fsynced and verified; a resume reads it back verified, and a bad checksum never resumes:
+  the workload falls back to its durable checkpoint.
 
 I/O boundary: the backends, the evictor, the event sink, and reading the checkpoint file.
 """
@@ -20,6 +25,7 @@ I/O boundary: the backends, the evictor, the event sink, and reading the checkpo
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -36,6 +42,9 @@ from dra_driver.suspend.events import (
     REASON_FALLBACK_FAILED,
     REASON_RESUME_FAILED,
     REASON_RESUMED,
+    REASON_SPILL_CORRUPT,
+    REASON_SPILL_FAILED,
+    REASON_SPILLED,
     REASON_SUSPEND_FAILED,
     REASON_SUSPENDED,
     EngineEvent,
@@ -69,6 +78,17 @@ from dra_driver.suspend.registry import (
     TrustedPod,
     Workload,
     WorkloadRegistry,
+)
+from dra_driver.suspend.spill import (
+    TIER_DISK,
+    TIER_DRAM,
+    HostCopy,
+    Resident,
+    SpillCorrupt,
+    SpillError,
+    SpillStore,
+    plan_spill,
+    spill_error_kind,
 )
 from dra_driver.suspend.verify import CheckpointVerifier, Verdict, VerifyRequest
 
@@ -113,6 +133,10 @@ class EngineConfig:
     # treated as a simulated occupant of this many bytes (end-to-end tests on KWOK nodes).
     simulated_occupant_bytes: int = 0
     node_name: str = ""
+    # The disk tier of suspended state (layered memory): a local directory and its byte budget.
+    # "" / 0: no disk tier (a full DRAM budget takes the checkpoint-and-evict fallback at once).
+    spill_dir: str = ""
+    spill_budget_bytes: int = 0
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.backends if b not in BACKENDS]
@@ -126,6 +150,14 @@ class EngineConfig:
             raise ValueError("checkpoint and resume timeouts must be > 0 seconds")
         if self.simulated_occupant_bytes < 0:
             raise ValueError("simulated occupant bytes must be >= 0")
+        if self.spill_budget_bytes < 0:
+            raise ValueError(f"spill budget must be >= 0 bytes, got {self.spill_budget_bytes}")
+        if self.spill_dir and not self.spill_dir.startswith("/"):
+            raise ValueError(f"spill directory must be an absolute path, got {self.spill_dir!r}")
+        if self.spill_budget_bytes > 0 and not self.spill_dir:
+            raise ValueError("a spill budget needs a spill directory (--spill-dir)")
+        if self.spill_dir and self.spill_budget_bytes == 0:
+            raise ValueError(f"spill directory {self.spill_dir} needs a budget > 0 (--spill-budget-bytes)")
 
 
 def choose_backend(supported: Iterable[str], enabled: Sequence[str]) -> str | None:
@@ -223,6 +255,7 @@ class NodeSuspendEngine:
         metrics: SuspendMetrics | None = None,
         evictor: Evictor | None = None,
         verifier: CheckpointVerifier | None = None,
+        spill: SpillStore | None = None,
     ) -> None:
         missing = [b for b in config.backends if b not in backends]
         if missing:
@@ -240,6 +273,19 @@ class NodeSuspendEngine:
         self._ledger_freed: set[str] = set()  # claims whose simulated occupant the driver evicted
         self._checkpointing: set[str] = set()  # pods asked for their fallback checkpoint, no answer yet
         self._ops_lock = threading.Lock()
+        # Layered memory: the disk tier, the order workloads were suspended in (least recently
+        # suspended spills first), and which suspended states are on disk now.
+        self.spill = spill
+        self._seq = itertools.count()
+        self._suspended_seq: dict[str, int] = {}
+        self._on_disk: set[str] = set()
+        self.metrics.host_state_budget_bytes.labels(TIER_DRAM).set(config.host_memory_budget_bytes)
+        self.metrics.host_state_budget_bytes.labels(TIER_DISK).set(spill.capacity_bytes if spill else 0)
+        if spill is not None:
+            self._on_disk = set(spill.recover(self._any_host_copy()))
+            if self._on_disk:
+                log.info("spilled state found on disk", extra={"pods": sorted(self._on_disk)})
+        self._refresh_gauges()
 
     def backend(self, name: str) -> Backend | None:
         """An enabled backend by name (the driver's enforcement uses cuda-checkpoint by PID)."""
@@ -257,8 +303,14 @@ class NodeSuspendEngine:
             # Re-registration after an agent restart: the state is parked in the workload's host
             # memory; account for it (bounded: unverified) and remember how to bring it back.
             w.suspended_by = BACKEND_COOPERATIVE if BACKEND_COOPERATIVE in reg.backends else None
+            holder = self._holder_of(reg.pod_uid)
+            if holder is not None and holder in reg.backends:  # its state is in this engine's tiers
+                w.suspended_by = holder
             w.host_bytes_held = unverified_bytes_counted(reg.state_bytes, scope)
-            self.budget.force(reg.pod_uid, w.host_bytes_held)
+            if reg.pod_uid in self._on_disk:  # its state is in the disk tier, not in DRAM
+                self.budget.release(reg.pod_uid)
+            else:
+                self.budget.force(reg.pod_uid, w.host_bytes_held)
         else:
             self.budget.release(reg.pod_uid)
         self._refresh_gauges()
@@ -283,11 +335,31 @@ class NodeSuspendEngine:
         """The pod is gone: drop it and anything it held."""
         self.registry.remove(pod_uid)
         self.budget.release(pod_uid)
+        self._suspended_seq.pop(pod_uid, None)
+        if pod_uid in self._on_disk and self.spill is not None:
+            self.spill.remove(pod_uid)
+            self._on_disk.discard(pod_uid)
+        gone = getattr(self._any_host_copy(), "forget", None)
+        if gone is not None:
+            gone(pod_uid)
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:
         self.metrics.host_held_bytes.set(self.budget.held_bytes())
+        self.metrics.host_state_bytes.labels(TIER_DRAM).set(self.budget.held_bytes())
+        self.metrics.host_state_bytes.labels(TIER_DISK).set(self.spill.held_bytes() if self.spill else 0)
         self.metrics.workloads.set(len(self.registry.all()))
+
+    def tier_usage(self) -> dict[str, tuple[int, int]]:
+        """(budget, held) bytes of each tier of suspended state (node facts, Status)."""
+        disk = (self.spill.capacity_bytes, self.spill.held_bytes()) if self.spill is not None else (0, 0)
+        return {TIER_DRAM: (self.budget.capacity_bytes, self.budget.held_bytes()), TIER_DISK: disk}
+
+    def tier_of(self, pod_uid: str) -> str | None:
+        """Where a suspended workload's state is: "dram", "disk", or None (not held)."""
+        if pod_uid in self._on_disk:
+            return TIER_DISK
+        return TIER_DRAM if self.budget.held_bytes(pod_uid) > 0 else None
 
     # ------------------------------------------------------------------ engine_api.SuspendEngine
 
@@ -595,22 +667,118 @@ class NodeSuspendEngine:
         measured = self._measure(name, w)
         need = host_bytes_needed(w.reg.state_bytes, measured)
         if not self.budget.try_reserve(w.pod_uid, need):
+            spill_note = self._make_room(w, need)
+            if not spill_note and self.budget.try_reserve(w.pod_uid, need):
+                return name, need
+            disk = "" if self.spill is None else f"; disk {self.spill.held_bytes()} of {self.spill.capacity_bytes} B"
             self._fallback(
                 w,
                 rec,
                 "host_memory_budget",
                 f"suspend refused: {need} B of state does not fit the host-memory budget"
-                f" ({self.budget.held_bytes()} of {self.budget.capacity_bytes} B held; registered"
-                f" {w.reg.state_bytes} B, measured on the GPU {'n/a' if measured is None else f'{measured} B'})",
+                f" ({self.budget.held_bytes()} of {self.budget.capacity_bytes} B held{disk}; registered"
+                f" {w.reg.state_bytes} B, measured on the GPU {'n/a' if measured is None else f'{measured} B'})"
+                f"{spill_note}",
             )
             return None
         return name, need
+
+    def _holder_of(self, pod_uid: str) -> str | None:
+        """The backend whose DRAM copy, or whose spilled copy on disk, holds a pod's state."""
+        for name, b in self._backends.items():
+            copy = getattr(b, "host_copy", None)
+            if copy is not None and (pod_uid in self._on_disk or copy.host_bytes(pod_uid) is not None):
+                return name
+        return None
+
+    def _any_host_copy(self) -> HostCopy | None:
+        for b in self._backends.values():
+            copy = getattr(b, "host_copy", None)
+            if copy is not None:
+                return copy  # type: ignore[no-any-return]
+        return None
+
+    def _host_copy(self, w: Workload) -> HostCopy | None:
+        """The DRAM copy of a suspended workload's state, where its backend can hand it over."""
+        b = self._backends.get(w.suspended_by or "")
+        return getattr(b, "host_copy", None)
+
+    def _make_room(self, w: Workload, need: int) -> str:
+        """Spill DRAM copies, least recently suspended first, until ``need`` fits the DRAM budget.
+        Returns "" when it fits now, else why not (for the fallback's message)."""
+        if self.spill is None:
+            return "; no disk tier (--spill-dir) to spill to"
+        resident = [
+            Resident(o.pod_uid, self.budget.held_bytes(o.pod_uid), self._suspended_seq.get(o.pod_uid, -1))
+            for o in self.registry.all()
+            if o.pod_uid != w.pod_uid
+            and o.state == STATE_SUSPENDED
+            and o.pod_uid not in self._on_disk
+            and self.budget.held_bytes(o.pod_uid) > 0
+            and (copy := self._host_copy(o)) is not None
+            and copy.host_bytes(o.pod_uid) is not None
+        ]
+        plan = plan_spill(resident, need, self.budget.capacity_bytes, self.budget.held_bytes(), self.spill.free_bytes())
+        if plan is None and not resident:
+            return (
+                "; no suspended state in DRAM can spill to the disk tier (only backends that hand over"
+                " their DRAM copy can: the simulated one; cooperative and cuda-checkpoint keep it in the workload)"
+            )
+        if plan is None:
+            return (
+                f"; both tiers full: spilling the {len(resident)} spillable suspended state(s) cannot make"
+                f" room (disk tier {self.spill.free_bytes()} of {self.spill.capacity_bytes} B free)"
+            )
+        for pod in plan:
+            o = self.registry.get(pod)
+            if o is None or not o.op_lock.acquire(blocking=False):
+                return f"; could not spill pod {pod}: it is busy or gone"
+            try:
+                err = self.spill_workload(o)
+            finally:
+                o.op_lock.release()
+            if err:
+                return f"; {err}"
+        return ""
+
+    def spill_workload(self, o: Workload) -> str:
+        """Move one suspended workload's DRAM copy to the disk tier (its op lock held). Returns ""
+        on success, else why not (its DRAM copy is then untouched)."""
+        assert self.spill is not None
+        copy = self._host_copy(o)
+        if copy is None or o.state != STATE_SUSPENDED or o.pod_uid in self._on_disk:
+            return f"pod {o.pod_uid} has no DRAM copy to spill"
+        held = self.budget.held_bytes(o.pod_uid)
+        t0 = time.monotonic()
+        try:
+            n = self.spill.spill(o.pod_uid, copy, held)
+        except SpillError as e:
+            kind = spill_error_kind(e)
+            self.metrics.spills.labels("to_disk", kind).inc()
+            msg = f"spill of its suspended state to {self.spill.root} failed ({kind}): {e}; kept in host memory"
+            self._event(o, REASON_SPILL_FAILED, msg, "Warning")
+            return f"pod {o.pod_uid}: {msg}"
+        secs = time.monotonic() - t0
+        self._on_disk.add(o.pod_uid)
+        self.budget.release(o.pod_uid)
+        self.metrics.spills.labels("to_disk", "ok").inc()
+        self.metrics.spill_seconds.labels("to_disk").observe(secs)
+        self._refresh_gauges()
+        self._event(
+            o,
+            REASON_SPILLED,
+            f"suspended state spilled from host memory to disk: {n} B in {secs:.3f}s"
+            f" ({n / max(secs, 1e-9) / 1e9:.2f} GB/s, written, fsynced and verified before the DRAM copy was dropped)",
+            "Normal",
+        )
+        return ""
 
     def _record_suspended(
         self, w: Workload, rec: OperationRecord, name: str, out: BackendOutcome, need: int, secs: float, reason: str
     ) -> None:
         held = max(out.bytes_moved, need)
         self.budget.force(w.pod_uid, held)
+        self._suspended_seq[w.pod_uid] = next(self._seq)
         w.host_bytes_held, w.suspended_by = held, name
         w.engine_suspended = True
         self.registry.set_state(w, STATE_SUSPENDED)
@@ -742,6 +910,8 @@ class NodeSuspendEngine:
             return
         rec.backend = name
         t0 = time.monotonic()
+        if w.pod_uid in self._on_disk and not self._restore_from_disk(w, rec):
+            return
         self.registry.set_state(w, STATE_RESUMING)
         try:
             out = self._backends[name].resume(
@@ -759,6 +929,7 @@ class NodeSuspendEngine:
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
             return
         self.budget.release(w.pod_uid)
+        self._suspended_seq.pop(w.pod_uid, None)
         w.host_bytes_held, w.suspended_by, w.engine_suspended = 0, None, False
         self.registry.set_state(w, STATE_RUNNING)
         secs = time.monotonic() - t0
@@ -767,6 +938,67 @@ class NodeSuspendEngine:
         self.metrics.moved_bytes.labels(name, "to_device").inc(out.bytes_moved)
         self.metrics.operations.labels("resume", name, "ok").inc()
         self._event(w, REASON_RESUMED, f"resumed by {name}: {out.bytes_moved} B in {secs:.3f}s", "Normal")
+
+    def _restore_from_disk(self, w: Workload, rec: OperationRecord) -> bool:
+        """Bring a spilled state back into DRAM before its backend resumes it. A bad checksum never
+        resumes: the workload falls back to its durable checkpoint (evicted to restart from it).
+        Another error keeps the disk copy for a retry. The DRAM budget takes it back even past
+        its capacity: the state leaves DRAM for the GPU right after."""
+        assert self.spill is not None
+        copy = self._host_copy(w)
+        if copy is None:
+            rec.state, rec.reason = "failed", SuspendReason.FAILED
+            rec.message = f"state of pod {w.pod_uid} is on disk but its backend cannot take it back; kept on disk"
+            return False
+        held = self.spill.held_bytes(w.pod_uid)
+        t0 = time.monotonic()
+        try:
+            n = self.spill.restore(w.pod_uid, copy)
+        except SpillCorrupt as e:
+            self._on_disk.discard(w.pod_uid)
+            self.metrics.spills.labels("to_dram", "corrupt").inc()
+            self._corrupt_fallback(w, rec, str(e))
+            return False
+        except (SpillError, OSError) as e:
+            self.metrics.spills.labels("to_dram", "failed").inc()
+            rec.state, rec.reason = "failed", SuspendReason.FAILED
+            rec.message = f"reading the spilled state back failed: {e}; state kept on disk, retry the resume"
+            self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
+            return False
+        secs = time.monotonic() - t0
+        self._on_disk.discard(w.pod_uid)
+        self.budget.force(w.pod_uid, max(held, n))
+        self.metrics.spills.labels("to_dram", "ok").inc()
+        self.metrics.spill_seconds.labels("to_dram").observe(secs)
+        self._refresh_gauges()
+        log.info(
+            "spilled state restored to host memory",
+            extra={"podUID": w.pod_uid, "bytes": n, "seconds": round(secs, 3)},
+        )
+        return True
+
+    def _corrupt_fallback(self, w: Workload, rec: OperationRecord, problem: str) -> None:
+        """A spilled copy failed its checksum: nothing corrupt is resumed; the workload restarts
+        from its durable checkpoint (its pod is evicted where the driver's claim records know it)."""
+        self.budget.release(w.pod_uid)
+        self._suspended_seq.pop(w.pod_uid, None)
+        w.host_bytes_held = 0
+        self.registry.set_state(w, STATE_CHECKPOINTED_EVICTED)
+        rec.state, rec.fallback, rec.reason = "failed", FALLBACK_CHECKPOINT_EVICT, SuspendReason.FALLBACK
+        pod = w.scope.pod(w.pod_uid) if w.scope is not None else None
+        evicted = (
+            f"evicting pod {pod.namespace}/{pod.name} (uid {pod.uid}) to restart from its durable checkpoint"
+            if self._evictor is not None and pod is not None
+            else "the caller must restart the pod from its durable checkpoint"
+        )
+        rec.message = (
+            f"spilled state failed its checksum ({problem}); it was not resumed and the disk copy was"
+            f" removed; falling back to the durable checkpoint: {evicted}"
+        )
+        self.metrics.fallbacks.labels("spill_corrupt").inc()
+        self._event(w, REASON_SPILL_CORRUPT, rec.message, "Warning")
+        if self._evictor is not None and pod is not None:
+            self._evictor.evict(pod, rec.message)
 
     # ------------------------------------------------------------------ workload side (agent servicer)
 

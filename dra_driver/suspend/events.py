@@ -18,6 +18,9 @@ REASON_SUSPEND_FAILED = "SuspendFailed"
 REASON_RESUME_FAILED = "ResumeFailed"
 REASON_FALLBACK_CHECKPOINT = "SuspendFallbackCheckpoint"
 REASON_FALLBACK_FAILED = "SuspendFallbackCheckpointFailed"
+REASON_SPILLED = "SuspendedStateSpilled"  # DRAM copy moved to the disk tier
+REASON_SPILL_FAILED = "SpillFailed"  # the disk tier could not take it (full, I/O error)
+REASON_SPILL_CORRUPT = "SpilledStateCorrupt"  # a spilled copy failed its checksum: never resumed
 
 
 @dataclass(frozen=True)

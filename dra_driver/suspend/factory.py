@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry
 
 from dra_driver.suspend.cooperative import CooperativeBackend
@@ -11,7 +13,8 @@ from dra_driver.suspend.events import EventSink
 from dra_driver.suspend.metrics import SuspendMetrics
 from dra_driver.suspend.model import BACKEND_COOPERATIVE, BACKEND_CUDA_CHECKPOINT, BACKEND_SIMULATED
 from dra_driver.suspend.nvml import NvmlMemoryProbe, NvmlUnavailable
-from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND, SimulatedBackend
+from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND, SimulatedBackend, SimulatedHostMemory
+from dra_driver.suspend.spill import SpillStore
 from dra_driver.suspend.verify import CheckpointVerifier
 
 
@@ -25,15 +28,21 @@ def build_engine(
     evictor: Evictor | None = None,
     metrics_registry: CollectorRegistry | None = None,
     verifier: CheckpointVerifier | None = None,
+    simulated_host_dir: str = "",
 ) -> NodeSuspendEngine:
     """Raises CudaCheckpointUnavailable when cuda-checkpoint is enabled but libcuda cannot serve it
-    or NVML cannot measure processes' GPU memory (the host-memory budget needs that measurement)."""
+    or NVML cannot measure processes' GPU memory (the host-memory budget needs that measurement).
+
+    With a spill directory the engine gets its disk tier, and the simulated backend real bytes
+    (``SimulatedHostMemory`` under ``simulated_host_dir``; default a /dev/shm folder per node)."""
+    spill = SpillStore(config.spill_dir, config.spill_budget_bytes) if config.spill_dir else None
     backends: dict[str, Backend] = {}
     for name in config.backends:
         if name == BACKEND_COOPERATIVE:
             backends[name] = CooperativeBackend()
         elif name == BACKEND_SIMULATED:
-            backends[name] = SimulatedBackend(simulated_host_link_bytes_per_second)
+            host = SimulatedHostMemory(simulated_host_dir or _default_host_dir(config)) if spill else None
+            backends[name] = SimulatedBackend(simulated_host_link_bytes_per_second, host=host)
         elif name == BACKEND_CUDA_CHECKPOINT:
             backends[name] = _cuda_checkpoint(libcuda_path, libnvml_path)
     return NodeSuspendEngine(
@@ -43,7 +52,15 @@ def build_engine(
         evictor=evictor,
         metrics=SuspendMetrics(metrics_registry),
         verifier=verifier,
+        spill=spill,
     )
+
+
+def _default_host_dir(config: EngineConfig) -> str:
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        return str(shm / f"rose-simulated-host-{config.node_name or 'node'}")
+    return config.spill_dir.rstrip("/") + ".simulated-host"
 
 
 def _cuda_checkpoint(libcuda_path: str, libnvml_path: str) -> CudaCheckpointBackend:

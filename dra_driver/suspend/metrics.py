@@ -5,11 +5,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dra_driver.suspend.model import BACKENDS, FALLBACK_REASONS
+from dra_driver.suspend.spill import TIERS
 
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 DIRECTIONS = ("to_host", "to_device")
 OPERATIONS = ("suspend", "resume")
 RESULTS = ("ok", "failed", "fallback")
+SPILL_DIRECTIONS = ("to_disk", "to_dram")
+SPILL_RESULTS = ("ok", "full", "corrupt", "failed")
 
 
 class SuspendMetrics:
@@ -48,6 +51,31 @@ class SuspendMetrics:
             "Host memory this node may hold for suspended workload state.",
             registry=r,
         )
+        self.host_state_bytes = Gauge(
+            "rose_driver_host_state_bytes",
+            "Suspended workload state held on this node, by tier (dram: host memory; disk: the spill directory).",
+            ["tier"],
+            registry=r,
+        )
+        self.host_state_budget_bytes = Gauge(
+            "rose_driver_host_state_budget_bytes",
+            "Budget for suspended workload state on this node, by tier (disk: 0 without a spill directory).",
+            ["tier"],
+            registry=r,
+        )
+        self.spills = Counter(
+            "rose_suspend_spills_total",
+            "Moves of suspended state between the DRAM and disk tiers, by direction and result.",
+            ["direction", "result"],
+            registry=r,
+        )
+        self.spill_seconds = Histogram(
+            "rose_suspend_spill_duration_seconds",
+            "Time to move one suspended state between the DRAM and disk tiers (write+fsync+verify, or read+verify).",
+            ["direction"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
         self.operations = Counter(
             "rose_suspend_operations_total",
             "Suspend and resume operations, by backend and result.",
@@ -78,3 +106,10 @@ class SuspendMetrics:
                 self.operations.labels(op, "none", res)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(reason)
+        for tier in TIERS:
+            self.host_state_bytes.labels(tier)
+            self.host_state_budget_bytes.labels(tier)
+        for direction in SPILL_DIRECTIONS:
+            self.spill_seconds.labels(direction)
+            for res in SPILL_RESULTS:
+                self.spills.labels(direction, res)

@@ -40,6 +40,7 @@ FALLBACK_REASONS: Final = (
     "backend_failed",
     "no_backend",
     "unsupported_workload",
+    "spill_corrupt",  # a spilled copy failed its checksum on resume: back to the durable checkpoint
 )
 
 

@@ -1,0 +1,370 @@
+"""The disk tier of suspended state: when the host-memory (DRAM) budget is full, the state of the
+least recently suspended workloads spills to a local directory, checksummed, and comes back on
+resume. See README.md in this folder, *Layered memory*.
+
+* :func:`plan_spill` (pure) picks which DRAM-resident states to spill for ``need`` more bytes:
+  least recently suspended first, only while the disk tier's budget holds them; ``None`` when
+  both tiers together cannot hold it (then the checkpoint-and-evict fallback runs).
+* :class:`SpillStore` is the disk tier: one file per workload, ``<dir>/<key>.spill``, written as
+  chunks each with its own blake2b-256 digest, to ``<key>.spill.tmp``, fsynced, renamed, the
+  directory fsynced, its pages dropped from the page cache (``posix_fadvise(DONTNEED)``: the
+  read-back then checks the disk, and spilled state does not stay in DRAM as cache), then read
+  back and verified. Only then may the caller drop the DRAM copy
+  (:meth:`SpillStore.spill` does it in that order), so a crash at any point leaves at least one
+  complete copy: :meth:`SpillStore.recover` removes partial files and, where the DRAM copy still
+  exists, the disk copy (the spill never finished; DRAM is what is accounted).
+* A full disk (the budget, or a real ``ENOSPC`` from the file system) is :class:`SpillFull`: the
+  temporary file is removed, the DRAM copy is untouched, the caller falls back.
+* A read whose chunk fails its digest (or is short) is :class:`SpillCorrupt`: corrupt state is
+  never handed back; the caller falls back to the durable checkpoint.
+
+Crash points (``ROSE_DRIVER_CRASH_AT``, :data:`SPILL_CRASH_POINTS`): after the first chunk is
+written, after the fsync, after the rename, after the verification, after the DRAM copy is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import struct
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+from dra_driver.state import crash_point
+
+SPILL_CRASH_POINTS: Final = (
+    "spill-chunk-written",
+    "spill-fsynced",
+    "spill-renamed",
+    "spill-verified",
+    "spill-dram-dropped",
+)
+
+TIER_DRAM: Final = "dram"
+TIER_DISK: Final = "disk"
+TIERS: Final = (TIER_DRAM, TIER_DISK)
+
+DEFAULT_CHUNK_BYTES: Final = 8 << 20
+MAGIC: Final = b"ROSESPL1"
+_HEADER = struct.Struct("<8sQI")  # magic, payload bytes, chunk size
+_CHUNK = struct.Struct("<I32s")  # chunk length, blake2b-256 digest of the chunk
+_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+SUFFIX: Final = ".spill"
+TMP_SUFFIX: Final = ".spill.tmp"
+
+
+class SpillError(RuntimeError):
+    """The disk tier could not store or return a workload's state."""
+
+
+class SpillFull(SpillError):
+    """The disk tier cannot hold it: its budget, or the file system is full (ENOSPC)."""
+
+
+class SpillCorrupt(SpillError):
+    """A spilled copy fails its checksum or is truncated: it must never be resumed."""
+
+
+class HostCopy(Protocol):
+    """The DRAM copy of suspended state, where a backend can hand it over (the I/O boundary)."""
+
+    def host_bytes(self, key: str) -> int | None:
+        """Bytes of the DRAM copy of ``key``; None when there is none."""
+        ...
+
+    def read_host(self, key: str, chunk_bytes: int) -> Iterator[bytes]:
+        """The DRAM copy, in chunks of at most ``chunk_bytes``."""
+        ...
+
+    def drop_host(self, key: str) -> None:
+        """Free the DRAM copy (atomic: after it, there is none)."""
+        ...
+
+    def refill_host(self, key: str, chunks: Iterable[bytes]) -> int:
+        """Put the state back into DRAM from ``chunks``; atomic: an exception from ``chunks``
+        leaves no DRAM copy. Returns the bytes written."""
+        ...
+
+
+def _drop_cached(p: Path) -> None:
+    """Ask the kernel to drop ``p``'s clean pages from the page cache (after its fsync)."""
+    fadvise = getattr(os, "posix_fadvise", None)
+    if fadvise is None:
+        return
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A suspended state held in DRAM that the disk tier could take."""
+
+    key: str
+    nbytes: int
+    suspended_seq: int  # larger = suspended later
+
+
+def plan_spill(
+    resident: Sequence[Resident], need: int, dram_capacity: int, dram_held: int, disk_free: int
+) -> list[str] | None:
+    """Pure: which DRAM-resident states to spill so ``need`` more bytes fit in DRAM — least
+    recently suspended first, as few as that order allows. ``[]`` when it fits already; ``None``
+    when it cannot (``need`` is larger than the DRAM budget itself, or the states to spill do not
+    fit the disk tier's free bytes): then both tiers are full and the fallback runs."""
+    if need < 0:
+        raise ValueError(f"need must be >= 0 bytes, got {need}")
+    if dram_held + need <= dram_capacity:
+        return []
+    if need > dram_capacity:
+        return None
+    out: list[str] = []
+    freed = spilled = 0
+    for r in sorted(resident, key=lambda r: r.suspended_seq):
+        if spilled + r.nbytes > disk_free:
+            return None  # least recently suspended first: skipping one for a younger one breaks the order
+        out.append(r.key)
+        freed += r.nbytes
+        spilled += r.nbytes
+        if dram_held - freed + need <= dram_capacity:
+            return out
+    return None
+
+
+def check_key(key: str) -> str:
+    if not _KEY_RE.match(key):
+        raise ValueError(f"spill key {key!r} must be letters, digits, '.', '_' or '-' (at most 253)")
+    return key
+
+
+def _digest(b: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(b, digest_size=32).digest()
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SpillStore:
+    """The disk tier: a directory, a byte budget, one checksummed file per key. Thread-safe ledger;
+    callers serialise operations on one key (the engine's per-workload lock)."""
+
+    def __init__(self, root: Path | str, capacity_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"spill budget must be >= 0 bytes, got {capacity_bytes}")
+        if chunk_bytes <= 0 or chunk_bytes > 1 << 30:
+            raise ValueError(f"spill chunk size must be between 1 B and 1 GiB, got {chunk_bytes}")
+        self.root = Path(root)
+        if not self.root.is_absolute():
+            raise ValueError(f"spill directory must be an absolute path, got {str(root)!r}")
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.capacity_bytes = capacity_bytes
+        self.chunk_bytes = chunk_bytes
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ ledger
+
+    def held_bytes(self, key: str | None = None) -> int:
+        with self._lock:
+            return self._held.get(key, 0) if key is not None else sum(self._held.values())
+
+    def free_bytes(self) -> int:
+        return max(0, self.capacity_bytes - self.held_bytes())
+
+    def has(self, key: str) -> bool:
+        with self._lock:
+            return key in self._held
+
+    def _reserve(self, key: str, nbytes: int) -> bool:
+        with self._lock:
+            others = sum(v for k, v in self._held.items() if k != key)
+            if others + nbytes > self.capacity_bytes:
+                return False
+            self._held[key] = nbytes
+            return True
+
+    def _release(self, key: str) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def path(self, key: str) -> Path:
+        return self.root / (check_key(key) + SUFFIX)
+
+    # ------------------------------------------------------------------ write
+
+    def write(self, key: str, chunks: Iterable[bytes | memoryview], account_bytes: int) -> int:
+        """Store ``chunks`` under ``key``: temp file, fsync, rename, directory fsync, verify.
+        ``account_bytes`` is what the disk budget is charged (at least the payload). Raises
+        SpillFull (budget or ENOSPC; nothing left behind), SpillCorrupt (the read-back differs),
+        SpillError (another I/O error). Returns the payload bytes."""
+        final = self.path(key)
+        tmp = final.with_name(final.name[: -len(SUFFIX)] + TMP_SUFFIX)
+        if not self._reserve(key, account_bytes):
+            raise SpillFull(
+                f"spill budget full: {account_bytes} B do not fit ({self.held_bytes()} of {self.capacity_bytes} B held)"
+            )
+        try:
+            total = self._write_tmp(tmp, chunks)
+            crash_point("spill-fsynced")
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            crash_point("spill-renamed")
+            _drop_cached(final)  # the read-back checks what the disk holds, not the page cache
+            got = sum(len(c) for c in self._read(final))
+            if got != total:
+                raise SpillCorrupt(f"spill of {key!r} read back {got} B, wrote {total} B")
+            _drop_cached(final)  # spilled state must not stay in host memory as page cache
+            crash_point("spill-verified")
+        except OSError as e:
+            self._abort(key, tmp, final)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise SpillFull(f"spill directory {self.root} is full: {e.strerror}") from None
+            raise SpillError(f"spill of {key!r} failed: {e!r}") from None
+        except BaseException:  # SpillCorrupt, or anything else: nothing half-written stays
+            self._abort(key, tmp, final)
+            raise
+        if total > account_bytes:
+            with self._lock:  # never under-count what is on disk (even past the budget: it is there)
+                self._held[key] = total
+        return total
+
+    def _write_tmp(self, tmp: Path, chunks: Iterable[bytes | memoryview]) -> int:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        total = 0
+        first = True
+        try:
+            with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f:
+                f.write(_HEADER.pack(MAGIC, 0, self.chunk_bytes))
+                for c in chunks:
+                    view = memoryview(c)
+                    for off in range(0, len(view), self.chunk_bytes):
+                        part = view[off : off + self.chunk_bytes]
+                        f.write(_CHUNK.pack(len(part), _digest(part)))
+                        f.write(part)
+                        total += len(part)
+                    if first:
+                        f.flush()
+                        crash_point("spill-chunk-written")
+                        first = False
+                f.seek(0)
+                f.write(_HEADER.pack(MAGIC, total, self.chunk_bytes))
+                f.flush()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return total
+
+    def _abort(self, key: str, tmp: Path, final: Path) -> None:
+        for p in (tmp, final):
+            with contextlib.suppress(OSError):  # else recover() removes it on the next start
+                p.unlink(missing_ok=True)
+        self._release(key)
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, key: str) -> Iterator[bytes]:
+        """The spilled state of ``key``, chunk by chunk, each verified before it is yielded;
+        SpillCorrupt on a bad digest, a bad header or a short file."""
+        p = self.path(key)
+        if not p.exists():
+            raise SpillError(f"no spilled state for {key!r} in {self.root}")
+        return self._read(p)
+
+    def _read(self, p: Path) -> Iterator[bytes]:
+        with open(p, "rb", buffering=0) as f:
+            head = f.read(_HEADER.size)
+            if len(head) != _HEADER.size:
+                raise SpillCorrupt(f"{p.name}: truncated header")
+            magic, total, _ = _HEADER.unpack(head)
+            if magic != MAGIC:
+                raise SpillCorrupt(f"{p.name}: not a spill file (magic {magic!r})")
+            seen = 0
+            i = 0
+            while seen < total:
+                ch = f.read(_CHUNK.size)
+                if len(ch) != _CHUNK.size:
+                    raise SpillCorrupt(f"{p.name}: truncated at chunk {i} ({seen} of {total} B)")
+                n, want = _CHUNK.unpack(ch)
+                if n == 0 or seen + n > total:
+                    raise SpillCorrupt(f"{p.name}: chunk {i} length {n} does not fit the {total} B recorded")
+                data = f.read(n)
+                if len(data) != n or _digest(data) != want:
+                    raise SpillCorrupt(f"{p.name}: chunk {i} (bytes {seen}..{seen + n}) fails its blake2b checksum")
+                seen += n
+                i += 1
+                yield data
+            if f.read(1):
+                raise SpillCorrupt(f"{p.name}: trailing bytes after the {total} B recorded")
+
+    def remove(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+        self._release(key)
+
+    # ------------------------------------------------------------------ the whole move
+
+    def spill(self, key: str, host: HostCopy, account_bytes: int) -> int:
+        """Move ``key``'s DRAM copy to disk: write, fsync, rename, verify, and only then drop the
+        DRAM copy. Errors as :meth:`write`; the DRAM copy is untouched unless it returns."""
+        n = self.write(key, host.read_host(key, self.chunk_bytes), account_bytes)
+        host.drop_host(key)
+        crash_point("spill-dram-dropped")
+        return n
+
+    def restore(self, key: str, host: HostCopy) -> int:
+        """Bring ``key`` back into DRAM (verified chunk by chunk; the DRAM copy is committed only
+        when every chunk verified), then remove the disk copy. SpillCorrupt: the disk copy is
+        removed too (it can never be resumed) and no DRAM copy exists."""
+        try:
+            n = host.refill_host(key, self.read(key))
+        except SpillCorrupt:
+            self.remove(key)
+            raise
+        self.remove(key)
+        return n
+
+    def recover(self, host: HostCopy | None = None) -> dict[str, int]:
+        """After a restart: remove partial (temp) files; where ``host`` still has the DRAM copy of
+        a key, remove its disk copy (the spill did not finish; DRAM is authoritative). Returns the
+        keys held on disk with their payload bytes, now in the ledger."""
+        out: dict[str, int] = {}
+        for p in sorted(self.root.iterdir()):
+            name = p.name
+            if name.endswith(TMP_SUFFIX):
+                p.unlink(missing_ok=True)
+                continue
+            if not name.endswith(SUFFIX):
+                continue
+            key = name[: -len(SUFFIX)]
+            if host is not None and host.host_bytes(key) is not None:
+                p.unlink(missing_ok=True)
+                continue
+            with open(p, "rb") as f:
+                head = f.read(_HEADER.size)
+            total = _HEADER.unpack(head)[1] if len(head) == _HEADER.size else 0
+            out[key] = total
+            with self._lock:
+                self._held[key] = total
+        _fsync_dir(self.root)
+        return out
+
+
+def spill_error_kind(e: SpillError) -> str:
+    """Pure: the metric label of a spill error."""
+    if isinstance(e, SpillFull):
+        return "full"
+    if isinstance(e, SpillCorrupt):
+        return "corrupt"
+    return "failed"
