@@ -97,5 +97,5 @@ def test_desired_creates_each_new_worker_in_its_role_and_reports_per_role() -> N
 
 
 def test_a_roles_job_with_a_top_level_size_is_refused_in_one_line() -> None:
-    with pytest.raises(ValidationError, match="spec.roles replaces minGPUs"):
+    with pytest.raises(ValidationError, match=r"spec\.roles replaces minGPUs"):
         ElasticRLJob.model_validate({"spec": {"minGPUs": 1, **make_job().spec.model_dump(exclude_none=True)}})
