@@ -37,6 +37,9 @@ MSG_ROLES_EXCLUSIVE: Final = (
     "spec.roles replaces minGPUs, maxGPUs, template and stateBytesPerWorker: give either roles or those fields"
 )
 MSG_ROLES_OR_SIZE: Final = "a job without spec.roles needs minGPUs, maxGPUs and template"
+MSG_ROLES_TIMESLICE: Final = (
+    "spec.roles and timesliceGroup do not combine yet: a time-slice group shares one claim per worker index"
+)
 MSG_ROLLOUT_MIN_LE_MAX: Final = "rollout minWorkers must be less than or equal to maxWorkers"
 DEFAULT_TRAINER_PORT: Final = 50051
 
@@ -115,6 +118,8 @@ class ElasticRLJobSpec(_Model):
             raise ValueError(MSG_ROLES_EXCLUSIVE)
         if self.roles is None and (lo is None or hi is None or self.template is None):
             raise ValueError(MSG_ROLES_OR_SIZE)
+        if self.roles is not None and self.timeslice_group is not None:
+            raise ValueError(MSG_ROLES_TIMESLICE)
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(MSG_MIN_LE_MAX)
         if (lo or 0) % self.gpus_per_worker or (hi or 0) % self.gpus_per_worker:

@@ -42,6 +42,11 @@ CASES: tuple[CelCase, ...] = (
     ),
     CelCase(".spec", "a job without spec.roles needs minGPUs, maxGPUs and template", {"template": None}),
     CelCase(
+        ".spec",
+        "spec.roles and timesliceGroup do not combine yet: a time-slice group shares one claim per worker index",
+        {**_NO_SIZE, "roles": {"trainer": _TRAINER, "rollout": _ROLLOUT}, "timesliceGroup": "g"},
+    ),
+    CelCase(
         ".spec.roles.rollout",
         "rollout minWorkers must be less than or equal to maxWorkers",
         {**_NO_SIZE, "roles": {"trainer": _TRAINER, "rollout": {**_ROLLOUT, "minWorkers": 3}}},

@@ -99,3 +99,12 @@ def test_desired_creates_each_new_worker_in_its_role_and_reports_per_role() -> N
 def test_a_roles_job_with_a_top_level_size_is_refused_in_one_line() -> None:
     with pytest.raises(ValidationError, match=r"spec\.roles replaces minGPUs"):
         ElasticRLJob.model_validate({"spec": {"minGPUs": 1, **make_job().spec.model_dump(exclude_none=True)}})
+
+
+def test_rose_simulate_refuses_a_job_with_roles_in_one_line() -> None:
+    from rose_sim.inputs import SimInputError, parse_jobs
+
+    doc = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "grpo"},
+           "spec": make_job().spec.model_dump(exclude_none=True)}  # fmt: skip
+    with pytest.raises(SimInputError, match=r"^jobs\.yaml: spec\.roles .* is not simulated yet"):
+        parse_jobs([("jobs.yaml", doc)])

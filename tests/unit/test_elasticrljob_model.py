@@ -145,6 +145,10 @@ _CEL_VIOLATIONS = {
         "roles": {"trainer": {"workers": 1, "template": {}}, "rollout": {"maxWorkers": 2, "template": {}}},
     },
     erj.MSG_ROLES_OR_SIZE: {"minGPUs": 1},
+    erj.MSG_ROLES_TIMESLICE: {
+        "timesliceGroup": "g",
+        "roles": {"trainer": {"workers": 1, "template": {}}, "rollout": {"maxWorkers": 2, "template": {}}},
+    },
 }
 
 
