@@ -58,10 +58,9 @@ from elastic_controller.observe import (
     planner_job,
     planner_state,
     role_planner_jobs,
+    role_world_updates,
     to_planner,
     workload_report,
-    world_updates,
-    world_value,
 )
 from elastic_controller.planner import (
     ROLE_SEP,
@@ -388,11 +387,11 @@ class Controller:
     def _write_world(self, job: ElasticRLJob, observed: list[ObservedWorker]) -> list[Failure]:
         """``rose.io/world`` ("active/total") on each live worker whose value is stale: the node
         agent pushes it to the workload (rose_sdk ``on_world_change``)."""
-        value, stale = world_value(observed), world_updates(observed)
-        ann = {names.ANNOTATION_WORLD: str(value)}
-        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid), ann) for w in stale])
+        stale = role_world_updates(observed)  # per role: a job without roles has one
+        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid),
+                                    {names.ANNOTATION_WORLD: value}) for w, value in stale])  # fmt: skip
         # a failure is retried with the reconcile
-        return [Failure("annotate_world", w.name, repr(e)) for w, e in zip(stale, errors, strict=True)
+        return [Failure("annotate_world", w.name, repr(e)) for (w, _), e in zip(stale, errors, strict=True)
                 if e is not None]  # fmt: skip
 
     def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:

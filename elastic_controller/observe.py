@@ -175,6 +175,18 @@ def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
             and planner_state(w) != "pending"]  # fmt: skip
 
 
+def role_world_updates(observed: list[ObservedWorker]) -> list[tuple[ObservedWorker, str]]:
+    """(worker, world) for each stale live worker, the world counted within its role: a trainer's
+    world is the trainer's workers, a rollout's the rollouts' (a job without roles: all of them).
+    A rollout joining or leaving does not change the trainer's world (its global batch)."""
+    out: list[tuple[ObservedWorker, str]] = []
+    for role in sorted({w.role for w in observed}, key=str):
+        mine = [w for w in observed if w.role == role]
+        value = world_value(mine)
+        out += [(w, value) for w in world_updates(mine) if value is not None]
+    return out
+
+
 def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0,
                 class_priority: int = 0, device_memory: int | None = None) -> Job:  # fmt: skip
     """The planner's view of a job: bounds from the spec, costs from the workload's reports

@@ -108,3 +108,17 @@ def test_rose_simulate_refuses_a_job_with_roles_in_one_line() -> None:
            "spec": make_job().spec.model_dump(exclude_none=True)}  # fmt: skip
     with pytest.raises(SimInputError, match=r"^jobs\.yaml: spec\.roles .* is not simulated yet"):
         parse_jobs([("jobs.yaml", doc)])
+
+
+def test_each_role_has_its_own_world() -> None:
+    """A rollout joining or leaving does not change the trainer's world (its global batch)."""
+    job = make_job()
+    pods = [workers.worker_pod(job, 0, "a", None, "trainer")]
+    pods += [workers.worker_pod(job, i, "a", None, "rollout") for i in range(3)]
+    for p, phase in zip(pods, ("Running", "Running", "Running", "Pending"), strict=True):
+        p["metadata"]["uid"], p["status"] = "uid-" + p["metadata"]["name"], {"phase": phase}
+    seen = [w for w in (obs.observe("grpo", p) for p in pods) if w is not None]
+    got = {w.name: value for w, value in obs.role_world_updates(seen)}
+    assert got == {"grpo-trainer-0": "1/1", "grpo-rollout-0": "2/3", "grpo-rollout-1": "2/3"}
+    plain = [obs.ObservedWorker(f"j-w{i}", f"u{i}", i, "Running", None, "a") for i in range(2)]
+    assert [(w.name, v) for w, v in obs.role_world_updates(plain)] == [("j-w0", "2/2"), ("j-w1", "2/2")]
