@@ -8,6 +8,7 @@ what the API server would refuse. ``tests/unit/test_elasticrljob_model.py`` walk
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -42,6 +43,8 @@ MSG_ROLES_TIMESLICE: Final = (
 )
 MSG_ROLLOUT_MIN_LE_MAX: Final = "rollout minWorkers must be less than or equal to maxWorkers"
 DEFAULT_TRAINER_PORT: Final = 50051
+MAX_ROLES_NAME: Final = 50  # <name>-rollout-<4 digits> fits a pod name's 63
+_DNS_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 class _Model(BaseModel):
@@ -226,6 +229,19 @@ class ElasticRLJob(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: ElasticRLJobSpec
     status: ElasticRLJobStatus | None = None
+
+    @model_validator(mode="after")
+    def _role_names(self) -> ElasticRLJob:
+        """A job with roles names a Service and pods ``<name>-rollout-<i>`` after itself: its name must
+        be a DNS label of at most 50 characters (the API server allows dots and 253 in a job's name)."""
+        name = self.name
+        if self.spec.roles is not None and name and not (len(name) <= MAX_ROLES_NAME and _DNS_LABEL.match(name)):
+            raise ValueError(
+                f"ElasticRLJob {name!r} has spec.roles: its name must be a DNS label of at most {MAX_ROLES_NAME} "
+                "characters (lower-case letters, digits and '-', starting with a letter): its trainer Service "
+                "and role pods are named after it"
+            )
+        return self
 
     @property
     def name(self) -> str:

@@ -122,3 +122,11 @@ def test_each_role_has_its_own_world() -> None:
     assert got == {"grpo-trainer-0": "1/1", "grpo-rollout-0": "2/3", "grpo-rollout-1": "2/3"}
     plain = [obs.ObservedWorker(f"j-w{i}", f"u{i}", i, "Running", None, "a") for i in range(2)]
     assert [(w.name, v) for w, v in obs.role_world_updates(plain)] == [("j-w0", "2/2"), ("j-w1", "2/2")]
+
+
+def test_a_roles_job_whose_name_cannot_name_a_service_is_refused_in_one_line() -> None:
+    spec = make_job().spec.model_dump(exclude_none=True)
+    for bad in ("grpo.v2", "2grpo", "g" * 51):
+        with pytest.raises(ValidationError, match="its name must be a DNS label of at most 50 characters"):
+            ElasticRLJob.model_validate({"metadata": {"name": bad}, "spec": spec})
+    ElasticRLJob.model_validate({"metadata": {"name": "g" * 50}, "spec": spec})
