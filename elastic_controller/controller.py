@@ -65,6 +65,7 @@ from elastic_controller.observe import (
 from elastic_controller.planner import (
     ROLE_SEP,
     Forecast,
+    Job,
     JobTarget,
     Plan,
     PlanInput,
@@ -560,7 +561,7 @@ class Controller:
         for (pool, state), n in per_pool.items():
             self.metrics.pool_gpus.labels(pool, state).set(n)
 
-    def _role_gauges(self, jobs: tuple[Any, ...], result: Plan) -> None:
+    def _role_gauges(self, jobs: tuple[Job, ...], result: Plan) -> None:
         """``rose_controller_role_workers{job, role, state}`` of the jobs with roles: the workers
         each role holds (``active``, ``suspended``) and those the plan wants (``desired``)."""
         with self._lock:
