@@ -186,3 +186,13 @@ def test_rollouts_go_before_the_trainer_in_every_pool_reclaim(inp: PlanInput) ->
     if (TRAINER, "gang-suspend") in order:
         after = order[order.index((TRAINER, "gang-suspend")) + 1 :]
         assert all(job != ROLLOUT for job, _ in after), order
+
+
+def test_the_roles_benchmark_gives_back_and_grows_what_the_plain_fleet_does() -> None:
+    from benchmarks.planner_roles import measure
+
+    rows = {(r["roles"], r["serving_share"]): r for r in measure(jobs=8, pools=2, repeat=1)}
+    for share in (0.0, 0.8):
+        assert rows[(True, share)]["reclaimed_workers"] == rows[(False, share)]["reclaimed_workers"]
+        assert rows[(True, share)]["added_workers"] == rows[(False, share)]["added_workers"]
+    assert rows[(True, 0.8)]["reclaimed_workers"] > 0 and rows[(True, 0.0)]["added_workers"] == 8
