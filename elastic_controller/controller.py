@@ -56,20 +56,25 @@ from elastic_controller.observe import (
     class_priority,
     observe,
     planner_job,
+    planner_state,
+    role_planner_jobs,
+    role_world_updates,
     to_planner,
     workload_report,
-    world_updates,
-    world_value,
 )
 from elastic_controller.planner import (
+    ROLE_SEP,
     Forecast,
+    Job,
     JobTarget,
     Plan,
     PlanInput,
     Pool,
     Settings,
     Worker,
+    merge_roles,
     plan,
+    role_key,
     without_reclaims,
 )
 from elastic_controller.reconciler import Failure, JobApi, RunAll, converge, run_serially
@@ -224,6 +229,7 @@ class Controller:
         self.last_plan: Plan | None = None
         self.group_lease: Callable[[str, str], GroupLease | None] = lambda group, ns: None  # kube.GroupLeases.get
         self._stale: set[str] = set()  # pools planned frozen last round (no fresh forecast)
+        self._role_series: set[tuple[str, str]] = set()  # (job, role) with rose_controller_role_workers series
         self.device_memory: Callable[[], int | None] = lambda: None  # kube.InventoryStore.device_memory
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
@@ -382,11 +388,11 @@ class Controller:
     def _write_world(self, job: ElasticRLJob, observed: list[ObservedWorker]) -> list[Failure]:
         """``rose.io/world`` ("active/total") on each live worker whose value is stale: the node
         agent pushes it to the workload (rose_sdk ``on_world_change``)."""
-        value, stale = world_value(observed), world_updates(observed)
-        ann = {names.ANNOTATION_WORLD: str(value)}
-        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid), ann) for w in stale])
+        stale = role_world_updates(observed)  # per role: a job without roles has one
+        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid),
+                                    {names.ANNOTATION_WORLD: value}) for w, value in stale])  # fmt: skip
         # a failure is retried with the reconcile
-        return [Failure("annotate_world", w.name, repr(e)) for w, e in zip(stale, errors, strict=True)
+        return [Failure("annotate_world", w.name, repr(e)) for (w, _), e in zip(stale, errors, strict=True)
                 if e is not None]  # fmt: skip
 
     def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:
@@ -476,6 +482,12 @@ class Controller:
             if job is None:
                 continue
             observed = observed_by_job.get(key, [])
+            if job.spec.roles is not None:  # the trainer and the rollouts, planned as two jobs
+                mine = role_planner_jobs(job, observed, class_priority(observed), memory)
+                pj += mine
+                planned = {j.key for j in mine}
+                workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None and pw.job in planned]
+                continue
             rep = workload_report(observed, job.spec, memory)  # the workers' own reports, bounded
             pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority(observed),
                                   memory))  # fmt: skip
@@ -494,9 +506,10 @@ class Controller:
         self.metrics.plan_latency.observe(time.monotonic() - start)
         for r in result.reclaims:
             self.metrics.reclaims.labels("planned").inc(len(r.workers))
-        for key in self._store_targets(result.targets, waiting):
+        for key in self._store_targets(merge_roles(result.targets, inp.jobs), waiting):
             self.queue.add(key)
         self._gauges(inp.workers)
+        self._role_gauges(inp.jobs, result)
         self._report_stale(inp)
         self.last_plan = result
         return result
@@ -534,16 +547,41 @@ class Controller:
         per_job: dict[tuple[str, str], int] = {}
         per_pool: dict[tuple[str, str], int] = {}
         gpw = {_job_key(j): int(objects.spec(j).get("gpusPerWorker") or 1) for j in jobs}
+        for j in jobs:  # a job with roles: its workers are planned as <key>#<role>, each role its own size
+            for role, r in (objects.spec(j).get("roles") or {}).items():
+                gpw[role_key(_job_key(j), str(role))] = int((r or {}).get("gpusPerWorker") or 1)
         for w in workers:
             state = "suspended" if w.state == "suspended" else "active"
-            n = gpw.get(w.job, 1)
-            per_job[(w.job, state)] = per_job.get((w.job, state), 0) + n
+            n, key = gpw.get(w.job, 1), w.job.partition(ROLE_SEP)[0]
+            per_job[(key, state)] = per_job.get((key, state), 0) + n
             per_pool[(w.pool or "", state)] = per_pool.get((w.pool or "", state), 0) + n
-        for key in gpw:
+        for key in (k for k in gpw if ROLE_SEP not in k):
             for state in ("active", "suspended"):
                 self.metrics.job_gpus.labels(key, state).set(per_job.get((key, state), 0))
         for (pool, state), n in per_pool.items():
             self.metrics.pool_gpus.labels(pool, state).set(n)
+
+    def _role_gauges(self, jobs: tuple[Job, ...], result: Plan) -> None:
+        """``rose_controller_role_workers{job, role, state}`` of the jobs with roles: the workers
+        each role holds (``active``, ``suspended``) and those the plan wants (``desired``)."""
+        with self._lock:
+            observed = {k: [w for w in v.values() if w is not None] for k, v in self._workers.items()}
+        seen: set[tuple[str, str]] = set()
+        for j in jobs:
+            if j.role is None:
+                continue
+            mine = [w for w in observed.get(j.owner, []) if w.role == j.role and not w.lost]
+            states = [planner_state(w) for w in mine]
+            t = result.targets.get(j.key)
+            desired_n = t.active_gpus // j.gpus_per_worker if t is not None else 0
+            for state, n in (("active", states.count("active")), ("suspended", states.count("suspended")),
+                             ("desired", desired_n)):  # fmt: skip
+                self.metrics.role_workers.labels(j.owner, j.role, state).set(n)
+            seen.add((j.owner, j.role))
+        for job, role in self._role_series - seen:  # a job deleted or its roles changed: its series go
+            for state in ("active", "suspended", "desired"):
+                self.metrics.role_workers.remove(job, role, state)
+        self._role_series = seen
 
     def plan_loop(self) -> None:
         while not self.stop.is_set():

@@ -25,8 +25,17 @@ from elastic_controller.groups import owns_suspend_requests, reflect
 from elastic_controller.observe import ObservedWorker
 from elastic_controller.planner import JobTarget
 from elastic_controller.status import EventSpec, compute_status
-from elastic_controller.workers import CONTROLLER, claim_template, shared_claim, worker_index, worker_pod
-from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
+from elastic_controller.workers import (
+    CONTROLLER,
+    claim_template,
+    dedicated,
+    lent_roles,
+    shared_claim,
+    trainer_service,
+    worker_index,
+    worker_pod,
+)
+from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus, Role
 from rose_common.timeslice_lease import GroupLease
 
 
@@ -52,6 +61,8 @@ class Desired:
     clear_requests: tuple[PodRef, ...] = ()
     events: tuple[EventSpec, ...] = ()
     claims: tuple[dict[str, Any], ...] = ()  # the group's shared ResourceClaims the new workers use
+    templates: tuple[dict[str, Any], ...] = ()  # a job with roles: one claim template per lent role
+    service: dict[str, Any] | None = None  # a job with roles: the trainer's headless Service
 
 
 def suspend_request(reason: str, grace_seconds: int, now: datetime) -> str:
@@ -59,8 +70,8 @@ def suspend_request(reason: str, grace_seconds: int, now: datetime) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-def _free_indexes(observed: list[ObservedWorker], n: int) -> list[int]:
-    used = {w.index for w in observed}
+def _free_indexes(observed: list[ObservedWorker], n: int, role: Role | None = None) -> list[int]:
+    used = {w.index for w in observed if w.role == role}
     out: list[int] = []
     i = 0
     while len(out) < n:
@@ -103,8 +114,10 @@ def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget
     status, transitions = compute_status(job, observed, target, job.status, now)
     status, grouped = reflect(job, status, lease, now)
     transitions = [*transitions, *grouped]
-    template = claim_template(job) if job.spec.timeslice_group is None else None
     lost = tuple(PodRef(w.name, w.uid) for w in observed if w.lost and not w.deleting)
+    if job.spec.roles is not None:
+        return _desired_roles(job, observed, target, now, status, tuple(transitions), lost)
+    template = claim_template(job) if job.spec.timeslice_group is None else None
     if target is None:
         return Desired(template, status, delete=lost, events=tuple(transitions))
     by_name = {w.name: w for w in observed}
@@ -120,6 +133,41 @@ def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget
     events = tuple(transitions) + tuple(_event(r) for r in target.reasons) + _left_to_orchestrator(job, target)
     claims = () if template is not None else tuple(shared_claim(job, _index(job, b)) for b in create)
     return Desired(template, status, create, delete, sets, clears, events, claims)
+
+
+def _dedicated_trainers(job: ElasticRLJob, observed: list[ObservedWorker]) -> tuple[dict[str, Any], ...]:
+    """A dedicated trainer's missing workers: all ``workers`` of them run, never planned."""
+    if job.spec.roles is None or not dedicated(job, "trainer"):
+        return ()
+    have = {w.index for w in observed if w.role == "trainer"}
+    return tuple(worker_pod(job, i, None, None, "trainer") for i in range(job.spec.roles.trainer.workers)
+                 if i not in have)  # fmt: skip
+
+
+def _desired_roles(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None, now: datetime,
+                   status: ElasticRLJobStatus, transitions: tuple[EventSpec, ...],
+                   lost: tuple[PodRef, ...]) -> Desired:  # fmt: skip
+    """A job with ``spec.roles``: ``target`` is the roles' targets joined (``planner.merge_roles``);
+    each new worker is created in its role (``add_roles``), with its role's template, claim
+    template, index and environment; the trainer's headless Service is kept in place."""
+    templates = tuple(claim_template(job, r) for r in lent_roles(job))
+    service = trainer_service(job)
+    trainers = _dedicated_trainers(job, observed)
+    if target is None:
+        return Desired(None, status, create=trainers, delete=lost, events=transitions, templates=templates,
+                       service=service)  # fmt: skip
+    by_name = {w.name: w for w in observed}
+    removed = tuple(PodRef(w.name, w.uid) for w in (by_name[n] for n in target.remove if n in by_name)
+                    if not w.deleting)  # fmt: skip
+    create = list(trainers)
+    for role in ("trainer", "rollout"):
+        pools = [p for p, r in zip(target.add, target.add_roles, strict=True) if r == role]
+        create += [worker_pod(job, i, pool, None, role)
+                   for i, pool in zip(_free_indexes(observed, len(pools), role), pools, strict=True)]  # fmt: skip
+    sets, clears = _requests(job, by_name, target, now)
+    events = transitions + tuple(_event(r) for r in target.reasons)
+    return Desired(None, status, tuple(create), tuple(dict.fromkeys(lost + removed)), sets, clears, events,
+                   templates=templates, service=service)  # fmt: skip
 
 
 def _index(job: ElasticRLJob, pod: dict[str, Any]) -> int:

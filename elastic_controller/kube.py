@@ -151,6 +151,11 @@ class KubeJobApi:
         with contextlib.suppress(Conflict):  # exists: the template is immutable and named after the job
             self.raw.json("POST", f"{RCT_API}/namespaces/{_q(ns)}/resourceclaimtemplates", body=body)
 
+    def ensure_service(self, body: dict[str, Any]) -> None:
+        """Create a job's trainer Service; one that exists (named after the job, owned by it) is kept."""
+        with contextlib.suppress(Conflict):
+            self.raw.json("POST", f"/api/v1/namespaces/{_q(objects.namespace(body))}/services", body=body)
+
     def ensure_claim(self, body: dict[str, Any], attempts: int = 5) -> None:
         """Create a time-slice group's shared ResourceClaim; when it exists, add this job's owner
         reference (a JSON patch that tests the read resourceVersion). A write that lost a race (the

@@ -27,6 +27,10 @@ class ControllerMetrics:
         self.jobs = Gauge("rose_controller_jobs", "ElasticRLJobs by phase.", ["phase"], registry=r)
         self.job_gpus = Gauge("rose_controller_job_gpus", "GPUs of each job by state (active, suspended).",
                               ["job", "state"], registry=r)  # fmt: skip
+        self.role_workers = Gauge("rose_controller_role_workers",
+                                  "Workers of each role of a job with spec.roles (trainer, rollout) by state: "
+                                  "active, suspended, desired (what the plan holds).",
+                                  ["job", "role", "state"], registry=r)  # fmt: skip
         self.pool_gpus = Gauge("rose_controller_pool_gpus", "GPUs lent to ElasticRLJobs per pool by state.",
                                ["pool", "state"], registry=r)  # fmt: skip
         self.pool_capacity = Gauge("rose_controller_pool_capacity_gpus", "Physical GPUs per pool.", ["pool"],

@@ -25,11 +25,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from elastic_controller.planner import Job, Worker, WorkerState
-from elastic_controller.workers import CONTROLLER, worker_index
+from elastic_controller.planner import Job, Worker, WorkerState, role_key
+from elastic_controller.workers import CONTROLLER, dedicated, worker_role_index
 from rose_common import names
 from rose_common.elasticrljob import DEVICE_MEMORY_MAX_BYTES as DEVICE_MEMORY_MAX
-from rose_common.elasticrljob import MAX_GPUS_PER_WORKER, ElasticRLJob, ElasticRLJobSpec
+from rose_common.elasticrljob import MAX_GPUS_PER_WORKER, ElasticRLJob, ElasticRLJobSpec, Role
 
 _PHASE_RE: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # the CRD's status.workloadPhase
 PCIE_BYTES_PER_SECOND: Final = 25e9  # a conservative pinned-memory PCIe rate (SUSPEND.md: ~55 GB/s Gen5)
@@ -61,6 +61,7 @@ class ObservedWorker:
     reported_min_gpus: int | None = None  # the least it can run with, per worker
     reported_min_host_memory: int | None = None  # bytes
     pod_priority: int | None = None  # spec.priority, resolved by the API server from the PriorityClass
+    role: Role | None = None  # "trainer" / "rollout" (a job with spec.roles, from the name), else None
 
     @property
     def lost(self) -> bool:
@@ -134,10 +135,12 @@ def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | Non
                          _largest([w.reported_min_host_memory for w in live]))  # fmt: skip
     if spec is None:
         return rep
+    roles = {w.role for w in live} or {None}
+    bound = max(state_bytes_bound(spec, device_memory, r) for r in roles)
     return WorkloadReport(
         rep.phase,
         _capped(rep.seconds_to_safe_point, float(spec.graceful_shutdown_period)),
-        _int_capped(rep.state_bytes, state_bytes_bound(spec, device_memory)),
+        _int_capped(rep.state_bytes, bound),
         _int_capped(rep.min_gpus, MAX_GPUS_PER_WORKER),
         _int_capped(rep.min_host_memory_bytes, HOST_MEMORY_MAX_BYTES),
     )
@@ -147,11 +150,11 @@ def _int_capped(value: int | None, cap: int) -> int | None:
     return None if value is None else min(value, cap)
 
 
-def state_bytes_bound(spec: ElasticRLJobSpec, device_memory: int | None = None) -> int:
-    """The most device state a worker can have: its GPUs' memory (``device_memory`` per GPU when
-    the driver publishes it, never above :data:`DEVICE_MEMORY_MAX_BYTES`)."""
+def state_bytes_bound(spec: ElasticRLJobSpec, device_memory: int | None = None, role: Role | None = None) -> int:
+    """The most device state a worker (of ``role``) can have: its GPUs' memory (``device_memory``
+    per GPU when the driver publishes it, never above :data:`DEVICE_MEMORY_MAX_BYTES`)."""
     per_gpu = min(device_memory, DEVICE_MEMORY_MAX_BYTES) if device_memory else DEVICE_MEMORY_MAX_BYTES
-    return spec.gpus_per_worker * per_gpu
+    return spec.role_gpus_per_worker(role) * per_gpu
 
 
 def world_value(observed: list[ObservedWorker]) -> str | None:
@@ -172,6 +175,18 @@ def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
             and planner_state(w) != "pending"]  # fmt: skip
 
 
+def role_world_updates(observed: list[ObservedWorker]) -> list[tuple[ObservedWorker, str]]:
+    """(worker, world) for each stale live worker, the world counted within its role: a trainer's
+    world is the trainer's workers, a rollout's the rollouts' (a job without roles: all of them).
+    A rollout joining or leaving does not change the trainer's world (its global batch)."""
+    out: list[tuple[ObservedWorker, str]] = []
+    for role in sorted({w.role for w in observed}, key=str):
+        mine = [w for w in observed if w.role == role]
+        value = world_value(mine)
+        out += [(w, value) for w in world_updates(mine) if value is not None]
+    return out
+
+
 def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0,
                 class_priority: int = 0, device_memory: int | None = None) -> Job:  # fmt: skip
     """The planner's view of a job: bounds from the spec, costs from the workload's reports
@@ -179,16 +194,47 @@ def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_sa
     memory, the seconds to a safe point by the grace period), dwell from ``lastShrinkTime``;
     ``class_priority`` from its pods (:func:`class_priority`), ``spec.priority`` only as the
     tenant's hint among its own namespace's jobs."""
+    return _planner_job(job, None, state_bytes, seconds_to_safe_point, class_priority, device_memory)
+
+
+def role_planner_jobs(job: ElasticRLJob, observed: list[ObservedWorker], class_priority: int = 0,
+                      device_memory: int | None = None) -> list[Job]:  # fmt: skip
+    """The planner's jobs of an ElasticRLJob with ``spec.roles``: ``<key>#trainer`` (min = max, a
+    fixed gang; left out when its placement is Dedicated: never planned) and ``<key>#rollout``
+    (requires the lent trainer; its reclaim by removal when ``reclaim: Remove``). Each role's
+    costs come from its own workers' reports; ``class_priority`` is the whole job's (its lowest),
+    so the job's rollouts are always cheaper than its trainer."""
+    out = []
+    for role in ("trainer", "rollout"):
+        if dedicated(job, role):
+            continue
+        rep = workload_report([w for w in observed if w.role == role], job.spec, device_memory)
+        out.append(_planner_job(job, role, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority,
+                                device_memory))  # fmt: skip
+    return out
+
+
+def _planner_job(job: ElasticRLJob, role: Role | None, state_bytes: int | None, seconds_to_safe_point: float,
+                 class_priority: int, device_memory: int | None) -> Job:  # fmt: skip
     s = job.spec
-    size = min(state_bytes if state_bytes is not None else (s.state_bytes_per_worker or 0),
-               state_bytes_bound(s, device_memory))  # fmt: skip
+    size = min(state_bytes if state_bytes is not None else (s.role_state_bytes(role) or 0),
+               state_bytes_bound(s, device_memory, role))  # fmt: skip
     seconds_to_safe_point = min(max(0.0, seconds_to_safe_point), float(s.graceful_shutdown_period))
     shrunk = job.status.last_shrink_time if job.status is not None else None
+    gpw = s.role_gpus_per_worker(role)
+    key = f"{job.namespace}/{job.name}"
+    lo, hi, requires, remove = s.min_gpus_total, s.max_gpus_total, None, False
+    if s.roles is not None and role == "trainer":
+        lo = hi = s.roles.trainer.workers * gpw
+    elif s.roles is not None:
+        lo, hi = s.roles.rollout.min_workers * gpw, s.roles.rollout.max_workers * gpw
+        requires = None if dedicated(job, "trainer") else role_key(key, "trainer")
+        remove = s.roles.rollout.reclaim == "Remove"
     return Job(
-        key=f"{job.namespace}/{job.name}",
-        min_gpus=s.min_gpus,
-        max_gpus=s.max_gpus,
-        gpus_per_worker=s.gpus_per_worker,
+        key=role_key(key, role),
+        min_gpus=lo,
+        max_gpus=hi,
+        gpus_per_worker=gpw,
         priority=s.priority,
         state_bytes=size,
         seconds_to_safe_point=seconds_to_safe_point,
@@ -197,6 +243,9 @@ def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_sa
         min_useful_run_s=float(s.min_useful_run_seconds),
         last_shrink_at=shrunk.timestamp() if shrunk is not None else None,
         class_priority=class_priority,
+        role=role,
+        requires=requires,
+        remove_on_shrink=remove,
     )
 
 
@@ -214,9 +263,10 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
 
     ``node_pool`` is the pool label of the pod's node, for a pod the planner did not pin."""
     meta = pod.get("metadata") or {}
-    index = worker_index(job, str(meta.get("name", "")))
-    if index is None or (meta.get("labels") or {}).get(names.LABEL_JOB) != job:
+    parsed = worker_role_index(job, str(meta.get("name", "")))
+    if parsed is None or (meta.get("labels") or {}).get(names.LABEL_JOB) != job:
         return None
+    role, index = parsed
     spec, ann = pod.get("spec") or {}, meta.get("annotations") or {}
     return ObservedWorker(
         name=str(meta["name"]),
@@ -235,6 +285,7 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
         reported_min_gpus=_int(ann.get(names.ANNOTATION_REPORTED_MIN_GPUS)),
         reported_min_host_memory=_int(ann.get(names.ANNOTATION_REPORTED_MIN_HOST_MEMORY)),
         pod_priority=spec.get("priority") if isinstance(spec.get("priority"), int) else None,
+        role=role,
     )
 
 
@@ -275,4 +326,4 @@ def holding_state(w: ObservedWorker) -> WorkerState:
 
 def to_planner(job_key: str, w: ObservedWorker) -> Worker | None:
     """The planner's view (:func:`holding_state`); a lost worker holds nothing and is not planned for."""
-    return None if w.lost else Worker(w.name, job_key, holding_state(w), w.pool)
+    return None if w.lost else Worker(w.name, role_key(job_key, w.role), holding_state(w), w.pool)

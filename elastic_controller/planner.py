@@ -26,6 +26,15 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
 - **Grow and resume** only where the forecast leaves room for the job's ``minUsefulRunSeconds``
   after its lead time; never above ``maxGPUs``; from zero, ``minGPUs`` at once or nothing.
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
+- **Roles** (an ElasticRLJob with ``spec.roles``): the controller plans its trainer and its rollout
+  workers as two jobs, ``<namespace>/<name>#trainer`` (min = max: a fixed gang) and
+  ``...#rollout`` (``requires`` the trainer). Among jobs of one class priority, rollout workers
+  are reclaimed first (:meth:`Job.cost`): above their minimum one at a time (removed when the job
+  asks, ``remove_on_shrink``, else suspended), then the rollouts below their minimum as a gang,
+  and a trainer only when nothing cheaper is left in the pool. A job whose ``requires`` holds no
+  GPU after the reclaims is suspended (rollouts without their trainer are useless), and it grows
+  only after the job it requires grew to its minimum: the trainer first
+  (:func:`merge_roles` joins the two targets into the job's one).
 """
 
 from __future__ import annotations
@@ -36,6 +45,16 @@ from typing import Literal
 
 WorkerState = Literal["active", "pending", "resuming", "suspending", "suspended"]
 HOLDING: frozenset[str] = frozenset({"active", "pending", "resuming"})  # states that hold a GPU
+ROLE_SEP = "#"  # a role's planner key: <namespace>/<name>#<role>
+ROLE_TRAINER = "trainer"
+ROLE_ROLLOUT = "rollout"
+
+
+def role_key(job_key: str, role: str | None) -> str:
+    """The planner's key of ``role`` of job ``job_key`` (the job's own key without a role)."""
+    return job_key if role is None else f"{job_key}{ROLE_SEP}{role}"
+
+
 PLANNED_REASONS = ("PlannedShrink:", "PlannedGangSuspend:")  # the planner's reclaim Event reasons
 
 
@@ -90,6 +109,9 @@ class Job:
     min_useful_run_s: float = 600.0
     last_shrink_at: float | None = None  # dwell starts here
     class_priority: int = 0  # the workers' pod priority (their PriorityClass): set by the API server
+    role: str | None = None  # "trainer" / "rollout" of an ElasticRLJob with spec.roles, else None
+    requires: str | None = None  # key of the job that must hold its minimum for this one to run (the trainer)
+    remove_on_shrink: bool = False  # a worker reclaimed above min is removed (pod deleted), not suspended
 
     @property
     def lead_s(self) -> float:
@@ -99,16 +121,23 @@ class Job:
     def namespace(self) -> str:
         return self.key.partition("/")[0]
 
-    def cost(self) -> tuple[int, int, str, int, float, str]:
-        """Reclaim cost, cheapest first: class priority (admin-controlled), state size, then the
+    @property
+    def owner(self) -> str:
+        """The ElasticRLJob's key: ``key`` without its ``#role``."""
+        return self.key.partition(ROLE_SEP)[0]
+
+    def cost(self) -> tuple[int, int, int, str, int, float, str]:
+        """Reclaim cost, cheapest first: class priority (admin-controlled), rollout workers before
+        anything else (they hold only weights and in-flight generations), state size, then the
         tenant's ``spec.priority`` only against jobs of the same namespace (the namespace comes
         before it, so a big number never jumps another tenant's job), time to the next safe point."""
-        return (self.class_priority, self.state_bytes, self.namespace, self.priority, self.seconds_to_safe_point,
-                self.key)  # fmt: skip
+        return (self.class_priority, 0 if self.role == ROLE_ROLLOUT else 1, self.state_bytes, self.namespace,
+                self.priority, self.seconds_to_safe_point, self.key)  # fmt: skip
 
-    def grow_order(self) -> tuple[int, str, int, str]:
-        """Who grows first: higher class priority, then, inside one namespace, higher ``spec.priority``."""
-        return (-self.class_priority, self.namespace, -self.priority, self.key)
+    def grow_order(self) -> tuple[int, str, int, str, int, str]:
+        """Who grows first: higher class priority, then, inside one namespace, higher ``spec.priority``;
+        a job's trainer before its rollout workers."""
+        return (-self.class_priority, self.namespace, -self.priority, self.owner, 1 if self.requires else 0, self.key)
 
 
 @dataclass(frozen=True)
@@ -143,6 +172,8 @@ class JobTarget:
     remove: tuple[str, ...] = ()
     add: tuple[str, ...] = ()  # one pool name per new worker
     reasons: tuple[str, ...] = ()  # one Event message per decision
+    add_roles: tuple[str, ...] = ()  # a job with roles (merge_roles): the role of each new worker in ``add``
+    role_workers: tuple[tuple[str, int], ...] = ()  # a job with roles: (role, workers the plan holds)
 
     @property
     def shrinks(self) -> bool:
@@ -254,10 +285,11 @@ class _Book:
         """GPUs serving leaves unused over ``[now, now + seconds]``, minus those already lent."""
         return self.pools[pool].capacity - self.need(pool, seconds) - self.lent(pool)
 
-    def drop(self, b: _JobBook, w: Worker, why: str) -> None:
-        """Take a worker off its GPU: pending ones are removed, running ones suspended."""
+    def drop(self, b: _JobBook, w: Worker, why: str, shrink: bool = False) -> None:
+        """Take a worker off its GPU: pending ones are removed, running ones suspended (removed when
+        its job reclaims by removal and this is a ``shrink`` above its minimum)."""
         self.release(b, w)
-        if w.state == "pending":
+        if w.state == "pending" or (shrink and b.job.remove_on_shrink):
             b.remove.append(w.name)
         else:
             b.suspend.append(w.name)
@@ -316,14 +348,19 @@ def _reclaim_one(book: _Book, pool: str, why: str, cheapest: _Cheapest) -> None:
     b = cheapest.shrinkable()
     if b is not None:
         w = _shrinkable(b, pool)[-1]
-        book.drop(b, w, f"PlannedShrink: {w.name} in {pool}; {why}")
+        book.drop(b, w, f"PlannedShrink: {_who(b, w)} in {pool}; {why}", shrink=True)
         book.reclaims.append(Reclaim(pool, b.job.key, "shrink", (w.name,)))
         return
     b = cheapest.occupant()
     gang = tuple(w.name for w in b.holding)
     for w in list(b.holding):
-        book.drop(b, w, f"PlannedGangSuspend: {w.name} (gang at minGPUs {b.job.min_gpus}); {why}")
+        book.drop(b, w, f"PlannedGangSuspend: {_who(b, w)} (gang at minGPUs {b.job.min_gpus}); {why}")
     book.reclaims.append(Reclaim(pool, b.job.key, "gang-suspend", gang))
+
+
+def _who(b: _JobBook, w: Worker) -> str:
+    """A worker as its Events name it: with its role, for a job with roles."""
+    return w.name if b.job.role is None else f"{b.job.role} {w.name}"
 
 
 def _overreach(book: _Book, pool: str) -> None:
@@ -410,6 +447,22 @@ def _partial_gangs(book: _Book) -> None:
                 book.drop(b, w, f"GangSuspend: {w.name}; {b.active} of minGPUs {b.job.min_gpus} could run")
 
 
+def _requirement_met(book: _Book, b: _JobBook) -> bool:
+    """The job it requires (its trainer) holds at least its minimum (and some GPU)."""
+    if b.job.requires is None:
+        return True
+    r = book.jobs.get(b.job.requires)
+    return r is not None and r.active >= max(r.job.min_gpus, 1)
+
+
+def _orphans(book: _Book) -> None:
+    """A job whose required job (its trainer) is not running is suspended: rollouts without a trainer."""
+    for b in book.jobs.values():
+        if b.holding and not _requirement_met(book, b):
+            for w in list(b.holding):
+                book.drop(b, w, f"GangSuspend: {_who(b, w)}; {b.job.requires} is not running")
+
+
 def _may_grow(b: _JobBook, now: float, dwell_s: float) -> bool:
     last = b.job.last_shrink_at
     return not b.shrunk and (last is None or now - last >= dwell_s)
@@ -421,11 +474,32 @@ def plan(inp: PlanInput) -> Plan:
     _enforce_max(book)
     _reclaim(book)
     for b in sorted(book.jobs.values(), key=lambda x: x.job.grow_order()):
-        if _may_grow(b, inp.now, inp.settings.dwell_s):
+        if _may_grow(b, inp.now, inp.settings.dwell_s) and _requirement_met(book, b):
             _grow(book, b)
     _partial_gangs(book)
+    _orphans(book)
     return Plan(inp.now, {k: b.target() for k, b in book.jobs.items()}, tuple(book.reclaims),
                 {p: book.lent(p) for p in sorted(book.pools)})  # fmt: skip
+
+
+def merge_roles(targets: dict[str, JobTarget], jobs: tuple[Job, ...]) -> dict[str, JobTarget]:
+    """The plan's targets per ElasticRLJob: the targets of a job's roles (``<key>#trainer``,
+    ``<key>#rollout``) joined into one under ``<key>`` (trainer first; ``add_roles`` says whose each
+    new worker is, ``role_workers`` how many each role holds); other targets unchanged (pure)."""
+    by_key = {j.key: j for j in jobs}
+    out: dict[str, JobTarget] = {}
+    for key in sorted(targets, key=lambda k: (k.partition(ROLE_SEP)[0], 0 if k.endswith(ROLE_TRAINER) else 1)):
+        t, job = targets[key], by_key.get(key)
+        if job is None or job.role is None:
+            out[key] = t
+            continue
+        m = out.get(job.owner, JobTarget(job.owner, 0))
+        out[job.owner] = JobTarget(
+            job.owner, m.active_gpus + t.active_gpus, m.suspend + t.suspend, m.resume + t.resume,
+            m.remove + t.remove, m.add + t.add, m.reasons + t.reasons, m.add_roles + (job.role,) * len(t.add),
+            (*m.role_workers, (job.role, t.active_gpus // job.gpus_per_worker)),
+        )  # fmt: skip
+    return out
 
 
 def without_reclaims(result: Plan, gpus_per_worker: dict[str, int]) -> Plan:

@@ -25,6 +25,7 @@ from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
 class JobApi(Protocol):
     def ensure_claim_template(self, body: dict[str, Any]) -> None: ...
     def ensure_claim(self, body: dict[str, Any]) -> None: ...
+    def ensure_service(self, body: dict[str, Any]) -> None: ...
     def create_pod(self, body: dict[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, pod: PodRef) -> None: ...
     def set_suspend_request(self, namespace: str, pod: PodRef, value: str | None) -> None: ...
@@ -63,6 +64,11 @@ def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[list[Step]]:
         groups.append([("patch_status", job.name, partial(api.patch_status, job, d.status))])
     if d.create and d.claim_template is not None:  # the template is only read when a pod is created
         groups.append([("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template))])
+    if d.create:  # a job with roles: each lent role's template
+        groups.append([("ensure_claim_template", t["metadata"]["name"], partial(api.ensure_claim_template, t))
+                       for t in d.templates])  # fmt: skip
+    if d.create and d.service is not None:  # the trainer's headless Service, before its pods
+        groups.append([("ensure_service", d.service["metadata"]["name"], partial(api.ensure_service, d.service))])
     groups.append([("ensure_claim", c["metadata"]["name"], partial(api.ensure_claim, c)) for c in d.claims])
     groups.append([("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create])
     groups.append([("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete])

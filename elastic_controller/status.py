@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from elastic_controller.observe import ObservedWorker, planner_state, workload_report
 from elastic_controller.planner import JobTarget
@@ -35,6 +36,37 @@ class _Counts:
     lost: int
 
 
+def _gpus(job: ElasticRLJob, observed: list[ObservedWorker], state: str) -> int:
+    """GPUs of the job's live workers in ``state``, each by its role's ``gpusPerWorker``."""
+    return sum(job.spec.role_gpus_per_worker(w.role) for w in observed if not w.lost and planner_state(w) == state)
+
+
+def _dedicated_gpus(job: ElasticRLJob) -> int:
+    r = job.spec.roles
+    return r.trainer.workers * r.trainer.gpus_per_worker if r is not None and r.trainer.placement == "Dedicated" else 0
+
+
+def _roles_status(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None,
+                  prev: ElasticRLJobStatus) -> dict[str, Any] | None:  # fmt: skip
+    """``status.roles`` of a job with roles: per role, the workers the plan holds (a dedicated
+    trainer: all of them), the active and the suspended ones."""
+    roles = job.spec.roles
+    if roles is None:
+        return None
+    wanted = dict(target.role_workers) if target is not None else {}
+    out: dict[str, Any] = {}
+    for role in ("trainer", "rollout"):
+        mine = [planner_state(w) for w in observed if w.role == role and not w.lost]
+        before = getattr(prev.roles, role, None) if prev.roles is not None else None
+        if role == "trainer" and roles.trainer.placement == "Dedicated":
+            desired_workers = roles.trainer.workers
+        else:
+            desired_workers = wanted.get(role, before.desired_workers if before is not None else None) or 0
+        out[role] = {"desiredWorkers": desired_workers, "activeWorkers": mine.count("active"),
+                     "suspendedWorkers": mine.count("suspended")}  # fmt: skip
+    return out
+
+
 def _count(observed: list[ObservedWorker]) -> _Counts:
     live = [w for w in observed if not w.lost]
     states = [planner_state(w) for w in live]
@@ -42,8 +74,7 @@ def _count(observed: list[ObservedWorker]) -> _Counts:
                    states.count("resuming"), len(observed) - len(live))  # fmt: skip
 
 
-def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int) -> Phase:
-    gpw = job.spec.gpus_per_worker
+def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int, active_gpus: int) -> Phase:
     if c.resuming:
         return "Resuming"
     if c.active == 0 and c.suspending:
@@ -52,11 +83,10 @@ def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int) -> Phase:
         return "Suspended"
     if c.active == 0 and target_gpus == 0:
         return "Pending"
-    return "Running" if c.active * gpw == target_gpus else "Scaling"
+    return "Running" if active_gpus == target_gpus else "Scaling"
 
 
-def _wanted(job: ElasticRLJob, c: _Counts, phase: Phase, target_gpus: int) -> dict[ConditionType, tuple[bool, str]]:
-    active = c.active * job.spec.gpus_per_worker
+def _wanted(c: _Counts, phase: Phase, target_gpus: int, active: int) -> dict[ConditionType, tuple[bool, str]]:
     return {
         "Ready": (phase == "Running", f"{active} of {target_gpus} target GPUs active"),
         "Scaling": (active != target_gpus, f"{active} GPUs active, target {target_gpus}"),
@@ -98,10 +128,13 @@ def compute_status(
     """The next status and the Events of its transitions."""
     prev = prev or ElasticRLJobStatus()
     c = _count(observed)
-    gpw = job.spec.gpus_per_worker
-    target_gpus = target.active_gpus if target is not None else (prev.target_gpus or 0)
-    phase = _phase(job, c, target_gpus)
-    conditions, events = _conditions(prev.conditions or [], _wanted(job, c, phase, target_gpus), job.generation, now)
+    active_gpus, suspended_gpus = _gpus(job, observed, "active"), _gpus(job, observed, "suspended")
+    # a dedicated trainer is not planned: its GPUs are wanted whatever the plan says
+    target_gpus = target.active_gpus + _dedicated_gpus(job) if target is not None else (prev.target_gpus or 0)
+    roles = _roles_status(job, observed, target, prev)
+    phase = _phase(job, c, target_gpus, active_gpus)
+    conditions, events = _conditions(prev.conditions or [], _wanted(c, phase, target_gpus, active_gpus),
+                                     job.generation, now)  # fmt: skip
     was_suspended = _was(prev, "Suspended")
     is_suspended = any(x.type == "Suspended" and x.status == "True" for x in conditions)
     total = prev.total_suspended_seconds or 0.0
@@ -113,11 +146,11 @@ def compute_status(
     shrink = now if target is not None and target.shrinks else prev.last_shrink_time
     rep = workload_report(observed, job.spec)  # bounded by what the spec justifies
     status = ElasticRLJobStatus.model_validate({
-        "phase": phase, "activeWorkers": c.active, "suspendedWorkers": c.suspended, "activeGPUs": c.active * gpw,
-        "suspendedGPUs": c.suspended * gpw, "targetGPUs": target_gpus, "lastSafePoint": prev.last_safe_point,
+        "phase": phase, "activeWorkers": c.active, "suspendedWorkers": c.suspended, "activeGPUs": active_gpus,
+        "suspendedGPUs": suspended_gpus, "targetGPUs": target_gpus, "lastSafePoint": prev.last_safe_point,
         "lastShrinkTime": shrink, "suspendCount": count, "totalSuspendedSeconds": total,
         "observedGeneration": job.generation, "conditions": conditions, "workloadPhase": rep.phase,
         "secondsToSafePoint": rep.seconds_to_safe_point, "stateBytes": rep.state_bytes,
-        "minGPUsPerWorker": rep.min_gpus, "minHostMemoryBytes": rep.min_host_memory_bytes,
+        "minGPUsPerWorker": rep.min_gpus, "minHostMemoryBytes": rep.min_host_memory_bytes, "roles": roles,
     })  # fmt: skip
     return status, events

@@ -23,34 +23,79 @@ import re
 from typing import Any, Final
 
 from rose_common import extender_names, names
-from rose_common.elasticrljob import ElasticRLJob
+from rose_common.elasticrljob import ElasticRLJob, Role
 
 CONTROLLER: Final = "rose-elastic-controller"
 ROLE_RL_WORKER: Final = "rl-worker"
 LABEL_WORKER_INDEX: Final = f"{names.LABEL_PREFIX}/worker-index"
 CLAIM_NAME: Final = "gpus"  # the pod's claim entry and the template's request
 RESOURCE_API: Final = "resource.k8s.io/v1"
-_WORKER_RE = re.compile(r"^(?P<job>.+)-w(?P<index>\d+)$")
+_SUFFIX_RE = re.compile(r"^(?:w(?P<index>\d+)|(?P<role>trainer|rollout)-(?P<rindex>\d+))$")
+LABEL_RL_ROLE: Final = f"{names.LABEL_PREFIX}/rl-role"  # "trainer" | "rollout" (a job with spec.roles)
+ENV_ROLE: Final = "ROSE_ROLE"
+ENV_ROLE_INDEX: Final = "ROSE_ROLE_INDEX"
+ENV_TRAINER_ADDR: Final = "ROSE_TRAINER_ADDR"
 MAX_NAME: Final = 63
 RESTORE_ENV: Final = "ROSE_RESTORE"  # read by rose_sdk.checkpoint.restore_requested
 RESTORE_LATEST: Final = "latest"
 
 
-def worker_name(job: str, index: int) -> str:
-    name = f"{job}-w{index}"
+def worker_name(job: str, index: int, role: Role | None = None) -> str:
+    """``<job>-w<index>``, or ``<job>-<role>-<index>`` for a role of a job with ``spec.roles``."""
+    name = f"{job}-w{index}" if role is None else f"{job}-{role}-{index}"
     if len(name) > MAX_NAME:
         raise ValueError(f"worker name {name!r} is longer than {MAX_NAME} characters; shorten the job's name")
     return name
 
 
 def worker_index(job: str, pod_name: str) -> int | None:
-    """The index in ``<job>-w<index>``, or None for a pod this controller did not name."""
-    m = _WORKER_RE.match(pod_name)
-    return int(m["index"]) if m and m["job"] == job else None
+    """The index in ``<job>-w<index>`` (or in ``<job>-<role>-<index>``), or None for a pod this
+    controller did not name."""
+    parsed = worker_role_index(job, pod_name)
+    return parsed[1] if parsed is not None else None
 
 
-def claim_template_name(job: str) -> str:
-    return f"{job}-{CLAIM_NAME}"
+def worker_role_index(job: str, pod_name: str) -> tuple[Role | None, int] | None:
+    """(role, index) of a worker name of ``job`` (role None: ``<job>-w<index>``), or None."""
+    if not pod_name.startswith(job + "-"):
+        return None
+    m = _SUFFIX_RE.match(pod_name[len(job) + 1 :])
+    if m is None:
+        return None
+    if m["index"] is not None:
+        return None, int(m["index"])
+    role: Role = "trainer" if m["role"] == "trainer" else "rollout"
+    return role, int(m["rindex"])
+
+
+def trainer_service_name(job: str) -> str:
+    """The headless Service of a job's trainer workers (their DNS subdomain)."""
+    return f"{job}-trainer"
+
+
+def trainer_addr(job: ElasticRLJob) -> str:
+    """``host:port`` of trainer worker 0, as the rollout workers get it in ``ROSE_TRAINER_ADDR``."""
+    assert job.spec.roles is not None
+    host = f"{worker_name(job.name, 0, 'trainer')}.{trainer_service_name(job.name)}.{job.namespace}.svc"
+    return f"{host}:{job.spec.roles.trainer.port}"
+
+
+def trainer_service(job: ElasticRLJob) -> dict[str, Any]:
+    """The headless Service that gives each trainer worker a DNS name (pod ``hostname`` +
+    ``subdomain``): ``<job>-trainer-<i>.<job>-trainer.<namespace>.svc``; owned by the job."""
+    if job.spec.roles is None:
+        raise ValueError(f"ElasticRLJob {job.namespace}/{job.name} has no spec.roles; it has no trainer Service")
+    port = job.spec.roles.trainer.port
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": trainer_service_name(job.name), "namespace": job.namespace,
+                         "labels": {names.LABEL_JOB: job.name}, "ownerReferences": [owner_reference(job)]},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {names.LABEL_JOB: job.name, LABEL_RL_ROLE: "trainer"},
+                     "ports": [{"name": "trainer", "port": port, "targetPort": port}]}}  # fmt: skip
+
+
+def claim_template_name(job: str, role: Role | None = None) -> str:
+    return f"{job}-{CLAIM_NAME}" if role is None else f"{job}-{role}-{CLAIM_NAME}"
 
 
 def owner_reference(job: ElasticRLJob) -> dict[str, Any]:
@@ -58,15 +103,16 @@ def owner_reference(job: ElasticRLJob) -> dict[str, Any]:
             "controller": True, "blockOwnerDeletion": True}  # fmt: skip
 
 
-def claim_template(job: ElasticRLJob) -> dict[str, Any]:
-    """One ResourceClaimTemplate per job: ``gpusPerWorker`` lendable devices per worker."""
+def claim_template(job: ElasticRLJob, role: Role | None = None) -> dict[str, Any]:
+    """One ResourceClaimTemplate per job (per lent role of a job with roles, ``<job>-<role>-gpus``):
+    ``gpusPerWorker`` lendable devices per worker."""
     request = {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
-               "allocationMode": "ExactCount", "count": job.spec.gpus_per_worker}}  # fmt: skip
+               "allocationMode": "ExactCount", "count": job.spec.role_gpus_per_worker(role)}}  # fmt: skip
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceClaimTemplate",
         "metadata": {
-            "name": claim_template_name(job.name),
+            "name": claim_template_name(job.name, role),
             "namespace": job.namespace,
             "labels": {names.LABEL_JOB: job.name},
             "ownerReferences": [owner_reference(job)],
@@ -99,27 +145,51 @@ def shared_claim(job: ElasticRLJob, index: int) -> dict[str, Any]:
             "spec": {"devices": {"requests": [request]}}}  # fmt: skip
 
 
-def _pod_claim(job: ElasticRLJob, index: int) -> dict[str, Any]:
+def _pod_claim(job: ElasticRLJob, index: int, role: Role | None = None) -> dict[str, Any]:
     """The pod's claim entry: the group's shared claim for a time-sliced job, else the job's template."""
     if job.spec.timeslice_group is not None:
         return {"name": CLAIM_NAME, "resourceClaimName": shared_claim_name(job.spec.timeslice_group, index)}
-    return {"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template_name(job.name)}
+    return {"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template_name(job.name, role)}
 
 
-def _annotations(job: ElasticRLJob, state_bytes: int | None) -> dict[str, str]:
+def dedicated(job: ElasticRLJob, role: Role | None) -> bool:
+    """Whether ``role``'s workers run on dedicated GPUs (the trainer with ``placement: Dedicated``)."""
+    return role == "trainer" and job.spec.roles is not None and job.spec.roles.trainer.placement == "Dedicated"
+
+
+def lent_roles(job: ElasticRLJob) -> tuple[Role | None, ...]:
+    """The roles whose workers run on lent GPUs (each has a claim template): (None,) without roles."""
+    if job.spec.roles is None:
+        return (None,)
+    return tuple(r for r in ("trainer", "rollout") if not dedicated(job, r))
+
+
+def _annotations(job: ElasticRLJob, state_bytes: int | None, role: Role | None = None) -> dict[str, str]:
     s = job.spec
     out = {
         names.ANNOTATION_GRACE: str(s.graceful_shutdown_period),
         extender_names.ANNOTATION_MIN_RUN: str(s.min_useful_run_seconds),
-        extender_names.ANNOTATION_GPUS: str(s.gpus_per_worker),
+        extender_names.ANNOTATION_GPUS: str(s.role_gpus_per_worker(role)),
     }
-    size = state_bytes if state_bytes is not None else s.state_bytes_per_worker
+    size = state_bytes if state_bytes is not None else s.role_state_bytes(role)
     if size is not None:
         out[names.ANNOTATION_STATE_BYTES] = str(size)
     return out
 
 
-def _env(job: ElasticRLJob, index: int) -> list[dict[str, Any]]:
+def _role_env(job: ElasticRLJob, index: int, role: Role | None) -> list[dict[str, Any]]:
+    """``ROSE_ROLE``, ``ROSE_ROLE_INDEX``, the role's size, and for rollouts ``ROSE_TRAINER_ADDR``."""
+    if role is None or job.spec.roles is None:
+        return []
+    env = [{"name": ENV_ROLE, "value": role}, {"name": ENV_ROLE_INDEX, "value": str(index)},
+           {"name": ENV_TRAINER_ADDR, "value": trainer_addr(job)}]  # fmt: skip
+    r = job.spec.roles
+    lo, hi = (r.trainer.workers, r.trainer.workers) if role == "trainer" else (r.rollout.min_workers,
+                                                                               r.rollout.max_workers)  # fmt: skip
+    return [*env, {"name": "ROSE_MIN_WORKERS", "value": str(lo)}, {"name": "ROSE_MAX_WORKERS", "value": str(hi)}]
+
+
+def _env(job: ElasticRLJob, index: int, role: Role | None = None) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"fieldRef": {"fieldPath": path}}
 
@@ -129,9 +199,11 @@ def _env(job: ElasticRLJob, index: int) -> list[dict[str, Any]]:
         {"name": "ROSE_POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
         {"name": "ROSE_JOB_NAME", "value": job.name},
         {"name": "ROSE_WORKER_INDEX", "value": str(index)},
-        {"name": "ROSE_MIN_WORKERS", "value": str(job.spec.min_workers)},
-        {"name": "ROSE_MAX_WORKERS", "value": str(job.spec.max_workers)},
     ]
+    if role is None:
+        env += [{"name": "ROSE_MIN_WORKERS", "value": str(job.spec.min_workers)},
+                {"name": "ROSE_MAX_WORKERS", "value": str(job.spec.max_workers)}]  # fmt: skip
+    env += _role_env(job, index, role)
     if job.spec.checkpoint_path is not None:
         env.append({"name": "ROSE_CHECKPOINT_PATH", "value": job.spec.checkpoint_path})
         # A recreated worker (its node lost, or evicted by the driver's checkpoint fallback)
@@ -152,13 +224,16 @@ def timeslice_token_volume() -> dict[str, Any]:
     return {"name": TIMESLICE_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
 
 
-def _container(c: dict[str, Any], env: list[dict[str, Any]], timesliced: bool = False) -> dict[str, Any]:
+def _container(c: dict[str, Any], env: list[dict[str, Any]], timesliced: bool = False,
+               claim: bool = True) -> dict[str, Any]:  # fmt: skip
     ours = {e["name"] for e in env}
     c["env"] = [e for e in c.get("env", []) if e.get("name") not in ours] + env
     if timesliced:
         mounts = [m for m in c.get("volumeMounts", []) if m.get("name") != TIMESLICE_TOKEN_VOLUME]
         c["volumeMounts"] = [*mounts, {"name": TIMESLICE_TOKEN_VOLUME, "mountPath": names.TIMESLICE_TOKEN_DIR,
                                        "readOnly": True}]  # fmt: skip
+    if not claim:
+        return c
     resources = c.setdefault("resources", {})
     claims = [x for x in resources.get("claims", []) if x.get("name") != CLAIM_NAME]
     resources["claims"] = [*claims, {"name": CLAIM_NAME}]
@@ -179,35 +254,45 @@ def _tenant_keys(m: Any) -> dict[str, Any]:
 
 
 def worker_pod(
-    job: ElasticRLJob, index: int, pool: str | None = None, state_bytes: int | None = None
+    job: ElasticRLJob, index: int, pool: str | None = None, state_bytes: int | None = None, role: Role | None = None
 ) -> dict[str, Any]:
-    """Worker ``index`` of the job, from its template; ``pool`` pins it to the pool the planner chose.
-    The template's ``rose.io/`` labels and annotations are dropped (the controller writes its own)
-    and so is ``spec.nodeName`` (the scheduler places workers; the admission policy refuses it)."""
-    template = copy.deepcopy(job.spec.template)
+    """Worker ``index`` of the job (of its ``role``, for a job with roles), from its template; ``pool``
+    pins it to the pool the planner chose. The template's ``rose.io/`` labels and annotations are
+    dropped (the controller writes its own) and so is ``spec.nodeName`` (the scheduler places
+    workers; the admission policy refuses it). A dedicated trainer keeps its template's scheduler
+    and GPUs (no lendable claim); trainer workers get ``hostname``/``subdomain`` for their Service."""
+    template = copy.deepcopy(job.spec.role_template(role))
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template.get("spec") or {}
     spec.pop("nodeName", None)
     if not spec.get("containers"):
-        raise ValueError(f"ElasticRLJob {job.namespace}/{job.name}: spec.template.spec.containers is empty; "
+        where = "spec.template" if role is None else f"spec.roles.{role}.template"
+        raise ValueError(f"ElasticRLJob {job.namespace}/{job.name}: {where}.spec.containers is empty; "
                          "give the worker Pod template at least one container")  # fmt: skip
-    env = _env(job, index)
+    env = _env(job, index, role)
     timesliced = job.spec.timeslice_group is not None
-    spec["containers"] = [_container(c, env, timesliced) for c in spec["containers"]]
+    lent = not dedicated(job, role)
+    spec["containers"] = [_container(c, env, timesliced, lent) for c in spec["containers"]]
     if timesliced:
         volumes = [v for v in spec.get("volumes", []) if v.get("name") != TIMESLICE_TOKEN_VOLUME]
         spec["volumes"] = [*volumes, timeslice_token_volume()]
-    spec["schedulerName"] = names.SCHEDULER_NAME
-    claims = [c for c in spec.get("resourceClaims", []) if c.get("name") != CLAIM_NAME]
-    spec["resourceClaims"] = [*claims, _pod_claim(job, index)]
+    if lent:
+        spec["schedulerName"] = names.SCHEDULER_NAME
+        claims = [c for c in spec.get("resourceClaims", []) if c.get("name") != CLAIM_NAME]
+        spec["resourceClaims"] = [*claims, _pod_claim(job, index, role)]
     spec.setdefault("restartPolicy", "Never")
     if pool is not None:
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), names.LABEL_POOL: pool}
+    name = worker_name(job.name, index, role)
+    if role == "trainer":
+        spec["hostname"], spec["subdomain"] = name, trainer_service_name(job.name)
     labels = {**_tenant_keys(meta.get("labels")), names.LABEL_JOB: job.name, names.LABEL_ROLE: ROLE_RL_WORKER,
               LABEL_WORKER_INDEX: str(index)}  # fmt: skip
+    if role is not None:
+        labels[LABEL_RL_ROLE] = role
     if job.spec.timeslice_group is not None:  # the time-slice hand-over finds the group's workers by it
         labels[names.LABEL_TIMESLICE_GROUP] = job.spec.timeslice_group
-    metadata = {"name": worker_name(job.name, index), "namespace": job.namespace, "labels": labels,
-                "annotations": {**_tenant_keys(meta.get("annotations")), **_annotations(job, state_bytes)},
+    metadata = {"name": name, "namespace": job.namespace, "labels": labels,
+                "annotations": {**_tenant_keys(meta.get("annotations")), **_annotations(job, state_bytes, role)},
                 "ownerReferences": [owner_reference(job)]}  # fmt: skip
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

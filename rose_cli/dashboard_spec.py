@@ -266,6 +266,37 @@ CONTROLLER_ROW = Row(
             ),
             width=6,
         ),
+        Panel(
+            "Workers per role: trainer / rollout (jobs with spec.roles)",
+            "none",
+            (
+                Target(
+                    'sum by (job, role, state) (rose_controller_role_workers{state!="desired"})',
+                    "{{job}} {{role}} {{state}}",
+                ),
+            ),
+            "Active and suspended workers of each role. The planner reclaims rollout workers first (removed "
+            "above minWorkers, suspended below) and suspends the trainer last: a suspended trainer with "
+            "active rollouts never shows here.",
+            width=12,
+        ),
+        Panel(
+            "Rollout workers: planned vs active",
+            "none",
+            (
+                Target(
+                    'sum by (job) (rose_controller_role_workers{role="rollout", state="desired"})', "{{job}} planned"
+                ),
+                Target('sum by (job) (rose_controller_role_workers{role="rollout", state="active"})', "{{job}} active"),
+                Target(
+                    'sum by (job) (rose_controller_role_workers{role="trainer", state="suspended"})',
+                    "{{job}} trainer suspended",
+                ),
+            ),
+            "What the plan holds for the rollouts against what runs (a gap: workers starting or being "
+            "reclaimed), and the trainer's suspended workers.",
+            width=12,
+        ),
     ),
 )
 

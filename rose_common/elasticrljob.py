@@ -8,12 +8,17 @@ what the API server would refuse. ``tests/unit/test_elasticrljob_model.py`` walk
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SuspendPolicy = Literal["HostMemoryFirst", "CheckpointAndEvict"]
+Role = Literal["trainer", "rollout"]
+ROLES: Final[tuple[Role, ...]] = ("trainer", "rollout")
+TrainerPlacement = Literal["Dedicated", "Lent"]
+RolloutReclaim = Literal["Remove", "Suspend"]
 Phase = Literal["Pending", "Running", "Scaling", "Suspending", "Suspended", "Resuming", "Failed", "Succeeded"]
 ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded", "Resident"]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -29,15 +34,71 @@ MSG_STATE_BYTES: Final = (
     "stateBytesPerWorker must be at most gpusPerWorker x 274877906944 bytes, 256 GiB per GPU: "
     "a worker's device state fits its GPUs' memory"
 )
+MSG_ROLES_EXCLUSIVE: Final = (
+    "spec.roles replaces minGPUs, maxGPUs, template and stateBytesPerWorker: give either roles or those fields"
+)
+MSG_ROLES_OR_SIZE: Final = "a job without spec.roles needs minGPUs, maxGPUs and template"
+MSG_ROLES_TIMESLICE: Final = (
+    "spec.roles and timesliceGroup do not combine yet: a time-slice group shares one claim per worker index"
+)
+MSG_ROLLOUT_MIN_LE_MAX: Final = "rollout minWorkers must be less than or equal to maxWorkers"
+DEFAULT_TRAINER_PORT: Final = 50051
+MAX_ROLES_NAME: Final = 50  # <name>-rollout-<4 digits> fits a pod name's 63
+_DNS_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
 
+def _check_state_bytes(state_bytes: int | None, gpus_per_worker: int) -> None:
+    if state_bytes is not None and state_bytes > gpus_per_worker * DEVICE_MEMORY_MAX_BYTES:
+        raise ValueError(MSG_STATE_BYTES)
+
+
+class TrainerRole(_Model):
+    """The trainer: a fixed gang of ``workers`` (state-heavy: model, gradients, optimizer)."""
+
+    workers: int = Field(ge=1, le=4096)
+    gpus_per_worker: int = Field(default=1, alias="gpusPerWorker", ge=1, le=MAX_GPUS_PER_WORKER)
+    state_bytes_per_worker: int | None = Field(default=None, alias="stateBytesPerWorker", ge=0, le=MAX_STATE_BYTES)
+    placement: TrainerPlacement = "Lent"
+    port: int = Field(default=DEFAULT_TRAINER_PORT, ge=1, le=65535)
+    template: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _cel_rules(self) -> TrainerRole:
+        _check_state_bytes(self.state_bytes_per_worker, self.gpus_per_worker)
+        return self
+
+
+class RolloutRole(_Model):
+    """Rollout workers: elastic between ``minWorkers`` and ``maxWorkers`` on lent GPUs (weights and
+    in-flight generations only: the planner reclaims them first)."""
+
+    min_workers: int = Field(default=0, alias="minWorkers", ge=0, le=4096)
+    max_workers: int = Field(alias="maxWorkers", ge=1, le=4096)
+    gpus_per_worker: int = Field(default=1, alias="gpusPerWorker", ge=1, le=MAX_GPUS_PER_WORKER)
+    state_bytes_per_worker: int | None = Field(default=None, alias="stateBytesPerWorker", ge=0, le=MAX_STATE_BYTES)
+    reclaim: RolloutReclaim = "Remove"
+    template: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _cel_rules(self) -> RolloutRole:
+        if self.min_workers > self.max_workers:
+            raise ValueError(MSG_ROLLOUT_MIN_LE_MAX)
+        _check_state_bytes(self.state_bytes_per_worker, self.gpus_per_worker)
+        return self
+
+
+class Roles(_Model):
+    trainer: TrainerRole
+    rollout: RolloutRole
+
+
 class ElasticRLJobSpec(_Model):
-    min_gpus: int = Field(alias="minGPUs", ge=1)
-    max_gpus: int = Field(alias="maxGPUs", ge=1, le=4096)
+    min_gpus: int | None = Field(default=None, alias="minGPUs", ge=1)
+    max_gpus: int | None = Field(default=None, alias="maxGPUs", ge=1, le=4096)
     gpus_per_worker: int = Field(default=1, alias="gpusPerWorker", ge=1, le=MAX_GPUS_PER_WORKER)
     graceful_shutdown_period: int = Field(default=30, alias="gracefulShutdownPeriod", ge=0, le=3600)
     checkpoint_path: str | None = Field(default=None, alias="checkpointPath", min_length=1, max_length=4096)
@@ -48,29 +109,70 @@ class ElasticRLJobSpec(_Model):
     priority: int = Field(default=0, ge=0, le=1000)
     min_useful_run_seconds: int = Field(default=600, alias="minUsefulRunSeconds", ge=0, le=86400)
     state_bytes_per_worker: int | None = Field(default=None, alias="stateBytesPerWorker", ge=0, le=MAX_STATE_BYTES)
-    template: dict[str, Any]
+    template: dict[str, Any] | None = None
+    roles: Roles | None = None
 
     @model_validator(mode="after")
     def _cel_rules(self) -> ElasticRLJobSpec:
-        if self.min_gpus > self.max_gpus:
+        lo, hi = self.min_gpus, self.max_gpus
+        if self.roles is not None and (
+            lo is not None or hi is not None or self.template is not None or self.state_bytes_per_worker is not None
+        ):
+            raise ValueError(MSG_ROLES_EXCLUSIVE)
+        if self.roles is None and (lo is None or hi is None or self.template is None):
+            raise ValueError(MSG_ROLES_OR_SIZE)
+        if self.roles is not None and self.timeslice_group is not None:
+            raise ValueError(MSG_ROLES_TIMESLICE)
+        if lo is not None and hi is not None and lo > hi:
             raise ValueError(MSG_MIN_LE_MAX)
-        if self.min_gpus % self.gpus_per_worker or self.max_gpus % self.gpus_per_worker:
+        if (lo or 0) % self.gpus_per_worker or (hi or 0) % self.gpus_per_worker:
             raise ValueError(MSG_MULTIPLES)
         if self.suspend_policy == "CheckpointAndEvict" and self.checkpoint_path is None:
             raise ValueError(MSG_CHECKPOINT)
-        if self.state_bytes_per_worker is not None and (
-            self.state_bytes_per_worker > self.gpus_per_worker * DEVICE_MEMORY_MAX_BYTES
-        ):
-            raise ValueError(MSG_STATE_BYTES)
+        _check_state_bytes(self.state_bytes_per_worker, self.gpus_per_worker)
         return self
 
     @property
+    def min_gpus_total(self) -> int:
+        """The job's minimum GPUs: ``minGPUs``, or with roles the trainer's plus the rollouts' minimum."""
+        if self.roles is None:
+            return self.min_gpus or 0
+        t, r = self.roles.trainer, self.roles.rollout
+        return t.workers * t.gpus_per_worker + r.min_workers * r.gpus_per_worker
+
+    @property
+    def max_gpus_total(self) -> int:
+        """The job's maximum GPUs: ``maxGPUs``, or with roles the trainer's plus the rollouts' maximum."""
+        if self.roles is None:
+            return self.max_gpus or 0
+        t, r = self.roles.trainer, self.roles.rollout
+        return t.workers * t.gpus_per_worker + r.max_workers * r.gpus_per_worker
+
+    @property
     def min_workers(self) -> int:
-        return self.min_gpus // self.gpus_per_worker
+        return (self.min_gpus or 0) // self.gpus_per_worker
 
     @property
     def max_workers(self) -> int:
-        return self.max_gpus // self.gpus_per_worker
+        return (self.max_gpus or 0) // self.gpus_per_worker
+
+    def role_gpus_per_worker(self, role: Role | None) -> int:
+        """GPUs per worker of ``role`` (None: a job without roles)."""
+        if role is None or self.roles is None:
+            return self.gpus_per_worker
+        return self.roles.trainer.gpus_per_worker if role == "trainer" else self.roles.rollout.gpus_per_worker
+
+    def role_state_bytes(self, role: Role | None) -> int | None:
+        """``stateBytesPerWorker`` of ``role`` (None: a job without roles)."""
+        if role is None or self.roles is None:
+            return self.state_bytes_per_worker
+        return getattr(self.roles, role).state_bytes_per_worker  # type: ignore[no-any-return]
+
+    def role_template(self, role: Role | None) -> dict[str, Any]:
+        """The worker Pod template of ``role`` (None: the job's ``template``)."""
+        if role is None or self.roles is None:
+            return self.template or {}
+        return self.roles.trainer.template if role == "trainer" else self.roles.rollout.template
 
 
 class Condition(_Model):
@@ -80,6 +182,17 @@ class Condition(_Model):
     message: str | None = None
     last_transition_time: datetime | None = Field(default=None, alias="lastTransitionTime")
     observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
+
+
+class RoleStatus(_Model):
+    desired_workers: int | None = Field(default=None, alias="desiredWorkers", ge=0)
+    active_workers: int | None = Field(default=None, alias="activeWorkers", ge=0)
+    suspended_workers: int | None = Field(default=None, alias="suspendedWorkers", ge=0)
+
+
+class RolesStatus(_Model):
+    trainer: RoleStatus | None = None
+    rollout: RoleStatus | None = None
 
 
 class ElasticRLJobStatus(_Model):
@@ -102,6 +215,7 @@ class ElasticRLJobStatus(_Model):
     min_host_memory_bytes: int | None = Field(default=None, alias="minHostMemoryBytes", ge=0)
     fencing_token: int | None = Field(default=None, alias="fencingToken", ge=0)
     observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
+    roles: RolesStatus | None = None
     conditions: list[Condition] | None = None
 
 
@@ -115,6 +229,19 @@ class ElasticRLJob(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: ElasticRLJobSpec
     status: ElasticRLJobStatus | None = None
+
+    @model_validator(mode="after")
+    def _role_names(self) -> ElasticRLJob:
+        """A job with roles names a Service and pods ``<name>-rollout-<i>`` after itself: its name must
+        be a DNS label of at most 50 characters (the API server allows dots and 253 in a job's name)."""
+        name = self.name
+        if self.spec.roles is not None and name and not (len(name) <= MAX_ROLES_NAME and _DNS_LABEL.match(name)):
+            raise ValueError(
+                f"ElasticRLJob {name!r} has spec.roles: its name must be a DNS label of at most {MAX_ROLES_NAME} "
+                "characters (lower-case letters, digits and '-', starting with a letter): its trainer Service "
+                "and role pods are named after it"
+            )
+        return self
 
     @property
     def name(self) -> str:

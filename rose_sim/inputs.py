@@ -130,6 +130,9 @@ def _job(raw: Any, where: str) -> SimJob:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"]) or "spec"
         raise SimInputError(f"{where}: {loc}: {err['msg']} (the CRD refuses it)") from None
+    if job.spec.roles is not None:
+        raise SimInputError(f"{where}: spec.roles (a trainer and rollout workers) is not simulated yet: "
+                            "rose simulate plans one gang per job (minGPUs, maxGPUs)")  # fmt: skip
     meta = dict(job.metadata)
     if not meta.get("name"):
         raise SimInputError(f"{where}: metadata.name is missing")

@@ -20,6 +20,10 @@ class CelCase:
 
 
 VALID_SPEC: dict[str, Any] = {"minGPUs": 2, "maxGPUs": 8, "gpusPerWorker": 1, "template": {"spec": {}}}
+_NO_SIZE: dict[str, Any] = {"minGPUs": None, "maxGPUs": None, "template": None}  # None: the field left out
+_TRAINER: dict[str, Any] = {"workers": 1, "template": {"spec": {}}}
+_ROLLOUT: dict[str, Any] = {"minWorkers": 1, "maxWorkers": 2, "template": {"spec": {}}}
+_BIG = (256 << 30) + 1
 
 CASES: tuple[CelCase, ...] = (
     CelCase(".spec", "minGPUs must be less than or equal to maxGPUs", {"minGPUs": 9, "maxGPUs": 8}),
@@ -31,8 +35,37 @@ CASES: tuple[CelCase, ...] = (
         "a worker's device state fits its GPUs' memory",
         {"stateBytesPerWorker": (256 << 30) + 1},
     ),
+    CelCase(
+        ".spec",
+        "spec.roles replaces minGPUs, maxGPUs, template and stateBytesPerWorker: give either roles or those fields",
+        {"roles": {"trainer": _TRAINER, "rollout": _ROLLOUT}},
+    ),
+    CelCase(".spec", "a job without spec.roles needs minGPUs, maxGPUs and template", {"template": None}),
+    CelCase(
+        ".spec",
+        "spec.roles and timesliceGroup do not combine yet: a time-slice group shares one claim per worker index",
+        {**_NO_SIZE, "roles": {"trainer": _TRAINER, "rollout": _ROLLOUT}, "timesliceGroup": "g"},
+    ),
+    CelCase(
+        ".spec.roles.rollout",
+        "rollout minWorkers must be less than or equal to maxWorkers",
+        {**_NO_SIZE, "roles": {"trainer": _TRAINER, "rollout": {**_ROLLOUT, "minWorkers": 3}}},
+    ),
+    CelCase(
+        ".spec.roles.trainer",
+        "stateBytesPerWorker must be at most gpusPerWorker x 274877906944 bytes, 256 GiB per GPU: "
+        "a worker's device state fits its GPUs' memory",
+        {**_NO_SIZE, "roles": {"trainer": {**_TRAINER, "stateBytesPerWorker": _BIG}, "rollout": _ROLLOUT}},
+    ),
+    CelCase(
+        ".spec.roles.rollout",
+        "stateBytesPerWorker must be at most gpusPerWorker x 274877906944 bytes, 256 GiB per GPU: "
+        "a worker's device state fits its GPUs' memory",
+        {**_NO_SIZE, "roles": {"trainer": _TRAINER, "rollout": {**_ROLLOUT, "stateBytesPerWorker": _BIG}}},
+    ),
 )
 
 
 def violating_spec(case: CelCase) -> dict[str, Any]:
-    return {**VALID_SPEC, **case.spec}
+    """VALID_SPEC with the row's fields merged over it; a field the row sets to None is left out."""
+    return {k: v for k, v in {**VALID_SPEC, **case.spec}.items() if v is not None}

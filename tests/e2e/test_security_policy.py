@@ -657,3 +657,50 @@ def test_the_controllers_pods_are_held_to_baseline_pod_security(env: Env) -> Non
         ok(env, "create", "-n", env.ns, "--dry-run=server", "-f", "-", f"--as={user}", stdin=json.dumps(pod))
     finally:
         kubectl(env, "delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found")
+
+
+def _roles_job(name: str, trainer: dict[str, Any], rollout: dict[str, Any]) -> dict[str, Any]:
+    def template(extra: dict[str, Any]) -> dict[str, Any]:
+        return {"spec": {"containers": [{"name": "c", "image": "registry.invalid/rose/fake:1"}], **extra}}
+
+    roles = {"trainer": {"workers": 1, "template": template(trainer)},
+             "rollout": {"maxWorkers": 2, "template": template(rollout)}}  # fmt: skip
+    return {"apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob", "metadata": {"name": name},
+            "spec": {"roles": roles}}  # fmt: skip
+
+
+def test_the_role_templates_of_a_job_with_roles_are_checked_at_apply_time(
+    cluster: ClusterHandle, env: Env, tenant: Raw
+) -> None:
+    """Issue 23 §3: a role template may not place its pods (nodeName) nor lend the requester the
+    namespace's other accounts; the baseline holds for the pods the controller creates from it."""
+    path = _jobs_path(env.ns)
+    msg = refused(tenant, path, _roles_job("sec-roles-node", {"nodeName": env.node0}, {}), "application/json",
+                  method="POST")  # fmt: skip
+    assert "spec.roles.trainer.template.spec.nodeName is not allowed: the scheduler (rose-scheduler)" in msg, msg
+    ok(env, "create", "rolebinding", "sec-roles-jobs-only", "-n", env.ns, "--role=sec-tenant-jobs",
+       f"--user={JOBS_ONLY}")  # fmt: skip
+    wait_can(env, [f"--as={JOBS_ONLY}"], "create", "elasticrljobs.elastic.rose.io")
+    jobs_only = impersonating(cluster, JOBS_ONLY)
+    try:
+        sa = _roles_job("sec-roles-sa", {}, {"serviceAccountName": "builder"})
+        msg = refused(jobs_only, path, sa, "application/json", method="POST")
+        assert f"spec.roles.rollout.template.spec.serviceAccountName 'builder' needs the right to create pods in " \
+               f"namespace '{env.ns}'" in msg, msg  # fmt: skip
+        jobs_only.json("POST", path + "?dryRun=All", body=_roles_job("sec-roles-ok", {}, {}))
+    finally:
+        jobs_only.api.close()
+    # the controller's pod of a role template that breaks baseline is refused when it is created
+    meta = {"name": "sec-roles-psa", "namespace": env.ns, "uid": "u"}
+    job = ElasticRLJob.model_validate({**_roles_job("sec-roles-psa", {"hostPID": True}, {}), "metadata": meta})
+    user = f"system:serviceaccount:{env.install_ns}:rose-elastic-controller"
+    role = f"rose-sec-test-roles-psa-{env.install_ns}"
+    ok(env, "create", "clusterrole", role, "--verb=create", "--resource=pods")
+    try:
+        ok(env, "create", "clusterrolebinding", role, f"--clusterrole={role}",
+           f"--serviceaccount={env.install_ns}:rose-elastic-controller")  # fmt: skip
+        pod = workers.worker_pod(job, 0, None, None, "trainer")
+        msg = denied(env, "create", "-n", env.ns, "-f", "-", f"--as={user}", stdin=json.dumps(pod))
+        assert "of an ElasticRLJob is held to Pod Security baseline and may not set spec.hostPID" in msg, msg
+    finally:
+        kubectl(env, "delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found")

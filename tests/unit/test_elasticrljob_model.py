@@ -121,10 +121,10 @@ def test_the_walk_sees_a_changed_facet(path: tuple[str, str], facet: str, value:
 def test_the_walk_sees_a_missing_field_and_a_changed_required_list() -> None:
     crd = copy.deepcopy(_crd_schema())
     crd["properties"]["spec"]["properties"]["extra"] = {"type": "string"}
-    crd["properties"]["spec"]["required"].remove("template")
+    crd["properties"]["spec"]["properties"]["roles"]["properties"]["trainer"]["required"].remove("template")
     problems = disagreements(crd)
     assert ".spec.extra: in the CRD, not in the model" in problems
-    assert any(p.startswith(".spec.template: required") for p in problems), problems
+    assert any(p.startswith(".spec.roles.trainer.template: required") for p in problems), problems
 
 
 def test_the_walk_sees_condition_fields() -> None:
@@ -139,6 +139,16 @@ _CEL_VIOLATIONS = {
     erj.MSG_MULTIPLES: {"minGPUs": 2, "maxGPUs": 8, "gpusPerWorker": 4},
     erj.MSG_CHECKPOINT: {"minGPUs": 1, "maxGPUs": 2, "suspendPolicy": "CheckpointAndEvict"},
     erj.MSG_STATE_BYTES: {"minGPUs": 2, "maxGPUs": 2, "gpusPerWorker": 2, "stateBytesPerWorker": (512 << 30) + 1},
+    erj.MSG_ROLES_EXCLUSIVE: {
+        "minGPUs": 1,
+        "maxGPUs": 2,
+        "roles": {"trainer": {"workers": 1, "template": {}}, "rollout": {"maxWorkers": 2, "template": {}}},
+    },
+    erj.MSG_ROLES_OR_SIZE: {"minGPUs": 1},
+    erj.MSG_ROLES_TIMESLICE: {
+        "timesliceGroup": "g",
+        "roles": {"trainer": {"workers": 1, "template": {}}, "rollout": {"maxWorkers": 2, "template": {}}},
+    },
 }
 
 
@@ -147,7 +157,7 @@ def test_every_cel_rule_has_a_validator_with_its_message() -> None:
     assert sorted(r["message"] for r in rules) == sorted(_CEL_VIOLATIONS)
     for message, spec in _CEL_VIOLATIONS.items():
         with pytest.raises(ValidationError, match=message):
-            erj.ElasticRLJobSpec.model_validate({**spec, "template": {}})
+            erj.ElasticRLJobSpec.model_validate({**spec, "template": {}} if "maxGPUs" in spec else spec)
 
 
 def test_defaults_round_trip_in_camel_case() -> None:
