@@ -439,7 +439,7 @@ def _serve(n: int, conn: Any) -> None:
             return fcs.get(pool)
 
     class NoSuspend:
-        def request(self, pod: Any, reason: str) -> None:
+        def request(self, pod: Any, reason: str, preemptor: Any) -> None:
             return
 
     settle_heap()  # what the extender does once its cache has synced
