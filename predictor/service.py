@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from predictor.ingest import HistoryBuffer, IngestError
 from predictor.metrics import PredictorMetrics
 from predictor.model import ModelConfig, NotEnoughHistory, QuantileForecaster, quantile_key
-from predictor.risk import NotEnoughWindows, RiskParams, fit_risk, forecast_now, monotone_in_risk
+from predictor.risk import NotEnoughWindows, RiskParams, WidthModels, fit_risk, forecast_now, monotone_in_risk
 from predictor.series import Series, format_duration
 from predictor.store import ModelStore, UntrustedModel, runtime_mismatch
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
@@ -310,7 +310,9 @@ class PredictorService:
     def _fit(self, st: PoolState, series: Series, now: float) -> None:
         name = st.config.name
         try:
+            t0 = time.perf_counter()
             model = QuantileForecaster(self.settings.model).fit(series)
+            model.fit_seconds = time.perf_counter() - t0
         except NotEnoughHistory as e:
             self.metrics.fits.labels(name, "skipped").inc()
             log.info("not enough history to fit yet", extra={"pool": name, "err": str(e)})
@@ -335,11 +337,12 @@ class PredictorService:
 
     def _fit_risks(self, name: str, series: Series) -> RiskModels:
         out: RiskModels = {}
+        widths = WidthModels()  # the risks of a horizon share its width models
         for hs in self.settings.model.horizons:
             for r in self.settings.risks:
                 try:
                     out[(hs, r)] = fit_risk(
-                        series.values, hs // series.step, r, series.step, len(series) - 1, series.start
+                        series.values, hs // series.step, r, series.step, len(series) - 1, series.start, widths=widths
                     )
                 except NotEnoughWindows as e:
                     log.info(
