@@ -144,6 +144,14 @@ def markdown(results: list[dict[str, Any]], infos: list[dict[str, Any]], quantil
                 f"{_fmt(v['model']['mase'], 2)} | {_fmt(v['model']['coverage'])} | {goals} |"
             )
     lines += ["", "Goals column: W/w = WAPE goal met/missed, C/c = coverage goal met/missed.", ""]
+    lines += _goals_section(results, quantile)
+    lines += _summary_section(results, quantile)
+    return "\n".join(lines)
+
+
+def _goals_section(results: list[dict[str, Any]], quantile: float) -> list[str]:
+    """The goals met or missed on the 14-day derived series, and why the WAPE goal is missed."""
+    lines: list[str] = []
     fourteen = [r for r in results if "error" not in r and "/" not in r["series"] and r["n_points"] >= 2016]
     if fourteen:
         lines += [
@@ -172,6 +180,12 @@ def markdown(results: list[dict[str, Any]], infos: list[dict[str, Any]], quantil
             "than persistence here: the day-to-day level moves too much for them.",
             "",
         ]
+    return lines
+
+
+def _summary_section(results: list[dict[str, Any]], quantile: float) -> list[str]:
+    """Medians and counts over the per-client series."""
+    lines: list[str] = []
     # summary over the per-client series
     ok = [r for r in results if "error" not in r and "/" in r["series"]]
     if ok:
@@ -189,7 +203,7 @@ def markdown(results: list[dict[str, Any]], infos: list[dict[str, Any]], quantil
                 f"{int(np.sum(ratios < 1))} | {np.median(covs):.3f} | {int(np.sum(np.abs(covs - quantile) <= 0.03))} |"
             )
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,9 +52,10 @@ def sweep_case(s: Series, h: int, risk: float, shared: rk.SharedWidth) -> dict[s
     """Both ratios of one case, and which width the pooled run deployed."""
     pool = Pool.sized(float(np.nanmax(s.values)), 64, None)
     init = len(s) // 2
-    now = evaluate_case(s, h, risk, pool, init)
-    p = rk.fit_risk(s.values, h, risk, s.step, init - 1, s.start, shared)
-    pooled = evaluate_case(s, h, risk, pool, init, shared=shared) if p.shared else now
+    widths = rk.WidthModels()  # the three fits below share the series' own width models
+    now = evaluate_case(s, h, risk, pool, init, widths=widths)
+    p = rk.fit_risk(s.values, h, risk, s.step, init - 1, s.start, shared, widths)
+    pooled = evaluate_case(s, h, risk, pool, init, shared=shared, widths=widths) if p.shared else now
     return {
         "series": s.name,
         "horizon_seconds": h * s.step,

@@ -447,10 +447,87 @@ def _resumed(proc: Proc, after: float) -> dict[str, Any] | None:
     return next((e for e in proc.events() if e["event"] == "resumed" and e["t"] >= after), None)
 
 
+def _race_prepares(n: Node, case: str | None) -> tuple[list[Call], float, float]:
+    """The serving prepare on GPU 0 (not in the baseline) and, ``NEIGHBOUR_OFFSET_S`` later, the one
+    on the honest neighbour's GPU 1, each timed; and when the race began (monotonic, wall clock)."""
+    calls = [Call(), Call()]
+    threads = []
+    t0, t_need = time.monotonic(), time.time()
+    if case is not None:
+        threads.append(threading.Thread(target=_timed, args=(lambda: n.driver.prepare(n.serving[0]), calls[0], 0)))
+    offset = NEIGHBOUR_OFFSET_S if case else 0.0
+    threads.append(threading.Thread(target=_timed, args=(lambda: n.driver.prepare(n.serving[1]), calls[1], offset)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    return calls, t0, t_need
+
+
+def _suspend_state(n: Node, pod: str) -> str:
+    """The pod's rose.io suspend-state annotation ("" when unreadable)."""
+    from rose_common import names
+
+    with contextlib.suppress(Exception):
+        ann = n.core.read_namespaced_pod(pod, n.ns).metadata.annotations or {}
+        return str(ann.get(names.ANNOTATION_SUSPEND_STATE, ""))
+    return ""
+
+
+def _honest_intact(
+    honest: list[Proc], t_need: float, t_un: float, resume_timeout_s: float
+) -> tuple[list[bool], list[str]]:
+    """Per honest process, whether its state came back intact; and those never suspended in this run."""
+    from local_cluster.objects import wait_for
+
+    intact: list[bool] = []
+    never_moved = []
+    for h in honest:
+        if not any(e["event"] == "suspended" and e["t"] >= t_need for e in h.events()):
+            # never suspended in this run (its state stayed where it was: never_on_state judges
+            # that): intact while it still runs
+            never_moved.append(h.name)
+            intact.append(h.popen.poll() is None)
+            continue
+        with contextlib.suppress(AssertionError):
+            wait_for(f"{h.name} resumed", partial(_resumed, h, t_un), timeout=resume_timeout_s, interval=0.1)
+        ev = _resumed(h, t_un)
+        intact.append(bool(ev and ev.get("intact")))
+    return intact, never_moved
+
+
+def _record(
+    i: int,
+    calls: list[Call],
+    s: Sequence[tuple[float, tuple[int, ...]]],
+    t0: float,
+    case: str | None,
+    occ_state: str,
+    occupants: list[Proc],
+) -> dict[str, Any]:
+    """What one run measured: the neighbour's prepare and, but in the baseline, the serving one's."""
+    rec: dict[str, Any] = {
+        "run": i,
+        "neighbour_s": round(calls[1].end - calls[1].start, 4),
+        "neighbour_error": calls[1].error,
+        "neighbour_free_s": first_free(s, 1, calls[1].start),
+        "neighbour_bytes_after_return": held_after(s, 1, calls[1].end),
+    }
+    if case is not None:
+        rec.update({
+            "return_s": round(calls[0].end - t0, 4),
+            "free_s": first_free(s, 0, t0),
+            "serving_error": calls[0].error,
+            "bytes_after_return": held_after(s, 0, calls[0].end),
+            "occupant_suspend_state": occ_state,
+            "occupants_alive": sum(o.popen.poll() is None for o in occupants),
+        })  # fmt: skip
+    return rec
+
+
 def one_run(n: Node, case: str | None, i: int) -> dict[str, Any]:
     """One serving arrival. ``case`` None: the baseline (the neighbour alone, GPU 0 idle)."""
     from local_cluster.objects import wait_for
-    from rose_common import names
 
     p = n.p
     rundir = n.root / f"r{ALL_CASES.index(case) if case else 'b'}-{i}"
@@ -493,41 +570,10 @@ def one_run(n: Node, case: str | None, i: int) -> dict[str, Any]:
             n.start_neighbour()
         mem1 = n.neighbour.memory
         sampler = Sampler([mem0, mem1]).start()
-        calls = [Call(), Call()]
-        threads = []
-        t0, t_need = time.monotonic(), time.time()
-        if case is not None:
-            threads.append(threading.Thread(target=_timed, args=(lambda: n.driver.prepare(n.serving[0]), calls[0], 0)))
-        offset = NEIGHBOUR_OFFSET_S if case else 0.0
-        threads.append(threading.Thread(target=_timed, args=(lambda: n.driver.prepare(n.serving[1]), calls[1], offset)))
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=600)
+        calls, t0, t_need = _race_prepares(n, case)
         time.sleep(p.hold_s)
         sampler.stop()
-        s = sampler.samples
-        occ_state = ""
-        if pods:
-            with contextlib.suppress(Exception):
-                ann = n.core.read_namespaced_pod(pods[0], n.ns).metadata.annotations or {}
-                occ_state = ann.get(names.ANNOTATION_SUSPEND_STATE, "")
-        rec: dict[str, Any] = {
-            "run": i,
-            "neighbour_s": round(calls[1].end - calls[1].start, 4),
-            "neighbour_error": calls[1].error,
-            "neighbour_free_s": first_free(s, 1, calls[1].start),
-            "neighbour_bytes_after_return": held_after(s, 1, calls[1].end),
-        }
-        if case is not None:
-            rec.update({
-                "return_s": round(calls[0].end - t0, 4),
-                "free_s": first_free(s, 0, t0),
-                "serving_error": calls[0].error,
-                "bytes_after_return": held_after(s, 0, calls[0].end),
-                "occupant_suspend_state": occ_state,
-                "occupants_alive": sum(o.popen.poll() is None for o in occupants),
-            })  # fmt: skip
+        rec = _record(i, calls, sampler.samples, t0, case, _suspend_state(n, pods[0]) if pods else "", occupants)
         # serving leaves. Honest occupants (a, h) resume; hostile ones are killed and their claim
         # unprepared first (the kubelet's order once their pod is gone), so nothing resumes them
         t_un = time.time()
@@ -540,19 +586,7 @@ def one_run(n: Node, case: str | None, i: int) -> dict[str, Any]:
         errors = [_unprepare(n, n.serving[k]) for k in ((0, 1) if case else (1,))]
         rec["unprepare_errors"] = [e for e in errors if e]
         honest = [n.neighbour] + (occupants if case in ("a", "h") else [])
-        intact: list[bool] = []
-        never_moved = []
-        for h in honest:
-            if not any(e["event"] == "suspended" and e["t"] >= t_need for e in h.events()):
-                # never suspended in this run (its state stayed where it was: never_on_state judges
-                # that): intact while it still runs
-                never_moved.append(h.name)
-                intact.append(h.popen.poll() is None)
-                continue
-            with contextlib.suppress(AssertionError):
-                wait_for(f"{h.name} resumed", partial(_resumed, h, t_un), timeout=p.resume_timeout_s, interval=0.1)
-            ev = _resumed(h, t_un)
-            intact.append(bool(ev and ev.get("intact")))
+        intact, never_moved = _honest_intact(honest, t_need, t_un, p.resume_timeout_s)
         rec["intact"] = intact
         rec["honest_not_suspended"] = never_moved
         return rec

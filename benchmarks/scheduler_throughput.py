@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from benchmarks._common import log, quantiles_ms
 from rose_common import kwatch, names, promtext, slices
@@ -198,9 +198,124 @@ def register_nodes(handle: Any, n: int, gpus: int, pools: int, timeout_s: float 
     return pool_of
 
 
-def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) -> dict[str, Any]:
+def _start_extender(
+    handle: Any, pools: dict[str, str], port: int, workdir: Path, ext_log: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """`rose extender` on ``port`` with static forecasts for ``pools`` (the caller waits for it to be ready)."""
+    cap = {p: 8 * sum(1 for q in pools.values() if q == p) for p in sorted(set(pools.values()))}
+    pool_names = sorted(cap)
+    fc = workdir / "forecasts.json"
+    fc.write_text(json.dumps({"forecasts": forecasts(pool_names, cap)}))
+    ext = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "scheduler_extender",
+            f"--listen=127.0.0.1:{port}",
+            f"--kubeconfig={handle.kubeconfig}",
+            "--forecast-backend=static-file",
+            f"--forecast-file={fc}",
+            "--forecast-refresh=2",
+            "--log-level=warning",
+        ],
+        cwd=REPO,
+        stdout=ext_log,
+        stderr=subprocess.STDOUT,
+    )
+    return ext
+
+
+def _bench_namespace(api: Any, ns: str) -> None:
+    """The ``bench`` namespace, once its default ServiceAccount exists, with the lendable claim template."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": ns}})
+    deadline = time.monotonic() + 60
+    while not any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items):
+        if time.monotonic() > deadline:
+            raise RuntimeError("no default ServiceAccount in the bench namespace")
+        time.sleep(0.2)
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "resource.k8s.io",
+        "v1",
+        ns,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "lendable-1"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE, "count": 1}}
+                        ]
+                    }
+                }
+            },
+        },
+    )
+
+
+def _watch_binds(w_api: Any, ns: str, pods: int, bound: dict[str, float], done: threading.Event) -> None:
+    """Record when each pod in ``ns`` is first seen bound (``bound``), until ``pods`` are or ``done``."""
     from kubernetes import client
     from kubernetes.watch.watch import iter_resp_lines
+
+    # raw JSON events (rose_common.kwatch): the benchmark's own watch stays cheap, since it
+    # shares the 2 cores with the control plane it measures
+    core_w = client.CoreV1Api(w_api)
+
+    def seen(obj: dict[str, Any]) -> None:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        if spec.get("nodeName") and meta.get("name") not in bound:
+            bound[str(meta["name"])] = time.monotonic()
+
+    while not done.is_set() and len(bound) < pods:
+        try:
+            listed = json.loads(core_w.list_namespaced_pod(ns, _preload_content=False).data)
+            for item in listed.get("items") or []:
+                seen(item)
+            resp = core_w.list_namespaced_pod(
+                ns,
+                watch=True,
+                timeout_seconds=300,
+                resource_version=listed["metadata"]["resourceVersion"],
+                _preload_content=False,
+            )
+            try:
+                for _etype, obj in kwatch.events(iter_resp_lines(resp)):
+                    seen(obj)
+                    if done.is_set() or len(bound) >= pods:
+                        break
+            finally:
+                resp.close()
+                resp.release_conn()
+        except Exception as err:  # relist and go on; the measurement keeps its timestamps
+            log(f"bind watch restarted: {err}")
+            time.sleep(0.2)
+
+
+def _extender_metrics(port: int) -> dict[str, Any]:
+    """The extender's own latency histogram per verb, and any non-200 request counts."""
+    result: dict[str, Any] = {}
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    result["extender_histogram"] = {v: histogram_quantiles(text, v) for v in VERBS}
+    fails = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("rose_extender_requests_total") and 'code="200"' not in ln and not ln.endswith(" 0.0")
+    ]
+    result["extender_non_200"] = fails
+    return result
+
+
+def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) -> dict[str, Any]:
+    from kubernetes import client
 
     from local_cluster import ClusterConfig, LocalCluster, free_port, stop_process
 
@@ -223,95 +338,17 @@ def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) 
     api = handle.api_client()
     try:
         if with_extender:
-            cap = {p: 8 * sum(1 for q in pools.values() if q == p) for p in sorted(set(pools.values()))}
-            pool_names = sorted(cap)
-            fc = workdir / "forecasts.json"
-            fc.write_text(json.dumps({"forecasts": forecasts(pool_names, cap)}))
-            ext = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "scheduler_extender",
-                    f"--listen=127.0.0.1:{port}",
-                    f"--kubeconfig={handle.kubeconfig}",
-                    "--forecast-backend=static-file",
-                    f"--forecast-file={fc}",
-                    "--forecast-refresh=2",
-                    "--log-level=warning",
-                ],
-                cwd=REPO,
-                stdout=ext_log,
-                stderr=subprocess.STDOUT,
-            )
+            ext = _start_extender(handle, pools, port, workdir, ext_log)
             wait_http("127.0.0.1", port, "/readyz", 120)
             time.sleep(2.5)  # first forecast refresh
         core = client.CoreV1Api(api)
         ns = "bench"
-        core.create_namespace({"metadata": {"name": ns}})
-        deadline = time.monotonic() + 60
-        while not any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items):
-            if time.monotonic() > deadline:
-                raise RuntimeError("no default ServiceAccount in the bench namespace")
-            time.sleep(0.2)
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            "resource.k8s.io",
-            "v1",
-            ns,
-            "resourceclaimtemplates",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaimTemplate",
-                "metadata": {"name": "lendable-1"},
-                "spec": {
-                    "spec": {
-                        "devices": {
-                            "requests": [
-                                {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE, "count": 1}}
-                            ]
-                        }
-                    }
-                },
-            },
-        )
+        _bench_namespace(api, ns)
         bound: dict[str, float] = {}
         done = threading.Event()
         w_api = handle.api_client()
 
-        def watch_binds() -> None:
-            # raw JSON events (rose_common.kwatch): the benchmark's own watch stays cheap, since it
-            # shares the 2 cores with the control plane it measures
-            core_w = client.CoreV1Api(w_api)
-
-            def seen(obj: dict[str, Any]) -> None:
-                meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-                if spec.get("nodeName") and meta.get("name") not in bound:
-                    bound[str(meta["name"])] = time.monotonic()
-
-            while not done.is_set() and len(bound) < pods:
-                try:
-                    listed = json.loads(core_w.list_namespaced_pod(ns, _preload_content=False).data)
-                    for item in listed.get("items") or []:
-                        seen(item)
-                    resp = core_w.list_namespaced_pod(
-                        ns,
-                        watch=True,
-                        timeout_seconds=300,
-                        resource_version=listed["metadata"]["resourceVersion"],
-                        _preload_content=False,
-                    )
-                    try:
-                        for _etype, obj in kwatch.events(iter_resp_lines(resp)):
-                            seen(obj)
-                            if done.is_set() or len(bound) >= pods:
-                                break
-                    finally:
-                        resp.close()
-                        resp.release_conn()
-                except Exception as err:  # relist and go on; the measurement keeps its timestamps
-                    log(f"bind watch restarted: {err}")
-                    time.sleep(0.2)
-
-        watcher = threading.Thread(target=watch_binds, daemon=True)
+        watcher = threading.Thread(target=_watch_binds, args=(w_api, ns, pods, bound, done), daemon=True)
         watcher.start()
         time.sleep(1.0)
         t0 = time.monotonic()
@@ -339,17 +376,7 @@ def run_cluster_case(nodes: int, pods: int, with_extender: bool, workdir: Path) 
         except (OSError, KeyError, ValueError) as err:
             result["scheduling_cycle_per_pod"] = {"error": str(err)}
         if with_extender:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/metrics")
-            text = c.getresponse().read().decode()
-            c.close()
-            result["extender_histogram"] = {v: histogram_quantiles(text, v) for v in VERBS}
-            fails = [
-                ln
-                for ln in text.splitlines()
-                if ln.startswith("rose_extender_requests_total") and 'code="200"' not in ln and not ln.endswith(" 0.0")
-            ]
-            result["extender_non_200"] = fails
+            result.update(_extender_metrics(port))
     finally:
         api.close()
         if ext is not None:
@@ -439,7 +466,7 @@ def _serve(n: int, conn: Any) -> None:
             return fcs.get(pool)
 
     class NoSuspend:
-        def request(self, pod: Any, reason: str) -> None:
+        def request(self, pod: Any, reason: str, preemptor: Any) -> None:
             return
 
     settle_heap()  # what the extender does once its cache has synced

@@ -50,7 +50,7 @@ class DramCopy:
     def host_bytes(self, key: str) -> int | None:
         return None if self.data is None else len(self.data)
 
-    def read_host(self, key: str, chunk_bytes: int) -> Iterator[memoryview]:  # type: ignore[override]
+    def read_host(self, key: str, chunk_bytes: int) -> Iterator[bytes | memoryview]:
         assert self.data is not None
         view = memoryview(self.data)
         for off in range(0, len(view), chunk_bytes):

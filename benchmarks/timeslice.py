@@ -127,7 +127,7 @@ def run(gpu: float, off: float, cycles: int, kubeconfig: str = "", namespace: st
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             grpc.channel_ready_future(channel).result(timeout=30)
-            stub = pb_grpc.TimeSliceOrchestratorStub(channel)
+            stub = pb_grpc.TimeSliceOrchestratorStub(channel)  # type: ignore[no-untyped-call]
             tag = f"{os.getpid()}-{int(time.time())}"
             solo = _summary(_run(stub, f"bench-solo-{tag}", 1, gpu, off, cycles))
             shared = _summary(_run(stub, f"bench-shared-{tag}", 2, gpu, off, cycles))

@@ -329,12 +329,13 @@ def _node_pool(node: Any) -> str:
 def build(args: argparse.Namespace) -> Wiring:
     """Discover the GPUs, build every part and recover the node state; starts no thread or server."""
     from dra_driver import kube
+    from dra_driver.checkpoint import read_boot_id
     from dra_driver.metrics import DriverMetrics
     from dra_driver.node import NodeDriver
     from dra_driver.nodefacts import NodeFactsPublisher, node_facts
     from dra_driver.podwatch import PodWatcher
     from dra_driver.publisher import SlicePublisher
-    from dra_driver.state import StateCorruptError, read_boot_id
+    from dra_driver.state import StateCorruptError
     from rose_common.slices import resource_slice
 
     gpus = _discover(args)

@@ -1,4 +1,5 @@
-"""Fencing of time-slice hand-overs on the node: the last token seen per group. Pure: no I/O.
+"""Fencing of time-slice hand-overs on the node: the last token seen per group. Pure: no I/O, no lock
+(:class:`dra_driver.fencebook.FenceBook` is the thread-safe book around :func:`admit`).
 
 The orchestrator's hand-over carries ``rose.io/fencing-token: "<namespace>/<group>:<token>"`` (on the pod's
 suspend-request path, or in the agent's NodeControl request). :func:`admit` accepts a token not
@@ -21,7 +22,6 @@ checkpoint keeps the tokens, not the order (a restarted driver starts from the s
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
@@ -107,15 +107,3 @@ def admit(last_seen: dict[str, int], raw: str, in_use: Collection[str] = ()) -> 
     last_seen.pop(v.group, None)
     last_seen[v.group] = v.token
     return Verdict(True, v.group, v.token, v.last, dropped=dropped)
-
-
-class FenceBook:
-    """The last token seen per group, thread-safe and bounded; :meth:`admit` judges and records."""
-
-    def __init__(self, last_seen: dict[str, int] | None = None) -> None:
-        self._mu = threading.Lock()
-        self.last_seen: dict[str, int] = dict(last_seen or {})
-
-    def admit(self, raw: str, in_use: Collection[str] = ()) -> Verdict:
-        with self._mu:
-            return admit(self.last_seen, raw, in_use)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from filelock import FileLock, Timeout
 
 from dra_driver import cdi, fencing
+from dra_driver.checkpoint import CheckpointFile, crash_point
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
 from dra_driver.enforce import (
@@ -56,11 +57,9 @@ from dra_driver.state import (
     SUSPEND_STARTED,
     SUSPENDED,
     UNPREPARE_STARTED,
-    CheckpointFile,
     ClaimRecord,
     NodeStateData,
     Suspension,
-    crash_point,
 )
 from dra_driver.suspend.devicewatch import Observation, Target
 from rose_common import names

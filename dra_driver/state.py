@@ -9,12 +9,13 @@ every lent workload it suspended:
   holders (serving claim UIDs or ``request/<podUID>``) that keep the occupant suspended;
 * fences: the last time-slice fencing token seen per group (``dra_driver.fencing``).
 
-Every write is atomic (temp, fsync, rename, directory fsync) and carries a SHA-256 checksum of
-the canonical JSON; a load verifies it. The node's boot ID is stored: after a reboot the
-processes and ``/var/run/cdi`` are gone, so the old state no longer describes anything.
+The document carries a SHA-256 checksum of its canonical JSON; :func:`decode` verifies it. The
+node's boot ID is stored: after a reboot the processes and ``/var/run/cdi`` are gone, so the old
+state no longer describes anything.
 
-``ROSE_DRIVER_CRASH_AT`` (test hook) makes the process ``os._exit(137)`` at a named checkpoint:
-``name`` (first hit) or ``name:N`` (N-th hit). Names: see :data:`CRASH_POINTS`.
+I/O boundary: none. This module holds the records and their encoding (pure);
+:mod:`dra_driver.checkpoint` reads and atomically writes the file, reads the boot ID, and holds
+the ``ROSE_DRIVER_CRASH_AT`` test hook whose point names are :data:`CRASH_POINTS`.
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dra_driver.claims import PodRef, PreparedDevice
-from rose_common.atomic import atomic_write
 
 STATE_VERSION = 1
 
@@ -58,32 +56,6 @@ CRASH_POINTS = (
     "state-temp-written",
     "state-renamed",
 )
-
-CRASH_ENV = "ROSE_DRIVER_CRASH_AT"
-_crash_hits: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """Test hook: exit abruptly (like kill -9) when ``ROSE_DRIVER_CRASH_AT`` names this point.
-
-    While the variable is set, every point's hits are counted (``crash_hits``), so a test can
-    learn from a clean run which ``name:N`` exist.
-    """
-    spec = os.environ.get(CRASH_ENV)
-    if not spec:
-        return
-    _crash_hits[name] = _crash_hits.get(name, 0) + 1
-    target, _, nth = spec.partition(":")
-    if target == name and _crash_hits[name] == (int(nth) if nth else 1):
-        os._exit(137)
-
-
-def crash_hits() -> dict[str, int]:
-    return dict(_crash_hits)
-
-
-def reset_crash_hits() -> None:
-    _crash_hits.clear()
 
 
 class StateCorruptError(RuntimeError):
@@ -215,31 +187,3 @@ def decode(raw: bytes) -> NodeStateData:
         )
     except (KeyError, TypeError, ValueError) as e:
         raise StateCorruptError(f"checkpoint has a malformed record: {e!r}") from e
-
-
-def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return "unknown"
-
-
-class CheckpointFile:
-    """Reads and atomically writes the checkpoint; the caller holds the node lock."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self, boot_id: str) -> tuple[NodeStateData, bool]:
-        """The stored state, and whether it came from a previous boot (then it is discarded)."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return NodeStateData(boot_id=boot_id), False
-        data = decode(raw)
-        if data.boot_id != boot_id:
-            return NodeStateData(boot_id=boot_id), True
-        return data, False
-
-    def save(self, data: NodeStateData) -> None:
-        atomic_write(self.path, encode(data), mode=0o600, hook=lambda p: crash_point(f"state-{p}"))

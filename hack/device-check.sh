@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The whole GPU check of the suspend path in one command, within 10 minutes (13 with the rollout engines' step):
+# The whole GPU check of the suspend path in one command, within 10 minutes: its steps' timeouts add up to
+# 15 + 45 + 180 + 80 + 170 + 50 = 540 s, which leaves a minute of the ten for start-up (checked by
+# tests/unit/test_device_check_budget.py):
 #   1. environment: nvidia-smi (GPU, driver version, persistence mode), torch + CUDA, protobuf, grpc;
 #   2. the device tier (tests/device): each backend checkpointed, device memory freed, bit-exact,
 #      Adam training on the GPU suspended/resumed by each backend, bit-identical; the rollout engines
 #      (test_rollout_engines.py: Transformers generate, vLLM, SGLang slept, woken, reloaded; vLLM and
-#      SGLang skip, saying so, where they are not installed: its own step, 2b, at most 180 s);
-#   3. python -m benchmarks.gpu_suspend --sizes-gib 1,8,32 --json OUT/gpu_suspend.json;
+#      SGLang skip, saying so, where they are not installed: its own step, 2b, at most 80 s);
+#   3. python -m benchmarks.gpu_suspend --sizes-gib 1,8,32 --json OUT/gpu_suspend.json (at most 170 s; no
+#      size starts after 100 s);
 #   3b. python -m benchmarks.spill --sizes-mib 256,1024 --repeats 2 --json OUT/spill.json (the disk tier
-#      of suspended state on this machine's disk and CPU, at most 60 s; the GPU staging path is in step 2).
+#      of suspended state on this machine's disk and CPU, at most 50 s; the GPU staging path is in step 2).
 # Usage: hack/device-check.sh [OUT_DIR]   (default: $OUT, else out/device-check)
 # Exit status: 0 all passed; 2 no usable GPU here (says what was found); 1 a test or the benchmark failed.
 # Changes no GPU setting (persistence mode is recorded, not set).
@@ -27,11 +30,11 @@ say "1/3 environment (output in $OUT_DIR/env.txt)"
 {
   date -u
   if command -v nvidia-smi >/dev/null; then
-    timeout 30 nvidia-smi --query-gpu=index,name,driver_version,memory.total,persistence_mode,pcie.link.gen.max,pcie.link.width.max --format=csv
+    timeout 15 nvidia-smi --query-gpu=index,name,driver_version,memory.total,persistence_mode,pcie.link.gen.max,pcie.link.width.max --format=csv
   else
     echo "nvidia-smi: not found"
   fi
-  timeout 60 "$PY" - <<'PYEOF'
+  timeout 45 "$PY" - <<'PYEOF'
 import importlib, sys
 print("python", sys.version.split()[0])
 for mod in ("torch", "google.protobuf", "grpc", "numpy"):
@@ -55,22 +58,22 @@ if ! grep -q "cuda available True" "$OUT_DIR/env.txt"; then
   exit 2
 fi
 
-say "2/3 device tests (tests/device but the rollout engines, at most 240 s)"
-timeout 240 "$PY" -m pytest tests/device -v -p no:cacheprovider --junitxml="$OUT_DIR/device-tests.xml" \
+say "2/3 device tests (tests/device but the rollout engines, at most 200 s)"
+timeout 180 "$PY" -m pytest tests/device -v -p no:cacheprovider --junitxml="$OUT_DIR/device-tests.xml" \
   --ignore=tests/device/test_rollout_engines.py >"$OUT_DIR/device-tests.txt" 2>&1
 rc=$?
 tail -n 30 "$OUT_DIR/device-tests.txt" | tee -a "$LOG" >&2
 [ $rc -eq 0 ] || { say "device tests failed (status $rc; 124 = timed out)"; status=1; }
 
-say "2b/3 rollout engines (tests/device/test_rollout_engines.py, at most 180 s; vLLM / SGLang skip if not installed)"
-timeout 180 "$PY" -m pytest tests/device/test_rollout_engines.py -v -rs -p no:cacheprovider \
+say "2b/3 rollout engines (tests/device/test_rollout_engines.py, at most 80 s; vLLM / SGLang skip if not installed)"
+timeout 80 "$PY" -m pytest tests/device/test_rollout_engines.py -v -rs -p no:cacheprovider \
   --junitxml="$OUT_DIR/rollout-engines.xml" >"$OUT_DIR/rollout-engines.txt" 2>&1
 rc=$?
 tail -n 20 "$OUT_DIR/rollout-engines.txt" | tee -a "$LOG" >&2
 [ $rc -eq 0 ] || { say "rollout-engine tests failed (status $rc; 124 = timed out)"; status=1; }
 
-say "3/3 benchmark 1, 8, 32 GiB (at most 300 s)"
-timeout 300 "$PY" -m benchmarks.gpu_suspend --sizes-gib 1,8,32 --repeats 2 --time-limit-seconds 200 \
+say "3/3 benchmark 1, 8, 32 GiB (at most 200 s; no size starts after 120 s)"
+timeout 170 "$PY" -m benchmarks.gpu_suspend --sizes-gib 1,8,32 --repeats 2 --time-limit-seconds 100 \
   --json "$OUT_DIR/gpu_suspend.json" >/dev/null 2>"$OUT_DIR/gpu_suspend.stderr"
 rc=$?
 tail -n 20 "$OUT_DIR/gpu_suspend.stderr" | tee -a "$LOG" >&2
@@ -96,7 +99,7 @@ print("skipped sizes:", r.get("skipped_sizes_gib"), "unavailable:", r.get("cuda_
 PYEOF
 fi
 say "3b/3 disk tier: spill and restore bandwidth (benchmarks.spill, at most 60 s)"
-timeout 60 "$PY" -m benchmarks.spill --sizes-mib 256,1024 --repeats 2 --json "$OUT_DIR/spill.json" \
+timeout 50 "$PY" -m benchmarks.spill --sizes-mib 256,1024 --repeats 2 --json "$OUT_DIR/spill.json" \
   >/dev/null 2>"$OUT_DIR/spill.stderr"
 rc=$?
 tail -n 5 "$OUT_DIR/spill.stderr" | tee -a "$LOG" >&2

@@ -12,11 +12,12 @@ fi
 bash hack/setup.sh
 export PATH="$ROOT/.venv/bin:$PATH"
 
-echo "== lint: ruff, mypy --strict, import-linter, generated stubs current"
+echo "== lint: ruff, mypy --strict, import-linter, function length, generated stubs current"
 ruff check .
 ruff format --check .
 mypy
 lint-imports
+python hack/check-function-length.py
 if [ -x hack/gen-protos.sh ]; then bash hack/gen-protos.sh --check; fi
 
 echo "== tests: unit, contract, e2e"

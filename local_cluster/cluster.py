@@ -556,47 +556,9 @@ def control_plane_commands(
     The scheduler configurations and ``kwok.yaml`` it names are written by the caller under
     ``workdir`` (``scheduler/<component>.yaml``, ``kwok.yaml``).
     """
-    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
-    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
     return {
-        "etcd": [
-            str(bins.etcd),
-            "--name=rose",
-            f"--data-dir={workdir / 'etcd-data'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=rose={peer_url}",
-            "--listen-metrics-urls=",
-            "--auto-compaction-retention=1",
-            "--quota-backend-bytes=4294967296",
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ],
-        "kube-apiserver": [
-            str(bins.kube_apiserver),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={ports['kube-apiserver']}",
-            f"--tls-cert-file={p.crt('apiserver')}",
-            f"--tls-private-key-file={p.key('apiserver')}",
-            f"--client-ca-file={p.ca_crt}",
-            f"--service-account-key-file={p.sa_pub}",
-            f"--service-account-signing-key-file={p.sa_key}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--authorization-mode=Node,RBAC",
-            "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            # a test cluster on loopback: no request throttling in the way of benchmarks
-            "--max-requests-inflight=0",
-            "--max-mutating-requests-inflight=0",
-            "--enable-priority-and-fairness=false",
-            "--watch-cache=true",
-            "--v=1",
-        ],
+        "etcd": _etcd_command(bins, ports, workdir),
+        "kube-apiserver": _apiserver_command(bins, p, ports),
         "kube-controller-manager": [
             str(bins.kube_controller_manager),
             f"--kubeconfig={kc['controller-manager']}",
@@ -636,6 +598,53 @@ def control_plane_commands(
             "--tls-private-key-file=",
         ],
     }
+
+
+def _etcd_command(bins: binaries.Binaries, ports: dict[str, int], workdir: Path) -> list[str]:
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+    return [
+        str(bins.etcd),
+        "--name=rose",
+        f"--data-dir={workdir / 'etcd-data'}",
+        f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=rose={peer_url}",
+        "--listen-metrics-urls=",
+        "--auto-compaction-retention=1",
+        "--quota-backend-bytes=4294967296",
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_command(bins: binaries.Binaries, p: pki.Pki, ports: dict[str, int]) -> list[str]:
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+    return [
+        str(bins.kube_apiserver),
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports['kube-apiserver']}",
+        f"--tls-cert-file={p.crt('apiserver')}",
+        f"--tls-private-key-file={p.key('apiserver')}",
+        f"--client-ca-file={p.ca_crt}",
+        f"--service-account-key-file={p.sa_pub}",
+        f"--service-account-signing-key-file={p.sa_key}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=none",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        # a test cluster on loopback: no request throttling in the way of benchmarks
+        "--max-requests-inflight=0",
+        "--max-mutating-requests-inflight=0",
+        "--enable-priority-and-fairness=false",
+        "--watch-cache=true",
+        "--v=1",
+    ]
 
 
 def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:

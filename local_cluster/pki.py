@@ -78,8 +78,35 @@ def generate(pki_dir: Path) -> Pki:
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _ca_cert(ca_key, now)
+    _write(pki.ca_key, _key_pem(ca_key))
+    _write(pki.ca_crt, ca.public_bytes(serialization.Encoding.PEM))
+
+    def leaf(name: str, cn: str, org: str | None, server: bool, client: bool) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _leaf_cert(key, ca_key, ca.subject, now, _name(cn, org), server=server, client=client)
+        _write(pki.key(name), _key_pem(key))
+        _write(pki.crt(name), cert.public_bytes(serialization.Encoding.PEM))
+
+    leaf("apiserver", "kube-apiserver", None, server=True, client=False)
+    leaf("etcd", "etcd", None, server=True, client=True)
+    leaf("admin", "rose-admin", "system:masters", server=False, client=True)
+    leaf("controller-manager", "system:kube-controller-manager", None, server=False, client=True)
+    leaf("scheduler", "system:kube-scheduler", None, server=False, client=True)
+
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write(pki.sa_key, _key_pem(sa))
+    _write(
+        pki.sa_pub,
+        sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+    )
+    return pki
+
+
+def _ca_cert(ca_key: ec.EllipticCurvePrivateKey, now: dt.datetime) -> x509.Certificate:
+    """The self-signed local CA, valid from ``now``."""
     ca_name = _name("rose-local-ca")
-    ca = (
+    return (
         x509.CertificateBuilder()
         .subject_name(ca_name)
         .issuer_name(ca_name)
@@ -104,56 +131,48 @@ def generate(pki_dir: Path) -> Pki:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    _write(pki.ca_key, _key_pem(ca_key))
-    _write(pki.ca_crt, ca.public_bytes(serialization.Encoding.PEM))
 
-    def leaf(name: str, cn: str, org: str | None, server: bool, client: bool) -> None:
-        key = ec.generate_private_key(ec.SECP256R1())
-        usages = []
-        if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        b = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn, org))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        )
-        if server:
-            b = b.add_extension(
-                x509.SubjectAlternativeName(
-                    [
-                        x509.DNSName("localhost"),
-                        x509.DNSName("kubernetes"),
-                        x509.DNSName("kubernetes.default"),
-                        x509.DNSName("kubernetes.default.svc"),
-                        x509.DNSName("kubernetes.default.svc.cluster.local"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
-                    ]
-                ),
-                critical=False,
-            )
-        cert = b.sign(ca_key, hashes.SHA256())
-        _write(pki.key(name), _key_pem(key))
-        _write(pki.crt(name), cert.public_bytes(serialization.Encoding.PEM))
 
-    leaf("apiserver", "kube-apiserver", None, server=True, client=False)
-    leaf("etcd", "etcd", None, server=True, client=True)
-    leaf("admin", "rose-admin", "system:masters", server=False, client=True)
-    leaf("controller-manager", "system:kube-controller-manager", None, server=False, client=True)
-    leaf("scheduler", "system:kube-scheduler", None, server=False, client=True)
-
-    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    _write(pki.sa_key, _key_pem(sa))
-    _write(
-        pki.sa_pub,
-        sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+def _leaf_cert(
+    key: ec.EllipticCurvePrivateKey,
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    now: dt.datetime,
+    subject: x509.Name,
+    *,
+    server: bool,
+    client: bool,
+) -> x509.Certificate:
+    """A certificate for ``key`` signed by the CA: server (the API server's names and IPs) and/or client."""
+    usages = []
+    if server:
+        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+    if client:
+        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     )
-    return pki
+    if server:
+        b = b.add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.DNSName("kubernetes"),
+                    x509.DNSName("kubernetes.default"),
+                    x509.DNSName("kubernetes.default.svc"),
+                    x509.DNSName("kubernetes.default.svc.cluster.local"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+                ]
+            ),
+            critical=False,
+        )
+    return b.sign(ca_key, hashes.SHA256())

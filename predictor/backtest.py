@@ -152,92 +152,27 @@ def backtest(
     n = len(series)
     cfg = config or ModelConfig()
     cfg = ModelConfig(**{**cfg.__dict__, "horizons": tuple(horizons), "quantiles": (quantile,)})
-    hsteps = {h: h // step for h in horizons}
-    hmax = max(hsteps.values())
+    hmax = max(h // step for h in horizons)
     day_steps = cfg.day // step if cfg.day % step == 0 else 0
     if initial_train is None:
         initial_train = max(n // 2, cfg.min_train_rows + 2 * hmax)
     if refit_every is None:
         refit_every = day_steps if 0 < day_steps < n else max(1, n // 10)
+    _check_history(series, cfg, initial_train, hmax)
     y = series.values
-    if n - initial_train <= hmax:
-        raise NotEnoughHistory(
-            f"history too short for horizon {format_duration(hmax * step)}: {n} points of {step}s, "
-            f"{initial_train} needed for the initial training window plus more than {hmax} to evaluate; "
-            f"need at least {initial_train + hmax + 1} points"
-        )
-    if np.count_nonzero(~np.isnan(y[:initial_train])) < cfg.min_train_rows:
-        raise NotEnoughHistory(
-            f"only {np.count_nonzero(~np.isnan(y[:initial_train]))} observed points in the initial "
-            f"training window of {initial_train} steps; need at least {cfg.min_train_rows}"
-        )
-
     init = y[:initial_train]
     d = np.abs(np.diff(init))
     mase_scale = float(np.nanmean(d)) if np.any(~np.isnan(d)) else float("nan")
 
-    preds: dict[int, list[FloatArray]] = {h: [] for h in horizons}
-    origin_blocks: list[np.ndarray] = []
-    fit_seconds: list[float] = []
-    refits = range(initial_train, n - 1, refit_every)
-    for done, r in enumerate(refits, start=1):
-        block = np.arange(r, min(r + refit_every, n - 1), dtype=np.int64)
-        model = QuantileForecaster(cfg).fit(series, upto=r)
-        fit_seconds.append(model.fit_seconds)
-        out = model.predict(series, block)
-        for h in horizons:
-            preds[h].append(out[h])
-        origin_blocks.append(block)
-        if progress is not None:
-            progress(done, len(refits))
-    origins_all = np.concatenate(origin_blocks)
-    qcol = cfg.all_quantiles.index(quantile)
-    mcol = cfg.all_quantiles.index(0.5)
-
+    preds, origins_all, fit_seconds = _rolling_fits(series, cfg, initial_train, refit_every, progress)
     results: list[HorizonResult] = []
     traces: dict[int, tuple[np.ndarray, FloatArray, FloatArray, FloatArray]] = {}
     for h in horizons:
-        k = hsteps[h]
-        p = np.concatenate(preds[h])
-        keep = origins_all + k < n
-        origins, p = origins_all[keep], p[keep]
-        actual = y[origins + k]
-        ok = ~np.isnan(actual) & ~np.isnan(y[origins]) & ~np.isnan(p[:, mcol])
-        origins, p, actual = origins[ok], p[ok], actual[ok]
-        notes: list[str] = []
-        base: dict[str, dict[str, float] | None] = {}
-        forecasts: dict[str, FloatArray | None] = {"persistence": baselines.persistence(y, origins)}
-        for label, period in (("seasonal_day", cfg.day), ("seasonal_week", cfg.week)):
-            if period % step or period // step < k:
-                forecasts[label] = None
-                notes.append(f"{label}: period shorter than the horizon or not whole steps")
-            elif origins[0] + k - period // step < 0:
-                forecasts[label] = None
-                notes.append(f"{label}: needs {format_duration(period)} of history before the first origin")
-            else:
-                forecasts[label] = baselines.seasonal_naive(y, origins, k, period // step)
-        alpha = baselines.tune_ewma_alpha(y, k, initial_train - 1)
-        forecasts["ewma"] = baselines.ewma(y, origins, alpha)
-        for name, f in forecasts.items():
-            if f is None:
-                base[name] = None
-                continue
-            entry = {
-                "wape": _wape(actual, f),
-                "mase": float(np.mean(np.abs(actual - f))) / mase_scale,
-            }
-            if name == "ewma":
-                entry["alpha"] = alpha
-            base[name] = entry
-        med, up = p[:, mcol], p[:, qcol]
-        model_entry = {
-            "wape": _wape(actual, med),
-            "mase": float(np.mean(np.abs(actual - med))) / mase_scale,
-            "coverage": float(np.mean(actual <= up)),
-            "pinball": float(np.mean(np.maximum(quantile * (actual - up), (quantile - 1) * (actual - up)))),
-        }
-        results.append(HorizonResult(h, k, len(origins), model_entry, base, notes))
-        traces[h] = (origins, actual, med, up)
+        result, trace = _score_horizon(
+            y, h, step, np.concatenate(preds[h]), origins_all, cfg, quantile, initial_train, mase_scale
+        )
+        results.append(result)
+        traces[h] = trace
     return BacktestResult(
         series=series.name,
         step=step,
@@ -250,6 +185,121 @@ def backtest(
         fit_seconds=fit_seconds,
         traces=traces,
     )
+
+
+def _check_history(series: Series, cfg: ModelConfig, initial_train: int, hmax: int) -> None:
+    """Raise :class:`NotEnoughHistory` unless the series covers the initial window and the longest horizon."""
+    n, step, y = len(series), series.step, series.values
+    if n - initial_train <= hmax:
+        raise NotEnoughHistory(
+            f"history too short for horizon {format_duration(hmax * step)}: {n} points of {step}s, "
+            f"{initial_train} needed for the initial training window plus more than {hmax} to evaluate; "
+            f"need at least {initial_train + hmax + 1} points"
+        )
+    if np.count_nonzero(~np.isnan(y[:initial_train])) < cfg.min_train_rows:
+        raise NotEnoughHistory(
+            f"only {np.count_nonzero(~np.isnan(y[:initial_train]))} observed points in the initial "
+            f"training window of {initial_train} steps; need at least {cfg.min_train_rows}"
+        )
+
+
+def _rolling_fits(
+    series: Series,
+    cfg: ModelConfig,
+    initial_train: int,
+    refit_every: int,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[dict[int, list[FloatArray]], np.ndarray, list[float]]:
+    """Refit every ``refit_every`` origins and predict the block after each fit: the predictions per
+    horizon (one array per block), every origin predicted, and each fit's seconds."""
+    n = len(series)
+    preds: dict[int, list[FloatArray]] = {h: [] for h in cfg.horizons}
+    origin_blocks: list[np.ndarray] = []
+    fit_seconds: list[float] = []
+    refits = range(initial_train, n - 1, refit_every)
+    for done, r in enumerate(refits, start=1):
+        block = np.arange(r, min(r + refit_every, n - 1), dtype=np.int64)
+        t0 = time.perf_counter()
+        model = QuantileForecaster(cfg).fit(series, upto=r)
+        model.fit_seconds = time.perf_counter() - t0
+        fit_seconds.append(model.fit_seconds)
+        out = model.predict(series, block)
+        for h in cfg.horizons:
+            preds[h].append(out[h])
+        origin_blocks.append(block)
+        if progress is not None:
+            progress(done, len(refits))
+    return preds, np.concatenate(origin_blocks), fit_seconds
+
+
+def _score_horizon(
+    y: FloatArray,
+    h: int,
+    step: int,
+    p: FloatArray,
+    origins_all: np.ndarray,
+    cfg: ModelConfig,
+    quantile: float,
+    initial_train: int,
+    mase_scale: float,
+) -> tuple[HorizonResult, tuple[np.ndarray, FloatArray, FloatArray, FloatArray]]:
+    """The model's and the baselines' scores at horizon ``h`` (of ``step`` seconds each), and the trace behind them."""
+    n, k = len(y), h // step
+    qcol = cfg.all_quantiles.index(quantile)
+    mcol = cfg.all_quantiles.index(0.5)
+    keep = origins_all + k < n
+    origins, p = origins_all[keep], p[keep]
+    actual = y[origins + k]
+    ok = ~np.isnan(actual) & ~np.isnan(y[origins]) & ~np.isnan(p[:, mcol])
+    origins, p, actual = origins[ok], p[ok], actual[ok]
+    base, notes = _baseline_scores(y, origins, actual, k, step, cfg, initial_train, mase_scale)
+    med, up = p[:, mcol], p[:, qcol]
+    model_entry = {
+        "wape": _wape(actual, med),
+        "mase": float(np.mean(np.abs(actual - med))) / mase_scale,
+        "coverage": float(np.mean(actual <= up)),
+        "pinball": float(np.mean(np.maximum(quantile * (actual - up), (quantile - 1) * (actual - up)))),
+    }
+    return HorizonResult(h, k, len(origins), model_entry, base, notes), (origins, actual, med, up)
+
+
+def _baseline_scores(
+    y: FloatArray,
+    origins: np.ndarray,
+    actual: FloatArray,
+    k: int,
+    step: int,
+    cfg: ModelConfig,
+    initial_train: int,
+    mase_scale: float,
+) -> tuple[dict[str, dict[str, float] | None], list[str]]:
+    """Each baseline's WAPE and MASE at ``k`` steps ahead (None where it cannot forecast), and why not."""
+    notes: list[str] = []
+    base: dict[str, dict[str, float] | None] = {}
+    forecasts: dict[str, FloatArray | None] = {"persistence": baselines.persistence(y, origins)}
+    for label, period in (("seasonal_day", cfg.day), ("seasonal_week", cfg.week)):
+        if period % step or period // step < k:
+            forecasts[label] = None
+            notes.append(f"{label}: period shorter than the horizon or not whole steps")
+        elif origins[0] + k - period // step < 0:
+            forecasts[label] = None
+            notes.append(f"{label}: needs {format_duration(period)} of history before the first origin")
+        else:
+            forecasts[label] = baselines.seasonal_naive(y, origins, k, period // step)
+    alpha = baselines.tune_ewma_alpha(y, k, initial_train - 1)
+    forecasts["ewma"] = baselines.ewma(y, origins, alpha)
+    for name, f in forecasts.items():
+        if f is None:
+            base[name] = None
+            continue
+        entry = {
+            "wape": _wape(actual, f),
+            "mase": float(np.mean(np.abs(actual - f))) / mase_scale,
+        }
+        if name == "ewma":
+            entry["alpha"] = alpha
+        base[name] = entry
+    return base, notes
 
 
 def write_json(result: BacktestResult, path: Path) -> None:

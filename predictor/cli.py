@@ -9,6 +9,7 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -16,8 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from predictor import logs
+from rose_common import logs as shared_logs
 from rose_common.cli import EnvArgumentParser, host_port
+
+log = logging.getLogger("rose.predictor")
 
 ENV_PREFIX = "ROSE_PREDICTOR_"
 MAX_DURATION = 400 * 86400  # seconds: longer than any history, horizon or interval that makes sense
@@ -274,7 +277,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
     from predictor.service import PredictorService, Settings, Source, load_pools
     from predictor.store import ModelStore
 
-    logs.setup(a.log_level)
+    shared_logs.setup(a.log_level, "rose")
     try:
         pools = load_pools(a.pools)
         model_cfg = ModelConfig(
@@ -314,7 +317,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         except SeriesError as e:
             print(f"error: --replay: {e}", file=sys.stderr)
             return 2
-        logs.warning("replaying a recorded series instead of querying Prometheus", replay=a.replay)
+        log.warning("replaying a recorded series instead of querying Prometheus", extra={"replay": a.replay})
     else:
         source = PrometheusSource(a.prometheus_url)
     service = PredictorService(pools, source, settings, store)
@@ -336,7 +339,7 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
     finally:
         server.shutdown()
         server.server_close()
-        logs.info("stopped")
+        log.info("stopped")
     return 0
 
 

@@ -381,10 +381,12 @@ def evaluate_case(
     initial_train: int,
     day: int = DAY,
     shared: rk.SharedWidth | None = None,
+    widths: rk.WidthModels | None = None,
 ) -> CaseResult:
     """One (horizon in steps, risk) pair: every policy on the origins after ``initial_train``
     (``shared``: a width model learnt on several series' training parts, see ``risk.fit_risk``;
-    measured by ``benchmarks.predictor_pool_sweep``, not used by ``rose predictor evaluate``)."""
+    measured by ``benchmarks.predictor_pool_sweep``, not used by ``rose predictor evaluate``;
+    ``widths``: the width models fitted for the other risks on this series, see ``risk.WidthModels``)."""
     y = series.values
     n = len(y)
     wm = rk.window_max(y, h)
@@ -393,7 +395,7 @@ def evaluate_case(
     train = np.flatnonzero(ok & (idx + h < initial_train))
     notes: list[str] = []
     t0 = series.start
-    params = rk.fit_risk(y, h, risk, series.step, initial_train - 1, t0, shared)
+    params = rk.fit_risk(y, h, risk, series.step, initial_train - 1, t0, shared, widths)
     q = rk.track_q(params, y, initial_train, n, t0)
     model_res = rk.bound(params, y, q, 0.0, t0)
     test = np.flatnonzero(ok & (idx >= initial_train) & ~np.isnan(model_res))
@@ -497,7 +499,8 @@ def evaluate(
                 )
     pool = Pool.sized(float(np.nanmax(series.values)), gpus_at_peak, capacity_per_gpu)
     init = n // 2 if initial_train is None else initial_train
-    cases = [evaluate_case(series, hs // step, r, pool, init, day) for hs in horizons for r in risks]
+    widths = rk.WidthModels()  # one history: the risks of a horizon share its width models
+    cases = [evaluate_case(series, hs // step, r, pool, init, day, widths=widths) for hs in horizons for r in risks]
     return EvaluateResult(series.name, step, n, pool, init, cases)
 
 

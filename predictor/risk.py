@@ -181,11 +181,19 @@ def _scores(z: FloatArray, zmax: FloatArray, sd: FloatArray, eps: float) -> Floa
 
 
 def fit_risk(
-    y: FloatArray, h: int, risk: float, step: int, upto: int, t0: int = 0, shared: SharedWidth | None = None
+    y: FloatArray,
+    h: int,
+    risk: float,
+    step: int,
+    upto: int,
+    t0: int = 0,
+    shared: SharedWidth | None = None,
+    widths: WidthModels | None = None,
 ) -> RiskParams:
     """Fit on ``y[: upto + 1]`` only (``y[0]`` at ``t0``): windows that ended by ``upto`` are the
     training outcomes. ``shared``: a width model learnt over several series (this one's training
-    history among them) that competes with this series' own widths."""
+    history among them) that competes with this series' own widths. ``widths``: the width models
+    already fitted for other risks on the same history (None: fit them for this call alone)."""
     if not 0.0 < risk < 0.5:
         raise ValueError(f"risk {risk} must be in (0, 0.5): it is the share of windows allowed to need more")
     hist = y[: upto + 1]
@@ -211,7 +219,8 @@ def fit_risk(
         raise ValueError(
             f"the shared width model is for {shared.horizon} steps of {shared.step}s, not {h} steps of {step}s"
         )
-    return _with_width_model(plain, hist, t0, mean, _best_constant(plain, hist, t0, mean), shared)
+    const = _best_constant(plain, hist, t0, mean)
+    return _with_width_model(plain, hist, t0, mean, const, shared, widths or WidthModels())
 
 
 def _idle_start(hist: FloatArray) -> int:
@@ -302,25 +311,26 @@ def _fit_gbm(x: FloatArray, s: FloatArray) -> HistGradientBoostingRegressor:
         return g.fit(x, s)
 
 
-def _cached_width_model(
-    z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int, key: tuple[object, ...]
-) -> HistGradientBoostingRegressor | None:
-    """:func:`_fit_width_model`, shared by the risks fitted on the same history and horizon (the
-    width model does not depend on the risk; only the choice to use it does)."""
-    full = (hashlib.blake2b(z[:upto].tobytes() + zmax[:upto].tobytes(), digest_size=16).digest(), upto, *key)
-    if full not in _WIDTH_CACHE:
-        if len(_WIDTH_CACHE) >= 16:
-            _WIDTH_CACHE.pop(next(iter(_WIDTH_CACHE)))
-        _WIDTH_CACHE[full] = _fit_width_model(z, zmax, x, upto)
-    return _WIDTH_CACHE[full]
+class WidthModels:
+    """The width models fitted so far, for the risks fitted on the same history and horizon (the
+    width model does not depend on the risk; only the choice to use it does). The caller that fits
+    several risks makes one and passes it to each :func:`fit_risk`; it keeps the newest 16."""
 
+    LIMIT = 16
 
-_WIDTH_CACHE: dict[tuple[object, ...], HistGradientBoostingRegressor | None] = {}
+    def __init__(self) -> None:
+        self._models: dict[tuple[object, ...], HistGradientBoostingRegressor | None] = {}
 
-
-def clear_width_cache() -> None:
-    """Forget the shared width models (benchmarks time every fit from scratch)."""
-    _WIDTH_CACHE.clear()
+    def get(
+        self, z: FloatArray, zmax: FloatArray, x: FloatArray, upto: int, key: tuple[object, ...]
+    ) -> HistGradientBoostingRegressor | None:
+        """:func:`_fit_width_model` of these inputs, fitted once."""
+        full = (hashlib.blake2b(z[:upto].tobytes() + zmax[:upto].tobytes(), digest_size=16).digest(), upto, *key)
+        if full not in self._models:
+            if len(self._models) >= self.LIMIT:
+                self._models.pop(next(iter(self._models)))
+            self._models[full] = _fit_width_model(z, zmax, x, upto)
+        return self._models[full]
 
 
 @dataclass(frozen=True)
@@ -385,7 +395,13 @@ def _validated(p: RiskParams, hist: FloatArray, t0: int, cut: int) -> float:
 
 
 def _with_width_model(
-    plain: RiskParams, hist: FloatArray, t0: int, mean: float, const: RiskParams | None, shared: SharedWidth | None
+    plain: RiskParams,
+    hist: FloatArray,
+    t0: int,
+    mean: float,
+    const: RiskParams | None,
+    shared: SharedWidth | None,
+    widths: WidthModels,
 ) -> RiskParams:
     """The learnt or the constant width instead of the volatility one, where it validates (see
     the module doc)."""
@@ -395,7 +411,7 @@ def _with_width_model(
     zmax = np.log(window_max(hist, plain.horizon) + offset)
     x = width_features(z, plain.step, t0)
     key = (plain.horizon, plain.step, t0, len(hist))
-    older = _cached_width_model(z, zmax, x, cut - plain.horizon, key)
+    older = widths.get(z, zmax, x, cut - plain.horizon, key)
     cands = [plain] + ([] if const is None else [const])
     if older is not None:
         cands.append(replace(plain, offset=offset, tod=(), width_model=older))
@@ -412,7 +428,7 @@ def _with_width_model(
         assert shared is not None
         full = replace(cands[win], width_model=shared.full)
     else:
-        full = replace(cands[win], width_model=_cached_width_model(z, zmax, x, len(hist), key))
+        full = replace(cands[win], width_model=widths.get(z, zmax, x, len(hist), key))
     return _calibrated(full, hist, t0)
 
 

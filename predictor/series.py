@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -166,25 +167,7 @@ def read_series_csv(path: Path, step: int | None = None) -> Series:
             raise SeriesError(f"{path}: the file is empty; expected a header row then time,value rows")
         if len(header) < 2:
             raise SeriesError(f"{path}: row 1 (header) has {len(header)} column(s); need time,value")
-        times: list[float] = []
-        values: list[float] = []
-        for lineno, row in enumerate(reader, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < 2:
-                raise SeriesError(f"{path}: row {lineno}: expected at least 2 columns (time,value)")
-            t = _parse_time(row[0], lineno)
-            v = _parse_value(row[1], lineno)
-            if times:
-                if t == times[-1]:
-                    raise SeriesError(f"{path}: row {lineno}: duplicate timestamp {row[0].strip()!r}")
-                if t < times[-1]:
-                    raise SeriesError(
-                        f"{path}: row {lineno}: time {row[0].strip()!r} is before the previous row's; "
-                        "sort the file by time"
-                    )
-            times.append(t)
-            values.append(v)
+        times, values = _data_rows(reader, path)
     if not times:
         raise SeriesError(f"{path}: no data rows after the header")
     arr = np.asarray(values, dtype=np.float64)
@@ -193,6 +176,30 @@ def read_series_csv(path: Path, step: int | None = None) -> Series:
     if len(times) < 2:
         raise SeriesError(f"{path}: a single data row: need at least two to infer the time step")
     return regularize(np.asarray(times, dtype=np.float64), arr, step=step, name=path.stem)
+
+
+def _data_rows(reader: Iterator[list[str]], path: Path) -> tuple[list[float], list[float]]:
+    """The times and values of the rows after the header (blank rows skipped), strictly increasing
+    in time; :class:`SeriesError` names the first row that is not."""
+    times: list[float] = []
+    values: list[float] = []
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) < 2:
+            raise SeriesError(f"{path}: row {lineno}: expected at least 2 columns (time,value)")
+        t = _parse_time(row[0], lineno)
+        v = _parse_value(row[1], lineno)
+        if times:
+            if t == times[-1]:
+                raise SeriesError(f"{path}: row {lineno}: duplicate timestamp {row[0].strip()!r}")
+            if t < times[-1]:
+                raise SeriesError(
+                    f"{path}: row {lineno}: time {row[0].strip()!r} is before the previous row's; sort the file by time"
+                )
+        times.append(t)
+        values.append(v)
+    return times, values
 
 
 def write_series_csv(series: Series, path: Path, header: tuple[str, str] = ("t_seconds", "value")) -> None:

@@ -38,9 +38,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from predictor import logs
 from predictor.series import format_duration, parse_durations
 from predictor.service import PredictorService
+
+log = logging.getLogger("rose.predictor")
 
 
 @dataclass(frozen=True)
@@ -422,15 +423,15 @@ class PredictorHTTPServer(ThreadingHTTPServer):
         """A client that went away is a debug line; anything else one JSON error line, no traceback dump."""
         exc = sys.exc_info()[1]
         if isinstance(exc, ConnectionError | TimeoutError):
-            logs.log(logging.DEBUG, "client went away", client=str(client_address), err=repr(exc))
+            log.debug("client went away", extra={"client": str(client_address), "err": repr(exc)})
         else:
-            logs.error("request handler failed", client=str(client_address), err=repr(exc))
+            log.error("request handler failed", extra={"client": str(client_address), "err": repr(exc)})
 
 
 def serve_in_thread(server: PredictorHTTPServer) -> threading.Thread:
     t = threading.Thread(target=server.serve_forever, name="predictor-http", daemon=True)
     t.start()
-    logs.info("serving forecasts", url=server.url)
+    log.info("serving forecasts", extra={"url": server.url})
     return t
 
 

@@ -7,6 +7,7 @@ forecast of its pool, so it never waits for Prometheus or a fit.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -20,14 +21,15 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from predictor import logs
 from predictor.ingest import HistoryBuffer, IngestError
 from predictor.metrics import PredictorMetrics
 from predictor.model import ModelConfig, NotEnoughHistory, QuantileForecaster, quantile_key
-from predictor.risk import NotEnoughWindows, RiskParams, fit_risk, forecast_now, monotone_in_risk
+from predictor.risk import NotEnoughWindows, RiskParams, WidthModels, fit_risk, forecast_now, monotone_in_risk
 from predictor.series import Series, format_duration
 from predictor.store import ModelStore, UntrustedModel, runtime_mismatch
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
+
+log = logging.getLogger("rose.predictor")
 
 
 class PoolConfig(BaseModel):
@@ -229,21 +231,19 @@ class PredictorService:
             found = self.store.load_latest(st.config.name)
         except UntrustedModel as e:
             self.metrics.fits.labels(st.config.name, "untrusted").inc()
-            logs.warning("persisted model refused; will refit", pool=st.config.name, err=str(e))
+            log.warning("persisted model refused; will refit", extra={"pool": st.config.name, "err": str(e)})
             return
         except Exception as e:
-            logs.warning("cannot load persisted model", pool=st.config.name, err=str(e))
+            log.warning("cannot load persisted model", extra={"pool": st.config.name, "err": str(e)})
             return
         if found is None:
             return
         version, model, meta = found
         mismatch = runtime_mismatch(meta)
         if mismatch is not None:
-            logs.info(
+            log.info(
                 "persisted model was saved under other library versions; will refit",
-                pool=st.config.name,
-                version=version,
-                why=mismatch,
+                extra={"pool": st.config.name, "version": version, "why": mismatch},
             )
             return
         cfg = self.settings.model
@@ -253,10 +253,13 @@ class PredictorService:
             or model.config.all_quantiles != cfg.all_quantiles
             or (model.config.day, model.config.week) != (cfg.day, cfg.week)
         ):
-            logs.info("persisted model does not match the settings; will refit", pool=st.config.name, version=version)
+            log.info(
+                "persisted model does not match the settings; will refit",
+                extra={"pool": st.config.name, "version": version},
+            )
             return
         st.model, st.version, st.fitted_at = model, version, float(meta.get("fitted_at", 0.0))
-        logs.info("loaded persisted model", pool=st.config.name, version=version)
+        log.info("loaded persisted model", extra={"pool": st.config.name, "version": version})
 
     def refresh(self) -> None:
         """One cycle for every pool: ingest, retrain when due, recompute the cached forecast."""
@@ -278,7 +281,7 @@ class PredictorService:
         except IngestError as e:
             self.metrics.ingests.labels(name, "error").inc()
             st.error = str(e)
-            logs.warning("ingest failed", pool=name, err=str(e))
+            log.warning("ingest failed", extra={"pool": name, "err": str(e)})
         series = st.buffer.series(name)
         if series is not None and (st.model is None or now - st.fitted_at >= s.retrain_interval):
             self._fit(st, series, now)
@@ -307,14 +310,16 @@ class PredictorService:
     def _fit(self, st: PoolState, series: Series, now: float) -> None:
         name = st.config.name
         try:
+            t0 = time.perf_counter()
             model = QuantileForecaster(self.settings.model).fit(series)
+            model.fit_seconds = time.perf_counter() - t0
         except NotEnoughHistory as e:
             self.metrics.fits.labels(name, "skipped").inc()
-            logs.info("not enough history to fit yet", pool=name, err=str(e))
+            log.info("not enough history to fit yet", extra={"pool": name, "err": str(e)})
             return
         except Exception as e:
             self.metrics.fits.labels(name, "error").inc()
-            logs.error("fit failed", pool=name, err=repr(e))
+            log.error("fit failed", extra={"pool": name, "err": repr(e)})
             return
         st.risk_models = self._fit_risks(name, series)
         version = f"{name}-unsaved-{int(now)}"
@@ -323,23 +328,26 @@ class PredictorService:
             try:
                 version = self.store.save(name, model, meta, now)
             except OSError as e:
-                logs.error("cannot persist model", pool=name, err=str(e))
+                log.error("cannot persist model", extra={"pool": name, "err": str(e)})
         st.model, st.version, st.fitted_at = model, version, now
         self.metrics.fits.labels(name, "ok").inc()
         self.metrics.last_fit.labels(name).set(now)
         self.metrics.fit_duration.labels(name).set(model.fit_seconds)
-        logs.info("model fitted", pool=name, version=version, seconds=round(model.fit_seconds, 3))
+        log.info("model fitted", extra={"pool": name, "version": version, "seconds": round(model.fit_seconds, 3)})
 
     def _fit_risks(self, name: str, series: Series) -> RiskModels:
         out: RiskModels = {}
+        widths = WidthModels()  # the risks of a horizon share its width models
         for hs in self.settings.model.horizons:
             for r in self.settings.risks:
                 try:
                     out[(hs, r)] = fit_risk(
-                        series.values, hs // series.step, r, series.step, len(series) - 1, series.start
+                        series.values, hs // series.step, r, series.step, len(series) - 1, series.start, widths=widths
                     )
                 except NotEnoughWindows as e:
-                    logs.info("not enough history for a window-max bound yet", pool=name, risk=r, err=str(e))
+                    log.info(
+                        "not enough history for a window-max bound yet", extra={"pool": name, "risk": r, "err": str(e)}
+                    )
         return out
 
     def _export(self, st: PoolState, resp: ForecastResponse | None) -> None:
@@ -369,5 +377,5 @@ class PredictorService:
             try:
                 self.refresh()
             except Exception as e:  # never let one bad cycle end the loop
-                logs.error("refresh failed", err=repr(e))
+                log.error("refresh failed", extra={"err": repr(e)})
             stop.wait(max(0.0, self.settings.refresh_interval - (time.monotonic() - t0)))

@@ -81,23 +81,13 @@ def _wait_cpu(core: Any, ns: str, pod: str, want: str, timeout: float = 15.0) ->
 
 def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> bool:
     """Returns True when the resumed training is bit-identical to an uninterrupted run."""
-    import torch
     from kubernetes import client
-
-    from rose_sdk import tensors_equal
 
     core = client.CoreV1Api(api)
     node = h.node_names[0]
     root = Path(tempfile.mkdtemp(prefix="rose-demo-", dir="/tmp"))  # unix socket paths stay short
     agent_sock, control_sock = root / "a" / "workload.sock", root / "a" / "control.sock"
-    drv = DriverProcess(
-        h.kubeconfig, node, root, gpus=h.gpus_per_node, metrics_port=free_port(),
-        extra_args=[
-            "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
-            "--agent-socket", str(agent_sock), "--agent-control-socket", str(control_sock),
-            "--enforce-timeout-seconds", f"{ENFORCE_TIMEOUT_S:g}",
-        ],
-    )  # fmt: skip
+    drv = _start_driver(h, node, root, agent_sock, control_sock)
     procs: list[subprocess.Popen[str]] = []
     try:
         say(f"   · `rose driver` started for {node}: simulated GPUs, cooperative suspend, agent socket")
@@ -139,52 +129,86 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
             say("   · examples/02_grpo_tiny_llm (TRL's GRPOTrainer on a tiny Qwen2 LLM, on ROSE through "
                 "rose_sdk.integrations.transformers.attach) is training as that pod, registered with "
                 "the node agent")  # fmt: skip
-
-            core.create_namespaced_pod(
-                ns, gpu_pod("llm-serving-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
-            )
-            srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "llm-serving-0"), timeout=90)
-            dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
-            say(f"   · a serving pod arrives; the real scheduler gives it {dev}: the same physical GPU")
-            t0 = time.monotonic()
-            assert drv.kubelet.prepare(srv).error == ""
-            wait = time.monotonic() - t0
-            st = control.Status(pb.StatusRequest(pod_uid=rl_uid))
-            op = [o for o in st.recent_operations if o.kind == pb.COMMAND_KIND_SUSPEND][-1]
-            ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
-            say(f"   · serving wins: prepare returned after {wait:.2f}s with the RL occupant "
-                f"{ann.get(names.ANNOTATION_SUSPEND_STATE)} at its safe point "
-                f"({op.bytes_moved} bytes of model, Adam state and TRL's buffers now in host memory)")  # fmt: skip
-            say(f"   · its CPU goes back to the scheduler through pods/resize: cpu request 4 -> "
-                f"{_wait_cpu(core, ns, 'rl-worker-0', '100m')} while suspended (same pod)")  # fmt: skip
-            assert drv.kubelet.unprepare(srv).error == ""
-            ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
-            say(f"   · serving leaves (unprepare): the occupant is {ann.get(names.ANNOTATION_SUSPEND_STATE)} again, "
-                f"cpu request {_wait_cpu(core, ns, 'rl-worker-0', '4')} restored")  # fmt: skip
+            _serving_wins_gpu0(drv, api, ns, node, rl_uid, control, say)
         for p in procs:
             p.communicate(timeout=180)
-        a = torch.load(run_out, weights_only=True)
-        b = torch.load(base_out, weights_only=True)
-        same = tensors_equal(a["model"], b["model"]) and tensors_equal(a["optimizer"], b["optimizer"])
-        k = max(1, len(a["rewards"]) // 5)
-        say(f"   · GRPO finished {a['steps']} steps (the reference run {b['steps']}): mean reward "
-            f"{sum(a['rewards'][:k]) / k:.2f} over the first {k} steps -> {sum(a['rewards'][-k:]) / k:.2f} "
-            f"over the last {k}")  # fmt: skip
-        same = same and a["suspends"] == a["resumes"] == 1 and a["steps"] == b["steps"] == GRPO_STEPS
-        pod = core.read_namespaced_pod("rl-worker-0", ns)
-        say(f"   · training finished: suspended {a['suspends']}x, resumed {a['resumes']}x; parameters and Adam "
-            f"state bit-identical to an uninterrupted run: {'yes' if same else 'NO'}")  # fmt: skip
-        say(f"   · the RL pod was never deleted: same UID {pod.metadata.uid == rl_uid}, no restart")
-        events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-worker-0").items
-        say("   · Events on the RL pod: " + json.dumps(sorted({e.reason for e in events})))
+        same = _training_unharmed(core, ns, rl_uid, run_out, base_out, say)
         enforced = _hostile_occupant(drv, api, ns, node, control_sock, say)
-        return bool(same) and enforced
+        return same and enforced
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         drv.stop()
+
+
+def _start_driver(h: ClusterHandle, node: str, root: Path, agent_sock: Path, control_sock: Path) -> DriverProcess:
+    """`rose driver` for ``node``: simulated GPUs, the node agent's sockets, cooperative suspend."""
+    return DriverProcess(
+        h.kubeconfig, node, root, gpus=h.gpus_per_node, metrics_port=free_port(),
+        extra_args=[
+            "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
+            "--agent-socket", str(agent_sock), "--agent-control-socket", str(control_sock),
+            "--enforce-timeout-seconds", f"{ENFORCE_TIMEOUT_S:g}",
+        ],
+    )  # fmt: skip
+
+
+def _serving_wins_gpu0(
+    drv: DriverProcess, api: Any, ns: str, node: str, rl_uid: str, control: Any, say: Callable[[str], None]
+) -> None:
+    """A serving pod arrives on the training's GPU: prepared once the occupant is suspended, its CPU
+    given back while suspended; the serving pod leaves and the occupant resumes."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        ns, gpu_pod("llm-serving-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+    )
+    srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "llm-serving-0"), timeout=90)
+    dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
+    say(f"   · a serving pod arrives; the real scheduler gives it {dev}: the same physical GPU")
+    t0 = time.monotonic()
+    assert drv.kubelet.prepare(srv).error == ""
+    wait = time.monotonic() - t0
+    st = control.Status(pb.StatusRequest(pod_uid=rl_uid))
+    op = [o for o in st.recent_operations if o.kind == pb.COMMAND_KIND_SUSPEND][-1]
+    ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
+    say(f"   · serving wins: prepare returned after {wait:.2f}s with the RL occupant "
+        f"{ann.get(names.ANNOTATION_SUSPEND_STATE)} at its safe point "
+        f"({op.bytes_moved} bytes of model, Adam state and TRL's buffers now in host memory)")  # fmt: skip
+    say(f"   · its CPU goes back to the scheduler through pods/resize: cpu request 4 -> "
+        f"{_wait_cpu(core, ns, 'rl-worker-0', '100m')} while suspended (same pod)")  # fmt: skip
+    assert drv.kubelet.unprepare(srv).error == ""
+    ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
+    say(f"   · serving leaves (unprepare): the occupant is {ann.get(names.ANNOTATION_SUSPEND_STATE)} again, "
+        f"cpu request {_wait_cpu(core, ns, 'rl-worker-0', '4')} restored")  # fmt: skip
+
+
+def _training_unharmed(
+    core: Any, ns: str, rl_uid: str, run_out: Path, base_out: Path, say: Callable[[str], None]
+) -> bool:
+    """Whether the suspended-and-resumed training ended bit-identical to the uninterrupted run."""
+    import torch
+
+    from rose_sdk import tensors_equal
+
+    a = torch.load(run_out, weights_only=True)
+    b = torch.load(base_out, weights_only=True)
+    same = tensors_equal(a["model"], b["model"]) and tensors_equal(a["optimizer"], b["optimizer"])
+    k = max(1, len(a["rewards"]) // 5)
+    say(f"   · GRPO finished {a['steps']} steps (the reference run {b['steps']}): mean reward "
+        f"{sum(a['rewards'][:k]) / k:.2f} over the first {k} steps -> {sum(a['rewards'][-k:]) / k:.2f} "
+        f"over the last {k}")  # fmt: skip
+    same = same and a["suspends"] == a["resumes"] == 1 and a["steps"] == b["steps"] == GRPO_STEPS
+    pod = core.read_namespaced_pod("rl-worker-0", ns)
+    say(f"   · training finished: suspended {a['suspends']}x, resumed {a['resumes']}x; parameters and Adam "
+        f"state bit-identical to an uninterrupted run: {'yes' if same else 'NO'}")  # fmt: skip
+    say(f"   · the RL pod was never deleted: same UID {pod.metadata.uid == rl_uid}, no restart")
+    events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-worker-0").items
+    say("   · Events on the RL pod: " + json.dumps(sorted({e.reason for e in events})))
+    return bool(same)
 
 
 HOSTILE_GRACE_S = 3  # the hostile pod's rose.io/graceful-shutdown-seconds
@@ -203,8 +227,6 @@ def _hostile_occupant(
     plus another enforcement timeout while the durable checkpoint the engine's fallback asked for is
     unanswered (a hostile occupant never answers it), phase ``enforced``."""
     from kubernetes import client
-
-    from rose_common import promtext
 
     core = client.CoreV1Api(api)
     gpu1 = ['device.attributes["gpu.rose.io"].index == 1']
@@ -251,37 +273,55 @@ def _hostile_occupant(
             rc = proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             rc = None
-        text = "\n".join(drv.metrics())
-        phases = {
-            ph: promtext.value(text, "rose_driver_gpu_returned_seconds_count", {"phase": ph}, default=0.0)
-            for ph in ("cooperative", "enforced", "fallback")
-        }
-        returned = promtext.value(text, "rose_driver_gpu_returned_seconds_sum", {"phase": "enforced"}, default=0.0)
-        bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S
-        say(f"   · a serving pod gets GPU 1; its prepare returned after {wait:.2f}s (error {err!r}); the hostile "
-            f"process was {'killed (SIGKILL)' if rc == -9 else f'rc={rc}'}")  # fmt: skip
-        say(f"   · the driver's rose_driver_gpu_returned_seconds{{phase}} counts: cooperative "
-            f"{phases['cooperative']:.0f} (the honest trainer above), enforced {phases['enforced']:.0f} "
-            f"(this one: {returned:.2f}s from the serving prepare to the device observed free), "
-            f"fallback {phases['fallback']:.0f}")  # fmt: skip
-
-        def reclaim_enforced() -> list[Any] | None:
-            evs = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-hostile-1").items
-            return [e for e in evs if e.reason == "ReclaimEnforced"] or None
-
-        try:
-            events = wait_for("the ReclaimEnforced Event", reclaim_enforced, timeout=15)
-        except Exception:
-            events = []
-        say(f"   · Event ReclaimEnforced on rl-hostile-1: {events[0].message if events else '(none)'}")
-        ok = err == "" and resident == 0 and wait <= bound and phases["enforced"] == 1 and bool(events)
-        say(f"   · serving prepared only once the device was observed free (device-memory file {resident} bytes "
-            f"allocated at return; {wait:.1f}s <= grace {HOSTILE_GRACE_S}s + {COOPERATIVE_SLACK_S:.0f}s + "
-            f"{ENFORCE_TIMEOUT_S:.0f}s for the fallback checkpoint the engine asked for + enforcement "
-            f"{ENFORCE_TIMEOUT_S:.0f}s = {bound:.0f}s): {'YES' if ok else 'NO'}")  # fmt: skip
+        ok = _enforcement_observed(drv, core, ns, err, wait, resident, rc, say)
         drv.kubelet.unprepare(srv)
         return ok
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def _enforcement_observed(
+    drv: DriverProcess,
+    core: Any,
+    ns: str,
+    err: str,
+    wait: float,
+    resident: int,
+    rc: int | None,
+    say: Callable[[str], None],
+) -> bool:
+    """Whether the serving prepare returned without error, with the device observed free, within the
+    driver's bound, counted as phase ``enforced`` and reported by a ReclaimEnforced Event."""
+    from rose_common import promtext
+
+    text = "\n".join(drv.metrics())
+    phases = {
+        ph: promtext.value(text, "rose_driver_gpu_returned_seconds_count", {"phase": ph}, default=0.0)
+        for ph in ("cooperative", "enforced", "fallback")
+    }
+    returned = promtext.value(text, "rose_driver_gpu_returned_seconds_sum", {"phase": "enforced"}, default=0.0)
+    bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S
+    say(f"   · a serving pod gets GPU 1; its prepare returned after {wait:.2f}s (error {err!r}); the hostile "
+        f"process was {'killed (SIGKILL)' if rc == -9 else f'rc={rc}'}")  # fmt: skip
+    say(f"   · the driver's rose_driver_gpu_returned_seconds{{phase}} counts: cooperative "
+        f"{phases['cooperative']:.0f} (the honest trainer above), enforced {phases['enforced']:.0f} "
+        f"(this one: {returned:.2f}s from the serving prepare to the device observed free), "
+        f"fallback {phases['fallback']:.0f}")  # fmt: skip
+
+    def reclaim_enforced() -> list[Any] | None:
+        evs = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-hostile-1").items
+        return [e for e in evs if e.reason == "ReclaimEnforced"] or None
+
+    try:
+        events = wait_for("the ReclaimEnforced Event", reclaim_enforced, timeout=15)
+    except Exception:
+        events = []
+    say(f"   · Event ReclaimEnforced on rl-hostile-1: {events[0].message if events else '(none)'}")
+    ok = err == "" and resident == 0 and wait <= bound and phases["enforced"] == 1 and bool(events)
+    say(f"   · serving prepared only once the device was observed free (device-memory file {resident} bytes "
+        f"allocated at return; {wait:.1f}s <= grace {HOSTILE_GRACE_S}s + {COOPERATIVE_SLACK_S:.0f}s + "
+        f"{ENFORCE_TIMEOUT_S:.0f}s for the fallback checkpoint the engine asked for + enforcement "
+        f"{ENFORCE_TIMEOUT_S:.0f}s = {bound:.0f}s): {'YES' if ok else 'NO'}")  # fmt: skip
+    return ok

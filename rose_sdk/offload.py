@@ -221,21 +221,19 @@ def tensors_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Deep bit-exact comparison of two nested state dicts (tensors by torch.equal)."""
     if a.keys() != b.keys():
         return False
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, torch.Tensor):
-            if not isinstance(y, torch.Tensor) or x.dtype != y.dtype or x.shape != y.shape:
-                return False
-            if not torch.equal(x.cpu(), y.cpu()):
-                return False
-        elif isinstance(x, Mapping):
-            if not isinstance(y, Mapping) or not tensors_equal(x, y):
-                return False
-        elif isinstance(x, list | tuple):
-            if not isinstance(y, list | tuple) or len(x) != len(y):
-                return False
-            if not tensors_equal({str(i): v for i, v in enumerate(x)}, {str(i): v for i, v in enumerate(y)}):
-                return False
-        elif x != y:
+    return all(_values_equal(a[k], b[k]) for k in a)
+
+
+def _values_equal(x: Any, y: Any) -> bool:
+    """One entry of :func:`tensors_equal`: tensors bit-exact, mappings and sequences recursively."""
+    if isinstance(x, torch.Tensor):
+        if not isinstance(y, torch.Tensor) or x.dtype != y.dtype or x.shape != y.shape:
             return False
-    return True
+        return bool(torch.equal(x.cpu(), y.cpu()))
+    if isinstance(x, Mapping):
+        return isinstance(y, Mapping) and tensors_equal(x, y)
+    if isinstance(x, list | tuple):
+        if not isinstance(y, list | tuple) or len(x) != len(y):
+            return False
+        return tensors_equal({str(i): v for i, v in enumerate(x)}, {str(i): v for i, v in enumerate(y)})
+    return bool(x == y)

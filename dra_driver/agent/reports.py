@@ -226,13 +226,6 @@ class ReportBook:
         if world is not None:
             log.debug("world observed", extra={"podUID": uid, "world": str(world)})
 
-    def set_world(self, pod_uid: str, world: World) -> None:
-        with self._lock:
-            p = self._entry(pod_uid)
-            if world != p.world:
-                self._versions += 1
-                p.world, p.world_version = world, self._versions
-
     def world(self, pod_uid: str) -> tuple[World | None, int]:
         """The pod's world and its version (changes whenever the world does)."""
         with self._lock:

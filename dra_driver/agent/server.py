@@ -41,7 +41,8 @@ from dra_driver.agent.convert import (
 )
 from dra_driver.agent.reports import ReportBook, ReportError
 from dra_driver.claims import PodRef
-from dra_driver.fencing import FenceBook, Verdict
+from dra_driver.fencebook import FenceBook
+from dra_driver.fencing import Verdict
 from dra_driver.suspend.engine import NodeSuspendEngine, UnknownOccupantError
 from dra_driver.suspend.model import Command
 from dra_driver.suspend.registry import (

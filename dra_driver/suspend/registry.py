@@ -8,12 +8,11 @@ claim's pods as the driver's claim records list them (``status.reservedFor``), n
 request says. A scoped registration must name one of those pods; its claim binding and its pod
 namespace/name come from the scope. A pod registered through a scope cannot be re-registered
 without it. Registrations are capped (``max_workloads``) and state sizes are bounded by the
-scope's device memory. I/O boundary: none (in-memory tables, ``os.kill(pid, 0)``).
+scope's device memory. I/O boundary: none (in-memory tables).
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -228,11 +227,6 @@ class WorkloadRegistry:
         with self._lock:
             self._bind(claim_uid, pod_uid, trusted=True)
 
-    def unbind_claim(self, claim_uid: str) -> None:
-        with self._lock:
-            self._claims.pop(claim_uid, None)
-            self._trusted.discard(claim_uid)
-
     def count(self) -> int:
         with self._lock:
             return len(self._by_pod)
@@ -279,14 +273,3 @@ class WorkloadRegistry:
         if state not in WORKLOAD_STATES:
             raise ValueError(f"unknown workload state {state!r}")
         w.state = state
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (signal 0)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

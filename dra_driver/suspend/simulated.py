@@ -110,7 +110,7 @@ class SimulatedHostMemory:
         except FileNotFoundError:
             return None
 
-    def read_host(self, key: str, chunk_bytes: int) -> Iterator[bytes]:
+    def read_host(self, key: str, chunk_bytes: int) -> Iterator[bytes | memoryview]:
         with open(self.dram(key), "rb") as f:
             while b := f.read(chunk_bytes):
                 yield b

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from dra_driver.state import crash_point
+from dra_driver.checkpoint import crash_point
 
 SPILL_CRASH_POINTS: Final = (
     "spill-chunk-written",
@@ -78,8 +78,8 @@ class HostCopy(Protocol):
         """Bytes of the DRAM copy of ``key``; None when there is none."""
         ...
 
-    def read_host(self, key: str, chunk_bytes: int) -> Iterator[bytes]:
-        """The DRAM copy, in chunks of at most ``chunk_bytes``."""
+    def read_host(self, key: str, chunk_bytes: int) -> Iterator[bytes | memoryview]:
+        """The DRAM copy, in chunks of at most ``chunk_bytes`` (views are fine: only read)."""
         ...
 
     def drop_host(self, key: str) -> None:

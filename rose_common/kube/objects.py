@@ -30,11 +30,6 @@ class ObjectMeta(TypedDict, total=False):
     creationTimestamp: str
 
 
-class ListMeta(TypedDict, total=False):
-    resourceVersion: str
-    # "continue" is a Python keyword and never read by ROSE
-
-
 class Container(TypedDict, total=False):
     name: str
     resources: dict[str, Any]
@@ -86,13 +81,6 @@ class ResourceSlice(TypedDict, total=False):
     kind: str
     metadata: ObjectMeta
     spec: dict[str, Any]  # driver, nodeName, pool, devices
-
-
-class ObjectList(TypedDict, total=False):
-    apiVersion: str
-    kind: str
-    metadata: ListMeta
-    items: list[dict[str, Any]]
 
 
 def _map(value: Any) -> Mapping[str, Any]:

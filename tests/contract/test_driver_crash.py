@@ -37,7 +37,8 @@ from driver_fixtures import (
     run_script_step,
 )
 
-from dra_driver.state import CRASH_POINTS, crash_hits, decode, reset_crash_hits
+from dra_driver.checkpoint import crash_hits, reset_crash_hits
+from dra_driver.state import CRASH_POINTS, decode
 from rose_common.proto import k8s_dra_v1_pb2 as v1
 
 FIXTURES = Path(__file__).resolve().parent.parent / "driver_fixtures.py"
@@ -244,7 +245,7 @@ def test_full_plugin_process_killed_mid_call(tmp_path: Path) -> None:
 
 def test_crash_point_hook_exits_on_nth_hit(tmp_path: Path) -> None:
     code = (
-        "from dra_driver.state import crash_point\n"
+        "from dra_driver.checkpoint import crash_point\n"
         "for i in range(5):\n    print(i, flush=True); crash_point('prepare-started')\n"
     )
     env = {"ROSE_DRIVER_CRASH_AT": "prepare-started:3", "PYTHONPATH": str(REPO)}

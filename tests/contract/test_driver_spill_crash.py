@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from spill_fixtures import STATE, reg, spill_engine
 
-from dra_driver.state import CRASH_ENV
+from dra_driver.checkpoint import CRASH_ENV
 from dra_driver.suspend.spill import SPILL_CRASH_POINTS, TMP_SUFFIX
 
 FIXTURES = Path(__file__).resolve().parent.parent / "spill_fixtures.py"

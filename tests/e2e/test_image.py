@@ -91,6 +91,20 @@ def test_rose_runs_in_the_image_as_non_root(image: tuple[Path, str]) -> None:
     assert run_in(image, "id", "-u").strip() == "65532"
 
 
+def test_the_image_does_not_ship_the_development_harness(image: tuple[Path, str]) -> None:
+    """local_cluster (the control plane as local processes) is for development only (README): not in
+    the image, and `rose cluster` there says so in one line."""
+    found = "import importlib.util as u; print(u.find_spec('local_cluster'))"
+    assert run_in(image, "python3", "-c", found).strip() == "None"
+    store, ctr = image
+    cmd = ["buildah", "--root", str(store / "root"), "--runroot", str(store / "run"), "--storage-driver", "vfs"]
+    cmd += ["run", "--isolation", "oci", "--runtime", shutil.which("runc") or "runc", ctr, "--", "rose", "cluster"]
+    r = subprocess.run(cmd, text=True, capture_output=True, timeout=120, check=False)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    # buildah adds a line of its own ("while running runtime: exit status 2") after rose's one line
+    assert "rose: 'cluster' is not available in this build (local_cluster.cli is missing)" in r.stderr, r.stderr
+
+
 def test_the_image_has_no_compiler(image: tuple[Path, str]) -> None:
     """Multi-stage: the final image carries the virtual environment, not a toolchain."""
     found = run_in(image, "sh", "-c", "for c in gcc cc g++ clang make; do command -v $c; done; true")
@@ -99,12 +113,12 @@ def test_the_image_has_no_compiler(image: tuple[Path, str]) -> None:
 
 def test_the_driver_image_carries_only_the_driver(driver_image: tuple[Path, str]) -> None:
     """--target driver: `rose driver` runs (as root, which its DaemonSet asks for) and imports its
-    whole package; the predictor's scientific stack and kubectl are not in it."""
+    whole package; the predictor's scientific stack, kubectl and local_cluster are not in it."""
     assert "--node-name" in run_in(driver_image, "rose", "driver", "--help")
     assert run_in(driver_image, "id", "-u").strip() == "0"
     mods = "dra_driver.node, dra_driver.plugin, dra_driver.publisher, dra_driver.suspend"
     run_in(driver_image, "python3", "-c", f"import {mods}")
-    heavy = "('sklearn', 'scipy', 'pandas', 'numpy', 'prometheus_api_client')"
+    heavy = "('sklearn', 'scipy', 'pandas', 'numpy', 'prometheus_api_client', 'local_cluster')"
     absent = f"import importlib.util as u; print([m for m in {heavy} if u.find_spec(m)])"
     assert run_in(driver_image, "python3", "-c", absent).strip() == "[]"
     assert run_in(driver_image, "sh", "-c", "command -v kubectl; true").strip() == ""

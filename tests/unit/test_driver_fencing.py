@@ -11,7 +11,8 @@ from driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims
 
 from dra_driver import fencing
 from dra_driver.claims import ClaimRef
-from dra_driver.fencing import FenceBook, judge
+from dra_driver.fencebook import FenceBook
+from dra_driver.fencing import judge
 from dra_driver.node import NodeDriver
 from dra_driver.podwatch import BadSuspendRequestError, PodWatcher, decide
 from rose_common import names

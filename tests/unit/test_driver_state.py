@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.checkpoint import CheckpointFile
 from dra_driver.claims import PodRef, PreparedDevice
 from dra_driver.state import (
     PREPARE_COMPLETED,
     SUSPENDED,
-    CheckpointFile,
     ClaimRecord,
     NodeStateData,
     StateCorruptError,

@@ -155,7 +155,6 @@ def test_learnt_width_lends_more_where_the_past_announces_the_jump(monkeypatch: 
     (learnt,) = evaluate(s, [1800], [0.05], gpus_at_peak=64).cases
     assert learnt.model_params["width"] == f"gbm-quantile-{rk.GBM_LEVEL}"
     monkeypatch.setattr(rk, "GBM_MIN_ROWS", 10**9)  # the volatility width only
-    rk.clear_width_cache()
     (plain,) = evaluate(s, [1800], [0.05], gpus_at_peak=64).cases
     assert plain.model_params["width"] == "volatility"
     lm, pm = learnt.policies["model"], plain.policies["model"]
