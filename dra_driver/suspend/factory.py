@@ -7,13 +7,13 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from dra_driver.suspend.cooperative import CooperativeBackend, PidResolver
-from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.cuda_checkpoint import CudaCheckpointBackend, CudaCheckpointUnavailable, CudaDriver
 from dra_driver.suspend.engine import Backend, EngineConfig, Evictor, NodeSuspendEngine
 from dra_driver.suspend.events import EventSink
 from dra_driver.suspend.metrics import SuspendMetrics
 from dra_driver.suspend.model import BACKEND_COOPERATIVE, BACKEND_CUDA_CHECKPOINT, BACKEND_SIMULATED
 from dra_driver.suspend.nvml import NvmlMemoryProbe, NvmlUnavailable
+from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND, SimulatedBackend, SimulatedHostMemory
 from dra_driver.suspend.spill import SpillStore
 from dra_driver.suspend.verify import CheckpointVerifier
