@@ -6,12 +6,18 @@ Real files in tmp_path; the SDK's writer is the real ``CooperativeOffloader.spil
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
-from dra_driver.suspend.cooperative import rss_from_status, spill_freed
+from dra_driver.suspend.cooperative import CooperativeBackend, rss_from_status, spill_freed
+from dra_driver.suspend.engine import EngineConfig, NodeSuspendEngine
+from dra_driver.suspend.events import RecordingEventSink
+from dra_driver.suspend.metrics import SuspendMetrics
+from dra_driver.suspend.model import Ack, Registration
 from dra_driver.suspend.spill import SpillCorrupt, SpillError, SpillFull, SpillStore
 from rose_common import spillfmt
 from rose_sdk.offload import CooperativeOffloader
@@ -122,3 +128,51 @@ def test_rss_and_freed() -> None:
     assert spill_freed(100 << 20, 36 << 20, 64 << 20)
     assert not spill_freed(100 << 20, 99 << 20, 64 << 20)  # kept its copy
     assert not spill_freed(None, 1, 64) and not spill_freed(1, None, 64)
+
+
+def test_a_workload_silent_to_the_spill_is_not_spilled_and_the_suspend_falls_back(tmp_path: Path) -> None:
+    """The whole engine path with workloads played by threads (their process: this test's): A is
+    suspended, B does not fit DRAM, A is asked to spill and never answers: after the spill deadline
+    A is not spilled (file removed, DRAM charge kept) and B takes the fallback as without a disk tier."""
+    mib = 1 << 20
+    events = RecordingEventSink()
+    eng = NodeSuspendEngine(
+        EngineConfig(
+            host_memory_budget_bytes=15 * mib,
+            backends=("cooperative",),
+            checkpoint_timeout_seconds=0.5,
+            spill_dir=str(tmp_path / "spill"),
+            spill_budget_bytes=1 << 30,
+            spill_timeout_seconds=0.5,
+        ),
+        {"cooperative": CooperativeBackend(lambda uid, pid: os.getpid())},
+        events=events,
+        metrics=SuspendMetrics(CollectorRegistry()),
+        spill=SpillStore(tmp_path / "spill", 1 << 30),
+    )
+    asked: list[str] = []
+    for uid in ("pod-a", "pod-b"):
+        w = eng.register(
+            Registration(uid, os.getpid(), 10 * mib, frozenset({"cooperative"}), claim_uids=frozenset({f"c-{uid}"}))
+        )
+        w.streams_open = 1  # its command stream is connected (played below)
+
+        def play(w: object = w) -> None:
+            while (cmd := w.commands.get()) is not None:  # type: ignore[attr-defined]
+                asked.append(cmd.kind)
+                if cmd.kind == "suspend":
+                    eng.acknowledge(w.pod_uid, w.session_id, Ack(cmd.operation_id, True, 10 * mib), None)  # type: ignore[attr-defined]
+
+        threading.Thread(target=play, daemon=True).start()
+    try:
+        assert eng.suspend_pod("pod-a", 5).state == "succeeded"
+        rec = eng.suspend_pod("pod-b", 5)
+        assert "spill" in asked
+        assert rec.fallback == "checkpoint-evict" and "did not write its spill file within 0.5s" in rec.message
+        assert eng.tier_of("pod-a") == "dram" and eng.budget.held_bytes("pod-a") == 10 * mib
+        assert list((tmp_path / "spill").iterdir()) == [] and eng.spill is not None and eng.spill.held_bytes() == 0
+        assert eng.metrics.spills.labels("to_disk", "no_answer")._value.get() == 1
+        assert "SpillFailed" in events.reasons()
+    finally:
+        for w in eng.registry.all():
+            w.commands.put(None)
