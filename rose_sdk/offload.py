@@ -10,16 +10,28 @@ layout is unchanged (pinning is expensive: SUSPEND.md §2.3).
 Speed by design: on CUDA all copies are issued ``non_blocking`` on one side stream into the pinned
 arena and synchronised once. On a machine without CUDA the "device" is the CPU: the data still
 moves to separate host buffers and back, so the code path and bit-exactness are tested.
+
+Spill (the driver's disk tier): while offloaded, :meth:`CooperativeOffloader.spill_to` writes the
+offloaded bytes, tensor after tensor, to a file the driver created (``rose_common.spillfmt``:
+chunks with blake2b digests), fsynced; :meth:`drop_host_copy` frees the host arena (only when the
+driver says it verified the file); :meth:`load_from` reads it back, every chunk verified, into a
+new arena, and :meth:`restore` proceeds as usual.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from rose_common import spillfmt
 
 _ALIGN = 256
 
@@ -80,6 +92,7 @@ class CooperativeOffloader:
         self._layout: tuple[tuple[int, tuple[int, ...], torch.dtype], ...] = ()
         self._moved: list[tuple[torch.Tensor, _Slot]] = []
         self.offloaded = False
+        self.host_dropped = False  # offloaded, and the host copy is only in the driver's spill file
 
     def register(self, name: str, tensor: torch.Tensor) -> None:
         """Also move ``tensor`` (any device tensor the job keeps: replay buffers, RNG seeds...)."""
@@ -174,10 +187,64 @@ class CooperativeOffloader:
         nbytes = sum(s.nbytes for s in slots)
         return OffloadReport(nbytes, len(slots), time.perf_counter() - t0, reused, copy_s)
 
+    # ------------------------------------------------------------------ spill (the driver's disk tier)
+
+    def _slot_views(self) -> Iterator[memoryview]:
+        """Writable byte views of the offloaded tensors' host copies, in order (no copy)."""
+        assert self._arena is not None
+        base = int(self._arena.data_ptr())
+        for _, s in self._moved:
+            yield memoryview((ctypes.c_ubyte * s.nbytes).from_address(base + s.offset)).cast("B")
+
+    def spill_to(self, path: str, chunk_bytes: int = spillfmt.DEFAULT_CHUNK_BYTES) -> int:
+        """Write the host copy to ``path`` (a file the driver created: never created here, never a
+        symlink) in the spill format, and fsync it. The host copy stays. Returns the payload bytes."""
+        if not self.offloaded or self.host_dropped or self._arena is None:
+            raise RuntimeError("nothing to spill: the state is not offloaded into host memory")
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f:
+                n = spillfmt.write_chunks(f, self._slot_views(), chunk_bytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return n
+
+    def drop_host_copy(self) -> int:
+        """Free the host arena (the driver verified the spill file): the offloaded tensors point at
+        empty storage until :meth:`load_from`. Returns the bytes freed."""
+        if not self.offloaded or self.host_dropped:
+            raise RuntimeError("no host copy to drop")
+        freed = self.host_buffer_bytes
+        for t, s in self._moved:
+            t.data = torch.empty(0, dtype=s.dtype)
+        self._arena = None
+        self._layout = ()
+        self.host_dropped = True
+        _return_freed_memory()
+        return freed
+
+    def load_from(self, path: str) -> int:
+        """Read the spilled host copy back from ``path`` into a new arena, verifying every chunk and
+        the total size (atomic: on any error no arena is kept and the file is untouched)."""
+        if not self.host_dropped:
+            raise RuntimeError("the host copy is in memory; nothing to load")
+        size = max((s.offset + _align(s.nbytes) for _, s in self._moved), default=1)
+        self._arena = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=self.pin_memory)
+        try:
+            n = _fill(self._slot_views(), path)
+        except BaseException:
+            self._arena = None
+            raise
+        self.host_dropped = False
+        return n
+
     def restore(self) -> OffloadReport:
         """Move every offloaded tensor back onto its device (the host arena stays for reuse)."""
         if not self.offloaded:
             return OffloadReport(0, 0, 0.0, True)
+        if self.host_dropped:
+            raise RuntimeError("the host copy was spilled to disk: load_from(path) first")
         t0 = time.perf_counter()
         fresh = [torch.empty(s.shape, dtype=s.dtype, device=s.device) for _, s in self._moved]
         views = [self._host_view(s) for _, s in self._moved]
@@ -215,6 +282,41 @@ class CooperativeOffloader:
     def arena_data_ptr(self) -> int:
         """Address of the host arena (tests check it is reused across cycles)."""
         return 0 if self._arena is None else int(self._arena.data_ptr())
+
+
+def _fill(views: Iterable[memoryview], path: str) -> int:
+    """Copy the verified payload of spill file ``path`` into ``views``, in order; the payload must
+    fill them exactly (spillfmt.FormatCorrupt otherwise)."""
+    targets = list(views)
+    i = pos = total = 0
+    with open(path, "rb", buffering=0) as f:
+        for chunk in spillfmt.read_chunks(f, os.path.basename(path)):
+            mv = memoryview(chunk)
+            while len(mv) > 0:
+                if i >= len(targets):
+                    raise spillfmt.FormatCorrupt(f"{path}: more bytes than the offloaded tensors hold")
+                k = min(len(mv), len(targets[i]) - pos)
+                targets[i][pos : pos + k] = mv[:k]
+                pos += k
+                total += k
+                mv = mv[k:]
+                if pos == len(targets[i]):
+                    i, pos = i + 1, 0
+    if i != len(targets):
+        raise spillfmt.FormatCorrupt(f"{path}: {total} B do not fill the offloaded tensors")
+    return total
+
+
+def _return_freed_memory() -> None:
+    """Best effort: hand freed host memory back to the kernel (cached pinned blocks; glibc's heap)."""
+    empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
+    if empty_host_cache is not None and torch.cuda.is_available():
+        with contextlib.suppress(Exception):
+            empty_host_cache()
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(libc_name).malloc_trim(0)
 
 
 def tensors_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

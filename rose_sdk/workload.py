@@ -15,6 +15,10 @@ re-registering after an agent restart, reporting ``SUSPENDED`` if it is parked) 
 commands; ``safe_point()`` runs them on the training thread. A suspend offloads the job's
 tensors (``CooperativeOffloader``), acknowledges, then blocks inside ``safe_point`` until the
 resume arrives, restores and returns: the training loop never sees a half-moved state.
+While suspended, a ``COMMAND_KIND_SPILL`` (the node's host memory is full) writes the host copy
+to the file the driver names (``CooperativeOffloader.spill_to``) and acknowledges; the host copy
+is freed only at the ``COMMAND_KIND_SPILL_COMMIT`` that follows once the driver verified the file,
+and a resume naming the file reads it back (verified) before restoring to the device.
 A ``COMMAND_KIND_WORLD`` (the job's active / total workers, from the pod's ``rose.io/world``)
 runs the ``on_world_change`` callbacks at the next safe point. ``report()`` sends the phase,
 expected seconds to the next safe point, state bytes, minimum resources and RL progress counters
@@ -162,6 +166,7 @@ class Workload:
         self.suspended = False
         self.suspend_count = 0
         self.resume_count = 0
+        self.spill_count = 0  # host copies freed after the driver verified their spill file
         self.last_checkpoint: CheckpointInfo | None = None
         self._on_suspend: list[Hook] = []
         self._on_suspended: list[Hook] = []
@@ -399,6 +404,8 @@ class Workload:
             self._checkpoint(cmd)
         elif cmd.kind == pb.COMMAND_KIND_WORLD:
             self._world(cmd.world_active, cmd.world_total)
+        elif cmd.kind in (pb.COMMAND_KIND_SPILL, pb.COMMAND_KIND_SPILL_COMMIT):
+            self._ack(cmd, False, message="not suspended: no host copy to spill")
         else:
             self._ack(cmd, False, message=f"unknown command kind {cmd.kind}; upgrade rose_sdk")
 
@@ -468,12 +475,47 @@ class Workload:
                 self._ack(cmd, True, message="already suspended")
             elif cmd.kind == pb.COMMAND_KIND_WORLD:
                 self._world(cmd.world_active, cmd.world_total)
+            elif cmd.kind == pb.COMMAND_KIND_SPILL:
+                self._spill(cmd)
+            elif cmd.kind == pb.COMMAND_KIND_SPILL_COMMIT:
+                self._spill_commit(cmd)
             else:
                 self._ack(cmd, False, message=f"unknown command kind {cmd.kind}")
+
+    def _spill(self, cmd: pb.Command) -> None:
+        """Write the host copy to the driver's file; keep it until the driver verified the file."""
+        if not cmd.spill_path:
+            self._ack(cmd, False, message="spill command without a spill_path")
+            return
+        t0 = time.perf_counter()
+        try:
+            n = self.offloader.spill_to(cmd.spill_path)
+        except Exception as e:
+            log.exception("spill failed")
+            self._ack(cmd, False, message=f"spill failed: {e!r}; host copy kept")
+            return
+        self._ack(cmd, True, nbytes=n, seconds=time.perf_counter() - t0, message=f"wrote {n} B to the spill file")
+
+    def _spill_commit(self, cmd: pb.Command) -> None:
+        """The driver verified the spill file: free the host copy."""
+        if self.offloader.host_dropped:
+            self._ack(cmd, True, message="host copy already freed")
+            return
+        try:
+            n = self.offloader.drop_host_copy()
+        except Exception as e:
+            self._ack(cmd, False, message=f"could not free the host copy: {e!r}")
+            return
+        self.spill_count += 1
+        self._ack(cmd, True, nbytes=n, message=f"freed {n} B of host memory; the state is in the spill file")
 
     def _resume(self, cmd: pb.Command) -> None:
         t0 = time.perf_counter()
         try:
+            if self.offloader.host_dropped:
+                if not cmd.spill_path:
+                    raise RuntimeError("the host copy was spilled but the resume names no spill file")
+                self.offloader.load_from(cmd.spill_path)
             rep = self.offloader.restore()
             if self.device_memory is not None:
                 self.device_memory.hold(self._reported_bytes)

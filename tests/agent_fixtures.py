@@ -169,6 +169,7 @@ def running_agent(tmp: Path, verifier: Any = None, **config: object) -> Iterator
         evictor=evictor,
         metrics_registry=CollectorRegistry(),
         verifier=verifier if verifier is not None else checkpoint_verifier(str(tmp)),
+        pid_resolver=workload_pids,
     )
     evictor.engine = engine
     ws, cs = tmp / "w.sock", tmp / "c.sock"

@@ -38,6 +38,8 @@ KIND_TO_PB = {
     "suspend": pb.COMMAND_KIND_SUSPEND,
     "resume": pb.COMMAND_KIND_RESUME,
     "checkpoint": pb.COMMAND_KIND_CHECKPOINT,
+    "spill": pb.COMMAND_KIND_SPILL,
+    "spill-commit": pb.COMMAND_KIND_SPILL_COMMIT,
 }
 OP_STATE_TO_PB = {
     "pending": pb.OPERATION_STATE_PENDING,
@@ -83,6 +85,7 @@ def command_to_pb(c: Command) -> pb.Command:
         deadline_unix_ms=c.deadline_unix_ms,
         grace_seconds=c.grace_seconds,
         reason=c.reason,
+        spill_path=c.spill_path,
     )
 
 

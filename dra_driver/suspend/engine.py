@@ -18,6 +18,11 @@ pod-level operations the NodeControl service exposes. Invariants:
   fallback runs only when both tiers are full. A DRAM copy is dropped only after its disk copy is
   written, fsynced and verified; a resume reads it back verified, and a bad checksum never resumes:
   the workload falls back to its durable checkpoint.
+* a cooperative workload keeps its DRAM copy in its own process: to spill it, the engine creates
+  the file (``SpillStore.hand_over``), the SDK writes it, the engine verifies it from disk
+  (``SpillStore.adopt``) and only then tells the SDK to free its copy; the state counts as spilled
+  (its DRAM charge moves to the disk tier) only when the process's resident memory fell
+  accordingly. A workload that does not answer in ``spill_timeout_seconds`` is not spilled.
 
 I/O boundary: the backends, the evictor, the event sink, and reading the checkpoint file.
 """
@@ -36,7 +41,7 @@ from typing import Protocol
 
 from dra_driver.engine_api import SuspendReason, SuspendResult
 from dra_driver.suspend.budget import HostMemoryBudget
-from dra_driver.suspend.cooperative import CooperativeBackend
+from dra_driver.suspend.cooperative import CooperativeBackend, spill_freed
 from dra_driver.suspend.events import (
     REASON_FALLBACK_CHECKPOINT,
     REASON_FALLBACK_FAILED,
@@ -44,6 +49,7 @@ from dra_driver.suspend.events import (
     REASON_RESUMED,
     REASON_SPILL_CORRUPT,
     REASON_SPILL_FAILED,
+    REASON_SPILL_NOT_FREED,
     REASON_SPILLED,
     REASON_SUSPEND_FAILED,
     REASON_SUSPENDED,
@@ -137,6 +143,8 @@ class EngineConfig:
     # "" / 0: no disk tier (a full DRAM budget takes the checkpoint-and-evict fallback at once).
     spill_dir: str = ""
     spill_budget_bytes: int = 0
+    # How long a cooperative workload has to write its spill file, and again to free its host copy.
+    spill_timeout_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.backends if b not in BACKENDS]
@@ -150,6 +158,11 @@ class EngineConfig:
             raise ValueError("checkpoint and resume timeouts must be > 0 seconds")
         if self.simulated_occupant_bytes < 0:
             raise ValueError("simulated occupant bytes must be >= 0")
+        self._check_spill()
+
+    def _check_spill(self) -> None:
+        if self.spill_timeout_seconds <= 0:
+            raise ValueError(f"spill timeout must be > 0 seconds, got {self.spill_timeout_seconds}")
         if self.spill_budget_bytes < 0:
             raise ValueError(f"spill budget must be >= 0 bytes, got {self.spill_budget_bytes}")
         if self.spill_dir and not self.spill_dir.startswith("/"):
@@ -279,6 +292,9 @@ class NodeSuspendEngine:
         self._seq = itertools.count()
         self._suspended_seq: dict[str, int] = {}
         self._on_disk: set[str] = set()
+        # Cooperative: a verified disk copy exists but the process did not free its DRAM copy
+        # (or did not say so in time): still charged to DRAM, the disk copy kept as a spare.
+        self._not_freed: set[str] = set()
         self.metrics.host_state_budget_bytes.labels(TIER_DRAM).set(config.host_memory_budget_bytes)
         self.metrics.host_state_budget_bytes.labels(TIER_DISK).set(spill.capacity_bytes if spill else 0)
         if spill is not None:
@@ -339,6 +355,7 @@ class NodeSuspendEngine:
         if pod_uid in self._on_disk and self.spill is not None:
             self.spill.remove(pod_uid)
             self._on_disk.discard(pod_uid)
+        self._not_freed.discard(pod_uid)
         gone = getattr(self._any_host_copy(), "forget", None)
         if gone is not None:
             gone(pod_uid)
@@ -357,7 +374,7 @@ class NodeSuspendEngine:
 
     def tier_of(self, pod_uid: str) -> str | None:
         """Where a suspended workload's state is: "dram", "disk", or None (not held)."""
-        if pod_uid in self._on_disk:
+        if pod_uid in self._on_disk and pod_uid not in self._not_freed:
             return TIER_DISK
         return TIER_DRAM if self.budget.held_bytes(pod_uid) > 0 else None
 
@@ -715,14 +732,13 @@ class NodeSuspendEngine:
             and o.state == STATE_SUSPENDED
             and o.pod_uid not in self._on_disk
             and self.budget.held_bytes(o.pod_uid) > 0
-            and (copy := self._host_copy(o)) is not None
-            and copy.host_bytes(o.pod_uid) is not None
+            and self._spillable(o)
         ]
         plan = plan_spill(resident, need, self.budget.capacity_bytes, self.budget.held_bytes(), self.spill.free_bytes())
         if plan is None and not resident:
             return (
-                "; no suspended state in DRAM can spill to the disk tier (only backends that hand over"
-                " their DRAM copy can: the simulated one; cooperative and cuda-checkpoint keep it in the workload)"
+                "; no suspended state in DRAM can spill to the disk tier (only the simulated backend's DRAM"
+                " copy and a connected cooperative workload's can; cuda-checkpoint keeps it in the process)"
             )
         if plan is None:
             return (
@@ -746,6 +762,15 @@ class NodeSuspendEngine:
         on success, else why not (its DRAM copy is then untouched)."""
         assert self.spill is not None
         copy = self._host_copy(o)
+        coop = self._backends.get(BACKEND_COOPERATIVE)
+        if (
+            copy is None
+            and o.suspended_by == BACKEND_COOPERATIVE
+            and isinstance(coop, CooperativeBackend)
+            and o.state == STATE_SUSPENDED
+            and o.pod_uid not in self._on_disk
+        ):
+            return self._spill_cooperative(o, coop)
         if copy is None or o.state != STATE_SUSPENDED or o.pod_uid in self._on_disk:
             return f"pod {o.pod_uid} has no DRAM copy to spill"
         held = self.budget.held_bytes(o.pod_uid)
@@ -773,6 +798,99 @@ class NodeSuspendEngine:
         )
         return ""
 
+    def _spillable(self, o: Workload) -> bool:
+        """Can the disk tier take this suspended workload's DRAM copy: its backend hands the copy
+        over (simulated), or it is a connected cooperative workload (its SDK writes the file)."""
+        copy = self._host_copy(o)
+        if copy is not None:
+            return copy.host_bytes(o.pod_uid) is not None
+        return (
+            o.suspended_by == BACKEND_COOPERATIVE
+            and isinstance(self._backends.get(BACKEND_COOPERATIVE), CooperativeBackend)
+            and o.connected
+            and o.pod_uid not in self._not_freed
+        )
+
+    def _spill_failed(self, o: Workload, result: str, msg: str) -> str:
+        self.metrics.spills.labels("to_disk", result).inc()
+        self._event(o, REASON_SPILL_FAILED, msg, "Warning")
+        return f"pod {o.pod_uid}: {msg}"
+
+    def _spill_cooperative(self, o: Workload, coop: CooperativeBackend) -> str:
+        """Spill a cooperative workload's host copy (its op lock held): the driver creates the
+        file, the SDK writes and fsyncs it, the driver verifies it from disk, then the SDK frees
+        its copy; counted as spilled only when its process's resident memory fell. Returns "" on
+        success, else why not (its DRAM charge is then unchanged)."""
+        assert self.spill is not None
+        held = self.budget.held_bytes(o.pod_uid)
+        expect = o.offloaded_bytes or o.reg.state_bytes
+        proc = coop.process(o)
+        if proc is None:
+            return self._spill_failed(
+                o, "failed", "its process cannot be found on this node; not spilled, kept in host memory"
+            )
+        pid, uid, gid = proc
+        t0 = time.monotonic()
+        try:
+            h = self.spill.hand_over(o.pod_uid, uid, gid)
+        except SpillError as e:
+            return self._spill_failed(o, "failed", f"{e}; not spilled, kept in host memory")
+        timeout = self.config.spill_timeout_seconds
+        ack = coop.spill(o, str(h.path), t0 + timeout, OpContext(uuid.uuid4().hex, timeout, "spill"))
+        if ack is None or not ack.ok:
+            self.spill.abandon(h)
+            if ack is None:
+                return self._spill_failed(
+                    o, "no_answer", f"the workload did not write its spill file within {timeout}s; kept in host memory"
+                )
+            return self._spill_failed(o, "refused", f"the workload could not spill: {ack.message}; kept in host memory")
+        try:
+            n = self.spill.adopt(h, expect, held)
+        except SpillError as e:
+            kind = spill_error_kind(e)
+            return self._spill_failed(
+                o,
+                kind,
+                f"the workload's spill file failed the driver's verification ({kind}): {e}; not counted as"
+                " spilled, kept in host memory",
+            )
+        rss_before = coop.rss_bytes(pid)
+        ack = coop.commit_spill(
+            o,
+            str(self.spill.path(o.pod_uid)),
+            time.monotonic() + timeout,
+            OpContext(uuid.uuid4().hex, timeout, "spill"),
+        )
+        rss_after = coop.rss_bytes(pid)
+        self._on_disk.add(o.pod_uid)  # a verified copy is on disk: a resume reads it if the process freed its own
+        secs = time.monotonic() - t0
+        if ack is None or not ack.ok or not spill_freed(rss_before, rss_after, n):
+            self._not_freed.add(o.pod_uid)
+            fell = "n/a" if rss_before is None or rss_after is None else f"{rss_before - rss_after} B"
+            said = "no answer" if ack is None else "ok" if ack.ok else f"refused: {ack.message}"
+            msg = (
+                f"the workload wrote a verified spill file ({n} B) but did not free its host copy (it said:"
+                f" {said}; its resident memory fell by {fell}, at least {n // 2} B expected): not counted as"
+                f" spilled, its {held} B stay charged to host memory; the disk copy is kept as a spare"
+            )
+            self.metrics.spills.labels("to_disk", "not_freed").inc()
+            self._refresh_gauges()
+            self._event(o, REASON_SPILL_NOT_FREED, msg, "Warning")
+            return f"pod {o.pod_uid}: {msg}"
+        self.budget.release(o.pod_uid)
+        self.metrics.spills.labels("to_disk", "ok").inc()
+        self.metrics.spill_seconds.labels("to_disk").observe(secs)
+        self._refresh_gauges()
+        self._event(
+            o,
+            REASON_SPILLED,
+            f"suspended state spilled from the workload's host memory to disk: {n} B in {secs:.3f}s (written and"
+            " fsynced by the workload, verified from disk by the driver before the workload freed its copy;"
+            f" its resident memory fell by {(rss_before or 0) - (rss_after or 0)} B)",
+            "Normal",
+        )
+        return ""
+
     def _record_suspended(
         self, w: Workload, rec: OperationRecord, name: str, out: BackendOutcome, need: int, secs: float, reason: str
     ) -> None:
@@ -780,6 +898,7 @@ class NodeSuspendEngine:
         self.budget.force(w.pod_uid, held)
         self._suspended_seq[w.pod_uid] = next(self._seq)
         w.host_bytes_held, w.suspended_by = held, name
+        w.offloaded_bytes = out.bytes_moved
         w.engine_suspended = True
         self.registry.set_state(w, STATE_SUSPENDED)
         rec.state, rec.bytes_moved, rec.message = "succeeded", out.bytes_moved, out.message
@@ -893,29 +1012,46 @@ class NodeSuspendEngine:
             )
         return verdict
 
-    def _do_resume(self, w: Workload, rec: OperationRecord) -> None:
+    def _resume_backend(self, w: Workload, rec: OperationRecord) -> str | None:
+        """The backend that holds ``w``'s suspended state, or None with ``rec`` saying why not."""
         if w.state == STATE_RUNNING:
             rec.state, rec.message = "succeeded", "already running; nothing moved"
-            return
+            return None
         if w.state == STATE_CHECKPOINTED_EVICTED:
             rec.state, rec.fallback, rec.reason = "failed", FALLBACK_CHECKPOINT_EVICT, SuspendReason.FALLBACK
             rec.message = "the workload took the checkpoint-evict fallback; restart it from its durable checkpoint"
-            return
+            return None
         name = w.suspended_by
         if name is None or name not in self._backends:
             rec.state, rec.reason = "failed", SuspendReason.FAILED
             rec.message = (
                 f"workload is {w.state} but its backend {name!r} is not enabled here; state kept in host memory"
             )
+            return None
+        return name
+
+    def _bring_back_from_disk(self, w: Workload, rec: OperationRecord, name: str) -> str | None:
+        """Before a resume: a spilled state back into DRAM, or the checked path of a cooperative
+        workload's own spill file ("" when nothing is on disk); None when the resume cannot go on."""
+        if w.pod_uid not in self._on_disk:
+            return ""
+        if self._host_copy(w) is None and name == BACKEND_COOPERATIVE:
+            return self._check_cooperative_disk_copy(w, rec) or None
+        return "" if self._restore_from_disk(w, rec) else None
+
+    def _do_resume(self, w: Workload, rec: OperationRecord) -> None:
+        name = self._resume_backend(w, rec)
+        if name is None:
             return
         rec.backend = name
         t0 = time.monotonic()
-        if w.pod_uid in self._on_disk and not self._restore_from_disk(w, rec):
+        spill_path = self._bring_back_from_disk(w, rec, name)
+        if spill_path is None:
             return
         self.registry.set_state(w, STATE_RESUMING)
         try:
             out = self._backends[name].resume(
-                w, t0 + self.config.resume_timeout_seconds, OpContext(rec.id, 0.0, "resume")
+                w, t0 + self.config.resume_timeout_seconds, OpContext(rec.id, 0.0, "resume", spill_path)
             )
         except Exception as e:
             out = BackendOutcome(False, 0, f"backend error: {e!r}")
@@ -926,8 +1062,13 @@ class NodeSuspendEngine:
             rec.reason = SuspendReason.DEADLINE_EXCEEDED if out.timed_out else SuspendReason.FAILED
             rec.message = f"{name} resume failed: {out.message}; state kept in host memory, retry the resume"
             self.metrics.operations.labels("resume", name, "failed").inc()
+            if spill_path and w.pod_uid not in self._not_freed:
+                self.budget.release(w.pod_uid)  # its state is still on disk only
+                self._refresh_gauges()
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
             return
+        if spill_path:
+            self._cooperative_restored(w, time.monotonic() - t0)
         self.budget.release(w.pod_uid)
         self._suspended_seq.pop(w.pod_uid, None)
         w.host_bytes_held, w.suspended_by, w.engine_suspended = 0, None, False
@@ -976,6 +1117,40 @@ class NodeSuspendEngine:
             extra={"podUID": w.pod_uid, "bytes": n, "seconds": round(secs, 3)},
         )
         return True
+
+    def _check_cooperative_disk_copy(self, w: Workload, rec: OperationRecord) -> str:
+        """Before a cooperative workload resumes from its spill file, the driver verifies it (a bad
+        checksum never resumes: the durable-checkpoint fallback) and charges the DRAM budget again
+        (the SDK reads the file into host memory on its way to the device). Returns the file's
+        path, or "" when the resume cannot proceed (``rec`` says why)."""
+        assert self.spill is not None
+        try:
+            n = self.spill.verify(w.pod_uid)
+        except SpillCorrupt as e:
+            self.spill.remove(w.pod_uid)
+            self._on_disk.discard(w.pod_uid)
+            self._not_freed.discard(w.pod_uid)
+            self.metrics.spills.labels("to_dram", "corrupt").inc()
+            self._corrupt_fallback(w, rec, str(e))
+            return ""
+        except (SpillError, OSError) as e:
+            self.metrics.spills.labels("to_dram", "failed").inc()
+            rec.state, rec.reason = "failed", SuspendReason.FAILED
+            rec.message = f"reading the spilled state back failed: {e}; state kept on disk, retry the resume"
+            self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
+            return ""
+        self.budget.force(w.pod_uid, max(n, w.host_bytes_held))
+        self._refresh_gauges()
+        return str(self.spill.path(w.pod_uid))
+
+    def _cooperative_restored(self, w: Workload, secs: float) -> None:
+        """The workload read its spill file back and resumed: the disk copy goes."""
+        assert self.spill is not None
+        self.spill.remove(w.pod_uid)
+        self._on_disk.discard(w.pod_uid)
+        self._not_freed.discard(w.pod_uid)
+        self.metrics.spills.labels("to_dram", "ok").inc()
+        self.metrics.spill_seconds.labels("to_dram").observe(secs)
 
     def _corrupt_fallback(self, w: Workload, rec: OperationRecord, problem: str) -> None:
         """A spilled copy failed its checksum: nothing corrupt is resumed; the workload restarts

@@ -21,6 +21,8 @@ REASON_FALLBACK_FAILED = "SuspendFallbackCheckpointFailed"
 REASON_SPILLED = "SuspendedStateSpilled"  # DRAM copy moved to the disk tier
 REASON_SPILL_FAILED = "SpillFailed"  # the disk tier could not take it (full, I/O error)
 REASON_SPILL_CORRUPT = "SpilledStateCorrupt"  # a spilled copy failed its checksum: never resumed
+# a cooperative workload wrote a verified spill file but did not free its host copy: not counted as spilled
+REASON_SPILL_NOT_FREED = "SpillNotFreed"
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from dra_driver.suspend.cooperative import CooperativeBackend
+from dra_driver.suspend.cooperative import CooperativeBackend, PidResolver
 from dra_driver.suspend.cuda_checkpoint import CudaCheckpointBackend, CudaCheckpointUnavailable, CudaDriver
 from dra_driver.suspend.engine import Backend, EngineConfig, Evictor, NodeSuspendEngine
 from dra_driver.suspend.events import EventSink
 from dra_driver.suspend.metrics import SuspendMetrics
 from dra_driver.suspend.model import BACKEND_COOPERATIVE, BACKEND_CUDA_CHECKPOINT, BACKEND_SIMULATED
 from dra_driver.suspend.nvml import NvmlMemoryProbe, NvmlUnavailable
+from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND, SimulatedBackend, SimulatedHostMemory
 from dra_driver.suspend.spill import SpillStore
 from dra_driver.suspend.verify import CheckpointVerifier
@@ -29,17 +30,20 @@ def build_engine(
     metrics_registry: CollectorRegistry | None = None,
     verifier: CheckpointVerifier | None = None,
     simulated_host_dir: str = "",
+    pid_resolver: PidResolver = resolve_pid,
 ) -> NodeSuspendEngine:
     """Raises CudaCheckpointUnavailable when cuda-checkpoint is enabled but libcuda cannot serve it
     or NVML cannot measure processes' GPU memory (the host-memory budget needs that measurement).
 
     With a spill directory the engine gets its disk tier, and the simulated backend real bytes
-    (``SimulatedHostMemory`` under ``simulated_host_dir``; default a /dev/shm folder per node)."""
+    (``SimulatedHostMemory`` under ``simulated_host_dir``; default a /dev/shm folder per node).
+    ``pid_resolver``: how the cooperative backend finds a workload's process (a cooperative spill
+    hands its file to that process's owner and checks its resident memory)."""
     spill = SpillStore(config.spill_dir, config.spill_budget_bytes) if config.spill_dir else None
     backends: dict[str, Backend] = {}
     for name in config.backends:
         if name == BACKEND_COOPERATIVE:
-            backends[name] = CooperativeBackend()
+            backends[name] = CooperativeBackend(pid_resolver)
         elif name == BACKEND_SIMULATED:
             host = SimulatedHostMemory(simulated_host_dir or _default_host_dir(config)) if spill else None
             backends[name] = SimulatedBackend(simulated_host_link_bytes_per_second, host=host)

@@ -12,7 +12,9 @@ DIRECTIONS = ("to_host", "to_device")
 OPERATIONS = ("suspend", "resume")
 RESULTS = ("ok", "failed", "fallback")
 SPILL_DIRECTIONS = ("to_disk", "to_dram")
-SPILL_RESULTS = ("ok", "full", "corrupt", "failed")
+# no_answer / refused: a cooperative workload did not write its spill file; not_freed: it wrote a
+# verified file but its process did not free its host copy (not counted as spilled).
+SPILL_RESULTS = ("ok", "full", "corrupt", "failed", "no_answer", "refused", "not_freed")
 
 
 class SuspendMetrics:

@@ -30,8 +30,8 @@ WORKLOAD_STATES: Final = (
     STATE_CHECKPOINTED_EVICTED,
 )
 
-CommandKind = Literal["suspend", "resume", "checkpoint"]
-COMMAND_KINDS: Final = ("suspend", "resume", "checkpoint")
+CommandKind = Literal["suspend", "resume", "checkpoint", "spill", "spill-commit"]
+COMMAND_KINDS: Final = ("suspend", "resume", "checkpoint", "spill", "spill-commit")
 
 # Fallback reasons (metric label values).
 FALLBACK_REASONS: Final = (
@@ -76,6 +76,8 @@ class Command:
     deadline_unix_ms: int
     grace_seconds: float
     reason: str = ""
+    # spill / spill-commit, and a resume of spilled state: the file the driver created for it.
+    spill_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,3 +132,4 @@ class OpContext:
     operation_id: str
     grace_seconds: float = 0.0
     reason: str = ""
+    spill_path: str = ""  # a resume: the verified spill file of its state ("": in host memory)

@@ -135,6 +135,8 @@ class Workload:
     # The driver stopped this workload's processes (enforcement) or its pod is gone: no ack will
     # come, so every wait for one ends now instead of holding an engine thread to its deadline.
     abandoned: bool = False
+    # Bytes its last suspend moved into host memory (its ack): a cooperative spill must hold this many.
+    offloaded_bytes: int = 0
 
     @property
     def pod_uid(self) -> str:

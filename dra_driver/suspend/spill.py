@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
-import struct
+import stat
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from dra_driver.checkpoint import crash_point
+from rose_common import spillfmt
 
 SPILL_CRASH_POINTS: Final = (
     "spill-chunk-written",
@@ -50,10 +50,9 @@ TIER_DRAM: Final = "dram"
 TIER_DISK: Final = "disk"
 TIERS: Final = (TIER_DRAM, TIER_DISK)
 
-DEFAULT_CHUNK_BYTES: Final = 8 << 20
-MAGIC: Final = b"ROSESPL1"
-_HEADER = struct.Struct("<8sQI")  # magic, payload bytes, chunk size
-_CHUNK = struct.Struct("<I32s")  # chunk length, blake2b-256 digest of the chunk
+# The file format is rose_common.spillfmt (the SDK writes it too, when a cooperative workload spills).
+DEFAULT_CHUNK_BYTES: Final = spillfmt.DEFAULT_CHUNK_BYTES
+MAGIC: Final = spillfmt.MAGIC
 _KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SUFFIX: Final = ".spill"
 TMP_SUFFIX: Final = ".spill.tmp"
@@ -113,6 +112,16 @@ class Resident:
     suspended_seq: int  # larger = suspended later
 
 
+@dataclass(frozen=True)
+class HandOver:
+    """A spill file the driver created for a cooperative workload to write (``SpillStore.hand_over``)."""
+
+    key: str
+    path: Path
+    dev: int
+    ino: int
+
+
 def plan_spill(
     resident: Sequence[Resident], need: int, dram_capacity: int, dram_held: int, disk_free: int
 ) -> list[str] | None:
@@ -145,10 +154,6 @@ def check_key(key: str) -> str:
     return key
 
 
-def _digest(b: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(b, digest_size=32).digest()
-
-
 def _fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
@@ -164,8 +169,7 @@ class SpillStore:
     def __init__(self, root: Path | str, capacity_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"spill budget must be >= 0 bytes, got {capacity_bytes}")
-        if chunk_bytes <= 0 or chunk_bytes > 1 << 30:
-            raise ValueError(f"spill chunk size must be between 1 B and 1 GiB, got {chunk_bytes}")
+        spillfmt.check_chunk_bytes(chunk_bytes)
         self.root = Path(root)
         if not self.root.is_absolute():
             raise ValueError(f"spill directory must be an absolute path, got {str(root)!r}")
@@ -243,25 +247,11 @@ class SpillStore:
 
     def _write_tmp(self, tmp: Path, chunks: Iterable[bytes | memoryview]) -> int:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        total = 0
-        first = True
         try:
             with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f:
-                f.write(_HEADER.pack(MAGIC, 0, self.chunk_bytes))
-                for c in chunks:
-                    view = memoryview(c)
-                    for off in range(0, len(view), self.chunk_bytes):
-                        part = view[off : off + self.chunk_bytes]
-                        f.write(_CHUNK.pack(len(part), _digest(part)))
-                        f.write(part)
-                        total += len(part)
-                    if first:
-                        f.flush()
-                        crash_point("spill-chunk-written")
-                        first = False
-                f.seek(0)
-                f.write(_HEADER.pack(MAGIC, total, self.chunk_bytes))
-                f.flush()
+                total = spillfmt.write_chunks(
+                    f, chunks, self.chunk_bytes, after_first=lambda: crash_point("spill-chunk-written")
+                )
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -285,33 +275,93 @@ class SpillStore:
 
     def _read(self, p: Path) -> Iterator[bytes]:
         with open(p, "rb", buffering=0) as f:
-            head = f.read(_HEADER.size)
-            if len(head) != _HEADER.size:
-                raise SpillCorrupt(f"{p.name}: truncated header")
-            magic, total, _ = _HEADER.unpack(head)
-            if magic != MAGIC:
-                raise SpillCorrupt(f"{p.name}: not a spill file (magic {magic!r})")
-            seen = 0
-            i = 0
-            while seen < total:
-                ch = f.read(_CHUNK.size)
-                if len(ch) != _CHUNK.size:
-                    raise SpillCorrupt(f"{p.name}: truncated at chunk {i} ({seen} of {total} B)")
-                n, want = _CHUNK.unpack(ch)
-                if n == 0 or seen + n > total:
-                    raise SpillCorrupt(f"{p.name}: chunk {i} length {n} does not fit the {total} B recorded")
-                data = f.read(n)
-                if len(data) != n or _digest(data) != want:
-                    raise SpillCorrupt(f"{p.name}: chunk {i} (bytes {seen}..{seen + n}) fails its blake2b checksum")
-                seen += n
-                i += 1
-                yield data
-            if f.read(1):
-                raise SpillCorrupt(f"{p.name}: trailing bytes after the {total} B recorded")
+            try:
+                yield from spillfmt.read_chunks(f, p.name)
+            except spillfmt.FormatCorrupt as e:
+                raise SpillCorrupt(str(e)) from None
 
     def remove(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
         self._release(key)
+
+    # ------------------------------------------------------------------ a workload writes it (cooperative)
+
+    def hand_over(self, key: str, uid: int, gid: int) -> HandOver:
+        """Create the file a cooperative workload writes its host copy into: ``<key>.spill.tmp``
+        in the disk tier, created here (``O_EXCL``, ``O_NOFOLLOW``, 0600) and given to the
+        workload's process owner (``uid``/``gid``, from its ``/proc`` entry: the kernel's word,
+        never the workload's). The workload neither creates nor names the file."""
+        final = self.path(key)
+        tmp = final.with_name(final.name[: -len(SUFFIX)] + TMP_SUFFIX)
+        try:
+            tmp.unlink(missing_ok=True)  # a stale hand-over of an earlier, unfinished spill
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise SpillError(f"cannot create the spill file of {key!r} in {self.root}: {e.strerror}") from None
+        try:
+            if (uid, gid) != (os.geteuid(), os.getegid()):
+                os.fchown(fd, uid, gid)
+            st = os.fstat(fd)
+        except OSError as e:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise SpillError(f"cannot give the spill file of {key!r} to uid {uid}: {e.strerror}") from None
+        os.close(fd)
+        return HandOver(key, tmp, st.st_dev, st.st_ino)
+
+    def adopt(self, h: HandOver, expect_bytes: int, account_bytes: int) -> int:
+        """The workload says it wrote ``h``: trust nothing it said. The file must still be the
+        inode created by :meth:`hand_over` (a regular file, one link, no symlink in its place);
+        it is fsynced, renamed to ``<key>.spill``, the directory fsynced, its pages dropped, then
+        read back from disk with every chunk verified, and its payload must be ``expect_bytes``
+        (what the workload moved into host memory at its suspend). Raises SpillFull (budget),
+        SpillCorrupt (another file, a bad checksum, a wrong size) or SpillError (I/O); on any of
+        them the file is removed and nothing is charged. Returns the payload bytes."""
+        final = self.path(h.key)
+        if not self._reserve(h.key, max(account_bytes, expect_bytes)):
+            with contextlib.suppress(OSError):
+                h.path.unlink(missing_ok=True)
+            raise SpillFull(
+                f"spill budget full: {max(account_bytes, expect_bytes)} B do not fit"
+                f" ({self.held_bytes()} of {self.capacity_bytes} B held)"
+            )
+        try:
+            fd = os.open(h.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (h.dev, h.ino) or st.st_nlink != 1:
+                    raise SpillCorrupt(f"{h.path.name} is not the file the driver handed over")
+                os.fsync(fd)  # durable whatever the workload did
+            finally:
+                os.close(fd)
+            crash_point("spill-fsynced")
+            os.replace(h.path, final)
+            _fsync_dir(self.root)
+            crash_point("spill-renamed")
+            _drop_cached(final)
+            got = sum(len(c) for c in self._read(final))
+            if got != expect_bytes:
+                raise SpillCorrupt(
+                    f"{final.name} holds {got} B; the workload moved {expect_bytes} B into host memory at its suspend"
+                )
+            _drop_cached(final)
+            crash_point("spill-verified")
+        except OSError as e:
+            self._abort(h.key, h.path, final)
+            raise SpillError(f"verifying the spill of {h.key!r} failed: {e.strerror or e!r}") from None
+        except BaseException:
+            self._abort(h.key, h.path, final)
+            raise
+        return got
+
+    def abandon(self, h: HandOver) -> None:
+        """The workload did not write it (no answer, refused): remove the hand-over file."""
+        with contextlib.suppress(OSError):
+            h.path.unlink(missing_ok=True)
+
+    def verify(self, key: str) -> int:
+        """Read ``key``'s disk copy back, every chunk verified; its payload bytes (SpillCorrupt)."""
+        return sum(len(c) for c in self.read(key))
 
     # ------------------------------------------------------------------ the whole move
 
@@ -352,8 +402,10 @@ class SpillStore:
                 p.unlink(missing_ok=True)
                 continue
             with open(p, "rb") as f:
-                head = f.read(_HEADER.size)
-            total = _HEADER.unpack(head)[1] if len(head) == _HEADER.size else 0
+                try:
+                    total = spillfmt.payload_bytes(f, name)
+                except spillfmt.FormatCorrupt:
+                    total = 0  # kept and listed: a resume reads it, fails its checksum and falls back
             out[key] = total
             with self._lock:
                 self._held[key] = total

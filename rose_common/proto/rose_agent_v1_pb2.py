@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rose_common/proto/rose_agent_v1.proto\x12\rrose.agent.v1\"\x83\x02\n\x0fRegisterRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x13\n\x0bstate_bytes\x18\x03 \x01(\x03\x12\x32\n\x12supported_backends\x18\x04 \x03(\x0e\x32\x16.rose.agent.v1.Backend\x12\x15\n\rpod_namespace\x18\x05 \x01(\t\x12\x10\n\x08pod_name\x18\x06 \x01(\t\x12\x12\n\nclaim_uids\x18\x07 \x03(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x33\n\rcurrent_state\x18\t \x01(\x0e\x32\x1c.rose.agent.v1.WorkloadState\"9\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\"6\n\x0f\x43ommandsRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\xde\x01\n\x07\x43ommand\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.rose.agent.v1.CommandKind\x12\'\n\x07\x62\x61\x63kend\x18\x03 \x01(\x0e\x32\x16.rose.agent.v1.Backend\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x04 \x01(\x03\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x14\n\x0cworld_active\x18\x07 \x01(\x05\x12\x13\n\x0bworld_total\x18\x08 \x01(\x05\"\xc6\x01\n\x12\x41\x63knowledgeRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0coperation_id\x18\x03 \x01(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x05 \x01(\x03\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x19\n\x11\x63heckpoint_sha256\x18\t \x01(\t\"8\n\x13\x41\x63knowledgeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"R\n\x16UpdateStateSizeRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x13\n\x0bstate_bytes\x18\x03 \x01(\x03\"+\n\x17UpdateStateSizeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\x82\x02\n\rReportRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x1d\n\x15seconds_to_safe_point\x18\x04 \x01(\x01\x12\x13\n\x0bstate_bytes\x18\x05 \x01(\x03\x12\x10\n\x08min_gpus\x18\x06 \x01(\x05\x12\x1d\n\x15min_host_memory_bytes\x18\x07 \x01(\x03\x12\x13\n\x0bsteps_total\x18\x08 \x01(\x03\x12\x15\n\rsamples_total\x18\t \x01(\x03\x12\x14\n\x0ctokens_total\x18\n \x01(\x03\x12\x16\n\x0ereports_tokens\x18\x0b \x01(\x08\"M\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x14\n\x0cworld_active\x18\x02 \x01(\x05\x12\x13\n\x0bworld_total\x18\x03 \x01(\x05\"p\n\x0eSuspendRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07no_wait\x18\x04 \x01(\x08\x12\x15\n\rfencing_token\x18\x05 \x01(\t\"H\n\rResumeRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x0f\n\x07no_wait\x18\x02 \x01(\x08\x12\x15\n\rfencing_token\x18\x03 \x01(\t\"+\n\x13GetOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\"\xc7\x02\n\tOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07pod_uid\x18\x02 \x01(\t\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x1a.rose.agent.v1.CommandKind\x12,\n\x05state\x18\x04 \x01(\x0e\x32\x1d.rose.agent.v1.OperationState\x12\'\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x16.rose.agent.v1.Backend\x12\x13\n\x0b\x62ytes_moved\x18\x06 \x01(\x03\x12\x18\n\x10\x64uration_seconds\x18\x07 \x01(\x01\x12\x10\n\x08\x66\x61llback\x18\x08 \x01(\t\x12\x0f\n\x07message\x18\t \x01(\t\x12\x17\n\x0fstarted_unix_ms\x18\n \x01(\x03\x12\x18\n\x10\x66inished_unix_ms\x18\x0b \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x0c \x01(\t\" \n\rStatusRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\"\xbb\x02\n\x0eWorkloadStatus\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12+\n\x05state\x18\x03 \x01(\x0e\x32\x1c.rose.agent.v1.WorkloadState\x12\x13\n\x0bstate_bytes\x18\x04 \x01(\x03\x12\x32\n\x12supported_backends\x18\x05 \x03(\x0e\x32\x16.rose.agent.v1.Backend\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12\x17\n\x0fhost_bytes_held\x18\x07 \x01(\x03\x12\x12\n\nclaim_uids\x18\x08 \x03(\t\x12,\n\x0csuspended_by\x18\t \x01(\x0e\x32\x16.rose.agent.v1.Backend\x12\x15\n\rpod_namespace\x18\n \x01(\t\x12\x10\n\x08pod_name\x18\x0b \x01(\t\"\xab\x01\n\x0eStatusResponse\x12\x30\n\tworkloads\x18\x01 \x03(\x0b\x32\x1d.rose.agent.v1.WorkloadStatus\x12\x19\n\x11host_budget_bytes\x18\x02 \x01(\x03\x12\x17\n\x0fhost_bytes_held\x18\x03 \x01(\x03\x12\x33\n\x11recent_operations\x18\x04 \x03(\x0b\x32\x18.rose.agent.v1.Operation*o\n\x07\x42\x61\x63kend\x12\x17\n\x13\x42\x41\x43KEND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x42\x41\x43KEND_CUDA_CHECKPOINT\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_COOPERATIVE\x10\x02\x12\x15\n\x11\x42\x41\x43KEND_SIMULATED\x10\x03*\x93\x01\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43OMMAND_KIND_SUSPEND\x10\x01\x12\x17\n\x13\x43OMMAND_KIND_RESUME\x10\x02\x12\x1b\n\x17\x43OMMAND_KIND_CHECKPOINT\x10\x03\x12\x16\n\x12\x43OMMAND_KIND_WORLD\x10\x04*\xce\x01\n\rWorkloadState\x12\x1e\n\x1aWORKLOAD_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WORKLOAD_STATE_RUNNING\x10\x01\x12\x1d\n\x19WORKLOAD_STATE_SUSPENDING\x10\x02\x12\x1c\n\x18WORKLOAD_STATE_SUSPENDED\x10\x03\x12\x1b\n\x17WORKLOAD_STATE_RESUMING\x10\x04\x12\'\n#WORKLOAD_STATE_CHECKPOINTED_EVICTED\x10\x05*\xa6\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x32\xab\x03\n\rWorkloadAgent\x12M\n\x08Register\x12\x1e.rose.agent.v1.RegisterRequest\x1a\x1f.rose.agent.v1.RegisterResponse\"\x00\x12\x46\n\x08\x43ommands\x12\x1e.rose.agent.v1.CommandsRequest\x1a\x16.rose.agent.v1.Command\"\x00\x30\x01\x12V\n\x0b\x41\x63knowledge\x12!.rose.agent.v1.AcknowledgeRequest\x1a\".rose.agent.v1.AcknowledgeResponse\"\x00\x12\x62\n\x0fUpdateStateSize\x12%.rose.agent.v1.UpdateStateSizeRequest\x1a&.rose.agent.v1.UpdateStateSizeResponse\"\x00\x12G\n\x06Report\x12\x1c.rose.agent.v1.ReportRequest\x1a\x1d.rose.agent.v1.ReportResponse\"\x00\x32\xb0\x02\n\x0bNodeControl\x12\x44\n\x07Suspend\x12\x1d.rose.agent.v1.SuspendRequest\x1a\x18.rose.agent.v1.Operation\"\x00\x12\x42\n\x06Resume\x12\x1c.rose.agent.v1.ResumeRequest\x1a\x18.rose.agent.v1.Operation\"\x00\x12G\n\x06Status\x12\x1c.rose.agent.v1.StatusRequest\x1a\x1d.rose.agent.v1.StatusResponse\"\x00\x12N\n\x0cGetOperation\x12\".rose.agent.v1.GetOperationRequest\x1a\x18.rose.agent.v1.Operation\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rose_common/proto/rose_agent_v1.proto\x12\rrose.agent.v1\"\x83\x02\n\x0fRegisterRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x13\n\x0bstate_bytes\x18\x03 \x01(\x03\x12\x32\n\x12supported_backends\x18\x04 \x03(\x0e\x32\x16.rose.agent.v1.Backend\x12\x15\n\rpod_namespace\x18\x05 \x01(\t\x12\x10\n\x08pod_name\x18\x06 \x01(\t\x12\x12\n\nclaim_uids\x18\x07 \x03(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x33\n\rcurrent_state\x18\t \x01(\x0e\x32\x1c.rose.agent.v1.WorkloadState\"9\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\"6\n\x0f\x43ommandsRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\xf2\x01\n\x07\x43ommand\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.rose.agent.v1.CommandKind\x12\'\n\x07\x62\x61\x63kend\x18\x03 \x01(\x0e\x32\x16.rose.agent.v1.Backend\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x04 \x01(\x03\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x14\n\x0cworld_active\x18\x07 \x01(\x05\x12\x13\n\x0bworld_total\x18\x08 \x01(\x05\x12\x12\n\nspill_path\x18\t \x01(\t\"\xc6\x01\n\x12\x41\x63knowledgeRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0coperation_id\x18\x03 \x01(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x05 \x01(\x03\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x19\n\x11\x63heckpoint_sha256\x18\t \x01(\t\"8\n\x13\x41\x63knowledgeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"R\n\x16UpdateStateSizeRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x13\n\x0bstate_bytes\x18\x03 \x01(\x03\"+\n\x17UpdateStateSizeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\x82\x02\n\rReportRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x1d\n\x15seconds_to_safe_point\x18\x04 \x01(\x01\x12\x13\n\x0bstate_bytes\x18\x05 \x01(\x03\x12\x10\n\x08min_gpus\x18\x06 \x01(\x05\x12\x1d\n\x15min_host_memory_bytes\x18\x07 \x01(\x03\x12\x13\n\x0bsteps_total\x18\x08 \x01(\x03\x12\x15\n\rsamples_total\x18\t \x01(\x03\x12\x14\n\x0ctokens_total\x18\n \x01(\x03\x12\x16\n\x0ereports_tokens\x18\x0b \x01(\x08\"M\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x14\n\x0cworld_active\x18\x02 \x01(\x05\x12\x13\n\x0bworld_total\x18\x03 \x01(\x05\"p\n\x0eSuspendRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07no_wait\x18\x04 \x01(\x08\x12\x15\n\rfencing_token\x18\x05 \x01(\t\"H\n\rResumeRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x0f\n\x07no_wait\x18\x02 \x01(\x08\x12\x15\n\rfencing_token\x18\x03 \x01(\t\"+\n\x13GetOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\"\xc7\x02\n\tOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07pod_uid\x18\x02 \x01(\t\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x1a.rose.agent.v1.CommandKind\x12,\n\x05state\x18\x04 \x01(\x0e\x32\x1d.rose.agent.v1.OperationState\x12\'\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x16.rose.agent.v1.Backend\x12\x13\n\x0b\x62ytes_moved\x18\x06 \x01(\x03\x12\x18\n\x10\x64uration_seconds\x18\x07 \x01(\x01\x12\x10\n\x08\x66\x61llback\x18\x08 \x01(\t\x12\x0f\n\x07message\x18\t \x01(\t\x12\x17\n\x0fstarted_unix_ms\x18\n \x01(\x03\x12\x18\n\x10\x66inished_unix_ms\x18\x0b \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x0c \x01(\t\" \n\rStatusRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\"\xbb\x02\n\x0eWorkloadStatus\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12+\n\x05state\x18\x03 \x01(\x0e\x32\x1c.rose.agent.v1.WorkloadState\x12\x13\n\x0bstate_bytes\x18\x04 \x01(\x03\x12\x32\n\x12supported_backends\x18\x05 \x03(\x0e\x32\x16.rose.agent.v1.Backend\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12\x17\n\x0fhost_bytes_held\x18\x07 \x01(\x03\x12\x12\n\nclaim_uids\x18\x08 \x03(\t\x12,\n\x0csuspended_by\x18\t \x01(\x0e\x32\x16.rose.agent.v1.Backend\x12\x15\n\rpod_namespace\x18\n \x01(\t\x12\x10\n\x08pod_name\x18\x0b \x01(\t\"\xab\x01\n\x0eStatusResponse\x12\x30\n\tworkloads\x18\x01 \x03(\x0b\x32\x1d.rose.agent.v1.WorkloadStatus\x12\x19\n\x11host_budget_bytes\x18\x02 \x01(\x03\x12\x17\n\x0fhost_bytes_held\x18\x03 \x01(\x03\x12\x33\n\x11recent_operations\x18\x04 \x03(\x0b\x32\x18.rose.agent.v1.Operation*o\n\x07\x42\x61\x63kend\x12\x17\n\x13\x42\x41\x43KEND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x42\x41\x43KEND_CUDA_CHECKPOINT\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_COOPERATIVE\x10\x02\x12\x15\n\x11\x42\x41\x43KEND_SIMULATED\x10\x03*\xca\x01\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43OMMAND_KIND_SUSPEND\x10\x01\x12\x17\n\x13\x43OMMAND_KIND_RESUME\x10\x02\x12\x1b\n\x17\x43OMMAND_KIND_CHECKPOINT\x10\x03\x12\x16\n\x12\x43OMMAND_KIND_WORLD\x10\x04\x12\x16\n\x12\x43OMMAND_KIND_SPILL\x10\x05\x12\x1d\n\x19\x43OMMAND_KIND_SPILL_COMMIT\x10\x06*\xce\x01\n\rWorkloadState\x12\x1e\n\x1aWORKLOAD_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WORKLOAD_STATE_RUNNING\x10\x01\x12\x1d\n\x19WORKLOAD_STATE_SUSPENDING\x10\x02\x12\x1c\n\x18WORKLOAD_STATE_SUSPENDED\x10\x03\x12\x1b\n\x17WORKLOAD_STATE_RESUMING\x10\x04\x12\'\n#WORKLOAD_STATE_CHECKPOINTED_EVICTED\x10\x05*\xa6\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x32\xab\x03\n\rWorkloadAgent\x12M\n\x08Register\x12\x1e.rose.agent.v1.RegisterRequest\x1a\x1f.rose.agent.v1.RegisterResponse\"\x00\x12\x46\n\x08\x43ommands\x12\x1e.rose.agent.v1.CommandsRequest\x1a\x16.rose.agent.v1.Command\"\x00\x30\x01\x12V\n\x0b\x41\x63knowledge\x12!.rose.agent.v1.AcknowledgeRequest\x1a\".rose.agent.v1.AcknowledgeResponse\"\x00\x12\x62\n\x0fUpdateStateSize\x12%.rose.agent.v1.UpdateStateSizeRequest\x1a&.rose.agent.v1.UpdateStateSizeResponse\"\x00\x12G\n\x06Report\x12\x1c.rose.agent.v1.ReportRequest\x1a\x1d.rose.agent.v1.ReportResponse\"\x00\x32\xb0\x02\n\x0bNodeControl\x12\x44\n\x07Suspend\x12\x1d.rose.agent.v1.SuspendRequest\x1a\x18.rose.agent.v1.Operation\"\x00\x12\x42\n\x06Resume\x12\x1c.rose.agent.v1.ResumeRequest\x1a\x18.rose.agent.v1.Operation\"\x00\x12G\n\x06Status\x12\x1c.rose.agent.v1.StatusRequest\x1a\x1d.rose.agent.v1.StatusResponse\"\x00\x12N\n\x0cGetOperation\x12\".rose.agent.v1.GetOperationRequest\x1a\x18.rose.agent.v1.Operation\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rose_common.proto.rose_agent_v1_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BACKEND']._serialized_start=2475
-  _globals['_BACKEND']._serialized_end=2586
-  _globals['_COMMANDKIND']._serialized_start=2589
-  _globals['_COMMANDKIND']._serialized_end=2736
-  _globals['_WORKLOADSTATE']._serialized_start=2739
-  _globals['_WORKLOADSTATE']._serialized_end=2945
-  _globals['_OPERATIONSTATE']._serialized_start=2948
-  _globals['_OPERATIONSTATE']._serialized_end=3114
+  _globals['_BACKEND']._serialized_start=2495
+  _globals['_BACKEND']._serialized_end=2606
+  _globals['_COMMANDKIND']._serialized_start=2609
+  _globals['_COMMANDKIND']._serialized_end=2811
+  _globals['_WORKLOADSTATE']._serialized_start=2814
+  _globals['_WORKLOADSTATE']._serialized_end=3020
+  _globals['_OPERATIONSTATE']._serialized_start=3023
+  _globals['_OPERATIONSTATE']._serialized_end=3189
   _globals['_REGISTERREQUEST']._serialized_start=57
   _globals['_REGISTERREQUEST']._serialized_end=316
   _globals['_REGISTERRESPONSE']._serialized_start=318
@@ -46,35 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMMANDSREQUEST']._serialized_start=377
   _globals['_COMMANDSREQUEST']._serialized_end=431
   _globals['_COMMAND']._serialized_start=434
-  _globals['_COMMAND']._serialized_end=656
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=659
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=857
-  _globals['_ACKNOWLEDGERESPONSE']._serialized_start=859
-  _globals['_ACKNOWLEDGERESPONSE']._serialized_end=915
-  _globals['_UPDATESTATESIZEREQUEST']._serialized_start=917
-  _globals['_UPDATESTATESIZEREQUEST']._serialized_end=999
-  _globals['_UPDATESTATESIZERESPONSE']._serialized_start=1001
-  _globals['_UPDATESTATESIZERESPONSE']._serialized_end=1044
-  _globals['_REPORTREQUEST']._serialized_start=1047
-  _globals['_REPORTREQUEST']._serialized_end=1305
-  _globals['_REPORTRESPONSE']._serialized_start=1307
-  _globals['_REPORTRESPONSE']._serialized_end=1384
-  _globals['_SUSPENDREQUEST']._serialized_start=1386
-  _globals['_SUSPENDREQUEST']._serialized_end=1498
-  _globals['_RESUMEREQUEST']._serialized_start=1500
-  _globals['_RESUMEREQUEST']._serialized_end=1572
-  _globals['_GETOPERATIONREQUEST']._serialized_start=1574
-  _globals['_GETOPERATIONREQUEST']._serialized_end=1617
-  _globals['_OPERATION']._serialized_start=1620
-  _globals['_OPERATION']._serialized_end=1947
-  _globals['_STATUSREQUEST']._serialized_start=1949
-  _globals['_STATUSREQUEST']._serialized_end=1981
-  _globals['_WORKLOADSTATUS']._serialized_start=1984
-  _globals['_WORKLOADSTATUS']._serialized_end=2299
-  _globals['_STATUSRESPONSE']._serialized_start=2302
-  _globals['_STATUSRESPONSE']._serialized_end=2473
-  _globals['_WORKLOADAGENT']._serialized_start=3117
-  _globals['_WORKLOADAGENT']._serialized_end=3544
-  _globals['_NODECONTROL']._serialized_start=3547
-  _globals['_NODECONTROL']._serialized_end=3851
+  _globals['_COMMAND']._serialized_end=676
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=679
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=877
+  _globals['_ACKNOWLEDGERESPONSE']._serialized_start=879
+  _globals['_ACKNOWLEDGERESPONSE']._serialized_end=935
+  _globals['_UPDATESTATESIZEREQUEST']._serialized_start=937
+  _globals['_UPDATESTATESIZEREQUEST']._serialized_end=1019
+  _globals['_UPDATESTATESIZERESPONSE']._serialized_start=1021
+  _globals['_UPDATESTATESIZERESPONSE']._serialized_end=1064
+  _globals['_REPORTREQUEST']._serialized_start=1067
+  _globals['_REPORTREQUEST']._serialized_end=1325
+  _globals['_REPORTRESPONSE']._serialized_start=1327
+  _globals['_REPORTRESPONSE']._serialized_end=1404
+  _globals['_SUSPENDREQUEST']._serialized_start=1406
+  _globals['_SUSPENDREQUEST']._serialized_end=1518
+  _globals['_RESUMEREQUEST']._serialized_start=1520
+  _globals['_RESUMEREQUEST']._serialized_end=1592
+  _globals['_GETOPERATIONREQUEST']._serialized_start=1594
+  _globals['_GETOPERATIONREQUEST']._serialized_end=1637
+  _globals['_OPERATION']._serialized_start=1640
+  _globals['_OPERATION']._serialized_end=1967
+  _globals['_STATUSREQUEST']._serialized_start=1969
+  _globals['_STATUSREQUEST']._serialized_end=2001
+  _globals['_WORKLOADSTATUS']._serialized_start=2004
+  _globals['_WORKLOADSTATUS']._serialized_end=2319
+  _globals['_STATUSRESPONSE']._serialized_start=2322
+  _globals['_STATUSRESPONSE']._serialized_end=2493
+  _globals['_WORKLOADAGENT']._serialized_start=3192
+  _globals['_WORKLOADAGENT']._serialized_end=3619
+  _globals['_NODECONTROL']._serialized_start=3622
+  _globals['_NODECONTROL']._serialized_end=3926
 # @@protoc_insertion_point(module_scope)

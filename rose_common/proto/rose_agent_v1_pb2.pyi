@@ -24,6 +24,8 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_RESUME: _ClassVar[CommandKind]
     COMMAND_KIND_CHECKPOINT: _ClassVar[CommandKind]
     COMMAND_KIND_WORLD: _ClassVar[CommandKind]
+    COMMAND_KIND_SPILL: _ClassVar[CommandKind]
+    COMMAND_KIND_SPILL_COMMIT: _ClassVar[CommandKind]
 
 class WorkloadState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +52,8 @@ COMMAND_KIND_SUSPEND: CommandKind
 COMMAND_KIND_RESUME: CommandKind
 COMMAND_KIND_CHECKPOINT: CommandKind
 COMMAND_KIND_WORLD: CommandKind
+COMMAND_KIND_SPILL: CommandKind
+COMMAND_KIND_SPILL_COMMIT: CommandKind
 WORKLOAD_STATE_UNSPECIFIED: WorkloadState
 WORKLOAD_STATE_RUNNING: WorkloadState
 WORKLOAD_STATE_SUSPENDING: WorkloadState
@@ -101,7 +105,7 @@ class CommandsRequest(_message.Message):
     def __init__(self, pod_uid: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("operation_id", "kind", "backend", "deadline_unix_ms", "grace_seconds", "reason", "world_active", "world_total")
+    __slots__ = ("operation_id", "kind", "backend", "deadline_unix_ms", "grace_seconds", "reason", "world_active", "world_total", "spill_path")
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +114,7 @@ class Command(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     WORLD_ACTIVE_FIELD_NUMBER: _ClassVar[int]
     WORLD_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPILL_PATH_FIELD_NUMBER: _ClassVar[int]
     operation_id: str
     kind: CommandKind
     backend: Backend
@@ -118,7 +123,8 @@ class Command(_message.Message):
     reason: str
     world_active: int
     world_total: int
-    def __init__(self, operation_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., backend: _Optional[_Union[Backend, str]] = ..., deadline_unix_ms: _Optional[int] = ..., grace_seconds: _Optional[float] = ..., reason: _Optional[str] = ..., world_active: _Optional[int] = ..., world_total: _Optional[int] = ...) -> None: ...
+    spill_path: str
+    def __init__(self, operation_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., backend: _Optional[_Union[Backend, str]] = ..., deadline_unix_ms: _Optional[int] = ..., grace_seconds: _Optional[float] = ..., reason: _Optional[str] = ..., world_active: _Optional[int] = ..., world_total: _Optional[int] = ..., spill_path: _Optional[str] = ...) -> None: ...
 
 class AcknowledgeRequest(_message.Message):
     __slots__ = ("pod_uid", "session_id", "operation_id", "ok", "bytes_moved", "seconds", "message", "checkpoint_path", "checkpoint_sha256")

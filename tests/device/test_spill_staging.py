@@ -29,3 +29,28 @@ def test_cuda_tensor_spills_through_pinned_staging_bit_exact(cuda: str, tmp_path
     assert staging.to_device(store.read("pod-gpu"), state) == n
     assert torch.equal(state.cpu().view(torch.uint8), original.view(torch.uint8))
     assert [b.data_ptr() for b in staging.buffers] == ptrs  # reused, never re-pinned
+
+
+def test_cooperative_spill_of_cuda_tensors_through_the_pinned_arena_bit_exact(cuda: str, tmp_path: Path) -> None:
+    """The cooperative spill on a GPU: CUDA tensors offloaded into the pinned arena, written by the
+    SDK to the driver's hand-over file, verified by the driver, the arena freed, the device memory
+    overwritten, then read back (verified) into a new pinned arena and restored, bit-exact."""
+    import os
+
+    from rose_sdk.offload import CooperativeOffloader
+
+    g = torch.Generator(device=cuda).manual_seed(5)
+    t = torch.randn(32 * MiB // 4, device=cuda, generator=g)
+    original = t.cpu().clone()
+    off = CooperativeOffloader(tensors={"t": t})
+    n = off.offload().bytes_moved
+    assert off.pin_memory and t.device.type == "cpu" and t.is_pinned()
+    store = SpillStore(tmp_path / "spill", 128 * MiB)
+    h = store.hand_over("pod-gpu", os.geteuid(), os.getegid())
+    assert off.spill_to(str(h.path)) == n and store.adopt(h, n, n) == n
+    assert off.drop_host_copy() >= n and off.host_buffer_bytes == 0
+    torch.empty(32 * MiB, dtype=torch.uint8, device=cuda).fill_(0xFF)  # the next tenant
+    torch.cuda.synchronize()
+    off.load_from(str(store.path("pod-gpu")))
+    off.restore()
+    assert t.device.type == "cuda" and torch.equal(t.cpu(), original)

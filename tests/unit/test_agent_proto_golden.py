@@ -38,6 +38,8 @@ GOLDEN = {
     ),
     "ReportResponse": "080110021804",
     "WorldCommand": "100438024004",
+    # kind 5 (COMMAND_KIND_SPILL), field 9 spill_path "/s": 4a 02 2f73 (decoded by hand)
+    "SpillCommand": "10054a022f73",
     "StatusResponse": "0a1c0a01751001180120022a010230013803420163480252026e735a017010041805",
 }
 
@@ -94,6 +96,7 @@ def messages() -> dict[str, Message]:
         ),
         "ReportResponse": pb.ReportResponse(accepted=True, world_active=2, world_total=4),
         "WorldCommand": pb.Command(kind=pb.COMMAND_KIND_WORLD, world_active=2, world_total=4),
+        "SpillCommand": pb.Command(kind=pb.COMMAND_KIND_SPILL, spill_path="/s"),
         "SuspendRequest": pb.SuspendRequest(pod_uid="uid-1", grace_seconds=30.0, reason="serving", no_wait=True),
         "ResumeRequest": pb.ResumeRequest(pod_uid="uid-1", no_wait=True),
         "GetOperationRequest": pb.GetOperationRequest(operation_id="op1"),
