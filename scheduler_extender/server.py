@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -298,8 +299,9 @@ class Extender:
                 "preemption victims not suspended",
                 extra={"pod": key, "node": node, "reason": reason, "why": why or message},
             )
-        for reason, _ in decision.refused.values():
-            m.preempt_refused.labels(reason).inc()
+        # one increment per reason, not per node: 500 refused candidates cost 1.5 ms one by one
+        for reason, count in Counter(reason for reason, _ in decision.refused.values()).items():
+            m.preempt_refused.labels(reason).inc(count)
         if decision.suspend:
             log.info(
                 "preemption turned into suspension",
