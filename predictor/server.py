@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from urllib.parse import parse_qs
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 
 from predictor import logs
 from predictor.series import format_duration, parse_durations
@@ -76,19 +76,6 @@ def _err(msg: str) -> bytes:
     return json.dumps({"error": msg}).encode()
 
 
-def _refused_counter(registry: CollectorRegistry) -> Counter:
-    name = "rose_predictor_http_refused"
-    existing = getattr(registry, "_names_to_collectors", {}).get(name + "_total")
-    if isinstance(existing, Counter):
-        return existing
-    return Counter(
-        name,
-        "HTTP requests or connections the predictor refused, by reason (limits, timeouts, malformed)",
-        ["reason"],
-        registry=registry,
-    )
-
-
 def _routes(svc: PredictorService, refused: Counter) -> httpserver.Routes:
     def forecast(req: httpserver.Request) -> httpserver.Reply:
         t0 = time.perf_counter()
@@ -119,7 +106,7 @@ class PredictorHTTPServer(httpserver.BoundedServer):
 
     def __init__(self, address: tuple[str, int], service: PredictorService, limits: Limits | None = None) -> None:
         self.service = service
-        self.refused = _refused_counter(service.metrics.registry)
+        self.refused = httpserver.refusals_counter(service.metrics.registry, "rose_predictor_http_refused")
         super().__init__(address, _routes(service, self.refused), limits or Limits(), name="predictor")
 
 

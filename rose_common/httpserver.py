@@ -47,7 +47,7 @@ from io import BytesIO
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,16 @@ def probe_routes(
     if registry is not None:
         routes["GET", "/metrics"] = lambda _: Reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
     return routes
+
+
+def refusals_counter(registry: CollectorRegistry, name: str) -> Counter:
+    """``<name>_total{reason}``: every refusal of the server (the :data:`REASONS`), registered once
+    per registry (a second server on the same registry counts into the same series)."""
+    existing = getattr(registry, "_names_to_collectors", {}).get(name + "_total")
+    if isinstance(existing, Counter):
+        return existing
+    helptext = "HTTP requests or connections the server refused, by reason (limits, timeouts, malformed)"
+    return Counter(name, helptext, ["reason"], registry=registry)
 
 
 def always_ok(_: Request | None = None) -> tuple[bool, str]:
