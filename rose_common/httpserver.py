@@ -543,3 +543,20 @@ class BoundedServer(ThreadingHTTPServer):
 def serve(address: tuple[str, int], routes: Routes, limits: Limits | None = None, name: str = "http") -> BoundedServer:
     """Bind ``address`` and serve ``routes`` in a background thread (OSError when the port is taken)."""
     return BoundedServer(address, routes, limits, name).start()
+
+
+def serve_probes(
+    address: tuple[str, int],
+    *,
+    registry: CollectorRegistry,
+    name: str,
+    healthy: Check = always_ok,
+    ready: Check | None = None,
+    limits: Limits | None = None,
+) -> BoundedServer:
+    """A component's operations listener: ``/metrics`` from ``registry``, ``/healthz`` and
+    ``/readyz`` as the component defines them (``ready`` omitted: as ``healthy``), refusals in
+    ``rose_<name>_http_refused_total{reason}``; served in a background thread."""
+    refused = refusals_counter(registry, f"rose_{name}_http_refused")
+    table = probe_routes(healthy=healthy, ready=ready or healthy, registry=registry)
+    return serve(address, Routes(table, on_refused=lambda r: refused.labels(r).inc()), limits or Limits(), name)
