@@ -137,7 +137,7 @@ SERVERS: dict[str, Callable[[], Served]] = {
 class Tally:
     latencies: list[float] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)
-    resets: list[str] = field(default_factory=list)
+    resets: list[str] = field(default_factory=list)  # resets, and fresh connections closed unanswered
     overload_without_retry_after: int = 0
     reconnects: int = 0  # an idle keep-alive connection the server closed (any client retries those)
     mu: threading.Lock = field(default_factory=threading.Lock)
@@ -147,16 +147,22 @@ def _client(port: int, path: str, start: threading.Barrier, tally: Tally) -> Non
     start.wait()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     done = 0
+    answered_here = False  # this connection has had an answer (it was parked since)
     while done < CALLS:
         t0 = time.perf_counter()
         try:
             conn.request("GET", path)
             resp = conn.getresponse()
             resp.read()
-        except http.client.RemoteDisconnected:
-            conn.close()  # closed while parked (its slot went to a new client): reconnect and retry
-            with tally.mu:
+        except http.client.RemoteDisconnected as err:
+            conn.close()
+            if not answered_here:  # a fresh connection closed unanswered: not the overload answer
+                with tally.mu:
+                    tally.resets.append(repr(err))
+                return
+            with tally.mu:  # closed while parked (its slot went to a new client): any client retries
                 tally.reconnects += 1
+            answered_here = False
             continue
         except (ConnectionResetError, BrokenPipeError, TimeoutError) as err:
             with tally.mu:
@@ -168,8 +174,10 @@ def _client(port: int, path: str, start: threading.Barrier, tally: Tally) -> Non
             tally.codes.append(resp.status)
             if resp.status == 503 and resp.getheader("Retry-After") is None:
                 tally.overload_without_retry_after += 1
+        answered_here = True
         if resp.status == 503 or resp.getheader("Connection", "").lower() == "close":
             conn.close()
+            answered_here = False
         done += 1
     conn.close()
 
@@ -226,8 +234,8 @@ def test_bounded_load(served: tuple[str, Served]) -> None:
     lat = sorted(tally.latencies)
     p99 = statistics.quantiles(lat, n=100)[98] * 1000 if len(lat) > 1 else 0.0
     print(
-        f"{name}: {len(lat)} answers {sorted(set(tally.codes))}, p50 {statistics.median(lat) * 1000:.1f} ms, "
-        f"p99 {p99:.1f} ms, reconnects {tally.reconnects}"
+        f"{name}: {len(lat)} answers ({tally.codes.count(503)} overload 503s), p50 {statistics.median(lat) * 1000:.1f}"
+        f" ms, p99 {p99:.1f} ms, reconnects {tally.reconnects}"
     )
     assert not tally.resets, tally.resets[:3]
     assert len(tally.codes) == CLIENTS * CALLS
