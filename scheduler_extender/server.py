@@ -79,6 +79,8 @@ def _validation_message(err: ValidationError) -> str:
 
 
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+_HOST_PREFIXES_MAX = 65_536  # node names' encoded reply prefixes kept (a 5,000-node cluster: 5,000)
+_SCORE_SUFFIX = tuple(f"{s}}}" for s in range(wire.MAX_EXTENDER_PRIORITY + 1))  # scores are clamped to 0..10
 _LOGGED_REFUSALS = 5  # log lines per preempt call (the metric counts them all)
 _UID: Callable[[wire.MetaPod], str] = operator.itemgetter("UID")
 
@@ -138,6 +140,7 @@ class Extender:
         self._capture_limit = capture_limit
         self._captured: dict[str, int] = dict.fromkeys(VERBS, 0)
         self._capture_lock = threading.Lock()
+        self._host_prefixes: dict[str, str] = {}
 
     # --------------------------------------------------------------------------- helpers
     def ready(self) -> bool:
@@ -213,10 +216,19 @@ class Extender:
         scores = policy.prioritize_nodes(pod, names, snapshot, windows, self.cfg)
         self.metrics.prioritize_calls.labels(pod.kind.value).inc()
         # A bare array of {"Host","Score"} (HostPriorityList), built directly: names are
-        # JSON-escaped by the C encoder, so hostile names still give valid JSON.
-        enc = _encode_str
-        parts = [f'{{"Host":{enc(h)},"Score":{s}}}' for h, s in zip(names, scores, strict=True)]
+        # JSON-escaped by the C encoder, so hostile names still give valid JSON. Each name's
+        # '{"Host":"…","Score":' is kept (node names repeat in every call: 0.42 instead of 0.71 ms
+        # for 5,000 names), at most _HOST_PREFIXES_MAX of them, all dropped when full.
+        if len(self._host_prefixes) > _HOST_PREFIXES_MAX:
+            self._host_prefixes = {}
+        known = self._host_prefixes.get
+        prefix = self._host_prefix
+        parts = [(known(h) or prefix(h)) + _SCORE_SUFFIX[s] for h, s in zip(names, scores, strict=True)]
         return ("[" + ",".join(parts) + "]").encode()
+
+    def _host_prefix(self, name: str) -> str:
+        out = self._host_prefixes[name] = f'{{"Host":{_encode_str(name)},"Score":'
+        return out
 
     @staticmethod
     def _candidates(args: wire.ExtenderPreemptionArgs) -> dict[str, tuple[list[str], int]]:
