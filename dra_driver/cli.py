@@ -10,7 +10,8 @@ import logging
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +267,29 @@ class StartupError(Exception):
 
 
 @dataclass
+class DriverHealth:
+    """What the driver's ``/healthz`` and ``/readyz`` mean. Alive: the repair loop went round
+    within three of its periods (plus a minute's grace for a slow reconcile); ready: the kubelet
+    registered the plugin (until then no claim can be prepared on this node)."""
+
+    registered: bool = False
+    loop_every_s: float = 0.0
+    last_beat: float = field(default_factory=time.monotonic)
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    def alive(self) -> tuple[bool, str]:
+        late = time.monotonic() - self.last_beat
+        if self.loop_every_s and late > 3 * self.loop_every_s + 60:
+            return False, f"repair loop stuck: last round {late:.0f}s ago"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        return (True, "ok") if self.registered else (False, "not registered with the kubelet yet")
+
+
+@dataclass
 class Wiring:
     """What :func:`build` made and :func:`start` / :func:`run` use; nothing is started yet."""
 
@@ -279,6 +303,7 @@ class Wiring:
     watcher: Any
     servers: Any = None
     agent_server: Any = None
+    health: DriverHealth = field(default_factory=DriverHealth)
 
 
 def _discover(args: argparse.Namespace) -> list[Any]:
@@ -449,18 +474,27 @@ def _agent_server(args: argparse.Namespace, engine: Any) -> Any:
 
 def start(args: argparse.Namespace, w: Wiring) -> None:
     """Serve metrics, the agent and the kubelet plugin; start publishing and watching."""
-    from prometheus_client import start_http_server
-
     from dra_driver.plugin import SocketPathError, start_plugin
+    from rose_common import httpserver
 
     if args.metrics_port >= 0:
-        server, _ = start_http_server(args.metrics_port, addr=args.metrics_address, registry=w.metrics.registry)
-        log.info("metrics serving", extra={"port": server.server_port})
+        try:
+            server = httpserver.serve_probes(
+                (args.metrics_address, args.metrics_port),
+                registry=w.metrics.registry,
+                name="driver",
+                healthy=w.health.alive,
+                ready=w.health.ready,
+            )
+        except OSError as err:
+            raise StartupError(f"--metrics-port {args.metrics_port}: {err.strerror or err}") from None
+        log.info("metrics serving", extra={"port": server.port})
     if w.agent_server is not None:
         w.agent_server.start()
 
     def on_registered() -> None:
         w.metrics.registration_total.labels("ok").inc()
+        w.health.registered = True
         if args.publish_slices:  # every (re)registration re-publishes the slices
             threading.Thread(target=w.publisher.reconcile, name="republish", daemon=True).start()
 
@@ -489,11 +523,13 @@ def run(args: argparse.Namespace, w: Wiring) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     log.info("driver started", extra={"node": args.node_name, "gpus": len(w.gpus), "backend": args.gpu_backend})
+    w.health.loop_every_s = float(args.reconcile_seconds)
     while not stop.wait(float(args.reconcile_seconds)):
         try:
             w.driver.reconcile()
         except Exception as e:
             log.warning("reconcile failed", extra={"err": repr(e)})
+        w.health.beat()
     log.info("driver stopping", extra={"node": args.node_name})
     w.watcher.stop()
     w.notifier.close()

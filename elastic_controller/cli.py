@@ -15,16 +15,14 @@ import socket
 import threading
 from pathlib import Path
 
-from prometheus_client import start_http_server
-
 from elastic_controller import pools
 from elastic_controller.controller import Controller, ControllerSettings
 from elastic_controller.metrics import ControllerMetrics
 from elastic_controller.planner import Forecast
-from rose_common import forecast_client, logs
+from rose_common import forecast_client, httpserver, logs
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
 from rose_common.forecast_client import ForecastCache, ForecastError, StaticFileForecastSource, make_source
-from rose_common.informer import FunctionHandler
+from rose_common.informer import FunctionHandler, Listed
 from rose_common.workqueue import start_workers
 
 log = logging.getLogger("elastic_controller")
@@ -115,15 +113,23 @@ def main(argv: list[str] | None = None) -> int:
                      inventory, metrics, settings, lease)  # fmt: skip
     ctl.device_memory = inventory.device_memory
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
-    infs = kube.informers(raw, FunctionHandler(ctl.on_job_event, ctl.on_job_list),
-                          FunctionHandler(ctl.on_pod_event, ctl.on_pod_list), restart, ctl.stop)  # fmt: skip
+    listed = Listed(("ElasticRLJobs", "Pods"))  # readiness: both listed once
+    jobs = FunctionHandler(ctl.on_job_event, listed.wrap("ElasticRLJobs", ctl.on_job_list))
+    pods = FunctionHandler(ctl.on_pod_event, listed.wrap("Pods", ctl.on_pod_list))
+    infs = kube.informers(raw, jobs, pods, restart, ctl.stop)
     infs += kube.inventory_informers(raw, inventory, restart, ctl.stop)
     group_leases = kube.GroupLeases(ctl.on_group_change)  # the time-slice orchestrator's, read only
     ctl.group_lease = group_leases.get
     infs += kube.group_informers(raw, args.lease_namespace, group_leases, restart, ctl.stop)
     host, port = args.metrics_listen
     if port:
-        start_http_server(port, host, registry=metrics.registry)
+        try:
+            alive = lambda: (False, "stopping") if ctl.stop.is_set() else (True, "ok")  # noqa: E731
+            httpserver.serve_probes(
+                (host, port), registry=metrics.registry, name="controller", healthy=alive, ready=listed.ready
+            )
+        except OSError as err:
+            raise SystemExit(f"rose controller: --metrics-listen {host}:{port}: {err.strerror or err}") from None
     if cache is not None:
         cache.start()
     for inf in infs:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -173,3 +173,25 @@ class Informer:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+class Listed:
+    """Readiness of a component fed by informers: every named kind has been listed once.
+    :meth:`wrap` marks a kind listed when its informer's list callback returns."""
+
+    def __init__(self, kinds: Iterable[str]) -> None:
+        self._wanted = tuple(kinds)
+        self._listed: set[str] = set()
+
+    def wrap(
+        self, kind: str, on_list: Callable[[list[dict[str, Any]]], None]
+    ) -> Callable[[list[dict[str, Any]]], None]:
+        def listed(items: list[dict[str, Any]]) -> None:
+            on_list(items)
+            self._listed.add(kind)
+
+        return listed
+
+    def ready(self) -> tuple[bool, str]:
+        missing = [k for k in self._wanted if k not in self._listed]
+        return (not missing, "ok" if not missing else "not listed yet: " + ", ".join(missing))

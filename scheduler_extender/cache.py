@@ -384,16 +384,20 @@ class ClusterCache:
             for name in self._dirty:
                 self._index(name, self._states.get(name), self._node_state(name))
             self._dirty.clear()
+            # The per-node and pod maps go out as the dicts themselves, read-only by type
+            # (``Mapping``) and by the copy-on-write above: a MappingProxyType would make each of
+            # the calls' per-node ``.get`` a Python-level method call, 2.6x a dict's (0.34 vs
+            # 0.13 ms per 5,000 names, a quarter of a 5,000-name filter).
             self._snapshot = Snapshot(
-                nodes=MappingProxyType(self._states),
+                nodes=self._states,
                 pools=MappingProxyType({p: PoolState(*v[:3]) for p, v in self._pool_acc.items()}),
-                pods=MappingProxyType(self._pods),
-                rl_pods=MappingProxyType(self._rl_pods),
+                pods=self._pods,
+                rl_pods=self._rl_pods,
                 job_nodes=MappingProxyType({j: frozenset(n) for j, n in self._job_nodes.items()}),
-                group_of=MappingProxyType(self._group_of),
+                group_of=self._group_of,
                 groups=tuple(self._groups),
-                host_mem=MappingProxyType(self._host_mem),
-                serving_score=MappingProxyType(self._serving_score),
+                host_mem=self._host_mem,
+                serving_score=self._serving_score,
             )
             self._node_maps_shared = self._pod_maps_shared = True
             return self._snapshot

@@ -17,7 +17,7 @@ its :class:`~timeslice.members.Members` source confirmed it, and its priority co
 (the job's pods' ``spec.priority``), clamped. Acquire calls in flight are capped per namespace and
 in all, below the gRPC thread pool, so Yield, Renew and Status always find a thread. The server
 speaks TLS (the certificate and key files are re-read when they change) unless it was built
-insecure on purpose; the HTTP listener is bounded (a thread cap, a socket timeout, a backlog).
+insecure on purpose; the HTTP listener is the bounded :mod:`rose_common.httpserver` kernel.
 """
 
 from __future__ import annotations
@@ -33,14 +33,12 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from rose_common import leader
+from rose_common import httpserver, leader
 from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
 from timeslice import identity
@@ -367,64 +365,22 @@ class Elector:
 # ---------------------------------------------------------------------- HTTP
 
 
-class _BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per request, at most ``max_threads`` at once (beyond: the connection is closed at once),
-    a listen backlog of ``request_queue_size``; each handler's socket times out (``Handler.timeout``),
-    so a half-sent request holds its thread for seconds, not forever."""
+def http_server(orch: Orchestrator, address: tuple[str, int], timeout_s: float = 5.0) -> httpserver.BoundedServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` (200 only while this replica leads) on the
+    :mod:`rose_common.httpserver` kernel, served in a thread: at most 16 connections (beyond, its
+    overload rule), a request (or an idle keep-alive connection) holds one for ``timeout_s`` at most;
+    refusals count in ``rose_timeslice_http_refused_total{reason}``."""
 
-    daemon_threads = True
-    request_queue_size = 64
-    max_threads = 16
+    def leading() -> tuple[bool, str]:
+        lead = orch.leading()
+        return lead, "leader" if lead else "standby"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._handlers = threading.BoundedSemaphore(self.max_threads)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._handlers.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._handlers.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._handlers.release()
-
-
-def http_server(orch: Orchestrator, address: tuple[str, int], timeout_s: float = 5.0) -> ThreadingHTTPServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` (200 only while this replica leads), served in a thread;
-    bounded (:class:`_BoundedHTTPServer`, ``timeout_s`` per connection)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = timeout_s
-
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._send(200, generate_latest(orch.metrics.registry), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
-                self._send(200, b"ok\n", "text/plain")
-            elif self.path == "/readyz":
-                lead = orch.leading()
-                self._send(200 if lead else 503, b"leader\n" if lead else b"standby\n", "text/plain")
-            else:
-                self._send(404, b"not found: use /metrics, /healthz or /readyz\n", "text/plain")
-
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    srv = _BoundedHTTPServer(address, Handler)
-    threading.Thread(target=srv.serve_forever, name="ts-http", daemon=True).start()
-    return srv
+    refused = httpserver.refusals_counter(orch.metrics.registry, "rose_timeslice_http_refused")
+    routes = httpserver.Routes(
+        httpserver.probe_routes(healthy=httpserver.always_ok, ready=leading, registry=orch.metrics.registry),
+        on_refused=lambda reason: refused.labels(reason).inc(),
+    )
+    limits = httpserver.Limits(
+        backlog=64, max_connections=16, idle_timeout=timeout_s, request_timeout=timeout_s, write_timeout=timeout_s
+    )
+    return httpserver.serve(address, routes, limits, name="timeslice")

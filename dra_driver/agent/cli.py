@@ -16,13 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from dra_driver.agent.server import AgentServer
 from dra_driver.suspend.cuda_checkpoint import CudaCheckpointUnavailable
 from dra_driver.suspend.engine import EngineConfig
 from dra_driver.suspend.factory import build_engine
 from dra_driver.suspend.model import BACKENDS
+from rose_common import httpserver
 from rose_common.cli import EnvArgumentParser, duration, port_type
 from rose_common.logs import setup as setup_logging
 
@@ -101,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server = AgentServer(engine, Path(args.workload_socket), Path(args.control_socket))
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_address, registry=engine.metrics.registry)
+        try:
+            httpserver.serve_probes(
+                (args.metrics_address, args.metrics_port), registry=engine.metrics.registry, name="agent"
+            )
+        except OSError as err:
+            print(f"rose-agent: --metrics-port {args.metrics_port}: {err.strerror or err}", file=sys.stderr)
+            return 2
     server.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,6 +13,7 @@ writes are made as the tests' admin client: the admission policy that keeps tena
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from collections.abc import Iterator
@@ -52,11 +53,25 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
             module_process(ctl_args, tmp_path / "controller.log") as ctl,
         ):
             wait_for("controller metrics up", lambda: _metrics(metrics_port) or None, 30)
+            # its probes (rose_common.httpserver): alive, and ready once its informers listed
+            assert _status(metrics_port, "/healthz") == 200
+            wait_for("controller ready", lambda: _status(metrics_port, "/readyz") == 200 or None, 30)
             yield {"a": a, "b": b, "forecasts": forecasts, "quiet": quiet, "busy": busy, "capacity": capacity,
                    "metrics": metrics_port, "controller": ctl, "log": tmp_path / "controller.log"}  # fmt: skip
     finally:
         delete_namespace(api, a)
         delete_namespace(api, b)
+
+
+def _status(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
 
 
 def _apply(cluster: ClusterHandle, ns: str, name: str, gpus: int, **spec: Any) -> None:
