@@ -288,6 +288,7 @@ def agent_driver(cluster: ClusterHandle, real_node: RealNode) -> Iterator[AgentD
         "--cdi-dir", str(real_node.lay.cdi_dir), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
         "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
         "--agent-socket", str(root / "a" / "workload.sock"), "--suspended-cpu", "100m",
+        "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
     ]  # fmt: skip
     log = cluster.workdir / "logs" / "realnode-agent-driver.log"
     with log.open("ab") as out:
