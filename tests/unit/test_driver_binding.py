@@ -89,7 +89,7 @@ def test_status_patch_keeps_other_entries_and_conditions_and_guards_the_version(
     assert (cond["type"], cond["status"], cond["reason"]) == (FAILED, "True", "NotFreed")
     assert cond["lastTransitionTime"] == "2026-12-01T12:00:00Z" and len(cond["message"]) == binding.MESSAGE_MAX
     assert claim["status"]["devices"][1]["conditions"] == [{"type": "Ready", "status": "True"}]  # input untouched
-    with pytest.raises(ValueError, match="gpu-1-serving.*not allocated here"):
+    with pytest.raises(ValueError, match=r"gpu-1-serving.*not allocated here"):
         binding.status_patch(
             claim, names.DRIVER_NAME, NODE, ("gpu-1-serving",), binding.Outcome(True, "Freed", ""), NOW
         )
