@@ -132,7 +132,12 @@ class BindingWatcher:
                 False,
             )
 
-        outcome = self.node.free_for_binding(d, started)
+        try:
+            outcome = self.node.free_for_binding(d, started)
+        except Exception:  # the worker requeues the key with its backoff: keep what it is for
+            with self._mu:
+                self._pending.setdefault(uid, (d, seen))
+            raise
         try:
             written = self._report(d, outcome)
         except Exception as e:

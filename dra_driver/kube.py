@@ -453,9 +453,11 @@ CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 
 class KubeClaims:
     """Every ResourceClaim (all namespaces: a serving claim may come from any), for the binding
-    watch (``dra_driver.bindwatch``): list and watch, read one, patch its status."""
+    watch (``dra_driver.bindwatch``): list and watch, read one, patch its status. The API offers
+    no server-side selector for "allocated on this node", so every driver watches every claim;
+    the full relist comes every 5 minutes, not every minute as for the node's own pods."""
 
-    def __init__(self, api: client.ApiClient, watch_timeout_seconds: int = 60) -> None:
+    def __init__(self, api: client.ApiClient, watch_timeout_seconds: int = 300) -> None:
         self.raw = Raw(api)
         self.settings = InformerSettings(
             kind="ResourceClaim",
