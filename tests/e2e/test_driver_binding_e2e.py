@@ -133,11 +133,10 @@ def test_serving_waits_in_prebind_visible_and_bounded_and_its_prepare_is_immedia
     assert node == drv.node
     assert _suspend_state(api, ns, "rl-0") == "Suspended"
     reasons = [r for r, _ in _events(api, ns, "serve-0")]
-    # visible: the scheduler's own Event for the wait, then the driver's, then the binding
+    # visible: the scheduler's own Event for the wait, the driver's, the binding (Events carry
+    # whole seconds: their order is not asserted; the causal order is the Suspended state above)
     for r in ("BindingConditionsPending", names.EVENT_DEVICE_FREEING, names.EVENT_DEVICE_FREED, "Scheduled"):
         assert r in reasons, reasons
-    assert reasons.index("BindingConditionsPending") < reasons.index("Scheduled")
-    assert reasons.index(names.EVENT_DEVICE_FREED) < reasons.index("Scheduled")
     claim = allocated_claim(api, ns, "serve-0")
     assert claim is not None
     (dev,) = claim["status"]["devices"]
