@@ -136,6 +136,7 @@ def driver_args(p: Params, control_socket: Path) -> list[str]:
         "--simulated-occupant-bytes", "0", "--host-memory-budget", "8Gi",
         "--default-grace-seconds", f"{p.grace_s:g}", "--node-facts-seconds", "0",
         "--agent-control-socket", str(control_socket),
+        "--serving-wait", "prepare",  # it times the prepare-time reclaim (issue 27: prebind is measured apart)
     ]  # fmt: skip
 
 

@@ -217,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=byte_size,
         default="512Mi",
     )
+    add(
+        "serving-wait",
+        "where a serving pod waits while its GPU's lent occupant is suspended: prebind (the scheduler"
+        " holds it in PreBind on the devices' binding conditions; the kubelet's prepare is then"
+        " immediate), prepare (NodePrepareResources waits, as on clusters without the"
+        " DRADeviceBindingConditions gate), or auto (prebind where the API server keeps device"
+        " bindingConditions, else prepare; reported at start)",
+        choices=["auto", "prebind", "prepare"],
+        default="auto",
+    )
     add("log-level", "debug, info, warning, error", default="info")
     return p
 
@@ -304,6 +314,8 @@ class Wiring:
     servers: Any = None
     agent_server: Any = None
     health: DriverHealth = field(default_factory=DriverHealth)
+    binder: Any = None  # the binding watch (--serving-wait=prebind)
+    serving_wait: str = "prepare"
 
 
 def _discover(args: argparse.Namespace) -> list[Any]:
@@ -349,6 +361,19 @@ def _node_pool(node: Any) -> str:
     except Exception as e:
         log.warning("cannot read the node's pool label; lent-GPU metrics carry pool=''", extra={"err": repr(e)})
         return ""
+
+
+def _serving_wait(args: argparse.Namespace, api: Any) -> str:
+    """``--serving-wait`` resolved against the API server (a dry-run probe), reported in the log."""
+    from dra_driver import binding, kube
+
+    probe = None if args.serving_wait == binding.MODE_PREPARE else kube.probe_binding_conditions(api, args.node_name)
+    try:
+        mode, why = binding.resolve_mode(args.serving_wait, probe)
+    except ValueError as e:
+        raise StartupError(str(e)) from None
+    log.info("serving wait mode", extra={"mode": mode, "requested": args.serving_wait, "why": why})
+    return mode
 
 
 def build(args: argparse.Namespace) -> Wiring:
@@ -402,9 +427,11 @@ def build(args: argparse.Namespace) -> Wiring:
             "inspect it, then move it away to start from an empty state",
             code=3,
         ) from None
+    serving_wait = _serving_wait(args, api)
+    metrics.set_serving_wait_mode(serving_wait)
     publisher = SlicePublisher(
         kube.KubeSlices(api, args.node_name),
-        resource_slice(args.node_name, [g.info for g in gpus], 1),
+        resource_slice(args.node_name, [g.info for g in gpus], 1, binding_conditions=serving_wait == "prebind"),
         metrics,
     )
     facts = NodeFactsPublisher(
@@ -419,6 +446,11 @@ def build(args: argparse.Namespace) -> Wiring:
     watcher = PodWatcher(kube.KubePods(api, args.node_name), driver, observers=observers)
     wiring = Wiring(gpus, metrics, notifier, engine, driver, publisher, facts, watcher)
     wiring.agent_server = agent_server
+    wiring.serving_wait = serving_wait
+    if serving_wait == "prebind":
+        from dra_driver.bindwatch import BindingWatcher
+
+        wiring.binder = BindingWatcher(kube.KubeClaims(api), driver, args.node_name, metrics, notifier.event)
     if agent_server is not None:  # one fencing book for both paths, kept in the node checkpoint
         agent_server.control.fence = lambda raw: driver.admit_fence(raw, [], "agent")
     return wiring
@@ -515,6 +547,8 @@ def start(args: argparse.Namespace, w: Wiring) -> None:
         w.facts.start()
     if args.watch_pods:
         w.watcher.start()
+    if w.binder is not None:
+        w.binder.start()
 
 
 def run(args: argparse.Namespace, w: Wiring) -> int:
@@ -532,6 +566,8 @@ def run(args: argparse.Namespace, w: Wiring) -> int:
         w.health.beat()
     log.info("driver stopping", extra={"node": args.node_name})
     w.watcher.stop()
+    if w.binder is not None:
+        w.binder.stop()
     w.notifier.close()
     w.facts.stop()
     w.servers.stop()

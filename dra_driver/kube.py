@@ -446,3 +446,75 @@ class KubePods:
 
     def watch(self, path: str, query: dict[str, Any], timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
         return self.raw.watch(path, query, timeout_seconds)
+
+
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
+class KubeClaims:
+    """Every ResourceClaim (all namespaces: a serving claim may come from any), for the binding
+    watch (``dra_driver.bindwatch``): list and watch, read one, patch its status. The API offers
+    no server-side selector for "allocated on this node", so every driver watches every claim;
+    the full relist comes every 5 minutes, not every minute as for the node's own pods."""
+
+    def __init__(self, api: client.ApiClient, watch_timeout_seconds: int = 300) -> None:
+        self.raw = Raw(api)
+        self.settings = InformerSettings(
+            kind="ResourceClaim",
+            path=CLAIMS_PATH,
+            watch_timeout_seconds=watch_timeout_seconds,
+            resync_seconds=watch_timeout_seconds,  # level-triggered: every claim seen again
+            backoff_initial_s=1.0,
+            backoff_max_s=30.0,
+        )
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.raw.json("GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+        except NotFound:
+            return None
+
+    def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        """A merge patch of the status subresource (Conflict when its resourceVersion is stale)."""
+        self.raw.json(
+            "PATCH",
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status",
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
+    def json(self, method: str, path: str, query: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.raw.json(method, path, query)
+
+    def watch(self, path: str, query: dict[str, Any], timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self.raw.watch(path, query, timeout_seconds)
+
+
+def probe_binding_conditions(api: client.ApiClient, node_name: str) -> bool | None:
+    """Does the API server keep a device's ``bindingConditions``? A dry-run create of a one-device
+    ResourceSlice on this node (nothing is stored): the API server silently drops fields of
+    disabled feature gates, so the answer is in what it returns. None: the probe itself failed."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"rose-binding-probe-{node_name}"[:253]},
+        "spec": {
+            "driver": names.DRIVER_NAME,
+            "nodeName": node_name,
+            "pool": {"name": f"rose-binding-probe-{node_name}"[:253], "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "probe",
+                    "bindingConditions": [names.BINDING_CONDITION_FREED],
+                    "bindingFailureConditions": [names.BINDING_CONDITION_FREE_FAILED],
+                }
+            ],
+        },
+    }
+    try:
+        got = Raw(api).json("POST", SLICES_PATH, {"dryRun": "All"}, body=body)
+    except Exception as e:  # any failure (refused, unreachable): unknown, reported by resolve_mode
+        log.warning("probing the API server for device bindingConditions failed", extra={"err": repr(e)})
+        return None
+    devices = (got.get("spec") or {}).get("devices") or [{}]
+    return bool(devices[0].get("bindingConditions"))

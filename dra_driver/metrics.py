@@ -22,7 +22,9 @@ RETURN_PHASES = ("cooperative", "enforced", "fallback")  # dra_driver.enforce.PH
 ENFORCE_METHODS = ("cuda-checkpoint", "kill")
 ENFORCE_RESULTS = ("freed", "not_freed")
 RESIZE_ACTIONS = ("shrink", "restore")
-WATCH_KINDS = ("Pod", "ResourceSlice")
+WATCH_KINDS = ("Pod", "ResourceSlice", "ResourceClaim")
+SERVING_WAIT_MODES = ("prebind", "prepare")  # --serving-wait as resolved at start
+BINDING_RESULTS = ("freed", "failed")
 RESIZE_RESULTS = ("ok", "skipped", "error")
 RL_LABELS = ("namespace", "job", "pool")
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -200,6 +202,28 @@ class DriverMetrics:
             ["kind"],
             registry=r,
         )
+        # Serving waits in the scheduler (issue 27 §1, dra_driver/binding.py)
+        self.serving_wait_mode = Gauge(
+            "rose_driver_serving_wait_mode",
+            "1 for where a serving pod waits for its GPU's lent occupant: prebind (the scheduler, binding"
+            " conditions) or prepare (the kubelet's NodePrepareResources)",
+            ["mode"],
+            registry=r,
+        )
+        self.binding_wait_seconds = Histogram(
+            "rose_driver_binding_wait_seconds",
+            "From a serving claim's allocation seen by the driver to its binding condition reported"
+            " (the serving pod's wait in the scheduler's PreBind)",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.binding_total = Counter(
+            "rose_driver_binding_conditions",
+            "Binding conditions the driver reported on serving claims, by result (freed: the scheduler"
+            " binds; failed: it deallocates and reschedules the pod)",
+            ["result"],
+            registry=r,
+        )
         # RL progress the workloads report through the node agent (dra_driver.agent.reports);
         # the names are a contract with the dashboard.
         self.rl_steps_total = Counter(
@@ -214,6 +238,10 @@ class DriverMetrics:
         )  # fmt: skip
         for kind in WATCH_KINDS:
             self.watch_restarts_total.labels(kind)
+        for mode in SERVING_WAIT_MODES:
+            self.serving_wait_mode.labels(mode).set(0)
+        for res in BINDING_RESULTS:
+            self.binding_total.labels(res)
         for source in ("pod", "agent"):
             self.fencing_rejections_total.labels(source)
         for action in RESIZE_ACTIONS:
@@ -236,6 +264,10 @@ class DriverMetrics:
         for i in gpu_indexes:
             for resident in RESIDENTS:
                 self.residency.labels(str(i), resident).set(0)
+
+    def set_serving_wait_mode(self, mode: str) -> None:
+        for m in SERVING_WAIT_MODES:
+            self.serving_wait_mode.labels(m).set(1 if m == mode else 0)
 
     def set_residency(self, gpu: int, resident: str) -> None:
         for r in RESIDENTS:

@@ -16,7 +16,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import cdi, fencing
+from dra_driver import binding, cdi, fencing
 from dra_driver.checkpoint import CheckpointFile, crash_point
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
@@ -68,6 +68,10 @@ from rose_common.kube import objects
 log = logging.getLogger("rose.driver")
 
 REQUEST_HOLDER_PREFIX = "request/"
+# A serving claim the scheduler allocated on a GPU with a lent occupant holds that occupant from its
+# allocation on (the binding-condition path, dra_driver/binding.py) until its prepare takes the hold
+# over under the claim's own UID, or its allocation goes away.
+BINDING_HOLDER_PREFIX = "binding/"
 # Pod-visible suspend states (annotation rose.io/suspend-state): rose_common.names.SuspendState
 POD_SUSPENDING = names.SuspendState.SUSPENDING
 POD_SUSPENDED = names.SuspendState.SUSPENDED
@@ -182,6 +186,14 @@ class NodeDriver:
         # being prepared that way, and the occupants whose reclaim runs unlocked.
         self._preparing: set[str] = set()
         self._reclaiming: set[str] = set()
+        # Serving claims allocated here with ROSE's binding conditions and not prepared yet: claim
+        # UID -> its GPUs. No lent claim is prepared on those GPUs meanwhile. In memory only: the
+        # claim watch rebuilds it from the API after a restart (sync_bindings).
+        self._binding: dict[str, frozenset[int]] = {}
+        # The claim UIDs with a binding hold or kept GPUs, behind a lock of its own: the claim watch
+        # asks for every claim event, and must not wait for the node lock (held through a suspend).
+        self._bmu = threading.Lock()
+        self._binding_uids: set[str] = set()
         # Engine calls wait for workloads (a grace period, a fallback checkpoint): two per GPU, so a
         # hung occupant on one GPU never queues an honest occupant's suspend on another behind it;
         # the waits of an occupant the driver stopped end at once (engine_api.Abandoner).
@@ -252,7 +264,11 @@ class NodeDriver:
                     cdi.delete_spec(self.cdi_dir, rec.uid)
                     self._drop_claim(rec)
             for s in list(data.suspensions.values()):
-                s.held_by = [h for h in s.held_by if h.startswith(REQUEST_HOLDER_PREFIX) or h in data.claims]
+                s.held_by = [
+                    h
+                    for h in s.held_by
+                    if h.startswith((REQUEST_HOLDER_PREFIX, BINDING_HOLDER_PREFIX)) or h in data.claims
+                ]
                 owner = data.claims.get(s.claim_uid)
                 if owner is None:
                     del data.suspensions[s.claim_uid]
@@ -413,6 +429,126 @@ class NodeDriver:
                 if h.startswith(REQUEST_HOLDER_PREFIX)
             }
 
+    # ------------------------------------------------------------------ binding conditions
+    def free_for_binding(
+        self, d: binding.Demand, started: Callable[[list[str]], None] | None = None
+    ) -> binding.Outcome:
+        """Serving waits in the scheduler (issue 27 §1): the scheduler allocated serving claim
+        ``d`` on this node's GPUs and holds its pod in PreBind. Hold every lent occupant of those
+        GPUs under ``binding/<claim UID>`` and reclaim it exactly as a serving prepare would (the
+        cooperative suspend, then the enforcement at the deadline; without the node lock while it
+        waits), then observe: freed, or not and what is still there. ``started`` hears the
+        occupants being reclaimed (an Event on the waiting pod). The hold stays until the claim is
+        prepared (:meth:`_take_over_binding`) or deallocated (:meth:`release_binding`)."""
+        t0 = time.monotonic()
+        holder = BINDING_HOLDER_PREFIX + d.claim_uid
+        with self._locked() as data:
+            if d.claim_uid in data.claims:  # prepared already: its prepare gated it
+                return binding.Outcome(True, binding.REASON_FREED, "the claim is prepared on this node")
+            gpus = frozenset(d.gpus)
+            self._binding[d.claim_uid] = gpus
+            with self._bmu:
+                self._binding_uids.add(d.claim_uid)
+            occupants = self._lent_on(gpus)
+            pendings = [p for o in occupants if (p := self._hold_begin(o, holder, None, t0)) is not None]
+        if not occupants:
+            return binding.Outcome(True, binding.REASON_NO_OCCUPANT, "no lent occupant on the GPU", 0.0)
+        if started is not None:
+            started([f"{o.namespace}/{o.name}" for o in occupants])
+        try:
+            ran = [self._suspend_run(p) for p in pendings]
+            with self._locked():
+                for p, r in zip(pendings, ran, strict=True):
+                    self._suspend_record(p, r)
+        finally:
+            with self._mu:
+                self._reclaiming.difference_update(p.occupant.uid for p in pendings)
+        self._await_reclaims({o.uid for o in occupants}, t0)
+        with self._locked():
+            return self._binding_verdict(d, time.monotonic() - t0)
+
+    def _await_reclaims(self, uids: set[str], t0: float) -> None:
+        """Wait (unlocked) while another path (a prepare, the repair loop) still reclaims one of
+        ``uids``: its outcome, not a half-done device, is what the verdict must observe."""
+        with self._mu:
+            graces = [r.grace_seconds for r in self._data.claims.values() if r.uid in uids]
+        bound = max([self.default_grace, *graces]) + self.grace_slack
+        if self.enforcer is not None:
+            bound += 2 * self.enforcer.timeout
+        while time.monotonic() - t0 < bound + self.copy_wait_limit:
+            with self._mu:
+                if not (uids & self._reclaiming):
+                    return
+            time.sleep(0.05)
+
+    def _binding_verdict(self, d: binding.Demand, seconds: float) -> binding.Outcome:
+        """Under the lock, after the reclaim: freed when no occupant's state is observed on the GPUs."""
+        if d.claim_uid not in self._binding and d.claim_uid not in self._data.claims:
+            return binding.Outcome(False, binding.REASON_NOT_FREED, "the claim was deallocated while its GPU was freed")
+        for occupant in self._lent_on(d.gpus):
+            obs = self._observe(occupant)
+            if obs is None:
+                continue
+            what = f"lent claim {occupant.namespace}/{occupant.name} ({occupant.uid}): {obs}"
+            if self.allow_serving_on_occupied:
+                self.metrics.serving_on_occupied_total.inc()
+                self._events(
+                    occupant.pods,
+                    EVENT_SERVING_ON_OCCUPIED,
+                    f"serving claim {d.key()} bound to a device still holding {what}"
+                    " (--allow-serving-on-occupied-device)",
+                )
+                return binding.Outcome(True, binding.REASON_OVERRIDE, f"device still holds {what}", seconds)
+            self.metrics.serving_refused_occupied_total.inc()
+            return binding.Outcome(
+                False, binding.REASON_NOT_FREED, f"still occupied after the enforcement: {what}", seconds
+            )
+        return binding.Outcome(True, binding.REASON_FREED, f"lent occupants reclaimed in {seconds:.3f}s", seconds)
+
+    def release_binding(self, claim_uid: str) -> None:
+        """The claim's allocation went away before a prepare (the scheduler failed the binding or
+        timed out, the pod was deleted): release its holds, resuming occupants nobody else holds."""
+        holder = BINDING_HOLDER_PREFIX + claim_uid
+        with self._locked() as data:
+            self._binding.pop(claim_uid, None)
+            with self._bmu:
+                self._binding_uids.discard(claim_uid)
+            for s in list(data.suspensions.values()):
+                if holder not in s.held_by:
+                    continue
+                log.info("binding hold released", extra={"claim": claim_uid, "occupant": s.claim_uid})
+                if s.claim_uid in self._reclaiming:  # its reclaim still runs: the repair loop resumes it after
+                    s.held_by.remove(holder)
+                    self._save()
+                else:
+                    self._release(s.claim_uid, holder)
+
+    def sync_bindings(self, allocated: dict[str, frozenset[int]]) -> None:
+        """The claim watch's full view (a relist, a restart): ``allocated`` maps every claim UID
+        allocated here with ROSE's binding conditions to its GPUs. Claims not prepared yet keep
+        their GPUs from lent prepares; binding holds of claims not in it are released."""
+        with self._locked() as data:
+            held = {
+                h[len(BINDING_HOLDER_PREFIX) :]
+                for s in data.suspensions.values()
+                for h in s.held_by
+                if h.startswith(BINDING_HOLDER_PREFIX)
+            }
+            for uid, gpus in allocated.items():
+                if uid not in data.claims:
+                    self._binding[uid] = gpus
+            with self._bmu:
+                self._binding_uids |= held | set(self._binding)
+            gone = (held | set(self._binding)) - set(allocated)
+        for uid in sorted(gone):
+            self.release_binding(uid)
+
+    def binding_claims(self) -> set[str]:
+        """Claim UIDs with a binding hold or GPUs kept for them (cheap: neither the node lock nor
+        a disk read; may name a claim whose hold is gone: releasing it again does nothing)."""
+        with self._bmu:
+            return set(self._binding_uids)
+
     # ------------------------------------------------------------------ prepare / unprepare
     def _spec(self, rec: ClaimRecord) -> dict[str, Any]:
         """The claim's CDI spec; for a lent claim this opens its workload socket (mounted by the spec)."""
@@ -491,6 +627,36 @@ class NodeDriver:
             self._preparing.discard(ref.uid)
             self._reclaiming.difference_update(p.occupant.uid for p in begun.pendings)
 
+    def _check_devices_free(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+        """Under the lock: refuse (ClaimError, the kubelet retries) a device another claim has
+        prepared, and a lent claim on a GPU a serving claim holds or is being bound to."""
+        data = self._data
+        for dev in devices:
+            for other in data.claims.values():
+                if other.uid != ref.uid and any(d.device == dev.device for d in other.devices):
+                    raise ClaimError(
+                        f"ResourceClaim {ref.key()}: device {dev.device} is already prepared for claim "
+                        f"{other.namespace}/{other.name} ({other.uid}); unprepare that claim first"
+                    )
+            if dev.role == names.ROLE_LENDABLE:
+                for other in data.claims.values():
+                    if other.uid != ref.uid and any(
+                        d.gpu_index == dev.gpu_index and d.role == names.ROLE_SERVING for d in other.devices
+                    ):
+                        raise ClaimError(
+                            f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is held by "
+                            f"serving claim {other.namespace}/{other.name}; serving wins, so this lent "
+                            "claim can be prepared only after the serving claim is unprepared (the kubelet "
+                            "retries)"
+                        )
+                for other_uid, gpus in self._binding.items():
+                    if other_uid != ref.uid and dev.gpu_index in gpus:
+                        raise ClaimError(
+                            f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is allocated to serving"
+                            f" claim {other_uid}, which the scheduler is binding; serving wins, so this lent claim"
+                            " can be prepared only after that claim is unprepared or deallocated (the kubelet retries)"
+                        )
+
     def _prepare_begin(self, ref: ClaimRef) -> tuple[PreparedDevice, ...] | Reclaims:
         """Under the lock: the prepared devices when there is nothing to wait for (idempotent, or
         not a serving claim, or no occupant to reclaim: then the claim is completed here too); else
@@ -511,24 +677,7 @@ class NodeDriver:
         except Exception as e:
             raise ClaimError(f"reading ResourceClaim {ref.key()} from the API failed: {e}") from e
         valid = validate_claim(claim, ref, self.driver_name, self.node_name, self.gpu_uuids)
-        for dev in valid.devices:
-            for other in data.claims.values():
-                if other.uid != ref.uid and any(d.device == dev.device for d in other.devices):
-                    raise ClaimError(
-                        f"ResourceClaim {ref.key()}: device {dev.device} is already prepared for claim "
-                        f"{other.namespace}/{other.name} ({other.uid}); unprepare that claim first"
-                    )
-            if dev.role == names.ROLE_LENDABLE:
-                for other in data.claims.values():
-                    if other.uid != ref.uid and any(
-                        d.gpu_index == dev.gpu_index and d.role == names.ROLE_SERVING for d in other.devices
-                    ):
-                        raise ClaimError(
-                            f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is held by "
-                            f"serving claim {other.namespace}/{other.name}; serving wins, so this lent "
-                            "claim can be prepared only after the serving claim is unprepared (the kubelet "
-                            "retries)"
-                        )
+        self._check_devices_free(ref, valid.devices)
         grace = (
             self._grace_of(list(valid.pods))
             if any(d.role == names.ROLE_LENDABLE for d in valid.devices)
@@ -544,6 +693,7 @@ class NodeDriver:
             grace_seconds=grace,
         )
         data.claims[ref.uid] = rec
+        self._take_over_binding(rec.uid)
         self._save()
         crash_point("prepare-started")
         t0 = time.monotonic()
@@ -554,15 +704,31 @@ class NodeDriver:
 
     def _occupants_of(self, rec: ClaimRecord) -> list[ClaimRecord]:
         """The prepared lent claims on the GPUs of serving claim ``rec`` (none for a lent claim)."""
-        serving_gpus = {d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}
+        return self._lent_on({d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}, rec.uid)
+
+    def _lent_on(self, gpus: Collection[int], but: str = "") -> list[ClaimRecord]:
+        """The prepared lent claims (other than ``but``) on any of ``gpus``."""
         return [
             o
             for o in list(self._data.claims.values())
-            if serving_gpus
-            and o.uid != rec.uid
+            if gpus
+            and o.uid != but
             and o.state == PREPARE_COMPLETED
-            and any(d.role == names.ROLE_LENDABLE and d.gpu_index in serving_gpus for d in o.devices)
+            and any(d.role == names.ROLE_LENDABLE and d.gpu_index in gpus for d in o.devices)
         ]
+
+    def _take_over_binding(self, claim_uid: str) -> None:
+        """A serving claim is being prepared: the holds its allocation took (binding conditions)
+        become the claim's own, so its unprepare releases them; under the lock."""
+        self._binding.pop(claim_uid, None)
+        with self._bmu:
+            self._binding_uids.discard(claim_uid)
+        holder = BINDING_HOLDER_PREFIX + claim_uid
+        for s in self._data.suspensions.values():
+            if holder in s.held_by:
+                s.held_by = [claim_uid if h == holder else h for h in s.held_by]
+                if s.held_by.count(claim_uid) > 1:
+                    s.held_by = list(dict.fromkeys(s.held_by))
 
     def _prepare_finish(self, ref: ClaimRef, t0: float) -> tuple[PreparedDevice, ...]:
         """Under the lock, after the occupants' reclaim: gate, CDI spec, completed."""

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.flag("--lease-duration", default=15, type=int, help="seconds a lease lasts without renewal")
     p.flag("--lease-renew", default=5.0, type=duration, help="seconds between lease renewals")
     p.flag("--identity", default="", help="this replica's lease identity (default: hostname-pid)")
+    p.flag("--taint-lead", default=60.0, type=float,
+           help="seconds ahead a pool's forecast must leave a GPU to lend, else its lendable devices get the "
+                "rose.io/reclaim-planned NoSchedule DeviceTaintRules (with the occupants' own reclaim lead); "
+                "< 0: no taints")  # fmt: skip
     p.flag("--log-level", default="info", help="debug, info, warning or error")
     return p
 
@@ -87,7 +91,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
                                   identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",
                                   lease_duration_s=args.lease_duration, lease_renew_s=args.lease_renew,
                                   planned=args.planner == "on",
-                                  write_concurrency=args.write_concurrency)  # fmt: skip
+                                  write_concurrency=args.write_concurrency,
+                                  taint_lead_s=args.taint_lead)  # fmt: skip
     except ValueError as e:
         raise SystemExit(f"rose controller: {e}") from None
 
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),
                      inventory, metrics, settings, lease)  # fmt: skip
     ctl.device_memory = inventory.device_memory
+    ctl.taint_rules, ctl.lendable_devices = kube.KubeTaintRules(raw), inventory.lendable_devices
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
     listed = Listed(("ElasticRLJobs", "Pods"))  # readiness: both listed once
     jobs = FunctionHandler(ctl.on_job_event, listed.wrap("ElasticRLJobs", ctl.on_job_list))

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from elastic_controller import leader, pools
+from elastic_controller import leader, pools, taints
 from elastic_controller.desired import Desired, PodRef, desired
 from elastic_controller.metrics import PHASES, ControllerMetrics
 from elastic_controller.observe import (
@@ -97,6 +97,14 @@ class ControllerApi(JobApi, Protocol):
     def annotate_pod(self, namespace: str, pod: PodRef, annotations: dict[str, str]) -> None: ...
 
 
+class TaintRuleApi(Protocol):
+    """The DeviceTaintRules the controller owns (``kube.KubeTaintRules``)."""
+
+    def list(self) -> list[dict[str, Any]]: ...
+    def create(self, body: dict[str, Any]) -> None: ...
+    def delete(self, name: str) -> None: ...
+
+
 class Forecasts(Protocol):
     def get(self, pool: str) -> Forecast | None: ...
 
@@ -117,6 +125,10 @@ class ControllerSettings:
     planned: bool = True  # False: reactive only, the planner's reclaims are dropped
     resync_s: float = 30.0  # every job queued at least this often, its target changed or not
     write_concurrency: int = 1  # API calls of one reconcile's group in flight together (all reconciles)
+    # The planner's intent as device taints (issue 27 §2, elastic_controller/taints.py): a pool whose
+    # forecast leaves nothing to lend within this lead (and its occupants' own) gets its lendable
+    # devices tainted NoSchedule. < 0: off.
+    taint_lead_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.plan_interval_s <= 0:
@@ -231,6 +243,10 @@ class Controller:
         self._stale: set[str] = set()  # pools planned frozen last round (no fresh forecast)
         self._role_series: set[tuple[str, str]] = set()  # (job, role) with rose_controller_role_workers series
         self.device_memory: Callable[[], int | None] = lambda: None  # kube.InventoryStore.device_memory
+        # the planner's intent as device taints (issue 27 §2): None, or settings.taint_lead_s < 0: off
+        self.taint_rules: TaintRuleApi | None = None
+        self.lendable_devices: Callable[[], dict[str, list[tuple[str, str]]]] = dict  # kube.InventoryStore's
+        self._tainted: dict[str, bool] = {}  # pool → tainted, as last decided (log and metric on change)
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
         metrics.queue_idle.set_function(lambda: 1 if self.queue.idle() else 0)
@@ -511,8 +527,40 @@ class Controller:
         self._gauges(inp.workers)
         self._role_gauges(inp.jobs, result)
         self._report_stale(inp)
+        self._taint(inp, result)
         self.last_plan = result
         return result
+
+    def _taint(self, inp: PlanInput, result: Plan) -> None:
+        """Make the owned DeviceTaintRules match :func:`taints.decide` (failures: logged, counted,
+        retried next plan round)."""
+        if self.taint_rules is None or self.settings.taint_lead_s < 0:
+            return
+        decisions = taints.decide(inp, result, self.settings.taint_lead_s)
+        for pool, d in sorted(decisions.items()):
+            self.metrics.pool_tainted.labels(pool).set(1 if d.taint else 0)
+            if self._tainted.get(pool) != d.taint:
+                log.info(
+                    "pool reclaim taint " + ("set" if d.taint else "cleared"), extra={"pool": pool, "why": d.reason}
+                )
+                self._tainted[pool] = d.taint
+        try:
+            existing = self.taint_rules.list()
+        except Exception as e:
+            log.warning("listing DeviceTaintRules failed", extra={"err": repr(e)})
+            return
+        create, delete = taints.diff(existing, taints.desired_rules(decisions, self.lendable_devices()), decisions)
+        for action, items in (("create", create), ("delete", delete)):
+            for item in items:
+                try:
+                    if isinstance(item, dict):
+                        self.taint_rules.create(item)
+                    else:
+                        self.taint_rules.delete(item)
+                    self.metrics.taint_rules.labels(action, "ok").inc()
+                except Exception as e:
+                    self.metrics.taint_rules.labels(action, "error").inc()
+                    log.warning("DeviceTaintRule write failed", extra={"action": action, "err": repr(e)})
 
     def _store_targets(self, targets: dict[str, JobTarget], waiting: set[str]) -> list[str]:
         """Store every target (a reconcile takes it), and return the keys to queue: those whose

@@ -268,6 +268,7 @@ class InventoryStore:
         self._synced: set[str] = set()
         self._sums: dict[str, int] | None = None  # None: changed since the last sum
         self._memory: dict[str, int] = {}  # slice name → its largest lendable device's memory (bytes)
+        self._devices: dict[str, tuple[str, tuple[str, ...]]] = {}  # slice name → (node, lendable device names)
 
     def _put(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "Node":
@@ -275,9 +276,11 @@ class InventoryStore:
         elif (entry := pools.lendable_on(obj)) is not None:
             self._slices[objects.name(obj)] = entry
             self._memory[objects.name(obj)] = pools.lendable_memory(obj)
+            self._devices[objects.name(obj)] = pools.lendable_devices(obj) or ("", ())
         else:
             self._slices.pop(objects.name(obj), None)
             self._memory.pop(objects.name(obj), None)
+            self._devices.pop(objects.name(obj), None)
 
     def handler(self, kind: str) -> FunctionHandler:
         def on_list(items: list[dict[str, Any]]) -> None:
@@ -285,6 +288,7 @@ class InventoryStore:
                 (self._pool_of if kind == "Node" else self._slices).clear()
                 if kind != "Node":
                     self._memory.clear()
+                    self._devices.clear()
                 for o in items:
                     self._put(kind, o)
                 self._synced.add(kind)
@@ -296,6 +300,7 @@ class InventoryStore:
                     (self._pool_of if kind == "Node" else self._slices).pop(objects.name(obj), None)
                     if kind != "Node":
                         self._memory.pop(objects.name(obj), None)
+                        self._devices.pop(objects.name(obj), None)
                 else:
                     self._put(kind, obj)
                 self._sums = None
@@ -311,6 +316,16 @@ class InventoryStore:
             if self._sums is None:
                 self._sums = pools.sum_capacities(self._pool_of, self._slices.values())
             return dict(self._sums)
+
+    def lendable_devices(self) -> dict[str, list[tuple[str, str]]]:
+        """Per pool, the ``(node, device)`` of every lendable device the driver publishes there."""
+        with self._lock:
+            out: dict[str, list[tuple[str, str]]] = {}
+            for node, devs in self._devices.values():
+                pool = self._pool_of.get(node, "")
+                if pool:
+                    out.setdefault(pool, []).extend((node, d) for d in devs)
+            return out
 
     def device_memory(self) -> int | None:
         """The most memory one lendable GPU of the cluster has (bytes), from the driver's slices;
@@ -443,3 +458,23 @@ def group_informers(raw: Raw, namespace: str, leases: GroupLeases, on_restart: C
     settings = InformerSettings(kind="Lease", path=f"{LEASE_API}/namespaces/{_q(namespace)}/leases",
                                 label_selector=LABEL_GROUP, watch_timeout_seconds=300)  # fmt: skip
     return [Informer(raw, settings, leases.handler(), on_restart, stop)]
+
+
+class KubeTaintRules:
+    """The DeviceTaintRules this controller owns (label ``rose.io/reclaim-taint-pool``)."""
+
+    PATH: Final = f"{RCT_API}/devicetaintrules"
+
+    def __init__(self, raw: Raw) -> None:
+        self.raw = raw
+
+    def list(self) -> list[dict[str, Any]]:
+        return objects.items(self.raw.json("GET", self.PATH, {"labelSelector": names.LABEL_TAINT_POOL}))
+
+    def create(self, body: dict[str, Any]) -> None:
+        with contextlib.suppress(Conflict):  # there already: what we wanted
+            self.raw.json("POST", self.PATH, body=body)
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            self.raw.json("DELETE", f"{self.PATH}/{name}")

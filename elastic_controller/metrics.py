@@ -66,6 +66,16 @@ class ControllerMetrics:
         self.watch_restarts = Counter("rose_controller_watch_restarts_total", "Watches that failed and relisted.",
                                       ["kind"], registry=r)  # fmt: skip
         self.leader = Gauge("rose_controller_leader", "1 while this replica holds the lease.", registry=r)
+        self.pool_tainted = Gauge("rose_controller_pool_reclaim_tainted",
+                                  "1 while a pool's lendable devices carry the rose.io/reclaim-planned NoSchedule "
+                                  "taint (its forecast leaves nothing to lend within the reclaim lead).", ["pool"],
+                                  registry=r)  # fmt: skip
+        self.taint_rules = Counter("rose_controller_taint_rule_writes_total",
+                                   "DeviceTaintRules written, by action (create, delete) and result.",
+                                   ["action", "result"], registry=r)  # fmt: skip
+        for action in ("create", "delete"):
+            for res in OK_ERROR:
+                self.taint_rules.labels(action, res)
         for phase in PHASES:
             self.jobs.labels(phase)
         for kind in RECLAIM_KINDS:

@@ -45,6 +45,15 @@ def lendable_on(sl: Mapping[str, Any]) -> tuple[str, int] | None:
     return str(spec.get("nodeName", "")), sum(1 for d in spec.get("devices") or [] if _role(d) == names.ROLE_LENDABLE)
 
 
+def lendable_devices(sl: Mapping[str, Any]) -> tuple[str, tuple[str, ...]] | None:
+    """``(node name, lendable device names)`` of one of the ROSE driver's slices; None for another driver's."""
+    spec = objects.spec(sl)
+    if spec.get("driver") != names.DRIVER_NAME:
+        return None
+    devs = tuple(sorted(str(d.get("name", "")) for d in spec.get("devices") or [] if _role(d) == names.ROLE_LENDABLE))
+    return str(spec.get("nodeName", "")), devs
+
+
 def lendable_memory(sl: Mapping[str, Any]) -> int:
     """The most device memory (bytes) of one lendable device of the ROSE driver's slice ``sl``;
     0 for another driver's slice or when no device publishes its ``memory`` capacity."""

@@ -647,6 +647,15 @@ def _apiserver_command(bins: binaries.Binaries, p: pki.Pki, ports: dict[str, int
     ]
 
 
+# How long the DynamicResources plugin holds a pod in PreBind for its devices' binding conditions
+# (kube-scheduler v1.37.2's default: 10m, read from `kube-scheduler --write-config-to`). ROSE's
+# driver reports its serving devices freed within the lent occupant's grace + 5 s + twice
+# --enforce-timeout-seconds (dra_driver/README.md); a pod held past this is deallocated and
+# rescheduled, and the driver releases what it held for it. Long enough for the local cluster's
+# graces (the driver's default 30 s + 25 s), short enough that a lost driver costs two minutes.
+BINDING_TIMEOUT_SECONDS = 120
+
+
 def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:
     """KubeSchedulerConfiguration for one scheduler process (leader election off: one replica)."""
     conf: dict[str, Any] = {
@@ -654,7 +663,14 @@ def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 500, "burst": 1000},
         "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": profile}],
+        "profiles": [
+            {
+                "schedulerName": profile,
+                "pluginConfig": [
+                    {"name": "DynamicResources", "args": {"bindingTimeout": f"{BINDING_TIMEOUT_SECONDS}s"}}
+                ],
+            }
+        ],
     }
     if extender_url:
         conf["extenders"] = [extender_entry(extender_url)]

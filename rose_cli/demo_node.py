@@ -151,6 +151,7 @@ def _start_driver(h: ClusterHandle, node: str, root: Path, agent_sock: Path, con
             "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
             "--agent-socket", str(agent_sock), "--agent-control-socket", str(control_sock),
             "--enforce-timeout-seconds", f"{ENFORCE_TIMEOUT_S:g}",
+            "--serving-wait", "prepare",  # this act shows the prepare's wait (issue 27: prebind has its own test)
         ],
     )  # fmt: skip
 

@@ -122,6 +122,18 @@ EVENT_CPU_RESIZE_SKIPPED: Final = "CPUResizeSkipped"  # warning
 LABEL_TIMESLICE_GROUP: Final = f"{LABEL_PREFIX}/timeslice-group"
 ANNOTATION_FENCING_TOKEN: Final = f"{LABEL_PREFIX}/fencing-token"
 EVENT_FENCING_REJECTED: Final = "FencingTokenRejected"  # warning
+
+# Serving waits in the scheduler (issue 27 §1): the driver's ResourceSlices give every serving
+# device these binding conditions; the scheduler's DynamicResources plugin holds a serving pod in
+# PreBind until the driver reports one of them True in the claim's status.devices[].conditions.
+BINDING_CONDITION_FREED: Final = "rose.io/device-freed"  # the lent occupant left the GPU
+BINDING_CONDITION_FREE_FAILED: Final = "rose.io/device-free-failed"  # it did not: the pod is rescheduled
+EVENT_DEVICE_FREEING: Final = "DeviceFreeing"  # on the serving pod: its GPU's occupant is being suspended
+EVENT_DEVICE_FREED: Final = "DeviceFreed"
+EVENT_DEVICE_NOT_FREED: Final = "DeviceNotFreed"  # warning: the binding failure condition was set
+# The planner's intent as device taints (issue 27 §2): DeviceTaintRules on a pool's lendable devices
+TAINT_RECLAIM_PLANNED: Final = "rose.io/reclaim-planned"
+LABEL_TAINT_POOL: Final = "rose.io/reclaim-taint-pool"  # on the DeviceTaintRules the controller owns
 ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
 # The orchestrator (--authenticate tokenreview) takes the caller's identity from a projected
 # ServiceAccount token of this audience, mounted into time-sliced workers by the controller.

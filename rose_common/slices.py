@@ -42,28 +42,36 @@ def parse_device_name(name: str) -> tuple[int, str]:
     return int(parts[1]), role
 
 
-def gpu_devices(gpus: list[GpuInfo]) -> list[dict[str, Any]]:
-    """The ``spec.devices`` list for these GPUs: serving devices first (first-fit allocator)."""
+def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False) -> list[dict[str, Any]]:
+    """The ``spec.devices`` list for these GPUs: serving devices first (first-fit allocator).
+
+    With ``binding_conditions`` every *serving* device carries ROSE's binding condition (and its
+    failure twin, which the API requires beside it): the scheduler then holds a serving pod in
+    PreBind until the driver has freed the GPU of any lent occupant (issue 27 §1)."""
     devices: list[dict[str, Any]] = []
     for role in (names.ROLE_SERVING, names.ROLE_LENDABLE):
         for gpu in sorted(gpus, key=lambda g: g.index):
-            devices.append(
-                {
-                    "name": device_name(gpu.index, role),
-                    "attributes": {
-                        names.ATTR_UUID: {"string": f"{gpu.uuid}-{role}"},
-                        names.ATTR_INDEX: {"int": gpu.index},
-                        names.ATTR_MODEL: {"string": gpu.model[:64]},
-                        names.ATTR_ROLE: {"string": role},
-                        names.ATTR_PHYSICAL_GPU: {"string": gpu.uuid},
-                    },
-                    "capacity": {names.CAPACITY_MEMORY: {"value": str(gpu.memory_bytes)}},
-                }
-            )
+            device: dict[str, Any] = {
+                "name": device_name(gpu.index, role),
+                "attributes": {
+                    names.ATTR_UUID: {"string": f"{gpu.uuid}-{role}"},
+                    names.ATTR_INDEX: {"int": gpu.index},
+                    names.ATTR_MODEL: {"string": gpu.model[:64]},
+                    names.ATTR_ROLE: {"string": role},
+                    names.ATTR_PHYSICAL_GPU: {"string": gpu.uuid},
+                },
+                "capacity": {names.CAPACITY_MEMORY: {"value": str(gpu.memory_bytes)}},
+            }
+            if binding_conditions and role == names.ROLE_SERVING:
+                device["bindingConditions"] = [names.BINDING_CONDITION_FREED]
+                device["bindingFailureConditions"] = [names.BINDING_CONDITION_FREE_FAILED]
+            devices.append(device)
     return devices
 
 
-def resource_slice(node_name: str, gpus: list[GpuInfo], generation: int) -> dict[str, Any]:
+def resource_slice(
+    node_name: str, gpus: list[GpuInfo], generation: int, binding_conditions: bool = False
+) -> dict[str, Any]:
     """One ResourceSlice (resource.k8s.io/v1) holding a node's whole pool.
 
     At most 128 devices fit a slice; two per GPU allows 64 GPUs per node, far above any
@@ -79,7 +87,7 @@ def resource_slice(node_name: str, gpus: list[GpuInfo], generation: int) -> dict
             "driver": names.DRIVER_NAME,
             "nodeName": node_name,
             "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
-            "devices": gpu_devices(gpus),
+            "devices": gpu_devices(gpus, binding_conditions),
         },
     }
 

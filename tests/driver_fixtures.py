@@ -318,6 +318,9 @@ E2E_DRIVER_ARGS = [
     "--suspend-engine", "node", "--suspend-backends", "simulated",
     "--simulated-occupant-bytes", "1Gi", "--host-memory-budget", "8Gi",
     "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
+    # these tests play the kubelet's prepare-time wait; the scheduler-side wait (prebind) has its
+    # own (tests/e2e/test_driver_binding_e2e.py)
+    "--serving-wait", "prepare",
 ]  # fmt: skip
 
 

@@ -51,6 +51,7 @@ class Driver(DriverProcess):
             extra_args=[
                 "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
                 "--agent-control-socket", str(self.control_socket),
+                "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
             ],
         )  # fmt: skip
 

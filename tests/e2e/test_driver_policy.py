@@ -218,3 +218,55 @@ def test_driver_may_resize_only_pods_on_its_node(installed: Any) -> None:
     with pytest.raises(ApiError) as e:  # RBAC: resize is patch only
         drv.json("PUT", f"/api/v1/namespaces/{NS}/pods/{name}/resize", body=out)
     assert e.value.code == 403
+
+
+def _allocated_claim(admin: Raw, node: str, name: str) -> dict[str, Any]:
+    """A serving claim in the driver's namespace, allocated (as the scheduler would) on ``node``."""
+    base = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+    request = {"name": "gpu", "exactly": {"deviceClassName": "serving.gpu.rose.io"}}
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [request]}}}  # fmt: skip
+    c = admin.json("POST", base, body=body)
+    c["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.rose.io", "pool": node, "device": "gpu-0-serving",
+                                 "bindingConditions": ["rose.io/device-freed"],
+                                 "bindingFailureConditions": ["rose.io/device-free-failed"]}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+    }}  # fmt: skip
+    return admin.json("PUT", f"{base}/{name}/status", body=c)
+
+
+def test_driver_may_report_binding_conditions_only_on_claims_allocated_on_its_node(
+    cluster: ClusterHandle, installed: Any
+) -> None:
+    """The binding watch's status write (issue 27 §1) with the driver's pod-bound token, under
+    v1.37.2's granular ResourceClaim status authorization (resourceclaims/driver
+    associated-node:patch for gpu.rose.io)."""
+    import datetime
+
+    from dra_driver import binding
+
+    admin, drv, _ = installed
+    now = datetime.datetime.now(datetime.UTC)
+    outcome = binding.Outcome(True, binding.REASON_NO_OCCUPANT, "no lent occupant on the GPU")
+    base = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+    try:
+        cases = ((cluster.node_names[0], "bind-own", True), (cluster.node_names[1], "bind-other", False))
+        for node, name, allowed in cases:
+            claim = _allocated_claim(admin, node, name)
+            patch = binding.status_patch(claim, "gpu.rose.io", node, ("gpu-0-serving",), outcome, now)
+            if allowed:
+                drv.json("PATCH", f"{base}/{name}/status", body=patch, content_type="application/merge-patch+json")
+                got = admin.json("GET", f"{base}/{name}")
+                assert got["status"]["devices"][0]["conditions"][0]["type"] == "rose.io/device-freed"
+            else:
+                with pytest.raises(ApiError) as e:
+                    drv.json("PATCH", f"{base}/{name}/status", body=patch, content_type="application/merge-patch+json")
+                # the granular authorization answers as a field error: the other node's claim would
+                # need arbitrary-node:patch, which the driver is not granted
+                assert e.value.code == 422 and "arbitrary-node:patch" in str(e.value), e.value
+    finally:
+        for name in ("bind-own", "bind-other"):
+            with contextlib.suppress(NotFound):
+                admin.json("DELETE", f"{base}/{name}")

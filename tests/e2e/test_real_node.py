@@ -188,10 +188,7 @@ def _metric(port: int, name: str) -> float:
         )
 
 
-def test_kubelet_drives_the_rose_driver(
-    api: Any, ns: str, real_node: RealNode, driver: tuple[subprocess.Popen[bytes], int]
-) -> None:
-    _, port = driver
+def _wait_registered(real_node: RealNode) -> None:
     klog = real_node.log("kubelet")
     registered = f'"Connection changed" logger="DRA registration handler" driverName="{names.DRIVER_NAME}"'
     wait_for(
@@ -202,6 +199,13 @@ def test_kubelet_drives_the_rose_driver(
         timeout=60,
         interval=1,
     )
+
+
+def test_kubelet_drives_the_rose_driver(
+    api: Any, ns: str, real_node: RealNode, driver: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    _, port = driver
+    _wait_registered(real_node)
     slices = wait_for(
         "the driver's ResourceSlice for the real node",
         lambda: client.CustomObjectsApi(api).list_cluster_custom_object(
@@ -223,6 +227,70 @@ def test_kubelet_drives_the_rose_driver(
     assert env.get(names.ENV_SIMULATED_GPU) == "1"
     core.delete_namespaced_pod("worker", ns, grace_period_seconds=0)
     wait_for("the kubelet's NodeUnprepareResources", lambda: _metric(port, "rose_driver_unprepare_total") >= 1, 120, 1)
+
+
+def test_kubelet_prepares_a_serving_claim_after_the_schedulers_prebind_wait(
+    api: Any, ns: str, real_node: RealNode, driver: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    """The driver in its default ``--serving-wait`` (auto: prebind on v1.37.2) with a lent pod on
+    the node's one GPU: the real scheduler holds the serving pod in PreBind until the driver reports
+    the GPU freed, then binds it, and the real kubelet's NodePrepareResources starts its container."""
+    _, port = driver
+
+    # this driver process registered with the kubelet (a pod before that waits out the kubelet's DRA
+    # retry backoff, ~1 min); its own count, not the kubelet's log, which an earlier driver wrote to
+    def registered() -> float:
+        try:
+            return _metric(port, "rose_driver_registration_total")
+        except OSError:  # its metrics endpoint not up yet
+            return 0.0
+
+    wait_for("the kubelet's registration of this driver", registered, 60)
+    wait_for(
+        "the driver's slice with binding conditions on the serving device",
+        lambda: any(
+            d.get("bindingConditions") == [names.BINDING_CONDITION_FREED]
+            for s in client.CustomObjectsApi(api).list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices",
+                field_selector=f"spec.driver={names.DRIVER_NAME},spec.nodeName={real_node.node}",
+            )["items"]
+            for d in s["spec"]["devices"]
+        ),
+        timeout=60,
+    )  # fmt: skip
+    create_claim_template(api, ns, claim_template("lend", names.DEVICE_CLASS_LENDABLE))
+    create_claim_template(api, ns, claim_template("serve", names.DEVICE_CLASS_SERVING))
+    image = real_node.pause_image(load_binaries())
+    core = client.CoreV1Api(api)
+    worker = _pod("worker", image, real_node.node, "lend")
+    worker["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "1"}  # it registers no workload: a short wait
+    core.create_namespaced_pod(ns, worker)
+    _running_pid(api, real_node, ns, "worker")
+    core.create_namespaced_pod(ns, _pod("serve", image, real_node.node, "serve"))
+    _running_pid(api, real_node, ns, "serve")  # bound after PreBind, prepared by the kubelet, started
+    evs = core.list_namespaced_event(ns, field_selector="involvedObject.name=serve").items
+    reasons = [e.reason for e in sorted(evs, key=lambda e: e.metadata.creation_timestamp)]
+    # (the scheduler's BindingConditionsPending is not asserted: with no occupant to suspend, the
+    # driver may report before the scheduler's first check, and then it binds without waiting)
+    assert names.EVENT_DEVICE_FREED in reasons and "Scheduled" in reasons, reasons
+    claim = next(
+        c for c in client.CustomObjectsApi(api).list_namespaced_custom_object(
+            "resource.k8s.io", "v1", ns, "resourceclaims")["items"]
+        if c["metadata"]["name"].startswith("serve-")
+    )  # fmt: skip
+    conds = {c["type"]: c["status"] for c in claim["status"]["devices"][0]["conditions"]}
+    assert conds == {names.BINDING_CONDITION_FREED: "True"}  # the scheduler bound it on this
+    import urllib.request
+
+    from rose_common import promtext
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert promtext.value(text, "rose_driver_binding_conditions_total", {"result": "freed"}) >= 1
+    assert promtext.value(text, "rose_driver_serving_wait_mode", {"mode": "prebind"}) == 1
+    for pod in ("serve", "worker"):
+        core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+    wait_for("the kubelet's NodeUnprepareResources", lambda: _metric(port, "rose_driver_unprepare_total") >= 2, 120, 1)
 
 
 def test_kubelet_actuates_pod_resize_on_the_cgroup(api: Any, ns: str, real_node: RealNode) -> None:
@@ -288,6 +356,7 @@ def agent_driver(cluster: ClusterHandle, real_node: RealNode) -> Iterator[AgentD
         "--cdi-dir", str(real_node.lay.cdi_dir), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
         "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
         "--agent-socket", str(root / "a" / "workload.sock"), "--suspended-cpu", "100m",
+        "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
     ]  # fmt: skip
     log = cluster.workdir / "logs" / "realnode-agent-driver.log"
     with log.open("ab") as out:

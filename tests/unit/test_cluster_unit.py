@@ -57,7 +57,11 @@ def test_scheduler_config_carries_the_extender_only_for_rose_scheduler(tmp_path:
     plain = scheduler_config(tmp_path / "kc", "default-scheduler", None)
     assert "extenders" not in plain
     rose = scheduler_config(tmp_path / "kc", names.SCHEDULER_NAME, "http://127.0.0.1:1234")
-    assert rose["profiles"] == [{"schedulerName": "rose-scheduler"}]
+    (profile,) = rose["profiles"]
+    assert profile["schedulerName"] == "rose-scheduler"
+    # serving pods wait for their devices' binding conditions at most this long (issue 27 §1)
+    assert profile["pluginConfig"] == [{"name": "DynamicResources", "args": {"bindingTimeout": "120s"}}]
+    assert plain["profiles"][0]["pluginConfig"] == profile["pluginConfig"]
     (ext,) = rose["extenders"]
     assert ext["urlPrefix"] == "http://127.0.0.1:1234"
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True

@@ -28,6 +28,9 @@ def test_rbac_is_least_privilege() -> None:
     assert rules == {
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+        # the binding conditions (issue 27 §1): status.devices of claims allocated on its node
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
         ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "pods/eviction"): {"create"},
         ("", "pods/resize"): {"patch"},
@@ -35,6 +38,8 @@ def test_rbac_is_least_privilege() -> None:
         ("", "events"): {"create"},
     }
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in role["rules"])
+    (driver_rule,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver_rule["resourceNames"] == ["gpu.rose.io"]  # only its own driver's device status
 
 
 def test_policies_pin_writes_to_the_tokens_node() -> None:
