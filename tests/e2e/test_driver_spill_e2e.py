@@ -41,6 +41,7 @@ def spill_driver(cluster: ClusterHandle) -> Iterator[tuple[DriverProcess, str, P
         "--simulated-occupant-bytes", str(OCCUPANT), "--host-memory-budget", str(DRAM),
         "--spill-dir", str(spill_dir), "--spill-budget-bytes", str(DISK),
         "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
+        "--serving-wait", "prepare",  # the played kubelet's prepare reclaims (prebind has its own e2e test)
     ]  # fmt: skip
     drv = DriverProcess(cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(), extra_args=args)
     api = cluster.api_client()
