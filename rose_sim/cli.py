@@ -1,10 +1,13 @@
 """``rose simulate``: how many GPU-hours would RL get from this serving fleet, and what would serving pay?
 
     rose simulate --series FILE.csv --jobs DIR [--json OUT.json] [--report OUT.png] [--markdown OUT.md]
+    rose simulate --prometheus URL --query PROMQL --start T --end T --step D --jobs DIR [...]
 
-I/O boundary: argv, the series CSV, the jobs' YAML, stdout, the files named by flags. Every
-failure is one line on stderr and exit status 2 (bad flags, an unknown series format, a job the
-CRD refuses, a series shorter than the history); docs/simulate.md describes the model.
+I/O boundary: argv, the series CSV or one Prometheus range query (``rose_sim.prometheus``, the
+predictor's ingestion), the jobs' YAML, stdout, the files named by flags. Every failure is one
+line on stderr and exit status 2 (bad flags, an unknown series format, a query that fails or
+returns nothing, a job the CRD refuses, a series shorter than the history); docs/simulate.md
+describes the model.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 
 from predictor.series import format_duration, parse_duration
 from rose_sim.engine import SimConfig, default_policies
-from rose_sim.inputs import CostModel, SimInputError, load_demand, load_jobs
+from rose_sim.inputs import CostModel, Demand, SimInputError, load_demand, load_jobs
+from rose_sim.prometheus import load_prometheus, parse_time
 from rose_sim.report import FORECASTERS, markdown, plot, simulate
 
 KNOWN_FORECASTERS = ("oracle", "baseline", "model")
@@ -67,7 +72,13 @@ def _fraction(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rose simulate", description=__doc__.split("\n")[0])
-    ap.add_argument("--series", type=Path, required=True, help="serving demand, a CSV in the traces' format")
+    src = ap.add_argument_group("serving demand: --series, or the Prometheus range query")
+    src.add_argument("--series", type=Path, help="serving demand, a CSV in the traces' format (time,value)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (instead of --series)")
+    src.add_argument("--query", help="PromQL returning one series: the serving demand (with --prometheus)")
+    src.add_argument("--start", help="range start: epoch seconds, ISO-8601, now or now-<duration> (now-21d)")
+    src.add_argument("--end", default="now", help="range end, as --start (now)")
+    src.add_argument("--step", type=_duration, default=60, help="range step; --tick must divide it (60s)")
     ap.add_argument("--jobs", type=Path, required=True, help="an ElasticRLJob YAML file or a folder of them")
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     ap.add_argument("--markdown", type=Path, help="write the markdown table here (it is printed anyway)")
@@ -92,6 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _demand(a: argparse.Namespace) -> tuple[Demand, str]:
+    """The demand from ``--series`` or from the Prometheus range query (exactly one), and what it was."""
+    kw = {"tick_s": a.tick, "history_s": a.history, "pool_gpus": a.pool_gpus, "peak_util": a.peak_util,
+          "capacity_per_gpu": 1.0 if a.busy_gpus else a.capacity_per_gpu}  # fmt: skip
+    if (a.series is None) == (a.prometheus is None):
+        raise SimInputError("give the demand as --series FILE.csv or as --prometheus URL --query Q --start T (one)")
+    if a.series is not None:
+        if a.query is not None or a.start is not None:
+            raise SimInputError("--query / --start go with --prometheus, not with --series")
+        return load_demand(a.series, **kw), str(a.series)
+    if a.query is None or a.start is None:
+        raise SimInputError("--prometheus needs --query (one series of serving demand) and --start")
+    now = time.time()
+    start, end = parse_time(a.start, now, "--start"), parse_time(a.end, now, "--end")
+    demand = load_prometheus(a.prometheus, a.query, start, end, a.step, **kw)
+    return demand, f"prometheus {a.prometheus} {a.query} [{start}, {end}] step {a.step}s"
+
+
 def run(a: argparse.Namespace) -> int:
     try:
         risk = float(a.risk)
@@ -105,18 +134,12 @@ def run(a: argparse.Namespace) -> int:
         raise SimInputError(f"--forecasters: unknown {', '.join(unknown)}; known: {', '.join(KNOWN_FORECASTERS)}")
     cost = CostModel(**{f.name: getattr(a, f"cost_{f.name}") for f in fields(CostModel)})
     jobs = load_jobs(a.jobs)
-    demand = load_demand(
-        a.series,
-        tick_s=a.tick,
-        history_s=a.history,
-        pool_gpus=a.pool_gpus,
-        peak_util=a.peak_util,
-        capacity_per_gpu=1.0 if a.busy_gpus else a.capacity_per_gpu,
-    )
+    demand, source = _demand(a)
     cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell), refit_every_s=a.refit_every)
     report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted))
-    report["series"] = str(a.series)
-    title = (f"{a.series.name}: {a.pool_gpus} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
+    report["series"] = source
+    name = a.series.name if a.series is not None else a.query
+    title = (f"{name}: {a.pool_gpus} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
              f"after {format_duration(a.history)} of history")  # fmt: skip
     table = markdown(report, title)
     print(table)

@@ -29,6 +29,7 @@ from rose_sim import forecasters as fc
 from rose_sim.cli import main as sim_main
 from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, held, parse_jobs
+from rose_sim.prometheus import parse_time
 from rose_sim.report import HORIZONS_S, bounds_for, simulate
 from tests.unit.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
 
@@ -318,6 +319,31 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         sim_main(["--series", str(good), "--jobs", str(jobs), "--pool-gpus", "0"])
     assert capsys.readouterr().err.count("\n") == 1
+    # the demand's source: exactly one of --series and --prometheus, with what each needs
+    _one_line_error(capsys, ["--jobs", str(jobs)], "give the demand as --series FILE.csv or as --prometheus")
+    _one_line_error(capsys, ["--series", str(good), "--prometheus", "http://127.0.0.1:9", "--jobs", str(jobs)],
+                    "give the demand as --series FILE.csv or as --prometheus")  # fmt: skip
+    _one_line_error(capsys, ["--series", str(good), "--query", "up", "--jobs", str(jobs)], "go with --prometheus")
+    _one_line_error(capsys, ["--prometheus", "http://127.0.0.1:9", "--start", "now-3d", "--jobs", str(jobs)],
+                    "--prometheus needs --query")  # fmt: skip
+    prom = ["--prometheus", "http://127.0.0.1:9", "--query", "up", "--jobs", str(jobs)]
+    _one_line_error(capsys, [*prom, "--start", "last tuesday"], "--start 'last tuesday': give epoch seconds")
+    _one_line_error(capsys, [*prom, "--start", "now-3x"], "--start 'now-3x'")
+    _one_line_error(capsys, [*prom, "--start", "now", "--end", "now-1d"], "must be after --start")
+    _one_line_error(capsys, ["--prometheus", "127.0.0.1:9090", "--query", "up", "--start", "now-3d", "--jobs",
+                             str(jobs)], "give the server's base URL")  # fmt: skip
+
+
+def test_prometheus_range_times() -> None:
+    now = 1_800_000_123.7
+    assert parse_time("now", now, "--end") == 1_800_000_123
+    assert parse_time("now-21d", now, "--start") == 1_800_000_123 - 21 * DAY
+    assert parse_time("1764547200", now, "--start") == 1_764_547_200
+    assert parse_time("2025-12-01T00:00:00Z", now, "--start") == 1_764_547_200
+    assert parse_time("2025-12-01T01:00:00+01:00", now, "--start") == 1_764_547_200
+    assert parse_time("2025-12-01T00:10:00", now, "--start") == 1_764_547_800  # UTC unless it says
+    with pytest.raises(SimInputError, match="epoch seconds must be a finite number >= 0"):
+        parse_time("-5", now, "--start")
 
 
 def test_simulate_report_judges_the_goals() -> None:
