@@ -70,6 +70,16 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _gib(text: str) -> int:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text[:40]!r}") from None
+    if not 0 <= v < 1e9:
+        raise argparse.ArgumentTypeError(f"{text} GiB is out of range: use 0 or more")
+    return int(v * 2**30)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rose simulate", description=__doc__.split("\n")[0])
     src = ap.add_argument_group("serving demand: --series, or the Prometheus range query")
@@ -94,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--risk", default="0.01", help="the operator's risk for the forecasts in the loop (0.01)")
     ap.add_argument("--refit-every", type=_duration, default=86400,
                     help="refit the predictor's model this often (1d; the service refits hourly)")  # fmt: skip
+    ap.add_argument("--host-memory", type=_gib, metavar="GIB",
+                    help="GiB of host memory suspended state may hold, the pool's nodes together (no limit); "
+                         "a suspend that does not fit is checkpointed and evicted, as the driver does")  # fmt: skip
     ap.add_argument("--dwell", type=_duration, default=300, help="the controller's --dwell (5m)")
     ap.add_argument("--forecasters", default=",".join(FORECASTERS),
                     help=f"planned policies, one per forecaster: {', '.join(KNOWN_FORECASTERS)}")  # fmt: skip
@@ -135,7 +148,8 @@ def run(a: argparse.Namespace) -> int:
     cost = CostModel(**{f.name: getattr(a, f"cost_{f.name}") for f in fields(CostModel)})
     jobs = load_jobs(a.jobs)
     demand, source = _demand(a)
-    cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell), refit_every_s=a.refit_every)
+    cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell), refit_every_s=a.refit_every,
+                    host_memory_bytes=a.host_memory)
     report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted))
     report["series"] = source
     name = a.series.name if a.series is not None else a.query

@@ -35,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from dra_driver.suspend.budget import fits
 from elastic_controller import pools as ec_pools
 from elastic_controller.observe import planner_job
 from elastic_controller.planner import (
@@ -72,6 +73,7 @@ class SimConfig:
     dwell_s: float = 300.0  # the controller's --dwell
     pool_name: str = POOL  # the pool's name (its GPUs' rose.io/gpu-pool label)
     refit_every_s: int = 86400  # the predictor's model: refit this often (the service's default is 1 h)
+    host_memory_bytes: int | None = None  # host memory for suspended state, the pool's nodes together (None: no limit)
 
 
 @dataclass
@@ -103,6 +105,7 @@ class Result:
     planned_reclaims: int = 0
     unplanned_reclaims: int = 0
     host_bytes_peak: int = 0
+    host_fallbacks: int = 0  # suspends refused for host memory: checkpoint-and-evict instead
     over_capacity_gpu_s: float = 0.0  # serving beyond the whole pool: no policy's doing
     plan_s: float = 0.0
     plans: int = 0
@@ -126,6 +129,8 @@ class Result:
             "planned_reclaims": self.planned_reclaims,
             "unplanned_reclaims": self.unplanned_reclaims,
             "host_memory_peak_gib": round(self.host_bytes_peak / 2**30, 1),
+            "host_memory_fallbacks": self.host_fallbacks,
+            "host_memory_fallbacks_per_day": round(self.host_fallbacks / days, 2),
             "over_capacity_gpu_seconds": round(self.over_capacity_gpu_s, 1),
             "plan_ms_mean": round(1000 * self.plan_s / self.plans, 3) if self.plans else 0.0,
             "steps_by_job": {k: round(v) for k, v in sorted(self.steps_by_job.items())},
@@ -167,6 +172,7 @@ class Simulation:
         self.since_steps = dict.fromkeys(self.sims, 0.0)  # and its steps
         self.last_ckpt = dict.fromkeys(self.sims, 0.0)
         self.short_open: list[float] = []  # dedicated: serving GPUs waiting since (start times)
+        self.restores = dict.fromkeys(self.sims, 0)  # workers checkpointed and evicted, owed a restore on return
 
     # ------------------------------------------------------------------ planner plumbing
     def jobs(self) -> tuple[Job, ...]:
@@ -244,10 +250,23 @@ class Simulation:
             self.r.evictions += 1
             self._restart(w.job, now)
             return wait
+        limit = self.cfg.host_memory_bytes
+        if limit is not None and not fits(limit, self.host_bytes(), sim.state_bytes):
+            # the driver's fallback: a durable checkpoint at the safe point, then the eviction; nothing is lost
+            wait = sim.safe_wait_s + self.cost.checkpoint_s(sim.state_bytes) + self.cost.evict_s
+            w.evicted, w.state, w.stop_at, w.free_at = True, "suspending", now + sim.safe_wait_s, now + wait
+            self.r.host_fallbacks += 1
+            self.restores[w.job] += 1
+            return wait
         wait = self.cost.suspend_s(sim.state_bytes, sim.safe_wait_s)
         w.state, w.stop_at, w.free_at = "suspending", now + sim.safe_wait_s, now + wait
         self.r.suspends += 1
         return wait
+
+    def host_bytes(self) -> int:
+        """Host memory suspended state holds now (a suspend under way has reserved its share)."""
+        return sum(self.sims[w.job].state_bytes for w in self.workers
+                   if w.state == "suspended" or (w.state == "suspending" and not w.evicted))  # fmt: skip
 
     def _restart(self, job: str, now: float) -> None:
         """An eviction: the job's work since its last checkpoint is lost; who remains reloads it."""
@@ -274,7 +293,8 @@ class Simulation:
                 w.state, w.ready_at, w.stop_at = "resuming", now + self.cost.transfer_s(sim.state_bytes), math.inf
             for _ in t.add:
                 start = now + self.cost.pod_start_s
-                restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict else 0.0
+                restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict or self.restores[key] else 0.0
+                self.restores[key] = max(0, self.restores[key] - 1)
                 self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start))
             if changed:
                 for w in self.workers:
@@ -337,11 +357,9 @@ class Simulation:
         end = now + tick
         per_job: dict[str, float] = {}
         held = 0.0
-        host = 0
+        host = self.host_bytes()
         for w in self.workers:
             g = self.base[w.job].gpus_per_worker
-            if w.state == "suspended" or (w.state == "suspending" and not w.evicted):
-                host += self.sims[w.job].state_bytes
             if w.state != "suspended":
                 held += g * (min(end, w.free_at) - now if w.state == "suspending" else tick)
             t0, t1 = max(now, w.ready_at), min(end, w.stop_at)

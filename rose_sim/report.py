@@ -33,6 +33,7 @@ COLUMNS = (
     ("evictions_per_day", "evictions/day"),
     ("rl_lost_gpu_hours", "lost GPU-h"),
     ("host_memory_peak_gib", "host GiB peak"),
+    ("host_memory_fallbacks_per_day", "host fallbacks/day"),
 )
 
 
@@ -104,6 +105,7 @@ def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig
         "capacity_per_gpu": demand.capacity_per_gpu,
         "risk": cfg.risk,
         "dwell_seconds": cfg.dwell_s,
+        "host_memory_gib": None if cfg.host_memory_bytes is None else round(cfg.host_memory_bytes / 2**30, 1),
         "cost_model": asdict(cost),
         "jobs": [
             {

@@ -9,6 +9,7 @@ import copy
 import datetime as dt
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+from dra_driver.suspend import budget
 from elastic_controller import controller as ec_controller
 from elastic_controller import observe, planner, pools
 from elastic_controller.controller import Controller, ControllerSettings
@@ -54,9 +56,9 @@ def burst_demand(pool: int = 8) -> Demand:
 
 
 def run_policy(policy: Policy, demand: Demand, jobs: list[dict[str, Any]] | None = None, pool: int = 8,
-               record: bool = False) -> Simulation:  # fmt: skip
+               record: bool = False, host_memory: int | None = None) -> Simulation:  # fmt: skip
     sims = parse_jobs([("t", j) for j in (jobs or [raw_job()])])
-    cfg = SimConfig(pool_gpus=pool)
+    cfg = SimConfig(pool_gpus=pool, host_memory_bytes=host_memory)
     bounds = bounds_for(demand, cfg, (policy.forecaster,) if policy.forecaster else ())
     s = Simulation(demand, sims, CostModel(), cfg, policy, bounds, record=record)
     s.run()
@@ -125,6 +127,35 @@ def test_each_policy_on_a_burst_of_serving() -> None:
     twin = run_policy(Policy("evict-planned-oracle", "evict-planned", "oracle"), d, [job]).r  # the planner, evicting
     assert twin.waits == [] and twin.evictions == 4 and twin.suspends == 0 and twin.lost_gpu_s > 0
     assert twin.useful_gpu_s < oracle.useful_gpu_s
+
+
+def test_host_memory_full_falls_back_to_checkpoint_and_evict() -> None:
+    """The burst takes all 4 lent GPUs back; host memory for 2.5 workers' state: 2 suspend, the other
+    2 are checkpointed and evicted (the driver's fallback: nothing lost, serving waits for the checkpoint
+    write), and come back as new pods that read the checkpoint."""
+    d = burst_demand()
+    cost = CostModel()
+    unlimited = run_policy(Policy("reactive", "reactive"), d).r
+    assert unlimited.host_fallbacks == 0 and unlimited.host_bytes_peak == 4 * GIB16
+    roomy = run_policy(Policy("reactive", "reactive"), d, host_memory=10 * GIB16).r
+    assert replace(roomy, plan_s=0.0) == replace(unlimited, plan_s=0.0)
+    s = run_policy(Policy("reactive", "reactive"), d, host_memory=int(2.5 * GIB16), record=True)
+    r = s.r
+    fallback_wait = 20.0 + cost.checkpoint_s(GIB16) + cost.evict_s
+    assert r.suspends == 2 and r.host_fallbacks == 2 and r.evictions == 0 and r.lost_gpu_s == 0
+    assert r.host_bytes_peak == 2 * GIB16
+    assert sorted(r.waits) == pytest.approx(sorted([cost.suspend_s(GIB16, 20.0)] * 2 + [fallback_wait] * 2))
+    assert r.unplanned_reclaims == 4
+    # after the burst the job is back at 4: the 2 suspended resumed, 2 new workers replaced the evicted
+    grown = [t for _, what, targets in s.decisions for t in targets.values() if what == "plan" and (t.add or t.resume)]
+    assert sum(len(t.resume) for t in grown) == 2 and sum(len(t.add) for t in grown) >= 2 + 4  # first 4, then 2
+    assert {w.state for w in s.workers} == {"active"} and len(s.workers) == 4
+    assert r.useful_gpu_s < unlimited.useful_gpu_s
+    report = r.report(5 * 3600, 8)
+    assert report["host_memory_fallbacks"] == 2 and report["host_memory_fallbacks_per_day"] == pytest.approx(9.6)
+    # no host memory at all: every reclaim is a checkpoint-and-evict
+    none = run_policy(Policy("reactive", "reactive"), d, host_memory=0).r
+    assert none.suspends == 0 and none.host_fallbacks == 4 and none.host_bytes_peak == 0
 
 
 def test_transitions_cost_time_useful_work_is_less_than_lent() -> None:
@@ -199,6 +230,7 @@ def test_the_simulator_calls_the_controllers_own_functions() -> None:
     assert engine.without_reclaims is planner.without_reclaims is ec_controller.without_reclaims
     assert engine.ec_pools.to_forecast is pools.to_forecast
     assert engine.planner_job is observe.planner_job is ec_controller.planner_job
+    assert engine.fits is budget.fits  # the driver's host-memory budget decides the checkpoint-and-evict fallback
 
 
 class _Fixed:
