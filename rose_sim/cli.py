@@ -148,8 +148,13 @@ def run(a: argparse.Namespace) -> int:
     cost = CostModel(**{f.name: getattr(a, f"cost_{f.name}") for f in fields(CostModel)})
     jobs = load_jobs(a.jobs)
     demand, source = _demand(a)
-    cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell), refit_every_s=a.refit_every,
-                    host_memory_bytes=a.host_memory)
+    cfg = SimConfig(
+        pool_gpus=a.pool_gpus,
+        risk=a.risk,
+        dwell_s=float(a.dwell),
+        refit_every_s=a.refit_every,
+        host_memory_bytes=a.host_memory,
+    )
     report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted))
     report["series"] = source
     name = a.series.name if a.series is not None else a.query
