@@ -124,6 +124,7 @@ class Result:
             "serving_wait_gpu_seconds": round(float(w.sum()), 1),
             "serving_wait_p99_s": round(float(np.quantile(w, 0.99)), 2) if len(w) else 0.0,
             "serving_waits_per_day": round(len(self.waits) / days, 2),
+            "suspends": self.suspends,
             "suspends_per_day": round(self.suspends / days, 1),
             "evictions_per_day": round(self.evictions / days, 1),
             "planned_reclaims": self.planned_reclaims,
