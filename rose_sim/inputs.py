@@ -31,6 +31,8 @@ DAY = 86400
 ANNOTATION_STEP_SECONDS = "sim.rose.io/step-seconds"
 ANNOTATION_CHECKPOINT_INTERVAL = "sim.rose.io/checkpoint-interval"
 ANNOTATION_SAFE_POINT_SECONDS = "sim.rose.io/safe-point-seconds"
+ANNOTATION_GPU_PHASE = "sim.rose.io/gpu-phase-seconds"  # time-slice groups: one cycle's time on the GPUs
+ANNOTATION_OFF_PHASE = "sim.rose.io/off-phase-seconds"  # and off them (waiting for rollouts, rewards)
 DEFAULT_STEP_SECONDS = 20.0  # one training step per 20 s on one worker (the replay's safe-point period)
 DEFAULT_CHECKPOINT_INTERVAL_S = 1800  # a durable checkpoint every 30 min
 DEFAULT_SAFE_POINT_S = 20.0  # a safe point at every step's end
@@ -94,6 +96,7 @@ class SimJob:
     step_seconds: float = DEFAULT_STEP_SECONDS  # one step's time on one worker
     checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     safe_point_s: float = DEFAULT_SAFE_POINT_S  # period of the workload's safe points
+    cycle_s: tuple[float, float] | None = None  # time-slice groups: (seconds on the GPUs, off them) per cycle
 
     @property
     def key(self) -> str:
@@ -135,8 +138,21 @@ def _job(raw: Any, where: str) -> SimJob:
         raise SimInputError(f"{where}: metadata.name is missing")
     meta.setdefault("namespace", "default")
     job = job.model_copy(update={"metadata": meta})
+    cycle = None
+    if job.spec.timeslice_group is not None:
+        ann = job.metadata.get("annotations") or {}
+        if ANNOTATION_GPU_PHASE not in ann or ANNOTATION_OFF_PHASE not in ann:
+            raise SimInputError(
+                f"{where}: timesliceGroup {job.spec.timeslice_group!r}: give its cycle as annotations "
+                f"{ANNOTATION_GPU_PHASE} and {ANNOTATION_OFF_PHASE} (seconds on the GPUs and off them)"
+            )
+        cycle = (
+            _annotation_seconds(job, ANNOTATION_GPU_PHASE, 0.0, where),
+            _annotation_seconds(job, ANNOTATION_OFF_PHASE, 0.0, where),
+        )
     return SimJob(
         job,
+        cycle_s=cycle,
         step_seconds=_annotation_seconds(job, ANNOTATION_STEP_SECONDS, DEFAULT_STEP_SECONDS, where),
         checkpoint_interval_s=_annotation_seconds(
             job, ANNOTATION_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_INTERVAL_S, where

@@ -14,6 +14,7 @@ from typing import Any
 from rose_sim import forecasters as fc
 from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
 from rose_sim.inputs import CostModel, Demand, SimInputError, SimJob
+from timeslice.advise import advise
 
 FORECASTERS = ("oracle", "baseline", "model")
 HORIZONS_S = (600, 1800, 3600)  # the predictor's served horizons: 10, 30, 60 min
@@ -53,6 +54,29 @@ def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> 
                                     demand.start, float(cfg.risk), every, cfg.pool_gpus)  # fmt: skip
         except fc.ModelUnavailable as e:
             raise SimInputError(f"{e} (a longer --history, or a larger --risk)") from None
+    return out
+
+
+def timeslice_groups(jobs: list[SimJob], cost: CostModel) -> dict[str, dict[str, Any]]:
+    """Each declared time-slice group judged by ``timeslice.advise`` (its round model, called): the
+    jobs' cycles (annotations) against one switch, the slowest suspend + resume of the group's
+    state under the cost model. Advice only: the ticks do not run the group round-robin."""
+    groups: dict[str, list[SimJob]] = {}
+    for j in jobs:
+        if j.job.spec.timeslice_group is not None:
+            groups.setdefault(j.job.spec.timeslice_group, []).append(j)
+    out: dict[str, dict[str, Any]] = {}
+    for name, members in sorted(groups.items()):
+        switch = max(cost.suspend_s(j.state_bytes, j.safe_wait_s) + cost.transfer_s(j.state_bytes) for j in members)
+        keys = [j.key for j in members]
+        if len(members) < 2:
+            out[name] = {"jobs": keys, "switch_s": round(switch, 2), "pays": False,
+                         "reason": "one job in the group: nothing to share its GPUs with"}  # fmt: skip
+            continue
+        a = advise({j.key: [j.cycle_s] for j in members if j.cycle_s is not None}, switch)
+        out[name] = {"jobs": keys, "switch_s": round(a.switch_s, 2), "round_s": round(a.round_s, 2),
+                     "shared_duty": round(a.shared_duty, 4), "best_solo_duty": round(a.best_solo_duty, 4),
+                     "pays": a.pays, "reason": a.reason}  # fmt: skip
     return out
 
 
@@ -122,6 +146,7 @@ def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig
             for j in jobs
         ],
         "forecasters": {k: b.detail or k for k, b in bounds.items()},
+        "timeslice_groups": timeslice_groups(jobs, cost),
         "results": results,
         "goals": goals(results),
         "runtime_s": runtime
@@ -135,6 +160,9 @@ def markdown(report: dict[str, Any], title: str = "") -> str:
     lines += ["| policy | " + " | ".join(c for _, c in COLUMNS) + " |", "| --- |" + " ---: |" * len(COLUMNS)]
     for name, r in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{r[k]:,}" for k, _ in COLUMNS) + " |")
+    for name, t in (report.get("timeslice_groups") or {}).items():
+        lines += ["", f"Time-slice group {name} ({', '.join(t['jobs'])}): {'pays' if t['pays'] else 'does not pay'}: "
+                  f"{t['reason']} (timeslice.advise's round model; advice, not simulated)"]  # fmt: skip
     g = report.get("goals") or {}
     if g:
         lines += ["", f"Goals (judged on {g['judged']}):"]

@@ -28,12 +28,15 @@ from rose_common import names
 from rose_common.informer import ADDED
 from rose_sim import engine
 from rose_sim import forecasters as fc
+from rose_sim import report as sim_report
 from rose_sim.cli import main as sim_main
 from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, held, parse_jobs
 from rose_sim.prometheus import parse_time
-from rose_sim.report import HORIZONS_S, bounds_for, simulate
+from rose_sim.report import HORIZONS_S, bounds_for, markdown, simulate, timeslice_groups
 from tests.unit.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
+from timeslice import advise as timeslice_advise
+from timeslice.advise import advise
 
 GIB16 = 16 * 2**30
 STEP = 600
@@ -158,6 +161,34 @@ def test_host_memory_full_falls_back_to_checkpoint_and_evict() -> None:
     assert none.suspends == 0 and none.host_fallbacks == 4 and none.host_bytes_peak == 0
 
 
+def _grouped(name: str, on: str | None = "60s", off: str | None = "4m", group: str = "pair") -> dict[str, Any]:
+    job = raw_job(name, timesliceGroup=group)
+    ann = {k: v for k, v in (("sim.rose.io/gpu-phase-seconds", on), ("sim.rose.io/off-phase-seconds", off)) if v}
+    job["metadata"]["annotations"] = ann
+    return job
+
+
+def test_timeslice_groups_are_judged_by_timeslices_own_round_model() -> None:
+    cost = CostModel()
+    jobs = parse_jobs([("t", _grouped("a")), ("t", _grouped("b", "90s", "3m")), ("t", raw_job("solo"))])
+    out = timeslice_groups(jobs, cost)
+    switch = cost.suspend_s(GIB16, 20.0) + cost.transfer_s(GIB16)
+    want = advise({"rl/a": [(60.0, 240.0)], "rl/b": [(90.0, 180.0)]}, switch)
+    assert list(out) == ["pair"] and out["pair"]["jobs"] == ["rl/a", "rl/b"]
+    assert out["pair"]["pays"] is want.pays is True and out["pair"]["round_s"] == round(want.round_s, 2)
+    assert out["pair"]["shared_duty"] == round(150 / (300 + switch), 4)  # the slowest own cycle + a switch
+    # switches that eat the off-group window: advise says it does not pay, and why
+    slow = timeslice_groups(jobs, replace(cost, pcie_bytes_per_s=GIB16 / 200))
+    assert slow["pair"]["pays"] is False and "not longer than one switch" in slow["pair"]["reason"]
+    alone = timeslice_groups(parse_jobs([("t", _grouped("a", group="lonely"))]), cost)
+    assert alone["lonely"]["pays"] is False and "one job" in alone["lonely"]["reason"]
+    report = simulate(burst_demand(), jobs[:2], cost, SimConfig(pool_gpus=8), ("oracle",))
+    assert report["timeslice_groups"] == out
+    assert "Time-slice group pair (rl/a, rl/b): pays" in markdown(report)
+    with pytest.raises(SimInputError, match=r"timesliceGroup 'pair': give its cycle as annotations"):
+        parse_jobs([("t", _grouped("c", off=None))])
+
+
 def test_transitions_cost_time_useful_work_is_less_than_lent() -> None:
     r = run_policy(Policy("reactive", "reactive", "persistence"), burst_demand()).r
     assert r.productive_gpu_s < r.lent_gpu_s  # pod start, world changes, suspend and resume
@@ -231,6 +262,7 @@ def test_the_simulator_calls_the_controllers_own_functions() -> None:
     assert engine.ec_pools.to_forecast is pools.to_forecast
     assert engine.planner_job is observe.planner_job is ec_controller.planner_job
     assert engine.fits is budget.fits  # the driver's host-memory budget decides the checkpoint-and-evict fallback
+    assert sim_report.advise is timeslice_advise.advise  # time-slice groups: timeslice's own round model
 
 
 class _Fixed:
