@@ -20,8 +20,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from predictor.series import format_duration, parse_duration
-from rose_sim.engine import SimConfig, default_policies
-from rose_sim.inputs import CostModel, Demand, SimInputError, load_demand, load_jobs
+from rose_sim.engine import POOL, SimConfig, default_policies
+from rose_sim.inputs import CostModel, Demand, SimInputError, load_demand, load_jobs, load_pools
 from rose_sim.prometheus import load_prometheus, parse_time
 from rose_sim.report import FORECASTERS, markdown, plot, simulate
 
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rose simulate", description=__doc__.split("\n")[0])
     src = ap.add_argument_group("serving demand: --series, or the Prometheus range query")
     src.add_argument("--series", type=Path, help="serving demand, a CSV in the traces' format (time,value)")
+    src.add_argument("--pools", type=Path, metavar="FILE.yaml",
+                     help="several pools: 'pools:' a list of {name, gpus, series[, capacity_per_gpu | peak_util | "
+                          "busy_gpus]} (instead of --series and --pool-gpus)")  # fmt: skip
     src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (instead of --series)")
     src.add_argument("--query", help="PromQL returning one series: the serving demand (with --prometheus)")
     src.add_argument("--start", help="range start: epoch seconds, ISO-8601, now or now-<duration> (now-21d)")
@@ -93,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     ap.add_argument("--markdown", type=Path, help="write the markdown table here (it is printed anyway)")
     ap.add_argument("--report", type=Path, help="write one PNG here")
-    ap.add_argument("--pool-gpus", type=_positive_int, default=64, help="GPUs of the pool (64)")
+    ap.add_argument("--pool-gpus", type=_positive_int, help="GPUs of the pool (64)")
     ap.add_argument("--peak-util", type=_fraction, default=0.9,
                     help="the history's peak uses this share of the pool (0.9); sizes what one GPU serves")  # fmt: skip
     ap.add_argument("--capacity-per-gpu", type=float, help="demand one GPU serves (instead of --peak-util)")
@@ -121,7 +124,9 @@ def _demand(a: argparse.Namespace) -> tuple[Demand, str]:
     kw = {"tick_s": a.tick, "history_s": a.history, "pool_gpus": a.pool_gpus, "peak_util": a.peak_util,
           "capacity_per_gpu": 1.0 if a.busy_gpus else a.capacity_per_gpu}  # fmt: skip
     if (a.series is None) == (a.prometheus is None):
-        raise SimInputError("give the demand as --series FILE.csv or as --prometheus URL --query Q --start T (one)")
+        raise SimInputError(
+            "give the demand as --series FILE.csv, as --prometheus URL --query Q --start T, or --pools FILE.yaml (one)"
+        )
     if a.series is not None:
         if a.query is not None or a.start is not None:
             raise SimInputError("--query / --start go with --prometheus, not with --series")
@@ -147,18 +152,31 @@ def run(a: argparse.Namespace) -> int:
         raise SimInputError(f"--forecasters: unknown {', '.join(unknown)}; known: {', '.join(KNOWN_FORECASTERS)}")
     cost = CostModel(**{f.name: getattr(a, f"cost_{f.name}") for f in fields(CostModel)})
     jobs = load_jobs(a.jobs)
-    demand, source = _demand(a)
+    more: list[tuple[str, int, Demand]] = []
+    if a.pools is not None:
+        if a.series is not None or a.prometheus is not None or a.pool_gpus is not None:
+            raise SimInputError(
+                "--pools gives every pool's series and GPUs: drop --series / --prometheus / --pool-gpus"
+            )
+        pools = load_pools(a.pools, tick_s=a.tick, history_s=a.history, peak_util=a.peak_util)
+        (pool_name, a.pool_gpus, demand), more = pools[0], pools[1:]
+        source = f"pools {a.pools}: " + ", ".join(f"{n} ({g} GPUs)" for n, g, _ in pools)
+    else:
+        a.pool_gpus = a.pool_gpus or 64
+        pool_name = POOL
+        demand, source = _demand(a)
     cfg = SimConfig(
+        pool_name=pool_name,
         pool_gpus=a.pool_gpus,
         risk=a.risk,
         dwell_s=float(a.dwell),
         refit_every_s=a.refit_every,
         host_memory_bytes=a.host_memory,
     )
-    report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted))
+    report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted), tuple(more))
     report["series"] = source
-    name = a.series.name if a.series is not None else a.query
-    title = (f"{name}: {a.pool_gpus} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
+    name = a.series.name if a.series is not None else a.query if a.pools is None else a.pools.name
+    title = (f"{name}: {report['pool_gpus']} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
              f"after {format_duration(a.history)} of history")  # fmt: skip
     table = markdown(report, title)
     print(table)

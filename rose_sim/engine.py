@@ -52,7 +52,7 @@ from elastic_controller.planner import (
 )
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 from rose_sim.forecasters import Bounds
-from rose_sim.inputs import DAY, CostModel, Demand, SimJob
+from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, SimJob
 
 POOL = "serving"
 PolicyKind = Literal["no-lending", "dedicated", "evict-restart", "evict-planned", "reactive", "planned"]
@@ -76,6 +76,29 @@ class SimConfig:
     host_memory_bytes: int | None = None  # host memory for suspended state, the pool's nodes together (None: no limit)
 
 
+@dataclass(frozen=True)
+class PoolInput:
+    """One more pool beside the primary (``SimConfig.pool_name`` / ``pool_gpus``): its GPUs, its serving
+    demand (on the primary's tick grid) and every forecaster's bounds over it."""
+
+    name: str
+    gpus: int
+    demand: Demand
+    bounds: dict[str, Bounds]
+
+
+@dataclass
+class _Lane:
+    """A pool as the simulation tracks it."""
+
+    name: str
+    gpus: int
+    demand: Demand
+    bounds: Bounds | None  # the policy's forecaster over this pool (None: dedicated)
+    rl_gpus: int  # dedicated: RL's static share of the pool
+    short_open: list[float] = field(default_factory=list)  # dedicated: serving GPUs waiting since
+
+
 @dataclass
 class _W:
     """A worker as the simulation tracks it (the planner sees ``planner_state``)."""
@@ -88,6 +111,7 @@ class _W:
     stop_at: float = math.inf  # suspending: productive until its safe point
     free_at: float = 0.0  # suspending: the GPU is free from here
     evicted: bool = False  # evict-restart: gone once the GPU is free, never resumed
+    pool: str = POOL  # the pool the planner placed it in
 
 
 @dataclass
@@ -110,6 +134,7 @@ class Result:
     plan_s: float = 0.0
     plans: int = 0
     steps_by_job: dict[str, float] = field(default_factory=dict)
+    lent_by_pool: dict[str, float] = field(default_factory=dict)  # GPU-seconds RL held, per pool
 
     def report(self, seconds: float, pool_gpus: int) -> dict[str, float | int | dict[str, float]]:
         days = seconds / DAY
@@ -135,10 +160,11 @@ class Result:
             "over_capacity_gpu_seconds": round(self.over_capacity_gpu_s, 1),
             "plan_ms_mean": round(1000 * self.plan_s / self.plans, 3) if self.plans else 0.0,
             "steps_by_job": {k: round(v) for k, v in sorted(self.steps_by_job.items())},
+            "rl_lent_gpu_hours_by_pool": {k: round(v / 3600, 1) for k, v in sorted(self.lent_by_pool.items())},
         }
 
 
-def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int) -> ForecastResponse:
+def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int, pool: str = POOL) -> ForecastResponse:
     """What the predictor would serve at tick ``i``: per horizon the GPUs needed at ``risk``."""
     at = datetime.fromtimestamp(now, UTC)
     row = bounds.values[i]
@@ -147,7 +173,7 @@ def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int
                       quantiles={QUANTILE: float(v)}, gpus_needed={risk: int(min(v, 1e9))})
         for h, v in zip(bounds.horizons_s, row, strict=True)
     ]  # fmt: skip
-    return ForecastResponse(pool=POOL, model_version=bounds.name, generated_at=at, last_observation_at=at,
+    return ForecastResponse(pool=pool, model_version=bounds.name, generated_at=at, last_observation_at=at,
                             data_age_seconds=0.0, stale=False, current=None, points=points)  # fmt: skip
 
 
@@ -155,7 +181,8 @@ class Simulation:
     """One policy over the evaluated ticks of one demand series."""
 
     def __init__(self, demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig, policy: Policy,
-                 bounds: dict[str, Bounds], record: bool = False) -> None:  # fmt: skip
+                 bounds: dict[str, Bounds], record: bool = False,
+                 more_pools: tuple[PoolInput, ...] = ()) -> None:  # fmt: skip
         self.record = record  # keep every decision (the leak test compares them)
         self.decisions: list[tuple[float, str, dict[str, JobTarget]]] = []
         self.d, self.cost, self.cfg, self.policy = demand, cost, cfg, policy
@@ -166,14 +193,29 @@ class Simulation:
         self.r = Result(policy.name, steps_by_job=dict.fromkeys(self.sims, 0.0))
         self.settings = Settings(dwell_s=cfg.dwell_s, interval_s=float(demand.tick_s))
         self.evict = policy.kind in ("evict-restart", "evict-planned")
-        self.bounds = bounds.get(policy.forecaster or "persistence") if policy.kind != "dedicated" else None
-        hist_peak = float(np.max(demand.busy[: demand.history]))
-        self.rl_gpus = max(0, cfg.pool_gpus - math.ceil(hist_peak)) if policy.kind == "dedicated" else 0
+        self.lanes = [self._lane(cfg.pool_name, cfg.pool_gpus, demand, bounds)]
+        for more in more_pools:
+            d = more.demand
+            if (d.start, d.tick_s, d.ticks, d.history) != (demand.start, demand.tick_s, demand.ticks, demand.history):
+                raise SimInputError(f"pool {more.name}: its series must span the same time as {cfg.pool_name}'s")
+            if more.name in {x.name for x in self.lanes}:
+                raise SimInputError(f"pool {more.name} is defined twice")
+            self.lanes.append(self._lane(more.name, more.gpus, d, more.bounds))
+        self.r.lent_by_pool = {x.name: 0.0 for x in self.lanes}
         self.since_ckpt = dict.fromkeys(self.sims, 0.0)  # evict-restart: useful GPU-s not yet checkpointed
         self.since_steps = dict.fromkeys(self.sims, 0.0)  # and its steps
         self.last_ckpt = dict.fromkeys(self.sims, 0.0)
-        self.short_open: list[float] = []  # dedicated: serving GPUs waiting since (start times)
         self.restores = dict.fromkeys(self.sims, 0)  # workers checkpointed and evicted, owed a restore on return
+
+    def _lane(self, name: str, gpus: int, demand: Demand, bounds: dict[str, Bounds]) -> _Lane:
+        if self.policy.kind == "dedicated":  # a static split sized from the history
+            rl = max(0, gpus - math.ceil(float(np.max(demand.busy[: demand.history]))))
+            return _Lane(name, gpus, demand, None, rl)
+        return _Lane(name, gpus, demand, bounds.get(self.policy.forecaster or "persistence"), 0)
+
+    @property
+    def pool_gpus(self) -> int:
+        return sum(x.gpus for x in self.lanes)
 
     # ------------------------------------------------------------------ planner plumbing
     def jobs(self) -> tuple[Job, ...]:
@@ -185,8 +227,7 @@ class Simulation:
                      for k in sorted(self.base))  # fmt: skip
 
     def planner_workers(self) -> tuple[Worker, ...]:
-        pool = self.cfg.pool_name
-        return tuple(Worker(w.name, w.job, w.state, pool) for w in sorted(self.workers, key=lambda w: w.name)
+        return tuple(Worker(w.name, w.job, w.state, w.pool) for w in sorted(self.workers, key=lambda w: w.name)
                      if not w.evicted)  # fmt: skip
 
     def new_name(self, key: str) -> str:
@@ -207,16 +248,16 @@ class Simulation:
             self.decisions.append((inp.now, what, p.targets))
         return p
 
-    def pool(self, i: int, now: float) -> Pool:
+    def pool(self, lane: _Lane, i: int, now: float) -> Pool:
         if self.policy.kind == "dedicated":  # RL's own GPUs: nobody else needs them
-            return Pool(self.cfg.pool_name, self.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
-        assert self.bounds is not None
-        reply = forecast_reply(self.bounds, i, now, self.cfg.risk, self.cfg.pool_gpus)
-        return Pool(self.cfg.pool_name, self.cfg.pool_gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s),
-                                                                                  self.cfg.risk))  # fmt: skip
+            return Pool(lane.name, lane.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
+        assert lane.bounds is not None
+        reply = forecast_reply(lane.bounds, i, now, self.cfg.risk, lane.gpus, lane.name)
+        return Pool(lane.name, lane.gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s), self.cfg.risk))
 
     def plan_input(self, i: int, now: float) -> PlanInput:
-        return PlanInput(now, (self.pool(i, now),), self.jobs(), self.planner_workers(), self.settings)
+        pools = tuple(self.pool(x, i, now) for x in self.lanes)
+        return PlanInput(now, pools, self.jobs(), self.planner_workers(), self.settings)
 
     def decide(self, i: int, now: float) -> Plan | None:
         if self.policy.kind == "no-lending":
@@ -292,11 +333,12 @@ class Simulation:
             for n in t.resume:
                 w = by_name[n]
                 w.state, w.ready_at, w.stop_at = "resuming", now + self.cost.transfer_s(sim.state_bytes), math.inf
-            for _ in t.add:
+            for pool_name in t.add:
                 start = now + self.cost.pod_start_s
                 restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict or self.restores[key] else 0.0
                 self.restores[key] = max(0, self.restores[key] - 1)
-                self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start))
+                self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start,
+                                       pool=pool_name))  # fmt: skip
             if changed:
                 for w in self.workers:
                     if w.job == key and w.state in ("active", "resuming", "pending") and not w.evicted:
@@ -307,21 +349,27 @@ class Simulation:
 
     # ------------------------------------------------------------------ serving
     def serving(self, i: int, now: float) -> None:
-        demand = float(self.d.busy[i])
-        pool = self.cfg.pool_gpus
+        for lane in self.lanes:
+            self._serve(lane, i, now)
+
+    def _serve(self, lane: _Lane, i: int, now: float) -> None:
+        """Serving arrives in one pool: GPUs it needs that RL holds there are taken back unplanned."""
+        demand = float(lane.demand.busy[i])
+        pool = lane.gpus
         over = max(0.0, demand - pool)
         self.r.over_capacity_gpu_s += over * self.d.tick_s
         need = min(demand, pool)
         self.r.serving_gpu_s += need * self.d.tick_s
         if self.policy.kind == "dedicated":
-            self._dedicated_short(need - (pool - self.rl_gpus), now)
+            self._dedicated_short(lane, need - (pool - lane.rl_gpus), now)
             return
         gpw = {k: j.gpus_per_worker for k, j in self.base.items()}
-        occupied = sum(gpw[w.job] for w in self.workers if w.state != "suspended")
+        here = [w for w in self.workers if w.pool == lane.name]
+        occupied = sum(gpw[w.job] for w in here if w.state != "suspended")
         short = int(need - (pool - occupied))
         if short <= 0:
             return
-        for w in sorted((w for w in self.workers if w.state == "suspending"), key=lambda w: w.free_at):
+        for w in sorted((w for w in here if w.state == "suspending"), key=lambda w: w.free_at):
             if short <= 0:
                 return
             take = min(short, gpw[w.job])
@@ -330,12 +378,13 @@ class Simulation:
         if short <= 0:
             return
         actual = Forecast(now, float(self.d.tick_s), (need, need), "actual")
-        inp = PlanInput(now, (Pool(self.cfg.pool_name, pool, actual),), self.jobs(), self.planner_workers(),
-                        self.settings)  # fmt: skip
-        p = self.run_plan(inp, "unplanned")
+        # the other pools frozen: the planner picks this pool's victims and decides nothing elsewhere
+        pools = tuple(Pool(lane.name, pool, actual) if x is lane else replace(self.pool(x, i, now), frozen=True)
+                      for x in self.lanes)  # fmt: skip
+        p = self.run_plan(PlanInput(now, pools, self.jobs(), self.planner_workers(), self.settings), "unplanned")
         for key, t in p.targets.items():
             names = set(t.suspend) | set(t.remove)
-            for w in [w for w in self.workers if w.job == key and w.name in names and w.state != "suspending"]:
+            for w in [w for w in here if w.job == key and w.name in names and w.state != "suspending"]:
                 wait = self.take_off(w, now)
                 self.r.unplanned_reclaims += gpw[key]
                 take = min(max(short, 0), gpw[key])
@@ -344,13 +393,13 @@ class Simulation:
             if t.shrinks:
                 self.last_shrink[key] = now
 
-    def _dedicated_short(self, short: float, now: float) -> None:
+    def _dedicated_short(self, lane: _Lane, short: float, now: float) -> None:
         """Serving's partition is too small: each GPU short waits until demand falls back."""
         n = max(0, int(short))
-        while len(self.short_open) > n:
-            self.r.waits.append(now - self.short_open.pop())
-        while len(self.short_open) < n:
-            self.short_open.append(now)
+        while len(lane.short_open) > n:
+            self.r.waits.append(now - lane.short_open.pop())
+        while len(lane.short_open) < n:
+            lane.short_open.append(now)
 
     # ------------------------------------------------------------------ accounting
     def account(self, now: float) -> None:
@@ -362,7 +411,9 @@ class Simulation:
         for w in self.workers:
             g = self.base[w.job].gpus_per_worker
             if w.state != "suspended":
-                held += g * (min(end, w.free_at) - now if w.state == "suspending" else tick)
+                gs = g * (min(end, w.free_at) - now if w.state == "suspending" else tick)
+                held += gs
+                self.r.lent_by_pool[w.pool] = self.r.lent_by_pool.get(w.pool, 0.0) + gs
             t0, t1 = max(now, w.ready_at), min(end, w.stop_at)
             if w.state != "suspended" and t1 > t0:
                 per_job[w.job] = per_job.get(w.job, 0.0) + (t1 - t0) / tick
@@ -403,8 +454,9 @@ class Simulation:
             self.serving(i, now)
             self.account(now)
         end = float(self.d.start + self.d.ticks * tick)
-        for start in self.short_open:
-            self.r.waits.append(end - start)
+        for lane in self.lanes:
+            for start in lane.short_open:
+                self.r.waits.append(end - start)
         for key in self.sims:  # what is not checkpointed at the end still counts (the run stops, not evicted)
             self._commit(key)
         return self.r

@@ -274,3 +274,48 @@ def load_demand(path: Path, **kw: Any) -> Demand:
     except SeriesError as e:
         raise SimInputError(str(e)) from None
     return demand_from_values(s.start, s.values, s.step, **kw)
+
+
+def load_pools(path: Path, **kw: Any) -> list[tuple[str, int, Demand]]:
+    """``--pools FILE.yaml``: ``pools:`` a list of ``{name, gpus, series}`` (the series' path relative to
+    the file) with optional ``capacity_per_gpu``, ``peak_util`` or ``busy_gpus: true``; each pool's
+    series through :func:`load_demand` with its own GPUs. The first pool is the primary one."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SimInputError(f"--pools {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SimInputError(f"--pools {path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    items = raw.get("pools") if isinstance(raw, dict) else None
+    if not isinstance(items, list) or not items:
+        raise SimInputError(f"--pools {path}: expected 'pools:' with a list of {{name, gpus, series}}")
+    out: list[tuple[str, int, Demand]] = []
+    known = {"name", "gpus", "series", "capacity_per_gpu", "peak_util", "busy_gpus"}
+    for n, item in enumerate(items):
+        where = f"--pools {path}: pool {n + 1}"
+        if not isinstance(item, dict) or not {"name", "gpus", "series"} <= set(item):
+            raise SimInputError(f"{where}: needs name, gpus and series")
+        extra = set(item) - known
+        if extra:
+            raise SimInputError(
+                f"{where}: unknown field(s) {', '.join(sorted(extra))}; known: {', '.join(sorted(known))}"
+            )
+        name, gpus = str(item["name"]), item["gpus"]
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= 100_000:
+            raise SimInputError(f"{where} ({name}): gpus must be a whole number in 1..100000, got {gpus!r}")
+        if name in {o[0] for o in out}:
+            raise SimInputError(f"{where}: pool {name} is defined twice")
+        cap = 1.0 if item.get("busy_gpus") else item.get("capacity_per_gpu")
+        try:
+            d = load_demand(path.parent / str(item["series"]), **{**kw, "pool_gpus": gpus,
+                            "peak_util": float(item.get("peak_util", kw.get("peak_util", 0.9))),
+                            "capacity_per_gpu": None if cap is None else float(cap)})  # fmt: skip
+        except SimInputError as e:
+            raise SimInputError(f"pool {name}: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise SimInputError(f"{where} ({name}): {e}") from None
+        first = out[0][2] if out else d
+        if (d.start, d.tick_s, d.ticks) != (first.start, first.tick_s, first.ticks):
+            raise SimInputError(f"{where} ({name}): its series must cover the same times as pool {out[0][0]}'s")
+        out.append((name, gpus, d))
+    return out

@@ -7,12 +7,12 @@ I/O boundary: :func:`simulate` and :func:`markdown` are pure; :func:`plot` write
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from rose_sim import forecasters as fc
-from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
+from rose_sim.engine import Policy, PoolInput, SimConfig, Simulation, default_policies
 from rose_sim.inputs import CostModel, Demand, SimInputError, SimJob
 from timeslice.advise import advise
 
@@ -109,23 +109,30 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig,
              forecasters: tuple[str, ...] = FORECASTERS, policies: tuple[Policy, ...] | None = None,
-             ) -> dict[str, Any]:  # fmt: skip
-    """Every policy on the evaluated period; the report as plain data (JSON-able)."""
+             more_pools: tuple[tuple[str, int, Demand], ...] = ()) -> dict[str, Any]:  # fmt: skip
+    """Every policy on the evaluated period; the report as plain data (JSON-able). ``more_pools``:
+    ``(name, GPUs, demand)`` of pools beside the primary one (``cfg.pool_name``, ``cfg.pool_gpus``)."""
     started, cpu = time.perf_counter(), time.process_time()
     bounds = bounds_for(demand, cfg, forecasters)
+    more = tuple(PoolInput(name, gpus, d, bounds_for(d, replace(cfg, pool_gpus=gpus), forecasters))
+                 for name, gpus, d in more_pools)  # fmt: skip
+    total_gpus = cfg.pool_gpus + sum(m.gpus for m in more)
     seconds = (demand.ticks - demand.history) * demand.tick_s
     results: dict[str, dict[str, Any]] = {}
     runtime: dict[str, float] = {"forecasts_s": round(time.perf_counter() - started, 2)}
     for p in policies or default_policies(forecasters):
         t0 = time.perf_counter()
-        results[p.name] = Simulation(demand, jobs, cost, cfg, p, bounds).run().report(seconds, cfg.pool_gpus)
+        sim = Simulation(demand, jobs, cost, cfg, p, bounds, more_pools=more)
+        results[p.name] = sim.run().report(seconds, total_gpus)
         runtime[p.name] = round(time.perf_counter() - t0, 2)
     return {
         "evaluated_days": round(demand.evaluated_days, 2),
         "history_days": round(demand.history * demand.tick_s / 86400, 2),
         "tick_seconds": demand.tick_s,
         "series_step_seconds": demand.source_step,
-        "pool_gpus": cfg.pool_gpus,
+        "pool_gpus": total_gpus,
+        "pools": [{"name": cfg.pool_name, "gpus": cfg.pool_gpus, "capacity_per_gpu": demand.capacity_per_gpu}]
+        + [{"name": m.name, "gpus": m.gpus, "capacity_per_gpu": m.demand.capacity_per_gpu} for m in more],
         "capacity_per_gpu": demand.capacity_per_gpu,
         "risk": cfg.risk,
         "dwell_seconds": cfg.dwell_s,

@@ -30,7 +30,7 @@ from rose_sim import engine
 from rose_sim import forecasters as fc
 from rose_sim import report as sim_report
 from rose_sim.cli import main as sim_main
-from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
+from rose_sim.engine import Policy, PoolInput, SimConfig, Simulation, default_policies
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, held, parse_jobs
 from rose_sim.prometheus import parse_time
 from rose_sim.report import HORIZONS_S, bounds_for, markdown, simulate, timeslice_groups
@@ -187,6 +187,49 @@ def test_timeslice_groups_are_judged_by_timeslices_own_round_model() -> None:
     assert "Time-slice group pair (rl/a, rl/b): pays" in markdown(report)
     with pytest.raises(SimInputError, match=r"timesliceGroup 'pair': give its cycle as annotations"):
         parse_jobs([("t", _grouped("c", off=None))])
+
+
+def _two_pools(pool: int = 8) -> tuple[Demand, PoolInput, SimConfig]:
+    """Pool a: the burst of :func:`burst_demand`; pool b: 2 GPUs busy throughout."""
+    a = burst_demand(pool)
+    b = demand_from_values(0, np.full(len(a.busy) // 10, 2.0), STEP, tick_s=60, history_s=DAY, pool_gpus=pool,
+                           capacity_per_gpu=1.0, min_evaluated_s=3600)  # fmt: skip
+    cfg = SimConfig(pool_gpus=pool, pool_name="a")
+    return a, PoolInput("b", pool, b, {}), cfg
+
+
+def run_two_pools(policy: Policy, job: dict[str, Any]) -> Simulation:
+    a, b, cfg = _two_pools()
+    fs = (policy.forecaster,) if policy.forecaster else ()
+    b = replace(b, bounds=bounds_for(b.demand, replace(cfg, pool_gpus=b.gpus), fs))
+    s = Simulation(a, parse_jobs([("t", job)]), CostModel(), cfg, policy, bounds_for(a, cfg, fs), record=True,
+                   more_pools=(b,))  # fmt: skip
+    s.run()
+    return s
+
+
+def test_several_pools_the_planner_places_and_serving_reclaims_only_its_own_pool() -> None:
+    """A job of 2-12 GPUs grows past what one pool lends (6 each): the planner places it in both; the
+    burst in pool a takes back only what is in a, pool b's workers keep computing."""
+    job = raw_job("wide", 2, 12)
+    reactive = run_two_pools(Policy("reactive", "reactive"), job)
+    placed = [p for _, what, targets in reactive.decisions if what == "plan" for t in targets.values() for p in t.add]
+    assert set(placed) == {"a", "b"}  # the planner's own placement, one pool name per new worker
+    r = reactive.r
+    assert r.lent_by_pool["a"] > 0 and r.lent_by_pool["b"] > 0
+    assert sum(r.lent_by_pool.values()) == pytest.approx(r.lent_gpu_s)
+    wait = CostModel().suspend_s(GIB16, 20.0)
+    assert r.unplanned_reclaims == 6 and r.waits == pytest.approx([wait] * 6)  # the burst needs all 8 of a
+    assert r.lent_by_pool["b"] == pytest.approx(6 * 5 * 3600, rel=0.01)  # b: never reclaimed
+    oracle = run_two_pools(Policy("planned-oracle", "planned", "oracle"), job).r
+    assert oracle.waits == [] and oracle.planned_reclaims == 6 and oracle.unplanned_reclaims == 0
+    dedicated = run_two_pools(Policy("dedicated", "dedicated"), job).r  # each pool split from its own history
+    assert dedicated.lent_by_pool == pytest.approx({"a": 6 * 5 * 3600, "b": 6 * 5 * 3600})
+    assert dedicated.waits == pytest.approx([3600.0] * 6)  # pool a's serving partition (2) is short by 6
+    a, b, cfg = _two_pools()
+    with pytest.raises(SimInputError, match="must span the same time"):
+        Simulation(a, parse_jobs([("t", job)]), CostModel(), cfg, Policy("reactive", "reactive"), {},
+                   more_pools=(replace(b, demand=replace(b.demand, history=1)),))  # fmt: skip
 
 
 def test_transitions_cost_time_useful_work_is_less_than_lent() -> None:
@@ -384,9 +427,9 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
         sim_main(["--series", str(good), "--jobs", str(jobs), "--pool-gpus", "0"])
     assert capsys.readouterr().err.count("\n") == 1
     # the demand's source: exactly one of --series and --prometheus, with what each needs
-    _one_line_error(capsys, ["--jobs", str(jobs)], "give the demand as --series FILE.csv or as --prometheus")
+    _one_line_error(capsys, ["--jobs", str(jobs)], "give the demand as --series FILE.csv, as --prometheus")
     _one_line_error(capsys, ["--series", str(good), "--prometheus", "http://127.0.0.1:9", "--jobs", str(jobs)],
-                    "give the demand as --series FILE.csv or as --prometheus")  # fmt: skip
+                    "give the demand as --series FILE.csv, as --prometheus")  # fmt: skip
     _one_line_error(capsys, ["--series", str(good), "--query", "up", "--jobs", str(jobs)], "go with --prometheus")
     _one_line_error(capsys, ["--prometheus", "http://127.0.0.1:9", "--start", "now-3d", "--jobs", str(jobs)],
                     "--prometheus needs --query")  # fmt: skip
@@ -408,6 +451,41 @@ def test_prometheus_range_times() -> None:
     assert parse_time("2025-12-01T00:10:00", now, "--start") == 1_764_547_800  # UTC unless it says
     with pytest.raises(SimInputError, match="epoch seconds must be a finite number >= 0"):
         parse_time("-5", now, "--start")
+
+
+def test_cli_several_pools_from_a_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _series_csv(tmp_path / "a.csv", list(_wavy(2, 3)))
+    _series_csv(tmp_path / "b.csv", [float(x) for x in _wavy(2, 4) / 2])
+    jobs = _jobs_dir(tmp_path / "jobs", raw_job("w", 2, 12))
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n- {name: a, gpus: 16, series: a.csv}\n"
+                     "- {name: b, gpus: 8, series: b.csv, peak_util: 0.5}\n")  # fmt: skip
+    out = tmp_path / "o.json"
+    argv = ["--pools", str(pools), "--jobs", str(jobs), "--history", "1d", "--forecasters", "oracle"]
+    argv += ["--json", str(out)]
+    assert sim_main(argv) == 0
+    report = json.loads(out.read_text())
+    assert [p["name"] for p in report["pools"]] == ["a", "b"] and report["pool_gpus"] == 24
+    assert report["pools"][1]["capacity_per_gpu"] == pytest.approx(float(np.max(_wavy(2, 4)[:144] / 2)) / (8 * 0.5))
+    assert set(report["results"]["reactive"]["rl_lent_gpu_hours_by_pool"]) == {"a", "b"}
+    assert report["series"] == f"pools {pools}: a (16 GPUs), b (8 GPUs)"
+    capsys.readouterr()
+    base = ["--jobs", str(jobs), "--history", "1d"]
+    _one_line_error(capsys, ["--pools", str(pools), "--series", str(tmp_path / "a.csv"), *base], "drop --series")
+    for text, match in [
+        ("pools: []\n", "expected 'pools:' with a list"),
+        ("pools:\n- {name: a, gpus: 16}\n", "pool 1: needs name, gpus and series"),
+        ("pools:\n- {name: a, gpus: 16, series: a.csv, colour: red}\n", "unknown field(s) colour"),
+        ("pools:\n- {name: a, gpus: -1, series: a.csv}\n", "gpus must be a whole number in 1..100000"),
+        ("pools:\n- {name: a, gpus: 4, series: a.csv}\n- {name: a, gpus: 4, series: b.csv}\n", "defined twice"),
+        ("pools:\n- {name: a, gpus: 4, series: a.csv}\n- {name: c, gpus: 4, series: c.csv}\n", "pool c: "),
+        ("pools: [\n", "not valid YAML"),
+    ]:
+        pools.write_text(text)
+        _one_line_error(capsys, ["--pools", str(pools), *base], match)
+    _series_csv(tmp_path / "c.csv", list(_wavy(3, 4)))  # a day longer than a.csv
+    pools.write_text("pools:\n- {name: a, gpus: 4, series: a.csv}\n- {name: c, gpus: 4, series: c.csv}\n")
+    _one_line_error(capsys, ["--pools", str(pools), *base], "must cover the same times as pool a's")
 
 
 def test_simulate_report_judges_the_goals() -> None:
