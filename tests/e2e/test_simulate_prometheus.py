@@ -68,7 +68,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
                    check=True, capture_output=True, timeout=120)  # fmt: skip
     cfg = "global:\n  scrape_interval: 1m\nscrape_configs: []\n"
     with prometheus(cfg, tmp, tsdb=tmp / "tsdb", extra=["--storage.tsdb.retention.time=3650d"]) as prom:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not _ready(prom.url):
             assert time.monotonic() < deadline, (tmp / "prometheus.log").read_text()[-2000:]
             time.sleep(0.3)
