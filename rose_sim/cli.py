@@ -158,6 +158,8 @@ def run(a: argparse.Namespace) -> int:
             raise SimInputError(
                 "--pools gives every pool's series and GPUs: drop --series / --prometheus / --pool-gpus"
             )
+        if a.busy_gpus or a.capacity_per_gpu is not None:
+            raise SimInputError("with --pools, give busy_gpus / capacity_per_gpu per pool in the YAML, not as flags")
         pools = load_pools(a.pools, tick_s=a.tick, history_s=a.history, peak_util=a.peak_util)
         (pool_name, a.pool_gpus, demand), more = pools[0], pools[1:]
         source = f"pools {a.pools}: " + ", ".join(f"{n} ({g} GPUs)" for n, g, _ in pools)

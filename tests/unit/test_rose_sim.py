@@ -472,6 +472,7 @@ def test_cli_several_pools_from_a_yaml(tmp_path: Path, capsys: pytest.CaptureFix
     capsys.readouterr()
     base = ["--jobs", str(jobs), "--history", "1d"]
     _one_line_error(capsys, ["--pools", str(pools), "--series", str(tmp_path / "a.csv"), *base], "drop --series")
+    _one_line_error(capsys, ["--pools", str(pools), "--busy-gpus", *base], "per pool in the YAML")
     for text, match in [
         ("pools: []\n", "expected 'pools:' with a list"),
         ("pools:\n- {name: a, gpus: 16}\n", "pool 1: needs name, gpus and series"),
