@@ -53,6 +53,9 @@ from elastic_controller.planner import (
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 from rose_sim.forecasters import Bounds
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, SimJob
+from scheduler_extender.forecast import reduce as extender_forecast
+from scheduler_extender.model import NodeState, PodInfo, PodKind
+from scheduler_extender.policy import PolicyConfig, build_snapshot, filter_nodes, pool_outlooks
 
 POOL = "serving"
 PolicyKind = Literal["no-lending", "dedicated", "evict-restart", "evict-planned", "reactive", "planned"]
@@ -130,6 +133,8 @@ class Result:
     unplanned_reclaims: int = 0
     host_bytes_peak: int = 0
     host_fallbacks: int = 0  # suspends refused for host memory: checkpoint-and-evict instead
+    extender_checked: int = 0  # new workers the extender's filter was asked about (measured, not enforced)
+    extender_refusals: int = 0  # of which it would have refused
     over_capacity_gpu_s: float = 0.0  # serving beyond the whole pool: no policy's doing
     plan_s: float = 0.0
     plans: int = 0
@@ -157,6 +162,8 @@ class Result:
             "host_memory_peak_gib": round(self.host_bytes_peak / 2**30, 1),
             "host_memory_fallbacks": self.host_fallbacks,
             "host_memory_fallbacks_per_day": round(self.host_fallbacks / days, 2),
+            "extender_checked": self.extender_checked,
+            "extender_refusals": self.extender_refusals,
             "over_capacity_gpu_seconds": round(self.over_capacity_gpu_s, 1),
             "plan_ms_mean": round(1000 * self.plan_s / self.plans, 3) if self.plans else 0.0,
             "steps_by_job": {k: round(v) for k, v in sorted(self.steps_by_job.items())},
@@ -259,6 +266,28 @@ class Simulation:
         pools = tuple(self.pool(x, i, now) for x in self.lanes)
         return PlanInput(now, pools, self.jobs(), self.planner_workers(), self.settings)
 
+    def extender_refuses(self, key: str, pool: str, i: int, now: float, added: int) -> bool:
+        """Would the extender's filter (``scheduler_extender.policy``, called) refuse a new worker of
+        ``key`` in ``pool`` now? The pool as one node: its GPUs, serving's GPUs as last observed, RL's
+        (``added`` more placed by this plan), the predictor reply reduced as the extender reduces it."""
+        lane = next(x for x in self.lanes if x.name == pool)
+        if lane.bounds is None:
+            return False
+        g = self.base[key].gpus_per_worker
+        lent = added + sum(self.base[w.job].gpus_per_worker for w in self.workers
+                           if w.pool == pool and w.state != "suspended" and not w.evicted)  # fmt: skip
+        serving = int(min(lane.gpus, lane.demand.busy[i - 1]))
+        node = NodeState(pool, pool, lane.gpus, serving, lent, max(0, lane.gpus - serving - lent), None, 0.0)
+        cfg = PolicyConfig()
+        snapshot = build_snapshot({pool: node}, {}, cfg)
+        reply = forecast_reply(lane.bounds, i, now, self.cfg.risk, lane.gpus, pool)
+        outlooks, _ = pool_outlooks(snapshot, {pool: extender_forecast(reply, QUANTILE, self.cfg.risk)}, g, cfg)
+        j = self.sims[key]
+        pod = PodInfo(j.job.namespace, key, key, PodKind.RL, job=j.job.name, gpus=g, state_bytes=j.state_bytes,
+                      grace_s=float(j.job.spec.graceful_shutdown_period),
+                      min_run_s=float(j.job.spec.min_useful_run_seconds))  # fmt: skip
+        return not filter_nodes(pod, [pool], snapshot, outlooks, cfg).passed
+
     def decide(self, i: int, now: float) -> Plan | None:
         if self.policy.kind == "no-lending":
             return None
@@ -318,6 +347,17 @@ class Simulation:
         for x in self.workers:
             if x.job == job and x.state in ("active", "resuming", "pending") and not x.evicted:
                 x.ready_at = max(x.ready_at, now + self.cost.world_change_s + restore)
+
+    def check_extender(self, p: Plan, i: int, now: float) -> None:
+        """Measured, not enforced: how many of the plan's new workers the extender would refuse."""
+        if self.policy.kind == "dedicated":
+            return
+        added: dict[str, int] = {}
+        for key, t in p.targets.items():
+            for pool in t.add:
+                self.r.extender_checked += 1
+                self.r.extender_refusals += self.extender_refuses(key, pool, i, now, added.get(pool, 0))
+                added[pool] = added.get(pool, 0) + self.base[key].gpus_per_worker
 
     def carry_out(self, p: Plan, now: float) -> None:
         by_name = {w.name: w for w in self.workers if not w.evicted}
@@ -450,6 +490,7 @@ class Simulation:
             self.settle(now)
             p = self.decide(i, now)
             if p is not None:
+                self.check_extender(p, i, now)
                 self.carry_out(p, now)
             self.serving(i, now)
             self.account(now)
