@@ -34,6 +34,8 @@ from rose_sim.engine import Policy, PoolInput, SimConfig, Simulation, default_po
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, held, parse_jobs
 from rose_sim.prometheus import parse_time
 from rose_sim.report import HORIZONS_S, bounds_for, markdown, simulate, timeslice_groups
+from scheduler_extender import forecast as extender_forecast_module
+from scheduler_extender import policy as extender_policy
 from tests.unit.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
 from timeslice import advise as timeslice_advise
 from timeslice.advise import advise
@@ -232,6 +234,22 @@ def test_several_pools_the_planner_places_and_serving_reclaims_only_its_own_pool
                    more_pools=(replace(b, demand=replace(b.demand, history=1)),))  # fmt: skip
 
 
+def test_the_extenders_filter_is_asked_about_every_new_worker() -> None:
+    """Measured, not enforced: serving holds the whole pool until 30 min in, then 2 GPUs. The oracle's
+    planner grows the job at the tick the demand falls (it knows); the extender, seeing serving's GPUs
+    as last observed (all 8), would refuse those 4 workers. Persistence grows a tick later: no refusal."""
+    values = np.array([8.0] * 144 + [8.0] * 3 + [2.0] * 27)
+    d = demand_from_values(0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0,
+                           min_evaluated_s=3600)  # fmt: skip
+    oracle = run_policy(Policy("planned-oracle", "planned", "oracle"), d).r
+    assert oracle.extender_checked == 4 and oracle.extender_refusals == 4
+    reactive = run_policy(Policy("reactive", "reactive"), d).r
+    assert reactive.extender_checked == 4 and reactive.extender_refusals == 0
+    assert run_policy(Policy("dedicated", "dedicated"), d).r.extender_checked == 0
+    report = oracle.report(5 * 3600, 8)
+    assert report["extender_checked"] == 4 and report["extender_refusals"] == 4
+
+
 def test_transitions_cost_time_useful_work_is_less_than_lent() -> None:
     r = run_policy(Policy("reactive", "reactive", "persistence"), burst_demand()).r
     assert r.productive_gpu_s < r.lent_gpu_s  # pod start, world changes, suspend and resume
@@ -306,6 +324,9 @@ def test_the_simulator_calls_the_controllers_own_functions() -> None:
     assert engine.planner_job is observe.planner_job is ec_controller.planner_job
     assert engine.fits is budget.fits  # the driver's host-memory budget decides the checkpoint-and-evict fallback
     assert sim_report.advise is timeslice_advise.advise  # time-slice groups: timeslice's own round model
+    assert engine.filter_nodes is extender_policy.filter_nodes and engine.pool_outlooks is extender_policy.pool_outlooks
+    assert engine.build_snapshot is extender_policy.build_snapshot
+    assert engine.extender_forecast is extender_forecast_module.reduce  # the reply reduced as the extender does
 
 
 class _Fixed:
