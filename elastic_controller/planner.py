@@ -2,8 +2,8 @@
 
 I/O boundary: none. Pure function :func:`plan` of frozen dataclasses (forecasts per pool,
 capacity, the lent workers and their jobs, ``now``) to a :class:`Plan`; no clock, no client,
-no threads. The controller's plan loop and ``benchmarks/planner_replay.py`` call the same
-function.
+no threads. The controller's plan loop and ``rose simulate`` (``rose_sim``; also through
+``benchmarks/planner_replay.py``) call the same function.
 
 Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the others):
 

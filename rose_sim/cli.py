@@ -1,10 +1,13 @@
 """``rose simulate``: how many GPU-hours would RL get from this serving fleet, and what would serving pay?
 
     rose simulate --series FILE.csv --jobs DIR [--json OUT.json] [--report OUT.png] [--markdown OUT.md]
+    rose simulate --prometheus URL --query PROMQL --start T --end T --step D --jobs DIR [...]
 
-I/O boundary: argv, the series CSV, the jobs' YAML, stdout, the files named by flags. Every
-failure is one line on stderr and exit status 2 (bad flags, an unknown series format, a job the
-CRD refuses, a series shorter than the history); docs/simulate.md describes the model.
+I/O boundary: argv, the series CSV or one Prometheus range query (``rose_sim.prometheus``, the
+predictor's ingestion), the jobs' YAML, stdout, the files named by flags. Every failure is one
+line on stderr and exit status 2 (bad flags, an unknown series format, a query that fails or
+returns nothing, a job the CRD refuses, a series shorter than the history); docs/simulate.md
+describes the model.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 
 from predictor.series import format_duration, parse_duration
-from rose_sim.engine import SimConfig, default_policies
-from rose_sim.inputs import CostModel, SimInputError, load_demand, load_jobs
+from rose_sim.engine import POOL, SimConfig, default_policies
+from rose_sim.inputs import CostModel, Demand, SimInputError, load_demand, load_jobs, load_pools
+from rose_sim.prometheus import load_prometheus, parse_time
 from rose_sim.report import FORECASTERS, markdown, plot, simulate
 
 KNOWN_FORECASTERS = ("oracle", "baseline", "model")
@@ -65,14 +70,33 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _gib(text: str) -> int:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text[:40]!r}") from None
+    if not 0 <= v < 1e9:
+        raise argparse.ArgumentTypeError(f"{text} GiB is out of range: use 0 or more")
+    return int(v * 2**30)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rose simulate", description=__doc__.split("\n")[0])
-    ap.add_argument("--series", type=Path, required=True, help="serving demand, a CSV in the traces' format")
+    src = ap.add_argument_group("serving demand: --series, or the Prometheus range query")
+    src.add_argument("--series", type=Path, help="serving demand, a CSV in the traces' format (time,value)")
+    src.add_argument("--pools", type=Path, metavar="FILE.yaml",
+                     help="several pools: 'pools:' a list of {name, gpus, series[, capacity_per_gpu | peak_util | "
+                          "busy_gpus]} (instead of --series and --pool-gpus)")  # fmt: skip
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (instead of --series)")
+    src.add_argument("--query", help="PromQL returning one series: the serving demand (with --prometheus)")
+    src.add_argument("--start", help="range start: epoch seconds, ISO-8601, now or now-<duration> (now-21d)")
+    src.add_argument("--end", default="now", help="range end, as --start (now)")
+    src.add_argument("--step", type=_duration, default=60, help="range step; --tick must divide it (60s)")
     ap.add_argument("--jobs", type=Path, required=True, help="an ElasticRLJob YAML file or a folder of them")
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     ap.add_argument("--markdown", type=Path, help="write the markdown table here (it is printed anyway)")
     ap.add_argument("--report", type=Path, help="write one PNG here")
-    ap.add_argument("--pool-gpus", type=_positive_int, default=64, help="GPUs of the pool (64)")
+    ap.add_argument("--pool-gpus", type=_positive_int, help="GPUs of the pool (64)")
     ap.add_argument("--peak-util", type=_fraction, default=0.9,
                     help="the history's peak uses this share of the pool (0.9); sizes what one GPU serves")  # fmt: skip
     ap.add_argument("--capacity-per-gpu", type=float, help="demand one GPU serves (instead of --peak-util)")
@@ -83,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--risk", default="0.01", help="the operator's risk for the forecasts in the loop (0.01)")
     ap.add_argument("--refit-every", type=_duration, default=86400,
                     help="refit the predictor's model this often (1d; the service refits hourly)")  # fmt: skip
+    ap.add_argument("--host-memory", type=_gib, metavar="GIB",
+                    help="GiB of host memory suspended state may hold, the pool's nodes together (no limit); "
+                         "a suspend that does not fit is checkpointed and evicted, as the driver does")  # fmt: skip
     ap.add_argument("--dwell", type=_duration, default=300, help="the controller's --dwell (5m)")
     ap.add_argument("--forecasters", default=",".join(FORECASTERS),
                     help=f"planned policies, one per forecaster: {', '.join(KNOWN_FORECASTERS)}")  # fmt: skip
@@ -90,6 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--cost-{f.name.replace('_', '-')}", type=float, default=f.default,
                         help=f"{COST_HELP[f.name]} ({f.default:g})")  # fmt: skip
     return ap
+
+
+def _demand(a: argparse.Namespace) -> tuple[Demand, str]:
+    """The demand from ``--series`` or from the Prometheus range query (exactly one), and what it was."""
+    kw = {"tick_s": a.tick, "history_s": a.history, "pool_gpus": a.pool_gpus, "peak_util": a.peak_util,
+          "capacity_per_gpu": 1.0 if a.busy_gpus else a.capacity_per_gpu}  # fmt: skip
+    if (a.series is None) == (a.prometheus is None):
+        raise SimInputError(
+            "give the demand as --series FILE.csv, as --prometheus URL --query Q --start T, or --pools FILE.yaml (one)"
+        )
+    if a.series is not None:
+        if a.query is not None or a.start is not None:
+            raise SimInputError("--query / --start go with --prometheus, not with --series")
+        return load_demand(a.series, **kw), str(a.series)
+    if a.query is None or a.start is None:
+        raise SimInputError("--prometheus needs --query (one series of serving demand) and --start")
+    now = time.time()
+    start, end = parse_time(a.start, now, "--start"), parse_time(a.end, now, "--end")
+    demand = load_prometheus(a.prometheus, a.query, start, end, a.step, **kw)
+    return demand, f"prometheus {a.prometheus} {a.query} [{start}, {end}] step {a.step}s"
 
 
 def run(a: argparse.Namespace) -> int:
@@ -105,18 +152,33 @@ def run(a: argparse.Namespace) -> int:
         raise SimInputError(f"--forecasters: unknown {', '.join(unknown)}; known: {', '.join(KNOWN_FORECASTERS)}")
     cost = CostModel(**{f.name: getattr(a, f"cost_{f.name}") for f in fields(CostModel)})
     jobs = load_jobs(a.jobs)
-    demand = load_demand(
-        a.series,
-        tick_s=a.tick,
-        history_s=a.history,
+    more: list[tuple[str, int, Demand]] = []
+    if a.pools is not None:
+        if a.series is not None or a.prometheus is not None or a.pool_gpus is not None:
+            raise SimInputError(
+                "--pools gives every pool's series and GPUs: drop --series / --prometheus / --pool-gpus"
+            )
+        if a.busy_gpus or a.capacity_per_gpu is not None:
+            raise SimInputError("with --pools, give busy_gpus / capacity_per_gpu per pool in the YAML, not as flags")
+        pools = load_pools(a.pools, tick_s=a.tick, history_s=a.history, peak_util=a.peak_util)
+        (pool_name, a.pool_gpus, demand), more = pools[0], pools[1:]
+        source = f"pools {a.pools}: " + ", ".join(f"{n} ({g} GPUs)" for n, g, _ in pools)
+    else:
+        a.pool_gpus = a.pool_gpus or 64
+        pool_name = POOL
+        demand, source = _demand(a)
+    cfg = SimConfig(
+        pool_name=pool_name,
         pool_gpus=a.pool_gpus,
-        peak_util=a.peak_util,
-        capacity_per_gpu=1.0 if a.busy_gpus else a.capacity_per_gpu,
+        risk=a.risk,
+        dwell_s=float(a.dwell),
+        refit_every_s=a.refit_every,
+        host_memory_bytes=a.host_memory,
     )
-    cfg = SimConfig(pool_gpus=a.pool_gpus, risk=a.risk, dwell_s=float(a.dwell), refit_every_s=a.refit_every)
-    report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted))
-    report["series"] = str(a.series)
-    title = (f"{a.series.name}: {a.pool_gpus} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
+    report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted), tuple(more))
+    report["series"] = source
+    name = a.series.name if a.series is not None else a.query if a.pools is None else a.pools.name
+    title = (f"{name}: {report['pool_gpus']} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
              f"after {format_duration(a.history)} of history")  # fmt: skip
     table = markdown(report, title)
     print(table)

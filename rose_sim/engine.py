@@ -35,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from dra_driver.suspend.budget import fits
 from elastic_controller import pools as ec_pools
 from elastic_controller.observe import planner_job
 from elastic_controller.planner import (
@@ -51,7 +52,10 @@ from elastic_controller.planner import (
 )
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 from rose_sim.forecasters import Bounds
-from rose_sim.inputs import DAY, CostModel, Demand, SimJob
+from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, SimJob
+from scheduler_extender.forecast import reduce as extender_forecast
+from scheduler_extender.model import NodeState, PodInfo, PodKind
+from scheduler_extender.policy import PolicyConfig, build_snapshot, filter_nodes, pool_outlooks
 
 POOL = "serving"
 PolicyKind = Literal["no-lending", "dedicated", "evict-restart", "evict-planned", "reactive", "planned"]
@@ -72,6 +76,30 @@ class SimConfig:
     dwell_s: float = 300.0  # the controller's --dwell
     pool_name: str = POOL  # the pool's name (its GPUs' rose.io/gpu-pool label)
     refit_every_s: int = 86400  # the predictor's model: refit this often (the service's default is 1 h)
+    host_memory_bytes: int | None = None  # host memory for suspended state, the pool's nodes together (None: no limit)
+
+
+@dataclass(frozen=True)
+class PoolInput:
+    """One more pool beside the primary (``SimConfig.pool_name`` / ``pool_gpus``): its GPUs, its serving
+    demand (on the primary's tick grid) and every forecaster's bounds over it."""
+
+    name: str
+    gpus: int
+    demand: Demand
+    bounds: dict[str, Bounds]
+
+
+@dataclass
+class _Lane:
+    """A pool as the simulation tracks it."""
+
+    name: str
+    gpus: int
+    demand: Demand
+    bounds: Bounds | None  # the policy's forecaster over this pool (None: dedicated)
+    rl_gpus: int  # dedicated: RL's static share of the pool
+    short_open: list[float] = field(default_factory=list)  # dedicated: serving GPUs waiting since
 
 
 @dataclass
@@ -86,6 +114,7 @@ class _W:
     stop_at: float = math.inf  # suspending: productive until its safe point
     free_at: float = 0.0  # suspending: the GPU is free from here
     evicted: bool = False  # evict-restart: gone once the GPU is free, never resumed
+    pool: str = POOL  # the pool the planner placed it in
 
 
 @dataclass
@@ -103,10 +132,14 @@ class Result:
     planned_reclaims: int = 0
     unplanned_reclaims: int = 0
     host_bytes_peak: int = 0
+    host_fallbacks: int = 0  # suspends refused for host memory: checkpoint-and-evict instead
+    extender_checked: int = 0  # new workers the extender's filter was asked about (measured, not enforced)
+    extender_refusals: int = 0  # of which it would have refused
     over_capacity_gpu_s: float = 0.0  # serving beyond the whole pool: no policy's doing
     plan_s: float = 0.0
     plans: int = 0
     steps_by_job: dict[str, float] = field(default_factory=dict)
+    lent_by_pool: dict[str, float] = field(default_factory=dict)  # GPU-seconds RL held, per pool
 
     def report(self, seconds: float, pool_gpus: int) -> dict[str, float | int | dict[str, float]]:
         days = seconds / DAY
@@ -121,18 +154,24 @@ class Result:
             "serving_wait_gpu_seconds": round(float(w.sum()), 1),
             "serving_wait_p99_s": round(float(np.quantile(w, 0.99)), 2) if len(w) else 0.0,
             "serving_waits_per_day": round(len(self.waits) / days, 2),
+            "suspends": self.suspends,
             "suspends_per_day": round(self.suspends / days, 1),
             "evictions_per_day": round(self.evictions / days, 1),
             "planned_reclaims": self.planned_reclaims,
             "unplanned_reclaims": self.unplanned_reclaims,
             "host_memory_peak_gib": round(self.host_bytes_peak / 2**30, 1),
+            "host_memory_fallbacks": self.host_fallbacks,
+            "host_memory_fallbacks_per_day": round(self.host_fallbacks / days, 2),
+            "extender_checked": self.extender_checked,
+            "extender_refusals": self.extender_refusals,
             "over_capacity_gpu_seconds": round(self.over_capacity_gpu_s, 1),
             "plan_ms_mean": round(1000 * self.plan_s / self.plans, 3) if self.plans else 0.0,
             "steps_by_job": {k: round(v) for k, v in sorted(self.steps_by_job.items())},
+            "rl_lent_gpu_hours_by_pool": {k: round(v / 3600, 1) for k, v in sorted(self.lent_by_pool.items())},
         }
 
 
-def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int) -> ForecastResponse:
+def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int, pool: str = POOL) -> ForecastResponse:
     """What the predictor would serve at tick ``i``: per horizon the GPUs needed at ``risk``."""
     at = datetime.fromtimestamp(now, UTC)
     row = bounds.values[i]
@@ -141,7 +180,7 @@ def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int
                       quantiles={QUANTILE: float(v)}, gpus_needed={risk: int(min(v, 1e9))})
         for h, v in zip(bounds.horizons_s, row, strict=True)
     ]  # fmt: skip
-    return ForecastResponse(pool=POOL, model_version=bounds.name, generated_at=at, last_observation_at=at,
+    return ForecastResponse(pool=pool, model_version=bounds.name, generated_at=at, last_observation_at=at,
                             data_age_seconds=0.0, stale=False, current=None, points=points)  # fmt: skip
 
 
@@ -149,7 +188,8 @@ class Simulation:
     """One policy over the evaluated ticks of one demand series."""
 
     def __init__(self, demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig, policy: Policy,
-                 bounds: dict[str, Bounds], record: bool = False) -> None:  # fmt: skip
+                 bounds: dict[str, Bounds], record: bool = False,
+                 more_pools: tuple[PoolInput, ...] = ()) -> None:  # fmt: skip
         self.record = record  # keep every decision (the leak test compares them)
         self.decisions: list[tuple[float, str, dict[str, JobTarget]]] = []
         self.d, self.cost, self.cfg, self.policy = demand, cost, cfg, policy
@@ -160,13 +200,29 @@ class Simulation:
         self.r = Result(policy.name, steps_by_job=dict.fromkeys(self.sims, 0.0))
         self.settings = Settings(dwell_s=cfg.dwell_s, interval_s=float(demand.tick_s))
         self.evict = policy.kind in ("evict-restart", "evict-planned")
-        self.bounds = bounds.get(policy.forecaster or "persistence") if policy.kind != "dedicated" else None
-        hist_peak = float(np.max(demand.busy[: demand.history]))
-        self.rl_gpus = max(0, cfg.pool_gpus - math.ceil(hist_peak)) if policy.kind == "dedicated" else 0
+        self.lanes = [self._lane(cfg.pool_name, cfg.pool_gpus, demand, bounds)]
+        for more in more_pools:
+            d = more.demand
+            if (d.start, d.tick_s, d.ticks, d.history) != (demand.start, demand.tick_s, demand.ticks, demand.history):
+                raise SimInputError(f"pool {more.name}: its series must span the same time as {cfg.pool_name}'s")
+            if more.name in {x.name for x in self.lanes}:
+                raise SimInputError(f"pool {more.name} is defined twice")
+            self.lanes.append(self._lane(more.name, more.gpus, d, more.bounds))
+        self.r.lent_by_pool = {x.name: 0.0 for x in self.lanes}
         self.since_ckpt = dict.fromkeys(self.sims, 0.0)  # evict-restart: useful GPU-s not yet checkpointed
         self.since_steps = dict.fromkeys(self.sims, 0.0)  # and its steps
         self.last_ckpt = dict.fromkeys(self.sims, 0.0)
-        self.short_open: list[float] = []  # dedicated: serving GPUs waiting since (start times)
+        self.restores = dict.fromkeys(self.sims, 0)  # workers checkpointed and evicted, owed a restore on return
+
+    def _lane(self, name: str, gpus: int, demand: Demand, bounds: dict[str, Bounds]) -> _Lane:
+        if self.policy.kind == "dedicated":  # a static split sized from the history
+            rl = max(0, gpus - math.ceil(float(np.max(demand.busy[: demand.history]))))
+            return _Lane(name, gpus, demand, None, rl)
+        return _Lane(name, gpus, demand, bounds.get(self.policy.forecaster or "persistence"), 0)
+
+    @property
+    def pool_gpus(self) -> int:
+        return sum(x.gpus for x in self.lanes)
 
     # ------------------------------------------------------------------ planner plumbing
     def jobs(self) -> tuple[Job, ...]:
@@ -178,8 +234,7 @@ class Simulation:
                      for k in sorted(self.base))  # fmt: skip
 
     def planner_workers(self) -> tuple[Worker, ...]:
-        pool = self.cfg.pool_name
-        return tuple(Worker(w.name, w.job, w.state, pool) for w in sorted(self.workers, key=lambda w: w.name)
+        return tuple(Worker(w.name, w.job, w.state, w.pool) for w in sorted(self.workers, key=lambda w: w.name)
                      if not w.evicted)  # fmt: skip
 
     def new_name(self, key: str) -> str:
@@ -200,16 +255,38 @@ class Simulation:
             self.decisions.append((inp.now, what, p.targets))
         return p
 
-    def pool(self, i: int, now: float) -> Pool:
+    def pool(self, lane: _Lane, i: int, now: float) -> Pool:
         if self.policy.kind == "dedicated":  # RL's own GPUs: nobody else needs them
-            return Pool(self.cfg.pool_name, self.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
-        assert self.bounds is not None
-        reply = forecast_reply(self.bounds, i, now, self.cfg.risk, self.cfg.pool_gpus)
-        return Pool(self.cfg.pool_name, self.cfg.pool_gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s),
-                                                                                  self.cfg.risk))  # fmt: skip
+            return Pool(lane.name, lane.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
+        assert lane.bounds is not None
+        reply = forecast_reply(lane.bounds, i, now, self.cfg.risk, lane.gpus, lane.name)
+        return Pool(lane.name, lane.gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s), self.cfg.risk))
 
     def plan_input(self, i: int, now: float) -> PlanInput:
-        return PlanInput(now, (self.pool(i, now),), self.jobs(), self.planner_workers(), self.settings)
+        pools = tuple(self.pool(x, i, now) for x in self.lanes)
+        return PlanInput(now, pools, self.jobs(), self.planner_workers(), self.settings)
+
+    def extender_refuses(self, key: str, pool: str, i: int, now: float, added: int) -> bool:
+        """Would the extender's filter (``scheduler_extender.policy``, called) refuse a new worker of
+        ``key`` in ``pool`` now? The pool as one node: its GPUs, serving's GPUs as last observed, RL's
+        (``added`` more placed by this plan), the predictor reply reduced as the extender reduces it."""
+        lane = next(x for x in self.lanes if x.name == pool)
+        if lane.bounds is None:
+            return False
+        g = self.base[key].gpus_per_worker
+        lent = added + sum(self.base[w.job].gpus_per_worker for w in self.workers
+                           if w.pool == pool and w.state != "suspended" and not w.evicted)  # fmt: skip
+        serving = int(min(lane.gpus, lane.demand.busy[i - 1]))
+        node = NodeState(pool, pool, lane.gpus, serving, lent, max(0, lane.gpus - serving - lent), None, 0.0)
+        cfg = PolicyConfig()
+        snapshot = build_snapshot({pool: node}, {}, cfg)
+        reply = forecast_reply(lane.bounds, i, now, self.cfg.risk, lane.gpus, pool)
+        outlooks, _ = pool_outlooks(snapshot, {pool: extender_forecast(reply, QUANTILE, self.cfg.risk)}, g, cfg)
+        j = self.sims[key]
+        pod = PodInfo(j.job.namespace, key, key, PodKind.RL, job=j.job.name, gpus=g, state_bytes=j.state_bytes,
+                      grace_s=float(j.job.spec.graceful_shutdown_period),
+                      min_run_s=float(j.job.spec.min_useful_run_seconds))  # fmt: skip
+        return not filter_nodes(pod, [pool], snapshot, outlooks, cfg).passed
 
     def decide(self, i: int, now: float) -> Plan | None:
         if self.policy.kind == "no-lending":
@@ -244,10 +321,23 @@ class Simulation:
             self.r.evictions += 1
             self._restart(w.job, now)
             return wait
+        limit = self.cfg.host_memory_bytes
+        if limit is not None and not fits(limit, self.host_bytes(), sim.state_bytes):
+            # the driver's fallback: a durable checkpoint at the safe point, then the eviction; nothing is lost
+            wait = sim.safe_wait_s + self.cost.checkpoint_s(sim.state_bytes) + self.cost.evict_s
+            w.evicted, w.state, w.stop_at, w.free_at = True, "suspending", now + sim.safe_wait_s, now + wait
+            self.r.host_fallbacks += 1
+            self.restores[w.job] += 1
+            return wait
         wait = self.cost.suspend_s(sim.state_bytes, sim.safe_wait_s)
         w.state, w.stop_at, w.free_at = "suspending", now + sim.safe_wait_s, now + wait
         self.r.suspends += 1
         return wait
+
+    def host_bytes(self) -> int:
+        """Host memory suspended state holds now (a suspend under way has reserved its share)."""
+        return sum(self.sims[w.job].state_bytes for w in self.workers
+                   if w.state == "suspended" or (w.state == "suspending" and not w.evicted))  # fmt: skip
 
     def _restart(self, job: str, now: float) -> None:
         """An eviction: the job's work since its last checkpoint is lost; who remains reloads it."""
@@ -257,6 +347,17 @@ class Simulation:
         for x in self.workers:
             if x.job == job and x.state in ("active", "resuming", "pending") and not x.evicted:
                 x.ready_at = max(x.ready_at, now + self.cost.world_change_s + restore)
+
+    def check_extender(self, p: Plan, i: int, now: float) -> None:
+        """Measured, not enforced: how many of the plan's new workers the extender would refuse."""
+        if self.policy.kind == "dedicated":
+            return
+        added: dict[str, int] = {}
+        for key, t in p.targets.items():
+            for pool in t.add:
+                self.r.extender_checked += 1
+                self.r.extender_refusals += self.extender_refuses(key, pool, i, now, added.get(pool, 0))
+                added[pool] = added.get(pool, 0) + self.base[key].gpus_per_worker
 
     def carry_out(self, p: Plan, now: float) -> None:
         by_name = {w.name: w for w in self.workers if not w.evicted}
@@ -272,10 +373,12 @@ class Simulation:
             for n in t.resume:
                 w = by_name[n]
                 w.state, w.ready_at, w.stop_at = "resuming", now + self.cost.transfer_s(sim.state_bytes), math.inf
-            for _ in t.add:
+            for pool_name in t.add:
                 start = now + self.cost.pod_start_s
-                restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict else 0.0
-                self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start))
+                restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict or self.restores[key] else 0.0
+                self.restores[key] = max(0, self.restores[key] - 1)
+                self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start,
+                                       pool=pool_name))  # fmt: skip
             if changed:
                 for w in self.workers:
                     if w.job == key and w.state in ("active", "resuming", "pending") and not w.evicted:
@@ -286,21 +389,27 @@ class Simulation:
 
     # ------------------------------------------------------------------ serving
     def serving(self, i: int, now: float) -> None:
-        demand = float(self.d.busy[i])
-        pool = self.cfg.pool_gpus
+        for lane in self.lanes:
+            self._serve(lane, i, now)
+
+    def _serve(self, lane: _Lane, i: int, now: float) -> None:
+        """Serving arrives in one pool: GPUs it needs that RL holds there are taken back unplanned."""
+        demand = float(lane.demand.busy[i])
+        pool = lane.gpus
         over = max(0.0, demand - pool)
         self.r.over_capacity_gpu_s += over * self.d.tick_s
         need = min(demand, pool)
         self.r.serving_gpu_s += need * self.d.tick_s
         if self.policy.kind == "dedicated":
-            self._dedicated_short(need - (pool - self.rl_gpus), now)
+            self._dedicated_short(lane, need - (pool - lane.rl_gpus), now)
             return
         gpw = {k: j.gpus_per_worker for k, j in self.base.items()}
-        occupied = sum(gpw[w.job] for w in self.workers if w.state != "suspended")
+        here = [w for w in self.workers if w.pool == lane.name]
+        occupied = sum(gpw[w.job] for w in here if w.state != "suspended")
         short = int(need - (pool - occupied))
         if short <= 0:
             return
-        for w in sorted((w for w in self.workers if w.state == "suspending"), key=lambda w: w.free_at):
+        for w in sorted((w for w in here if w.state == "suspending"), key=lambda w: w.free_at):
             if short <= 0:
                 return
             take = min(short, gpw[w.job])
@@ -309,12 +418,13 @@ class Simulation:
         if short <= 0:
             return
         actual = Forecast(now, float(self.d.tick_s), (need, need), "actual")
-        inp = PlanInput(now, (Pool(self.cfg.pool_name, pool, actual),), self.jobs(), self.planner_workers(),
-                        self.settings)  # fmt: skip
-        p = self.run_plan(inp, "unplanned")
+        # the other pools frozen: the planner picks this pool's victims and decides nothing elsewhere
+        pools = tuple(Pool(lane.name, pool, actual) if x is lane else replace(self.pool(x, i, now), frozen=True)
+                      for x in self.lanes)  # fmt: skip
+        p = self.run_plan(PlanInput(now, pools, self.jobs(), self.planner_workers(), self.settings), "unplanned")
         for key, t in p.targets.items():
             names = set(t.suspend) | set(t.remove)
-            for w in [w for w in self.workers if w.job == key and w.name in names and w.state != "suspending"]:
+            for w in [w for w in here if w.job == key and w.name in names and w.state != "suspending"]:
                 wait = self.take_off(w, now)
                 self.r.unplanned_reclaims += gpw[key]
                 take = min(max(short, 0), gpw[key])
@@ -323,13 +433,13 @@ class Simulation:
             if t.shrinks:
                 self.last_shrink[key] = now
 
-    def _dedicated_short(self, short: float, now: float) -> None:
+    def _dedicated_short(self, lane: _Lane, short: float, now: float) -> None:
         """Serving's partition is too small: each GPU short waits until demand falls back."""
         n = max(0, int(short))
-        while len(self.short_open) > n:
-            self.r.waits.append(now - self.short_open.pop())
-        while len(self.short_open) < n:
-            self.short_open.append(now)
+        while len(lane.short_open) > n:
+            self.r.waits.append(now - lane.short_open.pop())
+        while len(lane.short_open) < n:
+            lane.short_open.append(now)
 
     # ------------------------------------------------------------------ accounting
     def account(self, now: float) -> None:
@@ -337,13 +447,13 @@ class Simulation:
         end = now + tick
         per_job: dict[str, float] = {}
         held = 0.0
-        host = 0
+        host = self.host_bytes()
         for w in self.workers:
             g = self.base[w.job].gpus_per_worker
-            if w.state == "suspended" or (w.state == "suspending" and not w.evicted):
-                host += self.sims[w.job].state_bytes
             if w.state != "suspended":
-                held += g * (min(end, w.free_at) - now if w.state == "suspending" else tick)
+                gs = g * (min(end, w.free_at) - now if w.state == "suspending" else tick)
+                held += gs
+                self.r.lent_by_pool[w.pool] = self.r.lent_by_pool.get(w.pool, 0.0) + gs
             t0, t1 = max(now, w.ready_at), min(end, w.stop_at)
             if w.state != "suspended" and t1 > t0:
                 per_job[w.job] = per_job.get(w.job, 0.0) + (t1 - t0) / tick
@@ -380,12 +490,14 @@ class Simulation:
             self.settle(now)
             p = self.decide(i, now)
             if p is not None:
+                self.check_extender(p, i, now)
                 self.carry_out(p, now)
             self.serving(i, now)
             self.account(now)
         end = float(self.d.start + self.d.ticks * tick)
-        for start in self.short_open:
-            self.r.waits.append(end - start)
+        for lane in self.lanes:
+            for start in lane.short_open:
+                self.r.waits.append(end - start)
         for key in self.sims:  # what is not checkpointed at the end still counts (the run stops, not evicted)
             self._commit(key)
         return self.r

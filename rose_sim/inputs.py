@@ -31,6 +31,8 @@ DAY = 86400
 ANNOTATION_STEP_SECONDS = "sim.rose.io/step-seconds"
 ANNOTATION_CHECKPOINT_INTERVAL = "sim.rose.io/checkpoint-interval"
 ANNOTATION_SAFE_POINT_SECONDS = "sim.rose.io/safe-point-seconds"
+ANNOTATION_GPU_PHASE = "sim.rose.io/gpu-phase-seconds"  # time-slice groups: one cycle's time on the GPUs
+ANNOTATION_OFF_PHASE = "sim.rose.io/off-phase-seconds"  # and off them (waiting for rollouts, rewards)
 DEFAULT_STEP_SECONDS = 20.0  # one training step per 20 s on one worker (the replay's safe-point period)
 DEFAULT_CHECKPOINT_INTERVAL_S = 1800  # a durable checkpoint every 30 min
 DEFAULT_SAFE_POINT_S = 20.0  # a safe point at every step's end
@@ -94,6 +96,7 @@ class SimJob:
     step_seconds: float = DEFAULT_STEP_SECONDS  # one step's time on one worker
     checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     safe_point_s: float = DEFAULT_SAFE_POINT_S  # period of the workload's safe points
+    cycle_s: tuple[float, float] | None = None  # time-slice groups: (seconds on the GPUs, off them) per cycle
 
     @property
     def key(self) -> str:
@@ -138,8 +141,21 @@ def _job(raw: Any, where: str) -> SimJob:
         raise SimInputError(f"{where}: metadata.name is missing")
     meta.setdefault("namespace", "default")
     job = job.model_copy(update={"metadata": meta})
+    cycle = None
+    if job.spec.timeslice_group is not None:
+        ann = job.metadata.get("annotations") or {}
+        if ANNOTATION_GPU_PHASE not in ann or ANNOTATION_OFF_PHASE not in ann:
+            raise SimInputError(
+                f"{where}: timesliceGroup {job.spec.timeslice_group!r}: give its cycle as annotations "
+                f"{ANNOTATION_GPU_PHASE} and {ANNOTATION_OFF_PHASE} (seconds on the GPUs and off them)"
+            )
+        cycle = (
+            _annotation_seconds(job, ANNOTATION_GPU_PHASE, 0.0, where),
+            _annotation_seconds(job, ANNOTATION_OFF_PHASE, 0.0, where),
+        )
     return SimJob(
         job,
+        cycle_s=cycle,
         step_seconds=_annotation_seconds(job, ANNOTATION_STEP_SECONDS, DEFAULT_STEP_SECONDS, where),
         checkpoint_interval_s=_annotation_seconds(
             job, ANNOTATION_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_INTERVAL_S, where
@@ -261,3 +277,63 @@ def load_demand(path: Path, **kw: Any) -> Demand:
     except SeriesError as e:
         raise SimInputError(str(e)) from None
     return demand_from_values(s.start, s.values, s.step, **kw)
+
+
+def load_pools(path: Path, **kw: Any) -> list[tuple[str, int, Demand]]:
+    """``--pools FILE.yaml``: ``pools:`` a list of ``{name, gpus, series}`` (the series' path relative to
+    the file) with optional ``capacity_per_gpu``, ``peak_util`` or ``busy_gpus: true``; each pool's
+    series through :func:`load_demand` with its own GPUs. The first pool is the primary one."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SimInputError(f"--pools {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SimInputError(f"--pools {path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    items = raw.get("pools") if isinstance(raw, dict) else None
+    if not isinstance(items, list) or not items:
+        raise SimInputError(f"--pools {path}: expected 'pools:' with a list of {{name, gpus, series}}")
+    out: list[tuple[str, int, Demand]] = []
+    for n, item in enumerate(items):
+        name, gpus, d = _load_pool(path, n, item, out, kw)
+        out.append((name, gpus, d))
+    return out
+
+
+_POOL_FIELDS = frozenset({"name", "gpus", "series", "capacity_per_gpu", "peak_util", "busy_gpus"})
+
+
+def _check_pool_item(where: str, item: Any, out: list[tuple[str, int, Demand]]) -> tuple[str, int]:
+    """One ``pools:`` entry's name and GPUs, or the one-line error that says what to fix."""
+    if not isinstance(item, dict) or not {"name", "gpus", "series"} <= set(item):
+        raise SimInputError(f"{where}: needs name, gpus and series")
+    extra = set(item) - _POOL_FIELDS
+    if extra:
+        raise SimInputError(
+            f"{where}: unknown field(s) {', '.join(sorted(extra))}; known: {', '.join(sorted(_POOL_FIELDS))}"
+        )
+    name, gpus = str(item["name"]), item["gpus"]
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= 100_000:
+        raise SimInputError(f"{where} ({name}): gpus must be a whole number in 1..100000, got {gpus!r}")
+    if name in {o[0] for o in out}:
+        raise SimInputError(f"{where}: pool {name} is defined twice")
+    return name, gpus
+
+
+def _load_pool(
+    path: Path, n: int, item: Any, out: list[tuple[str, int, Demand]], kw: dict[str, Any]
+) -> tuple[str, int, Demand]:
+    where = f"--pools {path}: pool {n + 1}"
+    name, gpus = _check_pool_item(where, item, out)
+    cap = 1.0 if item.get("busy_gpus") else item.get("capacity_per_gpu")
+    try:
+        d = load_demand(path.parent / str(item["series"]), **{**kw, "pool_gpus": gpus,
+                        "peak_util": float(item.get("peak_util", kw.get("peak_util", 0.9))),
+                        "capacity_per_gpu": None if cap is None else float(cap)})  # fmt: skip
+    except SimInputError as e:
+        raise SimInputError(f"pool {name}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise SimInputError(f"{where} ({name}): {e}") from None
+    first = out[0][2] if out else d
+    if (d.start, d.tick_s, d.ticks) != (first.start, first.tick_s, first.ticks):
+        raise SimInputError(f"{where} ({name}): its series must cover the same times as pool {out[0][0]}'s")
+    return name, gpus, d

@@ -7,13 +7,14 @@ I/O boundary: :func:`simulate` and :func:`markdown` are pure; :func:`plot` write
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from rose_sim import forecasters as fc
-from rose_sim.engine import Policy, SimConfig, Simulation, default_policies
+from rose_sim.engine import Policy, PoolInput, SimConfig, Simulation, default_policies
 from rose_sim.inputs import CostModel, Demand, SimInputError, SimJob
+from timeslice.advise import advise
 
 FORECASTERS = ("oracle", "baseline", "model")
 HORIZONS_S = (600, 1800, 3600)  # the predictor's served horizons: 10, 30, 60 min
@@ -33,6 +34,7 @@ COLUMNS = (
     ("evictions_per_day", "evictions/day"),
     ("rl_lost_gpu_hours", "lost GPU-h"),
     ("host_memory_peak_gib", "host GiB peak"),
+    ("host_memory_fallbacks_per_day", "host fallbacks/day"),
 )
 
 
@@ -52,6 +54,29 @@ def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> 
                                     demand.start, float(cfg.risk), every, cfg.pool_gpus)  # fmt: skip
         except fc.ModelUnavailable as e:
             raise SimInputError(f"{e} (a longer --history, or a larger --risk)") from None
+    return out
+
+
+def timeslice_groups(jobs: list[SimJob], cost: CostModel) -> dict[str, dict[str, Any]]:
+    """Each declared time-slice group judged by ``timeslice.advise`` (its round model, called): the
+    jobs' cycles (annotations) against one switch, the slowest suspend + resume of the group's
+    state under the cost model. Advice only: the ticks do not run the group round-robin."""
+    groups: dict[str, list[SimJob]] = {}
+    for j in jobs:
+        if j.job.spec.timeslice_group is not None:
+            groups.setdefault(j.job.spec.timeslice_group, []).append(j)
+    out: dict[str, dict[str, Any]] = {}
+    for name, members in sorted(groups.items()):
+        switch = max(cost.suspend_s(j.state_bytes, j.safe_wait_s) + cost.transfer_s(j.state_bytes) for j in members)
+        keys = [j.key for j in members]
+        if len(members) < 2:
+            out[name] = {"jobs": keys, "switch_s": round(switch, 2), "pays": False,
+                         "reason": "one job in the group: nothing to share its GPUs with"}  # fmt: skip
+            continue
+        a = advise({j.key: [j.cycle_s] for j in members if j.cycle_s is not None}, switch)
+        out[name] = {"jobs": keys, "switch_s": round(a.switch_s, 2), "round_s": round(a.round_s, 2),
+                     "shared_duty": round(a.shared_duty, 4), "best_solo_duty": round(a.best_solo_duty, 4),
+                     "pays": a.pays, "reason": a.reason}  # fmt: skip
     return out
 
 
@@ -84,26 +109,34 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig,
              forecasters: tuple[str, ...] = FORECASTERS, policies: tuple[Policy, ...] | None = None,
-             ) -> dict[str, Any]:  # fmt: skip
-    """Every policy on the evaluated period; the report as plain data (JSON-able)."""
+             more_pools: tuple[tuple[str, int, Demand], ...] = ()) -> dict[str, Any]:  # fmt: skip
+    """Every policy on the evaluated period; the report as plain data (JSON-able). ``more_pools``:
+    ``(name, GPUs, demand)`` of pools beside the primary one (``cfg.pool_name``, ``cfg.pool_gpus``)."""
     started, cpu = time.perf_counter(), time.process_time()
     bounds = bounds_for(demand, cfg, forecasters)
+    more = tuple(PoolInput(name, gpus, d, bounds_for(d, replace(cfg, pool_gpus=gpus), forecasters))
+                 for name, gpus, d in more_pools)  # fmt: skip
+    total_gpus = cfg.pool_gpus + sum(m.gpus for m in more)
     seconds = (demand.ticks - demand.history) * demand.tick_s
     results: dict[str, dict[str, Any]] = {}
     runtime: dict[str, float] = {"forecasts_s": round(time.perf_counter() - started, 2)}
     for p in policies or default_policies(forecasters):
         t0 = time.perf_counter()
-        results[p.name] = Simulation(demand, jobs, cost, cfg, p, bounds).run().report(seconds, cfg.pool_gpus)
+        sim = Simulation(demand, jobs, cost, cfg, p, bounds, more_pools=more)
+        results[p.name] = sim.run().report(seconds, total_gpus)
         runtime[p.name] = round(time.perf_counter() - t0, 2)
     return {
         "evaluated_days": round(demand.evaluated_days, 2),
         "history_days": round(demand.history * demand.tick_s / 86400, 2),
         "tick_seconds": demand.tick_s,
         "series_step_seconds": demand.source_step,
-        "pool_gpus": cfg.pool_gpus,
+        "pool_gpus": total_gpus,
+        "pools": [{"name": cfg.pool_name, "gpus": cfg.pool_gpus, "capacity_per_gpu": demand.capacity_per_gpu}]
+        + [{"name": m.name, "gpus": m.gpus, "capacity_per_gpu": m.demand.capacity_per_gpu} for m in more],
         "capacity_per_gpu": demand.capacity_per_gpu,
         "risk": cfg.risk,
         "dwell_seconds": cfg.dwell_s,
+        "host_memory_gib": None if cfg.host_memory_bytes is None else round(cfg.host_memory_bytes / 2**30, 1),
         "cost_model": asdict(cost),
         "jobs": [
             {
@@ -120,6 +153,7 @@ def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig
             for j in jobs
         ],
         "forecasters": {k: b.detail or k for k, b in bounds.items()},
+        "timeslice_groups": timeslice_groups(jobs, cost),
         "results": results,
         "goals": goals(results),
         "runtime_s": runtime
@@ -133,6 +167,9 @@ def markdown(report: dict[str, Any], title: str = "") -> str:
     lines += ["| policy | " + " | ".join(c for _, c in COLUMNS) + " |", "| --- |" + " ---: |" * len(COLUMNS)]
     for name, r in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{r[k]:,}" for k, _ in COLUMNS) + " |")
+    for name, t in (report.get("timeslice_groups") or {}).items():
+        lines += ["", f"Time-slice group {name} ({', '.join(t['jobs'])}): {'pays' if t['pays'] else 'does not pay'}: "
+                  f"{t['reason']} (timeslice.advise's round model; advice, not simulated)"]  # fmt: skip
     g = report.get("goals") or {}
     if g:
         lines += ["", f"Goals (judged on {g['judged']}):"]
