@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     cmd, rest = args[0], args[1:]
     if cmd not in COMMANDS:
-        print(f"rose: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
+        print(f"rose: error: unknown command {cmd!r} (see `rose --help`)", file=sys.stderr)
         return 2
     module_name = COMMANDS[cmd][0]
     try:
