@@ -551,6 +551,6 @@ def _serve(args: argparse.Namespace, r: runner.Runner) -> int:
         wiring = build(args)
         start(args, wiring)
     except StartupError as e:
-        print(f"rose driver: {e}", file=sys.stderr)
+        print(runner.start_failure_line("rose driver", str(e)), file=sys.stderr)
         return e.code
     return run(args, wiring, r.stop)
