@@ -64,7 +64,7 @@ def _components(tmp: Path) -> dict[str, tuple[list[str], str]]:
                 str(tmp / "d/agent/workload.sock"),
             ],
             '"driver started"',
-        ),  # fmt: skip
+        ),
         "agent": (
             [
                 "agent",
@@ -78,7 +78,7 @@ def _components(tmp: Path) -> dict[str, tuple[list[str], str]]:
                 str(tmp / "a/control.sock"),
             ],
             '"agent serving"',
-        ),  # fmt: skip
+        ),
         "timeslice": (
             [
                 "timeslice",
@@ -98,7 +98,7 @@ def _components(tmp: Path) -> dict[str, tuple[list[str], str]]:
                 "127.0.0.1:0",
             ],
             "timeslice: listening on",
-        ),  # fmt: skip
+        ),
         "predictor": (
             ["predictor", "serve", "--pools", str(pools), "--replay", "generated", "--listen", "127.0.0.1:0"],
             '"model fitted"',  # past its first fit: in its steady loop
