@@ -144,3 +144,22 @@ def test_a_bad_kubeconfig_is_one_line_for_every_component_that_needs_one(
         lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("{")]  # not JSON logs
         assert len(lines) == 1 and kubeconfig in lines[0] and "--kubeconfig" in lines[0], lines
         assert lines[0].startswith(f"rose {command}")
+
+
+def test_every_rose_command_answers_a_flag_error_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the ``rose`` dispatcher, as a user types it; an unknown command is one line too."""
+    from rose_cli.main import COMMANDS
+    from rose_cli.main import main as rose
+
+    several: list[str] = []
+    for command in sorted(COMMANDS):
+        args = {"predictor": ["serve"], "timeslice": ["serve"], "dashboard": ["check"], "completion": ["bash"]}
+        with pytest.raises(SystemExit) as e:
+            rose([command, *args.get(command, []), "--no-such-flag"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2, (command, err)
+        if len(err.strip().splitlines()) != 1 or "usage:" in err:
+            several.append(f"{command}: {err}")
+    assert not several, several
+    assert rose(["no-such-command"]) == 2
+    assert capsys.readouterr().err == "rose: error: unknown command 'no-such-command' (see `rose --help`)\n"
