@@ -13,7 +13,8 @@
     rose completion bash                a bash completion script for the sub-commands
 
 Any error a sub-command raises is one line on stderr (``rose <command>: error: ...``) and exit
-status 1; ``ROSE_DEBUG=1`` adds the traceback (rose_cli.errors).
+status 1; ``ROSE_DEBUG=1`` adds the traceback (rose_cli.errors). A flag error, an unknown command
+and a long-running component's failure at start (``rose_common.runner``) are one line and status 2.
 
 Each component's own parser handles its arguments; components are imported only when their
 sub-command runs, so the CLI never couples them.

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -46,6 +48,7 @@ __all__ = ["Runner", "StartError", "kube_client", "kubeconfig_problem", "run", "
 log = logging.getLogger("rose_common.runner")
 
 START_FAILURE_EXIT = 2
+DEBUG_ENV = "ROSE_DEBUG"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -146,6 +149,13 @@ def _install(handler: Callable[[int, FrameType | None], None]) -> dict[int, Any]
     return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
+def _failed(prog: str, message: str) -> None:
+    """The one line on stderr; ``ROSE_DEBUG=1`` puts the traceback before it."""
+    if os.environ.get(DEBUG_ENV):
+        traceback.print_exc()
+    print(start_failure_line(prog, message), file=sys.stderr)
+
+
 def run(
     prog: str,
     parse: Callable[[], argparse.Namespace],
@@ -163,12 +173,12 @@ def run(
     try:
         return int(body(args, r) or 0)
     except StartError as e:
-        print(start_failure_line(prog, str(e)), file=sys.stderr)
+        _failed(prog, str(e))
         return START_FAILURE_EXIT
     except SystemExit as e:
         if not isinstance(e.code, str):
             raise
-        print(start_failure_line(prog, e.code), file=sys.stderr)
+        _failed(prog, e.code)
         return START_FAILURE_EXIT
     finally:
         r.shutdown()

@@ -21,7 +21,11 @@ def _args(**kw: object) -> argparse.Namespace:
     return argparse.Namespace(**kw)
 
 
-def test_start_error_and_message_exits_are_one_line_and_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_start_error_and_message_exits_are_one_line_and_status_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ROSE_DEBUG", raising=False)
+
     def fails(args: argparse.Namespace, r: runner.Runner) -> int:
         raise runner.StartError("--thing x: no such\n  file; give another")
 
@@ -163,3 +167,15 @@ def test_every_rose_command_answers_a_flag_error_in_one_line(capsys: pytest.Capt
     assert not several, several
     assert rose(["no-such-command"]) == 2
     assert capsys.readouterr().err == "rose: error: unknown command 'no-such-command' (see `rose --help`)\n"
+
+
+def test_rose_debug_puts_the_traceback_before_the_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fails(args: argparse.Namespace, r: runner.Runner) -> int:
+        raise runner.StartError("--x: bad")
+
+    monkeypatch.setenv("ROSE_DEBUG", "1")
+    assert runner.run("rose t", _args, fails) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1] == "rose t: --x: bad"
