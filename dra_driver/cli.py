@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rose_common import names
+from rose_common import names, runner
 from rose_common.cli import EnvArgumentParser, boolean, byte_size, port_type
 
 ENV_PREFIX = "ROSE_DRIVER_"
@@ -551,11 +550,8 @@ def start(args: argparse.Namespace, w: Wiring) -> None:
         w.binder.start()
 
 
-def run(args: argparse.Namespace, w: Wiring) -> int:
-    """The repair loop until SIGTERM / SIGINT, then stop every part."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+def run(args: argparse.Namespace, w: Wiring, stop: threading.Event) -> int:
+    """The repair loop until ``stop`` is set (the runner sets it on SIGTERM / SIGINT), then stop every part."""
     log.info("driver started", extra={"node": args.node_name, "gpus": len(w.gpus), "backend": args.gpu_backend})
     w.health.loop_every_s = float(args.reconcile_seconds)
     while not stop.wait(float(args.reconcile_seconds)):
@@ -583,14 +579,14 @@ def run(args: argparse.Namespace, w: Wiring) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from rose_common import logs
+    return runner.run("rose driver", lambda: build_parser().parse_args(argv), _serve)
 
-    logs.setup(args.log_level)
+
+def _serve(args: argparse.Namespace, r: runner.Runner) -> int:
     try:
         wiring = build(args)
         start(args, wiring)
     except StartupError as e:
-        print(f"rose driver: {e}", file=sys.stderr)
+        print(runner.start_failure_line("rose driver", str(e)), file=sys.stderr)
         return e.code
-    return run(args, wiring)
+    return run(args, wiring, r.stop)

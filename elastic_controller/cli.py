@@ -10,16 +10,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
-import threading
-from pathlib import Path
 
 from elastic_controller import pools
 from elastic_controller.controller import Controller, ControllerSettings
 from elastic_controller.metrics import ControllerMetrics
 from elastic_controller.planner import Forecast
-from rose_common import forecast_client, httpserver, logs
+from rose_common import forecast_client, httpserver, runner
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
 from rose_common.forecast_client import ForecastCache, ForecastError, StaticFileForecastSource, make_source
 from rose_common.informer import FunctionHandler, Listed
@@ -98,8 +95,10 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logs.setup(args.log_level)
+    return runner.run("rose controller", lambda: build_parser().parse_args(argv), serve)
+
+
+def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     for flag, value in (("--workers", args.workers), ("--write-concurrency", args.write_concurrency)):
         if value < 1:
             raise SystemExit(f"rose controller: {flag} must be >= 1, got {value}")
@@ -107,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     metrics = ControllerMetrics(args.forecast_backend)
     cache = _forecasts(args, metrics)
     from elastic_controller import kube  # the API-server module, imported only when running
-    from rose_common.kube.client import Raw, api_client
+    from rose_common.kube.client import Raw
 
     # one connection per watch (4), reconcile worker, concurrent write, and the Event and lease threads
     connections = 6 + args.workers + args.write_concurrency
-    raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None, connections))
+    raw = Raw(runner.kube_client(args.kubeconfig, env=f"{ENV_PREFIX}KUBECONFIG", connections=connections))
     lease = kube.LeaseLock(raw, args.lease_namespace, args.lease_name) if args.leader_elect else None
     inventory = kube.InventoryStore()
     ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),
@@ -141,16 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     for inf in infs:
         inf.start()
     start_workers(ctl.queue, ctl.reconcile, args.workers)
-    threads = [threading.Thread(target=f, name=n, daemon=True)
-               for f, n in ((ctl.elect_loop, "leader"), (ctl.plan_loop, "plan"))]  # fmt: skip
-    for t in threads:
-        t.start()
-
-    def _term(signum: int, frame: object) -> None:
-        ctl.stop.set()
-
-    signal.signal(signal.SIGTERM, _term)
-    signal.signal(signal.SIGINT, _term)
+    r.thread(lambda _: ctl.elect_loop(), "leader")
+    r.thread(lambda _: ctl.plan_loop(), "plan")
+    r.on_stop(ctl.stop.set)
     log.info("controller running", extra={"identity": settings.identity, "leaderElect": args.leader_elect,
                                           "forecastBackend": args.forecast_backend,
                                           "planner": args.planner})  # fmt: skip

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rose_common import logs as shared_logs
+from rose_common import runner
 from rose_common.cli import EnvArgumentParser, host_port
 
 log = logging.getLogger("rose.predictor")
@@ -271,13 +269,16 @@ def _horizons(text: str) -> list[int]:
 
 
 def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None) -> int:
+    return runner.run("rose predictor serve", lambda: a, lambda args, r: serve(args, r, ready), logger="rose")
+
+
+def serve(a: argparse.Namespace, r: runner.Runner, ready: Callable[[str], None] | None = None) -> int:
     from predictor.ingest import PrometheusSource
     from predictor.model import ModelConfig
     from predictor.server import Limits, PredictorHTTPServer, serve_in_thread
     from predictor.service import PredictorService, Settings, Source, load_pools
     from predictor.store import ModelStore
 
-    shared_logs.setup(a.log_level, "rose")
     try:
         pools = load_pools(a.pools)
         model_cfg = ModelConfig(
@@ -329,13 +330,10 @@ def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None)
         print(f"error: cannot listen on --listen {address[0]}:{address[1]}: {e.strerror or e}", file=sys.stderr)
         return 2
     serve_in_thread(server)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     if ready is not None:
         ready(server.url)
     try:
-        service.run(stop)
+        service.run(r.stop)
     finally:
         server.shutdown()
         server.server_close()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_common import names, slices
+from rose_common.cli import EnvArgumentParser
 
 
 def _say(msg: str) -> None:
@@ -92,9 +93,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from local_cluster import ClusterConfig, ClusterError, LocalCluster, default_workdir, free_port
 
-    p = argparse.ArgumentParser(
-        prog="rose demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = EnvArgumentParser(prog="rose demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=int(os.environ.get("ROSE_DEMO_NODES", "4")))
     p.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("ROSE_DEMO_GPUS_PER_NODE", "8")))
     p.add_argument("--dir", type=Path, default=default_workdir("demo"), help="cluster work directory")

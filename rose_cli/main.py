@@ -13,7 +13,8 @@
     rose completion bash                a bash completion script for the sub-commands
 
 Any error a sub-command raises is one line on stderr (``rose <command>: error: ...``) and exit
-status 1; ``ROSE_DEBUG=1`` adds the traceback (rose_cli.errors).
+status 1; ``ROSE_DEBUG=1`` adds the traceback (rose_cli.errors). A flag error, an unknown command
+and a long-running component's failure at start (``rose_common.runner``) are one line and status 2.
 
 Each component's own parser handles its arguments; components are imported only when their
 sub-command runs, so the CLI never couples them.
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     cmd, rest = args[0], args[1:]
     if cmd not in COMMANDS:
-        print(f"rose: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
+        print(f"rose: error: unknown command {cmd!r} (see `rose --help`)", file=sys.stderr)
         return 2
     module_name = COMMANDS[cmd][0]
     try:

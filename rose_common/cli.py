@@ -23,7 +23,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from rose_common.quantity import QuantityError, parse_quantity
 
@@ -57,6 +57,7 @@ class EnvArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.env_prefix = env_prefix
         self._env_twins: list[tuple[argparse.Action, str]] = []
+        self._guided = False
 
     def add_subparsers(self, **kwargs: Any) -> Any:
         kwargs.setdefault("parser_class", functools.partial(EnvArgumentParser, env_prefix=self.env_prefix))
@@ -81,6 +82,22 @@ class EnvArgumentParser(argparse.ArgumentParser):
                 setattr(namespace, action.dest, self._env_value(action, var, raw))
                 action.required = False
         return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        """One line, ``<prog>: error: <message>``, and exit status 2 (argparse prints its whole usage).
+
+        A value refused by one of the flag's own types already says what is allowed; argparse's own
+        complaints (an unknown flag, a missing one, a bad choice) get a pointer to ``--help``.
+        """
+        hint = "" if self._guided else f" (see `{self.prog} --help`)"
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}{hint}\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:
+            self._guided = isinstance(e.__context__, argparse.ArgumentTypeError)
+            raise
 
     def _env_value(self, action: argparse.Action, var: str, raw: str) -> Any:
         """``raw`` through the flag's ``type`` and ``choices``, as argparse does for the command line."""

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import ssl
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from rose_common import forecast_client, logs
+from rose_common import forecast_client, runner
 from rose_common.cli import EnvArgumentParser, byte_size, duration, host_port
 from rose_common.forecast_client import ForecastError, StaticFileForecastSource, make_source
 from scheduler_extender import policy
@@ -136,8 +135,28 @@ def _bind(flag: str, make: Callable[[], ExtenderServer]) -> ExtenderServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logs.setup(args.log_level)
+    return runner.run("rose extender", lambda: build_parser().parse_args(argv), serve)
+
+
+def settle_loop(cache: ClusterCache, stop: threading.Event) -> None:
+    """Once the cache has synced, hand freed heap back to the OS every 5 minutes."""
+    while not stop.is_set() and not cache.synced:
+        stop.wait(0.5)
+    while not stop.is_set():
+        settle_heap()
+        stop.wait(300)
+
+
+def known_pools_loop(cache: ClusterCache, refresher: ForecastCache, stop: threading.Event) -> None:
+    """Fetch every pool the cache knows before a scheduling call needs it: otherwise the first
+    calls after a start, or for a new pool, decide on the conservative fallback."""
+    while not stop.is_set():
+        if cache.synced:
+            refresher.want(cache.snapshot().pools)
+        stop.wait(1.0)
+
+
+def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     if not 0 < args.gil_switch_interval <= 1:
         build_parser().error(f"--gil-switch-interval must be in (0, 1] seconds, got {args.gil_switch_interval}")
     # Watch threads parse events while kube-scheduler waits on a call: hand the GIL over sooner.
@@ -164,17 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     forecasts, refresher = make_forecasts(args, metrics)
     from scheduler_extender import kube  # the API-server module, imported only when running
 
-    if args.kubeconfig and not Path(args.kubeconfig).is_file():
-        raise SystemExit(f"rose extender: --kubeconfig {args.kubeconfig}: no such file; give the path of a kubeconfig")
-    try:
-        api = kube.api_client(Path(args.kubeconfig) if args.kubeconfig else None)
-    except Exception as e:  # kubernetes.config errors, an unreadable or malformed file
-        where = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the in-cluster service account"
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SystemExit(
-            f"rose extender: cannot load {where}: {why}; "
-            "set --kubeconfig FILE (or ROSE_EXTENDER_KUBECONFIG) to a valid kubeconfig"
-        ) from None
+    api = runner.kube_client(args.kubeconfig, env=f"{ENV_PREFIX}KUBECONFIG")
     cache = ClusterCache(cfg)
     watcher = kube.Watcher(api, cache, on_restart=lambda kind: metrics.watch_restarts.labels(kind).inc())
     suspender = kube.KubeSuspender(api, on_result=lambda r: metrics.suspend_requests.labels(r).inc())
@@ -196,12 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     server = _bind(
         "--listen", lambda: ExtenderServer(extender, host, port, limits=limits, routes=VERB_ROUTES | METRICS_ROUTES)
     )
+    r.on_stop(server.stop)
     metrics_server = None
     if args.metrics_listen is not None:
         mhost, mport = args.metrics_listen
         metrics_server = _bind(
             "--metrics-listen", lambda: ExtenderServer(extender, mhost, mport, limits=limits, routes=METRICS_ROUTES)
         )
+        r.on_stop(metrics_server.stop)
     if args.tls_cert_file:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file or None)
@@ -212,35 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics_server.start()
     if refresher is not None:
         refresher.start()
-    stop = threading.Event()
-
-    def _settle() -> None:
-        while not stop.is_set() and not cache.synced:
-            stop.wait(0.5)
-        while not stop.is_set():
-            settle_heap()
-            stop.wait(300)
-
-    threading.Thread(target=_settle, name="settle-heap", daemon=True).start()
-
-    def _known_pools() -> None:
-        # Fetch every pool the cache knows before a scheduling call needs it: otherwise the first
-        # calls after a start, or for a new pool, decide on the conservative fallback.
-        while refresher is not None and not stop.is_set():
-            if cache.synced:
-                refresher.want(cache.snapshot().pools)
-            stop.wait(1.0)
-
-    threading.Thread(target=_known_pools, name="forecast-pools", daemon=True).start()
-
-    def _term(signum: int, frame: object) -> None:
-        stop.set()
-        threading.Thread(target=server.stop, daemon=True).start()
-        if metrics_server is not None:
-            threading.Thread(target=metrics_server.stop, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, _term)
-    signal.signal(signal.SIGINT, _term)
+    r.thread(lambda stop: settle_loop(cache, stop), "settle-heap")
+    if refresher is not None:
+        r.thread(lambda stop: known_pools_loop(cache, refresher, stop), "forecast-pools")
     metrics_at = f"{metrics_server.url}" if metrics_server is not None else ""
     log.info(
         "extender serving",
@@ -252,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Write the bound address for callers that asked for port 0.
     print(f"listening on {host}:{server.port}", file=sys.stderr, flush=True)
+    server.start()
     try:
-        server.serve_forever()
+        r.stop.wait()
     finally:
         watcher.stop()
         withdrawer.stop()

@@ -26,14 +26,12 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
-from rose_common import logs
+from rose_common import runner
 from rose_common.cli import EnvArgumentParser, boolean, duration, host_port
 from timeslice import advise
 from timeslice.identity import ReviewCache
@@ -174,18 +172,17 @@ def _handover(args: argparse.Namespace, raw: object | None) -> Handover:
     return DelayHandover(args.handover_delay) if args.handover == "delay" else NoopHandover()
 
 
-def serve(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
+def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     settings, limits = _settings(args)
     tls = _refuse_insecure(args)
     members: Members
     identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
     store: Store
     if args.store == "kubernetes":
-        from rose_common.kube.client import Raw, api_client
+        from rose_common.kube.client import Raw
         from timeslice import kube  # the API-server module, imported only when running against one
 
-        raw = Raw(api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+        raw = Raw(runner.kube_client(args.kubeconfig, env=f"{ENV_PREFIX}KUBECONFIG"))
         store = kube.LeaseStore(raw, args.namespace)
         lock = kube.LeaseLock(raw, args.namespace, args.lease_name) if args.leader_elect else None
         audiences = [args.token_audience] if args.token_audience else []
@@ -212,8 +209,7 @@ def serve(args: argparse.Namespace) -> int:
     orch = Orchestrator(store, handover, metrics, settings, leading=elector.leading)
     holder.append(orch)
     metrics.leader.set(1 if elector.leading() else 0)
-    stop = threading.Event()
-    threading.Thread(target=elector.run, args=(stop,), name="ts-leader", daemon=True).start()
+    r.thread(elector.run, "ts-leader")
     host, port = args.listen
     try:
         server, bound = grpc_server(orch, f"{host}:{port}", None, auth, members, limits, tls)
@@ -221,18 +217,12 @@ def serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"rose timeslice serve: {e}") from None
     mhost, mport = args.metrics_listen
     http = http_server(orch, (mhost, mport)) if mport else None
-
-    def _term(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _term)
-    signal.signal(signal.SIGINT, _term)
     log.info("timeslice orchestrator running", extra={"identity": identity, "port": bound, "store": args.store,
                                                       "leaderElect": lock is not None, "tls": tls is not None,
                                                       "authenticate": args.authenticate,
                                                       "jobCheck": args.job_check})  # fmt: skip
     print(f"timeslice: listening on {host}:{bound}", flush=True)
-    stop.wait()
+    r.stop.wait()
     server.stop(grace=2).wait()
     if http is not None:
         http.shutdown()
@@ -242,7 +232,7 @@ def serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        return serve(args)
+        return runner.run("rose timeslice serve", lambda: args, serve)
     if args.command == "advise":
         return advise_cmd(args)
     if args.command == "certs":

@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,9 +19,8 @@ from dra_driver.suspend.cuda_checkpoint import CudaCheckpointUnavailable
 from dra_driver.suspend.engine import EngineConfig
 from dra_driver.suspend.factory import build_engine
 from dra_driver.suspend.model import BACKENDS
-from rose_common import httpserver
+from rose_common import httpserver, runner
 from rose_common.cli import EnvArgumentParser, duration, port_type
-from rose_common.logs import setup as setup_logging
 
 log = logging.getLogger("rose.agent")
 _ENV_PREFIX = "ROSE_AGENT_"
@@ -77,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    return runner.run("rose-agent", lambda: build_parser().parse_args(argv), serve)
+
+
+def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     budget = args.host_memory_budget_bytes if args.host_memory_budget_bytes >= 0 else default_host_budget_bytes()
     try:
@@ -108,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rose-agent: --metrics-port {args.metrics_port}: {err.strerror or err}", file=sys.stderr)
             return 2
     server.start()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    r.stop.wait()
     log.info("agent stopping")
     server.stop()
     return 0
