@@ -19,6 +19,9 @@ KWOK_VERSION="${ROSE_KWOK_VERSION:-$KWOK_VERSION}"
 MINIO_VERSION="${ROSE_MINIO_VERSION:-$MINIO_VERSION}"
 HELM_VERSION="${ROSE_HELM_VERSION:-$HELM_VERSION}"
 CACHE="${ROSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rose}"
+# -trimpath here and -ldflags "-s -w" on every go build: no DWARF or symbol table to write, which
+# is most of a link (etcd's link on a loaded 2-core machine: 10.1 s with them, 6.8 s without);
+# cached entries built before the flag stay valid (same sources, same behaviour).
 export GOFLAGS="${GOFLAGS:--buildvcs=false} -trimpath"
 export CGO_ENABLED=0
 export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
@@ -100,7 +103,7 @@ simple_module_build() { # name module version out work pkg=>binary...
   (cd "$work" && go get "$module@$version" >&2 && go mod tidy >&2)
   for pb in "$@"; do
     log "$name $version: compiling ${pb##*=>}"
-    (cd "$work" && go build -v -o "$out/${pb##*=>}" "${pb%%=>*}" 2>&1 | progress)
+    (cd "$work" && go build -v -ldflags "-s -w" -o "$out/${pb##*=>}" "${pb%%=>*}" 2>&1 | progress)
   done
 }
 
@@ -194,7 +197,7 @@ do_kubelet() { local work="$1" out="$2"
   (cd "$work" && go mod tidy >&2)
   log "kubelet $K8S_VERSION: compiling (shares the control plane's Go build cache)"
   # the version stamp of a release build (hack/lib/version.sh), so the Node reports v1.X.Y
-  local v="${K8S_VERSION#v}" ld="" pkg kv
+  local v="${K8S_VERSION#v}" ld="-s -w" pkg kv
   for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
     for kv in "gitVersion=$K8S_VERSION" "gitMajor=${v%%.*}" "gitMinor=$(echo "$v" | cut -d. -f2)" "gitTreeState=clean"; do
       ld+=" -X $pkg.$kv"; done; done

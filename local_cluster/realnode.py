@@ -486,7 +486,7 @@ class RealNode:
                 pid = int(f.read_text())
             except (OSError, ValueError):
                 continue
-            if _kill(pid):
+            if _kill(pid, own=self._procs.get(comp)):
                 stopped.append(f"realnode-{comp}")
             if comp in self._procs:
                 self._procs.pop(comp).wait()
@@ -499,13 +499,19 @@ class RealNode:
         return stopped
 
 
-def _kill(pid: int, timeout: float = 10.0) -> bool:
+def _kill(pid: int, timeout: float = 10.0, own: subprocess.Popen[bytes] | None = None) -> bool:
+    """SIGTERM, up to ``timeout`` s for ``pid`` to exit, then SIGKILL; False if it was gone already.
+    ``own``: the Popen when ``pid`` is this process's child, which is reaped here: an exited child
+    stays a zombie that ``kill(pid, 0)`` still finds, so unreaped it looked alive for the whole
+    ``timeout`` (10 s each for the kubelet and containerd in every real-node teardown)."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if own is not None and own.poll() is not None:
+            return True
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

@@ -83,6 +83,10 @@ def test_up_status_env_down_leaves_no_process_and_no_port(tmp_path: Path) -> Non
     down = _rose("cluster", "--dir", str(d), "down")
     assert down.returncode == 0, down.stderr
     assert _processes_mentioning(str(d)) == []
+    # The apiserver finished its graceful shutdown on SIGTERM (etcd stops after it): stopped with
+    # etcd, it retried an etcd write for 20 s and every teardown waited for the SIGKILL.
+    apiserver_log = (d / "logs" / "kube-apiserver.log").read_text(errors="replace")
+    assert "[graceful-termination] apiserver is exiting" in apiserver_log
     # Nothing accepts connections there any more. (Not "nothing bound": after the components
     # exit, the kernel may hand the same number to some other test's outgoing connection as its
     # ephemeral source port, which makes bind() fail without anything listening.)
