@@ -205,6 +205,9 @@ class PromptQueue:
         self.counters.requeued_expired += n
         return n
 
+    def leases(self) -> list[Lease]:
+        return list(self._leases.values())
+
     def leases_of(self, worker: str) -> list[Lease]:
         return [ls for ls in self._leases.values() if ls.worker == worker]
 

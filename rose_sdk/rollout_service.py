@@ -15,6 +15,7 @@ return completions, release their leases. Endpoints (JSON bodies unless said):
 ``POST /v1/complete``      ``{"worker", "completions": [{"id", "version", "token_ids", "text"}]}``
                            → ``{"accepted", "duplicate", "stale"}``
 ``POST /v1/release``       ``{"worker"}`` → ``{"released": n}``
+``GET  /v1/status``        ``{"version", "done", "outstanding", "leased": {worker: n}, "workers", "counters"}``
 ``GET  /metrics``          Prometheus text: the queue's counters, pulls, version, leased, pending
 ``GET  /healthz``          ``ok`` (no token)
 =========================  ==================================================================
@@ -215,6 +216,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             svc._count_pull(len(blob))
             self._send(200, blob, "application/octet-stream", {VERSION_HEADER: str(version)})
+        elif self.path == "/v1/status":
+            self._json(200, svc.status())
         elif self.path == "/metrics":
             self._send(200, svc.metrics_text().encode(), "text/plain; version=0.0.4")
         else:
@@ -285,6 +288,7 @@ class RolloutService:
         self._blob = b""
         self._done = False
         self._workers_seen: dict[str, float] = {}
+        self.first_completion_at: dict[str, float] = {}  # worker → time.monotonic() of its first accepted sample
         self._httpd = _Server((host, port), _Handler)
         self._httpd.service = self
         self._thread: threading.Thread | None = None
@@ -376,6 +380,22 @@ class RolloutService:
 
     # ------------------------------------------------------------------ metrics
 
+    def status(self) -> dict[str, Any]:
+        """The queue now: version, done, outstanding prompts per version, leases per worker, counters."""
+        with self._cv:
+            leased: dict[str, int] = {}
+            for ls in self.queue.leases():
+                leased[ls.worker] = leased.get(ls.worker, 0) + 1
+            return {
+                "version": self._version,
+                "done": self._done,
+                "outstanding": {str(v): n for v, n in self.queue.outstanding().items()},
+                "leased": leased,
+                "workers": sorted(w for w, t in self._workers_seen.items() if time.monotonic() - t < 60.0),
+                "counters": self.queue.counters.as_dict(),
+                "weight_pulls": self.stats.weight_pulls,
+            }
+
     def metrics_text(self) -> str:
         with self._cv:
             c = self.queue.counters.as_dict()
@@ -434,6 +454,8 @@ class RolloutService:
     def _complete(self, completions: list[Completion]) -> dict[str, int]:
         with self._cv:
             got = self.queue.complete(completions)
+            if got["accepted"] and completions:
+                self.first_completion_at.setdefault(completions[0].worker, time.monotonic())
             self._cv.notify_all()
         if got["duplicate"] or got["stale"]:
             log.info("completions refused: %d duplicate, %d stale", got["duplicate"], got["stale"])
@@ -495,6 +517,12 @@ class RolloutClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None,
                  retry: bool = True) -> tuple[http.client.HTTPResponse, bytes]:  # fmt: skip
@@ -561,6 +589,11 @@ class RolloutClient:
         """Give back every lease this worker holds."""
         _, payload = self._request("POST", "/v1/release", {"worker": self.worker})
         return int(json.loads(payload)["released"])
+
+    def status(self) -> dict[str, Any]:
+        _, payload = self._request("GET", "/v1/status")
+        d: dict[str, Any] = json.loads(payload)
+        return d
 
     def metrics(self) -> str:
         _, payload = self._request("GET", "/metrics")
