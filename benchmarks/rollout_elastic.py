@@ -27,7 +27,7 @@ Every figure is from this run; the machine is shared, so the JSON records the lo
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
 import secrets
 import signal
@@ -110,14 +110,13 @@ def _service(token: str, lease_s: float = 30.0) -> Any:
     return svc
 
 
-_round_no = 0
+_ROUNDS = itertools.count(1)  # round numbers, unique across the run
 
 
 def _round(svc: Any, n: int, prompts: list[str]) -> dict[str, Any]:
     """One round of ``n`` prompts; the completions returned (by id)."""
-    global _round_no
-    _round_no += 1
-    v = svc.submit_round([(f"r{_round_no}-{i}", prompts[i % len(prompts)]) for i in range(n)])
+    rno = next(_ROUNDS)
+    v = svc.submit_round([(f"r{rno}-{i}", prompts[i % len(prompts)]) for i in range(n)])
     got: dict[str, Any] = svc.wait_round(v, timeout=600)
     svc.publish_weights(v + 1, svc.bench_blob)  # the next version (same weights)
     return got
@@ -126,18 +125,17 @@ def _round(svc: Any, n: int, prompts: list[str]) -> dict[str, Any]:
 def _join(svc: Any, pool: Pool, workers: int, timeout: float = 600.0) -> dict[str, float]:
     """Start ``workers`` workers while a round is waiting for them; keep rounds coming until each
     has returned a sample. Seconds from each worker's Popen to its first accepted sample."""
-    global _round_no
     end = time.monotonic() + timeout
-    _round_no += 1
-    v = svc.submit_round([(f"j{_round_no}-{i}", "1234") for i in range(16 * workers)])
+    rno = next(_ROUNDS)
+    v = svc.submit_round([(f"j{rno}-{i}", "1234") for i in range(16 * workers)])
     names = [pool.add() for _ in range(workers)]
     while True:
         svc.wait_round(v, timeout=600)
         svc.publish_weights(v + 1, svc.bench_blob)
         if all(n in svc.first_completion_at for n in names) or time.monotonic() > end:
             break
-        _round_no += 1
-        v = svc.submit_round([(f"j{_round_no}-{i}", "1234") for i in range(4 * workers)])
+        rno = next(_ROUNDS)
+        v = svc.submit_round([(f"j{rno}-{i}", "1234") for i in range(4 * workers)])
     return {n: svc.first_completion_at[n] - pool.started[n] for n in names if n in svc.first_completion_at}
 
 
@@ -151,7 +149,6 @@ def throughput(workers: int, *, batch: int, round_n: int, rounds: int) -> dict[s
     prompts = list(tiny_grpo.dataset(64)["prompt"])
     try:
         first = _join(svc, pool, workers)  # also the warm-up
-        names = sorted(first)
         t0 = time.monotonic()
         total = 0
         for _ in range(rounds):
@@ -208,15 +205,14 @@ def world_changes(changes: int, *, batch: int, round_n: int) -> dict[str, Any]:
     errors: list[str] = []
 
     def driver() -> None:
-        global _round_no
         while not stop.is_set():
-            _round_no += 1
-            ids = [f"c{_round_no}-{i}" for i in range(round_n)]
+            rno = next(_ROUNDS)
+            ids = [f"c{rno}-{i}" for i in range(round_n)]
             try:
                 v = svc.submit_round([(pid, "1234") for pid in ids])
                 got = svc.wait_round(v, timeout=600)
                 svc.publish_weights(v + 1, svc.bench_blob)
-            except Exception as e:  # noqa: BLE001 - recorded, reported
+            except Exception as e:
                 errors.append(repr(e))
                 return
             rounds.append((set(ids), got))
@@ -298,14 +294,18 @@ def trainer_suspend(cycles: int, steps: int) -> dict[str, Any]:
         events=RecordingEventSink(),
         evictor=NoEvict(),
         metrics_registry=CollectorRegistry(),
-        verifier=CheckpointVerifier(VerifyLimits(), paths=StaticCheckpointPaths(default=str(tmp)),
-                                    resolve_pid=lambda uid, pid: pid),  # fmt: skip
+        verifier=CheckpointVerifier(
+            VerifyLimits(), paths=StaticCheckpointPaths(default=str(tmp)), resolve_pid=lambda uid, pid: pid
+        ),
     )
     server = AgentServer(engine, tmp / "w.sock", tmp / "c.sock", claim_socket_root=tmp / "claims", max_workers=8)
     server.start()
     channel = grpc.insecure_channel(f"unix:{tmp / 'c.sock'}")
     control = pb_grpc.NodeControlStub(channel)
-    sock = Path(server.claims.open_claim("claim-bench", [PodRef("rl", "trainer", "uid-trainer")], 1 << 40)) / "workload.sock"
+    sock = (
+        Path(server.claims.open_claim("claim-bench", [PodRef("rl", "trainer", "uid-trainer")], 1 << 40))
+        / "workload.sock"
+    )
     token = secrets.token_hex(16)
     port = _free_port()
     trainer = subprocess.Popen(

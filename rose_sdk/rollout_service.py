@@ -123,8 +123,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         svc = self.server.service
-        self.timeout = svc.idle_timeout_s
         super().setup()
+        self.connection.settimeout(svc.idle_timeout_s)  # an idle connection is closed (its leases requeued)
         self.conn_id = next(svc._conn_ids)
 
     def finish(self) -> None:
@@ -133,12 +133,14 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.service._disconnected(self.conn_id)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("rollout http: " + format, *args)
 
     # ------------------------------------------------------------------ plumbing
 
-    def _send(self, code: int, body: bytes, ctype: str = "application/json", headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, code: int, body: bytes, ctype: str = "application/json", headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -200,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ endpoints
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         svc = self.server.service
         if self.path == "/healthz":
             self._send(200, b"ok", "text/plain")
@@ -223,7 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no such endpoint: GET {self.path}")
 
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_POST(self) -> None:
         svc = self.server.service
         if not self._authorized():
             return
@@ -357,7 +359,9 @@ class RolloutService:
             self._cv.notify_all()
         return v
 
-    def wait_round(self, version: int, timeout: float | None = None, *, log_every_s: float = 30.0) -> dict[str, Completion]:
+    def wait_round(
+        self, version: int, timeout: float | None = None, *, log_every_s: float = 30.0
+    ) -> dict[str, Completion]:
         """Block until every prompt of the round is completed; its completions by prompt id.
         Logs what it waits for every ``log_every_s``; RolloutError at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -19,8 +19,8 @@ worker). ``--rollout-service``: the trainer role of example 02 — TRL takes its
 rollout service on loopback (``rose_sdk.rollout_service``; the token in ``ROSE_ROLLOUT_TOKEN``;
 prints ``ROLLOUT_SERVICE host:port``) instead of generating in-process; ``--rollout-threads K``
 runs K rollout workers as threads of this process (else they are other processes: example 02's
-``--role rollout``). At the end it prints ``ROLLOUT_COUNTERS {json}``. Writes to ``--out`` the final model, optimizer and scheduler states, every RNG, the
-losses and the accumulation per step.
+``--role rollout``). At the end it prints ``ROLLOUT_COUNTERS {json}``. Writes to ``--out`` the
+final model, optimizer and scheduler states, every RNG, the losses and the accumulation per step.
 """
 
 from __future__ import annotations

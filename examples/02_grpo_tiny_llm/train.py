@@ -48,8 +48,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "exper
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--role", choices=("all", "trainer", "rollout"), default=os.environ.get("ROSE_ROLE") or "all",
-                   help="all: one process; trainer: GRPO with completions from rollout workers; rollout: a worker")  # fmt: skip
+    roles = ("all", "trainer", "rollout")
+    p.add_argument("--role", choices=roles, default=os.environ.get("ROSE_ROLE") or "all",
+                   help="all: one process; trainer: completions from rollout workers; rollout: a worker")  # fmt: skip
     p.add_argument("--out", help="the trainer's output_dir (its checkpoints go there); roles all and trainer")
     p.add_argument("--max-steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=7)

@@ -152,7 +152,9 @@ class RolloutWorker:
                     max_new_tokens=self.max_new_tokens,
                     temperature=self.temperature,
                 )
-                got = self.client.complete(reply.version, [self._result(p.id, s) for p, s in zip(reply.prompts, samples, strict=True)])
+                got = self.client.complete(
+                    reply.version, [self._result(p.id, s) for p, s in zip(reply.prompts, samples, strict=True)]
+                )
                 self.stats.samples += got["accepted"]
                 self.stats.refused += got["duplicate"] + got["stale"]
                 if self.stats.first_sample_s is None:
@@ -182,7 +184,9 @@ class RolloutWorker:
             try:
                 self.stats.released += self.client.release()
             except RolloutError as e:
-                log.warning("worker %s: leases not released at exit (%s); they return when they expire", self.client.worker, e)
+                log.warning(
+                    "worker %s: leases not released at exit (%s); they return when they expire", self.client.worker, e
+                )
         return self.stats
 
 

@@ -97,7 +97,9 @@ def test_token_body_and_connection_bounds(service: RolloutService) -> None:
         RolloutService(token="short")
     host, port = service.address.split(":")
     with socket.create_connection((host, int(port))) as s:  # a body above max_body_bytes
-        s.sendall(f"POST /v1/complete HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 99999\r\n\r\n".encode())
+        s.sendall(
+            f"POST /v1/complete HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 99999\r\n\r\n".encode()
+        )
         assert s.recv(100).startswith(b"HTTP/1.1 413")
     c = RolloutClient(service.address, worker="w", token=TOKEN)
     with pytest.raises(RolloutError, match="400: the request needs 'worker'"):
@@ -158,7 +160,9 @@ def _wait_for(cond: Any, what: str, timeout: float = 90.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _kill_one_holding_a_lease(client: RolloutClient, workers: dict[str, subprocess.Popen[str]], version: int) -> str | None:
+def _kill_one_holding_a_lease(
+    client: RolloutClient, workers: dict[str, subprocess.Popen[str]], version: int
+) -> str | None:
     """Once round ``version`` is out, SIGSTOP the workers that hold leases; SIGKILL one that still
     holds one once stopped (so its lease can only come back through its closed connection);
     SIGCONT the others. None if the round ended first."""
@@ -263,4 +267,3 @@ def _init_weights() -> dict[str, Any]:
     import tiny_grpo
 
     return {k: v.clone() for k, v in tiny_grpo.model(7).state_dict().items()}
-
