@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4, help="timed rounds per worker count")
     p.add_argument("--changes", type=int, default=20, help="world changes")
     p.add_argument("--cycles", type=int, default=5, help="trainer suspend / resume cycles")
-    p.add_argument("--steps", type=int, default=60, help="trainer steps for the suspend runs")
+    p.add_argument("--steps", type=int, default=20, help="trainer steps for the suspend runs")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: throughput,changes,suspend")
     a = p.parse_args(argv)
     skip = {s for s in a.skip.split(",") if s}

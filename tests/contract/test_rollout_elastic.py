@@ -173,6 +173,7 @@ def _kill_one_holding_a_lease(
             return None
         holders = [w for w, n in st["leased"].items() if n and w in workers]
         if not holders:
+            time.sleep(0.002)
             continue
         for w in holders:
             workers[w].send_signal(signal.SIGSTOP)
