@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import emit_json, log
+from benchmarks._common import emit_json, log, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "02_grpo_tiny_llm"
@@ -320,10 +320,17 @@ def trainer_suspend(cycles: int, steps: int) -> dict[str, Any]:
     try:
         pool.add()
         end = time.monotonic() + 300
-        while time.monotonic() < end:
-            st = control.Status(pb.StatusRequest(pod_uid="uid-trainer"))
-            if st.workloads and st.workloads[0].connected:
-                break
+        while True:
+            try:
+                st = control.Status(pb.StatusRequest(pod_uid="uid-trainer"))
+                if st.workloads and st.workloads[0].connected:
+                    break
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:  # not registered yet
+                    raise
+            if trainer.poll() is not None or time.monotonic() > end:
+                out = trainer.communicate()[0] or ""
+                raise RuntimeError(f"the trainer did not register (rc={trainer.returncode}): {out[-3000:]}")
             time.sleep(0.1)
         time.sleep(2.0)  # a few steps in: Adam's moments exist
         for _ in range(cycles):
@@ -386,27 +393,51 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s for s in a.skip.split(",") if s}
     report: dict[str, Any] = {"load_average_start": os.getloadavg(), "cpus": os.cpu_count(),
                               "batch": a.batch, "round": a.round}  # fmt: skip
+    failed = False
+
+    def part(name: str, fn: Any) -> None:
+        """Run one part; a failure is recorded in the report (the other parts still run), and the
+        report so far is written after each part."""
+        nonlocal failed
+        try:
+            report[name] = fn()
+        except Exception as e:  # noqa: BLE001 - recorded in the report, the run exits 1
+            failed = True
+            report[name] = {"error": repr(e)[-2000:]}
+            log(f"{name} failed: {e!r}"[:500])
+        write_json(a.json, report)
+
     if "throughput" not in skip:
-        report["throughput"] = []
-        for k in (int(x) for x in a.workers.split(",")):
-            log(f"throughput with {k} workers")
-            report["throughput"].append(throughput(k, batch=a.batch, round_n=a.round, rounds=a.rounds))
-        joins = [v for r in report["throughput"] for v in r["start_to_first_sample_s"].values()]
-        report["start_to_first_sample_s"] = _q(joins)
+
+        def tp() -> list[dict[str, Any]]:
+            out = []
+            for k in (int(x) for x in a.workers.split(",")):
+                log(f"throughput with {k} workers")
+                out.append(throughput(k, batch=a.batch, round_n=a.round, rounds=a.rounds))
+            return out
+
+        part("throughput", tp)
+        if isinstance(report["throughput"], list):
+            joins = [v for r in report["throughput"] for v in r["start_to_first_sample_s"].values()]
+            report["start_to_first_sample_s"] = _q(joins)
     if "changes" not in skip:
         log(f"{a.changes} world changes")
-        report["world_changes"] = world_changes(a.changes, batch=a.batch, round_n=a.round)
+        part("world_changes", lambda: world_changes(a.changes, batch=a.batch, round_n=a.round))
     if "suspend" not in skip:
         log(f"trainer suspend / resume x{a.cycles}")
-        sus = trainer_suspend(a.cycles, a.steps)
-        cyc = sus["cycles"]
-        sus["summary"] = {k: _q([c[k] for c in cyc]) for k in ("suspend_op_s", "suspend_wall_s", "resume_op_s",
-                                                                 "resume_wall_s", "suspend_bytes")}  # fmt: skip
-        report["trainer_suspend"] = sus
+
+        def sus() -> dict[str, Any]:
+            r = trainer_suspend(a.cycles, a.steps)
+            keys = ("suspend_op_s", "suspend_wall_s", "resume_op_s", "resume_wall_s", "suspend_bytes")
+            r["summary"] = {k: _q([c[k] for c in r["cycles"]]) for k in keys}
+            return r
+
+        part("trainer_suspend", sus)
     report["load_average_end"] = os.getloadavg()
     emit_json(report, a.json)
     wc = report.get("world_changes")
-    return 1 if wc and (wc["prompts_lost"] or wc["prompts_duplicated"] or wc["errors"]) else 0
+    lost_or_dup = bool(wc) and bool(wc.get("prompts_lost") or wc.get("prompts_duplicated") or wc.get("errors"))
+    return 1 if failed or lost_or_dup else 0
 
 
 if __name__ == "__main__":

@@ -110,6 +110,10 @@ class _Server(ThreadingHTTPServer):
             return
         super().process_request(request, client_address)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a worker killed mid-request resets its connection: expected, its leases are requeued
+        log.debug("rollout http: connection from %s ended with an error", client_address, exc_info=True)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
