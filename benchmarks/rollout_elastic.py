@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal failed
         try:
             report[name] = fn()
-        except Exception as e:  # noqa: BLE001 - recorded in the report, the run exits 1
+        except Exception as e:  # recorded in the report; the run exits 1
             failed = True
             report[name] = {"error": repr(e)[-2000:]}
             log(f"{name} failed: {e!r}"[:500])
