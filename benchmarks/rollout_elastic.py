@@ -164,6 +164,12 @@ def throughput(workers: int, *, batch: int, round_n: int, rounds: int) -> dict[s
         "samples": total,
         "seconds": round(wall, 3),
         "samples_per_s": round(total / wall, 2),
+        # load-independent: the workers' CPU seconds in their loops per sample they returned
+        "worker_cpu_s_per_sample": round(
+            sum(r.get("loop_cpu_s", 0.0) for r in reports.values())
+            / max(1.0, sum(r.get("samples", 0.0) for r in reports.values())),
+            4,
+        ),
         "start_to_first_sample_s": {k: round(v, 2) for k, v in sorted(first.items())},
         "worker_reported": reports,
     }

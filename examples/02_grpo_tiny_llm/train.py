@@ -146,7 +146,7 @@ def rollout(a: argparse.Namespace) -> int:
         wl.close()
         client.close()
     print(f"rollout {name}: samples={st.samples} pulls={st.weight_pulls} released={st.released}"
-          f" first_sample_s={st.first_sample_s}", flush=True)  # fmt: skip
+          f" first_sample_s={st.first_sample_s} loop_cpu_s={st.loop_cpu_s:.2f}", flush=True)  # fmt: skip
     return 0
 
 

@@ -72,6 +72,7 @@ class WorkerStats:
     started: float = field(default_factory=time.monotonic)
     first_weights_s: float | None = None
     first_sample_s: float | None = None
+    loop_cpu_s: float = 0.0  # the process's CPU seconds spent in run() (all its threads)
 
 
 class RolloutWorker:
@@ -174,6 +175,7 @@ class RolloutWorker:
     def run(self, stop: threading.Event | None = None, *, pull_first: bool = True) -> WorkerStats:
         """Lease and generate until the trainer is done or ``stop`` is set; the leases are released
         at the end. ``pull_first``: pull the weights before the first lease when there are any."""
+        cpu0 = time.process_time()
         try:
             if pull_first and self.client.version() is not None:
                 self.pull()
@@ -187,6 +189,7 @@ class RolloutWorker:
                 log.warning(
                     "worker %s: leases not released at exit (%s); they return when they expire", self.client.worker, e
                 )
+            self.stats.loop_cpu_s = time.process_time() - cpu0
         return self.stats
 
 
