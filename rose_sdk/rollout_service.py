@@ -294,6 +294,8 @@ class RolloutService:
         self._blob = b""
         self._done = False
         self._workers_seen: dict[str, float] = {}
+        self._conn_worker: dict[int, str] = {}  # open connections that leased, and their worker
+        self._told_done: set[str] = set()  # workers that got a lease reply saying the trainer is done
         self.first_completion_at: dict[str, float] = {}  # worker → time.monotonic() of its first accepted sample
         self._httpd = _Server((host, port), _Handler)
         self._httpd.service = self
@@ -319,6 +321,19 @@ class RolloutService:
     @property
     def done(self) -> bool:
         return self._done
+
+    def wait_drained(self, timeout: float = 30.0) -> bool:
+        """After :meth:`finish`: wait until every worker with an open connection has been told that
+        the trainer is done (so none sees its connection reset when the trainer exits). False at
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not set(self._conn_worker.values()) <= self._told_done:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.5))
+        return True
 
     def close(self) -> None:
         self._httpd.shutdown()
@@ -449,6 +464,7 @@ class RolloutService:
     def _lease(self, worker: str, n: int, wait_s: float, conn: int) -> tuple[int | None, list[Prompt]]:
         deadline = time.monotonic() + wait_s
         with self._cv:
+            self._conn_worker[conn] = worker
             while True:
                 now = time.monotonic()
                 self._workers_seen[worker] = now
@@ -456,6 +472,9 @@ class RolloutService:
                 if got:
                     return got[0].version, [ls.prompt for ls in got]
                 if now >= deadline or self._done:
+                    if self._done:
+                        self._told_done.add(worker)
+                        self._cv.notify_all()
                     return self._version, []
                 self._cv.wait(min(deadline - now, 1.0))
 
@@ -480,8 +499,8 @@ class RolloutService:
     def _disconnected(self, conn: int) -> None:
         with self._cv:
             n = self.queue.disconnect(conn)
-            if n:
-                self._cv.notify_all()
+            self._conn_worker.pop(conn, None)
+            self._cv.notify_all()
         if n:
             log.info("connection %d closed: %d leases back in the queue", conn, n)
 

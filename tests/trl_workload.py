@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DONE suspends={wl.suspend_count} resumes={wl.resume_count}", flush=True)
     if service is not None:
         service.finish()
+        service.wait_drained(60)  # every connected worker told "done" before this process exits
         print(f"ROLLOUT_COUNTERS {json.dumps(service.status())}", flush=True)
     torch.save(
         {

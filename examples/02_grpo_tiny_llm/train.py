@@ -106,7 +106,7 @@ def train(a: argparse.Namespace) -> int:
         print(f"rollout: submitted={c.submitted} accepted={c.accepted} duplicate={c.duplicate} stale={c.stale}"
               f" requeued={c.requeued_release + c.requeued_disconnect + c.requeued_expired}"
               f" weight_pulls={service.stats.weight_pulls}", flush=True)  # fmt: skip
-        threading.Event().wait(min(3.0, a.lease_s))  # let waiting workers see "done"
+        service.wait_drained(60)  # let the connected workers see "done" before the service goes
         service.close()
     return 0
 
