@@ -268,3 +268,27 @@ def _init_weights() -> dict[str, Any]:
     import tiny_grpo
 
     return {k: v.clone() for k, v in tiny_grpo.model(7).state_dict().items()}
+
+
+def test_a_world_change_releases_the_workers_leases(service: RolloutService) -> None:
+    """The worker's world-change callback, run as the SDK runs it when the agent's WORLD command
+    arrives (``Workload._world``), gives its leases back to the queue."""
+    sys.path.insert(0, str(REPO / "examples" / "02_grpo_tiny_llm"))
+    import tiny_grpo
+
+    from rose_sdk.integrations.rollout import attach
+    from rose_sdk.integrations.rollout_worker import RolloutWorker
+
+    engine = tiny_grpo.engine(7)
+    wl = attach(engine)  # a Workload, not started: no agent needed to run its callbacks
+    with RolloutClient(service.address, worker="w", token=TOKEN) as client:
+        worker = RolloutWorker(client, engine, workload=wl)
+        service.publish_weights(0, b"w")
+        service.submit_round([("a", "12"), ("b", "34")])
+        assert len(client.lease(2, wait_s=0).prompts) == 2
+        assert service.status()["leased"] == {"w": 2}
+        wl._world(1, 2)
+        assert service.status()["leased"] == {}
+        assert worker.stats.released == 2 and service.queue.counters.requeued_release == 2
+        wl._world(1, 2)  # a repeat of the same world: no callback, nothing to release
+        assert worker.stats.released == 2
