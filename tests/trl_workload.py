@@ -15,8 +15,12 @@ rate overwritten). ``--skip rng|scheduler|optimizer|buffered|ref_model``: the in
 that one piece left out (the check that the bit-identity test catches it). ``--beta`` (default
 0.04): the KL coefficient; above 0 TRL keeps a reference model, loaded from the tiny model saved
 to a path. ``--exit-after-checkpoint``: exit 3 right after the first durable checkpoint (a lost
-worker). Writes to ``--out`` the final model, optimizer and scheduler states, every RNG, the
-losses and the accumulation per step.
+worker). ``--rollout-service``: the trainer role of example 02 — TRL takes its completions from a
+rollout service on loopback (``rose_sdk.rollout_service``; the token in ``ROSE_ROLLOUT_TOKEN``;
+prints ``ROLLOUT_SERVICE host:port``) instead of generating in-process; ``--rollout-threads K``
+runs K rollout workers as threads of this process (else they are other processes: example 02's
+``--role rollout``). At the end it prints ``ROLLOUT_COUNTERS {json}``. Writes to ``--out`` the
+final model, optimizer and scheduler states, every RNG, the losses and the accumulation per step.
 """
 
 from __future__ import annotations
@@ -66,6 +70,31 @@ def _skip(piece: str) -> None:
         raise SystemExit(f"--skip {piece}: unknown piece")
 
 
+def _grpo_rollout_func(service: Any) -> Any:
+    from rose_sdk.integrations.rollout_worker import grpo_rollout_func
+
+    return grpo_rollout_func(service, timeout_s=240)
+
+
+def _rollout(a: Any, tiny_grpo: Any) -> Any:
+    """The rollout service (and ``--rollout-threads`` workers as threads of this process)."""
+    import threading
+
+    from rose_sdk.integrations.rollout_worker import RolloutWorker
+    from rose_sdk.rollout_service import RolloutClient, RolloutService, token_from_env
+
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"  # rollout_func is "experimental" in TRL 1.16
+    service = RolloutService(token=token_from_env(), job_seed=a.seed, lease_s=30).start()
+    print(f"ROLLOUT_SERVICE {service.address}", flush=True)
+    for i in range(a.rollout_threads):
+        engine = tiny_grpo.engine(a.seed)
+        client = RolloutClient(service.address, worker=f"thread{i}")
+        w = RolloutWorker(client, engine, max_new_tokens=tiny_grpo.MAX_COMPLETION,
+                          eos_token_id=engine.tokenizer.eos_token_id)  # fmt: skip
+        threading.Thread(target=w.run, name=f"rollout{i}", daemon=True).start()
+    return service
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -80,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--exit-after-checkpoint", action="store_true")
     p.add_argument("--skip", default="")
+    p.add_argument("--rollout-service", action="store_true")
+    p.add_argument("--rollout-threads", type=int, default=0)
     a = p.parse_args(argv)
 
     import numpy as np
@@ -94,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.skip:
         _skip(a.skip)
     out_dir = str(Path(a.out).with_suffix(".trainer"))
+    service = _rollout(a, tiny_grpo) if a.rollout_service else None
     trainer = tiny_grpo.trainer(
         out_dir,
         max_steps=a.max_steps,
@@ -102,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         num_iterations=a.num_iterations,
         gradient_accumulation_steps=a.gradient_accumulation,
         steps_per_generation=1,
+        rollout_func=None if service is None else _grpo_rollout_func(service),
     )
     rose = rt.attach(trainer, checkpoint_path=a.checkpoint)
     wl = rose.workload
@@ -164,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RESUMING {resume}", flush=True)
     trainer.train(resume_from_checkpoint=resume)
     print(f"DONE suspends={wl.suspend_count} resumes={wl.resume_count}", flush=True)
+    if service is not None:
+        service.finish()
+        service.wait_drained(60)  # every connected worker told "done" before this process exits
+        print(f"ROLLOUT_COUNTERS {json.dumps(service.status())}", flush=True)
     torch.save(
         {
             "model": {k: v.clone() for k, v in trainer.model.state_dict().items()},

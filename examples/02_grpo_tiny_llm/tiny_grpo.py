@@ -91,9 +91,13 @@ def config(output_dir: str, *, max_steps: int, seed: int = 7, **overrides: Any) 
     return GRPOConfig(**kw)
 
 
-def trainer(output_dir: str, *, max_steps: int, seed: int = 7, beta: float = 0.0, **overrides: Any) -> Any:
+def trainer(
+    output_dir: str, *, max_steps: int, seed: int = 7, beta: float = 0.0, rollout_func: Any = None, **overrides: Any
+) -> Any:
     """TRL's GRPOTrainer on the tiny model. ``beta`` > 0 adds the KL term and so TRL's reference
-    model, which TRL loads from a path: the tiny model is saved under ``output_dir/init`` first."""
+    model, which TRL loads from a path: the tiny model is saved under ``output_dir/init`` first.
+    ``rollout_func``: TRL's generation hook (the rollout service's
+    ``rose_sdk.integrations.rollout_worker.grpo_rollout_func``) instead of in-process generation."""
     from pathlib import Path
 
     from trl import GRPOTrainer
@@ -110,4 +114,13 @@ def trainer(output_dir: str, *, max_steps: int, seed: int = 7, beta: float = 0.0
         args=config(output_dir, max_steps=max_steps, seed=seed, beta=beta, **overrides),
         train_dataset=dataset(),
         processing_class=tokenizer(),
+        rollout_func=rollout_func,
     )
+
+
+def engine(seed: int = 7) -> Any:
+    """A rollout worker's engine: the tiny model (its weights are replaced by the trainer's at the
+    first pull) behind ``TransformersGenerateEngine``, batch-invariant."""
+    from rose_sdk.integrations.transformers_generate import TransformersGenerateEngine
+
+    return TransformersGenerateEngine(model(seed), tokenizer(), batch_invariant=True)

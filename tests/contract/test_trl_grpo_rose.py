@@ -75,7 +75,7 @@ def _cycle(agent: Any, w: WorkloadProc, gate: Path) -> tuple[Any, Any]:
 
 
 def _suspended_run(
-    tmp: Path, extra: list[str], *, may_fail: bool = False
+    tmp: Path, extra: list[str], *, may_fail: bool = False, env: dict[str, str] | None = None
 ) -> tuple[dict[str, Any] | None, list[tuple[Any, Any]], Path, str]:
     """The workload with the next tenant, suspended and resumed once at each gate through the agent;
     (its results, or None when it failed and ``may_fail``; the operations; the report; its output)."""
@@ -90,6 +90,7 @@ def _suspended_run(
             script=WORKLOAD,
             extra=["--max-steps", str(STEPS), "--gate-dir", str(tmp), "--gates", ",".join(map(str, GATES)),
                    "--next-tenant", str(report), *extra],
+            env_extra=env,
         )  # fmt: skip
         seen: list[str] = []
         with reaped(w):
@@ -111,8 +112,9 @@ def _suspended_run(
     return torch.load(w.out, weights_only=False), ops, report, out
 
 
-def _baseline(tmp: Path) -> dict[str, Any]:
-    w = start_workload(tmp, "baseline", socket=None, script=WORKLOAD, extra=["--max-steps", str(STEPS)])
+def _baseline(tmp: Path, extra: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    w = start_workload(tmp, "baseline", socket=None, script=WORKLOAD, extra=["--max-steps", str(STEPS), *(extra or [])],
+                       env_extra=env)  # fmt: skip
     with reaped(w):
         w.finish(timeout=300)
     return torch.load(w.out, weights_only=False)
@@ -157,6 +159,28 @@ def test_grpo_suspended_mid_training_ends_bit_identical(tmp_path: Path, baseline
     # (lm_head.weight is tied to the embedding: one tensor)
     params = sum(v.numel() * v.element_size() for k, v in base["model"].items() if k != "lm_head.weight")
     assert all(op.bytes_moved > 3 * params for op, _ in ops)
+
+
+# Example 02's trainer role: TRL takes its completions from the rollout service (rollout workers as
+# threads of the trainer's process), not from in-process generation.
+ROLLOUT = ["--rollout-service", "--rollout-threads", "2"]
+ROLLOUT_ENV = {"ROSE_ROLLOUT_TOKEN": "test-token-0123456789abcdef"}
+
+
+@pytest.mark.slow
+def test_trainer_role_suspended_mid_training_ends_bit_identical(tmp_path: Path) -> None:
+    """The trainer of an elastic job (its completions from rollout workers) suspended at steps 3 and
+    5 through the agent with the next tenant, vs the same trainer uninterrupted."""
+    (tmp_path / "base").mkdir()
+    base = _baseline(tmp_path / "base", ROLLOUT, ROLLOUT_ENV)
+    run, ops, report, out = _suspended_run(tmp_path, ROLLOUT, env=ROLLOUT_ENV)
+    assert run is not None
+    assert _identical(run, base) == []
+    assert len(run["losses"]) == STEPS
+    assert '"duplicate": 0' in out and '"accepted": 24' in out, out[-2000:]  # 3 generations x 8 completions
+    records = json.loads(report.read_text())["suspends"]
+    assert len(records) == len(GATES) and all(r["stayed"] == [] for r in records)
+    assert all(op.bytes_moved > 0 for op, _ in ops)
 
 
 @pytest.mark.slow
