@@ -99,7 +99,7 @@ def _worker_report(out: str) -> dict[str, float]:
 
 def _service(token: str, lease_s: float = 30.0) -> Any:
     sys.path.insert(0, str(EXAMPLE))
-    import tiny_grpo
+    import tiny_grpo  # type: ignore[import-not-found]
 
     from rose_sdk.integrations.rollout_worker import weights_blob
     from rose_sdk.rollout_service import RolloutService
@@ -194,7 +194,7 @@ def _stop_holder(svc: Any, pool: Pool, timeout: float = 60.0) -> str | None:
             pool.procs[w].send_signal(signal.SIGCONT)
         if victim is not None:
             pool.reap(victim)
-            return victim
+            return str(victim)
     return None
 
 
@@ -287,7 +287,6 @@ def trainer_suspend(cycles: int, steps: int) -> dict[str, Any]:
     from dra_driver.suspend.events import RecordingEventSink
     from dra_driver.suspend.factory import build_engine
     from dra_driver.suspend.verify import CheckpointVerifier, StaticCheckpointPaths, VerifyLimits
-    from rose_common.proto import rose_agent_v1_pb2 as pb
     from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 
     class NoEvict:
@@ -296,7 +295,7 @@ def trainer_suspend(cycles: int, steps: int) -> dict[str, Any]:
 
     tmp = Path(tempfile.mkdtemp(prefix="rose-rollout-bench-"))
     engine = build_engine(
-        EngineConfig(host_memory_budget_bytes=1 << 30, backends=("cooperative",), node_name="bench"),  # type: ignore[arg-type]
+        EngineConfig(host_memory_budget_bytes=1 << 30, backends=("cooperative",), node_name="bench"),
         events=RecordingEventSink(),
         evictor=NoEvict(),
         metrics_registry=CollectorRegistry(),
@@ -307,7 +306,7 @@ def trainer_suspend(cycles: int, steps: int) -> dict[str, Any]:
     server = AgentServer(engine, tmp / "w.sock", tmp / "c.sock", claim_socket_root=tmp / "claims", max_workers=8)
     server.start()
     channel = grpc.insecure_channel(f"unix:{tmp / 'c.sock'}")
-    control = pb_grpc.NodeControlStub(channel)
+    control = pb_grpc.NodeControlStub(channel)  # type: ignore[no-untyped-call]
     sock = (
         Path(server.claims.open_claim("claim-bench", [PodRef("rl", "trainer", "uid-trainer")], 1 << 40))
         / "workload.sock"
@@ -325,38 +324,9 @@ def trainer_suspend(cycles: int, steps: int) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     try:
         pool.add()
-        end = time.monotonic() + 300
-        while True:
-            try:
-                st = control.Status(pb.StatusRequest(pod_uid="uid-trainer"))
-                if st.workloads and st.workloads[0].connected:
-                    break
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.NOT_FOUND:  # not registered yet
-                    raise
-            if trainer.poll() is not None or time.monotonic() > end:
-                out = trainer.communicate()[0] or ""
-                raise RuntimeError(f"the trainer did not register (rc={trainer.returncode}): {out[-3000:]}")
-            time.sleep(0.1)
+        _wait_registered(control, trainer)
         time.sleep(2.0)  # a few steps in: Adam's moments exist
-        for _ in range(cycles):
-            t0 = time.monotonic()
-            op = control.Suspend(pb.SuspendRequest(pod_uid="uid-trainer", grace_seconds=120, no_wait=True))
-            while op.state in (pb.OPERATION_STATE_PENDING, pb.OPERATION_STATE_RUNNING):
-                time.sleep(0.005)
-                op = control.GetOperation(pb.GetOperationRequest(operation_id=op.id))
-            wall_s = time.monotonic() - t0
-            if op.state != pb.OPERATION_STATE_SUCCEEDED:
-                raise RuntimeError(f"suspend failed: {op.message}")
-            time.sleep(0.2)
-            t1 = time.monotonic()
-            res = control.Resume(pb.ResumeRequest(pod_uid="uid-trainer"))
-            results.append({
-                "suspend_op_s": round(op.duration_seconds, 4), "suspend_wall_s": round(wall_s, 4),
-                "suspend_bytes": op.bytes_moved, "resume_op_s": round(res.duration_seconds, 4),
-                "resume_wall_s": round(time.monotonic() - t1, 4), "resume_bytes": res.bytes_moved,
-            })  # fmt: skip
-            time.sleep(0.5)
+        results.extend(_suspend_cycles(control, cycles))
         out = trainer.communicate(timeout=900)[0] or ""
         if trainer.returncode != 0:
             raise RuntimeError(f"the trainer failed rc={trainer.returncode}: {out[-2000:]}")
@@ -369,6 +339,53 @@ def trainer_suspend(cycles: int, steps: int) -> dict[str, Any]:
         server.stop(0)
     summary = [ln for ln in out.splitlines() if ln.startswith(("steps=", "rollout: "))]
     return {"cycles": results, "trainer": summary}
+
+
+def _wait_registered(control: Any, trainer: subprocess.Popen[str]) -> None:
+    """Until the trainer's workload is connected to the node agent (at most 300 s)."""
+    import grpc
+
+    from rose_common.proto import rose_agent_v1_pb2 as pb
+
+    end = time.monotonic() + 300
+    while True:
+        try:
+            st = control.Status(pb.StatusRequest(pod_uid="uid-trainer"))
+            if st.workloads and st.workloads[0].connected:
+                return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:  # not registered yet
+                raise
+        if trainer.poll() is not None or time.monotonic() > end:
+            out = trainer.communicate()[0] or ""
+            raise RuntimeError(f"the trainer did not register (rc={trainer.returncode}): {out[-3000:]}")
+        time.sleep(0.1)
+
+
+def _suspend_cycles(control: Any, cycles: int) -> list[dict[str, Any]]:
+    """``cycles`` suspends (no_wait, polled) and resumes of the trainer through the node agent."""
+    from rose_common.proto import rose_agent_v1_pb2 as pb
+
+    results: list[dict[str, Any]] = []
+    for _ in range(cycles):
+        t0 = time.monotonic()
+        op = control.Suspend(pb.SuspendRequest(pod_uid="uid-trainer", grace_seconds=120, no_wait=True))
+        while op.state in (pb.OPERATION_STATE_PENDING, pb.OPERATION_STATE_RUNNING):
+            time.sleep(0.005)
+            op = control.GetOperation(pb.GetOperationRequest(operation_id=op.id))
+        wall_s = time.monotonic() - t0
+        if op.state != pb.OPERATION_STATE_SUCCEEDED:
+            raise RuntimeError(f"suspend failed: {op.message}")
+        time.sleep(0.2)
+        t1 = time.monotonic()
+        res = control.Resume(pb.ResumeRequest(pod_uid="uid-trainer"))
+        results.append({
+            "suspend_op_s": round(op.duration_seconds, 4), "suspend_wall_s": round(wall_s, 4),
+            "suspend_bytes": op.bytes_moved, "resume_op_s": round(res.duration_seconds, 4),
+            "resume_wall_s": round(time.monotonic() - t1, 4), "resume_bytes": res.bytes_moved,
+        })  # fmt: skip
+        time.sleep(0.5)
+    return results
 
 
 def _free_port() -> int:
@@ -442,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_end"] = os.getloadavg()
     emit_json(report, a.json)
     wc = report.get("world_changes")
-    lost_or_dup = bool(wc) and bool(wc.get("prompts_lost") or wc.get("prompts_duplicated") or wc.get("errors"))
+    lost_or_dup = isinstance(wc, dict) and bool(
+        wc.get("prompts_lost") or wc.get("prompts_duplicated") or wc.get("errors")
+    )
     return 1 if failed or lost_or_dup else 0
 
 
