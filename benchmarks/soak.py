@@ -284,7 +284,7 @@ class Soak:
     def __init__(self, p: Params, say: Callable[[str], None] = log) -> None:
         self.p, self.say = p, say
         self.row_s = ROW_S / p.speed
-        self.rows = max(1, int(round(p.hours * 3600 / ROW_S)))
+        self.rows = max(1, round(p.hours * 3600 / ROW_S))
         self.duration_s = self.rows * self.row_s
         self.fig = Figures()
         self.stack = contextlib.ExitStack()
@@ -337,7 +337,9 @@ class Soak:
         s = read_series_csv(p.series)
         need = p.start_row + POOL_SHIFT_ROWS + self.rows
         if len(s.values) < need:
-            raise SoakFailure(f"{p.series}: {len(s.values)} rows; --hours {p.hours} after a week of history needs {need}")
+            raise SoakFailure(
+                f"{p.series}: {len(s.values)} rows; --hours {p.hours} after a week of history needs {need}"
+            )
         if s.step != ROW_S:
             raise SoakFailure(f"{p.series}: step {s.step}s; the soak plays 10-minute series")
         self.series_values = s.values
@@ -405,7 +407,7 @@ class Soak:
                                         f"--storage.tsdb.path={self.tmp / 'tsdb'}", "--storage.tsdb.retention.time=30d",
                                         f"--web.listen-address=127.0.0.1:{self.prom_port}"],
                                         self.tmp / "prometheus.log")  # fmt: skip
-        self.stack.callback(lambda: self.procs["prometheus"].stop())
+        self.stack.callback(self.procs["prometheus"].stop)
 
     def _predictor(self) -> None:
         from local_cluster import free_port
@@ -428,7 +430,7 @@ class Soak:
                 "--retrain-interval", secs(6 * 3600), "--season-day", secs(86400), "--season-week", secs(7 * 86400),
                 "--model-dir", str(self.tmp / "models")]  # fmt: skip
         self.procs["predictor"] = Proc("predictor", argv, self.tmp / "predictor.log")
-        self.stack.callback(lambda: self.procs["predictor"].stop())
+        self.stack.callback(self.procs["predictor"].stop)
         self.say(f"predictor: step 1s, horizons {self.horizons} s (10/30/60 min / {sp:g}); waiting for a fit")
 
         def fresh() -> bool:
@@ -452,7 +454,8 @@ class Soak:
             args = ["--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
                     "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi", "--host-memory-budget", "512Gi",
                     "--default-grace-seconds", "5", "--node-facts-seconds", "1", "--suspended-cpu=",
-                    "--reconcile-seconds", "2", "--agent-control-socket", str(root / node / "a" / "control.sock")]  # fmt: skip
+                    "--reconcile-seconds", "2",
+                    "--agent-control-socket", str(root / node / "a" / "control.sock")]  # fmt: skip
             drv = DriverProcess(self.h.kubeconfig, node, root, gpus=self.h.gpus_per_node, metrics_port=free_port(),
                                 extra_args=args, die_with_parent=True)  # fmt: skip
             self.drivers[node] = drv
@@ -477,11 +480,11 @@ class Soak:
                                         "--lease-name=rose-soak", "--lease-duration=6", "--lease-renew=2",
                                         f"--metrics-listen=127.0.0.1:{self.ctl_port}"],
                                         self.tmp / "controller.log")  # fmt: skip
-        self.stack.callback(lambda: self.procs["controller"].stop())
+        self.stack.callback(self.procs["controller"].stop)
         self.procs["extender"] = Proc("extender", [sys.executable, "-m", "scheduler_extender",
                                       f"--listen=127.0.0.1:{self.extender_port}", *self._common()],
                                       self.tmp / "extender.log")  # fmt: skip
-        self.stack.callback(lambda: self.procs["extender"].stop())
+        self.stack.callback(self.procs["extender"].stop)
         wait_until("controller /metrics", lambda: _get(f"http://127.0.0.1:{self.ctl_port}/metrics")[0] == 200, 60)
         wait_until("extender /readyz", lambda: _get(f"http://127.0.0.1:{self.extender_port}/readyz")[0] == 200, 60)
         self.say(f"controller (plan every 1 s, dwell {dwell} s, forecast max age {self.p.forecast_max_age_s:g} s) "
@@ -507,7 +510,8 @@ class Soak:
                              "nodeSelector": {names.LABEL_POOL: pl}, "terminationGracePeriodSeconds": 0,
                              "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "serving-gpu"}],
                              "containers": [{"name": "llm", "image": "rose/serving",
-                                             "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpu"}]}}]}}},
+                                             "resources": {"requests": {"cpu": "100m"},
+                                                           "claims": [{"name": "gpu"}]}}]}}},
             })  # fmt: skip
 
     # -------------------------------------------------------------- the played kubelet
@@ -517,7 +521,11 @@ class Soak:
         for st in pod.status.resource_claim_statuses or []:
             c = claims.get(st.resource_claim_name or "")
             status = (c or {}).get("status") or {}
-            if c and status.get("allocation") and any(r.get("uid") == pod.metadata.uid for r in status.get("reservedFor") or []):
+            if (
+                c
+                and status.get("allocation")
+                and any(r.get("uid") == pod.metadata.uid for r in status.get("reservedFor") or [])
+            ):
                 out.append(c)
         return out
 
@@ -610,7 +618,8 @@ class Soak:
     def _lent_on(self, node: str, index: int) -> list[str]:
         with self.mu:
             return [u for u, r in self.prepared.items()
-                    if r["node"] == node and r["role"] != "serving" and self._gpu_index(r["claim"]) == index]  # fmt: skip
+                    if r["node"] == node and r["role"] != "serving"
+                    and self._gpu_index(r["claim"]) == index]  # fmt: skip
 
     def _occupied(self, node: str, claim: dict[str, Any]) -> bool:
         return bool(self._lent_on(node, self._gpu_index(claim)))
@@ -677,7 +686,11 @@ class Soak:
             if isinstance(x, dict):
                 return isinstance(y, dict) and x.keys() == y.keys() and all(eq(x[k], y[k]) for k in x)
             if isinstance(x, list | tuple):
-                return isinstance(y, list | tuple) and len(x) == len(y) and all(eq(u, v) for u, v in zip(x, y, strict=True))
+                return (
+                    isinstance(y, list | tuple)
+                    and len(x) == len(y)
+                    and all(eq(u, v) for u, v in zip(x, y, strict=True))
+                )
             return bool(x == y)
 
         same = {k: eq(a[k], b[k]) for k in ("model", "optimizer", "replay", "lengths", "rng", "per_update")}
@@ -698,7 +711,9 @@ class Soak:
         for j in objs:
             ws = []
             for p in pods:
-                if (p.metadata.labels or {}).get(names.LABEL_JOB) != j["metadata"]["name"] or p.metadata.deletion_timestamp:
+                if (p.metadata.labels or {}).get(names.LABEL_JOB) != j["metadata"][
+                    "name"
+                ] or p.metadata.deletion_timestamp:
                     continue
                 ann = p.metadata.annotations or {}
                 state = ann.get(names.ANNOTATION_SUSPEND_STATE, "Running") if p.status.phase == "Running" else "Pending"
@@ -710,10 +725,28 @@ class Soak:
         return out
 
     def not_converged(self) -> str:
-        """"" once every job is at its planned target, the controller alive, and the kubelet's work done."""
+        """ "" once every job is at its planned target, the controller alive, and the kubelet's work done."""
         for name in ("controller", "extender", "predictor"):
             if not self.procs[name].alive():
                 return f"{name} not running"
+        from rose_common import promtext
+
+        for node, drv in self.drivers.items():
+            if drv.proc.poll() is not None or _get(f"http://127.0.0.1:{drv.metrics_port}/metrics")[0] != 200:
+                return f"rose driver of {node} not serving"
+        code, text = _get(f"http://127.0.0.1:{self.ctl_port}/metrics")
+        if code != 200:
+            return "controller /metrics not answering"
+        if promtext.value(text, "rose_controller_leader", {}, default=0.0) != 1.0:
+            return "controller not the leader (yet)"
+        if promtext.value(text, "rose_controller_reconciles_total", {}, default=0.0) < 1:
+            return "controller has not reconciled since it started"
+        if promtext.value(text, "rose_controller_forecast_stale", {}, default=0.0) > 0:
+            return "controller without a fresh forecast"
+        for pl in self.pools:
+            code, body = _get(f"http://127.0.0.1:{self.pred_port}/v1/forecast?pool={pl}")
+            if code != 200 or json.loads(body).get("stale", True):
+                return f"no fresh forecast for {pl} (HTTP {code})"
         view = self.jobs_view()
         for name, (j, ws) in sorted(view.items()):
             why = job_converged(j, ws)
@@ -768,8 +801,9 @@ class Soak:
             self.procs["predictor"].start()
             self.note("predictor started again")
 
-    def inject(self, f: Fault) -> float:
-        """Carry out one fault; returns the monotonic time from which convergence is measured."""
+    def inject(self, f: Fault) -> float | None:
+        """Carry out one fault; returns the monotonic time from which convergence is measured
+        (None: the fault could not be set up at this moment, e.g. nothing to kill a suspend of)."""
         kind = f.kind
         if kind in ("kill-controller", "kill-extender", "kill-predictor"):
             comp = kind.removeprefix("kill-")
@@ -779,8 +813,8 @@ class Soak:
             self._kill_driver(f.target, "at a random time")
             time.sleep(1.0)
         elif kind == "kill-driver-mid-suspend":
-            self.kill_mid_suspend = f.target
-            self._force_serving_onto_lent(f.target)
+            if not self._force_serving_onto_lent(f.target):
+                return None
         elif kind in ("restart-apiserver", "restart-etcd"):
             comp = "kube-apiserver" if kind == "restart-apiserver" else "etcd"
             took = self.lc.restart(comp)
@@ -798,7 +832,7 @@ class Soak:
             raise ValueError(f"unknown fault {kind}")
         return time.monotonic()
 
-    def _force_serving_onto_lent(self, node: str) -> None:
+    def _force_serving_onto_lent(self, prefer: str) -> bool:
         """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
         lent occupant, so its prepare must suspend it (and the driver dies 0.4 s into that)."""
         from kubernetes import client
@@ -806,16 +840,18 @@ class Soak:
         from rose_common import names
 
         view = self.jobs_view()
-        running = {w["uid"] for _j, ws in view.values() for w in ws if w["state"] == "Running" and w["node"] == node}
+        running = {w["uid"] for _j, ws in view.values() for w in ws if w["state"] == "Running"}
         with self.mu:
-            lent = [r for r in self.prepared.values() if r["node"] == node and r["role"] != "serving"]
+            lent = [r for r in self.prepared.values() if r["role"] != "serving"]
+        lent.sort(key=lambda r: (r["node"] != prefer, r["pod"] == "trainer-w0"))  # the planned node first
         pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, label_selector=names.LABEL_JOB).items
         uid_of = {p.metadata.name: p.metadata.uid for p in pods}
         target = next((r for r in lent if uid_of.get(r["pod"]) in running), None)
         if target is None:
-            self.kill_mid_suspend = None
-            self.note(f"fault skipped: no running lent occupant on {node} for a mid-suspend kill")
-            return
+            self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill")
+            return False
+        node = target["node"]
+        self.kill_mid_suspend = node
         index = self._gpu_index(target["claim"])
         from local_cluster.objects import claim_template, create_claim_template
 
@@ -824,11 +860,12 @@ class Soak:
         create_claim_template(self.api, NS, claim_template(name, names.DEVICE_CLASS_SERVING, selectors=sel))
         from local_cluster.objects import gpu_pod
 
-        client.CoreV1Api(self.api).create_namespaced_pod(NS, gpu_pod(name, name, labels={names.LABEL_ROLE: "serving",
-                                                                          "soak": "burst"}, node_name=node))  # fmt: skip
+        body = gpu_pod(name, name, labels={names.LABEL_ROLE: "serving", "soak": "burst"}, node_name=node)
+        client.CoreV1Api(self.api).create_namespaced_pod(NS, body)
         self.bursts.append(name)
         self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']}); its driver dies "
                   "0.4 s into the suspend")  # fmt: skip
+        return True
 
     def _end_bursts(self) -> None:
         from kubernetes import client
@@ -878,7 +915,8 @@ class Soak:
         plan = fault_plan(p.seed, self.duration_s, p.faults, self.h.node_names, p.kinds)
         self.say(f"played: rows {p.start_row}..{p.start_row + self.rows} of {p.series.name} ({p.hours:g} h at "
                  f"{p.speed:g}x = {self.duration_s:.0f} s); faults (seed {p.seed}): "
-                 + ", ".join(f"{f.kind}{'@' + f.target if f.target else ''} at {f.at_s:.0f}s" for f in plan))  # fmt: skip
+                 + ", ".join(f"{f.kind}{'@' + f.target if f.target else ''} at {f.at_s:.0f}s"
+                             for f in plan))  # fmt: skip
         ref = self._reference()
         from kubernetes import client
 
@@ -889,7 +927,9 @@ class Soak:
             for name, lo, hi, prio in JOBS:
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
                     names.GROUP, names.VERSION, NS, names.PLURAL, job_manifest(name, lo, hi, prio))  # fmt: skip
-            self.note(f"applied {len(JOBS)} ElasticRLJobs: " + ", ".join(f"{n} ({lo}-{hi} GPUs)" for n, lo, hi, _ in JOBS))
+            self.note(
+                f"applied {len(JOBS)} ElasticRLJobs: " + ", ".join(f"{n} ({lo}-{hi} GPUs)" for n, lo, hi, _ in JOBS)
+            )
             pending = list(plan)
             while time.monotonic() - self.t_start < self.duration_s and not self.stop.is_set():
                 if pending and time.monotonic() - self.t_start >= pending[0].at_s:
@@ -924,6 +964,10 @@ class Soak:
             t_from = self.inject(f)
         except Exception as e:
             self.fail(f"fault {f.kind} could not be injected: {type(e).__name__}: {e}")
+            return
+        if t_from is None:
+            self.fig.faults.append({"kind": f.kind, "target": f.target, "at_sim_h": round(sim_h, 2),
+                                    "converged_s": None, "survived": None, "skipped": True})  # fmt: skip
             return
         why = "?"
         settle = time.monotonic() + 2.0  # let the fault's effect be seen before judging convergence
@@ -974,28 +1018,55 @@ class Soak:
         for f in self.fig.faults:
             if f["converged_s"] is not None:
                 kinds.setdefault(f["kind"], []).append(f["converged_s"])
-        conv = {k: {"n": len(v), "p50_s": round(percentile(v, 0.5) or 0, 2), "p99_s": round(percentile(v, 0.99) or 0, 2)}
+        conv = {k: {"n": len(v), "p50_s": round(percentile(v, 0.5) or 0, 2),
+                    "p99_s": round(percentile(v, 0.99) or 0, 2)}
                 for k, v in sorted(kinds.items())}  # fmt: skip
         w = self.fig.serving_prepares
         return {
             "ok": self.failure is None,
             "failure": self.failure,
-            "params": {"series": str(self.p.series), "hours": self.p.hours, "speed": self.p.speed,
-                       "faults": self.p.faults, "seed": self.p.seed, "start_row": self.p.start_row,
-                       "converge_bound_s": self.p.converge_bound_s, "forecast_max_age_s": self.p.forecast_max_age_s},
-            "pools": {pl: {"gpus": self.cap[pl], "busy_min": int(self.busy[pl][HISTORY_ROWS:].min()),
-                           "busy_max": int(self.busy[pl][HISTORY_ROWS:].max())} for pl in self.pools},
+            "params": {
+                "series": str(self.p.series),
+                "hours": self.p.hours,
+                "speed": self.p.speed,
+                "faults": self.p.faults,
+                "seed": self.p.seed,
+                "start_row": self.p.start_row,
+                "converge_bound_s": self.p.converge_bound_s,
+                "forecast_max_age_s": self.p.forecast_max_age_s,
+            },
+            "pools": {
+                pl: {
+                    "gpus": self.cap[pl],
+                    "busy_min": int(self.busy[pl][HISTORY_ROWS:].min()),
+                    "busy_max": int(self.busy[pl][HISTORY_ROWS:].max()),
+                }
+                for pl in self.pools
+            },
             "jobs": [{"name": n, "minGPUs": lo, "maxGPUs": hi, "priority": pr} for n, lo, hi, pr in JOBS],
-            "faults": {"injected": len(self.fig.faults), "survived": sum(1 for f in self.fig.faults if f["survived"]),
-                       "each": self.fig.faults, "converge_by_kind": conv},
-            "serving": {"prepares": len(w), "prepare_p50_s": percentile(w, 0.5), "prepare_p99_s": percentile(w, 0.99),
-                        "waits_over_0_5s": len(self.fig.serving_waits),
-                        "prepares_on_a_lent_gpu": self.fig.serving_on_lent_gpu,
-                        "wait_p99_s": percentile(self.fig.serving_waits, 0.99),
-                        "pod_created_to_prepared_p99_s": percentile(self.fig.serving_pending_s, 0.99),
-                        "driver_serving_wait_seconds_sum": self._metric_sum("rose_driver_serving_wait_seconds_sum")},
-            "rl": {"useful_gpu_hours": round(self.fig.useful_gpu_s / 3600, 2), "trainer": exact,
-                   "suspends_since_last_driver_restart": suspends, "suspend_count_by_job": self.suspend_counts},
+            "faults": {
+                "injected": sum(1 for f in self.fig.faults if not f.get("skipped")),
+                "skipped": sum(1 for f in self.fig.faults if f.get("skipped")),
+                "survived": sum(1 for f in self.fig.faults if f["survived"]),
+                "each": self.fig.faults,
+                "converge_by_kind": conv,
+            },
+            "serving": {
+                "prepares": len(w),
+                "prepare_p50_s": percentile(w, 0.5),
+                "prepare_p99_s": percentile(w, 0.99),
+                "waits_over_0_5s": len(self.fig.serving_waits),
+                "prepares_on_a_lent_gpu": self.fig.serving_on_lent_gpu,
+                "wait_p99_s": percentile(self.fig.serving_waits, 0.99),
+                "pod_created_to_prepared_p99_s": percentile(self.fig.serving_pending_s, 0.99),
+                "driver_serving_wait_seconds_sum": self._metric_sum("rose_driver_serving_wait_seconds_sum"),
+            },
+            "rl": {
+                "useful_gpu_hours": round(self.fig.useful_gpu_s / 3600, 2),
+                "trainer": exact,
+                "suspends_since_last_driver_restart": suspends,
+                "suspend_count_by_job": self.suspend_counts,
+            },
             "checks": self.fig.checks,
             "prepare_errors": {"count": len(self.fig.prepare_errors), "first": self.fig.prepare_errors[:10]},
             "api_errors": self.api_errors,
@@ -1017,7 +1088,7 @@ def simulate_slice(p: Params, pool_gpus: int, shift_rows: int = 0) -> dict[str, 
     from rose_sim.report import simulate
 
     s = read_series_csv(p.series)
-    rows = max(1, int(round(p.hours * 3600 / ROW_S)))
+    rows = max(1, round(p.hours * 3600 / ROW_S))
     first = shift_rows + p.start_row - HISTORY_ROWS
     vals = s.values[first : first + HISTORY_ROWS + rows]
     demand = demand_from_values(s.start + first * ROW_S, vals, ROW_S, tick_s=60,
@@ -1047,7 +1118,7 @@ def run_soak(p: Params, say: Callable[[str], None] = log) -> dict[str, Any]:
             try:
                 r = simulate_slice(p, 4, i * POOL_SHIFT_ROWS)
                 sims[pl] = {k: {f: v.get(f) for f in keep} for k, v in r["results"].items()}
-            except Exception as e:  # noqa: BLE001 - reported, the soak's own verdict stands
+            except Exception as e:  # reported, the soak's own verdict stands
                 sims[pl] = {"error": f"{type(e).__name__}: {e}"}
         report["simulate"] = {"note": "rose_sim.report.simulate per pool (4 GPUs, the same slice, the soak's three "
                                       "jobs in each pool: rose_sim models one pool)", "pools": sims}  # fmt: skip
@@ -1094,8 +1165,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--fault-kinds: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(FAULT_KINDS)}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a clean stop: the cluster and processes go too
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="rose-soak-"))
-    p = Params(a.series, a.hours, a.speed, a.faults, a.seed, workdir, converge_bound_s=a.converge_bound, kinds=kinds,
-               trainer_updates=a.trainer_updates)
+    p = Params(
+        a.series,
+        a.hours,
+        a.speed,
+        a.faults,
+        a.seed,
+        workdir,
+        converge_bound_s=a.converge_bound,
+        kinds=kinds,
+        trainer_updates=a.trainer_updates,
+    )
     r = run_soak(p)
     print(summary(r))
     if a.json:

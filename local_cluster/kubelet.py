@@ -111,7 +111,11 @@ class DriverProcess:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(os.environ),
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ),
             preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
         )
 

@@ -268,8 +268,12 @@ def add_flags(p: Any, *, without: str) -> None:
     p.flag("--forecast-backend", default="http", choices=list(BACKENDS),
            help=f"where forecasts come from: http (the predictor), static-file, or none ({without})")  # fmt: skip
     p.flag("--predictor-url", default="", help="predictor base URL for the http backend, e.g. http://predictor:8080")
-    p.flag("--forecast-horizons", default=HORIZONS, type=_horizons_flag,
-           help="horizons the http backend asks the predictor for (a time-compressed soak asks for seconds)")
+    p.flag(
+        "--forecast-horizons",
+        default=HORIZONS,
+        type=_horizons_flag,
+        help="horizons the http backend asks the predictor for (a time-compressed soak asks for seconds)",
+    )
     p.flag("--forecast-file", default="", help="JSON file of ForecastResponse objects for the static-file backend")
     p.flag("--risk", default="", type=_risk_flag,
            help="target risk, e.g. 0.01: use the GPUs serving may need over each window at that risk "
