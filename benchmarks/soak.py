@@ -183,6 +183,20 @@ def job_manifest(name: str, min_gpus: int, max_gpus: int, priority: int = 0) -> 
     }  # fmt: skip
 
 
+def prepare_error_summary(errors: Sequence[str]) -> dict[str, Any]:
+    """The played kubelet's failed (and retried) prepares: how many, per pod and per distinct
+    message (pure; messages cut at the claim name so repeats group)."""
+    by_pod: dict[str, int] = {}
+    by_msg: dict[str, int] = {}
+    for e in errors:
+        pod, _, msg = e.partition(": ")
+        by_pod[pod] = by_pod.get(pod, 0) + 1
+        key = msg.split(";")[0][:140]
+        by_msg[key] = by_msg.get(key, 0) + 1
+    top = sorted(by_msg.items(), key=lambda kv: -kv[1])[:8]
+    return {"count": len(errors), "by_pod": by_pod, "top_messages": dict(top), "last": list(errors[-5:])}
+
+
 JOBS = (("trainer", 1, 1, 10), ("elastic-a", 1, 4, 0), ("elastic-b", 2, 4, 0))
 
 
@@ -1068,7 +1082,7 @@ class Soak:
                 "suspend_count_by_job": self.suspend_counts,
             },
             "checks": self.fig.checks,
-            "prepare_errors": {"count": len(self.fig.prepare_errors), "first": self.fig.prepare_errors[:10]},
+            "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
             "api_errors": self.api_errors,
             "timeline": self.events,
         }
