@@ -1156,6 +1156,49 @@ def summary(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _n(x: Any, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def markdown(r: dict[str, Any]) -> str:
+    """The report's figures as markdown tables (pure)."""
+    out = [f"**Verdict: {'PASS' if r.get('ok') else 'FAIL: ' + str(r.get('failure'))}**", ""]
+    if "faults" not in r:
+        return "\n".join(out)
+    f = r["faults"]
+    out += [f"Faults: {f['injected']} injected, {f['survived']} survived, {f.get('skipped', 0)} skipped "
+            f"(bound {r['params']['converge_bound_s']:g} s wall).", "",
+            "| fault | n | converged p50 s | p99 s |", "| --- | --- | --- | --- |"]  # fmt: skip
+    out += [f"| {k} | {v['n']} | {v['p50_s']:.1f} | {v['p99_s']:.1f} |" for k, v in f["converge_by_kind"].items()]
+    sv, rl = r["serving"], r["rl"]
+    tr = rl.get("trainer") or {}
+    out += ["", "| figure | value |", "| --- | --- |",
+            f"| serving prepares (pods that got a GPU) | {sv['prepares']} |",
+            f"| of them on a GPU lent to a prepared RL claim | {sv.get('prepares_on_a_lent_gpu', '-')} |",
+            f"| serving prepare p50 / p99 s | {_n(sv['prepare_p50_s'])} / {_n(sv['prepare_p99_s'])} |",
+            f"| serving waits (prepare > 0.5 s), count / p99 s | {sv['waits_over_0_5s']} / {_n(sv['wait_p99_s'])} |",
+            f"| serving pod created → prepared p99 s | {_n(sv['pod_created_to_prepared_p99_s'])} |",
+            f"| RL useful GPU-hours (active GPUs x simulated time) | {rl['useful_gpu_hours']} |",
+            f"| trainer steps / suspends / resumes / bit-identical | {tr.get('steps')} / {tr.get('suspends')} / "
+            f"{tr.get('resumes')} / {tr.get('identical')} |",
+            f"| suspendCount by job (end) | {rl['suspend_count_by_job']} |",
+            f"| invariant checks made | {r['checks']} |",
+            f"| played kubelet's failed prepares (retried) | {r['prepare_errors']['count']} |"]  # fmt: skip
+    sim = (r.get("simulate") or {}).get("pools") or {}
+    if sim:
+        cols = ("rl_useful_gpu_hours", "rl_steps", "serving_waits", "serving_wait_p99_s", "suspends_per_day",
+                "evictions_per_day")  # fmt: skip
+        out += ["", "`rose simulate` on the same slice (per pool, 4 GPUs, the three jobs):", "",
+                "| pool | policy | " + " | ".join(cols) + " |", "| --- | --- |" + " --- |" * len(cols)]  # fmt: skip
+        for pl, res in sim.items():
+            if "error" in res:
+                out.append(f"| {pl} | error: {res['error']} |")
+                continue
+            for pol, v in res.items():
+                out.append(f"| {pl} | {pol} | " + " | ".join(_n(v.get(c), 1) for c in cols) + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n")[0])
     ap.add_argument("--series", type=Path, required=True, help="a 10-minute series CSV (t_seconds,value)")
@@ -1167,6 +1210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trainer-updates", type=int, default=400, help="updates of the real trainer (400)")
     ap.add_argument("--fault-kinds", default=",".join(FAULT_KINDS), help="the kinds to draw from (all)")
     ap.add_argument("--json", type=Path, help="write the report here")
+    ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")
     a = ap.parse_args(argv)
     if not a.series.is_file():
@@ -1194,6 +1238,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(r))
     if a.json:
         a.json.write_text(json.dumps(r, indent=1, default=str) + "\n")
+    if a.markdown:
+        a.markdown.write_text(markdown(r) + "\n")
     return 0 if r.get("ok") else 1
 
 
