@@ -827,8 +827,11 @@ class Soak:
             self._kill_driver(f.target, "at a random time")
             time.sleep(1.0)
         elif kind == "kill-driver-mid-suspend":
-            if not self._force_serving_onto_lent(f.target):
-                return None
+            give_up = time.monotonic() + 60.0  # wait (the system running on) for a running lent occupant
+            while not self._force_serving_onto_lent(f.target, quiet=time.monotonic() < give_up):
+                if time.monotonic() >= give_up or self.stop.is_set():
+                    return None
+                self.tick()
         elif kind in ("restart-apiserver", "restart-etcd"):
             comp = "kube-apiserver" if kind == "restart-apiserver" else "etcd"
             took = self.lc.restart(comp)
@@ -846,7 +849,7 @@ class Soak:
             raise ValueError(f"unknown fault {kind}")
         return time.monotonic()
 
-    def _force_serving_onto_lent(self, prefer: str) -> bool:
+    def _force_serving_onto_lent(self, prefer: str, quiet: bool = False) -> bool:
         """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
         lent occupant, so its prepare must suspend it (and the driver dies 0.4 s into that)."""
         from kubernetes import client
@@ -862,7 +865,8 @@ class Soak:
         uid_of = {p.metadata.name: p.metadata.uid for p in pods}
         target = next((r for r in lent if uid_of.get(r["pod"]) in running), None)
         if target is None:
-            self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill")
+            if not quiet:
+                self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill within 60 s")
             return False
         node = target["node"]
         self.kill_mid_suspend = node
