@@ -1091,9 +1091,47 @@ class Soak:
             "timeline": self.events,
         }
 
+    def diagnose(self) -> None:
+        """On a failure, before the teardown: the cluster's view (pods, jobs, claims, Events) and
+        the drivers' logs into the workdir (``diagnose.json``, ``drivers/``), as evidence."""
+        import shutil
+
+        from kubernetes import client
+
+        from rose_common import names
+
+        out: dict[str, Any] = {"failure": self.failure}
+        with contextlib.suppress(Exception):
+            core = client.CoreV1Api(self.api)
+            out["pods"] = [{"name": p.metadata.name, "uid": p.metadata.uid, "phase": p.status.phase,
+                            "node": p.spec.node_name, "annotations": p.metadata.annotations,
+                            "conditions": [(c.type, c.status, c.reason, c.message) for c in p.status.conditions or []],
+                            "claims": [(c.name, c.resource_claim_name) for c in p.status.resource_claim_statuses or []]}
+                           for p in core.list_namespaced_pod(NS).items]  # fmt: skip
+            out["jobs"] = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                names.GROUP, names.VERSION, NS, names.PLURAL)["items"]  # fmt: skip
+            out["claims"] = [{"name": c["metadata"]["name"], "status": c.get("status")} for c in
+                             client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                                 "resource.k8s.io", "v1", NS, "resourceclaims")["items"]]  # fmt: skip
+            evs = core.list_namespaced_event(NS).items
+            evs.sort(key=lambda e: str(e.last_timestamp or e.event_time))
+            out["events"] = [f"{e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason}: {e.message}"
+                             for e in evs][-300:]  # fmt: skip
+        with self.mu:
+            out["prepared"] = {u: {k: v for k, v in r.items() if k != "claim"} for u, r in self.prepared.items()}
+        (self.tmp / "diagnose.json").write_text(json.dumps(out, indent=1, default=str))
+        (self.tmp / "drivers").mkdir(exist_ok=True)
+        for node in self.drivers:
+            with contextlib.suppress(OSError):
+                shutil.copy(self.driver_root / f"{node}.log", self.tmp / "drivers" / f"{node}.log")
+        self.say(f"diagnosis: {self.tmp / 'diagnose.json'}, driver logs in {self.tmp / 'drivers'}")
+
     def close(self) -> None:
         if self.trainer is not None and self.trainer.poll() is None:
             self.trainer.kill()
+        if self.failure is not None and hasattr(self, "api"):
+            with contextlib.suppress(Exception):
+                self.diagnose()
         self.stack.close()
 
 
