@@ -276,6 +276,7 @@ class Params:
     start_row: int = HISTORY_ROWS
     trainer_updates: int = 400
     kinds: tuple[str, ...] = FAULT_KINDS
+    fault_spacing_s: float = 40.0  # at least this far apart (time to converge in between)
     drain_s: float = 300.0
     simulate: bool = True
 
@@ -930,7 +931,7 @@ class Soak:
         self.round_claims: list[dict[str, Any]] = []
         self.replicas: dict[str, int] = {}
         self.api_errors = 0
-        plan = fault_plan(p.seed, self.duration_s, p.faults, self.h.node_names, p.kinds)
+        plan = fault_plan(p.seed, self.duration_s, p.faults, self.h.node_names, p.kinds, spacing_s=p.fault_spacing_s)
         self.say(f"played: rows {p.start_row}..{p.start_row + self.rows} of {p.series.name} ({p.hours:g} h at "
                  f"{p.speed:g}x = {self.duration_s:.0f} s); faults (seed {p.seed}): "
                  + ", ".join(f"{f.kind}{'@' + f.target if f.target else ''} at {f.at_s:.0f}s"

@@ -4,8 +4,9 @@ through the whole system with a few faults, so CI keeps the invariants the full 
 ``benchmarks.soak`` starts its own local cluster (it restarts the kube-apiserver and etcd, which
 the session cluster's other tests must not see), Prometheus, the predictor, the controller, the
 extender, one driver per node and the real example trainer; every invariant is a hard failure
-inside the run, and its report says which broke. Here: 3 simulated hours at 96x (about 110 s
-played, plus the start-up), three faults of the kinds most likely to leave state behind.
+inside the run, and its report says which broke. Here: 3.5 simulated hours at 96x (131 s played,
+plus about 2 minutes of start-up), three faults 30 s apart of the kinds most likely to leave state
+behind.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ KINDS = ("kill-controller", "kill-driver-mid-suspend", "restart-apiserver")
 def test_short_soak_keeps_every_invariant_through_faults(tmp_path: Path) -> None:
     series = traces_dir() / "derived" / "servegen_m-large_10min.csv"
     p = Params(series, hours=3.5, speed=96, faults=3, seed=3, workdir=tmp_path / "soak", kinds=KINDS,
-               trainer_updates=100, drain_s=240, simulate=False)  # fmt: skip
+               trainer_updates=100, drain_s=240, simulate=False, fault_spacing_s=30)  # fmt: skip
     r = run_soak(p, say=print)
     (tmp_path / "soak.json").write_text(json.dumps(r, indent=1, default=str))
     assert r["ok"], f"{r['failure']}\n" + "\n".join(r.get("timeline", [])[-30:])
