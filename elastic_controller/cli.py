@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _forecasts(args: argparse.Namespace, metrics: ControllerMetrics) -> ForecastCache[Forecast] | None:
     try:
         source = make_source(args.forecast_backend, url=args.predictor_url, path=args.forecast_file,
-                             timeout_s=args.forecast_timeout)  # fmt: skip
+                             timeout_s=args.forecast_timeout, horizons=args.forecast_horizons)  # fmt: skip
     except ValueError as e:
         raise SystemExit(f"rose controller: {e}: set --predictor-url / --forecast-file "
                          f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)") from None  # fmt: skip

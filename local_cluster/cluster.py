@@ -375,6 +375,7 @@ class LocalCluster:
         """Start the components in dependency order, each waited for before what needs it."""
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         argv = control_plane_commands(bins, p, ports, kc, self.dir)
+        self._argv = argv
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
 
         def etcd_ok() -> bool:
@@ -415,6 +416,30 @@ class LocalCluster:
         for comp in ("kube-controller-manager", "kube-scheduler", "rose-scheduler"):
             healthz = f"https://127.0.0.1:{ports[comp]}/healthz"
             self._wait(comp, lambda url=healthz: self._https_ok(url, insecure), 60)  # type: ignore[misc]
+
+    def restart(self, component: str, timeout: float = 90.0) -> float:
+        """SIGKILL one control-plane component this object started (``etcd``, ``kube-apiserver``,
+        ...) and start it again with the same command line and data; returns the seconds until it
+        answered its health check again. For soak tests: a crash of the control plane."""
+        argv = getattr(self, "_argv", {}).get(component)
+        proc = getattr(self, "_procs", {}).get(component)
+        if argv is None or proc is None:
+            raise ClusterError(f"{component}: not a component this LocalCluster started")
+        t0 = time.monotonic()
+        proc.kill()
+        proc.wait(timeout=30)
+        self._spawn(component, argv)
+        ports = self.handle().ports
+        if component == "etcd":
+            url = f"http://127.0.0.1:{ports['etcd']}/health"
+            self._wait(component, lambda: self._http_ok(url), timeout)
+        elif component == "kube-apiserver":
+            p = pki.Pki(self.dir / "pki")
+            ctx = ssl.create_default_context(cafile=str(p.ca_crt))
+            ctx.load_cert_chain(str(p.crt("admin")), str(p.key("admin")))
+            url = f"https://127.0.0.1:{ports['kube-apiserver']}/readyz"
+            self._wait(component, lambda: self._https_ok(url, ctx), timeout)
+        return time.monotonic() - t0
 
     @staticmethod
     def _http_ok(url: str) -> bool:

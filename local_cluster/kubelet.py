@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import grpc
 
-from local_cluster.cluster import stop_process
+from local_cluster.cluster import _die_with_parent, stop_process
 from rose_common import names
 from rose_common.proto import k8s_dra_v1_pb2 as dra_v1
 from rose_common.proto import k8s_pluginregistration_pb2 as reg
@@ -86,6 +86,7 @@ class DriverProcess:
         gpus: int,
         metrics_port: int,
         extra_args: list[str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.node = node
         self.root = root / node
@@ -103,13 +104,19 @@ class DriverProcess:
             "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
             *(extra_args or []),
         ]  # fmt: skip
+        self.die_with_parent = die_with_parent  # SIGKILL when the thread that started it exits
         self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = self._spawn()
         self.kubelet = KubeletDRA(self.registry_dir)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(os.environ)
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ),
+            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
         )
 
     def prepare(self, claim: dict[str, Any]) -> Any:
@@ -119,9 +126,20 @@ class DriverProcess:
         return self.kubelet.unprepare(claim)
 
     def kill9_and_restart(self) -> None:
+        self.kill9()
+        self.proc = self._spawn()
+
+    def kill9(self) -> None:
+        """SIGKILL, waited for; :meth:`restart_if_dead` starts it again."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+
+    def restart_if_dead(self) -> bool:
+        """Start the driver again when its process has exited (a DaemonSet's restart); True if it did."""
+        if self.proc.poll() is None:
+            return False
         self.proc = self._spawn()
+        return True
 
     def metrics(self) -> list[str]:
         """The driver's /metrics samples (comment lines dropped)."""

@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -230,19 +231,28 @@ class ForecastCache(Generic[T]):
             self._thread.join(timeout=5)
 
 
-def make_source(backend: str, *, url: str = "", path: str = "", timeout_s: float = 0.5) -> ForecastSource | None:
+def make_source(
+    backend: str, *, url: str = "", path: str = "", timeout_s: float = 0.5, horizons: str = HORIZONS
+) -> ForecastSource | None:
     """The named backend (``None`` for ``none``); raises ``ValueError`` saying what is missing."""
     if backend == "none":
         return None
     if backend == "http":
         if not url:
             raise ValueError("forecast backend http needs the predictor URL")
-        return HttpForecastSource(url, timeout_s=timeout_s)
+        return HttpForecastSource(url, timeout_s=timeout_s, horizons=horizons)
     if backend == "static-file":
         if not path:
             raise ValueError("forecast backend static-file needs the forecast file")
         return StaticFileForecastSource(Path(path))
     raise ValueError(f"unknown forecast backend {backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+def _horizons_flag(text: str) -> str:
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(re.fullmatch(r"[0-9]+[smhdw]?", x) for x in parts):
+        raise argparse.ArgumentTypeError(f"--forecast-horizons {text!r}: give durations such as 10m,30m,60m")
+    return ",".join(parts)
 
 
 def _risk_flag(text: str) -> str:
@@ -258,6 +268,12 @@ def add_flags(p: Any, *, without: str) -> None:
     p.flag("--forecast-backend", default="http", choices=list(BACKENDS),
            help=f"where forecasts come from: http (the predictor), static-file, or none ({without})")  # fmt: skip
     p.flag("--predictor-url", default="", help="predictor base URL for the http backend, e.g. http://predictor:8080")
+    p.flag(
+        "--forecast-horizons",
+        default=HORIZONS,
+        type=_horizons_flag,
+        help="horizons the http backend asks the predictor for (a time-compressed soak asks for seconds)",
+    )
     p.flag("--forecast-file", default="", help="JSON file of ForecastResponse objects for the static-file backend")
     p.flag("--risk", default="", type=_risk_flag,
            help="target risk, e.g. 0.01: use the GPUs serving may need over each window at that risk "

@@ -101,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 def make_forecasts(args: argparse.Namespace, metrics: ExtenderMetrics) -> tuple[ForecastLookup, ForecastCache | None]:
     try:
         source = make_source(
-            args.forecast_backend, url=args.predictor_url, path=args.forecast_file, timeout_s=args.forecast_timeout
+            args.forecast_backend,
+            url=args.predictor_url,
+            path=args.forecast_file,
+            timeout_s=args.forecast_timeout,
+            horizons=args.forecast_horizons,
         )
     except ValueError as e:
         raise SystemExit(

@@ -124,3 +124,20 @@ def test_extender_filters_at_risk_where_the_quantile_would_lend() -> None:
     reasons = dict(at_risk["FailedAndUnresolvableNodes"])  # type: ignore[call-overload]
     assert "(at risk 0.01) needs pool 'pool-a' within 600s" in reasons["n0"]
     assert reduce(response(None), "0.9", risk="0.01").basis == "quantile"  # an older predictor
+
+
+def test_forecast_horizons_flag_names_what_the_http_backend_asks_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """A time-compressed predictor (the soak's) serves horizons in seconds: the consumers ask for them."""
+    p = EnvArgumentParser(env_prefix="ROSE_TEST_", prog="t")
+    forecast_client.add_flags(p, without="x")
+    assert p.parse_args([]).forecast_horizons == "10m,30m,60m"
+    args = p.parse_args(["--forecast-horizons", "6s, 19s,38s"])
+    assert args.forecast_horizons == "6s,19s,38s"
+    src = forecast_client.make_source("http", url="http://127.0.0.1:9", horizons=args.forecast_horizons)
+    assert isinstance(src, forecast_client.HttpForecastSource)
+    with pytest.raises(forecast_client.ForecastError, match=r"horizon=6s%2C19s%2C38s"):
+        src.fetch("pool-a")  # nothing listens on port 9: the error names the URL it asked
+    with pytest.raises(SystemExit):
+        p.parse_args(["--forecast-horizons", "ten minutes"])
+    err = capsys.readouterr().err
+    assert "--forecast-horizons 'ten minutes': give durations such as 10m,30m,60m" in err

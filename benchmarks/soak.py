@@ -1,0 +1,1301 @@
+"""A day of real serving demand through the whole system, with faults (issue 25 §2).
+
+    python -m benchmarks.soak --series ../shared/data/traces/derived/servegen_m-large_10min.csv \\
+        --hours 24 --speed 96 --json OUT.json [--faults 3] [--seed 1] [--workdir DIR]
+
+On a real local cluster (``local_cluster``: etcd, kube-apiserver, kube-controller-manager, the
+two kube-schedulers, KWOK; 4 nodes of 2 simulated GPUs in 2 pools), time-compressed ``--speed``
+times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
+
+* Serving as it arrives. The trace (requests per 10 min) is turned into busy serving GPUs per
+  pool (``busy_gpus``: the week before the played slice sizes one GPU, its peak using 90 % of
+  the pool, as ``rose simulate`` does; pool-b plays the same trace 12 h later). A small exporter
+  serves ``rose_serving_busy_gpus{pool}`` at the trace's pace; the real Prometheus scrapes it
+  every second, with the week before backfilled (``promtool tsdb create-blocks-from``); the real
+  ``rose predictor serve`` forecasts from it on the compressed clock (its step, seasons and
+  horizons divided by ``speed``); a serving Deployment per pool (pods with a serving claim each)
+  is scaled to the busy GPUs as they arrive.
+* RL as a user runs it. ElasticRLJobs (``jobs``) under the real ``rose controller`` (planner on,
+  http forecasts from the predictor), ``rose extender`` behind the rose-scheduler profile and one
+  ``rose driver`` per node (simulated GPUs, node suspend engine with the ``simulated`` and
+  ``cooperative`` backends). The first job's worker runs the real example trainer
+  (examples/01_cartpole_reinforce.py) on its claim's node-agent socket; the other workers are the
+  driver's simulated occupants. KWOK has no kubelet, so the harness plays the kubelet's DRA
+  manager (NodePrepareResources / NodeUnprepareResources over the real gRPC sockets) for every
+  pod bound to a node, as ``rose demo`` does.
+* Faults, seeded and logged (``fault_plan``): SIGKILL of the controller, the extender, the
+  predictor and a driver; a restart (SIGKILL, start) of the kube-apiserver and of etcd; a driver
+  SIGKILLed in the middle of a suspend (while a serving prepare waits for it); the predictor
+  down for longer than the consumers' ``--forecast-max-age``.
+* Invariants, each a hard failure (the run stops, exit 1): a serving prepare never returns while
+  a lent occupant's state is on its GPU (the driver's own node state has every lent claim on that
+  GPU suspended, and the trainer's device-memory file holds 0 bytes); no device is allocated to
+  two claims; no job's suspend count goes back and the real trainer ends bit-identical to an
+  uninterrupted run of the same seed; after every fault every job is at its planned target
+  (``converged``) within ``--converge-bound`` wall seconds.
+
+Figures (JSON and a printed summary): faults injected and survived, time to converge per kind
+(p50 / p99), serving prepares and their waits, RL useful GPU-hours (active GPUs x sim time) and
+the trainer's steps, suspends, and the same slice through ``rose_sim.report.simulate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._common import log
+from local_cluster.cluster import _die_with_parent as die_with_parent
+
+REPO = Path(__file__).resolve().parent.parent
+TRAINER = REPO / "examples" / "01_cartpole_reinforce.py"
+ROW_S = 600  # the traces' step
+HISTORY_ROWS = 7 * 144  # the week before the played slice: sizes the pool, backfilled for the predictor
+POOL_SHIFT_ROWS = 72  # pool-b plays the trace 12 h later
+NS = "soak"
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+FAULT_KINDS = (
+    "kill-controller",
+    "kill-extender",
+    "kill-predictor",
+    "kill-driver",
+    "kill-driver-mid-suspend",
+    "restart-apiserver",
+    "restart-etcd",
+    "predictor-down",
+)
+OCCUPANT_GIB = 64  # a simulated occupant: 64 GiB over 55 GB/s is a 1.25 s suspend (a driver can die inside it)
+
+
+# ----------------------------------------------------------------------------- pure parts
+def busy_gpus(values: np.ndarray, history_rows: int, pool_gpus: int, peak_util: float = 0.9) -> np.ndarray:
+    """Busy serving GPUs per row: one GPU serves the history's peak / (pool x peak_util) (pure;
+    ``rose_sim.inputs.demand_from_values``'s sizing). Gaps carry the last value."""
+    x = np.asarray(values, dtype=float).copy()
+    for i in range(len(x)):
+        if math.isnan(x[i]):
+            x[i] = x[i - 1] if i else 0.0
+    peak = float(np.max(x[:history_rows]))
+    if peak <= 0:
+        raise ValueError("the history before the played slice never exceeds 0: cannot size the pool")
+    per_gpu = peak / (pool_gpus * peak_util)
+    out: np.ndarray = np.ceil(np.clip(x, 0, None) / per_gpu - 1e-9)
+    return out
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float  # wall seconds after the start of the played slice
+    kind: str
+    target: str = ""
+
+
+def fault_plan(seed: int, duration_s: float, count: int, nodes: Sequence[str], kinds: Sequence[str] = FAULT_KINDS,
+               first_s: float = 30.0, spacing_s: float = 40.0) -> list[Fault]:  # fmt: skip
+    """``count`` faults at seeded random times, at least ``spacing_s`` apart (time to converge in
+    between), every kind before any repeats, in a seeded order (pure)."""
+    rng = random.Random(seed)
+    room = duration_s - first_s - 30.0
+    n = max(0, min(count, int(room // spacing_s) + 1)) if room > 0 else 0
+    if n == 0:
+        return []
+    slack = room - (n - 1) * spacing_s
+    offsets = sorted(rng.uniform(0, slack) for _ in range(n))
+    order: list[str] = []
+    while len(order) < n:
+        batch = list(kinds)
+        rng.shuffle(batch)
+        order += batch
+    out = []
+    for i in range(n):
+        kind = order[i]
+        target = rng.choice(list(nodes)) if kind.startswith("kill-driver") else ""
+        out.append(Fault(round(first_s + offsets[i] + i * spacing_s, 1), kind, target))
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(np.quantile(np.asarray(values, dtype=float), q))
+
+
+def devices_allocated_twice(claims: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """``pool/device`` → the claims it is allocated to, where more than one (pure)."""
+    seen: dict[str, list[str]] = {}
+    for c in claims:
+        alloc = (c.get("status") or {}).get("allocation") or {}
+        for r in (alloc.get("devices") or {}).get("results") or []:
+            key = f"{r.get('pool')}/{r.get('device')}"
+            seen.setdefault(key, []).append(f"{c['metadata']['namespace']}/{c['metadata']['name']}")
+    return {k: v for k, v in seen.items() if len(v) > 1}
+
+
+def job_converged(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str:
+    """Why the job is not at its planned target ("" when it is; pure). At target: the controller
+    has seen the last spec, ``activeGPUs == targetGPUs``, and the workers agree (as many running
+    and un-suspended as the active GPUs need; every worker bound to a node)."""
+    st = job.get("status") or {}
+    spec = job["spec"]
+    gen = job["metadata"].get("generation")
+    if st.get("observedGeneration") != gen:
+        return f"status at generation {st.get('observedGeneration')}, spec at {gen}"
+    target, active = st.get("targetGPUs"), st.get("activeGPUs", 0)
+    if target is None or active != target:
+        return f"{active} active GPUs, target {target}"
+    gpw = int(spec.get("gpusPerWorker", 1))
+    running = [w for w in workers if w["state"] == "Running"]
+    if len(running) * gpw != active:
+        return f"{len(running)} workers running un-suspended, {active} active GPUs"
+    unbound = [w["name"] for w in workers if not w["node"]]
+    if unbound:
+        return f"workers not bound: {', '.join(unbound)}"
+    return ""
+
+
+def job_manifest(name: str, min_gpus: int, max_gpus: int, priority: int = 0) -> dict[str, Any]:
+    from rose_common import names
+
+    return {
+        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": NS},
+        "spec": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
+                 "minUsefulRunSeconds": 10, "stateBytesPerWorker": OCCUPANT_GIB << 30, "priority": priority,
+                 "template": {"spec": {"priorityClassName": "rose-rl", "terminationGracePeriodSeconds": 0,
+                                       "containers": [{"name": "trainer", "image": "rose/soak"}]}}},
+    }  # fmt: skip
+
+
+def prepare_error_summary(errors: Sequence[str]) -> dict[str, Any]:
+    """The played kubelet's failed (and retried) prepares: how many, per pod and per distinct
+    message (pure; messages cut at the claim name so repeats group)."""
+    by_pod: dict[str, int] = {}
+    by_msg: dict[str, int] = {}
+    for e in errors:
+        pod, _, msg = e.partition(": ")
+        by_pod[pod] = by_pod.get(pod, 0) + 1
+        key = msg.split(";")[0][:140]
+        by_msg[key] = by_msg.get(key, 0) + 1
+    top = sorted(by_msg.items(), key=lambda kv: -kv[1])[:8]
+    return {"count": len(errors), "by_pod": by_pod, "top_messages": dict(top), "last": list(errors[-5:])}
+
+
+JOBS = (("trainer", 1, 1, 10), ("elastic-a", 1, 4, 0), ("elastic-b", 2, 4, 0))
+
+
+# ----------------------------------------------------------------------------- I/O: processes
+class Proc:
+    """A component as a process of its own that the harness can SIGKILL and start again."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name, self.argv, self.log_path, self.env = name, argv, log_path, env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Started from the main thread only: the child dies with it (PDEATHSIG follows the thread)."""
+        with self.log_path.open("ab") as f:
+            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=REPO, env=self.env or {**os.environ, "PYTHONPATH": str(REPO)},
+                                         preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        from local_cluster import stop_process
+
+        if self.proc is not None:
+            stop_process(self.proc, timeout=20)
+
+
+def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), ""
+    except OSError:
+        return 0, ""
+
+
+def wait_until(what: str, fn: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:
+            last = e
+        time.sleep(interval)
+    raise SoakFailure(f"timed out ({timeout:.0f}s) waiting for {what}; last: {last!r}")
+
+
+class SoakFailure(AssertionError):
+    """An invariant broke or the harness could not go on; the message says which and why."""
+
+
+# ----------------------------------------------------------------------------- the soak
+@dataclass
+class Params:
+    series: Path
+    hours: float
+    speed: float
+    faults: int
+    seed: int
+    workdir: Path
+    converge_bound_s: float = 90.0
+    forecast_max_age_s: float = 20.0
+    start_row: int = HISTORY_ROWS
+    trainer_updates: int = 400
+    kinds: tuple[str, ...] = FAULT_KINDS
+    fault_spacing_s: float = 40.0  # at least this far apart (time to converge in between)
+    drain_s: float = 300.0
+    simulate: bool = True
+
+
+@dataclass
+class Figures:
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    serving_prepares: list[float] = field(default_factory=list)  # seconds each serving prepare took
+    serving_waits: list[float] = field(default_factory=list)  # those that waited for an occupant's suspend
+    serving_pending_s: list[float] = field(default_factory=list)  # pod created -> prepared
+    prepare_errors: list[str] = field(default_factory=list)  # kubelet prepares that failed (retried)
+    useful_gpu_s: float = 0.0  # sim seconds x active GPUs
+    checks: dict[str, int] = field(default_factory=dict)
+    suspends: int = 0
+    serving_on_lent_gpu: int = 0  # serving prepares on a GPU lent to a prepared RL claim
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Soak:
+    def __init__(self, p: Params, say: Callable[[str], None] = log) -> None:
+        self.p, self.say = p, say
+        self.row_s = ROW_S / p.speed
+        self.rows = max(1, round(p.hours * 3600 / ROW_S))
+        self.duration_s = self.rows * self.row_s
+        self.fig = Figures()
+        self.stack = contextlib.ExitStack()
+        self.stop = threading.Event()
+        self.failure: str | None = None
+        self.mu = threading.Lock()
+        self.prepared: dict[str, dict[str, Any]] = {}  # claim uid -> {claim, node, role, pod}
+        self.inflight: set[str] = set()
+        self.drivers: dict[str, Any] = {}
+        self.procs: dict[str, Proc] = {}
+        self.predictor_held_down = False
+        self.ended = False  # the played slice is over: serving gone
+        self.kill_mid_suspend: str | None = None  # node whose driver dies inside the next serving wait
+        self.suspend_counts: dict[str, int] = {}
+        self.trainer: subprocess.Popen[bytes] | None = None
+        self.t_start = 0.0
+        self.events: list[str] = []
+        self.bursts: list[str] = []
+        self.round_claims: list[dict[str, Any]] = []
+        self.replicas: dict[str, int] = {}
+        self.api_errors = 0
+
+    # -------------------------------------------------------------- helpers
+    def note(self, what: str) -> None:
+        t = time.monotonic() - self.t_start if self.t_start else 0.0
+        line = f"t+{t:7.1f}s (sim {t * self.p.speed / 3600:5.2f} h) {what}"
+        self.events.append(line)
+        self.say(line)
+
+    def fail(self, what: str) -> None:
+        with self.mu:
+            if self.failure is None:
+                self.failure = what
+        self.note(f"INVARIANT BROKEN: {what}")
+        self.stop.set()
+
+    def check(self, name: str, ok: bool, why: str) -> None:
+        self.fig.checks[name] = self.fig.checks.get(name, 0) + 1
+        if not ok:
+            self.fail(f"{name}: {why}")
+
+    def row_now(self) -> int:
+        return min(self.rows - 1, int((time.monotonic() - self.t_start) / self.row_s))
+
+    # -------------------------------------------------------------- set-up
+    def setup(self) -> None:
+        from local_cluster import ClusterConfig, LocalCluster, free_port
+
+        p = self.p
+        p.workdir.mkdir(parents=True, exist_ok=True)
+        self.tmp = p.workdir
+        from predictor.series import read_series_csv
+
+        s = read_series_csv(p.series)
+        need = p.start_row + POOL_SHIFT_ROWS + self.rows
+        if len(s.values) < need:
+            raise SoakFailure(
+                f"{p.series}: {len(s.values)} rows; --hours {p.hours} after a week of history needs {need}"
+            )
+        if s.step != ROW_S:
+            raise SoakFailure(f"{p.series}: step {s.step}s; the soak plays 10-minute series")
+        self.series_values = s.values
+        self.say(f"cluster: 4 KWOK nodes x 2 simulated GPUs, 2 pools (workdir {p.workdir})")
+        self.extender_port = free_port()
+        cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=p.workdir / "cluster", seed_slices=False,
+                            extender_url=f"http://127.0.0.1:{self.extender_port}", die_with_parent=True)  # fmt: skip
+        self.lc = LocalCluster(cfg)
+        self.h = self.lc.up()
+        self.stack.callback(self.lc.down)
+        self.api = self.h.api_client()
+        self.pools = sorted(set(self.h.pools.values()))
+        self.cap = {pl: sum(1 for q in self.h.pools.values() if q == pl) * self.h.gpus_per_node for pl in self.pools}
+        self.busy: dict[str, np.ndarray] = {}
+        for i, pl in enumerate(self.pools):
+            shift = i * POOL_SHIFT_ROWS
+            vals = self.series_values[shift + p.start_row - HISTORY_ROWS : shift + p.start_row + self.rows]
+            self.busy[pl] = busy_gpus(vals, HISTORY_ROWS, self.cap[pl])
+        self._serving_metrics()
+        self._predictor()
+        self._drivers()
+        self._services()
+        self._namespace()
+
+    def _serving_metrics(self) -> None:
+        from tests.prometheus_fixtures import MetricsStandIn
+
+        def render() -> str:
+            k = HISTORY_ROWS + (self.row_now() if self.t_start else 0)
+            lines = ["# HELP rose_serving_busy_gpus Busy serving GPUs (the trace, replayed).",
+                     "# TYPE rose_serving_busy_gpus gauge"]  # fmt: skip
+            lines += [f'rose_serving_busy_gpus{{pool="{pl}"}} {0.0 if self.ended else self.busy[pl][k]:.1f}'
+                      for pl in self.pools]  # fmt: skip
+            return "\n".join(lines) + "\n"
+
+        self.exporter = MetricsStandIn(render)
+        self.stack.callback(self.exporter.close)
+        # the week before, backfilled at the compressed pace, ending where the replay begins
+        t0 = time.time()
+        self.t_backfill_end = t0
+        labels = f'job="replay",instance="127.0.0.1:{self.exporter.port}"'
+        om = ["# HELP rose_serving_busy_gpus Busy serving GPUs (the trace, replayed).",
+              "# TYPE rose_serving_busy_gpus gauge"]  # fmt: skip
+        for k in range(HISTORY_ROWS):
+            ts = t0 - (HISTORY_ROWS - k) * self.row_s
+            # a sample per wall second within the row, as the scrape would have taken
+            for j in range(max(1, int(self.row_s))):
+                for pl in self.pools:
+                    om.append(f'rose_serving_busy_gpus{{pool="{pl}",{labels}}} {self.busy[pl][k]:.1f} {ts + j:.3f}')
+        # openmetrics wants one series' samples together and in order
+        head, body = om[:2], om[2:]
+        body.sort(key=lambda ln: (ln.split("}")[0], float(ln.rsplit(" ", 1)[1])))
+        (self.tmp / "history.om").write_text("\n".join([*head, *body, "# EOF"]) + "\n")
+        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(self.tmp / "history.om"),
+                        str(self.tmp / "tsdb")], check=True, capture_output=True, timeout=300)  # fmt: skip
+
+    def _prom_start(self) -> None:
+        from local_cluster import free_port
+
+        cfg = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: replay\n"
+               f"    static_configs:\n      - targets: ['127.0.0.1:{self.exporter.port}']\n")  # fmt: skip
+        (self.tmp / "prometheus.yml").write_text(cfg)
+        self.prom_port = getattr(self, "prom_port", 0) or free_port()
+        self.procs["prometheus"] = Proc("prometheus", [PROMETHEUS, f"--config.file={self.tmp / 'prometheus.yml'}",
+                                        f"--storage.tsdb.path={self.tmp / 'tsdb'}", "--storage.tsdb.retention.time=30d",
+                                        f"--web.listen-address=127.0.0.1:{self.prom_port}"],
+                                        self.tmp / "prometheus.log")  # fmt: skip
+        self.stack.callback(self.procs["prometheus"].stop)
+
+    def _predictor(self) -> None:
+        from local_cluster import free_port
+
+        self._prom_start()
+        sp = self.p.speed
+        pools = "pools:\n" + "".join(
+            f'  - name: {pl}\n    query: sum(rose_serving_busy_gpus{{pool="{pl}"}})\n    unit: gpus\n'
+            f"    capacity: {self.cap[pl]}\n    capacity_per_gpu: 1\n"
+            for pl in self.pools
+        )
+        (self.tmp / "pools.yaml").write_text(pools)
+        self.pred_port = free_port()
+
+        def secs(sim_s: float) -> str:  # the compressed clock
+            return f"{max(1, round(sim_s / sp))}s"
+
+        self.horizons = [max(1, round(h / sp)) for h in (600, 1800, 3600)]
+        argv = [sys.executable, "-m", "predictor", "serve", "--pools", str(self.tmp / "pools.yaml"),
+                "--prometheus-url", f"http://127.0.0.1:{self.prom_port}", "--listen", f"127.0.0.1:{self.pred_port}",
+                "--step", "1s", "--history", secs(8 * 86400), "--horizons", ",".join(f"{h}s" for h in self.horizons),
+                "--quantiles", "0.9", "--risks", "0.05", "--refresh-interval", "1s", "--max-data-age", "10s",
+                "--retrain-interval", secs(6 * 3600), "--season-day", secs(86400), "--season-week", secs(7 * 86400),
+                "--model-dir", str(self.tmp / "models")]  # fmt: skip
+        self.procs["predictor"] = Proc("predictor", argv, self.tmp / "predictor.log")
+        self.stack.callback(self.procs["predictor"].stop)
+        self.say(f"predictor: step 1s, horizons {self.horizons} s (10/30/60 min / {sp:g}); waiting for a fit")
+
+        def fresh() -> bool:
+            ok = True
+            for pl in self.pools:
+                code, body = _get(f"http://127.0.0.1:{self.pred_port}/v1/forecast?pool={pl}")
+                ok = ok and code == 200 and not json.loads(body).get("stale", True)
+            return ok
+
+        wait_until("fresh forecasts from the predictor", fresh, timeout=300, interval=1.0)
+
+    def _drivers(self) -> None:
+        from local_cluster import free_port
+        from local_cluster.kubelet import DriverProcess
+        from local_cluster.objects import driver_slices
+
+        root = Path(tempfile.mkdtemp(prefix="rose-soak-", dir="/tmp"))  # short: unix socket paths
+        self.stack.callback(lambda: __import__("shutil").rmtree(root, True))
+        self.driver_root = root
+        for node in self.h.node_names:
+            args = ["--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
+                    "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi", "--host-memory-budget", "512Gi",
+                    "--default-grace-seconds", "5", "--node-facts-seconds", "1", "--suspended-cpu=",
+                    "--reconcile-seconds", "2",
+                    # the played kubelet's prepare reclaims, as the soak was built and run (prebind:
+                    # tests/e2e/test_driver_binding_e2e.py; not yet soaked)
+                    "--serving-wait", "prepare",
+                    "--agent-control-socket", str(root / node / "a" / "control.sock")]  # fmt: skip
+            drv = DriverProcess(self.h.kubeconfig, node, root, gpus=self.h.gpus_per_node, metrics_port=free_port(),
+                                extra_args=args, die_with_parent=True)  # fmt: skip
+            self.drivers[node] = drv
+            self.stack.callback(drv.stop)
+        for node in self.h.node_names:
+            wait_until(f"driver of {node} publishing", partial(driver_slices, self.api, node), timeout=90)
+        self.say(f"drivers: {len(self.drivers)} `rose driver` processes (simulated GPUs, {OCCUPANT_GIB} GiB occupants)")
+
+    def _common(self) -> list[str]:
+        return ["--forecast-backend=http", f"--predictor-url=http://127.0.0.1:{self.pred_port}", "--risk=0.05",
+                "--forecast-refresh=1", "--forecast-timeout=3", f"--forecast-max-age={self.p.forecast_max_age_s:g}",
+                "--forecast-horizons=" + ",".join(f"{h}s" for h in self.horizons),
+                f"--kubeconfig={self.h.kubeconfig}"]  # fmt: skip
+
+    def _services(self) -> None:
+        from local_cluster import free_port
+
+        self.ctl_port = free_port()
+        dwell = max(1, round(300 / self.p.speed))
+        self.procs["controller"] = Proc("controller", [sys.executable, "-m", "elastic_controller", *self._common(),
+                                        "--plan-interval=1", f"--dwell={dwell}", "--lease-namespace=default",
+                                        "--lease-name=rose-soak", "--lease-duration=6", "--lease-renew=2",
+                                        f"--metrics-listen=127.0.0.1:{self.ctl_port}"],
+                                        self.tmp / "controller.log")  # fmt: skip
+        self.stack.callback(self.procs["controller"].stop)
+        self.procs["extender"] = Proc("extender", [sys.executable, "-m", "scheduler_extender",
+                                      f"--listen=127.0.0.1:{self.extender_port}", *self._common()],
+                                      self.tmp / "extender.log")  # fmt: skip
+        self.stack.callback(self.procs["extender"].stop)
+        wait_until("controller /metrics", lambda: _get(f"http://127.0.0.1:{self.ctl_port}/metrics")[0] == 200, 60)
+        wait_until("extender /readyz", lambda: _get(f"http://127.0.0.1:{self.extender_port}/readyz")[0] == 200, 60)
+        self.say(f"controller (plan every 1 s, dwell {dwell} s, forecast max age {self.p.forecast_max_age_s:g} s) "
+                 "and extender on the predictor's forecasts")  # fmt: skip
+
+    def _namespace(self) -> None:
+        from kubernetes import client
+
+        from local_cluster.objects import claim_template, create_claim_template
+        from rose_common import names
+
+        core = client.CoreV1Api(self.api)
+        core.create_namespace({"metadata": {"name": NS}})
+        create_claim_template(self.api, NS, claim_template("serving-gpu", names.DEVICE_CLASS_SERVING))
+        apps = client.AppsV1Api(self.api)
+        for pl in self.pools:
+            labels = {"app": f"serve-{pl}", names.LABEL_ROLE: "serving"}
+            apps.create_namespaced_deployment(NS, {
+                "metadata": {"name": f"serve-{pl}"},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": f"serve-{pl}"}},
+                         "strategy": {"type": "Recreate"},
+                         "template": {"metadata": {"labels": labels}, "spec": {
+                             "nodeSelector": {names.LABEL_POOL: pl}, "terminationGracePeriodSeconds": 0,
+                             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "serving-gpu"}],
+                             "containers": [{"name": "llm", "image": "rose/serving",
+                                             "resources": {"requests": {"cpu": "100m"},
+                                                           "claims": [{"name": "gpu"}]}}]}}},
+            })  # fmt: skip
+
+    # -------------------------------------------------------------- the played kubelet
+    def _claims_of(self, pod: Any, claims: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """The pod's claims once allocated and reserved for it (``claims``: this round's list, by name)."""
+        out = []
+        for st in pod.status.resource_claim_statuses or []:
+            c = claims.get(st.resource_claim_name or "")
+            status = (c or {}).get("status") or {}
+            if (
+                c
+                and status.get("allocation")
+                and any(r.get("uid") == pod.metadata.uid for r in status.get("reservedFor") or [])
+            ):
+                out.append(c)
+        return out
+
+    def kubelet_round(self, pool: ThreadPoolExecutor) -> None:
+        from kubernetes import client
+
+        from rose_common import names
+
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, _request_timeout=10).items
+        claims = {c["metadata"]["name"]: c for c in client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+            "resource.k8s.io", "v1", NS, "resourceclaims", _request_timeout=10)["items"]}  # fmt: skip
+        self.round_claims = list(claims.values())
+        live: set[str] = set()
+        for pod in pods:
+            if not pod.spec.node_name or pod.metadata.deletion_timestamp:
+                continue
+            role = (pod.metadata.labels or {}).get(names.LABEL_ROLE, "")
+            for c in self._claims_of(pod, claims):
+                uid = c["metadata"]["uid"]
+                live.add(uid)
+                with self.mu:
+                    if uid in self.prepared or uid in self.inflight:
+                        continue
+                    self.inflight.add(uid)
+                pool.submit(self._prepare, c, pod, role)
+        with self.mu:
+            gone = [u for u in self.prepared if u not in live and u not in self.inflight]
+            for u in gone:
+                self.inflight.add(u)
+        for u in gone:
+            pool.submit(self._unprepare, u)
+
+    def _prepare(self, claim: dict[str, Any], pod: Any, role: str) -> None:
+        uid = claim["metadata"]["uid"]
+        node = pod.spec.node_name
+        try:
+            drv = self.drivers[node]
+            killer: threading.Timer | None = None
+            if role == "serving" and self.kill_mid_suspend == node and self._occupied(node, claim):
+                self.kill_mid_suspend = None
+                killer = threading.Timer(0.4, self._kill_driver, (node, "mid-suspend"))
+                killer.start()
+            t0 = time.monotonic()
+            out = drv.kubelet.prepare(claim)
+            took = time.monotonic() - t0
+            if killer is not None:
+                killer.join()
+            if out.error:
+                self.fig.prepare_errors.append(f"{pod.metadata.name}: {out.error[:160]}")
+                return
+            if role == "serving":
+                self.fig.serving_prepares.append(took)
+                if took > 0.5:
+                    self.fig.serving_waits.append(took)
+                created = pod.metadata.creation_timestamp.timestamp()
+                self.fig.serving_pending_s.append(time.time() - created)
+                self._check_serving_free(node, claim)
+            with self.mu:
+                self.prepared[uid] = {"claim": claim, "node": node, "role": role, "pod": pod.metadata.name}
+            if pod.metadata.labels.get("rose.io/elastic-rl-job") == "trainer" and self.trainer is None:
+                self._start_trainer(node, uid, pod)
+        except Exception as e:
+            self.fig.prepare_errors.append(f"{pod.metadata.name}: {type(e).__name__}: {str(e)[:160]}")
+        finally:
+            with self.mu:
+                self.inflight.discard(uid)
+
+    def _unprepare(self, uid: str) -> None:
+        try:
+            rec = self.prepared[uid]
+            out = self.drivers[rec["node"]].kubelet.unprepare(rec["claim"])
+            if not out.error:
+                with self.mu:
+                    self.prepared.pop(uid, None)
+            else:
+                self.fig.prepare_errors.append(f"unprepare {rec['pod']}: {out.error[:160]}")
+        except Exception as e:
+            self.fig.prepare_errors.append(f"unprepare {uid}: {type(e).__name__}: {str(e)[:160]}")
+        finally:
+            with self.mu:
+                self.inflight.discard(uid)
+
+    @staticmethod
+    def _gpu_index(claim: dict[str, Any]) -> int:
+        from rose_common import slices
+
+        dev = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        return int(slices.parse_device_name(dev)[0])
+
+    def _lent_on(self, node: str, index: int) -> list[str]:
+        with self.mu:
+            return [u for u, r in self.prepared.items()
+                    if r["node"] == node and r["role"] != "serving"
+                    and self._gpu_index(r["claim"]) == index]  # fmt: skip
+
+    def _occupied(self, node: str, claim: dict[str, Any]) -> bool:
+        return bool(self._lent_on(node, self._gpu_index(claim)))
+
+    def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
+        """Invariant: the serving prepare returned → every lent claim on its GPU is suspended in
+        the driver's own crash-safe node state, and the trainer's device-memory file is empty."""
+        from dra_driver.state import CHECKPOINTED_EVICTED, ENFORCED_EVICTED, SUSPENDED, decode
+
+        index = self._gpu_index(serving)
+        drv = self.drivers[node]
+        data = decode((drv.plugin_dir / "checkpoint.json").read_bytes())
+        lent = self._lent_on(node, index)
+        self.fig.serving_on_lent_gpu += bool(lent)
+        self.check("serving never on a lent occupant's state", True, "")  # one per serving prepare
+        for uid in lent:
+            sus = data.suspensions.get(uid)
+            ok = sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
+            if sus is not None and sus.state == ENFORCED_EVICTED:
+                self.fail(f"lent claim {uid} on {node} was enforced on (killed): its RL state is lost")
+            mem = drv.plugin_dir / "claims" / uid / "device-memory"
+            resident = mem.stat().st_blocks * 512 if mem.exists() else 0
+            self.check("serving never on a lent occupant's state", ok and resident == 0,
+                       f"serving claim {serving['metadata']['name']} prepared on {node} GPU {index} while lent claim "
+                       f"{uid} is {sus.state if sus else 'not suspended'} ({resident} B resident)")  # fmt: skip
+
+    # -------------------------------------------------------------- the trainer
+    def _start_trainer(self, node: str, claim_uid: str, pod: Any) -> None:
+        from dra_driver import cdi
+
+        drv = self.drivers[node]
+        edits = json.loads((drv.cdi_dir / cdi.spec_filename(claim_uid)).read_text())["containerEdits"]
+        env_c = dict(e.split("=", 1) for e in edits.get("env", []))
+        sock = Path(edits["mounts"][0]["hostPath"]) / Path(env_c[cdi.ENV_AGENT_SOCKET]).name
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
+        env.update(PYTHONPATH=str(REPO), ROSE_AGENT_SOCKET=str(sock), ROSE_POD_UID=pod.metadata.uid,
+                   ROSE_POD_NAMESPACE=NS, ROSE_POD_NAME=pod.metadata.name)  # fmt: skip
+        linger = max(2.0, 0.8 * self.duration_s - (time.monotonic() - self.t_start))
+        self.trainer_args = ["--updates", str(self.p.trainer_updates), "--seed", "3"]
+        with (self.tmp / "trainer.log").open("ab") as f:
+            self.trainer = subprocess.Popen([sys.executable, str(TRAINER), "--out", str(self.tmp / "trainer.pt"),
+                                             *self.trainer_args, "--linger-seconds", f"{linger:.0f}"],
+                                            env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
+        self.note(f"trainer: examples/{TRAINER.name} on {pod.metadata.name} ({node}), agent socket of its claim")
+
+    def _reference(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
+        env["PYTHONPATH"] = str(REPO)
+        return subprocess.Popen(["nice", sys.executable, str(TRAINER), "--out", str(self.tmp / "reference.pt"),
+                                 "--updates", str(self.p.trainer_updates), "--seed", "3"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
+
+    def _bit_exact(self) -> dict[str, Any]:
+        import torch
+
+        a = torch.load(self.tmp / "trainer.pt", weights_only=False)
+        b = torch.load(self.tmp / "reference.pt", weights_only=False)
+
+        def eq(x: Any, y: Any) -> bool:
+            if isinstance(x, torch.Tensor):
+                return isinstance(y, torch.Tensor) and bool(torch.equal(x, y))
+            if isinstance(x, dict):
+                return isinstance(y, dict) and x.keys() == y.keys() and all(eq(x[k], y[k]) for k in x)
+            if isinstance(x, list | tuple):
+                return (
+                    isinstance(y, list | tuple)
+                    and len(x) == len(y)
+                    and all(eq(u, v) for u, v in zip(x, y, strict=True))
+                )
+            return bool(x == y)
+
+        same = {k: eq(a[k], b[k]) for k in ("model", "optimizer", "replay", "lengths", "rng", "per_update")}
+        return {"identical": all(same.values()), "fields": same, "suspends": a["suspends"], "resumes": a["resumes"],
+                "steps": len(a["lengths"])}  # fmt: skip
+
+    # -------------------------------------------------------------- observing
+    def jobs_view(self) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
+        from kubernetes import client
+
+        from rose_common import names
+
+        objs = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+            names.GROUP, names.VERSION, NS, names.PLURAL, _request_timeout=10)["items"]  # fmt: skip
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(
+            NS, label_selector=names.LABEL_JOB, _request_timeout=10).items  # fmt: skip
+        out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        for j in objs:
+            ws = []
+            for p in pods:
+                if (p.metadata.labels or {}).get(names.LABEL_JOB) != j["metadata"][
+                    "name"
+                ] or p.metadata.deletion_timestamp:
+                    continue
+                ann = p.metadata.annotations or {}
+                state = ann.get(names.ANNOTATION_SUSPEND_STATE, "Running") if p.status.phase == "Running" else "Pending"
+                if state == "Running" and names.ANNOTATION_SUSPEND_REQUEST in ann:
+                    state = "Requested"
+                ws.append({"name": p.metadata.name, "node": p.spec.node_name or "", "state": state,
+                           "uid": p.metadata.uid})  # fmt: skip
+            out[j["metadata"]["name"]] = (j, ws)
+        return out
+
+    def not_converged(self) -> str:
+        """ "" once every job is at its planned target, the controller alive, and the kubelet's work done."""
+        for name in ("controller", "extender", "predictor"):
+            if not self.procs[name].alive():
+                return f"{name} not running"
+        from rose_common import promtext
+
+        for node, drv in self.drivers.items():
+            if drv.proc.poll() is not None or _get(f"http://127.0.0.1:{drv.metrics_port}/metrics")[0] != 200:
+                return f"rose driver of {node} not serving"
+        code, text = _get(f"http://127.0.0.1:{self.ctl_port}/metrics")
+        if code != 200:
+            return "controller /metrics not answering"
+        if promtext.value(text, "rose_controller_leader", {}, default=0.0) != 1.0:
+            return "controller not the leader (yet)"
+        if promtext.value(text, "rose_controller_reconciles_total", {}, default=0.0) < 1:
+            return "controller has not reconciled since it started"
+        if promtext.value(text, "rose_controller_forecast_stale", {}, default=0.0) > 0:
+            return "controller without a fresh forecast"
+        for pl in self.pools:
+            code, body = _get(f"http://127.0.0.1:{self.pred_port}/v1/forecast?pool={pl}")
+            if code != 200 or json.loads(body).get("stale", True):
+                return f"no fresh forecast for {pl} (HTTP {code})"
+        view = self.jobs_view()
+        for name, (j, ws) in sorted(view.items()):
+            why = job_converged(j, ws)
+            if why:
+                return f"{name}: {why}"
+        with self.mu:
+            if self.inflight:
+                return f"{len(self.inflight)} kubelet prepares in flight"
+        return ""
+
+    def observe(self) -> None:
+        """One round of the invariants that hold at every moment, and the RL accounting."""
+
+        twice = devices_allocated_twice(self.round_claims)
+        self.check("no device allocated twice", not twice, json.dumps(twice))
+        view = self.jobs_view()
+        active = 0
+        for name, (j, _ws) in view.items():
+            st = j.get("status") or {}
+            n = int(st.get("suspendCount") or 0)
+            prev = self.suspend_counts.get(name, 0)
+            self.check("no job's suspend count goes back", n >= prev, f"{name}: suspendCount {prev} -> {n}")
+            self.suspend_counts[name] = max(n, prev)
+            active += int(st.get("activeGPUs") or 0)
+        if self.trainer is not None and self.trainer.poll() not in (None, 0):
+            self.fail(f"the trainer exited with {self.trainer.returncode}: {self.tmp / 'trainer.log'}")
+        return None if active is None else self._account(active)
+
+    def _account(self, active: int) -> None:
+        now = time.monotonic()
+        last = getattr(self, "_acc_t", now)
+        self._acc_t = now
+        if not self.ended:  # the played slice only
+            self.fig.useful_gpu_s += active * (now - last) * self.p.speed
+
+    # -------------------------------------------------------------- faults
+    def _kill_driver(self, node: str, why: str) -> None:
+        """SIGKILL (from any thread); the main loop's :meth:`restart_dead` starts it again."""
+        self.drivers[node].kill9()
+        self.note(f"fault: SIGKILL rose driver of {node} ({why})")
+
+    def restart_dead(self) -> None:
+        """As a DaemonSet / Deployment would: start again what died (main thread only)."""
+        for node, drv in self.drivers.items():
+            if drv.restart_if_dead():
+                self.note(f"rose driver of {node} started again")
+        for name in ("controller", "extender"):
+            if not self.procs[name].alive():
+                self.procs[name].start()
+                self.note(f"{name} started again")
+        if not self.procs["predictor"].alive() and not self.predictor_held_down:
+            self.procs["predictor"].start()
+            self.note("predictor started again")
+
+    def inject(self, f: Fault) -> float | None:
+        """Carry out one fault; returns the monotonic time from which convergence is measured
+        (None: the fault could not be set up at this moment, e.g. nothing to kill a suspend of)."""
+        kind = f.kind
+        if kind in ("kill-controller", "kill-extender", "kill-predictor"):
+            comp = kind.removeprefix("kill-")
+            self.procs[comp].kill9()
+            self.note(f"fault: SIGKILL {comp}")
+        elif kind == "kill-driver":
+            self._kill_driver(f.target, "at a random time")
+            time.sleep(1.0)
+        elif kind == "kill-driver-mid-suspend":
+            give_up = time.monotonic() + 60.0  # wait (the system running on) for a running lent occupant
+            while not self._force_serving_onto_lent(f.target, quiet=time.monotonic() < give_up):
+                if time.monotonic() >= give_up or self.stop.is_set():
+                    return None
+                self.tick()
+        elif kind in ("restart-apiserver", "restart-etcd"):
+            comp = "kube-apiserver" if kind == "restart-apiserver" else "etcd"
+            took = self.lc.restart(comp)
+            self.note(f"fault: SIGKILL {comp}, started again (healthy after {took:.1f}s)")
+        elif kind == "predictor-down":
+            self.predictor_held_down = True
+            self.procs["predictor"].kill9()
+            down = self.p.forecast_max_age_s + 10
+            self.note(f"fault: predictor down for {down:g}s (> --forecast-max-age {self.p.forecast_max_age_s:g}s)")
+            end = time.monotonic() + down
+            while time.monotonic() < end and not self.stop.is_set():
+                self.tick()
+            self.predictor_held_down = False
+        else:
+            raise ValueError(f"unknown fault {kind}")
+        return time.monotonic()
+
+    def _force_serving_onto_lent(self, prefer: str, quiet: bool = False) -> bool:
+        """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
+        lent occupant, so its prepare must suspend it (and the driver dies 0.4 s into that)."""
+        from kubernetes import client
+
+        from rose_common import names
+
+        view = self.jobs_view()
+        running = {w["uid"] for _j, ws in view.values() for w in ws if w["state"] == "Running"}
+        with self.mu:
+            lent = [r for r in self.prepared.values() if r["role"] != "serving"]
+        lent.sort(key=lambda r: (r["node"] != prefer, r["pod"] == "trainer-w0"))  # the planned node first
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, label_selector=names.LABEL_JOB).items
+        uid_of = {p.metadata.name: p.metadata.uid for p in pods}
+        target = next((r for r in lent if uid_of.get(r["pod"]) in running), None)
+        if target is None:
+            if not quiet:
+                self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill within 60 s")
+            return False
+        node = target["node"]
+        self.kill_mid_suspend = node
+        index = self._gpu_index(target["claim"])
+        from local_cluster.objects import claim_template, create_claim_template
+
+        name = f"burst-{int(time.monotonic() * 1000) % 10**8}"
+        sel = [f'device.attributes["{names.DRIVER_NAME}"].{names.ATTR_INDEX} == {index}']
+        create_claim_template(self.api, NS, claim_template(name, names.DEVICE_CLASS_SERVING, selectors=sel))
+        from local_cluster.objects import gpu_pod
+
+        body = gpu_pod(name, name, labels={names.LABEL_ROLE: "serving", "soak": "burst"}, node_name=node)
+        client.CoreV1Api(self.api).create_namespaced_pod(NS, body)
+        self.bursts.append(name)
+        self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']}); its driver dies "
+                  "0.4 s into the suspend")  # fmt: skip
+        return True
+
+    def _end_bursts(self) -> None:
+        from kubernetes import client
+
+        for name in self.bursts:
+            with contextlib.suppress(Exception):
+                client.CoreV1Api(self.api).delete_namespaced_pod(name, NS, grace_period_seconds=0)
+            with contextlib.suppress(Exception):
+                client.ResourceV1Api(self.api).delete_namespaced_resource_claim_template(name, NS)
+        self.bursts = []
+
+    # -------------------------------------------------------------- the loop
+    def scale_serving(self) -> None:
+        from kubernetes import client
+
+        k = HISTORY_ROWS + self.row_now()
+        for pl in self.pools:
+            want = 0 if self.ended else int(min(self.busy[pl][k], self.cap[pl]))
+            if self.replicas.get(pl) != want:
+                client.AppsV1Api(self.api).patch_namespaced_deployment_scale(
+                    f"serve-{pl}", NS, {"spec": {"replicas": want}}, _request_timeout=10)  # fmt: skip
+                self.replicas[pl] = want
+
+    def tick(self) -> None:
+        """One round: serving scaled to the trace, the kubelet's work, the invariants. API errors
+        while the control plane is down are expected and retried."""
+        self.restart_dead()
+        try:
+            self.scale_serving()
+            self.kubelet_round(self.pool)
+            self.observe()
+        except SoakFailure:
+            raise
+        except Exception as e:
+            self.api_errors += 1
+            if self.api_errors % 20 == 1:
+                self.note(f"(API error, retried: {type(e).__name__}: {str(e)[:120]})")
+        time.sleep(0.5)
+
+    def run(self) -> dict[str, Any]:
+        p = self.p
+        self.bursts = []
+        self.ended = False
+        self.round_claims = []
+        self.replicas = {}
+        self.api_errors = 0
+        plan = fault_plan(p.seed, self.duration_s, p.faults, self.h.node_names, p.kinds, spacing_s=p.fault_spacing_s)
+        self.say(f"played: rows {p.start_row}..{p.start_row + self.rows} of {p.series.name} ({p.hours:g} h at "
+                 f"{p.speed:g}x = {self.duration_s:.0f} s); faults (seed {p.seed}): "
+                 + ", ".join(f"{f.kind}{'@' + f.target if f.target else ''} at {f.at_s:.0f}s"
+                             for f in plan))  # fmt: skip
+        ref = self._reference()
+        from kubernetes import client
+
+        from rose_common import names
+
+        with ThreadPoolExecutor(max_workers=8) as self.pool:
+            self.t_start = time.monotonic()
+            for name, lo, hi, prio in JOBS:
+                client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+                    names.GROUP, names.VERSION, NS, names.PLURAL, job_manifest(name, lo, hi, prio))  # fmt: skip
+            self.note(
+                f"applied {len(JOBS)} ElasticRLJobs: " + ", ".join(f"{n} ({lo}-{hi} GPUs)" for n, lo, hi, _ in JOBS)
+            )
+            pending = list(plan)
+            while time.monotonic() - self.t_start < self.duration_s and not self.stop.is_set():
+                if pending and time.monotonic() - self.t_start >= pending[0].at_s:
+                    f = pending.pop(0)
+                    self._fault(f)
+                    continue
+                self.tick()
+            self._drain()
+            self.stop.set()
+        self._end_bursts()
+        ref.wait(timeout=600)
+        return self._finish()
+
+    def _drain(self) -> None:
+        """After the played slice: serving leaves (scaled to 0) and the system runs on until the
+        real trainer has finished its updates and saved its state (at most ``drain_s``)."""
+        if self.stop.is_set():
+            return
+        self.ended = True
+        self.note("played slice over: serving scaled to 0, running on until the trainer finishes")
+        end = time.monotonic() + self.p.drain_s
+        while time.monotonic() < end and not self.stop.is_set():
+            if self.trainer is not None and self.trainer.poll() is not None:
+                return
+            self.tick()
+        self.fail(f"the trainer did not finish within {self.p.drain_s:g}s after the played slice")
+
+    def _fault(self, f: Fault) -> None:
+        t_fault = time.monotonic()
+        sim_h = (t_fault - self.t_start) * self.p.speed / 3600
+        try:
+            t_from = self.inject(f)
+        except Exception as e:
+            self.fail(f"fault {f.kind} could not be injected: {type(e).__name__}: {e}")
+            return
+        if t_from is None:
+            self.fig.faults.append({"kind": f.kind, "target": f.target, "at_sim_h": round(sim_h, 2),
+                                    "converged_s": None, "survived": None, "skipped": True})  # fmt: skip
+            return
+        why = "?"
+        settle = time.monotonic() + 2.0  # let the fault's effect be seen before judging convergence
+        while not self.stop.is_set():
+            self.tick()
+            if f.kind == "kill-driver-mid-suspend" and self.bursts and time.monotonic() - t_from > 5:
+                self._end_bursts()  # the burst leaves once its prepare went through (or not)
+            if time.monotonic() < settle:
+                continue
+            try:
+                why = self.not_converged()
+            except Exception as e:
+                why = f"API: {type(e).__name__}"
+            if not why and not self.bursts:
+                took = time.monotonic() - t_from
+                self.fig.faults.append({"kind": f.kind, "target": f.target, "at_sim_h": round(sim_h, 2),
+                                        "converged_s": round(took, 2), "survived": True})  # fmt: skip
+                self.note(f"converged after {f.kind}: {took:.1f}s")
+                return
+            if time.monotonic() - t_from > self.p.converge_bound_s:
+                self.fig.faults.append({"kind": f.kind, "target": f.target, "at_sim_h": round(sim_h, 2),
+                                        "converged_s": None, "survived": False, "last": why})  # fmt: skip
+                self.fail(f"not converged within {self.p.converge_bound_s:g}s after {f.kind}: {why}")
+                return
+
+    def _metric_sum(self, name: str, labels: dict[str, str] | None = None) -> float:
+        from rose_common import promtext
+
+        total = 0.0
+        for drv in self.drivers.values():
+            with contextlib.suppress(Exception):
+                total += promtext.value("\n".join(drv.metrics()), name, labels or {}, default=0.0)
+        return total
+
+    def _finish(self) -> dict[str, Any]:
+        exact: dict[str, Any] = {}
+        if self.trainer is not None:
+            try:
+                self.trainer.wait(timeout=180)
+                exact = self._bit_exact()
+                self.check("the real trainer's resumes are bit-exact", bool(exact["identical"]), json.dumps(exact))
+            except Exception as e:
+                self.fail(f"trainer did not finish or compare: {type(e).__name__}: {e}")
+        else:
+            self.fail("the trainer job's worker never got a prepared claim")
+        suspends = self._metric_sum("rose_driver_occupant_suspend_total", {"outcome": "suspended"})
+        kinds: dict[str, list[float]] = {}
+        for f in self.fig.faults:
+            if f["converged_s"] is not None:
+                kinds.setdefault(f["kind"], []).append(f["converged_s"])
+        conv = {k: {"n": len(v), "p50_s": round(percentile(v, 0.5) or 0, 2),
+                    "p99_s": round(percentile(v, 0.99) or 0, 2)}
+                for k, v in sorted(kinds.items())}  # fmt: skip
+        w = self.fig.serving_prepares
+        return {
+            "ok": self.failure is None,
+            "failure": self.failure,
+            "params": {
+                "series": str(self.p.series),
+                "hours": self.p.hours,
+                "speed": self.p.speed,
+                "faults": self.p.faults,
+                "seed": self.p.seed,
+                "start_row": self.p.start_row,
+                "converge_bound_s": self.p.converge_bound_s,
+                "forecast_max_age_s": self.p.forecast_max_age_s,
+            },
+            "pools": {
+                pl: {
+                    "gpus": self.cap[pl],
+                    "busy_min": int(self.busy[pl][HISTORY_ROWS:].min()),
+                    "busy_max": int(self.busy[pl][HISTORY_ROWS:].max()),
+                }
+                for pl in self.pools
+            },
+            "jobs": [{"name": n, "minGPUs": lo, "maxGPUs": hi, "priority": pr} for n, lo, hi, pr in JOBS],
+            "faults": {
+                "injected": sum(1 for f in self.fig.faults if not f.get("skipped")),
+                "skipped": sum(1 for f in self.fig.faults if f.get("skipped")),
+                "survived": sum(1 for f in self.fig.faults if f["survived"]),
+                "each": self.fig.faults,
+                "converge_by_kind": conv,
+            },
+            "serving": {
+                "prepares": len(w),
+                "prepare_p50_s": percentile(w, 0.5),
+                "prepare_p99_s": percentile(w, 0.99),
+                "waits_over_0_5s": len(self.fig.serving_waits),
+                "prepares_on_a_lent_gpu": self.fig.serving_on_lent_gpu,
+                "wait_p99_s": percentile(self.fig.serving_waits, 0.99),
+                "pod_created_to_prepared_p99_s": percentile(self.fig.serving_pending_s, 0.99),
+                "driver_serving_wait_seconds_sum": self._metric_sum("rose_driver_serving_wait_seconds_sum"),
+            },
+            "rl": {
+                "useful_gpu_hours": round(self.fig.useful_gpu_s / 3600, 2),
+                "trainer": exact,
+                "suspends_since_last_driver_restart": suspends,
+                "suspend_count_by_job": self.suspend_counts,
+            },
+            "checks": self.fig.checks,
+            "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
+            "api_errors": self.api_errors,
+            "timeline": self.events,
+        }
+
+    def diagnose(self) -> None:
+        """On a failure, before the teardown: the cluster's view (pods, jobs, claims, Events) and
+        the drivers' logs into the workdir (``diagnose.json``, ``drivers/``), as evidence."""
+        import shutil
+
+        from kubernetes import client
+
+        from rose_common import names
+
+        out: dict[str, Any] = {"failure": self.failure}
+        with contextlib.suppress(Exception):
+            core = client.CoreV1Api(self.api)
+            out["pods"] = [{"name": p.metadata.name, "uid": p.metadata.uid, "phase": p.status.phase,
+                            "node": p.spec.node_name, "annotations": p.metadata.annotations,
+                            "conditions": [(c.type, c.status, c.reason, c.message) for c in p.status.conditions or []],
+                            "claims": [(c.name, c.resource_claim_name) for c in p.status.resource_claim_statuses or []]}
+                           for p in core.list_namespaced_pod(NS).items]  # fmt: skip
+            out["jobs"] = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                names.GROUP, names.VERSION, NS, names.PLURAL)["items"]  # fmt: skip
+            out["claims"] = [{"name": c["metadata"]["name"], "status": c.get("status")} for c in
+                             client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                                 "resource.k8s.io", "v1", NS, "resourceclaims")["items"]]  # fmt: skip
+            evs = core.list_namespaced_event(NS).items
+            evs.sort(key=lambda e: str(e.last_timestamp or e.event_time))
+            out["events"] = [f"{e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason}: {e.message}"
+                             for e in evs][-300:]  # fmt: skip
+        with self.mu:
+            out["prepared"] = {u: {k: v for k, v in r.items() if k != "claim"} for u, r in self.prepared.items()}
+        (self.tmp / "diagnose.json").write_text(json.dumps(out, indent=1, default=str))
+        (self.tmp / "drivers").mkdir(exist_ok=True)
+        for node in self.drivers:
+            with contextlib.suppress(OSError):
+                shutil.copy(self.driver_root / f"{node}.log", self.tmp / "drivers" / f"{node}.log")
+        self.say(f"diagnosis: {self.tmp / 'diagnose.json'}, driver logs in {self.tmp / 'drivers'}")
+
+    def close(self) -> None:
+        if self.trainer is not None and self.trainer.poll() is None:
+            self.trainer.kill()
+        if self.failure is not None and hasattr(self, "api"):
+            with contextlib.suppress(Exception):
+                self.diagnose()
+        self.stack.close()
+
+
+def simulate_slice(p: Params, pool_gpus: int, shift_rows: int = 0) -> dict[str, Any]:
+    """The same slice through ``rose simulate`` (rose_sim as a library): the week before as its
+    history, the played hours evaluated, the soak's jobs, 1-minute ticks."""
+    from predictor.series import read_series_csv
+    from rose_sim.engine import SimConfig, default_policies
+    from rose_sim.inputs import CostModel, demand_from_values, parse_jobs
+    from rose_sim.report import simulate
+
+    s = read_series_csv(p.series)
+    rows = max(1, round(p.hours * 3600 / ROW_S))
+    first = shift_rows + p.start_row - HISTORY_ROWS
+    vals = s.values[first : first + HISTORY_ROWS + rows]
+    demand = demand_from_values(s.start + first * ROW_S, vals, ROW_S, tick_s=60,
+                                history_s=HISTORY_ROWS * ROW_S, pool_gpus=pool_gpus,
+                                min_evaluated_s=rows * ROW_S)  # fmt: skip
+    jobs = parse_jobs([(f"soak job {n}", job_manifest(n, lo, hi, pr)) for n, lo, hi, pr in JOBS])
+    wanted = ("oracle", "baseline", "model")
+    cfg = SimConfig(pool_gpus=pool_gpus, risk="0.05", dwell_s=300.0)
+    rep = simulate(demand, jobs, CostModel(), cfg, wanted, default_policies(wanted))
+    return {"pool_gpus": pool_gpus, "evaluated_days": rep["evaluated_days"], "results": rep["results"]}
+
+
+def run_soak(p: Params, say: Callable[[str], None] = log) -> dict[str, Any]:
+    s = Soak(p, say)
+    try:
+        s.setup()
+        report = s.run()
+    except SoakFailure as e:
+        report = {"ok": False, "failure": str(e), "timeline": s.events}
+    finally:
+        s.close()
+    if p.simulate:
+        keep = ("rl_useful_gpu_hours", "rl_steps", "serving_waits", "serving_wait_p99_s", "suspends_per_day",
+                "evictions_per_day", "planned_reclaims", "unplanned_reclaims")  # fmt: skip
+        sims: dict[str, Any] = {}
+        for i, pl in enumerate(("pool-a", "pool-b")):
+            try:
+                r = simulate_slice(p, 4, i * POOL_SHIFT_ROWS)
+                sims[pl] = {k: {f: v.get(f) for f in keep} for k, v in r["results"].items()}
+            except Exception as e:  # reported, the soak's own verdict stands
+                sims[pl] = {"error": f"{type(e).__name__}: {e}"}
+        report["simulate"] = {"note": "rose_sim.report.simulate per pool (4 GPUs, the same slice, the soak's three "
+                                      "jobs in each pool: rose_sim models one pool)", "pools": sims}  # fmt: skip
+    return report
+
+
+def summary(r: dict[str, Any]) -> str:
+    lines = [f"soak: {'PASS' if r.get('ok') else 'FAIL: ' + str(r.get('failure'))}"]
+    if "faults" in r:
+        f = r["faults"]
+        lines.append(f"faults injected {f['injected']}, survived {f['survived']}")
+        for k, v in f["converge_by_kind"].items():
+            lines.append(f"  {k}: converged n={v['n']} p50 {v['p50_s']}s p99 {v['p99_s']}s")
+        sv = r["serving"]
+        lines.append(f"serving prepares {sv['prepares']} (p50 {sv['prepare_p50_s']}, p99 {sv['prepare_p99_s']} s); "
+                     f"waits > 0.5 s: {sv['waits_over_0_5s']} (p99 {sv['wait_p99_s']} s)")  # fmt: skip
+        rl = r["rl"]
+        lines.append(f"RL useful GPU-hours {rl['useful_gpu_hours']}; trainer {rl['trainer']}; "
+                     f"suspendCount by job {rl['suspend_count_by_job']}")  # fmt: skip
+        lines.append(f"checks: {r['checks']}")
+    return "\n".join(lines)
+
+
+def _n(x: Any, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def markdown(r: dict[str, Any]) -> str:
+    """The report's figures as markdown tables (pure)."""
+    out = [f"**Verdict: {'PASS' if r.get('ok') else 'FAIL: ' + str(r.get('failure'))}**", ""]
+    if "faults" not in r:
+        return "\n".join(out)
+    f = r["faults"]
+    out += [f"Faults: {f['injected']} injected, {f['survived']} survived, {f.get('skipped', 0)} skipped "
+            f"(bound {r['params']['converge_bound_s']:g} s wall).", "",
+            "| fault | n | converged p50 s | p99 s |", "| --- | --- | --- | --- |"]  # fmt: skip
+    out += [f"| {k} | {v['n']} | {v['p50_s']:.1f} | {v['p99_s']:.1f} |" for k, v in f["converge_by_kind"].items()]
+    sv, rl = r["serving"], r["rl"]
+    tr = rl.get("trainer") or {}
+    out += ["", "| figure | value |", "| --- | --- |",
+            f"| serving prepares (pods that got a GPU) | {sv['prepares']} |",
+            f"| of them on a GPU lent to a prepared RL claim | {sv.get('prepares_on_a_lent_gpu', '-')} |",
+            f"| serving prepare p50 / p99 s | {_n(sv['prepare_p50_s'])} / {_n(sv['prepare_p99_s'])} |",
+            f"| serving waits (prepare > 0.5 s), count / p99 s | {sv['waits_over_0_5s']} / {_n(sv['wait_p99_s'])} |",
+            f"| serving pod created → prepared p99 s | {_n(sv['pod_created_to_prepared_p99_s'])} |",
+            f"| RL useful GPU-hours (active GPUs x simulated time) | {rl['useful_gpu_hours']} |",
+            f"| trainer steps / suspends / resumes / bit-identical | {tr.get('steps')} / {tr.get('suspends')} / "
+            f"{tr.get('resumes')} / {tr.get('identical')} |",
+            f"| suspendCount by job (end) | {rl['suspend_count_by_job']} |",
+            f"| invariant checks made | {r['checks']} |",
+            f"| played kubelet's failed prepares (retried) | {r['prepare_errors']['count']} |"]  # fmt: skip
+    sim = (r.get("simulate") or {}).get("pools") or {}
+    if sim:
+        cols = ("rl_useful_gpu_hours", "rl_steps", "serving_waits", "serving_wait_p99_s", "suspends_per_day",
+                "evictions_per_day")  # fmt: skip
+        out += ["", "`rose simulate` on the same slice (per pool, 4 GPUs, the three jobs):", "",
+                "| pool | policy | " + " | ".join(cols) + " |", "| --- | --- |" + " --- |" * len(cols)]  # fmt: skip
+        for pl, res in sim.items():
+            if "error" in res:
+                out.append(f"| {pl} | error: {res['error']} |")
+                continue
+            for pol, v in res.items():
+                out.append(f"| {pl} | {pol} | " + " | ".join(_n(v.get(c), 1) for c in cols) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n")[0])
+    ap.add_argument("--series", type=Path, required=True, help="a 10-minute series CSV (t_seconds,value)")
+    ap.add_argument("--hours", type=float, default=24.0, help="simulated hours to play (24)")
+    ap.add_argument("--speed", type=float, default=96.0, help="time compression (96: a day in 15 minutes)")
+    ap.add_argument("--faults", type=int, default=len(FAULT_KINDS), help="faults to inject (one of each kind: 8)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--converge-bound", type=float, default=90.0, help="wall seconds to converge after a fault (90)")
+    ap.add_argument("--trainer-updates", type=int, default=400, help="updates of the real trainer (400)")
+    ap.add_argument("--fault-kinds", default=",".join(FAULT_KINDS), help="the kinds to draw from (all)")
+    ap.add_argument("--json", type=Path, help="write the report here")
+    ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
+    ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")
+    a = ap.parse_args(argv)
+    if not a.series.is_file():
+        ap.error(f"--series {a.series}: no such file")
+    if a.hours <= 0 or a.speed <= 0 or a.faults < 0:
+        ap.error("--hours and --speed must be > 0, --faults >= 0")
+    kinds = tuple(k.strip() for k in a.fault_kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    if unknown or not kinds:
+        ap.error(f"--fault-kinds: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(FAULT_KINDS)}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a clean stop: the cluster and processes go too
+    workdir = a.workdir or Path(tempfile.mkdtemp(prefix="rose-soak-"))
+    p = Params(
+        a.series,
+        a.hours,
+        a.speed,
+        a.faults,
+        a.seed,
+        workdir,
+        converge_bound_s=a.converge_bound,
+        kinds=kinds,
+        trainer_updates=a.trainer_updates,
+    )
+    r = run_soak(p)
+    print(summary(r))
+    if a.json:
+        a.json.write_text(json.dumps(r, indent=1, default=str) + "\n")
+    if a.markdown:
+        a.markdown.write_text(markdown(r) + "\n")
+    return 0 if r.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

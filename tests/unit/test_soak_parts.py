@@ -1,0 +1,81 @@
+"""The soak's pure parts (benchmarks/soak.py): the trace → busy serving GPUs, the seeded fault
+plan, and the invariants' judgements."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from benchmarks.soak import (
+    FAULT_KINDS,
+    busy_gpus,
+    devices_allocated_twice,
+    fault_plan,
+    job_converged,
+    prepare_error_summary,
+)
+
+
+def test_busy_gpus_sizes_one_gpu_from_the_history_peak_and_carries_gaps() -> None:
+    # history peak 90 on a 4-GPU pool at 90 %: one GPU serves 25
+    v = np.array([10.0, 90.0, 45.0, np.nan, 51.0, 200.0])
+    out = busy_gpus(v, history_rows=3, pool_gpus=4)
+    assert out.tolist() == [1.0, 4.0, 2.0, 2.0, 3.0, 8.0]  # a gap carries 45; 200 is over the pool
+    assert busy_gpus(np.array([0.0, 25.0]), 2, 4).tolist() == [0.0, 4.0]  # the peak itself: 90 % of 4, rounded up
+
+
+def test_fault_plan_is_seeded_spaced_and_draws_every_kind_before_repeating() -> None:
+    nodes = ["n0", "n1"]
+    a = fault_plan(7, 900.0, 16, nodes)
+    assert a == fault_plan(7, 900.0, 16, nodes) and a != fault_plan(8, 900.0, 16, nodes)
+    assert len(a) == 16
+    assert {f.kind for f in a[: len(FAULT_KINDS)]} == set(FAULT_KINDS)
+    times = [f.at_s for f in a]
+    assert times == sorted(times) and all(b - x >= 40.0 - 0.11 for x, b in itertools.pairwise(times))
+    assert times[0] >= 30.0 and times[-1] <= 900.0 - 30.0
+    assert all(f.target in nodes for f in a if f.kind.startswith("kill-driver"))
+    assert all(f.target == "" for f in a if not f.kind.startswith("kill-driver"))
+    # a short run holds only what fits between the first 30 s and the last 30 s, 40 s apart
+    assert len(fault_plan(1, 150.0, 5, nodes)) == 3
+    assert fault_plan(1, 50.0, 5, nodes) == []
+
+
+def _claim(name: str, *devices: str) -> dict[str, Any]:
+    results = [{"pool": "rose-node-0", "device": d} for d in devices]
+    return {"metadata": {"namespace": "soak", "name": name},
+            "status": {"allocation": {"devices": {"results": results}}} if devices else {}}  # fmt: skip
+
+
+def test_devices_allocated_twice_names_the_device_and_its_claims() -> None:
+    ok = [_claim("a", "gpu-0-serving"), _claim("b", "gpu-0-lendable"), _claim("c")]
+    assert devices_allocated_twice(ok) == {}
+    bad = [*ok, _claim("d", "gpu-0-lendable")]
+    assert devices_allocated_twice(bad) == {"rose-node-0/gpu-0-lendable": ["soak/b", "soak/d"]}
+
+
+def _job(active: int, target: int | None, gen: int = 2, seen: int = 2) -> dict[str, Any]:
+    return {"metadata": {"generation": gen}, "spec": {"gpusPerWorker": 1},
+            "status": {"observedGeneration": seen, "activeGPUs": active, "targetGPUs": target}}  # fmt: skip
+
+
+def _w(name: str, state: str = "Running", node: str = "n0") -> dict[str, str]:
+    return {"name": name, "state": state, "node": node}
+
+
+def test_job_converged_says_why_not() -> None:
+    assert job_converged(_job(2, 2), [_w("w0"), _w("w1"), _w("w2", "Suspended")]) == ""
+    assert job_converged(_job(2, 2, seen=1), [_w("w0"), _w("w1")]) == "status at generation 1, spec at 2"
+    assert job_converged(_job(1, 2), [_w("w0")]) == "1 active GPUs, target 2"
+    assert job_converged(_job(2, 2), [_w("w0"), _w("w1", "Requested")]) == (
+        "1 workers running un-suspended, 2 active GPUs"
+    )
+    assert job_converged(_job(1, 1), [_w("w0"), _w("w1", "Suspended", "")]) == "workers not bound: w1"
+
+
+def test_prepare_error_summary_groups_repeats() -> None:
+    errs = ["p0: GPU 0 is held by serving claim x; more", "p0: GPU 0 is held by serving claim y", "p1: boom"]
+    s = prepare_error_summary(errs)
+    assert s["count"] == 3 and s["by_pod"] == {"p0": 2, "p1": 1}
+    assert s["top_messages"]["boom"] == 1 and s["last"] == errs
