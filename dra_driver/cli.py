@@ -433,6 +433,9 @@ def build(args: argparse.Namespace) -> Wiring:
         resource_slice(args.node_name, [g.info for g in gpus], 1, binding_conditions=serving_wait == "prebind"),
         metrics,
     )
+    if args.publish_slices:  # serving's GPUs: their lendable devices published tainted (publisher.py)
+        driver.on_serving_holds = publisher.set_serving_holds
+        driver.snapshot()  # the holds the recovered state has, before the first publish
     facts = NodeFactsPublisher(
         kube.KubeNode(api, args.node_name),
         lambda: node_facts(driver.snapshot(), int(args.host_memory_budget), _disk_tier(engine)),

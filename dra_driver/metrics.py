@@ -172,6 +172,11 @@ class DriverMetrics:
             ["result"],
             registry=r,
         )
+        self.lendable_tainted = Gauge(
+            "rose_driver_lendable_devices_tainted",
+            "Lendable devices published with the NoSchedule taint rose.io/serving-holds (serving holds their GPU)",
+            registry=r,
+        )
         self.registration_total = Counter(
             "rose_driver_registration",
             "Kubelet registration notifications, by result",

@@ -16,7 +16,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -202,6 +202,9 @@ class NodeDriver:
         # The time-slice groups with a pod on this node (the pod watcher's view): their fences are
         # never dropped to make room in the bounded book (dra_driver/fencing.py).
         self.fence_groups_in_use: Callable[[], Collection[str]] = frozenset
+        # Hears the GPUs serving holds here (serving_held) after every locked section, under the node
+        # lock (so it must not block): the slice publisher taints their lendable devices.
+        self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -244,6 +247,8 @@ class NodeDriver:
         held = [s for s in d.suspensions.values() if s.state == SUSPENDED]
         self.metrics.suspended_occupants.set(len(held))
         self.metrics.suspended_bytes.set(sum(s.bytes_moved for s in held))
+        if self.on_serving_holds is not None:
+            self.on_serving_holds(serving_held(d, self._binding))
 
     def _notify(self, pods: list[PodRef], state: str, message: str, reason: str = "", warning: bool = False) -> None:
         for p in pods:
@@ -1255,6 +1260,13 @@ class Reclaims:
 class RanSuspend:
     res: SuspendResult
     enforced: EnforceResult | None
+
+
+def serving_held(data: NodeStateData, binding: Mapping[str, frozenset[int]]) -> frozenset[int]:
+    """Pure: the GPU indices serving holds on this node: a serving device of a recorded claim (being
+    prepared, prepared, being unprepared) or of a claim allocated and being bound (``binding``)."""
+    held = {d.gpu_index for rec in data.claims.values() for d in rec.devices if d.role == names.ROLE_SERVING}
+    return frozenset(held.union(*binding.values()))
 
 
 def enforcement_cause(res: SuspendResult) -> str:

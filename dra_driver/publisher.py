@@ -5,6 +5,11 @@
 shows the node's slices changed or were wiped by the kubelet; :meth:`SlicePublisher.remove`
 deletes them on shutdown. A content hash in an annotation tells "ours and current" apart from
 anything else without comparing server-normalised fields.
+
+While serving holds a GPU on this node (a serving claim prepared, or allocated and being bound:
+``NodeDriver.on_serving_holds``), that GPU's *lendable* device is published with the ``NoSchedule``
+taint ``rose.io/serving-holds`` (:func:`rose_common.slices.taint_serving_held`), so the scheduler
+allocates no new lendable claim there; :meth:`SlicePublisher.set_serving_holds` republishes at once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Protocol
 from dra_driver.metrics import DriverMetrics
 from rose_common.informer import Informer, InformerSettings, ListWatch
 from rose_common.kube import objects
+from rose_common.slices import taint_serving_held
 
 log = logging.getLogger("rose.driver.slices")
 
@@ -64,12 +70,26 @@ def is_current(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
     )
 
 
-def plan_slices(existing: list[dict[str, Any]], desired: dict[str, Any], min_generation: int = 0) -> SlicePlan:
-    """What to write so the node's pool is exactly ``desired``.
+def with_serving_holds(desired: dict[str, Any], serving_holds: frozenset[int]) -> dict[str, Any]:
+    """``desired`` with the lendable device of each GPU index in ``serving_holds`` tainted. Pure."""
+    body = copy.deepcopy(desired)
+    body["spec"]["devices"] = taint_serving_held(body["spec"]["devices"], serving_holds)
+    return body
+
+
+def plan_slices(
+    existing: list[dict[str, Any]],
+    desired: dict[str, Any],
+    min_generation: int = 0,
+    serving_holds: frozenset[int] = frozenset(),
+) -> SlicePlan:
+    """What to write so the node's pool is exactly ``desired``, with the lendable devices of the
+    GPUs ``serving_holds`` names tainted ``rose.io/serving-holds`` (NoSchedule).
 
     Slices of this driver and node other than ``desired``'s name are deleted. The generation of
     a rewritten pool is above every generation seen (so consumers take the new one).
     """
+    desired = with_serving_holds(desired, serving_holds)
     name = desired["metadata"]["name"]
     plan = SlicePlan(delete=sorted(str(s["metadata"]["name"]) for s in existing if s["metadata"]["name"] != name))
     mine = [s for s in existing if s["metadata"]["name"] == name]
@@ -106,13 +126,42 @@ class SlicePublisher:
         self._mu = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The GPU indices serving holds on this node (their lendable devices tainted), and the wake-up
+        # of the thread that republishes when they change (the caller holds the node lock: no I/O there)
+        self.serving_holds: frozenset[int] = frozenset()
+        self._hmu = threading.Lock()
+        self._kick = threading.Event()
+        self._kicker: threading.Thread | None = None
+
+    def set_serving_holds(self, gpus: frozenset[int]) -> None:
+        """Serving now holds exactly ``gpus`` here: republish soon (non-blocking; called under the
+        node lock by ``NodeDriver``)."""
+        with self._hmu:  # not self._mu: a reconcile holds that through its API calls
+            if gpus == self.serving_holds:
+                return
+            self.serving_holds = frozenset(gpus)
+        self._kick.set()
+
+    def _republish_loop(self) -> None:
+        while not self._stop.is_set():
+            self._kick.wait(timeout=1.0)
+            if self._stop.is_set() or not self._kick.is_set():
+                continue
+            self._kick.clear()
+            try:
+                self.reconcile()
+            except Exception as e:  # retried: the holds are still what is wanted
+                log.warning("republish for serving holds failed; retrying", extra={"err": repr(e)})
+                self._kick.set()
+                self._stop.wait(1.0)
 
     def reconcile(self) -> SlicePlan:
         with self._mu:
             if self._stop.is_set():  # shutting down: never re-create what remove() deletes
                 return SlicePlan()
             existing, _ = self.api.list()
-            plan = plan_slices(existing, self.desired, self.generation)
+            holds = self.serving_holds
+            plan = plan_slices(existing, self.desired, self.generation, holds)
             try:
                 for name in plan.delete:
                     self.api.delete(name)
@@ -125,9 +174,13 @@ class SlicePublisher:
             except Exception:
                 self.metrics.slice_publish_total.labels("error").inc()
                 raise
+            self.metrics.lendable_tainted.set(len(holds))
             if not plan.empty():
                 self.metrics.slice_publish_total.labels("ok").inc()
-                log.info("resourceslices published", extra={"generation": self.generation, "deleted": plan.delete})
+                log.info(
+                    "resourceslices published",
+                    extra={"generation": self.generation, "deleted": plan.delete, "serving_holds": sorted(holds)},
+                )
             return plan
 
     # ------------------------------------------------------------------ informer handler
@@ -135,7 +188,7 @@ class SlicePublisher:
         self.reconcile()
 
     def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
-        if needs_reconcile(event_type, obj, self.desired):
+        if needs_reconcile(event_type, obj, with_serving_holds(self.desired, self.serving_holds)):
             self.reconcile()
 
     # ------------------------------------------------------------------ lifecycle
@@ -149,6 +202,8 @@ class SlicePublisher:
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="slice-publisher", daemon=True)
         self._thread.start()
+        self._kicker = threading.Thread(target=self._republish_loop, name="slice-republish", daemon=True)
+        self._kicker.start()
 
     def stop(self) -> None:
         self._stop.set()

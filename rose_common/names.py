@@ -134,6 +134,9 @@ EVENT_DEVICE_NOT_FREED: Final = "DeviceNotFreed"  # warning: the binding failure
 # The planner's intent as device taints (issue 27 §2): DeviceTaintRules on a pool's lendable devices
 TAINT_RECLAIM_PLANNED: Final = "rose.io/reclaim-planned"
 LABEL_TAINT_POOL: Final = "rose.io/reclaim-taint-pool"  # on the DeviceTaintRules the controller owns
+# The driver's own taint on a GPU's lendable device while serving holds that GPU on the node (a
+# serving claim prepared, or allocated and being bound): NoSchedule, in the driver's ResourceSlice
+TAINT_SERVING_HOLDS: Final = "rose.io/serving-holds"
 ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
 # The orchestrator (--authenticate tokenreview) takes the caller's identity from a projected
 # ServiceAccount token of this audience, mounted into time-sliced workers by the controller.

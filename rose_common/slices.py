@@ -69,6 +69,27 @@ def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False) -> list[d
     return devices
 
 
+def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> list[dict[str, Any]]:
+    """A copy of ``devices`` where the *lendable* device of every GPU index in ``held`` carries the
+    ``NoSchedule`` taint :data:`names.TAINT_SERVING_HOLDS` (value: the GPU index), so the scheduler
+    allocates no new lendable claim on a GPU serving holds. Serving devices are never tainted; a
+    device's other taints are kept. Pure."""
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        d = dict(d)
+        taints = [t for t in d.get("taints") or [] if t.get("key") != names.TAINT_SERVING_HOLDS]
+        if d["name"].endswith(f"-{names.ROLE_LENDABLE}"):
+            index, _ = parse_device_name(d["name"])
+            if index in held:
+                taints.append({"key": names.TAINT_SERVING_HOLDS, "value": str(index), "effect": "NoSchedule"})
+        if taints:
+            d["taints"] = taints
+        else:
+            d.pop("taints", None)
+        out.append(d)
+    return out
+
+
 def resource_slice(
     node_name: str, gpus: list[GpuInfo], generation: int, binding_conditions: bool = False
 ) -> dict[str, Any]:

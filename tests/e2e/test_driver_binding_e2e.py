@@ -191,3 +191,54 @@ def test_a_failed_free_fails_the_binding_and_the_scheduler_reschedules_the_pod(
     assert drv.prepare(claim).error == ""
     assert drv.unprepare(claim).error == ""
     assert drv.unprepare(rl_claim).error == ""
+
+
+def _serving_holds_taints(api: Any, node: str) -> dict[str, list[dict[str, Any]]]:
+    """Per device of the driver's slice: its rose.io/serving-holds taints (devices without one left out)."""
+    s = driver_published(api, node) or {"spec": {"devices": []}}
+    out = {}
+    for d in s["spec"]["devices"]:
+        mine = [t for t in d.get("taints") or [] if t.get("key") == names.TAINT_SERVING_HOLDS]
+        if mine:
+            out[d["name"]] = mine
+    return out
+
+
+def test_serving_holds_taint_keeps_new_lent_claims_off_the_gpu_until_serving_leaves(
+    cluster: ClusterHandle, drv: DriverProcess, api: Any, ns: str
+) -> None:
+    wait_for("driver slice with binding conditions", lambda: _binding_slice(api, drv.node), timeout=60)
+    assert _serving_holds_taints(api, drv.node) == {}  # nothing held: nothing tainted
+    gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
+    create_claim_template(api, ns, claim_template("serve", names.DEVICE_CLASS_SERVING, selectors=gpu0))
+    create_claim_template(api, ns, claim_template("lent", names.DEVICE_CLASS_LENDABLE))
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        ns, gpu_pod("serve-0", "serve", labels={names.LABEL_ROLE: "serving"}, node_name=drv.node)
+    )
+    srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "serve-0"), timeout=90)
+    wait_for("serving pod bound", lambda: _bound(api, ns, "serve-0"), timeout=60)
+    assert drv.prepare(srv).error == ""
+
+    # serving holds GPU 0: its lendable device carries the taint, its serving device none
+    held = wait_for("GPU 0's lendable device tainted", lambda: _serving_holds_taints(api, drv.node), timeout=30)
+    assert list(held) == ["gpu-0-lendable"], held
+    (taint,) = held["gpu-0-lendable"]
+    assert (taint["value"], taint["effect"]) == ("0", "NoSchedule")
+    assert _metric(drv, "rose_driver_lendable_devices_tainted") == 1
+
+    # a new lent claim pinned to this node: the scheduler's first fit would be gpu-0-lendable (the
+    # first lendable device); the taint keeps it off, so it gets another GPU of the same node
+    core.create_namespaced_pod(ns, gpu_pod("rl-0", "lent", labels={names.LABEL_JOB: "job-a"}, node_name=drv.node))
+    rl = wait_for("lent claim allocated", lambda: allocated_claim(api, ns, "rl-0"), timeout=90)
+    (res,) = rl["status"]["allocation"]["devices"]["results"]
+    assert res["pool"] == drv.node and res["device"].endswith("-lendable"), res
+    assert res["device"] != "gpu-0-lendable", res
+    assert drv.prepare(rl).error == ""
+
+    # serving leaves: the pod goes, the kubelet unprepares: the taint goes
+    core.delete_namespaced_pod("serve-0", ns, grace_period_seconds=0)
+    assert drv.unprepare(srv).error == ""
+    wait_for("GPU 0's lendable device untainted", lambda: _serving_holds_taints(api, drv.node) == {}, timeout=30)
+    assert _metric(drv, "rose_driver_lendable_devices_tainted") == 0
+    assert drv.unprepare(rl).error == ""
