@@ -408,9 +408,11 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
     rooms = sorted(((_room(book, b, p), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
     if not rooms or rooms[0][0] < gpw:
         return False
+    if b.active + gpw * (len(b.parked) + 1) > b.job.max_gpus:
+        # A parked worker waits for room in its own pool: never removed to grow elsewhere (its pod
+        # holds its suspended state; deleting it would lose RL work, ARCHITECTURE §6).
+        return False
     pool = rooms[0][1]
-    if b.parked and b.active + gpw * (len(b.parked) + 1) > b.job.max_gpus:  # move a parked worker here
-        b.remove.append(b.parked.pop().name)
     book.hold(b, Worker(f"+{len(b.add)}", b.job.key, "pending", pool))
     b.add.append(pool)
     return True
