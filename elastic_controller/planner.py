@@ -24,7 +24,9 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   suspended alone first (its pod and state kept, so a regrow resumes it); only when no such
   worker is left in the pool is a whole gang suspended. Pending workers are removed, not suspended.
 - **Grow and resume** only where the forecast leaves room for the job's ``minUsefulRunSeconds``
-  after its lead time; never above ``maxGPUs``; from zero, ``minGPUs`` at once or nothing.
+  after its lead time; never above ``maxGPUs``; from zero, ``minGPUs`` at once or nothing. A
+  suspended worker is never removed to grow elsewhere: active + suspended stay within ``maxGPUs``,
+  and a suspended worker waits for room in its own pool (its pod holds its state).
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
 - **Roles** (an ElasticRLJob with ``spec.roles``): the controller plans its trainer and its rollout
   workers as two jobs, ``<namespace>/<name>#trainer`` (min = max: a fixed gang) and
