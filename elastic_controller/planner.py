@@ -24,7 +24,9 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   suspended alone first (its pod and state kept, so a regrow resumes it); only when no such
   worker is left in the pool is a whole gang suspended. Pending workers are removed, not suspended.
 - **Grow and resume** only where the forecast leaves room for the job's ``minUsefulRunSeconds``
-  after its lead time; never above ``maxGPUs``; from zero, ``minGPUs`` at once or nothing.
+  after its lead time; never above ``maxGPUs``; from zero, ``minGPUs`` at once or nothing. A
+  suspended worker is never removed to grow elsewhere: active + suspended stay within ``maxGPUs``,
+  and a suspended worker waits for room in its own pool (its pod holds its state).
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
 - **Roles** (an ElasticRLJob with ``spec.roles``): the controller plans its trainer and its rollout
   workers as two jobs, ``<namespace>/<name>#trainer`` (min = max: a fixed gang) and
@@ -408,9 +410,11 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
     rooms = sorted(((_room(book, b, p), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
     if not rooms or rooms[0][0] < gpw:
         return False
+    if b.active + gpw * (len(b.parked) + 1) > b.job.max_gpus:
+        # A parked worker waits for room in its own pool: never removed to grow elsewhere (its pod
+        # holds its suspended state; deleting it would lose RL work, ARCHITECTURE §6).
+        return False
     pool = rooms[0][1]
-    if b.parked and b.active + gpw * (len(b.parked) + 1) > b.job.max_gpus:  # move a parked worker here
-        b.remove.append(b.parked.pop().name)
     book.hold(b, Worker(f"+{len(b.add)}", b.job.key, "pending", pool))
     b.add.append(pool)
     return True

@@ -91,9 +91,9 @@ def _kubectl(cluster: ClusterHandle, *args: str, stdin: str | None = None) -> st
     return out.stdout
 
 
-def _job_manifest(ns: str) -> str:
+def _job_manifest(ns: str, lo: int = 2, hi: int = 4) -> str:
     body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": JOB, "namespace": ns},
-            "spec": {"minGPUs": 2, "maxGPUs": 4, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
+            "spec": {"minGPUs": lo, "maxGPUs": hi, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
                      "minUsefulRunSeconds": 60, "stateBytesPerWorker": 1 << 30,
                      "template": {"spec": {"priorityClassName": "rose-rl",
                                            "containers": [{"name": "trainer", "image": "rose/grpo"}]}}}}  # fmt: skip
@@ -228,3 +228,53 @@ def test_of_two_lease_writers_from_one_read_only_one_wins(api: Any) -> None:
     after, _ = b.get()
     assert after is not None and after.holder == "a" and after.transitions == 1
     client.CoordinationV1Api(api).delete_namespaced_lease(name, "default")
+
+
+def test_a_suspended_worker_waits_for_its_pool_and_is_never_moved_to_another(
+    cluster: ClusterHandle, api: Any, world: dict[str, Any]
+) -> None:
+    """Soak finding 1 (issue 25): a gang-suspended 1-GPU job whose pool stays full while the other
+    pool frees up. Before, the planner removed the suspended worker (its pod deleted, its state in
+    host memory lost) and grew a fresh one in the other pool. Now the same pod waits, suspended, and
+    resumes in its own pool. The test plays the driver (module docstring)."""
+    ns, quiet, busy, cap = world["ns"], world["quiet"], world["busy"], float(world["capacity"])
+    core = client.CoreV1Api(api)
+    _kubectl(cluster, "apply", "-f", "-", stdin=_job_manifest(ns, 1, 1))
+    pod = wait_for("1 worker running", lambda: (p := _workers(api, ns)) and p[0].status.phase == "Running" and p[0],
+                   45)  # fmt: skip
+    name, uid = pod.metadata.name, pod.metadata.uid
+    assert pod.spec.node_selector == {names.LABEL_POOL: quiet}
+
+    write_forecasts(world["forecasts"], {quiet: cap, busy: cap})
+
+    def requested() -> bool:
+        return names.ANNOTATION_SUSPEND_REQUEST in (core.read_namespaced_pod(name, ns).metadata.annotations or {})
+
+    wait_for("planned suspend request", requested, 20)
+    core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_STATE: "Suspended"}}})
+    wait_for("status Suspended", lambda: _status(api, ns).get("phase") == "Suspended", 20)
+
+    # the other pool frees up; the worker's own pool stays full
+    write_forecasts(world["forecasts"], {quiet: cap, busy: 0.0})
+
+    def busy_untainted() -> bool:
+        text = _metrics(world["metrics"])
+        return bool(text) and promtext.value(text, "rose_controller_pool_reclaim_tainted", {"pool": busy}, -1) == 0
+
+    wait_for("the controller plans with the freed pool (its reclaim taint withdrawn)", busy_untainted, 20)
+    plans = promtext.value(_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count")
+    wait_for("3 more plans",
+             lambda: promtext.value(_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count")
+             >= plans + 3, 20)  # fmt: skip
+    pods = _workers(api, ns)
+    assert [(p.metadata.name, p.metadata.uid, p.metadata.deletion_timestamp) for p in pods] == [(name, uid, None)], (
+        "the suspended worker was removed or replaced",
+        [(p.metadata.name, p.spec.node_selector) for p in pods],
+    )
+    assert names.ANNOTATION_SUSPEND_REQUEST in (pods[0].metadata.annotations or {})
+
+    # its own pool frees up: the same pod resumes there
+    write_forecasts(world["forecasts"], {quiet: 0.0, busy: 0.0})
+    wait_for("suspend request withdrawn", lambda: not requested(), 20)
+    assert [(p.metadata.name, p.metadata.uid) for p in _workers(api, ns)] == [(name, uid)]
+    assert world["controller"].poll() is None, world["log"].read_text()[-2000:]

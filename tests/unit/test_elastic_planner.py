@@ -100,6 +100,34 @@ def test_suspended_gang_resumes_all_at_once_when_room_returns() -> None:
     assert set(t.resume) == {"ns/a-0", "ns/a-1", "ns/a-2"} and t.add == ("p",) and t.active_gpus == 4
 
 
+def _two_pools(ws: tuple[Worker, ...], j: Job) -> PlanInput:
+    """Pool ``full`` with serving at 4 of 4 GPUs; pool ``idle`` with serving at 0 of 4."""
+    pools = (Pool("full", 4, flat(*[4] * 20)), Pool("idle", 4, flat(*[0] * 20)))
+    return PlanInput(NOW, pools, (j,), ws, Settings(dwell_s=3.0))
+
+
+def test_a_suspended_worker_is_never_removed_to_grow_elsewhere() -> None:
+    """Soak finding 1 (issue 25): a gang-suspended 1-GPU job (min = max = 1) whose pool stays full
+    while another pool has room. Before, the grow step removed the suspended worker (its pod, so
+    its state in host memory) and added a fresh one in the other pool, with only a ``Grow`` Event.
+    It waits for room in its own pool instead, and resumes there."""
+    j = job("soak/trainer", lo=1, hi=1, grace_s=5.0, suspend_s=1.0, min_useful_run_s=10.0)
+    parked = (Worker("trainer-w0", j.key, "suspended", "full"),)
+    t = plan(_two_pools(parked, j)).targets[j.key]
+    assert (t.remove, t.add, t.resume, t.active_gpus) == ((), (), (), 0), t
+    freed = PlanInput(NOW, (Pool("full", 4, flat(*[0] * 20)), Pool("idle", 4, flat(*[0] * 20))), (j,), parked,
+                      Settings(dwell_s=3.0))  # fmt: skip
+    t = plan(freed).targets[j.key]
+    assert (t.remove, t.add, t.resume, t.active_gpus) == ((), (), ("trainer-w0",), 1), t
+
+
+def test_a_job_with_room_below_max_grows_elsewhere_while_its_suspended_worker_waits() -> None:
+    """Room under maxGPUs beside the parked worker: a new worker in the idle pool, the parked one kept."""
+    j = job("ns/a", lo=1, hi=2, grace_s=5.0, suspend_s=1.0, min_useful_run_s=10.0)
+    t = plan(_two_pools((Worker("a-w0", j.key, "suspended", "full"),), j)).targets[j.key]
+    assert (t.remove, t.add, t.resume, t.active_gpus) == ((), ("idle",), (), 1), t
+
+
 def test_dwell_blocks_regrow_but_never_a_reclaim() -> None:
     j = job(last_shrink_at=NOW - 60)
     assert not plan(inp(flat(*[2] * 20), (j,), workers("ns/a", 2, state="suspended"))).targets["ns/a"].resume

@@ -256,3 +256,18 @@ def test_no_flapping_inside_the_dwell_time(inp: PlanInput, seeds: list[int]) -> 
 def _noisy(f: Forecast, seed: int, now: float) -> Forecast:
     wobble = [((seed >> (i % 20)) & 3) - 1.5 for i in range(len(f.upper))]
     return Forecast(now - 30.0, f.step, tuple(max(0.0, u + d) for u, d in zip(f.upper, wobble, strict=True)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan_inputs())
+def test_a_suspended_worker_is_removed_only_by_a_max_below_the_jobs_workers(inp: PlanInput) -> None:
+    """Suspended state is never lost to a plan (soak finding 1): a suspended worker is removed only
+    when the job's workers (held and suspended) are above its maxGPUs (a live edit), never to grow
+    the job in another pool."""
+    p = plan(inp)
+    for job in inp.jobs:
+        mine = [w for w in inp.workers if w.job == job.key]
+        if len(mine) * job.gpus_per_worker > job.max_gpus:
+            continue
+        removed = [w.name for w in mine if w.state == "suspended" and w.name in p.targets[job.key].remove]
+        assert not removed, f"{job.key} (max {job.max_gpus}, {len(mine)} workers) lost suspended {removed}"
