@@ -56,6 +56,7 @@ def decide(inp: PlanInput, result: Plan, lead_s: float) -> dict[str, Decision]:
     for w in inp.workers:
         if w.pool is not None and w.job in jobs:
             leads[w.pool] = max(leads.get(w.pool, 0.0), jobs[w.job].lead_s)
+    placing = _placing(inp, result)
     out: dict[str, Decision] = {}
     for p in inp.pools:
         window = inp.settings.interval_s + max(lead_s, leads.get(p.name, 0.0))
@@ -64,11 +65,27 @@ def decide(inp: PlanInput, result: Plan, lead_s: float) -> dict[str, Decision]:
         peak = p.forecast.peak(inp.now, inp.now + window)
         if math.isinf(peak):
             continue
-        need, lent = math.ceil(peak), result.lent.get(p.name, 0)
-        room = p.capacity - need - lent
+        need, lent, new = math.ceil(peak), result.lent.get(p.name, 0), placing.get(p.name, 0)
+        # The planner's own new workers (added now, or pending from an earlier plan) are lent claims
+        # still to be allocated: a NoSchedule taint would keep them off the GPUs the plan gave them.
+        room = p.capacity - need - (lent - new)
         why = (f"serving may need {need} of {p.capacity} GPUs within {window:.0f}s "
-               f"({lent} lent after this plan): {max(room, 0)} left to lend")  # fmt: skip
+               f"({lent} lent after this plan, {new} of them being placed): {max(room, 0)} left to lend")  # fmt: skip
         out[p.name] = Decision(p.name, room <= 0, why)
+    return out
+
+
+def _placing(inp: PlanInput, result: Plan) -> dict[str, int]:
+    """Per pool: the planner's workers whose lent claims are still to be allocated — this plan's
+    adds and the workers still pending from an earlier plan (not removed by this one)."""
+    removed = {w for t in result.targets.values() for w in t.remove}
+    out: dict[str, int] = {}
+    for t in result.targets.values():
+        for pool in t.add:
+            out[pool] = out.get(pool, 0) + 1
+    for w in inp.workers:
+        if w.state == "pending" and w.pool is not None and w.name not in removed:
+            out[w.pool] = out.get(w.pool, 0) + 1
     return out
 
 

@@ -45,6 +45,8 @@ from local_cluster import ClusterHandle, free_port, module_process
 from local_cluster.objects import delete_namespace, new_namespace, wait_for
 from rose_cli import dashboard
 from rose_cli import demo_elastic as act
+from rose_cli.demo_elastic import kubectl
+from rose_common import names
 from tests.cluster_fixtures import session_shaped_cluster
 from tests.prometheus_fixtures import MetricsStandIn, prometheus
 
@@ -208,6 +210,9 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             act._reclaim(s, checks)
             act._serving_planned(s, checks)
             act._regrow(s, checks, uids)
+            # a job with roles beside it, for the role panels (the controller's gauges per role and
+            # state exist for every roles job it plans, whether or not its workers find room)
+            kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(_roles_job(s.ns)))
             # what Prometheus holds: every panel has a series (rates need two scrapes after the last change)
             found: dict[str, Any] = {}
 
@@ -223,6 +228,7 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             dashboard.plot(found["data"], out, "Scenario: demo act 4 + a vLLM stand-in exporter; real Prometheus.")
             assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             assert not found["empty"], f"panels without data: {found['empty']}"
+            kubectl(cluster, "delete", "elasticrljob", ROLES_JOB, "-n", s.ns, "--wait=true", "--timeout=60s")
             act._delete(s, checks, claims)
     finally:
         vllm.close()
@@ -231,3 +237,18 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
                 print(f"--- {name} (tail)\n" + (tmp_path / name).read_text()[-2000:])
     assert checks.ok(), checks.rows
     assert shutil.which("promtool"), "promtool (Debian's prometheus package) parses the dashboard's queries"
+
+
+ROLES_JOB = "grpo-roles"
+
+
+def _roles_job(ns: str) -> dict[str, Any]:
+    """A small ElasticRLJob with roles (trainer 1, rollouts 0-1), as examples/02_grpo_tiny_llm's."""
+    pod = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "w", "image": "rose/grpo"}]}}
+    return {
+        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": ROLES_JOB, "namespace": ns},
+        "spec": {"gracefulShutdownPeriod": 5, "minUsefulRunSeconds": 60, "roles": {
+            "trainer": {"workers": 1, "gpusPerWorker": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
+            "rollout": {"minWorkers": 0, "maxWorkers": 1, "gpusPerWorker": 1, "stateBytesPerWorker": 1 << 28,
+                        "template": pod}}},
+    }  # fmt: skip

@@ -23,7 +23,9 @@ def _decide(*pools: Pool, jobs: tuple[Job, ...] = (), workers: tuple[Worker, ...
 
 def test_a_pool_serving_will_fill_within_the_lead_is_tainted_and_one_with_room_is_not() -> None:
     d = _decide(_pool("busy", 4), _pool("quiet", 0), _pool("three", 3))
-    assert d["busy"].taint and "serving may need 4 of 4 GPUs within 70s (0 lent after this plan): 0 left" in (
+    assert d[
+        "busy"
+    ].taint and "serving may need 4 of 4 GPUs within 70s (0 lent after this plan, 0 of them being placed): 0 left" in (
         d["busy"].reason
     )
     assert not d["quiet"].taint and "4 left to lend" in d["quiet"].reason
@@ -43,6 +45,18 @@ def test_gpus_lent_after_the_plan_count_against_the_room() -> None:
     workers = tuple(Worker(f"w{i}", "ns/a", "active", "p") for i in range(3))
     assert _decide(_pool("p", 1), jobs=(job,), workers=workers)["p"].taint  # 4 - 1 - 3 = 0 left
     assert not _decide(_pool("p", 0), jobs=(job,), workers=workers)["p"].taint
+
+
+def test_the_planners_own_new_workers_are_not_kept_off_the_gpus_it_gave_them() -> None:
+    """A pool the plan grows into (or whose workers are still pending) is not tainted for them: a
+    NoSchedule taint would keep their claims from being allocated (rose demo's act 4 stalled so)."""
+    job = Job("ns/a", 2, 4)
+    grown = _decide(_pool("p", 0), jobs=(job,))
+    assert not grown["p"].taint and "(4 lent after this plan, 4 of them being placed): 4 left" in grown["p"].reason
+    pending = tuple(Worker(f"w{i}", "ns/a", "pending", "p") for i in range(4))
+    assert not _decide(_pool("p", 0), jobs=(job,), workers=pending)["p"].taint
+    active = tuple(Worker(f"w{i}", "ns/a", "active", "p") for i in range(4))
+    assert _decide(_pool("p", 0), jobs=(job,), workers=active)["p"].taint  # settled: nothing left to lend
 
 
 def test_no_forecast_no_decision() -> None:
