@@ -178,11 +178,13 @@ def _annotations(job: ElasticRLJob, state_bytes: int | None, role: Role | None =
 
 
 def _role_env(job: ElasticRLJob, index: int, role: Role | None) -> list[dict[str, Any]]:
-    """``ROSE_ROLE``, ``ROSE_ROLE_INDEX``, the role's size, and for rollouts ``ROSE_TRAINER_ADDR``."""
+    """``ROSE_ROLE``, ``ROSE_ROLE_INDEX``, ``ROSE_TRAINER_ADDR``, ``ROSE_POD_IP`` and the role's size."""
     if role is None or job.spec.roles is None:
         return []
-    env = [{"name": ENV_ROLE, "value": role}, {"name": ENV_ROLE_INDEX, "value": str(index)},
-           {"name": ENV_TRAINER_ADDR, "value": trainer_addr(job)}]  # fmt: skip
+    env: list[dict[str, Any]] = [{"name": ENV_ROLE, "value": role}, {"name": ENV_ROLE_INDEX, "value": str(index)},
+           {"name": ENV_TRAINER_ADDR, "value": trainer_addr(job)},
+           # the address a trainer's rollout service binds (reachable from the rollout pods)
+           {"name": "ROSE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]  # fmt: skip
     r = job.spec.roles
     lo, hi = (r.trainer.workers, r.trainer.workers) if role == "trainer" else (r.rollout.min_workers,
                                                                                r.rollout.max_workers)  # fmt: skip

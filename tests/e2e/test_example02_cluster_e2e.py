@@ -13,10 +13,9 @@ SIGTERMed by the kubelet. The trainer's rollout service counts every prompt: non
 twice; and the trained weights equal, bit for bit, those of the same job with one rollout worker
 throughout. The trainer is not suspended here (no driver on KWOK nodes).
 
-The controller runs with its device taints off (``--taint-lead=-1``): with them on, on this
-cluster, the lendable claims of new workers are not allocated ("cannot allocate all claims"), and
-``test_elastic_roles_e2e.py`` / ``test_elastic_controller_e2e.py`` time out the same way (seen
-2026-12-01 on main 5b194ec; left for whoever owns the taints).
+The controller runs with its reclaim taints on (the default): a pool the plan grows into is not
+tainted against its own new workers (``elastic_controller.taints``, fixed after this test first
+ran with them off and found it).
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ COMPLETIONS_PER_STEP = 8  # tiny_grpo: per_device_train_batch_size 8
 @pytest.fixture
 def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """As ``test_elastic_controller_e2e.world`` (the extender and the controller as processes, one
-    forecast file: pool ``quiet`` idle, ``busy`` full), with the controller's device taints off
-    (``--taint-lead=-1``): see the module docstring."""
+    forecast file: pool ``quiet`` idle, ``busy`` full)."""
     quiet, busy, capacity = _pools(cluster)
     forecasts = tmp_path / "forecasts.json"
     write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
@@ -57,8 +55,7 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
               f"--kubeconfig={cluster.kubeconfig}"]  # fmt: skip
     ext_args = ["scheduler_extender", f"--listen={ext_host}:{ext_port}", *common]
     ctl_args = ["elastic_controller", *common, "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
-                f"--lease-name=ctl-ex02-{metrics_port}", f"--metrics-listen=127.0.0.1:{metrics_port}",
-                "--taint-lead=-1"]  # fmt: skip
+                f"--lease-name=ctl-ex02-{metrics_port}", f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
     ns = new_namespace(api, "ex02")
     try:
         with (
