@@ -638,6 +638,29 @@ class Controller:
             except Exception as e:  # the next round retries; the error is visible in the log
                 log.exception("plan failed", extra={"err": repr(e)})
             self.stop.wait(self.settings.plan_interval_s)
+        self.withdraw_taints()
+
+    def withdraw_taints(self) -> None:
+        """On an orderly stop the leader withdraws its reclaim taints: they are the running
+        planner's intent, and a stopped planner's would keep new lent claims off those GPUs until
+        another leader re-decides (a crashed one's stay until then; the next leader reconciles
+        them). A standby never touches the leader's rules."""
+        if self.taint_rules is None or not self.is_leader:
+            return
+        try:
+            names_ = [objects.name(r) for r in self.taint_rules.list()]
+        except Exception as e:
+            log.warning("listing DeviceTaintRules to withdraw failed", extra={"err": repr(e)})
+            return
+        for name in names_:
+            try:
+                self.taint_rules.delete(name)
+                self.metrics.taint_rules.labels("delete", "ok").inc()
+            except Exception as e:
+                self.metrics.taint_rules.labels("delete", "error").inc()
+                log.warning("DeviceTaintRule write failed", extra={"action": "delete", "err": repr(e)})
+        if names_:
+            log.info("reclaim taints withdrawn on stop", extra={"rules": len(names_)})
 
     # ------------------------------------------------------------------ leader election
     def elect_once(self) -> bool:

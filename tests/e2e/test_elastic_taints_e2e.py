@@ -110,3 +110,24 @@ def test_a_planned_reclaim_taints_the_pools_lendable_devices_until_the_forecast_
     (res,) = claim["status"]["allocation"]["devices"]["results"]
     assert res["pool"] == busy_node and res["device"].endswith("-lendable")
     assert promtext.value(_metrics(world["port"]), "rose_controller_pool_reclaim_tainted", {"pool": busy}) == 0
+
+
+def test_a_stopped_controller_withdraws_its_taints(cluster: ClusterHandle, api: Any, tmp_path: Path) -> None:
+    """SIGTERM (an orderly stop): the leader deletes the rules it owns, so a stopped planner's intent
+    does not keep new lent claims off those GPUs (rose demo's act 5 found it: act 4's controller had
+    left the busy pool tainted)."""
+    quiet, busy, capacity = _pools(cluster)
+    forecasts = tmp_path / "forecasts.json"
+    write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
+    port = free_port()
+    args = ["elastic_controller", "--forecast-backend=static-file", f"--forecast-file={forecasts}",
+            "--forecast-refresh=1", f"--kubeconfig={cluster.kubeconfig}", "--plan-interval=1", "--dwell=0",
+            "--taint-lead=60", "--lease-namespace=default", f"--lease-name=ctl-withdraw-{port}",
+            f"--metrics-listen=127.0.0.1:{port}"]  # fmt: skip
+    try:
+        with module_process(args, tmp_path / "controller.log"):
+            wait_for("the busy pool tainted", lambda: _rules(api), timeout=60)
+        assert _rules(api) == [], "the stopped controller left its DeviceTaintRules"
+        assert "reclaim taints withdrawn on stop" in (tmp_path / "controller.log").read_text()
+    finally:
+        _delete_rules(api)
