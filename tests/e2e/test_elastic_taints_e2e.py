@@ -39,16 +39,21 @@ def _delete_rules(api: Any) -> None:
         client.CustomObjectsApi(api).delete_cluster_custom_object("resource.k8s.io", "v1", RULES, r["metadata"]["name"])
 
 
+def _controller(cluster: ClusterHandle, forecasts: Path, port: int) -> list[str]:
+    """``python -m elastic_controller`` with the static forecast file and reclaim taints on."""
+    return ["elastic_controller", "--forecast-backend=static-file", f"--forecast-file={forecasts}",
+            "--forecast-refresh=1", f"--kubeconfig={cluster.kubeconfig}", "--plan-interval=1", "--dwell=0",
+            "--taint-lead=60", "--lease-namespace=default", f"--lease-name=ctl-taints-{port}",
+            f"--metrics-listen=127.0.0.1:{port}"]  # fmt: skip
+
+
 @pytest.fixture
 def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     quiet, busy, capacity = _pools(cluster)
     forecasts = tmp_path / "forecasts.json"
     write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
     port = free_port()
-    args = ["elastic_controller", "--forecast-backend=static-file", f"--forecast-file={forecasts}",
-            "--forecast-refresh=1", f"--kubeconfig={cluster.kubeconfig}", "--plan-interval=1", "--dwell=0",
-            "--taint-lead=60", "--lease-namespace=default", f"--lease-name=ctl-taints-{port}",
-            f"--metrics-listen=127.0.0.1:{port}"]  # fmt: skip
+    args = _controller(cluster, forecasts, port)
     ns = new_namespace(api, "taint")
     try:
         with module_process(args, tmp_path / "controller.log"):
@@ -119,11 +124,7 @@ def test_a_stopped_controller_withdraws_its_taints(cluster: ClusterHandle, api: 
     quiet, busy, capacity = _pools(cluster)
     forecasts = tmp_path / "forecasts.json"
     write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
-    port = free_port()
-    args = ["elastic_controller", "--forecast-backend=static-file", f"--forecast-file={forecasts}",
-            "--forecast-refresh=1", f"--kubeconfig={cluster.kubeconfig}", "--plan-interval=1", "--dwell=0",
-            "--taint-lead=60", "--lease-namespace=default", f"--lease-name=ctl-withdraw-{port}",
-            f"--metrics-listen=127.0.0.1:{port}"]  # fmt: skip
+    args = _controller(cluster, forecasts, free_port())
     try:
         with module_process(args, tmp_path / "controller.log"):
             wait_for("the busy pool tainted", lambda: _rules(api), timeout=60)

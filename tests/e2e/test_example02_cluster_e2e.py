@@ -22,51 +22,24 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from local_cluster import ClusterHandle, free_port, module_process
+from local_cluster import ClusterHandle
 from rose_sdk.rollout_service import RolloutClient
-from tests.e2e.test_elastic_controller_e2e import _kubectl, _metrics, _pools
+from tests.e2e import test_elastic_controller_e2e as erj
 from tests.elastic_fixtures import write_forecasts
 from tests.example02_fixtures import TOKEN, ProcessKubelet, constant_world_run, counters
-from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.k8s_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
+world = erj.world  # the fixture: the extender and the controller, one static forecast file
 EXAMPLE = REPO / "examples" / "02_grpo_tiny_llm" / "elasticrljob.yaml"
 STEPS = 6
 COMPLETIONS_PER_STEP = 8  # tiny_grpo: per_device_train_batch_size 8
-
-
-@pytest.fixture
-def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """As ``test_elastic_controller_e2e.world`` (the extender and the controller as processes, one
-    forecast file: pool ``quiet`` idle, ``busy`` full)."""
-    quiet, busy, capacity = _pools(cluster)
-    forecasts = tmp_path / "forecasts.json"
-    write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
-    ext_host, _, ext_port = (cluster.extender_url or "").removeprefix("http://").partition(":")
-    metrics_port = free_port()
-    common = ["--forecast-backend=static-file", f"--forecast-file={forecasts}", "--forecast-refresh=1",
-              f"--kubeconfig={cluster.kubeconfig}"]  # fmt: skip
-    ext_args = ["scheduler_extender", f"--listen={ext_host}:{ext_port}", *common]
-    ctl_args = ["elastic_controller", *common, "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
-                f"--lease-name=ctl-ex02-{metrics_port}", f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
-    ns = new_namespace(api, "ex02")
-    try:
-        with (
-            module_process(ext_args, tmp_path / "extender.log"),
-            module_process(ctl_args, tmp_path / "controller.log") as ctl,
-        ):
-            wait_for("controller metrics up", lambda: _metrics(metrics_port) or None, 30)
-            yield {"ns": ns, "forecasts": forecasts, "quiet": quiet, "busy": busy, "capacity": capacity,
-                   "controller": ctl, "log": tmp_path / "controller.log"}  # fmt: skip
-    finally:
-        delete_namespace(api, ns)
 
 
 def _job(ns: str) -> dict[str, Any]:
@@ -116,7 +89,7 @@ def test_example02_runs_elastic_on_the_cluster_losing_nothing(
     write_forecasts(world["forecasts"], {quiet: float(cap - 2), busy: float(cap)})  # room: trainer + 1 rollout
     time.sleep(2.5)  # the controller and the extender re-read the file every second
     with ProcessKubelet(api, ns, name, tmp_path, trainer_env) as kubelet:
-        _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(job))
+        erj._kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(job))
         tr = wait_for("the trainer process", lambda: kubelet.check() or kubelet.trainer, 90)
         tr.await_line("GATE 1", 180)
         worlds.append(len(kubelet.running("rollout")))
@@ -142,7 +115,7 @@ def test_example02_runs_elastic_on_the_cluster_losing_nothing(
         got = counters(tr.lines)
         wait_for("the rollout workers see 'done' and exit", lambda: not kubelet.running("rollout"), 60)
         terms = [n for _, what, n in kubelet.events if what == "sigterm"]
-        _kubectl(cluster, "delete", "elasticrljob", name, "-n", ns, "--wait=true")
+        erj._kubectl(cluster, "delete", "elasticrljob", name, "-n", ns, "--wait=true")
         assert kubelet.errors == [], kubelet.errors
 
     assert worlds == [1, 3, 1], worlds
