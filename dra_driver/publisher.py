@@ -179,7 +179,7 @@ class SlicePublisher:
                 self.metrics.slice_publish_total.labels("ok").inc()
                 log.info(
                     "resourceslices published",
-                    extra={"generation": self.generation, "deleted": plan.delete, "serving_holds": sorted(holds)},
+                    extra={"generation": self.generation, "deleted": plan.delete, "servingHolds": sorted(holds)},
                 )
             return plan
 

@@ -540,14 +540,15 @@ class Controller:
         for pool, d in sorted(decisions.items()):
             self.metrics.pool_tainted.labels(pool).set(1 if d.taint else 0)
             if self._tainted.get(pool) != d.taint:
-                log.info(
-                    "pool reclaim taint " + ("set" if d.taint else "cleared"), extra={"pool": pool, "why": d.reason}
-                )
+                if d.taint:
+                    log.info("pool reclaim taint set", extra={"pool": pool, "why": d.reason})
+                else:
+                    log.info("pool reclaim taint cleared", extra={"pool": pool, "why": d.reason})
                 self._tainted[pool] = d.taint
         try:
             existing = self.taint_rules.list()
         except Exception as e:
-            log.warning("listing DeviceTaintRules failed", extra={"err": repr(e)})
+            log.warning("listing device taint rules failed", extra={"err": repr(e)})
             return
         create, delete = taints.diff(existing, taints.desired_rules(decisions, self.lendable_devices()), decisions)
         for action, items in (("create", create), ("delete", delete)):
@@ -560,7 +561,7 @@ class Controller:
                     self.metrics.taint_rules.labels(action, "ok").inc()
                 except Exception as e:
                     self.metrics.taint_rules.labels(action, "error").inc()
-                    log.warning("DeviceTaintRule write failed", extra={"action": action, "err": repr(e)})
+                    log.warning("device taint rule write failed", extra={"action": action, "err": repr(e)})
 
     def _store_targets(self, targets: dict[str, JobTarget], waiting: set[str]) -> list[str]:
         """Store every target (a reconcile takes it), and return the keys to queue: those whose
@@ -650,7 +651,7 @@ class Controller:
         try:
             names_ = [objects.name(r) for r in self.taint_rules.list()]
         except Exception as e:
-            log.warning("listing DeviceTaintRules to withdraw failed", extra={"err": repr(e)})
+            log.warning("listing device taint rules to withdraw failed", extra={"err": repr(e)})
             return
         for name in names_:
             try:
@@ -658,7 +659,7 @@ class Controller:
                 self.metrics.taint_rules.labels("delete", "ok").inc()
             except Exception as e:
                 self.metrics.taint_rules.labels("delete", "error").inc()
-                log.warning("DeviceTaintRule write failed", extra={"action": "delete", "err": repr(e)})
+                log.warning("device taint rule write failed", extra={"action": "delete", "err": repr(e)})
         if names_:
             log.info("reclaim taints withdrawn on stop", extra={"rules": len(names_)})
 

@@ -138,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.service._disconnected(self.conn_id)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("rollout http: " + format, *args)
+        log.debug("rollout http request", extra={"line": format % args})
 
     # ------------------------------------------------------------------ plumbing
 
