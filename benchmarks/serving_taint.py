@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import log
+from benchmarks._common import log, own_slice_devices, simulated_driver
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -39,21 +39,18 @@ def _summary(xs: list[float]) -> dict[str, float]:
 
 def _tainted(api: Any, node: str) -> bool | None:
     """Whether gpu-0-lendable carries the serving-holds taint in the driver's slice (None: not published)."""
-    from local_cluster.objects import driver_slices
     from rose_common import names
 
-    for s in driver_slices(api, node):
-        if s["metadata"].get("annotations", {}).get("gpu.rose.io/spec-hash"):
-            (dev,) = [d for d in s["spec"]["devices"] if d["name"] == "gpu-0-lendable"]
-            return any(t.get("key") == names.TAINT_SERVING_HOLDS for t in dev.get("taints") or [])
-    return None
+    devices = own_slice_devices(api, node)
+    if devices is None:
+        return None
+    (dev,) = [d for d in devices if d["name"] == "gpu-0-lendable"]
+    return any(t.get("key") == names.TAINT_SERVING_HOLDS for t in dev.get("taints") or [])
 
 
 def _runs(handle: Any, api: Any, runs: int, root: Path) -> list[dict[str, float]]:
     from kubernetes import client
 
-    from local_cluster import free_port
-    from local_cluster.kubelet import DriverProcess
     from local_cluster.objects import (
         allocated_claim,
         claim_template,
@@ -66,11 +63,7 @@ def _runs(handle: Any, api: Any, runs: int, root: Path) -> list[dict[str, float]
     from rose_common import names
 
     node = handle.node_names[0]
-    drv = DriverProcess(
-        handle.kubeconfig, node, root, handle.gpus_per_node, free_port(),
-        extra_args=["--suspend-engine", "node", "--suspend-backends", "simulated", "--host-memory-budget", "8Gi",
-                    "--node-facts-seconds", "0", "--suspended-cpu=", "--serving-wait", "prepare"],
-    )  # fmt: skip
+    drv = simulated_driver(handle, root, "--serving-wait", "prepare")
     core = client.CoreV1Api(api)
     out: list[dict[str, float]] = []
     ns = new_namespace(api, "taint")

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import log
+from benchmarks._common import log, own_slice_devices, simulated_driver
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -43,8 +43,6 @@ def _summary(xs: list[float]) -> dict[str, float]:
 def _run_mode(handle: Any, api: Any, mode: str, runs: int, grace: float, root: Path) -> list[dict[str, float]]:
     from kubernetes import client
 
-    from local_cluster import free_port
-    from local_cluster.kubelet import DriverProcess
     from local_cluster.objects import (
         allocated_claim,
         claim_template,
@@ -57,11 +55,9 @@ def _run_mode(handle: Any, api: Any, mode: str, runs: int, grace: float, root: P
     from rose_common import names
 
     node = handle.node_names[0]
-    drv = DriverProcess(
-        handle.kubeconfig, node, root / mode, handle.gpus_per_node, free_port(),
-        extra_args=["--suspend-engine", "node", "--suspend-backends", "simulated", "--simulated-occupant-bytes", "1Gi",
-                    "--host-memory-budget", "8Gi", "--default-grace-seconds", f"{grace:g}",
-                    "--node-facts-seconds", "0", "--suspended-cpu=", "--serving-wait", mode],
+    drv = simulated_driver(
+        handle, root / mode, "--simulated-occupant-bytes", "1Gi", "--default-grace-seconds", f"{grace:g}",
+        "--serving-wait", mode,
     )  # fmt: skip
     core = client.CoreV1Api(api)
     out: list[dict[str, float]] = []
@@ -70,13 +66,9 @@ def _run_mode(handle: Any, api: Any, mode: str, runs: int, grace: float, root: P
         want = mode == "prebind"
 
         def published() -> bool:
-            from local_cluster.objects import driver_slices
-
-            for s in driver_slices(api, node):
-                if s["metadata"].get("annotations", {}).get("gpu.rose.io/spec-hash"):
-                    serving = [d for d in s["spec"]["devices"] if d["name"].endswith("-serving")]
-                    return all(bool(d.get("bindingConditions")) == want for d in serving)
-            return False
+            devices = own_slice_devices(api, node) or []
+            serving = [d for d in devices if d["name"].endswith("-serving")]
+            return bool(serving) and all(bool(d.get("bindingConditions")) == want for d in serving)
 
         wait_for(f"{mode} driver's slice", published, timeout=60)
         sel = ['device.attributes["gpu.rose.io"].index == 0']
