@@ -151,7 +151,7 @@ def _start_driver(h: ClusterHandle, node: str, root: Path, agent_sock: Path, con
             "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
             "--agent-socket", str(agent_sock), "--agent-control-socket", str(control_sock),
             "--enforce-timeout-seconds", f"{ENFORCE_TIMEOUT_S:g}",
-            "--serving-wait", "prepare",  # this act shows the prepare's wait (issue 27: prebind has its own test)
+            "--serving-wait", "prebind",  # the default on v1.37.2 (auto): serving waits in the scheduler's PreBind
         ],
     )  # fmt: skip
 
@@ -164,27 +164,59 @@ def _serving_wins_gpu0(
     from kubernetes import client
 
     core = client.CoreV1Api(api)
+    t0 = time.monotonic()
     core.create_namespaced_pod(
         ns, gpu_pod("llm-serving-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
     )
     srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "llm-serving-0"), timeout=90)
     dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
-    say(f"   · a serving pod arrives; the real scheduler gives it {dev}: the same physical GPU")
-    t0 = time.monotonic()
-    assert drv.kubelet.prepare(srv).error == ""
-    wait = time.monotonic() - t0
+    say(f"   · a serving pod arrives; the real scheduler gives it {dev}: the same physical GPU, whose "
+        f"binding condition {names.BINDING_CONDITION_FREED} holds the pod in PreBind")  # fmt: skip
+    held, prep, err = _bound_then_prepared(drv, api, ns, "llm-serving-0", t0, timeout=120)
+    assert err == "", err
     st = control.Status(pb.StatusRequest(pod_uid=rl_uid))
     op = [o for o in st.recent_operations if o.kind == pb.COMMAND_KIND_SUSPEND][-1]
     ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
-    say(f"   · serving wins: prepare returned after {wait:.2f}s with the RL occupant "
-        f"{ann.get(names.ANNOTATION_SUSPEND_STATE)} at its safe point "
-        f"({op.bytes_moved} bytes of model, Adam state and TRL's buffers now in host memory)")  # fmt: skip
+    say(f"   · serving wins in the scheduler, not the kubelet: the pod waited {held:.2f}s in PreBind while "
+        f"the driver suspended the RL occupant ({ann.get(names.ANNOTATION_SUSPEND_STATE)} at its safe point, "
+        f"{op.bytes_moved} bytes of model, Adam state and TRL's buffers now in host memory) and reported the "
+        f"GPU freed in the claim's status; then the kubelet's prepare took {prep:.2f}s")  # fmt: skip
+    say("   · Events on llm-serving-0: " + json.dumps(_reasons(core, ns, "llm-serving-0")))
     say(f"   · its CPU goes back to the scheduler through pods/resize: cpu request 4 -> "
         f"{_wait_cpu(core, ns, 'rl-worker-0', '100m')} while suspended (same pod)")  # fmt: skip
     assert drv.kubelet.unprepare(srv).error == ""
     ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
     say(f"   · serving leaves (unprepare): the occupant is {ann.get(names.ANNOTATION_SUSPEND_STATE)} again, "
         f"cpu request {_wait_cpu(core, ns, 'rl-worker-0', '4')} restored")  # fmt: skip
+
+
+def _bound_then_prepared(
+    drv: DriverProcess, api: Any, ns: str, pod: str, t0: float, timeout: float
+) -> tuple[float, float, str]:
+    """The kubelet's part, played: wait until the scheduler binds ``pod`` (after its PreBind wait),
+    then prepare its claim. Returns seconds from ``t0`` to the binding, the prepare's own seconds,
+    and the prepare's error ("" when prepared)."""
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+
+    def bound() -> str | None:
+        return core.read_namespaced_pod(pod, ns).spec.node_name or None
+
+    wait_for(f"{pod} bound by the scheduler", bound, timeout=timeout, interval=0.05)
+    held = time.monotonic() - t0
+    claim = allocated_claim(api, ns, pod)
+    assert claim is not None
+    t1 = time.monotonic()
+    err = drv.kubelet.prepare(claim).error
+    return held, time.monotonic() - t1, err
+
+
+def _reasons(core: Any, ns: str, pod: str) -> list[str]:
+    """The reasons of the Events on ``pod``, in the order they were first seen."""
+    events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={pod}").items
+    return list(dict.fromkeys(e.reason for e in sorted(events, key=lambda e: e.metadata.creation_timestamp)))
 
 
 def _training_unharmed(
@@ -215,6 +247,9 @@ def _training_unharmed(
 HOSTILE_GRACE_S = 3  # the hostile pod's rose.io/graceful-shutdown-seconds
 ENFORCE_TIMEOUT_S = 5.0  # the driver's --enforce-timeout-seconds (default 10)
 COOPERATIVE_SLACK_S = 5.0  # the driver waits for the cooperative phase at most grace + 5 s
+# the scheduler re-checks a pod waiting in PreBind about every 5 s (docs/dra-lending.md): the time
+# from the driver's "freed" to the binding
+PREBIND_RECHECK_S = 5.0
 
 
 def _hostile_occupant(
@@ -262,12 +297,12 @@ def _hostile_occupant(
         held = os.stat(memfile).st_blocks * 512
         say(f"   · a hostile RL pod rl-hostile-1 on {node}'s GPU 1 (grace {HOSTILE_GRACE_S}s): registers with the "
             f"node agent as SUSPENDED while it keeps {held >> 20} MiB of device memory and computes")  # fmt: skip
+        t0 = time.monotonic()
         core.create_namespaced_pod(
             ns, gpu_pod("llm-serving-1", "serve-gpu1", labels={names.LABEL_ROLE: "serving"}, node_name=node)
         )
-        srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "llm-serving-1"), timeout=90)
-        t0 = time.monotonic()
-        err = drv.kubelet.prepare(srv).error
+        bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S + PREBIND_RECHECK_S
+        _, _, err = _bound_then_prepared(drv, api, ns, "llm-serving-1", t0, timeout=bound + 60)
         wait = time.monotonic() - t0
         resident = os.stat(memfile).st_blocks * 512 if memfile.exists() else 0
         try:
@@ -275,7 +310,9 @@ def _hostile_occupant(
         except subprocess.TimeoutExpired:
             rc = None
         ok = _enforcement_observed(drv, core, ns, err, wait, resident, rc, say)
-        drv.kubelet.unprepare(srv)
+        srv = allocated_claim(api, ns, "llm-serving-1")
+        if srv is not None:
+            drv.kubelet.unprepare(srv)
         return ok
     finally:
         if proc.poll() is None:
@@ -303,12 +340,13 @@ def _enforcement_observed(
         for ph in ("cooperative", "enforced", "fallback")
     }
     returned = promtext.value(text, "rose_driver_gpu_returned_seconds_sum", {"phase": "enforced"}, default=0.0)
-    bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S
-    say(f"   · a serving pod gets GPU 1; its prepare returned after {wait:.2f}s (error {err!r}); the hostile "
-        f"process was {'killed (SIGKILL)' if rc == -9 else f'rc={rc}'}")  # fmt: skip
+    bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S + PREBIND_RECHECK_S
+    killed = "killed (SIGKILL)" if rc == -9 else f"rc={rc}"
+    say(f"   · a serving pod gets GPU 1: bound after its PreBind wait and prepared {wait:.2f}s after it was "
+        f"created (error {err!r}); the hostile process was {killed}")  # fmt: skip
     say(f"   · the driver's rose_driver_gpu_returned_seconds{{phase}} counts: cooperative "
         f"{phases['cooperative']:.0f} (the honest trainer above), enforced {phases['enforced']:.0f} "
-        f"(this one: {returned:.2f}s from the serving prepare to the device observed free), "
+        f"(this one: {returned:.2f}s from the serving claim's allocation to the device observed free), "
         f"fallback {phases['fallback']:.0f}")  # fmt: skip
 
     def reclaim_enforced() -> list[Any] | None:
@@ -321,8 +359,9 @@ def _enforcement_observed(
         events = []
     say(f"   · Event ReclaimEnforced on rl-hostile-1: {events[0].message if events else '(none)'}")
     ok = err == "" and resident == 0 and wait <= bound and phases["enforced"] == 1 and bool(events)
-    say(f"   · serving prepared only once the device was observed free (device-memory file {resident} bytes "
+    say(f"   · serving bound and prepared only once the device was observed free (device-memory file {resident} bytes "
         f"allocated at return; {wait:.1f}s <= grace {HOSTILE_GRACE_S}s + {COOPERATIVE_SLACK_S:.0f}s + "
         f"{ENFORCE_TIMEOUT_S:.0f}s for the fallback checkpoint the engine asked for + enforcement "
-        f"{ENFORCE_TIMEOUT_S:.0f}s = {bound:.0f}s): {'YES' if ok else 'NO'}")  # fmt: skip
+        f"{ENFORCE_TIMEOUT_S:.0f}s + the scheduler's PreBind re-check {PREBIND_RECHECK_S:.0f}s = {bound:.0f}s): "
+        f"{'YES' if ok else 'NO'}")  # fmt: skip
     return ok
