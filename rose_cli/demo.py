@@ -6,9 +6,11 @@ table. Act 2 forecasts serving demand per pool with the predictor's model (from 
 of the generated history, so the act is the same at any hour) and lets the real kube-scheduler,
 through the ROSE extender, place an RL job's workers in the pool forecast to leave the most
 room. Act 3 runs the DRA driver and a real training process (TRL's GRPOTrainer on a tiny LLM):
-a serving pod takes the GPU back, the RL job is suspended into host memory (not evicted) and
-resumes bit-exact; then a hostile occupant that claims to be suspended while it keeps its device
-memory is stopped by the driver's enforcement before serving is prepared. Act 4
+a serving pod takes the GPU back, waiting in the scheduler's PreBind while the RL job is suspended
+into host memory (not evicted); it resumes bit-exact; then a hostile occupant that claims to be
+suspended while it keeps its device memory is stopped by the driver's enforcement before serving
+is bound; and with host memory full, suspended state spills to a disk tier and comes back
+bit-exact (``rose_cli/demo_spill.py``). Act 4
 applies an ElasticRLJob with kubectl: the real controller grows it on an idle forecast, shrinks
 it to its minimum and then suspends the gang (through real drivers) when serving is forecast to
 need the GPUs, and resumes and regrows it when the forecast falls. Act 5 runs two small CPU RL
@@ -90,6 +92,27 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def run_acts(h: Any, api: Any) -> bool:
+    """Acts 2 to 5 on a running cluster; True when every judged line said YES."""
+    from rose_cli.demo_elastic import act_elastic_job
+    from rose_cli.demo_node import act_serving_wins
+    from rose_cli.demo_placement import act_lend_by_forecast
+    from rose_cli.demo_spill import act_spill
+    from rose_cli.demo_timeslice import act_timeslice
+
+    _say("\nAct 2: lend by forecast: RL workers go where serving is forecast to leave the most room")
+    ok = act_lend_by_forecast(h, api, _say)
+    _say("\nAct 3: serving wins: the RL job is suspended into host memory, not evicted; a hostile one is stopped")
+    ok &= act_serving_wins(h, api, _say)
+    _say("   and when host memory is full, suspended state spills to a disk tier instead of being evicted:")
+    ok &= act_spill(h, api, _say)
+    _say("\nAct 4: an ElasticRLJob grows on idle GPUs and gives them back before serving needs them")
+    ok &= act_elastic_job(h, api, _say)
+    _say("\nAct 5: two RL jobs share one time-slice group (acquire / yield): duty cycle with and without")
+    ok &= act_timeslice(h, api, _say)
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     from local_cluster import ClusterConfig, ClusterError, LocalCluster, default_workdir, free_port
 
@@ -128,25 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             _say(format_table(gpu_table(api)))
         finally:
             api.close()
-        ok = True
         api = h.api_client()
         try:
-            from rose_cli.demo_elastic import act_elastic_job
-            from rose_cli.demo_node import act_serving_wins
-            from rose_cli.demo_placement import act_lend_by_forecast
-
-            _say("\nAct 2: lend by forecast: RL workers go where serving is forecast to leave the most room")
-            ok &= act_lend_by_forecast(h, api, _say)
-            _say(
-                "\nAct 3: serving wins: the RL job is suspended into host memory, not evicted; a hostile one is stopped"
-            )
-            ok &= act_serving_wins(h, api, _say)
-            _say("\nAct 4: an ElasticRLJob grows on idle GPUs and gives them back before serving needs them")
-            ok &= act_elastic_job(h, api, _say)
-            from rose_cli.demo_timeslice import act_timeslice
-
-            _say("\nAct 5: two RL jobs share one time-slice group (acquire / yield): duty cycle with and without")
-            ok &= act_timeslice(h, api, _say)
+            ok = run_acts(h, api)
         finally:
             api.close()
         _say(f"\nexport KUBECONFIG={h.kubeconfig}   # to look around with kubectl")

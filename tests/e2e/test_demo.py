@@ -53,3 +53,5 @@ def test_rose_demo_exits_zero(tmp_path: Path) -> None:
     # act 2 ran for real (it reports success without an extender) and chose the roomier pool
     assert "the pool forecast to leave the most room: yes" in out, tail
     assert "bit-identical to an uninterrupted run: yes" in out, tail
+    assert "waited" in out and "in PreBind while the driver suspended" in out, tail  # act 3: the default path
+    assert "spilled to disk, not evicted; resumed bit-exact: YES" in out, tail
