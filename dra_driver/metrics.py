@@ -149,6 +149,26 @@ class DriverMetrics:
             "Serving prepares let onto a device still holding lent state (--allow-serving-on-occupied-device)",
             registry=r,
         )
+        self.share_refused_total = Counter(
+            "rose_driver_share_refused",
+            "Prepares refused by the GPU-share accounting (a share beside a whole lent claim, or over the GPU)",
+            registry=r,
+        )
+        self.share_claims = Gauge(
+            "rose_driver_share_claims", "Share claims prepared on each physical GPU", ["gpu"], registry=r
+        )
+        self.share_memory_bytes = Gauge(
+            "rose_driver_share_memory_bytes",
+            "Memory limits of the share claims prepared on each physical GPU, summed",
+            ["gpu"],
+            registry=r,
+        )
+        self.share_compute_percent = Gauge(
+            "rose_driver_share_compute_percent",
+            "Compute percentages of the share claims prepared on each physical GPU, summed (MPS thread percentage)",
+            ["gpu"],
+            registry=r,
+        )
         self.occupant_resume_total = Counter(
             "rose_driver_occupant_resume", "Lent occupants resumed, by result", ["result"], registry=r
         )

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import binding, cdi, fencing
+from dra_driver import binding, cdi, fencing, shares
 from dra_driver.checkpoint import CheckpointFile, crash_point
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
@@ -244,6 +244,12 @@ class NodeDriver:
                     elif resident == "none" and rec.uid not in d.suspensions:
                         resident = "lent"
             self.metrics.set_residency(idx, resident)
+        usage = shares.share_usage(dev for rec in d.claims.values() for dev in rec.devices)
+        for idx in self.gpus:
+            n, mem, compute = usage.get(idx, (0, 0, 0))
+            self.metrics.share_claims.labels(str(idx)).set(n)
+            self.metrics.share_memory_bytes.labels(str(idx)).set(mem)
+            self.metrics.share_compute_percent.labels(str(idx)).set(compute)
         held = [s for s in d.suspensions.values() if s.state == SUSPENDED]
         self.metrics.suspended_occupants.set(len(held))
         self.metrics.suspended_bytes.set(sum(s.bytes_moved for s in held))
@@ -560,12 +566,20 @@ class NodeDriver:
         minors = {i: g.minor for i, g in self.gpus.items()}
         sock = self._open_socket(rec)
         env = self.enforcer.watch.provision(rec.uid) if sock is not None and self.enforcer is not None else {}
-        return cdi.build_spec(rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=sock, extra_env=env)
+        env = {**env, **shares.mps_env(rec.devices)}  # a share's MPS limits (what a GPU node's MPS enforces)
+        return cdi.build_spec(
+            rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=sock, extra_env=env,
+            mps=not self.simulated,
+        )  # fmt: skip
 
     def _open_socket(self, rec: ClaimRecord) -> Path | None:
-        if self.workload_sockets is None or names.ROLE_LENDABLE not in rec.roles():
+        if self.workload_sockets is None or not (names.LENT_ROLES & rec.roles()):
             return None
-        memory = sum(self.gpus[i].info.memory_bytes for i in {d.gpu_index for d in rec.devices} if i in self.gpus)
+        memory = sum(d.memory_bytes for d in rec.devices if d.role == names.ROLE_SHARE) + sum(
+            self.gpus[i].info.memory_bytes
+            for i in {d.gpu_index for d in rec.devices if d.role != names.ROLE_SHARE}
+            if i in self.gpus
+        )  # a share's state is at most its memory limit
         return self.workload_sockets.open_claim(rec.uid, list(rec.pods), memory)
 
     def _close_socket(self, claim_uid: str) -> None:
@@ -581,7 +595,7 @@ class NodeDriver:
             r
             for r in self._data.claims.values()
             if r.state == PREPARE_COMPLETED
-            and names.ROLE_LENDABLE in r.roles()
+            and bool(names.LENT_ROLES & r.roles())
             and any(p.uid == pod_uid for p in r.pods)
         ]
 
@@ -636,14 +650,22 @@ class NodeDriver:
         """Under the lock: refuse (ClaimError, the kubelet retries) a device another claim has
         prepared, and a lent claim on a GPU a serving claim holds or is being bound to."""
         data = self._data
+        others = [(f"{o.namespace}/{o.name}", d) for o in data.claims.values() if o.uid != ref.uid for d in o.devices]
         for dev in devices:
+            gpu = self.gpus.get(dev.gpu_index)
+            why = shares.share_conflict(dev, others, gpu.info.memory_bytes if gpu is not None else 0)
+            if why is not None:
+                self.metrics.share_refused_total.inc()
+                raise ClaimError(f"ResourceClaim {ref.key()}: {why}")
             for other in data.claims.values():
+                if dev.role == names.ROLE_SHARE:
+                    break  # a shareable device is prepared for many claims (accounted above)
                 if other.uid != ref.uid and any(d.device == dev.device for d in other.devices):
                     raise ClaimError(
                         f"ResourceClaim {ref.key()}: device {dev.device} is already prepared for claim "
                         f"{other.namespace}/{other.name} ({other.uid}); unprepare that claim first"
                     )
-            if dev.role == names.ROLE_LENDABLE:
+            if dev.role in names.LENT_ROLES:
                 for other in data.claims.values():
                     if other.uid != ref.uid and any(
                         d.gpu_index == dev.gpu_index and d.role == names.ROLE_SERVING for d in other.devices
@@ -685,7 +707,7 @@ class NodeDriver:
         self._check_devices_free(ref, valid.devices)
         grace = (
             self._grace_of(list(valid.pods))
-            if any(d.role == names.ROLE_LENDABLE for d in valid.devices)
+            if any(d.role in names.LENT_ROLES for d in valid.devices)
             else self.default_grace
         )
         rec = ClaimRecord(
@@ -719,7 +741,7 @@ class NodeDriver:
             if gpus
             and o.uid != but
             and o.state == PREPARE_COMPLETED
-            and any(d.role == names.ROLE_LENDABLE and d.gpu_index in gpus for d in o.devices)
+            and any(d.role in names.LENT_ROLES and d.gpu_index in gpus for d in o.devices)
         ]
 
     def _take_over_binding(self, claim_uid: str) -> None:
@@ -803,7 +825,7 @@ class NodeDriver:
 
     def _bind(self, rec: ClaimRecord) -> None:
         """Tell an engine that wants it which pods use a lent claim."""
-        if not isinstance(self.engine, ClaimBinder) or names.ROLE_LENDABLE not in rec.roles():
+        if not isinstance(self.engine, ClaimBinder) or not (names.LENT_ROLES & rec.roles()):
             return
         for p in rec.pods:
             try:
@@ -837,7 +859,7 @@ class NodeDriver:
             del data.suspensions[rec.uid]
         data.claims.pop(rec.uid, None)
         self._save()
-        if self.enforcer is not None and names.ROLE_LENDABLE in rec.roles():
+        if self.enforcer is not None and bool(names.LENT_ROLES & rec.roles()):
             self.enforcer.watch.forget(rec.uid)
         self._close_socket(rec.uid)
         crash_point("unprepare-completed")
