@@ -154,6 +154,14 @@ class DriverMetrics:
             "Prepares refused by the GPU-share accounting (a share beside a whole lent claim, or over the GPU)",
             registry=r,
         )
+        self.share_over_limit_total = Counter(
+            "rose_driver_share_over_limit",
+            "Share claims observed holding more device memory than their allocation consumed (each crossing)",
+            registry=r,
+        )
+        self.shares_over_limit = Gauge(
+            "rose_driver_shares_over_limit", "Share claims now observed over their memory limit", registry=r
+        )
         self.share_claims = Gauge(
             "rose_driver_share_claims", "Share claims prepared on each physical GPU", ["gpu"], registry=r
         )

@@ -61,7 +61,7 @@ from dra_driver.state import (
     NodeStateData,
     Suspension,
 )
-from dra_driver.suspend.devicewatch import Observation, Target
+from dra_driver.suspend.devicewatch import Observation, Target, resident_bytes
 from rose_common import names
 from rose_common.kube import objects
 
@@ -83,6 +83,7 @@ POD_CHECKPOINTED_EVICTED = names.SuspendState.CHECKPOINTED_EVICTED
 EVENT_RECLAIM_ENFORCED = "ReclaimEnforced"  # the driver freed the GPU itself at the deadline
 EVENT_RECLAIM_NOT_FREED = "ReclaimNotFreed"  # still occupied after enforcement: serving not prepared
 EVENT_SERVING_ON_OCCUPIED = "ServingOnOccupiedDevice"  # the operator's override let serving in anyway
+EVENT_SHARE_OVER_LIMIT = "ShareOverLimit"  # a share holds more device memory than its claim consumed
 ENGINE_THREADS_MIN = 4  # the engine pool's floor (two per GPU above it)
 BACKEND_ENFORCED_CHECKPOINT = "cuda-checkpoint-enforced"  # Suspension.backend: restore its pids on resume
 _EVICTED = (CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
@@ -186,6 +187,8 @@ class NodeDriver:
         # being prepared that way, and the occupants whose reclaim runs unlocked.
         self._preparing: set[str] = set()
         self._reclaiming: set[str] = set()
+        # Share claims last observed holding more device memory than their limit (one Event per crossing)
+        self._over_limit: set[str] = set()
         # Serving claims allocated here with ROSE's binding conditions and not prepared yet: claim
         # UID -> its GPUs. No lent claim is prepared on those GPUs meanwhile. In memory only: the
         # claim watch rebuilds it from the API after a restart (sync_bindings).
@@ -429,6 +432,45 @@ class NodeDriver:
                     s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner, s) is not None
                 ):
                     self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
+            self._check_share_limits()
+
+    def _check_share_limits(self) -> None:
+        """Under the lock (the repair loop): observe each running share claim's device memory (the
+        simulated device-memory file; NVML's processes on a GPU node, where MPS also refuses the
+        allocation) against the memory its allocation consumed. A share over its limit gets one
+        Warning Event ``ShareOverLimit`` per crossing, is counted in
+        ``rose_driver_share_over_limit_total`` and shown in ``rose_driver_shares_over_limit``."""
+        if self.enforcer is None:
+            return
+        limits: dict[str, int] = {}
+        resident: dict[str, int] = {}
+        recs: dict[str, ClaimRecord] = {}
+        for rec in self._data.claims.values():
+            limit = sum(d.memory_bytes for d in rec.devices if d.role == names.ROLE_SHARE)
+            if limit <= 0 or rec.state != PREPARE_COMPLETED or rec.uid in self._data.suspensions:
+                continue
+            try:
+                obs = self.enforcer.observe(self._target(rec))
+            except Exception as e:
+                log.warning("observing a share failed", extra={"claim": rec.uid, "err": repr(e)})
+                continue
+            limits[rec.uid], recs[rec.uid] = limit, rec
+            resident[rec.uid] = resident_bytes(obs, self.enforcer.watch.allowance_bytes)
+        over = shares.over_limit(resident, limits)
+        for uid, (held, limit) in sorted(over.items()):
+            if uid in self._over_limit:
+                continue
+            rec = recs[uid]
+            self.metrics.share_over_limit_total.inc()
+            log.warning("share over its memory limit", extra={"claim": uid, "resident": held, "limit": limit})
+            self._events(
+                list(rec.pods),
+                EVENT_SHARE_OVER_LIMIT,
+                f"share claim {rec.namespace}/{rec.name} holds {held} B of device memory, over the {limit} B "
+                "its allocation consumed (CUDA MPS refuses such allocations on a GPU node)",
+            )
+        self._over_limit = set(over)
+        self.metrics.shares_over_limit.set(len(over))
 
     def held_pods(self) -> set[str]:
         """Pod UIDs with a suspend request this node is holding."""

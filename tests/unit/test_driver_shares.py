@@ -156,3 +156,35 @@ def test_shares_prepare_side_by_side_within_the_gpu_and_serving_reclaims_them(no
     assert {u: s.held_by for u, s in d.snapshot().suspensions.items()} == {"a": ["s0"], "b": ["s0"]}
     assert d.unprepare([ClaimRef(NS, "s0", "s0")]) == {"s0": ""}
     assert sorted(c[1] for c in engine.calls if c[0] == "resume") == ["a", "b"]
+
+
+def test_a_share_over_its_memory_limit_is_reported_once_per_crossing(tmp_path: Path) -> None:
+    """The simulated backend's accounting: the repair loop checks the claim's device-memory file
+    against the memory its allocation consumed (1 MiB here)."""
+    from dra_driver.enforce import Enforcer
+    from dra_driver.suspend.devicewatch import SimulatedDeviceMemory
+
+    notifier = RecordingNotifier()
+    claims = StaticClaims([share_claim("a", "1Mi", "25")])
+    watch = SimulatedDeviceMemory(tmp_path / "claims")
+    d = make_driver(tmp_path, claims, RecordingEngine(), notifier, enforcer=Enforcer(watch))
+    d.recover()
+    try:
+        assert d.prepare([ClaimRef(NS, "a", "a")])["a"].error == ""
+        memory = watch.path("a")
+        memory.parent.mkdir(parents=True)
+        memory.write_bytes(b"\1" * 2**20)  # at the limit: fine
+        d.reconcile()
+        assert d.metrics.shares_over_limit._value.get() == 0
+        memory.write_bytes(b"\1" * (2 * 2**20))  # over it
+        d.reconcile()
+        d.reconcile()
+        over = [e for e in notifier.events if e[1] == "ShareOverLimit"]
+        assert over == [("p-a", "ShareOverLimit", True)]  # a warning, once, not on every pass
+        assert d.metrics.share_over_limit_total._value.get() == 1
+        assert d.metrics.shares_over_limit._value.get() == 1
+        memory.write_bytes(b"")
+        d.reconcile()
+        assert d.metrics.shares_over_limit._value.get() == 0
+    finally:
+        d.close()
