@@ -391,7 +391,7 @@ def build(args: argparse.Namespace) -> Wiring:
     from dra_driver.node import NodeDriver
     from dra_driver.nodefacts import NodeFactsPublisher, node_facts
     from dra_driver.podwatch import PodWatcher
-    from dra_driver.publisher import SlicePublisher
+    from dra_driver.publisher import LentHolds, SlicePublisher
     from dra_driver.state import StateCorruptError
     from rose_common.slices import resource_slice
 
@@ -449,6 +449,8 @@ def build(args: argparse.Namespace) -> Wiring:
     )
     if args.publish_slices:  # serving's GPUs: their lendable devices published tainted (publisher.py)
         driver.on_serving_holds = publisher.set_serving_holds
+        if args.gpu_shares:  # a GPU lent in shares or whole: tainted against the other kind
+            driver.on_lent_holds = lambda shared, whole: publisher.set_lent_holds(LentHolds(shared, whole))
         driver.snapshot()  # the holds the recovered state has, before the first publish
     facts = NodeFactsPublisher(
         kube.KubeNode(api, args.node_name),

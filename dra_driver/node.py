@@ -208,6 +208,8 @@ class NodeDriver:
         # Hears the GPUs serving holds here (serving_held) after every locked section, under the node
         # lock (so it must not block): the slice publisher taints their lendable devices.
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
+        # GPU shares: called with (GPUs lent in shares, GPUs lent whole) after every locked section
+        self.on_lent_holds: Callable[[frozenset[int], frozenset[int]], None] | None = None
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -258,6 +260,8 @@ class NodeDriver:
         self.metrics.suspended_bytes.set(sum(s.bytes_moved for s in held))
         if self.on_serving_holds is not None:
             self.on_serving_holds(serving_held(d, self._binding))
+        if self.on_lent_holds is not None:
+            self.on_lent_holds(*lent_held(d))
 
     def _notify(self, pods: list[PodRef], state: str, message: str, reason: str = "", warning: bool = False) -> None:
         for p in pods:
@@ -1324,6 +1328,16 @@ class Reclaims:
 class RanSuspend:
     res: SuspendResult
     enforced: EnforceResult | None
+
+
+def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int]]:
+    """Pure: the GPU indices lent in shares and those lent whole, by any recorded claim (being
+    prepared, prepared, being unprepared)."""
+    roles = [(d.gpu_index, d.role) for rec in data.claims.values() for d in rec.devices]
+    return (
+        frozenset(i for i, r in roles if r == names.ROLE_SHARE),
+        frozenset(i for i, r in roles if r == names.ROLE_LENDABLE),
+    )
 
 
 def serving_held(data: NodeStateData, binding: Mapping[str, frozenset[int]]) -> frozenset[int]:

@@ -148,6 +148,11 @@ LABEL_TAINT_POOL: Final = "rose.io/reclaim-taint-pool"  # on the DeviceTaintRule
 # The driver's own taint on a GPU's lendable device while serving holds that GPU on the node (a
 # serving claim prepared, or allocated and being bound): NoSchedule, in the driver's ResourceSlice
 TAINT_SERVING_HOLDS: Final = "rose.io/serving-holds"
+# GPU shares: a GPU is lent either whole or in shares, never both. While shares are prepared on a
+# GPU its lendable device carries TAINT_SHARES_HOLD; while a whole lendable claim is prepared its
+# share device carries TAINT_LENT_WHOLE (both NoSchedule, value: the GPU index)
+TAINT_SHARES_HOLD: Final = "rose.io/shares-hold"
+TAINT_LENT_WHOLE: Final = "rose.io/lent-whole"
 ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
 # The orchestrator (--authenticate tokenreview) takes the caller's identity from a projected
 # ServiceAccount token of this audience, mounted into time-sliced workers by the controller.

@@ -136,6 +136,32 @@ def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> l
     return out
 
 
+def taint_lent_held(
+    devices: list[dict[str, Any]], shared: frozenset[int], whole: frozenset[int]
+) -> list[dict[str, Any]]:
+    """A copy of ``devices`` where the *lendable* device of every GPU index in ``shared`` (shares
+    are prepared there) carries the ``NoSchedule`` taint :data:`names.TAINT_SHARES_HOLD` and the
+    *share* device of every GPU index in ``whole`` (a whole lendable claim is prepared there)
+    carries :data:`names.TAINT_LENT_WHOLE`: the scheduler then never books one GPU both whole and
+    in shares. A device's other taints are kept. Pure."""
+    keys = (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE)
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        d = dict(d)
+        taints = [t for t in d.get("taints") or [] if t.get("key") not in keys]
+        index, role = parse_device_name(d["name"])
+        if role == names.ROLE_LENDABLE and index in shared:
+            taints.append({"key": names.TAINT_SHARES_HOLD, "value": str(index), "effect": "NoSchedule"})
+        if role == names.ROLE_SHARE and index in whole:
+            taints.append({"key": names.TAINT_LENT_WHOLE, "value": str(index), "effect": "NoSchedule"})
+        if taints:
+            d["taints"] = taints
+        else:
+            d.pop("taints", None)
+        out.append(d)
+    return out
+
+
 def resource_slice(
     node_name: str, gpus: list[GpuInfo], generation: int, binding_conditions: bool = False, shares: bool = False
 ) -> dict[str, Any]:

@@ -130,7 +130,9 @@ def test_shares_fit_by_capacity_and_serving_reclaims_them_first(
     assert promtext.value(m, "rose_driver_share_compute_percent", {"gpu": "0"}) == 50
 
     # serving's growth onto GPU 0: both shares are suspended before serving is prepared
-    core.create_namespaced_pod(ns, gpu_pod("serve-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node))
+    core.create_namespaced_pod(
+        ns, gpu_pod("serve-0", "serve-gpu0", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+    )
     srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "serve-0"), timeout=60)
     assert srv["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0-serving"
     rl = sorted(c["status"]["reservedFor"][0]["name"] for c in claims)

@@ -16,8 +16,16 @@ from driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims
 
 from dra_driver import cdi, shares
 from dra_driver.claims import ClaimError, ClaimRef, PreparedDevice, validate_claim
+from dra_driver.node import lent_held
 from rose_common import names
-from rose_common.slices import GpuInfo, parse_device_name, resource_slice, share_device, taint_serving_held
+from rose_common.slices import (
+    GpuInfo,
+    parse_device_name,
+    resource_slice,
+    share_device,
+    taint_lent_held,
+    taint_serving_held,
+)
 
 GiB = 1024**3
 GPU = GpuInfo(index=0, uuid="GPU-a", model="H200", memory_bytes=141 * GiB + 12345)
@@ -71,6 +79,25 @@ def test_serving_holds_taints_the_share_like_the_lendable_device() -> None:
     assert tainted == {"gpu-0-lendable", "gpu-0-share"}
 
 
+def test_a_gpu_lent_in_shares_or_whole_is_tainted_against_the_other_kind() -> None:
+    gpus = [GPU, GpuInfo(1, "GPU-b", "H200", 80 * GiB)]
+    devs = resource_slice("n", gpus, 1, shares=True)["spec"]["devices"]
+    out = taint_lent_held(devs, shared=frozenset({0}), whole=frozenset({1}))
+    taints = {d["name"]: [(t["key"], t["value"]) for t in d["taints"]] for d in out if d.get("taints")}
+    assert taints == {
+        "gpu-0-lendable": [(names.TAINT_SHARES_HOLD, "0")],
+        "gpu-1-share": [(names.TAINT_LENT_WHOLE, "1")],
+    }
+    # idempotent, keeps other taints, and goes when the holds go
+    both = taint_serving_held(out, frozenset({0}))
+    again = taint_lent_held(both, frozenset({0}), frozenset({1}))
+    assert [t["key"] for t in {d["name"]: d for d in again}["gpu-0-lendable"]["taints"]] == [
+        names.TAINT_SERVING_HOLDS,
+        names.TAINT_SHARES_HOLD,
+    ]
+    assert not any(d.get("taints") for d in taint_lent_held(out, frozenset(), frozenset()))
+
+
 # ------------------------------------------------------------------------------ claims
 def test_a_share_claims_consumed_capacity_becomes_its_limits() -> None:
     c = share_claim("u1", "20Gi", "25")
@@ -115,7 +142,9 @@ def test_cdi_spec_of_a_share_carries_the_mps_settings() -> None:
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     assert mounts["/run/nvidia/mps/pipe"] == "/run/nvidia/mps/gpu-0/pipe"
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
-    whole = cdi.build_spec("u2", [dev("lendable")], {0: 0}, simulated=False, extra_env=shares.mps_env([dev("lendable")]))
+    whole = cdi.build_spec(
+        "u2", [dev("lendable")], {0: 0}, simulated=False, extra_env=shares.mps_env([dev("lendable")])
+    )
     assert "MPS" not in json.dumps(whole)
 
 
@@ -150,6 +179,7 @@ def test_shares_prepare_side_by_side_within_the_gpu_and_serving_reclaims_them(no
     assert "over its memory" in d.prepare([ClaimRef(NS, "c", "c")])["c"].error
     assert "shared by share claims" in d.prepare([ClaimRef(NS, "l0", "l0")])["l0"].error
     assert d.metrics.share_refused_total._value.get() == 2
+    assert lent_held(d.snapshot()) == (frozenset({0}), frozenset())  # what the publisher taints
     # serving's growth onto GPU 0: both shares are suspended before serving is prepared
     assert d.prepare([ClaimRef(NS, "s0", "s0")])["s0"].error == ""
     assert sorted(c[1] for c in engine.calls if c[0] == "suspend") == ["a", "b"]
