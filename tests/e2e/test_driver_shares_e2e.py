@@ -7,7 +7,8 @@ Three RL shares of 60 GiB + 25 % ask for GPU 0's shareable device: the scheduler
 ``consumedCapacity`` and allocates two (120 GiB of 141), the third stays pending. The driver
 prepares both on the one GPU with their MPS limits in the CDI spec; a serving pod then lands on the
 same GPU and its prepare suspends both shares first (serving's growth reclaims the shares), and
-its unprepare resumes them.
+its unprepare resumes them. While the shares are prepared, the GPU's lendable device is tainted
+``rose.io/shares-hold`` and a whole-GPU lendable pod on it stays pending.
 """
 
 from __future__ import annotations
@@ -128,6 +129,18 @@ def test_shares_fit_by_capacity_and_serving_reclaims_them_first(
     assert promtext.value(m, "rose_driver_share_claims", {"gpu": "0"}) == 2
     assert promtext.value(m, "rose_driver_share_memory_bytes", {"gpu": "0"}) == 120 * 2**30
     assert promtext.value(m, "rose_driver_share_compute_percent", {"gpu": "0"}) == 50
+
+    # a GPU lent in shares is not lent whole: its lendable device is tainted, a whole claim waits
+    def lendable_taints() -> list[str] | None:
+        devs = {d["name"]: d for d in (driver_published(api, node) or {"spec": {"devices": []}})["spec"]["devices"]}
+        keys = [t["key"] for t in (devs.get("gpu-0-lendable") or {}).get("taints") or []]
+        return keys or None
+
+    assert wait_for("gpu-0-lendable tainted", lendable_taints, timeout=30) == [names.TAINT_SHARES_HOLD]
+    create_claim_template(api, ns, claim_template("whole-gpu0", names.DEVICE_CLASS_LENDABLE, selectors=[GPU0]))
+    core.create_namespaced_pod(ns, gpu_pod("rl-whole", "whole-gpu0", node_name=node))
+    wait_for("the whole-GPU pod unschedulable", lambda: "FailedScheduling" in _reasons(api, ns, "rl-whole"), 30)
+    assert allocated_claim(api, ns, "rl-whole") is None
 
     # serving's growth onto GPU 0: both shares are suspended before serving is prepared
     core.create_namespaced_pod(
