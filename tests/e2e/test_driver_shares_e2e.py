@@ -130,6 +130,9 @@ def test_shares_fit_by_capacity_and_serving_reclaims_them_first(
     assert promtext.value(m, "rose_driver_share_memory_bytes", {"gpu": "0"}) == 120 * 2**30
     assert promtext.value(m, "rose_driver_share_compute_percent", {"gpu": "0"}) == 50
 
+    lent = lambda: (client.CoreV1Api(api).read_node(node).metadata.annotations or {}).get(names.ANNOTATION_LENT)  # noqa: E731
+    wait_for("node facts: GPU 0 lent (in shares)", lambda: lent() == "0", timeout=15)
+
     # a GPU lent in shares is not lent whole: its lendable device is tainted, a whole claim waits
     def lendable_taints() -> list[str] | None:
         devs = {d["name"]: d for d in (driver_published(api, node) or {"spec": {"devices": []}})["spec"]["devices"]}
