@@ -77,7 +77,7 @@ def share_template(name: str, memory: str, compute: str) -> dict[str, Any]:
 
 
 def _state(api: Any, ns: str, pod: str) -> str:
-    ann = client.CoreV1Api(api).read_namespaced_pod(pod, ns).metadata.annotations or {}
+    ann: dict[str, str] = client.CoreV1Api(api).read_namespaced_pod(pod, ns).metadata.annotations or {}
     return ann.get(names.ANNOTATION_SUSPEND_STATE, "")
 
 
@@ -130,7 +130,10 @@ def test_shares_fit_by_capacity_and_serving_reclaims_them_first(
     assert promtext.value(m, "rose_driver_share_memory_bytes", {"gpu": "0"}) == 120 * 2**30
     assert promtext.value(m, "rose_driver_share_compute_percent", {"gpu": "0"}) == 50
 
-    lent = lambda: (client.CoreV1Api(api).read_node(node).metadata.annotations or {}).get(names.ANNOTATION_LENT)  # noqa: E731
+    def lent() -> str | None:
+        ann: dict[str, str] = client.CoreV1Api(api).read_node(node).metadata.annotations or {}
+        return ann.get(names.ANNOTATION_LENT)
+
     wait_for("node facts: GPU 0 lent (in shares)", lambda: lent() == "0", timeout=15)
 
     # a GPU lent in shares is not lent whole: its lendable device is tainted, a whole claim waits

@@ -32,7 +32,7 @@ GPU = GpuInfo(index=0, uuid="GPU-a", model="H200", memory_bytes=141 * GiB + 1234
 
 
 def share_claim(uid: str, memory: str, compute: str, device: str = "gpu-0-share") -> dict[str, Any]:
-    c = make_claim(uid, uid, [("gpu", device)], pod=(f"p-{uid}", f"pod-{uid}"))
+    c: dict[str, Any] = make_claim(uid, uid, [("gpu", device)], pod=(f"p-{uid}", f"pod-{uid}"))
     res = c["status"]["allocation"]["devices"]["results"][0]
     res["consumedCapacity"] = {"memory": memory, "compute": compute}
     res["shareID"] = f"share-{uid}"
@@ -218,3 +218,21 @@ def test_a_share_over_its_memory_limit_is_reported_once_per_crossing(tmp_path: P
         assert d.metrics.shares_over_limit._value.get() == 0
     finally:
         d.close()
+
+
+def test_a_restarted_driver_keeps_the_shares_limits(tmp_path: Path) -> None:
+    """The limits live in the checkpoint: after a restart the accounting still refuses the third
+    share and the gauges show the recorded shares."""
+    claims = StaticClaims([share_claim("a", "100Gi", "50"), share_claim("b", "60Gi", "25")])
+    d = make_driver(tmp_path, claims, RecordingEngine())
+    d.recover()
+    assert d.prepare([ClaimRef(NS, "a", "a")])["a"].error == ""
+    d.close()
+    again = make_driver(tmp_path, claims, RecordingEngine())
+    again.recover()
+    try:
+        assert again.snapshot().claims["a"].devices[0].memory_bytes == 100 * GiB
+        assert "over its memory" in again.prepare([ClaimRef(NS, "b", "b")])["b"].error
+        assert again.metrics.share_memory_bytes.labels("0")._value.get() == 100 * GiB
+    finally:
+        again.close()
