@@ -513,7 +513,7 @@ class NodeDriver:
         if started is not None:
             started([f"{o.namespace}/{o.name}" for o in occupants])
         try:
-            ran = [self._suspend_run(p) for p in pendings]
+            ran = self._suspend_all(pendings)
             with self._locked():
                 for p, r in zip(pendings, ran, strict=True):
                     self._suspend_record(p, r)
@@ -683,7 +683,7 @@ class NodeDriver:
                 return begun
             self._preparing.add(ref.uid)
         try:
-            ran = [self._suspend_run(p) for p in begun.pendings]
+            ran = self._suspend_all(begun.pendings)
             with self._locked():
                 for p, r in zip(begun.pendings, ran, strict=True):
                     self._suspend_record(p, r)
@@ -1104,6 +1104,16 @@ class NodeDriver:
         self._notify(pods, POD_SUSPENDING, f"suspending lent GPU workload (grace {grace_s:g}s), held by {s.held_by}")
         self._reclaiming.add(occupant.uid)
         return PendingSuspend(copy.deepcopy(occupant), targets, grace_s, t0, observable(occupant, s))
+
+    def _suspend_all(self, pendings: Sequence[PendingSuspend]) -> list[RanSuspend]:
+        """Run the reclaims of several occupants at once, without the node lock: the shares of one
+        GPU (or the occupants of a multi-GPU serving claim) are reclaimed together, so serving waits
+        for one occupant's bound, not for their sum. Each engine call still takes a thread of the
+        engine pool; occupants beyond its free threads queue there."""
+        if len(pendings) <= 1:
+            return [self._suspend_run(p) for p in pendings]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(pendings), thread_name_prefix="reclaim") as ex:
+            return list(ex.map(self._suspend_run, pendings))
 
     def _suspend_run(self, p: PendingSuspend) -> RanSuspend:
         """The waiting part, safe without the node lock (it reads only ``p``): the engine's

@@ -236,3 +236,42 @@ def test_a_restarted_driver_keeps_the_shares_limits(tmp_path: Path) -> None:
         assert again.metrics.share_memory_bytes.labels("0")._value.get() == 100 * GiB
     finally:
         again.close()
+
+
+class MeetingEngine(RecordingEngine):
+    """A suspend engine whose suspends return only once ``parties`` of them are in flight together
+    (a barrier): a driver that reclaimed the shares of a GPU one after another would break it."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        import threading
+
+        self.barrier = threading.Barrier(parties, timeout=10)
+        self.met = 0
+
+    def suspend(self, claim_uid: str, grace_seconds: float) -> Any:
+        self.barrier.wait()  # BrokenBarrierError (a failed suspend) unless all are in flight at once
+        self.met += 1
+        return super().suspend(claim_uid, grace_seconds)
+
+
+def test_serving_reclaims_the_shares_of_its_gpu_together_not_one_after_another(tmp_path: Path) -> None:
+    claims = StaticClaims(
+        [
+            share_claim("a", "40Gi", "25"),
+            share_claim("b", "40Gi", "25"),
+            share_claim("c", "40Gi", "25"),
+            make_claim("s0", "s0", [("gpu", "gpu-0-serving")], pod=("serve", "pod-s")),
+        ]
+    )
+    engine = MeetingEngine(3)
+    d = make_driver(tmp_path, claims, engine, RecordingNotifier())
+    d.recover()
+    try:
+        out = d.prepare([ClaimRef(NS, u, u) for u in "abc"])
+        assert all(o.error == "" for o in out.values()), out
+        assert d.prepare([ClaimRef(NS, "s0", "s0")])["s0"].error == ""
+        assert engine.met == 3  # all three were in flight at once
+        assert {u: s.state for u, s in d.snapshot().suspensions.items()} == dict.fromkeys("abc", "Suspended")
+    finally:
+        d.close()
