@@ -126,6 +126,13 @@ def share_consumed(ref: ClaimRef, device: str, result: dict[str, Any]) -> tuple[
     return memory, compute
 
 
+def shares_consumed(ref: ClaimRef, device: str, results: list[dict[str, Any]]) -> tuple[int, int]:
+    """What a claim's shares of one device consumed in all: a claim may hold several (one per
+    request), each with its own ``shareID``."""
+    consumed = [share_consumed(ref, device, r) for r in results if r.get("device") == device]
+    return sum(m for m, _ in consumed), sum(c for _, c in consumed)
+
+
 def validate_claim(
     claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str, gpu_uuids: dict[int, str]
 ) -> ValidClaim:
@@ -180,7 +187,7 @@ def validate_claim(
             continue
         seen.add(dev)
         reqs = tuple(sorted({base_request_name(x.get("request", "")) for x in ours if x.get("device") == dev}))
-        memory, compute = share_consumed(ref, dev, r) if role == names.ROLE_SHARE else (0, 0)
+        memory, compute = shares_consumed(ref, dev, ours) if role == names.ROLE_SHARE else (0, 0)
         devices.append(
             PreparedDevice(
                 request_names=reqs or (base_request_name(request),),

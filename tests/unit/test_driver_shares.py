@@ -105,6 +105,12 @@ def test_a_share_claims_consumed_capacity_becomes_its_limits() -> None:
     d = v.devices[0]
     assert (d.role, d.memory_bytes, d.compute_percent) == ("share", 20 * GiB, 25)
     assert PreparedDevice.from_json(d.to_json()) == d  # survives the checkpoint
+    two = share_claim("u3", "20Gi", "25")
+    second = dict(two["status"]["allocation"]["devices"]["results"][0], request="gpu2", shareID="s2")
+    second["consumedCapacity"] = {"memory": "10Gi", "compute": "5"}
+    two["status"]["allocation"]["devices"]["results"].append(second)
+    (both,) = validate_claim(two, ref(two), names.DRIVER_NAME, "node-a", {0: "GPU-a"}).devices
+    assert (both.memory_bytes, both.compute_percent, both.request_names) == (30 * GiB, 30, ("gpu", "gpu2"))
     bad = make_claim("u2", "u2", [("gpu", "gpu-0-share")])
     with pytest.raises(ClaimError, match="no valid consumedCapacity"):
         validate_claim(bad, ref(bad), names.DRIVER_NAME, "node-a", {0: "GPU-a"})
