@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dra_driver import shares
 from dra_driver.claims import CDI_CLASS, CDI_KIND, CDI_VENDOR, PreparedDevice, cdi_device_name
 from rose_common import names
 from rose_common.atomic import atomic_write
@@ -57,10 +58,13 @@ def build_spec(
     *,
     agent_socket_dir: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
+    mps: bool = False,
 ) -> dict[str, Any]:
     """The CDI spec for one claim. ``minors`` maps GPU index → /dev/nvidia<minor>;
     ``agent_socket_dir``: the host directory of the claim's node-agent socket, mounted when given;
-    ``extra_env``: more variables for every container (e.g. ``ROSE_SIMULATED_DEVICE_MEMORY``)."""
+    ``extra_env``: more variables for every container (e.g. ``ROSE_SIMULATED_DEVICE_MEMORY``, a
+    share's CUDA MPS settings: ``dra_driver.shares.mps_env``); ``mps``: mount the MPS daemon's pipe
+    and log directories of a share's GPU (a GPU node)."""
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
     cdi_devices: list[dict[str, Any]] = []
@@ -82,6 +86,8 @@ def build_spec(
         common["env"] += edits["env"]
         common["mounts"] = edits["mounts"]
     common["env"] += [f"{k}={v}" for k, v in sorted((extra_env or {}).items())]
+    if mps and (mounts := shares.mps_mounts(devices)):
+        common["mounts"] = [*common.get("mounts", []), *mounts]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,

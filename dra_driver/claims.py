@@ -12,6 +12,7 @@ from typing import Any
 
 from rose_common import names
 from rose_common.kube import objects
+from rose_common.quantity import to_int
 from rose_common.slices import parse_device_name
 
 CDI_VENDOR = names.DRIVER_NAME
@@ -49,9 +50,13 @@ class PreparedDevice:
     gpu_index: int
     gpu_uuid: str
     role: str
+    # A share (role "share"): what the scheduler's allocation consumed of the device
+    # (``consumedCapacity``): memory bytes and compute percent; 0 for whole-GPU devices
+    memory_bytes: int = 0
+    compute_percent: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "requestNames": list(self.request_names),
             "pool": self.pool,
             "device": self.device,
@@ -60,6 +65,10 @@ class PreparedDevice:
             "gpuUUID": self.gpu_uuid,
             "role": self.role,
         }
+        if self.role == names.ROLE_SHARE:
+            out["memoryBytes"] = self.memory_bytes
+            out["computePercent"] = self.compute_percent
+        return out
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> PreparedDevice:
@@ -71,6 +80,8 @@ class PreparedDevice:
             gpu_index=int(d["gpuIndex"]),
             gpu_uuid=str(d["gpuUUID"]),
             role=str(d["role"]),
+            memory_bytes=int(d.get("memoryBytes", 0)),
+            compute_percent=int(d.get("computePercent", 0)),
         )
 
 
@@ -92,6 +103,34 @@ def cdi_device_id(claim_uid: str, device: str) -> str:
 def base_request_name(request: str) -> str:
     """``main/sub`` → ``main`` (the kubelet matches container claims on the base name)."""
     return request.split("/", 1)[0]
+
+
+def share_consumed(ref: ClaimRef, device: str, result: dict[str, Any]) -> tuple[int, int]:
+    """A share's allocation result → (memory bytes, compute percent) it consumed. The scheduler
+    always writes ``consumedCapacity`` for a device with ``allowMultipleAllocations``; a result
+    without it (or with a bad quantity) is refused: the driver could not enforce the share."""
+    consumed = result.get("consumedCapacity") or {}
+    try:
+        memory = to_int(str(consumed[names.CAPACITY_MEMORY]))
+        compute = to_int(str(consumed[names.CAPACITY_COMPUTE]))
+    except (KeyError, ValueError) as e:
+        raise ClaimError(
+            f"ResourceClaim {ref.key()}: share device {device} has no valid consumedCapacity "
+            f"(memory and compute; got {consumed}): {e}"
+        ) from e
+    if memory <= 0 or not 0 < compute <= 100:
+        raise ClaimError(
+            f"ResourceClaim {ref.key()}: share device {device} consumed memory {memory} and compute "
+            f"{compute}: memory must be > 0 and compute within 1..100 percent"
+        )
+    return memory, compute
+
+
+def shares_consumed(ref: ClaimRef, device: str, results: list[dict[str, Any]]) -> tuple[int, int]:
+    """What a claim's shares of one device consumed in all: a claim may hold several (one per
+    request), each with its own ``shareID``."""
+    consumed = [share_consumed(ref, device, r) for r in results if r.get("device") == device]
+    return sum(m for m, _ in consumed), sum(c for _, c in consumed)
 
 
 def validate_claim(
@@ -148,6 +187,7 @@ def validate_claim(
             continue
         seen.add(dev)
         reqs = tuple(sorted({base_request_name(x.get("request", "")) for x in ours if x.get("device") == dev}))
+        memory, compute = shares_consumed(ref, dev, ours) if role == names.ROLE_SHARE else (0, 0)
         devices.append(
             PreparedDevice(
                 request_names=reqs or (base_request_name(request),),
@@ -157,6 +197,8 @@ def validate_claim(
                 gpu_index=index,
                 gpu_uuid=gpu_uuids[index],
                 role=role,
+                memory_bytes=memory,
+                compute_percent=compute,
             )
         )
     pods = tuple(

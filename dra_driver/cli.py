@@ -202,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
     )
     add(
+        "gpu-shares",
+        "also publish every GPU as a shareable device gpu-N-share (allowMultipleAllocations, consumable"
+        " capacities memory and compute percent; DeviceClass share.gpu.rose.io) for RL shares of one GPU;"
+        " docs/dra-lending.md, 'GPU shares' (true/false)",
+        type=boolean,
+        default=False,
+    )
+    add(
         "allow-serving-on-occupied-device",
         "prepare a serving claim even while a lent occupant's state is still observed on the device"
         " (counted in rose_driver_serving_on_occupied_device_total, an Event on the occupant); default:"
@@ -383,7 +391,7 @@ def build(args: argparse.Namespace) -> Wiring:
     from dra_driver.node import NodeDriver
     from dra_driver.nodefacts import NodeFactsPublisher, node_facts
     from dra_driver.podwatch import PodWatcher
-    from dra_driver.publisher import SlicePublisher
+    from dra_driver.publisher import LentHolds, SlicePublisher
     from dra_driver.state import StateCorruptError
     from rose_common.slices import resource_slice
 
@@ -430,11 +438,19 @@ def build(args: argparse.Namespace) -> Wiring:
     metrics.set_serving_wait_mode(serving_wait)
     publisher = SlicePublisher(
         kube.KubeSlices(api, args.node_name),
-        resource_slice(args.node_name, [g.info for g in gpus], 1, binding_conditions=serving_wait == "prebind"),
+        resource_slice(
+            args.node_name,
+            [g.info for g in gpus],
+            1,
+            binding_conditions=serving_wait == "prebind",
+            shares=bool(args.gpu_shares),
+        ),
         metrics,
     )
     if args.publish_slices:  # serving's GPUs: their lendable devices published tainted (publisher.py)
         driver.on_serving_holds = publisher.set_serving_holds
+        if args.gpu_shares:  # a GPU lent in shares or whole: tainted against the other kind
+            driver.on_lent_holds = lambda shared, whole: publisher.set_lent_holds(LentHolds(shared, whole))
         driver.snapshot()  # the holds the recovered state has, before the first publish
     facts = NodeFactsPublisher(
         kube.KubeNode(api, args.node_name),

@@ -149,6 +149,34 @@ class DriverMetrics:
             "Serving prepares let onto a device still holding lent state (--allow-serving-on-occupied-device)",
             registry=r,
         )
+        self.share_refused_total = Counter(
+            "rose_driver_share_refused",
+            "Prepares refused by the GPU-share accounting (a share beside a whole lent claim, or over the GPU)",
+            registry=r,
+        )
+        self.share_over_limit_total = Counter(
+            "rose_driver_share_over_limit",
+            "Share claims observed holding more device memory than their allocation consumed (each crossing)",
+            registry=r,
+        )
+        self.shares_over_limit = Gauge(
+            "rose_driver_shares_over_limit", "Share claims now observed over their memory limit", registry=r
+        )
+        self.share_claims = Gauge(
+            "rose_driver_share_claims", "Share claims prepared on each physical GPU", ["gpu"], registry=r
+        )
+        self.share_memory_bytes = Gauge(
+            "rose_driver_share_memory_bytes",
+            "Memory limits of the share claims prepared on each physical GPU, summed",
+            ["gpu"],
+            registry=r,
+        )
+        self.share_compute_percent = Gauge(
+            "rose_driver_share_compute_percent",
+            "Compute percentages of the share claims prepared on each physical GPU, summed (MPS thread percentage)",
+            ["gpu"],
+            registry=r,
+        )
         self.occupant_resume_total = Counter(
             "rose_driver_occupant_resume", "Lent occupants resumed, by result", ["result"], registry=r
         )

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import binding, cdi, fencing
+from dra_driver import binding, cdi, fencing, shares
 from dra_driver.checkpoint import CheckpointFile, crash_point
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
@@ -61,7 +61,7 @@ from dra_driver.state import (
     NodeStateData,
     Suspension,
 )
-from dra_driver.suspend.devicewatch import Observation, Target
+from dra_driver.suspend.devicewatch import Observation, Target, resident_bytes
 from rose_common import names
 from rose_common.kube import objects
 
@@ -83,6 +83,7 @@ POD_CHECKPOINTED_EVICTED = names.SuspendState.CHECKPOINTED_EVICTED
 EVENT_RECLAIM_ENFORCED = "ReclaimEnforced"  # the driver freed the GPU itself at the deadline
 EVENT_RECLAIM_NOT_FREED = "ReclaimNotFreed"  # still occupied after enforcement: serving not prepared
 EVENT_SERVING_ON_OCCUPIED = "ServingOnOccupiedDevice"  # the operator's override let serving in anyway
+EVENT_SHARE_OVER_LIMIT = "ShareOverLimit"  # a share holds more device memory than its claim consumed
 ENGINE_THREADS_MIN = 4  # the engine pool's floor (two per GPU above it)
 BACKEND_ENFORCED_CHECKPOINT = "cuda-checkpoint-enforced"  # Suspension.backend: restore its pids on resume
 _EVICTED = (CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
@@ -186,6 +187,8 @@ class NodeDriver:
         # being prepared that way, and the occupants whose reclaim runs unlocked.
         self._preparing: set[str] = set()
         self._reclaiming: set[str] = set()
+        # Share claims last observed holding more device memory than their limit (one Event per crossing)
+        self._over_limit: set[str] = set()
         # Serving claims allocated here with ROSE's binding conditions and not prepared yet: claim
         # UID -> its GPUs. No lent claim is prepared on those GPUs meanwhile. In memory only: the
         # claim watch rebuilds it from the API after a restart (sync_bindings).
@@ -205,6 +208,8 @@ class NodeDriver:
         # Hears the GPUs serving holds here (serving_held) after every locked section, under the node
         # lock (so it must not block): the slice publisher taints their lendable devices.
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
+        # GPU shares: called with (GPUs lent in shares, GPUs lent whole) after every locked section
+        self.on_lent_holds: Callable[[frozenset[int], frozenset[int]], None] | None = None
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -244,11 +249,19 @@ class NodeDriver:
                     elif resident == "none" and rec.uid not in d.suspensions:
                         resident = "lent"
             self.metrics.set_residency(idx, resident)
+        usage = shares.share_usage(dev for rec in d.claims.values() for dev in rec.devices)
+        for idx in self.gpus:
+            n, mem, compute = usage.get(idx, (0, 0, 0))
+            self.metrics.share_claims.labels(str(idx)).set(n)
+            self.metrics.share_memory_bytes.labels(str(idx)).set(mem)
+            self.metrics.share_compute_percent.labels(str(idx)).set(compute)
         held = [s for s in d.suspensions.values() if s.state == SUSPENDED]
         self.metrics.suspended_occupants.set(len(held))
         self.metrics.suspended_bytes.set(sum(s.bytes_moved for s in held))
         if self.on_serving_holds is not None:
             self.on_serving_holds(serving_held(d, self._binding))
+        if self.on_lent_holds is not None:
+            self.on_lent_holds(*lent_held(d))
 
     def _notify(self, pods: list[PodRef], state: str, message: str, reason: str = "", warning: bool = False) -> None:
         for p in pods:
@@ -423,6 +436,45 @@ class NodeDriver:
                     s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner, s) is not None
                 ):
                     self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
+            self._check_share_limits()
+
+    def _check_share_limits(self) -> None:
+        """Under the lock (the repair loop): observe each running share claim's device memory (the
+        simulated device-memory file; NVML's processes on a GPU node, where MPS also refuses the
+        allocation) against the memory its allocation consumed. A share over its limit gets one
+        Warning Event ``ShareOverLimit`` per crossing, is counted in
+        ``rose_driver_share_over_limit_total`` and shown in ``rose_driver_shares_over_limit``."""
+        if self.enforcer is None:
+            return
+        limits: dict[str, int] = {}
+        resident: dict[str, int] = {}
+        recs: dict[str, ClaimRecord] = {}
+        for rec in self._data.claims.values():
+            limit = sum(d.memory_bytes for d in rec.devices if d.role == names.ROLE_SHARE)
+            if limit <= 0 or rec.state != PREPARE_COMPLETED or rec.uid in self._data.suspensions:
+                continue
+            try:
+                obs = self.enforcer.observe(self._target(rec))
+            except Exception as e:
+                log.warning("observing a share failed", extra={"claim": rec.uid, "err": repr(e)})
+                continue
+            limits[rec.uid], recs[rec.uid] = limit, rec
+            resident[rec.uid] = resident_bytes(obs, self.enforcer.watch.allowance_bytes)
+        over = shares.over_limit(resident, limits)
+        for uid, (held, limit) in sorted(over.items()):
+            if uid in self._over_limit:
+                continue
+            rec = recs[uid]
+            self.metrics.share_over_limit_total.inc()
+            log.warning("share over its memory limit", extra={"claim": uid, "resident": held, "limit": limit})
+            self._events(
+                list(rec.pods),
+                EVENT_SHARE_OVER_LIMIT,
+                f"share claim {rec.namespace}/{rec.name} holds {held} B of device memory, over the {limit} B "
+                "its allocation consumed (CUDA MPS refuses such allocations on a GPU node)",
+            )
+        self._over_limit = set(over)
+        self.metrics.shares_over_limit.set(len(over))
 
     def held_pods(self) -> set[str]:
         """Pod UIDs with a suspend request this node is holding."""
@@ -461,7 +513,7 @@ class NodeDriver:
         if started is not None:
             started([f"{o.namespace}/{o.name}" for o in occupants])
         try:
-            ran = [self._suspend_run(p) for p in pendings]
+            ran = self._suspend_all(pendings)
             with self._locked():
                 for p, r in zip(pendings, ran, strict=True):
                     self._suspend_record(p, r)
@@ -560,12 +612,20 @@ class NodeDriver:
         minors = {i: g.minor for i, g in self.gpus.items()}
         sock = self._open_socket(rec)
         env = self.enforcer.watch.provision(rec.uid) if sock is not None and self.enforcer is not None else {}
-        return cdi.build_spec(rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=sock, extra_env=env)
+        env = {**env, **shares.mps_env(rec.devices)}  # a share's MPS limits (what a GPU node's MPS enforces)
+        return cdi.build_spec(
+            rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=sock, extra_env=env,
+            mps=not self.simulated,
+        )  # fmt: skip
 
     def _open_socket(self, rec: ClaimRecord) -> Path | None:
-        if self.workload_sockets is None or names.ROLE_LENDABLE not in rec.roles():
+        if self.workload_sockets is None or not (names.LENT_ROLES & rec.roles()):
             return None
-        memory = sum(self.gpus[i].info.memory_bytes for i in {d.gpu_index for d in rec.devices} if i in self.gpus)
+        memory = sum(d.memory_bytes for d in rec.devices if d.role == names.ROLE_SHARE) + sum(
+            self.gpus[i].info.memory_bytes
+            for i in {d.gpu_index for d in rec.devices if d.role != names.ROLE_SHARE}
+            if i in self.gpus
+        )  # a share's state is at most its memory limit
         return self.workload_sockets.open_claim(rec.uid, list(rec.pods), memory)
 
     def _close_socket(self, claim_uid: str) -> None:
@@ -581,7 +641,7 @@ class NodeDriver:
             r
             for r in self._data.claims.values()
             if r.state == PREPARE_COMPLETED
-            and names.ROLE_LENDABLE in r.roles()
+            and bool(names.LENT_ROLES & r.roles())
             and any(p.uid == pod_uid for p in r.pods)
         ]
 
@@ -623,7 +683,7 @@ class NodeDriver:
                 return begun
             self._preparing.add(ref.uid)
         try:
-            ran = [self._suspend_run(p) for p in begun.pendings]
+            ran = self._suspend_all(begun.pendings)
             with self._locked():
                 for p, r in zip(begun.pendings, ran, strict=True):
                     self._suspend_record(p, r)
@@ -636,14 +696,22 @@ class NodeDriver:
         """Under the lock: refuse (ClaimError, the kubelet retries) a device another claim has
         prepared, and a lent claim on a GPU a serving claim holds or is being bound to."""
         data = self._data
+        others = [(f"{o.namespace}/{o.name}", d) for o in data.claims.values() if o.uid != ref.uid for d in o.devices]
         for dev in devices:
+            gpu = self.gpus.get(dev.gpu_index)
+            why = shares.share_conflict(dev, others, gpu.info.memory_bytes if gpu is not None else 0)
+            if why is not None:
+                self.metrics.share_refused_total.inc()
+                raise ClaimError(f"ResourceClaim {ref.key()}: {why}")
             for other in data.claims.values():
+                if dev.role == names.ROLE_SHARE:
+                    break  # a shareable device is prepared for many claims (accounted above)
                 if other.uid != ref.uid and any(d.device == dev.device for d in other.devices):
                     raise ClaimError(
                         f"ResourceClaim {ref.key()}: device {dev.device} is already prepared for claim "
                         f"{other.namespace}/{other.name} ({other.uid}); unprepare that claim first"
                     )
-            if dev.role == names.ROLE_LENDABLE:
+            if dev.role in names.LENT_ROLES:
                 for other in data.claims.values():
                     if other.uid != ref.uid and any(
                         d.gpu_index == dev.gpu_index and d.role == names.ROLE_SERVING for d in other.devices
@@ -685,7 +753,7 @@ class NodeDriver:
         self._check_devices_free(ref, valid.devices)
         grace = (
             self._grace_of(list(valid.pods))
-            if any(d.role == names.ROLE_LENDABLE for d in valid.devices)
+            if any(d.role in names.LENT_ROLES for d in valid.devices)
             else self.default_grace
         )
         rec = ClaimRecord(
@@ -719,7 +787,7 @@ class NodeDriver:
             if gpus
             and o.uid != but
             and o.state == PREPARE_COMPLETED
-            and any(d.role == names.ROLE_LENDABLE and d.gpu_index in gpus for d in o.devices)
+            and any(d.role in names.LENT_ROLES and d.gpu_index in gpus for d in o.devices)
         ]
 
     def _take_over_binding(self, claim_uid: str) -> None:
@@ -803,7 +871,7 @@ class NodeDriver:
 
     def _bind(self, rec: ClaimRecord) -> None:
         """Tell an engine that wants it which pods use a lent claim."""
-        if not isinstance(self.engine, ClaimBinder) or names.ROLE_LENDABLE not in rec.roles():
+        if not isinstance(self.engine, ClaimBinder) or not (names.LENT_ROLES & rec.roles()):
             return
         for p in rec.pods:
             try:
@@ -837,7 +905,7 @@ class NodeDriver:
             del data.suspensions[rec.uid]
         data.claims.pop(rec.uid, None)
         self._save()
-        if self.enforcer is not None and names.ROLE_LENDABLE in rec.roles():
+        if self.enforcer is not None and bool(names.LENT_ROLES & rec.roles()):
             self.enforcer.watch.forget(rec.uid)
         self._close_socket(rec.uid)
         crash_point("unprepare-completed")
@@ -1036,6 +1104,16 @@ class NodeDriver:
         self._notify(pods, POD_SUSPENDING, f"suspending lent GPU workload (grace {grace_s:g}s), held by {s.held_by}")
         self._reclaiming.add(occupant.uid)
         return PendingSuspend(copy.deepcopy(occupant), targets, grace_s, t0, observable(occupant, s))
+
+    def _suspend_all(self, pendings: Sequence[PendingSuspend]) -> list[RanSuspend]:
+        """Run the reclaims of several occupants at once, without the node lock: the shares of one
+        GPU (or the occupants of a multi-GPU serving claim) are reclaimed together, so serving waits
+        for one occupant's bound, not for their sum. Each engine call still takes a thread of the
+        engine pool; occupants beyond its free threads queue there."""
+        if len(pendings) <= 1:
+            return [self._suspend_run(p) for p in pendings]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(pendings), thread_name_prefix="reclaim") as ex:
+            return list(ex.map(self._suspend_run, pendings))
 
     def _suspend_run(self, p: PendingSuspend) -> RanSuspend:
         """The waiting part, safe without the node lock (it reads only ``p``): the engine's
@@ -1260,6 +1338,16 @@ class Reclaims:
 class RanSuspend:
     res: SuspendResult
     enforced: EnforceResult | None
+
+
+def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int]]:
+    """Pure: the GPU indices lent in shares and those lent whole, by any recorded claim (being
+    prepared, prepared, being unprepared)."""
+    roles = [(d.gpu_index, d.role) for rec in data.claims.values() for d in rec.devices]
+    return (
+        frozenset(i for i, r in roles if r == names.ROLE_SHARE),
+        frozenset(i for i, r in roles if r == names.ROLE_LENDABLE),
+    )
 
 
 def serving_held(data: NodeStateData, binding: Mapping[str, frozenset[int]]) -> frozenset[int]:

@@ -39,7 +39,7 @@ def node_facts(
             for r in data.claims.values()
             if r.state == PREPARE_COMPLETED
             for d in r.devices
-            if d.role == names.ROLE_LENDABLE
+            if d.role in names.LENT_ROLES  # a GPU lent in shares is lent too
         }
     )
     out = {

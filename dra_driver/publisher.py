@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from dra_driver.metrics import DriverMetrics
 from rose_common.informer import Informer, InformerSettings, ListWatch
 from rose_common.kube import objects
-from rose_common.slices import taint_serving_held
+from rose_common.slices import taint_lent_held, taint_serving_held
 
 log = logging.getLogger("rose.driver.slices")
 
@@ -70,10 +70,22 @@ def is_current(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
     )
 
 
-def with_serving_holds(desired: dict[str, Any], serving_holds: frozenset[int]) -> dict[str, Any]:
-    """``desired`` with the lendable device of each GPU index in ``serving_holds`` tainted. Pure."""
+@dataclass(frozen=True)
+class LentHolds:
+    """GPU indices lent in shares (``shared``) and lent whole (``whole``) on this node."""
+
+    shared: frozenset[int] = frozenset()
+    whole: frozenset[int] = frozenset()
+
+
+def with_serving_holds(
+    desired: dict[str, Any], serving_holds: frozenset[int], lent: LentHolds = LentHolds()
+) -> dict[str, Any]:
+    """``desired`` with the lendable (and share) device of each GPU index in ``serving_holds``
+    tainted, and a GPU lent in shares or whole tainted against the other kind (``lent``). Pure."""
     body = copy.deepcopy(desired)
-    body["spec"]["devices"] = taint_serving_held(body["spec"]["devices"], serving_holds)
+    devices = taint_serving_held(body["spec"]["devices"], serving_holds)
+    body["spec"]["devices"] = taint_lent_held(devices, lent.shared, lent.whole)
     return body
 
 
@@ -82,6 +94,7 @@ def plan_slices(
     desired: dict[str, Any],
     min_generation: int = 0,
     serving_holds: frozenset[int] = frozenset(),
+    lent: LentHolds = LentHolds(),
 ) -> SlicePlan:
     """What to write so the node's pool is exactly ``desired``, with the lendable devices of the
     GPUs ``serving_holds`` names tainted ``rose.io/serving-holds`` (NoSchedule).
@@ -89,7 +102,7 @@ def plan_slices(
     Slices of this driver and node other than ``desired``'s name are deleted. The generation of
     a rewritten pool is above every generation seen (so consumers take the new one).
     """
-    desired = with_serving_holds(desired, serving_holds)
+    desired = with_serving_holds(desired, serving_holds, lent)
     name = desired["metadata"]["name"]
     plan = SlicePlan(delete=sorted(str(s["metadata"]["name"]) for s in existing if s["metadata"]["name"] != name))
     mine = [s for s in existing if s["metadata"]["name"] == name]
@@ -129,6 +142,7 @@ class SlicePublisher:
         # The GPU indices serving holds on this node (their lendable devices tainted), and the wake-up
         # of the thread that republishes when they change (the caller holds the node lock: no I/O there)
         self.serving_holds: frozenset[int] = frozenset()
+        self.lent_holds = LentHolds()  # GPU shares: lent in shares / whole (rose_common.slices.taint_lent_held)
         self._hmu = threading.Lock()
         self._kick = threading.Event()
         self._kicker: threading.Thread | None = None
@@ -140,6 +154,15 @@ class SlicePublisher:
             if gpus == self.serving_holds:
                 return
             self.serving_holds = frozenset(gpus)
+        self._kick.set()
+
+    def set_lent_holds(self, holds: LentHolds) -> None:
+        """The GPUs now lent in shares and lent whole here: republish soon (non-blocking; called
+        under the node lock by ``NodeDriver``)."""
+        with self._hmu:
+            if holds == self.lent_holds:
+                return
+            self.lent_holds = holds
         self._kick.set()
 
     def _republish_loop(self) -> None:
@@ -160,8 +183,8 @@ class SlicePublisher:
             if self._stop.is_set():  # shutting down: never re-create what remove() deletes
                 return SlicePlan()
             existing, _ = self.api.list()
-            holds = self.serving_holds
-            plan = plan_slices(existing, self.desired, self.generation, holds)
+            holds, lent = self.serving_holds, self.lent_holds
+            plan = plan_slices(existing, self.desired, self.generation, holds, lent)
             try:
                 for name in plan.delete:
                     self.api.delete(name)
@@ -179,7 +202,13 @@ class SlicePublisher:
                 self.metrics.slice_publish_total.labels("ok").inc()
                 log.info(
                     "resourceslices published",
-                    extra={"generation": self.generation, "deleted": plan.delete, "servingHolds": sorted(holds)},
+                    extra={
+                        "generation": self.generation,
+                        "deleted": plan.delete,
+                        "servingHolds": sorted(holds),
+                        "sharesHold": sorted(lent.shared),
+                        "lentWhole": sorted(lent.whole),
+                    },
                 )
             return plan
 
@@ -188,7 +217,7 @@ class SlicePublisher:
         self.reconcile()
 
     def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
-        if needs_reconcile(event_type, obj, with_serving_holds(self.desired, self.serving_holds)):
+        if needs_reconcile(event_type, obj, with_serving_holds(self.desired, self.serving_holds, self.lent_holds)):
             self.reconcile()
 
     # ------------------------------------------------------------------ lifecycle

@@ -19,15 +19,26 @@ PLURAL: Final = "elasticrljobs"
 DRIVER_NAME: Final = "gpu.rose.io"
 DEVICE_CLASS_SERVING: Final = "serving.gpu.rose.io"
 DEVICE_CLASS_LENDABLE: Final = "lendable.gpu.rose.io"
+DEVICE_CLASS_SHARE: Final = "share.gpu.rose.io"  # a fraction of a GPU (consumable capacity; --gpu-shares)
 # Device attribute names (qualified by the driver's domain when unprefixed)
 ATTR_UUID: Final = "uuid"
 ATTR_INDEX: Final = "index"
 ATTR_MODEL: Final = "model"
-ATTR_ROLE: Final = "role"  # "serving" or "lendable"
+ATTR_ROLE: Final = "role"  # "serving", "lendable" or "share"
 ATTR_PHYSICAL_GPU: Final = "physicalGPU"
 CAPACITY_MEMORY: Final = "memory"
 ROLE_SERVING: Final = "serving"
 ROLE_LENDABLE: Final = "lendable"
+ROLE_SHARE: Final = "share"  # a shareable device (allowMultipleAllocations): an RL share of one GPU
+# Roles whose claims are lent: serving wins over them (suspended before serving takes the GPU)
+LENT_ROLES: Final = frozenset({ROLE_LENDABLE, ROLE_SHARE})
+ROLES: Final = (ROLE_SERVING, ROLE_LENDABLE, ROLE_SHARE)
+CAPACITY_COMPUTE: Final = "compute"  # a share's percent of the GPU's SMs (MPS active thread percentage)
+# CUDA MPS settings a GPU node gives a share's containers (written into the claim's CDI spec)
+ENV_MPS_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_MPS_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MPS_LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"
 
 # Labels and annotations
 LABEL_PREFIX: Final = "rose.io"
@@ -137,6 +148,11 @@ LABEL_TAINT_POOL: Final = "rose.io/reclaim-taint-pool"  # on the DeviceTaintRule
 # The driver's own taint on a GPU's lendable device while serving holds that GPU on the node (a
 # serving claim prepared, or allocated and being bound): NoSchedule, in the driver's ResourceSlice
 TAINT_SERVING_HOLDS: Final = "rose.io/serving-holds"
+# GPU shares: a GPU is lent either whole or in shares, never both. While shares are prepared on a
+# GPU its lendable device carries TAINT_SHARES_HOLD; while a whole lendable claim is prepared its
+# share device carries TAINT_LENT_WHOLE (both NoSchedule, value: the GPU index)
+TAINT_SHARES_HOLD: Final = "rose.io/shares-hold"
+TAINT_LENT_WHOLE: Final = "rose.io/lent-whole"
 ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
 # The orchestrator (--authenticate tokenreview) takes the caller's identity from a projected
 # ServiceAccount token of this audience, mounted into time-sliced workers by the controller.

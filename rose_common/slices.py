@@ -26,8 +26,8 @@ class GpuInfo:
 
 def device_name(index: int, role: str) -> str:
     """DNS-label device name within the node's pool, e.g. ``gpu-3-lendable``."""
-    if role not in (names.ROLE_SERVING, names.ROLE_LENDABLE):
-        raise ValueError(f"role must be {names.ROLE_SERVING!r} or {names.ROLE_LENDABLE!r}, got {role!r}")
+    if role not in names.ROLES:
+        raise ValueError(f"role must be one of {', '.join(names.ROLES)}, got {role!r}")
     return f"gpu-{index}-{role}"
 
 
@@ -37,17 +37,61 @@ def parse_device_name(name: str) -> tuple[int, str]:
     if len(parts) != 3 or parts[0] != "gpu" or not parts[1].isdigit():
         raise ValueError(f"not a ROSE GPU device name: {name!r} (expected gpu-<index>-<role>)")
     role = parts[2]
-    if role not in (names.ROLE_SERVING, names.ROLE_LENDABLE):
+    if role not in names.ROLES:
         raise ValueError(f"not a ROSE GPU device name: {name!r} (unknown role {role!r})")
     return int(parts[1]), role
 
 
-def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False) -> list[dict[str, Any]]:
+# A share's request policy (docs/dra-lending.md, "GPU shares"): memory in steps of 1 GiB (default
+# 1 GiB), compute in steps of 5 percent (default 5). allowMultipleAllocations makes every capacity
+# of the device consumable: the scheduler sums consumedCapacity over the claims allocated on it.
+SHARE_MEMORY_STEP = 1024**3
+SHARE_COMPUTE_STEP = 5
+SHARE_COMPUTE_TOTAL = 100
+
+
+def share_device(gpu: GpuInfo) -> dict[str, Any]:
+    """The shareable device ``gpu-N-share`` of one GPU: ``allowMultipleAllocations`` with the
+    consumable capacities ``memory`` (bytes, the GPU's memory) and ``compute`` (percent, 100). Pure."""
+    memory = gpu.memory_bytes - gpu.memory_bytes % SHARE_MEMORY_STEP  # a whole number of steps
+    if memory < 2 * SHARE_MEMORY_STEP:
+        raise ValueError(f"GPU {gpu.index} has {gpu.memory_bytes} bytes: a shareable GPU needs at least 2 GiB")
+    return {
+        "name": device_name(gpu.index, names.ROLE_SHARE),
+        "allowMultipleAllocations": True,
+        "attributes": {
+            names.ATTR_UUID: {"string": f"{gpu.uuid}-{names.ROLE_SHARE}"},
+            names.ATTR_INDEX: {"int": gpu.index},
+            names.ATTR_MODEL: {"string": gpu.model[:64]},
+            names.ATTR_ROLE: {"string": names.ROLE_SHARE},
+            names.ATTR_PHYSICAL_GPU: {"string": gpu.uuid},
+        },
+        "capacity": {
+            names.CAPACITY_MEMORY: {
+                "value": str(memory),
+                "requestPolicy": {
+                    "default": str(SHARE_MEMORY_STEP),
+                    "validRange": {"min": str(SHARE_MEMORY_STEP), "step": str(SHARE_MEMORY_STEP)},
+                },
+            },
+            names.CAPACITY_COMPUTE: {
+                "value": str(SHARE_COMPUTE_TOTAL),
+                "requestPolicy": {
+                    "default": str(SHARE_COMPUTE_STEP),
+                    "validRange": {"min": str(SHARE_COMPUTE_STEP), "step": str(SHARE_COMPUTE_STEP)},
+                },
+            },
+        },
+    }
+
+
+def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False, shares: bool = False) -> list[dict[str, Any]]:
     """The ``spec.devices`` list for these GPUs: serving devices first (first-fit allocator).
 
     With ``binding_conditions`` every *serving* device carries ROSE's binding condition (and its
     failure twin, which the API requires beside it): the scheduler then holds a serving pod in
-    PreBind until the driver has freed the GPU of any lent occupant (issue 27 §1)."""
+    PreBind until the driver has freed the GPU of any lent occupant (issue 27 §1). With ``shares``
+    every GPU also gets its shareable device (:func:`share_device`), after the others."""
     devices: list[dict[str, Any]] = []
     for role in (names.ROLE_SERVING, names.ROLE_LENDABLE):
         for gpu in sorted(gpus, key=lambda g: g.index):
@@ -66,19 +110,21 @@ def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False) -> list[d
                 device["bindingConditions"] = [names.BINDING_CONDITION_FREED]
                 device["bindingFailureConditions"] = [names.BINDING_CONDITION_FREE_FAILED]
             devices.append(device)
+    if shares:
+        devices += [share_device(g) for g in sorted(gpus, key=lambda g: g.index)]
     return devices
 
 
 def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> list[dict[str, Any]]:
-    """A copy of ``devices`` where the *lendable* device of every GPU index in ``held`` carries the
-    ``NoSchedule`` taint :data:`names.TAINT_SERVING_HOLDS` (value: the GPU index), so the scheduler
-    allocates no new lendable claim on a GPU serving holds. Serving devices are never tainted; a
+    """A copy of ``devices`` where the *lendable* and *share* devices of every GPU index in ``held``
+    carry the ``NoSchedule`` taint :data:`names.TAINT_SERVING_HOLDS` (value: the GPU index), so the
+    scheduler allocates no new lent claim on a GPU serving holds. Serving devices are never tainted; a
     device's other taints are kept. Pure."""
     out: list[dict[str, Any]] = []
     for d in devices:
         d = dict(d)
         taints = [t for t in d.get("taints") or [] if t.get("key") != names.TAINT_SERVING_HOLDS]
-        if d["name"].endswith(f"-{names.ROLE_LENDABLE}"):
+        if d["name"].endswith((f"-{names.ROLE_LENDABLE}", f"-{names.ROLE_SHARE}")):
             index, _ = parse_device_name(d["name"])
             if index in held:
                 taints.append({"key": names.TAINT_SERVING_HOLDS, "value": str(index), "effect": "NoSchedule"})
@@ -90,16 +136,43 @@ def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> l
     return out
 
 
+def taint_lent_held(
+    devices: list[dict[str, Any]], shared: frozenset[int], whole: frozenset[int]
+) -> list[dict[str, Any]]:
+    """A copy of ``devices`` where the *lendable* device of every GPU index in ``shared`` (shares
+    are prepared there) carries the ``NoSchedule`` taint :data:`names.TAINT_SHARES_HOLD` and the
+    *share* device of every GPU index in ``whole`` (a whole lendable claim is prepared there)
+    carries :data:`names.TAINT_LENT_WHOLE`: the scheduler then never books one GPU both whole and
+    in shares. A device's other taints are kept. Pure."""
+    keys = (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE)
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        d = dict(d)
+        taints = [t for t in d.get("taints") or [] if t.get("key") not in keys]
+        index, role = parse_device_name(d["name"])
+        if role == names.ROLE_LENDABLE and index in shared:
+            taints.append({"key": names.TAINT_SHARES_HOLD, "value": str(index), "effect": "NoSchedule"})
+        if role == names.ROLE_SHARE and index in whole:
+            taints.append({"key": names.TAINT_LENT_WHOLE, "value": str(index), "effect": "NoSchedule"})
+        if taints:
+            d["taints"] = taints
+        else:
+            d.pop("taints", None)
+        out.append(d)
+    return out
+
+
 def resource_slice(
-    node_name: str, gpus: list[GpuInfo], generation: int, binding_conditions: bool = False
+    node_name: str, gpus: list[GpuInfo], generation: int, binding_conditions: bool = False, shares: bool = False
 ) -> dict[str, Any]:
     """One ResourceSlice (resource.k8s.io/v1) holding a node's whole pool.
 
-    At most 128 devices fit a slice; two per GPU allows 64 GPUs per node, far above any
-    real node. Larger inputs are refused rather than silently split.
+    At most 128 devices fit a slice; two per GPU allows 64 GPUs per node (three with ``shares``:
+    42), far above any real node. Larger inputs are refused rather than silently split.
     """
-    if len(gpus) > 64:
-        raise ValueError(f"{len(gpus)} GPUs on node {node_name}: at most 64 fit one ResourceSlice")
+    per_gpu = 3 if shares else 2
+    if len(gpus) > 128 // per_gpu:
+        raise ValueError(f"{len(gpus)} GPUs on node {node_name}: at most {128 // per_gpu} fit one ResourceSlice")
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -108,7 +181,7 @@ def resource_slice(
             "driver": names.DRIVER_NAME,
             "nodeName": node_name,
             "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
-            "devices": gpu_devices(gpus, binding_conditions),
+            "devices": gpu_devices(gpus, binding_conditions, shares),
         },
     }
 

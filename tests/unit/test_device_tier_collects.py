@@ -34,7 +34,7 @@ def _pytest_device(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[st
 def test_device_tier_collects_without_the_cluster_dependencies(tmp_path: Path) -> None:
     r = _pytest_device(tmp_path, "--collect-only", "-q")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "9 tests collected" in r.stdout
+    assert "10 tests collected" in r.stdout
 
 
 def test_device_tier_without_a_gpu_fails_saying_so(tmp_path: Path) -> None:
