@@ -542,24 +542,13 @@ class NodeDriver:
         """Under the lock, after the reclaim: freed when no occupant's state is observed on the GPUs."""
         if d.claim_uid not in self._binding and d.claim_uid not in self._data.claims:
             return binding.Outcome(False, binding.REASON_NOT_FREED, "the claim was deallocated while its GPU was freed")
-        for occupant in self._lent_on(d.gpus):
-            obs = self._observe(occupant)
-            if obs is None:
-                continue
-            what = f"lent claim {occupant.namespace}/{occupant.name} ({occupant.uid}): {obs}"
-            if self.allow_serving_on_occupied:
-                self.metrics.serving_on_occupied_total.inc()
-                self._events(
-                    occupant.pods,
-                    EVENT_SERVING_ON_OCCUPIED,
-                    f"serving claim {d.key()} bound to a device still holding {what}"
-                    " (--allow-serving-on-occupied-device)",
-                )
-                return binding.Outcome(True, binding.REASON_OVERRIDE, f"device still holds {what}", seconds)
-            self.metrics.serving_refused_occupied_total.inc()
+        refused, overridden = self._occupied(d.key(), "bound to", self._lent_on(d.gpus))
+        if refused:
             return binding.Outcome(
-                False, binding.REASON_NOT_FREED, f"still occupied after the enforcement: {what}", seconds
+                False, binding.REASON_NOT_FREED, f"still occupied after the enforcement: {refused}", seconds
             )
+        if overridden:
+            return binding.Outcome(True, binding.REASON_OVERRIDE, f"device still holds {overridden}", seconds)
         return binding.Outcome(True, binding.REASON_FREED, f"lent occupants reclaimed in {seconds:.3f}s", seconds)
 
     def release_binding(self, claim_uid: str) -> None:
@@ -827,25 +816,36 @@ class NodeDriver:
     def _gate_serving(self, ref: ClaimRef, occupants: list[ClaimRecord]) -> None:
         """A serving claim is never prepared while a lent occupant's state is observed on the
         device, unless the operator's override allows it (counted, and an Event on the occupant)."""
+        refused, _ = self._occupied(ref.key(), "prepared on", occupants)
+        if refused:
+            raise ClaimError(
+                f"ResourceClaim {ref.key()}: serving is not prepared onto an occupied device: {refused};"
+                " the kubelet retries (each retry reclaims again)"
+            )
+
+    def _occupied(self, serving: str, verb: str, occupants: list[ClaimRecord]) -> tuple[str, str]:
+        """The serving gate both paths share (the binding's verdict and the prepare): what still
+        occupies the GPUs, as ``(refused, overridden)``. ``refused`` names the first lent occupant
+        whose state is observed on them (counted as a refusal); with the operator's override
+        (--allow-serving-on-occupied-device) nothing is refused, and each occupied one is counted,
+        gets an Event, and the last is named in ``overridden``. Empty strings: observed free."""
+        overridden = ""
         for occupant in occupants:
             obs = self._observe(occupant)
             if obs is None:
                 continue
             what = f"lent claim {occupant.namespace}/{occupant.name} ({occupant.uid}): {obs}"
-            if self.allow_serving_on_occupied:
-                self.metrics.serving_on_occupied_total.inc()
-                self._events(
-                    occupant.pods,
-                    EVENT_SERVING_ON_OCCUPIED,
-                    f"serving claim {ref.key()} prepared on a device still holding {what}"
-                    " (--allow-serving-on-occupied-device)",
-                )
-                continue
-            self.metrics.serving_refused_occupied_total.inc()
-            raise ClaimError(
-                f"ResourceClaim {ref.key()}: serving is not prepared onto an occupied device: {what};"
-                " the kubelet retries (each retry reclaims again)"
+            if not self.allow_serving_on_occupied:
+                self.metrics.serving_refused_occupied_total.inc()
+                return what, ""
+            self.metrics.serving_on_occupied_total.inc()
+            self._events(
+                occupant.pods,
+                EVENT_SERVING_ON_OCCUPIED,
+                f"serving claim {serving} {verb} a device still holding {what} (--allow-serving-on-occupied-device)",
             )
+            overridden = what
+        return "", overridden
 
     def _target(self, occupant: ClaimRecord) -> Target:
         return Target(
