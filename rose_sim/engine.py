@@ -23,6 +23,11 @@ checkpoint: Kueue / KAI); ``reactive`` (ROSE with the planner off: suspend when 
 ``planned-<forecaster>`` (ROSE's planner fed that forecaster at the operator's risk);
 ``evict-planned-<forecaster>`` (the same planner and forecaster, but every reclaim evicts: a
 scheduler that had ROSE's forecast and no suspend, compared at about equal serving waits).
+
+A job with ``spec.roles`` is planned as the controller plans it (``observe.role_planner_jobs``:
+``<key>#trainer`` and ``<key>#rollout``, workers named by ``workers.worker_name``); its costs and
+progress per role are :meth:`Simulation.remove_rollout`, :meth:`Simulation.pull_s` and
+:meth:`Simulation.account_roles` (docs/simulate.md "Jobs with roles").
 """
 
 from __future__ import annotations
