@@ -189,6 +189,8 @@ def test_cli_reports_a_roles_job(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert planned["steps_by_job"]["rl/grpo-tiny"] > 0 and planned["role_actions"]["rollout_adds"] >= 4
     assert "role_actions" not in report["results"]["no-lending"]
     assert report["cost_model"]["weight_pull_s"] == CostModel().weight_pull_s
+    assert report["jobs"][0]["roles"]["rollout"] == {"minWorkers": 2, "maxWorkers": 4, "gpusPerWorker": 1,
+                                                     "stateBytesPerWorker": 2**28, "reclaim": "Remove"}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- drift test, roles
