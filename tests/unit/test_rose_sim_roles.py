@@ -27,12 +27,18 @@ from rose_sim.cli import main as sim_main
 from rose_sim.engine import Policy, SimConfig, Simulation
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, parse_jobs
 from rose_sim.report import bounds_for
-from tests.unit.test_elastic_controller import NOW, _drain, _inventory, _running
-from tests.unit.test_elastic_roles_controller import RolesRecorder
+from tests.unit.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
 from tests.unit.test_rose_sim import STEP, _Fixed, _series_csv, _wavy
 
 EXAMPLE02 = Path(__file__).resolve().parents[2] / "examples" / "02_grpo_tiny_llm" / "elasticrljob.yaml"
 HOLDS = ("pending", "active", "resuming")
+
+
+class RolesRecorder(Recorder):
+    """The controller's recording API, with the trainer's headless Service a job with roles ensures."""
+
+    def ensure_service(self, body: dict[str, Any]) -> None:
+        self.calls.append(("service", body["metadata"]["name"]))
 
 
 def roles_job(name: str = "grpo-tiny", placement: str = "Lent", **rollout: Any) -> dict[str, Any]:
