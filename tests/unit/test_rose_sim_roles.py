@@ -28,7 +28,7 @@ from rose_sim.engine import Policy, SimConfig, Simulation
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, parse_jobs
 from rose_sim.report import bounds_for
 from tests.unit.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
-from tests.unit.test_rose_sim import STEP, _Fixed, _series_csv, _wavy
+from tests.unit.test_rose_sim import STEP, _decisions, _Fixed, _series_csv, _wavy, raw_job, run_policy
 
 EXAMPLE02 = Path(__file__).resolve().parents[2] / "examples" / "02_grpo_tiny_llm" / "elasticrljob.yaml"
 HOLDS = ("pending", "active", "resuming")
@@ -197,6 +197,23 @@ def test_cli_reports_a_roles_job(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert report["cost_model"]["weight_pull_s"] == CostModel().weight_pull_s
     assert report["jobs"][0]["roles"]["rollout"] == {"minWorkers": 2, "maxWorkers": 4, "gpusPerWorker": 1,
                                                      "stateBytesPerWorker": 2**28, "reclaim": "Remove"}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", POLICIES[::2], ids=lambda p: p.name)
+def test_leak_with_a_roles_job_changing_demand_after_t_changes_no_decision_before_t(policy: Policy) -> None:
+    """The leak test of test_rose_sim.py with example 02's job beside a plain one."""
+    values = _wavy(3, 1)
+    changed = values.copy()
+    cut = 2 * 144 + 60
+    changed[cut:] = changed[cut:] * 1.6 + 5
+    jobs = [raw_job("a", 2, 8), roles_job()]
+    kw: dict[str, Any] = {"tick_s": 60, "history_s": 2 * DAY, "pool_gpus": 48}
+    a = run_policy(policy, demand_from_values(0, values, STEP, **kw), jobs, 48, record=True)
+    b = run_policy(policy, demand_from_values(0, changed, STEP, **kw), jobs, 48, record=True)
+    t_cut = float(cut * STEP)
+    assert any("rl/grpo-tiny#rollout" in x[2] and x[2]["rl/grpo-tiny#rollout"].add for x in _decisions(a, t_cut))
+    assert _decisions(a, t_cut) == _decisions(b, t_cut)
+    assert a.decisions != b.decisions
 
 
 # --------------------------------------------------------------------------- drift test, roles
