@@ -525,8 +525,8 @@ class Simulation:
         """A running rollout worker the planner removes (``reclaim: Remove``): its pod is deleted, its
         in-flight generations go back to the queue, the GPU is free once the process exits
         (``evict_s``); a new one later pays pod start + weight pull. None: not a running rollout
-        worker (the caller's own path: a pending pod, or a job without roles)."""
-        if self.sims[w.job].role != ROLE_ROLLOUT or w.state == "pending":
+        worker (the caller's own path: a pending pod, a suspended one, or a job without roles)."""
+        if self.sims[w.job].role != ROLE_ROLLOUT or w.state not in ("active", "resuming"):
             return None
         wait = self.cost.evict_s
         w.evicted, w.state, w.stop_at, w.free_at = True, "suspending", now, now + wait
