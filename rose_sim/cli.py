@@ -34,6 +34,7 @@ COST_HELP = {
     "storage_bytes_per_s": "bytes/s of durable checkpoint writes and restores",
     "evict_s": "seconds an evicted worker takes to exit and free its GPU",
     "scaling_efficiency": "progress each added worker brings, as a share of one worker's",
+    "weight_pull_s": "seconds a new rollout worker (spec.roles) pulls the policy weights after its pod starts",
 }
 
 

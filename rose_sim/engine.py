@@ -23,6 +23,11 @@ checkpoint: Kueue / KAI); ``reactive`` (ROSE with the planner off: suspend when 
 ``planned-<forecaster>`` (ROSE's planner fed that forecaster at the operator's risk);
 ``evict-planned-<forecaster>`` (the same planner and forecaster, but every reclaim evicts: a
 scheduler that had ROSE's forecast and no suspend, compared at about equal serving waits).
+
+A job with ``spec.roles`` is planned as the controller plans it (``observe.role_planner_jobs``:
+``<key>#trainer`` and ``<key>#rollout``, workers named by ``workers.worker_name``); its costs and
+progress per role are :meth:`Simulation.remove_rollout`, :meth:`Simulation.pull_s` and
+:meth:`Simulation.account_roles` (docs/simulate.md "Jobs with roles").
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ import numpy as np
 
 from dra_driver.suspend.budget import fits
 from elastic_controller import pools as ec_pools
-from elastic_controller.observe import planner_job
+from elastic_controller.observe import planner_job, role_planner_jobs
 from elastic_controller.planner import (
+    ROLE_ROLLOUT,
+    ROLE_SEP,
+    ROLE_TRAINER,
     Forecast,
     Job,
     JobTarget,
@@ -48,11 +56,13 @@ from elastic_controller.planner import (
     Settings,
     Worker,
     plan,
+    role_key,
     without_reclaims,
 )
+from elastic_controller.workers import worker_name
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 from rose_sim.forecasters import Bounds
-from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, SimJob
+from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, SimJob, role_views
 from scheduler_extender.forecast import reduce as extender_forecast
 from scheduler_extender.model import NodeState, PodInfo, PodKind
 from scheduler_extender.policy import PolicyConfig, build_snapshot, filter_nodes, pool_outlooks
@@ -140,6 +150,7 @@ class Result:
     plans: int = 0
     steps_by_job: dict[str, float] = field(default_factory=dict)
     lent_by_pool: dict[str, float] = field(default_factory=dict)  # GPU-seconds RL held, per pool
+    by_role: dict[str, dict[str, int]] = field(default_factory=dict)  # jobs with roles: actions per role
 
     def report(self, seconds: float, pool_gpus: int) -> dict[str, float | int | dict[str, float]]:
         days = seconds / DAY
@@ -168,7 +179,12 @@ class Result:
             "plan_ms_mean": round(1000 * self.plan_s / self.plans, 3) if self.plans else 0.0,
             "steps_by_job": {k: round(v) for k, v in sorted(self.steps_by_job.items())},
             "rl_lent_gpu_hours_by_pool": {k: round(v / 3600, 1) for k, v in sorted(self.lent_by_pool.items())},
+            **({"role_actions": self.role_actions()} if self.by_role else {}),
         }
+
+    def role_actions(self) -> dict[str, float]:
+        """Jobs with roles: actions per role, ``<role>_<action>`` (e.g. ``rollout_removals``)."""
+        return {f"{r}_{what}": n for r, acts in sorted(self.by_role.items()) for what, n in sorted(acts.items())}
 
 
 def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int, pool: str = POOL) -> ForecastResponse:
@@ -193,11 +209,12 @@ class Simulation:
         self.record = record  # keep every decision (the leak test compares them)
         self.decisions: list[tuple[float, str, dict[str, JobTarget]]] = []
         self.d, self.cost, self.cfg, self.policy = demand, cost, cfg, policy
-        self.sims = {j.key: j for j in jobs}
-        self.base = {j.key: planner_job(j.job) for j in jobs}
+        self.sims = {v.key: v for j in jobs for v in role_views(j)}  # a job with roles: one per lent role
+        self.base = planner_jobs(jobs)
+        self.roles = {j.key: j for j in jobs if j.job.spec.roles is not None}
         self.last_shrink: dict[str, float | None] = dict.fromkeys(self.sims)
         self.workers: list[_W] = []
-        self.r = Result(policy.name, steps_by_job=dict.fromkeys(self.sims, 0.0))
+        self.r = Result(policy.name, steps_by_job=dict.fromkeys((j.key for j in jobs), 0.0))
         self.settings = Settings(dwell_s=cfg.dwell_s, interval_s=float(demand.tick_s))
         self.evict = policy.kind in ("evict-restart", "evict-planned")
         self.lanes = [self._lane(cfg.pool_name, cfg.pool_gpus, demand, bounds)]
@@ -238,13 +255,14 @@ class Simulation:
                      if not w.evicted)  # fmt: skip
 
     def new_name(self, key: str) -> str:
-        """``<job>-w<lowest free index>``, as the controller names a new worker (``desired``)."""
-        name = self.sims[key].job.name
+        """``<job>-w<lowest free index>`` (a role's ``<job>-<role>-<index>``), as the controller names a
+        new worker (``desired``, ``workers.worker_name``)."""
+        sim = self.sims[key]
         used = {w.name for w in self.workers if w.job == key}
         i = 0
-        while f"{name}-w{i}" in used:
+        while worker_name(sim.job.name, i, sim.role) in used:
             i += 1
-        return f"{name}-w{i}"
+        return worker_name(sim.job.name, i, sim.role)
 
     def run_plan(self, inp: PlanInput, what: str = "plan") -> Plan:
         started = time.perf_counter()
@@ -319,6 +337,7 @@ class Simulation:
             wait = self.cost.evict_s
             w.evicted, w.state, w.stop_at, w.free_at = True, "suspending", now, now + wait
             self.r.evictions += 1
+            self.count_role(w.job, "evictions")
             self._restart(w.job, now)
             return wait
         limit = self.cfg.host_memory_bytes
@@ -332,6 +351,7 @@ class Simulation:
         wait = self.cost.suspend_s(sim.state_bytes, sim.safe_wait_s)
         w.state, w.stop_at, w.free_at = "suspending", now + sim.safe_wait_s, now + wait
         self.r.suspends += 1
+        self.count_role(w.job, "suspends")
         return wait
 
     def host_bytes(self) -> int:
@@ -340,7 +360,10 @@ class Simulation:
                    if w.state == "suspended" or (w.state == "suspending" and not w.evicted))  # fmt: skip
 
     def _restart(self, job: str, now: float) -> None:
-        """An eviction: the job's work since its last checkpoint is lost; who remains reloads it."""
+        """An eviction: the job's work since its last checkpoint is lost; who remains reloads it
+        (a rollout worker holds no training progress: only its in-flight generations go)."""
+        if self.sims[job].role == ROLE_ROLLOUT:
+            return
         self.r.lost_gpu_s += self.since_ckpt[job]
         self.since_ckpt[job] = self.since_steps[job] = 0.0
         restore = self.cost.checkpoint_s(self.sims[job].state_bytes)
@@ -365,7 +388,7 @@ class Simulation:
             sim = self.sims[key]
             changed = bool(t.suspend or t.remove or t.resume or t.add)
             for n in t.remove:
-                if n in by_name:
+                if n in by_name and self.remove_rollout(by_name[n], now) is None:
                     self.workers.remove(by_name[n])
             for n in t.suspend:
                 if n in by_name and by_name[n].state != "suspending":
@@ -377,8 +400,9 @@ class Simulation:
                 start = now + self.cost.pod_start_s
                 restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict or self.restores[key] else 0.0
                 self.restores[key] = max(0, self.restores[key] - 1)
-                self.workers.append(_W(self.new_name(key), key, "pending", start + restore, pod_ready_at=start,
-                                       pool=pool_name))  # fmt: skip
+                self.workers.append(_W(self.new_name(key), key, "pending", start + restore + self.pull_s(key),
+                                       pod_ready_at=start, pool=pool_name))  # fmt: skip
+                self.count_role(key, "adds")
             if changed:
                 for w in self.workers:
                     if w.job == key and w.state in ("active", "resuming", "pending") and not w.evicted:
@@ -425,7 +449,9 @@ class Simulation:
         for key, t in p.targets.items():
             names = set(t.suspend) | set(t.remove)
             for w in [w for w in here if w.job == key and w.name in names and w.state != "suspending"]:
-                wait = self.take_off(w, now)
+                wait = self.remove_rollout(w, now) if w.name in t.remove else None
+                if wait is None:
+                    wait = self.take_off(w, now)
                 self.r.unplanned_reclaims += gpw[key]
                 take = min(max(short, 0), gpw[key])
                 self.r.waits += [wait] * take if wait > 0 else []
@@ -461,13 +487,16 @@ class Simulation:
         self.r.host_bytes_peak = max(self.r.host_bytes_peak, host)
         for key, workers in per_job.items():
             sim, g = self.sims[key], self.base[key].gpus_per_worker
+            self.r.productive_gpu_s += workers * g * tick
+            if sim.role is not None:  # a job with roles: its progress is the trainer's (account_roles)
+                continue
             ckpt = 1.0 - min(1.0, self.cost.checkpoint_s(sim.state_bytes) / sim.checkpoint_interval_s)
             useful_worker_s = self.cost.throughput(workers) * tick * ckpt
-            self.r.productive_gpu_s += workers * g * tick
             self.since_ckpt[key] += useful_worker_s * g
             self.since_steps[key] += useful_worker_s / sim.step_seconds
             if not self.evict:  # suspend loses nothing: all of it counts at once
                 self._commit(key)
+        self.account_roles(per_job, tick)
         if self.evict:
             for key, sim in self.sims.items():
                 if end - self.last_ckpt[key] >= sim.checkpoint_interval_s:
@@ -477,8 +506,59 @@ class Simulation:
     def _commit(self, key: str) -> None:
         self.r.useful_gpu_s += self.since_ckpt[key]
         self.r.steps += self.since_steps[key]
-        self.r.steps_by_job[key] += self.since_steps[key]
+        self.r.steps_by_job[key.partition(ROLE_SEP)[0]] += self.since_steps[key]  # a role's: its job's
         self.since_ckpt[key] = self.since_steps[key] = 0.0
+
+    # ------------------------------------------------------------------ jobs with roles
+    def count_role(self, key: str, what: str) -> None:
+        """One action on a worker of a role (``suspends``, ``removals``, ``evictions``, ``adds``)."""
+        role = self.sims[key].role
+        if role is not None:
+            mine = self.r.by_role.setdefault(role, {})
+            mine[what] = mine.get(what, 0) + 1
+
+    def pull_s(self, key: str) -> float:
+        """A new rollout worker pulls the policy weights before its first sample (after its pod starts)."""
+        return self.cost.weight_pull_s if self.sims[key].role == ROLE_ROLLOUT else 0.0
+
+    def remove_rollout(self, w: _W, now: float) -> float | None:
+        """A running rollout worker the planner removes (``reclaim: Remove``): its pod is deleted, its
+        in-flight generations go back to the queue, the GPU is free once the process exits
+        (``evict_s``); a new one later pays pod start + weight pull. None: not a running rollout
+        worker (the caller's own path: a pending pod, a suspended one, or a job without roles)."""
+        if self.sims[w.job].role != ROLE_ROLLOUT or w.state not in ("active", "resuming"):
+            return None
+        wait = self.cost.evict_s
+        w.evicted, w.state, w.stop_at, w.free_at = True, "suspending", now, now + wait
+        self.count_role(w.job, "removals")
+        return wait
+
+    def account_roles(self, per_job: dict[str, float], tick: float) -> None:
+        """The progress of each job with roles this tick (docs/simulate.md "Jobs with roles"). ``f``: the
+        trainer's gang computing (workers' worth of the tick / its workers; 1 when Dedicated: its own
+        GPUs, outside the pool); ``n``: rollout workers' worth. Steps: ``f x min(1, throughput(n) /
+        throughput(maxWorkers)) x tick / step-seconds``, less the trainer's checkpoint stall (the
+        trainer is sample-bound below maxWorkers rollouts; with no rollout, no step). Useful GPU-s: the
+        pool's GPUs of the trainer + ``throughput(n) x gpusPerWorker`` of the rollouts, times ``f``."""
+        for key, j in self.roles.items():
+            roles = j.job.spec.roles
+            assert roles is not None
+            t, ro = roles.trainer, roles.rollout
+            tk, rk = role_key(key, ROLE_TRAINER), role_key(key, ROLE_ROLLOUT)
+            lent = tk in self.sims  # not Dedicated
+            f = min(1.0, per_job.get(tk, 0.0) / t.workers) if lent else 1.0
+            n = per_job.get(rk, 0.0)
+            if f <= 0 or n <= 0:
+                continue
+            state = j.job.spec.role_state_bytes("trainer") or 0
+            ckpt = 1.0 - min(1.0, self.cost.checkpoint_s(state) / j.checkpoint_interval_s)
+            rate = min(1.0, self.cost.throughput(n) / self.cost.throughput(float(ro.max_workers)))
+            gpus = (t.workers * t.gpus_per_worker if lent else 0) + self.cost.throughput(n) * ro.gpus_per_worker
+            progress = tk if lent else rk  # an eviction of the trainer loses it; of a rollout, nothing
+            self.since_ckpt[progress] += f * gpus * tick * ckpt
+            self.since_steps[progress] += f * rate * tick / j.step_seconds * ckpt
+            if not self.evict:
+                self._commit(progress)
 
     def run(self) -> Result:
         tick = self.d.tick_s
@@ -501,6 +581,17 @@ class Simulation:
         for key in self.sims:  # what is not checkpointed at the end still counts (the run stops, not evicted)
             self._commit(key)
         return self.r
+
+
+def planner_jobs(jobs: list[SimJob]) -> dict[str, Job]:
+    """The planner's jobs by key, as the controller maps them: ``observe.planner_job``, or for a job
+    with ``spec.roles`` ``observe.role_planner_jobs`` (its lent roles, ``<key>#<role>``; no pod has
+    reported yet: the spec's sizes, class priority 0)."""
+    out: dict[str, Job] = {}
+    for j in jobs:
+        mine = role_planner_jobs(j.job, []) if j.job.spec.roles is not None else [planner_job(j.job)]
+        out.update((x.key, x) for x in mine)
+    return out
 
 
 def default_policies(forecasters: tuple[str, ...]) -> tuple[Policy, ...]:

@@ -15,7 +15,7 @@ figure.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,10 @@ import yaml
 from pydantic import ValidationError
 
 from elastic_controller.observe import PCIE_BYTES_PER_SECOND
+from elastic_controller.planner import role_key
+from elastic_controller.workers import lent_roles
 from predictor.series import FloatArray, SeriesError, parse_duration, read_series_csv
-from rose_common.elasticrljob import ElasticRLJob
+from rose_common.elasticrljob import ElasticRLJob, Role
 
 DAY = 86400
 ANNOTATION_STEP_SECONDS = "sim.rose.io/step-seconds"
@@ -54,7 +56,8 @@ class CostModel:
     ``state bytes / storage_bytes_per_s`` every checkpoint interval (all policies pay it); an
     evicted job restarts from its last checkpoint (the work since is lost) and reads it back at
     the same rate. An eviction frees the GPU after ``evict_s`` (the process exits). Throughput
-    of ``n`` workers is ``1 + (n - 1) * scaling_efficiency`` workers' worth."""
+    of ``n`` workers is ``1 + (n - 1) * scaling_efficiency`` workers' worth. A new rollout worker of
+    a job with roles computes after pod start + ``weight_pull_s`` (it pulls the policy weights)."""
 
     pcie_bytes_per_s: float = PCIE_BYTES_PER_SECOND
     pin_s: float = 0.5
@@ -63,6 +66,7 @@ class CostModel:
     storage_bytes_per_s: float = 2e9
     evict_s: float = 10.0
     scaling_efficiency: float = 0.9
+    weight_pull_s: float = 30.0  # a new rollout worker (a job with roles) pulls the policy weights
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -97,14 +101,17 @@ class SimJob:
     checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     safe_point_s: float = DEFAULT_SAFE_POINT_S  # period of the workload's safe points
     cycle_s: tuple[float, float] | None = None  # time-slice groups: (seconds on the GPUs, off them) per cycle
+    role: Role | None = None  # a job with spec.roles, as the planner sees one of its roles (role_views)
 
     @property
     def key(self) -> str:
-        return f"{self.job.namespace}/{self.job.name}"
+        """``<namespace>/<name>``; a role's view (:func:`role_views`) ``...#<role>``, the planner's key."""
+        return role_key(f"{self.job.namespace}/{self.job.name}", self.role)
 
     @property
     def state_bytes(self) -> int:
-        return self.job.spec.state_bytes_per_worker or 0
+        """Per worker (of ``role``): what its suspend moves over PCIe."""
+        return self.job.spec.role_state_bytes(self.role) or 0
 
     @property
     def safe_wait_s(self) -> float:
@@ -133,9 +140,6 @@ def _job(raw: Any, where: str) -> SimJob:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"]) or "spec"
         raise SimInputError(f"{where}: {loc}: {err['msg']} (the CRD refuses it)") from None
-    if job.spec.roles is not None:
-        raise SimInputError(f"{where}: spec.roles (a trainer and rollout workers) is not simulated yet: "
-                            "rose simulate plans one gang per job (minGPUs, maxGPUs)")  # fmt: skip
     meta = dict(job.metadata)
     if not meta.get("name"):
         raise SimInputError(f"{where}: metadata.name is missing")
@@ -162,6 +166,15 @@ def _job(raw: Any, where: str) -> SimJob:
         ),
         safe_point_s=_annotation_seconds(job, ANNOTATION_SAFE_POINT_SECONDS, DEFAULT_SAFE_POINT_S, where),
     )
+
+
+def role_views(j: SimJob) -> list[SimJob]:
+    """The simulation's jobs of one ElasticRLJob, as the controller plans it: the job itself, or with
+    ``spec.roles`` one view per role on lent GPUs (``workers.lent_roles``: a Dedicated trainer is not
+    planned, its GPUs are outside the pool), each keyed ``<key>#<role>`` with the role's state bytes."""
+    if j.job.spec.roles is None:
+        return [j]
+    return [replace(j, role=r) for r in lent_roles(j.job) if r is not None]
 
 
 def parse_jobs(docs: list[tuple[str, Any]]) -> list[SimJob]:

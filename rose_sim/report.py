@@ -57,6 +57,14 @@ def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> 
     return out
 
 
+def role_sizes(j: SimJob) -> dict[str, Any]:
+    """A job with ``spec.roles``: each role's size as the user gave it (no pod template), else nothing."""
+    roles = j.job.spec.roles
+    if roles is None:
+        return {}
+    return {"roles": roles.model_dump(by_alias=True, exclude={"trainer": {"template"}, "rollout": {"template"}})}
+
+
 def timeslice_groups(jobs: list[SimJob], cost: CostModel) -> dict[str, dict[str, Any]]:
     """Each declared time-slice group judged by ``timeslice.advise`` (its round model, called): the
     jobs' cycles (annotations) against one switch, the slowest suspend + resume of the group's
@@ -149,6 +157,7 @@ def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig
                 "step_seconds": j.step_seconds,
                 "checkpoint_interval_s": j.checkpoint_interval_s,
                 "safe_point_s": j.safe_point_s,
+                **role_sizes(j),
             }
             for j in jobs
         ],

@@ -101,13 +101,18 @@ def test_a_roles_job_with_a_top_level_size_is_refused_in_one_line() -> None:
         ElasticRLJob.model_validate({"spec": {"minGPUs": 1, **make_job().spec.model_dump(exclude_none=True)}})
 
 
-def test_rose_simulate_refuses_a_job_with_roles_in_one_line() -> None:
-    from rose_sim.inputs import SimInputError, parse_jobs
+def test_rose_simulate_plans_a_job_with_roles_per_lent_role() -> None:
+    """``rose simulate`` takes a job with roles (tests/unit/test_rose_sim_roles.py simulates one): one
+    view per lent role, keyed as the planner keys it, with that role's state bytes; a Dedicated
+    trainer is not lent, so not planned."""
+    from rose_sim.inputs import parse_jobs, role_views
 
-    doc = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "grpo"},
-           "spec": make_job().spec.model_dump(exclude_none=True)}  # fmt: skip
-    with pytest.raises(SimInputError, match=r"^jobs\.yaml: spec\.roles .* is not simulated yet"):
-        parse_jobs([("jobs.yaml", doc)])
+    for placement, want in (("Lent", [("default/grpo#trainer", 1 << 30), ("default/grpo#rollout", 0)]),
+                            ("Dedicated", [("default/grpo#rollout", 0)])):  # fmt: skip
+        doc = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "grpo"},
+               "spec": make_job(placement).spec.model_dump(exclude_none=True)}  # fmt: skip
+        (job,) = parse_jobs([("jobs.yaml", doc)])
+        assert [(v.key, v.state_bytes) for v in role_views(job)] == want
 
 
 def test_each_role_has_its_own_world() -> None:
