@@ -255,9 +255,12 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None], figure: Path
     s = erj.Stage(h, api, say, Path(tempfile.mkdtemp(prefix="rose-demo-ex02-", dir="/tmp")))
     s.quiet, s.busy = pools[-1], pools[0]
     s.capacity = {p: h.gpus_per_node * sum(1 for q in h.pools.values() if q == p) for p in pools}
-    ref, ref_counters = constant_world_run(s.tmp, STEPS, token)
-    say(f"   · reference: the same job with 1 rollout worker throughout, never suspended ({ref_counters['accepted']} "
-        "completions accepted)")  # fmt: skip
+    # the reference runs alongside (its own processes, loopback port): the act waits for it at the end
+    refs: list[tuple[Path, dict[str, int]] | BaseException] = []
+    reference = threading.Thread(target=_into, args=(refs, partial(constant_world_run, s.tmp / "ref", STEPS, token)),
+                                 name="constant-world-run", daemon=True)  # fmt: skip
+    (s.tmp / "ref").mkdir()
+    reference.start()
     with contextlib.ExitStack() as stack:
         erj._start_drivers(s, stack)
         erj._start_services(s, stack)
@@ -265,6 +268,12 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None], figure: Path
         stack.callback(delete_namespace, api, s.ns)
         erj._start_controller(s, stack, "on")
         o = run_job(s, s.tmp, token)
+    reference.join(timeout=300)
+    if not refs or isinstance(refs[0], BaseException):
+        raise RuntimeError(f"the constant-world reference run did not finish: {refs[0] if refs else 'timeout'}")
+    ref, ref_counters = refs[0]
+    say(f"   · reference (run alongside): the same job with 1 rollout worker throughout, never suspended "
+        f"({ref_counters['accepted']} completions accepted)")  # fmt: skip
     total = STEPS * COMPLETIONS_PER_STEP
     c = o.counters
     lost, dup = total - c["accepted"], c["duplicate"] + c["stale"]
@@ -279,6 +288,13 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None], figure: Path
     draw(o, rw, out)
     say(f"   · figure: {out}")
     return lost == 0 and dup == 0 and same and c["suspends"] == c["resumes"] == 1 and len(set(o.worlds)) > 1
+
+
+def _into(out: list[Any], fn: Callable[[], Any]) -> None:
+    try:
+        out.append(fn())
+    except BaseException as e:  # handed to the joining thread
+        out.append(e)
 
 
 def act_rollouts(h: ClusterHandle, api: Any, say: Callable[[str], None], figure: Path | None = None) -> bool:
