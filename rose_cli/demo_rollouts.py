@@ -230,17 +230,21 @@ def draw(o: Outcome, rw: list[float], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.4]})
     ax1.plot(range(1, len(rw) + 1), rw, marker="o", color="tab:green")
-    ax1.set(xlabel="optimizer step", ylabel="mean reward", title="GRPO reward (tiny Qwen2, TRL)")
+    ax1.set(xlabel="optimizer step", ylabel="mean reward", title="GRPO reward per step (tiny Qwen2, TRL)")
     ax1.grid(alpha=0.3)
     ts = [t - o.samples[0][0] for t, _, _ in o.samples]
     ax2.step(ts, [n for _, n, _ in o.samples], where="post", color="tab:blue", label="rollout workers running")
+    running = [1 if st == names.SuspendState.RUNNING else 0 for _, _, st in o.samples]
+    ax2.step(ts, running, where="post", color="tab:orange", linestyle="--",
+             label="trainer running on its lent GPU (1) / suspended or not started (0)")  # fmt: skip
     sus = [1 if st == names.SuspendState.SUSPENDED else 0 for _, _, st in o.samples]
-    ax2.fill_between(ts, 0, [x * (ROLLOUTS_MAX + 0.5) for x in sus], step="post", color="tab:red", alpha=0.25,
-                     label="trainer suspended (serving on its GPU)")  # fmt: skip
-    ax2.set(xlabel="seconds", ylabel="workers", title="lending timeline", ylim=(0, ROLLOUTS_MAX + 0.5))
-    ax2.legend(loc="upper right", fontsize=8)
+    ax2.fill_between(ts, 0, [x * (ROLLOUTS_MAX + 1.7) for x in sus], step="post", color="tab:red", alpha=0.3,
+                     label="trainer suspended into host memory (serving holds its GPU)")  # fmt: skip
+    ax2.set(xlabel="seconds since kubectl apply", ylabel="workers", title="lending timeline",
+            ylim=(0, ROLLOUTS_MAX + 1.7), yticks=range(ROLLOUTS_MAX + 1))  # fmt: skip
+    ax2.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -260,13 +264,14 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None], figure: Path
     reference = threading.Thread(target=_into, args=(refs, partial(constant_world_run, s.tmp / "ref", STEPS, token)),
                                  name="constant-world-run", daemon=True)  # fmt: skip
     (s.tmp / "ref").mkdir()
-    reference.start()
     with contextlib.ExitStack() as stack:
         erj._start_drivers(s, stack)
+        s.forecast(float(s.capacity[s.quiet] - 2))
         erj._start_services(s, stack)
         s.ns = new_namespace(api, "demo-rollouts")
         stack.callback(delete_namespace, api, s.ns)
         erj._start_controller(s, stack, "on")
+        reference.start()
         o = run_job(s, s.tmp, token)
     reference.join(timeout=300)
     if not refs or isinstance(refs[0], BaseException):

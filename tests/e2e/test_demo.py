@@ -53,3 +53,6 @@ def test_rose_demo_exits_zero(tmp_path: Path) -> None:
     # act 2 ran for real (it reports success without an extender) and chose the roomier pool
     assert "the pool forecast to leave the most room: yes" in out, tail
     assert "bit-identical to an uninterrupted run: yes" in out, tail
+    # act 6: example 02 with elastic rollout workers, its trainer suspended and resumed
+    assert "weights bit-identical to a constant-world run: YES" in out, tail
+    assert "prompts lost 0, duplicated 0" in out, tail
