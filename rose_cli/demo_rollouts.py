@@ -149,6 +149,14 @@ def _serving_round(s: erj.Stage, pod_name: str, release: Callable[[], None], o: 
     s.mark(f"serving leaves (unprepare): the trainer is {o.states[-1]} again")
 
 
+def _until(kubelet: ProcessKubelet, what: str, done: Callable[[], bool], timeout: float) -> None:
+    """Wait for ``done``; on a timeout, say which of the job's pods are where (the played kubelet's view)."""
+    try:
+        wait_for(what, lambda: kubelet.check() or done(), timeout)
+    except AssertionError as e:
+        raise TimeoutError(f"{e}; the job's pods: {kubelet.phases}") from None
+
+
 def run_job(s: erj.Stage, kubelet_tmp: Path, token: str, steps: int = STEPS) -> Outcome:
     """The scenario on ``s`` (its namespace, forecast file, drivers on ``s.quiet``'s nodes, a
     controller and an extender reading the forecast): see the module docstring."""
@@ -178,7 +186,7 @@ def run_job(s: erj.Stage, kubelet_tmp: Path, token: str, steps: int = STEPS) -> 
 
         s.forecast(0.0)
         s.mark(f"forecast falls: serving needs 0 of {cap} GPUs in {s.quiet}")
-        wait_for("3 rollout processes", lambda: kubelet.check() or kubelet.running("rollout") == three, 120)
+        _until(kubelet, "3 rollout processes", lambda: kubelet.running("rollout") == three, 120)
         o.worlds.append(len(kubelet.running("rollout")))
         from rose_sdk.rollout_service import RolloutClient
 
@@ -190,7 +198,7 @@ def run_job(s: erj.Stage, kubelet_tmp: Path, token: str, steps: int = STEPS) -> 
 
         s.forecast(float(cap - 2))
         s.mark(f"forecast rises: serving needs {cap - 2} of {cap} GPUs in {s.quiet}")
-        wait_for("2 rollouts removed", lambda: kubelet.check() or kubelet.running("rollout") == three[:1], 90)
+        _until(kubelet, "2 rollouts removed", lambda: kubelet.running("rollout") == three[:1], 90)
         o.worlds.append(len(kubelet.running("rollout")))
         s.mark(f"world change 2: {o.worlds[-1]} rollout worker (2 removed, SIGTERMed; their prompts back in the queue)")
         _serving_round(s, f"{name}-trainer-0", (gates / "go-3").touch, o)
