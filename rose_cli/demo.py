@@ -16,7 +16,11 @@ it to its minimum and then suspends the gang (through real drivers) when serving
 need the GPUs, and resumes and regrows it when the forecast falls. Act 5 runs two small CPU RL
 jobs sharing one time-slice group through the orchestrator (a process over the cluster's Leases,
 switching through a real driver) and prints the group's duty cycle with and without sharing and
-the switch latency split (``rose_cli/demo_timeslice.py``).
+the switch latency split (``rose_cli/demo_timeslice.py``). Act 6 runs example 02 (GRPO on a tiny LLM)
+as an ElasticRLJob with roles: rollout workers added and removed as the forecast moves, the trainer
+suspended through a real driver and resumed; prompts lost / duplicated, the reward, and whether the
+weights are bit-identical to a constant-world run; a PNG of the reward and the lending timeline
+(``rose_cli/demo_rollouts.py``). ``--acts 1,6`` runs only those acts (act 1, the cluster, always runs).
 """
 
 from __future__ import annotations
@@ -26,11 +30,28 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rose_common import names, slices
 from rose_common.cli import EnvArgumentParser
+
+if TYPE_CHECKING:
+    from local_cluster import ClusterHandle
+
+ACTS = (1, 2, 3, 4, 5, 6)
+
+
+def parse_acts(text: str) -> frozenset[int]:
+    """``--acts``: a comma-separated list of act numbers (pure); act 1 (the cluster) is always in."""
+    try:
+        got = {int(a) for a in text.split(",") if a.strip()}
+    except ValueError:
+        raise ValueError(f"--acts: a comma-separated list of act numbers {ACTS[0]}-{ACTS[-1]}, got {text!r}") from None
+    if not got <= set(ACTS):
+        raise ValueError(f"--acts: no act {sorted(got - set(ACTS))}; the acts are {ACTS[0]}-{ACTS[-1]}")
+    return frozenset(got | {1})
 
 
 def _say(msg: str) -> None:
@@ -92,24 +113,44 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_acts(h: Any, api: Any) -> bool:
-    """Acts 2 to 5 on a running cluster; True when every judged line said YES."""
+TITLES = {
+    2: "lend by forecast: RL workers go where serving is forecast to leave the most room",
+    3: "serving wins: the RL job is suspended into host memory, not evicted; a hostile one is stopped",
+    4: "an ElasticRLJob grows on idle GPUs and gives them back before serving needs them",
+    5: "two RL jobs share one time-slice group (acquire / yield): duty cycle with and without",
+    6: "GRPO with elastic rollout workers (example 02): lent, taken back, nothing lost",
+}
+
+
+def _run_acts(h: ClusterHandle, acts: frozenset[int], figure: Path | None) -> bool:
+    """Acts 2-6 (those in ``acts``) on the running cluster; True when every act's checks held."""
     from rose_cli.demo_elastic import act_elastic_job
     from rose_cli.demo_node import act_serving_wins
     from rose_cli.demo_placement import act_lend_by_forecast
+    from rose_cli.demo_rollouts import act_rollouts
     from rose_cli.demo_spill import act_spill
     from rose_cli.demo_timeslice import act_timeslice
 
-    _say("\nAct 2: lend by forecast: RL workers go where serving is forecast to leave the most room")
-    ok = act_lend_by_forecast(h, api, _say)
-    _say("\nAct 3: serving wins: the RL job is suspended into host memory, not evicted; a hostile one is stopped")
-    ok &= act_serving_wins(h, api, _say)
-    _say("   and when host memory is full, suspended state spills to a disk tier instead of being evicted:")
-    ok &= act_spill(h, api, _say)
-    _say("\nAct 4: an ElasticRLJob grows on idle GPUs and gives them back before serving needs them")
-    ok &= act_elastic_job(h, api, _say)
-    _say("\nAct 5: two RL jobs share one time-slice group (acquire / yield): duty cycle with and without")
-    ok &= act_timeslice(h, api, _say)
+    def act_serving_wins_and_spill(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> bool:
+        ok = act_serving_wins(h, api, say)
+        say("   and when host memory is full, suspended state spills to a disk tier instead of being evicted:")
+        return act_spill(h, api, say) and ok
+
+    run: dict[int, Callable[[ClusterHandle, Any, Callable[[str], None]], bool]] = {
+        2: act_lend_by_forecast,
+        3: act_serving_wins_and_spill,
+        4: act_elastic_job,
+        5: act_timeslice,
+        6: lambda h, api, say: act_rollouts(h, api, say, figure),
+    }
+    ok = True
+    api = h.api_client()
+    try:
+        for n in sorted(acts - {1}):
+            _say(f"\nAct {n}: {TITLES[n]}")
+            ok &= bool(run[n](h, api, _say))
+    finally:
+        api.close()
     return ok
 
 
@@ -121,7 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("ROSE_DEMO_GPUS_PER_NODE", "8")))
     p.add_argument("--dir", type=Path, default=default_workdir("demo"), help="cluster work directory")
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
+    p.add_argument("--acts", default=os.environ.get("ROSE_DEMO_ACTS", ",".join(map(str, ACTS))),
+                   help="the acts to run, comma-separated (act 1 always runs), e.g. 1,6")  # fmt: skip
+    p.add_argument("--figure", type=Path, default=None,
+                   help="act 6's PNG (reward and lending timeline); default: in the act's work dir")  # fmt: skip
     args = p.parse_args(argv)
+    try:
+        acts = parse_acts(args.acts)
+    except ValueError as e:
+        p.error(str(e))
 
     t0 = time.monotonic()
     _say("== ROSE demo: lend idle serving GPUs to RL, suspend instead of evict ==\n")
@@ -151,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(format_table(gpu_table(api)))
         finally:
             api.close()
-        api = h.api_client()
-        try:
-            ok = run_acts(h, api)
-        finally:
-            api.close()
+        ok = _run_acts(h, acts, args.figure)
         _say(f"\nexport KUBECONFIG={h.kubeconfig}   # to look around with kubectl")
     finally:
         if not args.keep:

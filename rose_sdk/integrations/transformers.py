@@ -348,7 +348,11 @@ class RoseTrainerCallback(TrainerCallback):
 
     def on_world(self, world: World) -> None:
         """A new world: keep the global batch by changing gradient accumulation (from the next
-        aligned step end on)."""
+        aligned step end on). A world with no active worker (the job's workers all suspended, as the
+        controller reports while this one is parked suspended) has no batch to split: nothing changes."""
+        if world.active < 1:
+            log.info("world without active workers: gradient accumulation kept", extra={"world": str(world)})
+            return
         args = self.trainer.args
         per = int(args.per_device_train_batch_size)
         if self.global_batch is None:

@@ -55,3 +55,6 @@ def test_rose_demo_exits_zero(tmp_path: Path) -> None:
     assert "bit-identical to an uninterrupted run: yes" in out, tail
     assert "waited" in out and "in PreBind while the driver suspended" in out, tail  # act 3: the default path
     assert "spilled to disk, not evicted; resumed bit-exact: YES" in out, tail
+    # act 6: example 02 with elastic rollout workers, its trainer suspended and resumed
+    assert "weights bit-identical to a constant-world run: YES" in out, tail
+    assert "prompts lost 0, duplicated 0" in out, tail

@@ -63,8 +63,9 @@ def test_world_change_keeps_the_global_batch_through_gradient_accumulation(
     trainer = tiny_grpo.trainer(str(tmp_path / "out"), max_steps=9, per_device_train_batch_size=4,
                                gradient_accumulation_steps=2, steps_per_generation=1)  # fmt: skip
     rose = attach(trainer)
-    # worlds as the agent would deliver them at the safe point of these steps
-    schedule = {1: World(2, 2), 2: World(1, 2), 6: World(3, 3)}
+    # worlds as the agent would deliver them at the safe point of these steps; 0/2 (every worker
+    # suspended, as the controller says to a parked one) changes nothing
+    schedule = {1: World(2, 2), 2: World(1, 2), 3: World(0, 2), 6: World(3, 3)}
     micro: list[int] = []
 
     class Worlds(TrainerCallback):

@@ -1,13 +1,14 @@
 """Example 02's ``train.py`` run unchanged (its ``main``), with two test hooks around it for the
-end-to-end tests that play a pod's kubelet (``tests/e2e/test_example02_cluster_e2e.py``):
+runs that play a pod's kubelet (``rose_cli/example02_pods.py``: ``rose demo``'s act 6 and
+``tests/e2e/test_example02_cluster_e2e.py``):
 
-    python tests/example02_role.py <train.py's arguments>
+    python rose_cli/example02_role.py <train.py's arguments>
 
-``ROSE_TEST_GATE_DIR`` + ``ROSE_TEST_GATES`` (``1,3``): at the end of each listed optimizer step
+``ROSE_EXAMPLE_GATE_DIR`` + ``ROSE_EXAMPLE_GATES`` (``1,3``): at the end of each listed optimizer step
 the trainer prints ``GATE <step>`` and waits for the file ``<dir>/go-<step>`` (so the test can
-change the rollout world between two known steps). ``ROSE_TEST_WEIGHTS``: where the trained
-model's final state dict is written (``torch.save``) — the example itself keeps no weights
-(``save_strategy="no"``).
+change the rollout world between two known steps). ``ROSE_EXAMPLE_WEIGHTS``: where the trained
+model's final state dict (``model``) and the reward of each logged step (``rewards``) are written
+(``torch.save``) — the example itself keeps no weights (``save_strategy="no"``).
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples" / "02_grpo_tiny_l
 
 
 def main(argv: list[str]) -> int:
-    import tiny_grpo
-    import train
+    import importlib
+
+    tiny_grpo: Any = importlib.import_module("tiny_grpo")  # the example's modules, by their path
+    train: Any = importlib.import_module("train")
     from transformers import TrainerCallback
 
-    gate_dir = os.environ.get("ROSE_TEST_GATE_DIR", "")
-    gates = {int(g) for g in os.environ.get("ROSE_TEST_GATES", "").split(",") if g}
+    gate_dir = os.environ.get("ROSE_EXAMPLE_GATE_DIR", "")
+    gates = {int(g) for g in os.environ.get("ROSE_EXAMPLE_GATES", "").split(",") if g}
 
-    class Gates(TrainerCallback):  # type: ignore[misc]
+    class Gates(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.global_step in gates:
                 print(f"GATE {state.global_step}", flush=True)
@@ -49,11 +52,14 @@ def main(argv: list[str]) -> int:
 
     tiny_grpo.trainer = trainer
     rc: int = train.main(argv)
-    weights = os.environ.get("ROSE_TEST_WEIGHTS")
+    weights = os.environ.get("ROSE_EXAMPLE_WEIGHTS")
     if weights and made:
         import torch
 
-        torch.save({k: v.detach().clone() for k, v in made[0].model.state_dict().items()}, weights)
+        t = made[0]
+        rewards = [float(h["reward"]) for h in t.state.log_history if "reward" in h]
+        torch.save({"model": {k: v.detach().clone() for k, v in t.model.state_dict().items()}, "rewards": rewards},
+                   weights)  # fmt: skip
     return rc
 
 
