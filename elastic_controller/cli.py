@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
            help="seconds ahead a pool's forecast must leave a GPU to lend, else its lendable devices get the "
                 "rose.io/reclaim-planned NoSchedule DeviceTaintRules (with the occupants' own reclaim lead); "
                 "< 0: no taints")  # fmt: skip
+    p.flag("--schedule-retry", default=15.0, type=duration,
+           help="seconds a worker pod may stay Unschedulable before the controller nudges kube-scheduler to "
+                "try it again (an extender's refusal on a forecast since changed is not a cluster event)")  # fmt: skip
     p.flag("--log-level", default="info", help="debug, info, warning or error")
     return p
 
@@ -89,7 +92,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
                                   lease_duration_s=args.lease_duration, lease_renew_s=args.lease_renew,
                                   planned=args.planner == "on",
                                   write_concurrency=args.write_concurrency,
-                                  taint_lead_s=args.taint_lead)  # fmt: skip
+                                  taint_lead_s=args.taint_lead, schedule_retry_s=args.schedule_retry)  # fmt: skip
     except ValueError as e:
         raise SystemExit(f"rose controller: {e}") from None
 

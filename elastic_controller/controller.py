@@ -59,6 +59,7 @@ from elastic_controller.observe import (
     planner_state,
     role_planner_jobs,
     role_world_updates,
+    schedule_retries,
     to_planner,
     workload_report,
 )
@@ -129,6 +130,8 @@ class ControllerSettings:
     # forecast leaves nothing to lend within this lead (and its occupants' own) gets its lendable
     # devices tainted NoSchedule. < 0: off.
     taint_lead_s: float = 60.0
+    # a worker pod Unschedulable this long is nudged back into kube-scheduler's queue (observe.schedule_retries)
+    schedule_retry_s: float = 15.0
 
     def __post_init__(self) -> None:
         if self.plan_interval_s <= 0:
@@ -389,6 +392,7 @@ class Controller:
         group = job.spec.timeslice_group
         d = desired(job, observed, target, self._clock(), self.group_lease(group, job.namespace) if group else None)
         failures = converge(self.api, job, d, self._run) + self._write_world(job, observed)
+        failures += self._retry_unschedulable(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)
         if failures:
@@ -410,6 +414,23 @@ class Controller:
         # a failure is retried with the reconcile
         return [Failure("annotate_world", w.name, repr(e)) for (w, _), e in zip(stale, errors, strict=True)
                 if e is not None]  # fmt: skip
+
+    def _retry_unschedulable(self, job: ElasticRLJob, observed: list[ObservedWorker]) -> list[Failure]:
+        """Workers the scheduler left Unschedulable for ``schedule_retry_s`` get ``rose.io/schedule-retry``
+        (now): the pod update puts them back into kube-scheduler's queue. An extender's refusal made
+        on a forecast that has changed since is no cluster event, so without it they would wait for
+        an unrelated one or the scheduler's 5-minute flush (counted; the job's next resync re-checks)."""
+        now = self._clock()
+        due = schedule_retries(observed, now, self.settings.schedule_retry_s)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid),
+                                    {names.ANNOTATION_SCHEDULE_RETRY: stamp}) for w in due])  # fmt: skip
+        for w, e in zip(due, errors, strict=True):
+            self.metrics.schedule_retries.labels("error" if e else "ok").inc()
+            if e is None:
+                log.info("unschedulable worker requeued", extra={"job": f"{job.namespace}/{job.name}", "pod": w.name,
+                                                                 "since": w.unschedulable_since})  # fmt: skip
+        return [Failure("schedule_retry", w.name, repr(e)) for w, e in zip(due, errors, strict=True) if e is not None]
 
     def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:
         """A deleted job: delete its workers and claim template now, not only when the garbage

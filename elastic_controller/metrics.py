@@ -76,6 +76,11 @@ class ControllerMetrics:
         for action in ("create", "delete"):
             for res in OK_ERROR:
                 self.taint_rules.labels(action, res)
+        self.schedule_retries = Counter("rose_controller_schedule_retries_total",
+                                        "Unschedulable worker pods nudged back into kube-scheduler's queue "
+                                        "(rose.io/schedule-retry), by result.", ["result"], registry=r)  # fmt: skip
+        for res in OK_ERROR:
+            self.schedule_retries.labels(res)
         for phase in PHASES:
             self.jobs.labels(phase)
         for kind in RECLAIM_KINDS:

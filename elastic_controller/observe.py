@@ -19,6 +19,7 @@ the minimums), and ``rose.io/suspend-state`` can only make the planner more cons
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
@@ -62,6 +63,8 @@ class ObservedWorker:
     reported_min_host_memory: int | None = None  # bytes
     pod_priority: int | None = None  # spec.priority, resolved by the API server from the PriorityClass
     role: Role | None = None  # "trainer" / "rollout" (a job with spec.roles, from the name), else None
+    unschedulable_since: str | None = None  # PodScheduled=False, reason Unschedulable: its lastTransitionTime
+    schedule_retry: str | None = None  # rose.io/schedule-retry: when the controller last nudged the scheduler
 
     @property
     def lost(self) -> bool:
@@ -286,7 +289,44 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
         reported_min_host_memory=_int(ann.get(names.ANNOTATION_REPORTED_MIN_HOST_MEMORY)),
         pod_priority=spec.get("priority") if isinstance(spec.get("priority"), int) else None,
         role=role,
+        unschedulable_since=_unschedulable_since(pod),
+        schedule_retry=ann.get(names.ANNOTATION_SCHEDULE_RETRY),
     )
+
+
+def _unschedulable_since(pod: dict[str, Any]) -> str | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return str(c.get("lastTransitionTime") or "") or None
+    return None
+
+
+def schedule_retries(observed: list[ObservedWorker], now: dt.datetime, after_s: float) -> list[ObservedWorker]:
+    """The workers to nudge back into kube-scheduler's queue (pure): unbound, not being deleted,
+    Unschedulable for at least ``after_s`` and not nudged within the last ``after_s``. A pod an
+    extender refused (a stale forecast, an extender restart) waits in the scheduler's
+    unschedulable queue until some cluster event or the scheduler's 5-minute flush; an update of
+    the pod itself re-queues it at once. Bounded: one update per pod per ``after_s``."""
+    out: list[ObservedWorker] = []
+    for w in observed:
+        if w.node or w.deleting or w.unschedulable_since is None:
+            continue
+        since = _parse_time(w.unschedulable_since)
+        last = _parse_time(w.schedule_retry) if w.schedule_retry else None
+        if since is None or (now - since).total_seconds() < after_s:
+            continue
+        if last is not None and (now - last).total_seconds() < after_s:
+            continue
+        out.append(w)
+    return out
+
+
+def _parse_time(raw: str) -> dt.datetime | None:
+    try:
+        t = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 def _phase(raw: str | None) -> str | None:

@@ -97,6 +97,10 @@ ANNOTATION_SUSPEND_STATE: Final = f"{LABEL_PREFIX}/suspend-state"
 # seconds to its next safe point, its state bytes and the least it can run with (GPUs per worker,
 # host memory bytes); the controller reads them into the status.
 ANNOTATION_WORLD: Final = f"{LABEL_PREFIX}/world"
+# The controller's nudge to kube-scheduler: a worker pod the scheduler left Unschedulable (an
+# extender's verdict is not a cluster event, so nothing else re-queues it) gets this annotation
+# set to the time of the nudge; the pod update moves it back to the scheduling queue.
+ANNOTATION_SCHEDULE_RETRY: Final = f"{LABEL_PREFIX}/schedule-retry"
 ANNOTATION_WORKLOAD_PHASE: Final = f"{LABEL_PREFIX}/workload-phase"
 ANNOTATION_SECONDS_TO_SAFE_POINT: Final = f"{LABEL_PREFIX}/seconds-to-safe-point"
 ANNOTATION_REPORTED_STATE_BYTES: Final = f"{LABEL_PREFIX}/reported-state-bytes"

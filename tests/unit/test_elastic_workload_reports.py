@@ -4,6 +4,7 @@ reach the job's status and the planner's Job, and the job's world is written on 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_elastic_controller import NOW, RAW_JOB, _controller, _drain, _running
 
-from elastic_controller.observe import ObservedWorker, observe, workload_report, world_updates, world_value
+from elastic_controller.observe import (
+    ObservedWorker,
+    observe,
+    schedule_retries,
+    workload_report,
+    world_updates,
+    world_value,
+)
 from elastic_controller.status import compute_status
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
@@ -143,3 +151,45 @@ def test_a_pending_worker_gets_no_world_until_it_runs() -> None:
     assert world_value(obs) == "1/2"
     assert [w.name for w in world_updates(obs)] == ["grpo-w0"]
     assert world_updates(_observed(_pod(0, phase="Pending"), _pod(1, phase="Pending"))) == []
+
+
+def _unschedulable(i: int, since: dt.datetime, **ann: str) -> dict[str, Any]:
+    pod = _pod(i, phase="Pending", **ann)
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ")}]  # fmt: skip
+    return pod
+
+
+def test_a_worker_left_unschedulable_is_nudged_once_per_period() -> None:
+    """A worker pod an extender refused on a forecast that has changed since waits in kube-scheduler's
+    unschedulable queue (the refusal is no cluster event): after ``after_s`` the controller updates
+    the pod (rose.io/schedule-retry), which re-queues it; never more often than once per period,
+    never a bound, deleted or merely pending pod."""
+    since = NOW - dt.timedelta(seconds=20)
+    stale = _unschedulable(0, since)
+    fresh = _unschedulable(1, NOW - dt.timedelta(seconds=5))
+    nudged = _unschedulable(2, since, **{names.ANNOTATION_SCHEDULE_RETRY: "2026-11-30T13:59:55Z"})
+    old_nudge = _unschedulable(3, since, **{names.ANNOTATION_SCHEDULE_RETRY: "2026-11-30T13:59:40Z"})
+    bound = _unschedulable(4, since)
+    bound["spec"]["nodeName"] = "n0"
+    waiting = _pod(5, phase="Pending")  # no Unschedulable condition: the scheduler has not refused it
+    obs = _observed(stale, fresh, nudged, old_nudge, bound, waiting)
+    assert [w.name for w in schedule_retries(obs, NOW, 15.0)] == ["grpo-w0", "grpo-w3"]
+    assert schedule_retries(obs, NOW, 60.0) == []
+
+
+def test_reconcile_nudges_an_unschedulable_worker_and_counts_it() -> None:
+    ctl, api = _controller(need=0.0)
+    ctl.on_job_list([RAW_JOB])
+    ctl.plan_once()
+    _drain(ctl)
+    body = copy.deepcopy(api.created[0])
+    body["metadata"]["uid"] = "uid-0"
+    refused = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+               "lastTransitionTime": "2026-11-30T13:59:00Z"}  # fmt: skip
+    body["status"] = {"phase": "Pending", "conditions": [refused]}
+    ctl.on_pod_event(ADDED, body)
+    _drain(ctl)
+    nudges = [a for name, a in api.names("annotate") if names.ANNOTATION_SCHEDULE_RETRY in a and name == "grpo-w0"]
+    assert nudges == [{names.ANNOTATION_SCHEDULE_RETRY: "2026-11-30T14:00:00Z"}]
+    assert ctl.metrics.schedule_retries.labels("ok")._value.get() == 1
