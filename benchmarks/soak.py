@@ -280,6 +280,7 @@ class Params:
     fault_spacing_s: float = 40.0  # at least this far apart (time to converge in between)
     drain_s: float = 300.0
     simulate: bool = True
+    plan_interval_s: float = 1.0  # the controller's --plan-interval (wall seconds)
 
 
 @dataclass
@@ -502,7 +503,8 @@ class Soak:
         self.ctl_port = free_port()
         dwell = max(1, round(300 / self.p.speed))
         self.procs["controller"] = Proc("controller", [sys.executable, "-m", "elastic_controller", *self._common(),
-                                        "--plan-interval=1", f"--dwell={dwell}", "--lease-namespace=default",
+                                        f"--plan-interval={self.p.plan_interval_s:g}", f"--dwell={dwell}",
+                                        "--lease-namespace=default",
                                         "--lease-name=rose-soak", "--lease-duration=6", "--lease-renew=2",
                                         f"--metrics-listen=127.0.0.1:{self.ctl_port}"],
                                         self.tmp / "controller.log")  # fmt: skip
@@ -513,7 +515,8 @@ class Soak:
         self.stack.callback(self.procs["extender"].stop)
         wait_until("controller /metrics", lambda: _get(f"http://127.0.0.1:{self.ctl_port}/metrics")[0] == 200, 60)
         wait_until("extender /readyz", lambda: _get(f"http://127.0.0.1:{self.extender_port}/readyz")[0] == 200, 60)
-        self.say(f"controller (plan every 1 s, dwell {dwell} s, forecast max age {self.p.forecast_max_age_s:g} s) "
+        self.say(f"controller (plan every {self.p.plan_interval_s:g} s, dwell {dwell} s, "
+                 f"forecast max age {self.p.forecast_max_age_s:g} s) "
                  "and extender on the predictor's forecasts")  # fmt: skip
 
     def _namespace(self) -> None:
