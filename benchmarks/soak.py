@@ -281,6 +281,7 @@ class Params:
     drain_s: float = 300.0
     simulate: bool = True
     plan_interval_s: float = 1.0  # the controller's --plan-interval (wall seconds)
+    cluster: Any = None  # a running local cluster of the same shape (a ClusterHandle) instead of a new one
 
 
 @dataclass
@@ -365,13 +366,24 @@ class Soak:
             raise SoakFailure(f"{p.series}: step {s.step}s; the soak plays 10-minute series")
         self.series_values = s.values
         self.say(f"cluster: 4 KWOK nodes x 2 simulated GPUs, 2 pools (workdir {p.workdir})")
-        self.extender_port = free_port()
-        cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=p.workdir / "cluster", seed_slices=False,
-                            extender_url=f"http://127.0.0.1:{self.extender_port}", die_with_parent=True)  # fmt: skip
-        self.lc = LocalCluster(cfg)
-        self.h = self.lc.up()
-        self.stack.callback(self.lc.down)
-        self.api = self.h.api_client()
+        if p.cluster is not None:  # a running cluster of the same shape (no faults: it is not restarted)
+            from urllib.parse import urlparse
+
+            if p.faults or not p.cluster.extender_url:
+                raise SoakFailure("a given cluster takes no faults and needs its extender URL")
+            self.h = p.cluster
+            self.extender_port = int(urlparse(p.cluster.extender_url).port or 0)
+            self.api = self.h.api_client()
+            self.stack.callback(self._delete_namespace)  # leave the cluster as it was found
+        else:
+            self.extender_port = free_port()
+            cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=p.workdir / "cluster",
+                                seed_slices=False, extender_url=f"http://127.0.0.1:{self.extender_port}",
+                                die_with_parent=True)  # fmt: skip
+            self.lc = LocalCluster(cfg)
+            self.h = self.lc.up()
+            self.stack.callback(self.lc.down)
+            self.api = self.h.api_client()
         self.pools = sorted(set(self.h.pools.values()))
         self.cap = {pl: sum(1 for q in self.h.pools.values() if q == pl) * self.h.gpus_per_node for pl in self.pools}
         self.busy: dict[str, np.ndarray] = {}
@@ -384,6 +396,24 @@ class Soak:
         self._drivers()
         self._services()
         self._namespace()
+
+    def _delete_namespace(self) -> None:
+        """Delete the soak's namespace and wait (at most 60 s) until it is gone."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api)
+        with contextlib.suppress(Exception):
+            core.delete_namespace(NS, grace_period_seconds=0)
+
+        def gone() -> bool:
+            try:
+                core.read_namespace(NS, _request_timeout=5)
+            except client.ApiException as e:
+                return e.status == 404
+            return False
+
+        with contextlib.suppress(SoakFailure):
+            wait_until(f"namespace {NS} deleted", gone, timeout=60)
 
     def _serving_metrics(self) -> None:
         from tests.prometheus_fixtures import MetricsStandIn
