@@ -409,7 +409,7 @@ class Soak:
             try:
                 core.read_namespace(NS, _request_timeout=5)
             except client.ApiException as e:
-                return e.status == 404
+                return bool(e.status == 404)
             return False
 
         with contextlib.suppress(SoakFailure):
