@@ -41,10 +41,23 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import log
-from benchmarks.soak import HISTORY_ROWS, NS, ROW_S, Params, Soak, SoakFailure, _get, job_manifest
+from benchmarks.soak import (
+    HISTORY_ROWS,
+    NS,
+    ROW_S,
+    Params,
+    Soak,
+    SoakFailure,
+    _get,
+    job_manifest,
+    prepare_error_summary,
+)
 
 JOBS = (("rl-hi", 1, 1, 10), ("elastic-a", 1, 4, 0), ("elastic-b", 2, 4, 0))  # the soak's, no real trainer
 RISK = "0.05"
+# the real controller plans every second, so it acts within a second or two of each row's forecast
+# (a plan loop of one row's period would act anywhere in the row: a random phase against the ticks)
+PLAN_INTERVAL_S = 1.0
 WAITED_S = 0.5  # a serving prepare that took longer inside the driver waited for a suspend
 HORIZONS_SIM_S = (600, 1800, 3600)  # the predictor's default horizons, simulated seconds
 
@@ -254,9 +267,9 @@ class SimToReal(Soak):
                 if not self.at_target():
                     break
                 if time.monotonic() - warm > 120:
-                    raise SoakFailure(
-                        f"the jobs did not reach the simulation's first targets within 120 s: {self.at_target()}"
-                    )
+                    # fail(): close() writes the cluster's view into the workdir
+                    self.fail(f"the jobs did not reach the simulation's first targets within 120 s: {self.at_target()}")
+                    raise SoakFailure(str(self.failure))
             self.samples.clear()
             self.t_start = time.monotonic()
             self.note(f"jobs at their first targets after {self.t_start - warm:.1f} s; the clock starts")
@@ -291,7 +304,7 @@ class SimToReal(Soak):
                 "serving_prepares_over_0_5s_wall": len(self.fig.serving_waits),
                 "placements": self.placements,
                 "serving_prepares": len(self.fig.serving_prepares), "samples": len(self.samples),
-                "api_errors": self.api_errors, "prepare_errors": len(self.fig.prepare_errors),
+                "api_errors": self.api_errors, "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
                 "events": events}  # fmt: skip
 
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
@@ -359,7 +372,7 @@ def run(series: Path, hours: float, speed: float, workdir: Path, start_row: int 
             f"--speed {speed:g}: one 10-minute row must last a whole number of seconds >= 2 (e.g. 60, 120)"
         )
     p = Params(series, hours=hours, speed=speed, faults=0, seed=0, workdir=workdir, start_row=start_row,
-               simulate=False, plan_interval_s=row_s, forecast_max_age_s=max(20.0, 4 * row_s),
+               simulate=False, plan_interval_s=PLAN_INTERVAL_S, forecast_max_age_s=max(20.0, 4 * row_s),
                cluster=cluster)  # fmt: skip
     s = SimToReal(p, say)
     t0 = time.monotonic()
