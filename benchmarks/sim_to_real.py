@@ -257,6 +257,15 @@ class SimToReal(Soak):
             # the simulation starts with the jobs applied and serving at row 0: so does the real side
             self.t_start = time.monotonic() + 10 * self.duration_s  # row 0 until the clock starts
             self.write_forecasts(0)
+            # serving first, prepared on its GPUs, as in a fleet that serves before RL arrives (jobs
+            # applied together with serving race it for the GPUs: a worker placed on a GPU serving
+            # then takes is refused its prepare until serving leaves)
+            warm = time.monotonic()
+            while not self.stop.is_set() and not self.serving_prepared():
+                self.tick()
+                if time.monotonic() - warm > 120:
+                    self.fail("serving's row-0 pods were not all prepared within 120 s")
+                    raise SoakFailure(str(self.failure))
             for name, lo, hi, prio in JOBS:
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
                     names.GROUP, names.VERSION, NS, names.PLURAL, job_manifest(name, lo, hi, prio))  # fmt: skip
@@ -322,6 +331,12 @@ class SimToReal(Soak):
             + ", ".join(f"{p}@GPU{i} ({states.get(p, '?')})" for p, i in sorted(lent.items()))
         )
         super()._check_serving_free(node, serving)
+
+    def serving_prepared(self) -> bool:
+        """Every serving replica the trace wants now is prepared on a GPU."""
+        with self.mu:
+            n = sum(1 for r in self.prepared.values() if r["role"] == "serving")
+        return bool(self.replicas) and n == sum(self.replicas.values())
 
     def row_now(self) -> int:
         return max(0, super().row_now())
