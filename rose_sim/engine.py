@@ -87,6 +87,10 @@ class SimConfig:
     pool_name: str = POOL  # the pool's name (its GPUs' rose.io/gpu-pool label)
     refit_every_s: int = 86400  # the predictor's model: refit this often (the service's default is 1 h)
     host_memory_bytes: int | None = None  # host memory for suspended state, the pool's nodes together (None: no limit)
+    # the planner's forecast step (None: the tick). The controller maps every reply onto
+    # ``elastic_controller.pools.STEP_S`` (60 s) steps whatever its plan interval; a simulation at
+    # another tick that must decide as the controller does (benchmarks.sim_to_real) sets that here
+    forecast_step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,8 @@ class Simulation:
             return Pool(lane.name, lane.rl_gpus, Forecast(now, float(self.d.tick_s), (0.0,) * 60, "dedicated"))
         assert lane.bounds is not None
         reply = forecast_reply(lane.bounds, i, now, self.cfg.risk, lane.gpus, lane.name)
-        return Pool(lane.name, lane.gpus, ec_pools.to_forecast(reply, QUANTILE, float(self.d.tick_s), self.cfg.risk))
+        step = float(self.cfg.forecast_step_s or self.d.tick_s)
+        return Pool(lane.name, lane.gpus, ec_pools.to_forecast(reply, QUANTILE, step, self.cfg.risk))
 
     def plan_input(self, i: int, now: float) -> PlanInput:
         pools = tuple(self.pool(x, i, now) for x in self.lanes)
