@@ -82,7 +82,11 @@ FAULT_KINDS = (
     "restart-apiserver",
     "restart-etcd",
     "predictor-down",
+    "host-memory-full",
 )
+SERVING_WAITS = ("prepare", "prebind")
+PREBIND_KILL_AFTER_S = 1.0  # prebind: the mid-suspend kill this long after the burst pod is created
+HOST_BUDGET = "512Gi"  # a node's host-memory budget for suspended state (eight 64 GiB occupants)
 OCCUPANT_GIB = 64  # a simulated occupant: 64 GiB over 55 GB/s is a 1.25 s suspend (a driver can die inside it)
 
 
@@ -280,6 +284,14 @@ class Params:
     fault_spacing_s: float = 40.0  # at least this far apart (time to converge in between)
     drain_s: float = 300.0
     simulate: bool = True
+    serving_wait: str = "prepare"  # the drivers' --serving-wait: prepare (the played kubelet's prepare
+    # suspends the lent occupant) or prebind (the scheduler holds the serving pod in PreBind until the
+    # driver has suspended it; the prepare is then immediate)
+    host_full_s: float = 60.0  # how long the host-memory-full fault holds a node's budget full
+
+    def __post_init__(self) -> None:
+        if self.serving_wait not in SERVING_WAITS:
+            raise ValueError(f"serving_wait {self.serving_wait!r}: one of {', '.join(SERVING_WAITS)}")
 
 
 @dataclass
@@ -322,6 +334,7 @@ class Soak:
         self.round_claims: list[dict[str, Any]] = []
         self.replicas: dict[str, int] = {}
         self.api_errors = 0
+        self.host_full: list[dict[str, Any]] = []  # what each host-memory-full fault saw
 
     # -------------------------------------------------------------- helpers
     def note(self, what: str) -> None:
@@ -475,12 +488,12 @@ class Soak:
         self.driver_root = root
         for node in self.h.node_names:
             args = ["--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
-                    "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi", "--host-memory-budget", "512Gi",
+                    "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi", "--host-memory-budget", HOST_BUDGET,
                     "--default-grace-seconds", "5", "--node-facts-seconds", "1", "--suspended-cpu=",
                     "--reconcile-seconds", "2",
-                    # the played kubelet's prepare reclaims, as the soak was built and run (prebind:
-                    # tests/e2e/test_driver_binding_e2e.py; not yet soaked)
-                    "--serving-wait", "prepare",
+                    # prepare: the played kubelet's prepare reclaims; prebind: the scheduler holds
+                    # the serving pod in PreBind until the driver freed the GPU (--serving-wait)
+                    "--serving-wait", self.p.serving_wait,
                     "--agent-control-socket", str(root / node / "a" / "control.sock")]  # fmt: skip
             drv = DriverProcess(self.h.kubeconfig, node, root, gpus=self.h.gpus_per_node, metrics_port=free_port(),
                                 extra_args=args, die_with_parent=True)  # fmt: skip
@@ -594,6 +607,8 @@ class Soak:
                 self.kill_mid_suspend = None
                 killer = threading.Timer(0.4, self._kill_driver, (node, "mid-suspend"))
                 killer.start()
+            if role == "serving" and self.p.serving_wait == "prebind":
+                self._check_freed_before_prepare(node, claim)
             t0 = time.monotonic()
             out = drv.kubelet.prepare(claim)
             took = time.monotonic() - t0
@@ -649,6 +664,21 @@ class Soak:
 
     def _occupied(self, node: str, claim: dict[str, Any]) -> bool:
         return bool(self._lent_on(node, self._gpu_index(claim)))
+
+    def _check_freed_before_prepare(self, node: str, serving: dict[str, Any]) -> None:
+        """prebind: the scheduler bound the serving pod only after the driver freed its GPU, so its
+        prepare has nothing to suspend: every lent claim on that GPU is already suspended (or
+        checkpointed) in the driver's own node state before the played kubelet calls prepare."""
+        from dra_driver.state import CHECKPOINTED_EVICTED, SUSPENDED, decode
+
+        index = self._gpu_index(serving)
+        data = decode((self.drivers[node].plugin_dir / "checkpoint.json").read_bytes())
+        for uid in self._lent_on(node, index):
+            sus = data.suspensions.get(uid)
+            self.check("prebind: a serving pod reaches its prepare with its GPU freed",
+                       sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED),
+                       f"serving claim {serving['metadata']['name']} bound to {node} GPU {index} while lent claim "
+                       f"{uid} is {sus.state if sus else 'not suspended'}")  # fmt: skip
 
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
         """Invariant: the serving prepare returned → every lent claim on its GPU is suspended in
@@ -848,6 +878,8 @@ class Soak:
             comp = "kube-apiserver" if kind == "restart-apiserver" else "etcd"
             took = self.lc.restart(comp)
             self.note(f"fault: SIGKILL {comp}, started again (healthy after {took:.1f}s)")
+        elif kind == "host-memory-full":
+            self._host_memory_full(f)
         elif kind == "predictor-down":
             self.predictor_held_down = True
             self.procs["predictor"].kill9()
@@ -860,6 +892,60 @@ class Soak:
         else:
             raise ValueError(f"unknown fault {kind}")
         return time.monotonic()
+
+    def _set_budget(self, node: str, budget: str) -> None:
+        """SIGKILL ``node``'s driver and start it again (main thread) with ``--host-memory-budget budget``."""
+        drv = self.drivers[node]
+        i = drv.args.index("--host-memory-budget")
+        drv.args[i + 1] = budget
+        drv.kill9()
+        drv.restart_if_dead()
+
+    def _host_memory_full(self, f: Fault) -> None:
+        """The host-memory budget full on one node for ``host_full_s``: its driver restarted with a
+        budget of exactly what its suspended occupants hold now (no room for one more state; a
+        DaemonSet rolled out with a smaller budget), then restarted with the normal one. The node
+        with most running lent occupants is chosen (a reclaim there is what the fault is about).
+        Expected: the extender places no new RL worker there (host memory published full); a
+        reclaim there is refused by the suspend engine (checkpoint-and-evict fallback where the
+        workload has a checkpoint channel; a simulated occupant has none: its loss would break
+        the invariant "no RL state lost")."""
+        from rose_common import promtext
+
+        view = self.jobs_view()
+        running = {w["uid"] for _j, ws in view.values() for w in ws if w["state"] == "Running"}
+        with self.mu:
+            lent = [r for r in self.prepared.values() if r["role"] != "serving"]
+        pods = {w["name"]: w["uid"] for _j, ws in view.values() for w in ws}
+        per: dict[str, int] = {}
+        for r in lent:
+            if pods.get(r["pod"]) in running:
+                per[r["node"]] = per.get(r["node"], 0) + 1
+        node = max(sorted(per), key=lambda n: per[n]) if per else f.target
+        held = 0.0
+        with contextlib.suppress(Exception):
+            held = promtext.value("\n".join(self.drivers[node].metrics()),
+                                  "rose_suspend_host_memory_held_bytes", {}, default=0.0)  # fmt: skip
+        self._set_budget(node, str(int(held)))
+        rec: dict[str, Any] = {"node": node, "running_lent_there": per.get(node, 0), "budget_bytes": int(held)}
+        self.note(f"fault: host-memory budget of {node} full ({int(held)} B, what it holds) for "
+                  f"{self.p.host_full_s:g}s; {per.get(node, 0)} running lent occupants there")  # fmt: skip
+        self.host_full.append(rec)
+        end = time.monotonic() + self.p.host_full_s
+        while time.monotonic() < end and not self.stop.is_set():
+            self.tick()
+        text = ""
+        with contextlib.suppress(Exception):
+            text = "\n".join(self.drivers[node].metrics())
+        rec["refused_fallbacks"] = {
+            r: promtext.value(text, "rose_suspend_fallbacks_total", {"reason": r}, default=0.0)
+            for r in ("host_memory_budget",)
+        }
+        rec["suspends"] = promtext.value(
+            text, "rose_driver_occupant_suspend_total", {"outcome": "suspended"}, default=0.0
+        )
+        self._set_budget(node, HOST_BUDGET)
+        self.note(f"host-memory budget of {node} back to {HOST_BUDGET} ({rec})")
 
     def _force_serving_onto_lent(self, prefer: str, quiet: bool = False) -> bool:
         """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
@@ -881,7 +967,8 @@ class Soak:
                 self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill within 60 s")
             return False
         node = target["node"]
-        self.kill_mid_suspend = node
+        if self.p.serving_wait == "prepare":
+            self.kill_mid_suspend = node  # the played kubelet's prepare suspends: killed 0.4 s into it
         index = self._gpu_index(target["claim"])
         from local_cluster.objects import claim_template, create_claim_template
 
@@ -892,6 +979,8 @@ class Soak:
 
         body = gpu_pod(name, name, labels={names.LABEL_ROLE: "serving", "soak": "burst"}, node_name=node)
         client.CoreV1Api(self.api).create_namespaced_pod(NS, body)
+        if self.p.serving_wait == "prebind":  # the driver suspends once the scheduler allocated the claim
+            threading.Timer(PREBIND_KILL_AFTER_S, self._kill_driver, (node, "mid-suspend (prebind)")).start()
         self.bursts.append(name)
         self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']}); its driver dies "
                   "0.4 s into the suspend")  # fmt: skip
@@ -1064,6 +1153,8 @@ class Soak:
                 "start_row": self.p.start_row,
                 "converge_bound_s": self.p.converge_bound_s,
                 "forecast_max_age_s": self.p.forecast_max_age_s,
+                "serving_wait": self.p.serving_wait,
+                "kinds": list(self.p.kinds),
             },
             "pools": {
                 pl: {
@@ -1099,6 +1190,7 @@ class Soak:
             },
             "checks": self.fig.checks,
             "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
+            "host_memory_full": self.host_full,
             "api_errors": self.api_errors,
             "timeline": self.events,
         }
@@ -1263,6 +1355,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--converge-bound", type=float, default=90.0, help="wall seconds to converge after a fault (90)")
     ap.add_argument("--trainer-updates", type=int, default=400, help="updates of the real trainer (400)")
     ap.add_argument("--fault-kinds", default=",".join(FAULT_KINDS), help="the kinds to draw from (all)")
+    ap.add_argument("--serving-wait", choices=SERVING_WAITS, default="prepare",
+                    help="the drivers' --serving-wait: prepare (the played kubelet's prepare suspends "
+                         "the occupant) or prebind (the scheduler holds the pod until its GPU is freed)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")
@@ -1287,6 +1382,7 @@ def main(argv: list[str] | None = None) -> int:
         converge_bound_s=a.converge_bound,
         kinds=kinds,
         trainer_updates=a.trainer_updates,
+        serving_wait=a.serving_wait,
     )
     r = run_soak(p)
     print(summary(r))
