@@ -137,6 +137,13 @@ def fault_plan(seed: int, duration_s: float, count: int, nodes: Sequence[str], k
     return out
 
 
+def busiest_node(counts: dict[str, int], nodes: Sequence[str]) -> str:
+    """The node with most of ``counts`` (ties: the first by name; none counted: the first node; pure)."""
+    if not nodes:
+        raise ValueError("no nodes to choose from")
+    return min(sorted(nodes), key=lambda n: -counts.get(n, 0))
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -288,6 +295,7 @@ class Params:
     # suspends the lent occupant) or prebind (the scheduler holds the serving pod in PreBind until the
     # driver has suspended it; the prepare is then immediate)
     host_full_s: float = 60.0  # how long the host-memory-full fault holds a node's budget full
+    host_full_force: bool = False  # and a serving burst pinned onto a running lent occupant there
 
     def __post_init__(self) -> None:
         if self.serving_wait not in SERVING_WAITS:
@@ -921,7 +929,7 @@ class Soak:
         for r in lent:
             if pods.get(r["pod"]) in running:
                 per[r["node"]] = per.get(r["node"], 0) + 1
-        node = max(sorted(per), key=lambda n: per[n]) if per else f.target
+        node = busiest_node(per, self.h.node_names)
         held = 0.0
         with contextlib.suppress(Exception):
             held = promtext.value("\n".join(self.drivers[node].metrics()),
@@ -932,8 +940,13 @@ class Soak:
                   f"{self.p.host_full_s:g}s; {per.get(node, 0)} running lent occupants there")  # fmt: skip
         self.host_full.append(rec)
         end = time.monotonic() + self.p.host_full_s
+        forced = not self.p.host_full_force
         while time.monotonic() < end and not self.stop.is_set():
             self.tick()
+            if not forced and time.monotonic() > end - self.p.host_full_s + 5:  # the driver back up
+                forced = self._force_serving_onto_lent(node, quiet=True, kill=False, only=True)
+                rec["forced_reclaim"] = forced
+        self._end_bursts()
         text = ""
         with contextlib.suppress(Exception):
             text = "\n".join(self.drivers[node].metrics())
@@ -947,7 +960,8 @@ class Soak:
         self._set_budget(node, HOST_BUDGET)
         self.note(f"host-memory budget of {node} back to {HOST_BUDGET} ({rec})")
 
-    def _force_serving_onto_lent(self, prefer: str, quiet: bool = False) -> bool:
+    def _force_serving_onto_lent(self, prefer: str, quiet: bool = False, kill: bool = True,
+                                 only: bool = False) -> bool:  # fmt: skip
         """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
         lent occupant, so its prepare must suspend it (and the driver dies 0.4 s into that)."""
         from kubernetes import client
@@ -961,13 +975,13 @@ class Soak:
         lent.sort(key=lambda r: (r["node"] != prefer, r["pod"] == "trainer-w0"))  # the planned node first
         pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, label_selector=names.LABEL_JOB).items
         uid_of = {p.metadata.name: p.metadata.uid for p in pods}
-        target = next((r for r in lent if uid_of.get(r["pod"]) in running), None)
+        target = next((r for r in lent if uid_of.get(r["pod"]) in running and (not only or r["node"] == prefer)), None)
         if target is None:
             if not quiet:
                 self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill within 60 s")
             return False
         node = target["node"]
-        if self.p.serving_wait == "prepare":
+        if kill and self.p.serving_wait == "prepare":
             self.kill_mid_suspend = node  # the played kubelet's prepare suspends: killed 0.4 s into it
         index = self._gpu_index(target["claim"])
         from local_cluster.objects import claim_template, create_claim_template
@@ -979,11 +993,11 @@ class Soak:
 
         body = gpu_pod(name, name, labels={names.LABEL_ROLE: "serving", "soak": "burst"}, node_name=node)
         client.CoreV1Api(self.api).create_namespaced_pod(NS, body)
-        if self.p.serving_wait == "prebind":  # the driver suspends once the scheduler allocated the claim
+        if kill and self.p.serving_wait == "prebind":  # the driver suspends once the scheduler allocated the claim
             threading.Timer(PREBIND_KILL_AFTER_S, self._kill_driver, (node, "mid-suspend (prebind)")).start()
         self.bursts.append(name)
-        self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']}); its driver dies "
-                  "0.4 s into the suspend")  # fmt: skip
+        self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']})"
+                  + ("; its driver dies inside the suspend" if kill else ""))  # fmt: skip
         return True
 
     def _end_bursts(self) -> None:
@@ -1154,6 +1168,7 @@ class Soak:
                 "converge_bound_s": self.p.converge_bound_s,
                 "forecast_max_age_s": self.p.forecast_max_age_s,
                 "serving_wait": self.p.serving_wait,
+                "host_full_force": self.p.host_full_force,
                 "kinds": list(self.p.kinds),
             },
             "pools": {
@@ -1358,6 +1373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serving-wait", choices=SERVING_WAITS, default="prepare",
                     help="the drivers' --serving-wait: prepare (the played kubelet's prepare suspends "
                          "the occupant) or prebind (the scheduler holds the pod until its GPU is freed)")  # fmt: skip
+    ap.add_argument("--host-full-force", action="store_true",
+                    help="host-memory-full: also pin a serving burst onto a lent occupant of that node")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")
@@ -1383,6 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds=kinds,
         trainer_updates=a.trainer_updates,
         serving_wait=a.serving_wait,
+        host_full_force=a.host_full_force,
     )
     r = run_soak(p)
     print(summary(r))

@@ -4,12 +4,16 @@ plan, and the invariants' judgements."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from benchmarks.soak import (
     FAULT_KINDS,
+    Params,
+    busiest_node,
     busy_gpus,
     devices_allocated_twice,
     fault_plan,
@@ -79,3 +83,18 @@ def test_prepare_error_summary_groups_repeats() -> None:
     s = prepare_error_summary(errs)
     assert s["count"] == 3 and s["by_pod"] == {"p0": 2, "p1": 1}
     assert s["top_messages"]["boom"] == 1 and s["last"] == errs
+
+
+def test_busiest_node_takes_most_then_first_by_name() -> None:
+    nodes = ["n1", "n0", "n2"]
+    assert busiest_node({"n2": 2, "n1": 1}, nodes) == "n2"
+    assert busiest_node({"n2": 1, "n1": 1}, nodes) == "n1"  # a tie: the first by name
+    assert busiest_node({}, nodes) == "n0"
+    with pytest.raises(ValueError, match="no nodes"):
+        busiest_node({}, [])
+
+
+def test_params_refuse_an_unknown_serving_wait(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="serving_wait 'kubelet': one of prepare, prebind"):
+        Params(tmp_path / "s.csv", 1, 96, 0, 1, tmp_path, serving_wait="kubelet")
+    assert Params(tmp_path / "s.csv", 1, 96, 0, 1, tmp_path, serving_wait="prebind").serving_wait == "prebind"
