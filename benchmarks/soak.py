@@ -680,8 +680,11 @@ class Soak:
         from dra_driver.state import CHECKPOINTED_EVICTED, SUSPENDED, decode
 
         index = self._gpu_index(serving)
+        lent = self._lent_on(node, index)
+        if not lent:  # nothing lent on that GPU (and a driver that prepared nothing yet has no node state)
+            return
         data = decode((self.drivers[node].plugin_dir / "checkpoint.json").read_bytes())
-        for uid in self._lent_on(node, index):
+        for uid in lent:
             sus = data.suspensions.get(uid)
             self.check("prebind: a serving pod reaches its prepare with its GPU freed",
                        sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED),
