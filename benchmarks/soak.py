@@ -144,6 +144,26 @@ def busiest_node(counts: dict[str, int], nodes: Sequence[str]) -> str:
     return min(sorted(nodes), key=lambda n: -counts.get(n, 0))
 
 
+def evictions_losing_state(log_lines: Sequence[str]) -> list[str]:
+    """The driver's evictions of lent workloads without a verified durable checkpoint, from its JSON
+    log lines (``"evicting lent workload"``): each lost what it had on the GPU ("pod: reason"; pure).
+    Only the checkpoint-and-evict fallback evicts after the checkpoint is confirmed and verified;
+    an enforcement (the workload did not free the GPU in time, or its suspend failed with no
+    checkpoint channel) evicts without one."""
+    out = []
+    for line in log_lines:
+        if '"evicting lent workload"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        reason = str(rec.get("reason", ""))
+        if rec.get("msg") == "evicting lent workload" and "fallback: durable checkpoint" not in reason:
+            out.append(f"{rec.get('pod')}: {reason[:300]}")
+    return out
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -343,6 +363,7 @@ class Soak:
         self.replicas: dict[str, int] = {}
         self.api_errors = 0
         self.host_full: list[dict[str, Any]] = []  # what each host-memory-full fault saw
+        self.log_offsets: dict[str, int] = {}  # node -> bytes of its driver log already read
 
     # -------------------------------------------------------------- helpers
     def note(self, what: str) -> None:
@@ -838,9 +859,27 @@ class Soak:
             self.check("no job's suspend count goes back", n >= prev, f"{name}: suspendCount {prev} -> {n}")
             self.suspend_counts[name] = max(n, prev)
             active += int(st.get("activeGPUs") or 0)
+        self._check_driver_evictions()
         if self.trainer is not None and self.trainer.poll() not in (None, 0):
             self.fail(f"the trainer exited with {self.trainer.returncode}: {self.tmp / 'trainer.log'}")
         return None if active is None else self._account(active)
+
+    def _check_driver_evictions(self) -> None:
+        """Invariant: no lent worker is evicted with its state (a simulated occupant has no step
+        counter of its own: the driver's log of its evictions is where a loss shows)."""
+        for node in self.drivers:
+            path = self.driver_root / f"{node}.log"
+            off = self.log_offsets.get(node, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(off)
+                    chunk = f.read()
+            except OSError:
+                continue
+            done = chunk.rfind(b"\n") + 1  # whole lines only
+            self.log_offsets[node] = off + done
+            lost = evictions_losing_state(chunk[:done].decode(errors="replace").splitlines())
+            self.check("no lent worker evicted with its state", not lost, f"{node}: " + "; ".join(lost))
 
     def _account(self, active: int) -> None:
         now = time.monotonic()

@@ -16,6 +16,7 @@ from benchmarks.soak import (
     busiest_node,
     busy_gpus,
     devices_allocated_twice,
+    evictions_losing_state,
     fault_plan,
     job_converged,
     prepare_error_summary,
@@ -98,3 +99,17 @@ def test_params_refuse_an_unknown_serving_wait(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="serving_wait 'kubelet': one of prepare, prebind"):
         Params(tmp_path / "s.csv", 1, 96, 0, 1, tmp_path, serving_wait="kubelet")
     assert Params(tmp_path / "s.csv", 1, 96, 0, 1, tmp_path, serving_wait="prebind").serving_wait == "prebind"
+
+
+def test_evictions_losing_state_are_those_without_a_verified_durable_checkpoint() -> None:
+    # the line a driver logged in a soak run (host-memory budget full, a simulated occupant)
+    lost = ('{"ts": "2026-12-01T22:18:13.267Z", "level": "info", "logger": "rose.driver.kube", "msg": '
+            '"evicting lent workload", "pod": "soak/elastic-a-w0", "reason": "cooperative suspend failed '
+            '(failed): suspend refused: 68719476736 B of state does not fit the host-memory budget"}')  # fmt: skip
+    kept = ('{"msg": "evicting lent workload", "pod": "soak/t-w0", "reason": "suspend refused: ...; fallback: durable '
+            'checkpoint /ckpt/t/3.pt (sha256 ab12… verified) written in 0.2s; evicting pod soak/t-w0"}')  # fmt: skip
+    other = '{"msg": "claim prepared", "pod": "soak/x"}'
+    out = evictions_losing_state([other, lost, kept, "not json evicting lent workload", ""])
+    assert out == ["soak/elastic-a-w0: cooperative suspend failed (failed): suspend refused: 68719476736 B of state "
+                   "does not fit the host-memory budget"]  # fmt: skip
+    assert evictions_losing_state([kept, other]) == []
