@@ -745,11 +745,14 @@ class Soak:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
         env.update(PYTHONPATH=str(REPO), ROSE_AGENT_SOCKET=str(sock), ROSE_POD_UID=pod.metadata.uid,
                    ROSE_POD_NAMESPACE=NS, ROSE_POD_NAME=pod.metadata.name)  # fmt: skip
-        linger = max(2.0, 0.8 * self.duration_s - (time.monotonic() - self.t_start))
+        # it lingers (at safe points) until 80 % of the slice is played, then saves and exits; a wall
+        # time, since its own linger starts when its updates end (a linger in seconds from its start
+        # outlasted the drain once its updates ran unhindered)
+        until = time.time() + max(2.0, 0.8 * self.duration_s - (time.monotonic() - self.t_start))
         self.trainer_args = ["--updates", str(self.p.trainer_updates), "--seed", "3"]
         with (self.tmp / "trainer.log").open("ab") as f:
             self.trainer = subprocess.Popen([sys.executable, str(TRAINER), "--out", str(self.tmp / "trainer.pt"),
-                                             *self.trainer_args, "--linger-seconds", f"{linger:.0f}"],
+                                             *self.trainer_args, "--linger-until", f"{until:.0f}"],
                                             env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
         self.note(f"trainer: examples/{TRAINER.name} on {pod.metadata.name} ({node}), agent socket of its claim")
