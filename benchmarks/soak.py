@@ -26,12 +26,17 @@ times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
 * Faults, seeded and logged (``fault_plan``): SIGKILL of the controller, the extender, the
   predictor and a driver; a restart (SIGKILL, start) of the kube-apiserver and of etcd; a driver
   SIGKILLed in the middle of a suspend (while a serving prepare waits for it); the predictor
-  down for longer than the consumers' ``--forecast-max-age``.
+  down for longer than the consumers' ``--forecast-max-age``; a node's host-memory budget full
+  (its driver restarted with a budget of what it holds, for ``host_full_s``; ``--host-full-force``
+  also pins a serving burst onto a lent occupant there).
+* ``--serving-wait prepare|prebind``: the drivers' mode; with prebind a check runs before each
+  serving prepare (its GPU's lent claims already suspended in the driver's node state).
 * Invariants, each a hard failure (the run stops, exit 1): a serving prepare never returns while
   a lent occupant's state is on its GPU (the driver's own node state has every lent claim on that
   GPU suspended, and the trainer's device-memory file holds 0 bytes); no device is allocated to
-  two claims; no job's suspend count goes back and the real trainer ends bit-identical to an
-  uninterrupted run of the same seed; after every fault every job is at its planned target
+  two claims; no job's suspend count goes back, no driver evicts a lent worker without a verified
+  durable checkpoint (its log), and the real trainer ends bit-identical to an uninterrupted run of
+  the same seed; after every fault every job is at its planned target
   (``converged``) within ``--converge-bound`` wall seconds.
 
 Figures (JSON and a printed summary): faults injected and survived, time to converge per kind
