@@ -26,12 +26,17 @@ times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
 * Faults, seeded and logged (``fault_plan``): SIGKILL of the controller, the extender, the
   predictor and a driver; a restart (SIGKILL, start) of the kube-apiserver and of etcd; a driver
   SIGKILLed in the middle of a suspend (while a serving prepare waits for it); the predictor
-  down for longer than the consumers' ``--forecast-max-age``.
+  down for longer than the consumers' ``--forecast-max-age``; a node's host-memory budget full
+  (its driver restarted with a budget of what it holds, for ``host_full_s``; ``--host-full-force``
+  also pins a serving burst onto a lent occupant there).
+* ``--serving-wait prepare|prebind``: the drivers' mode; with prebind a check runs before each
+  serving prepare (its GPU's lent claims already suspended in the driver's node state).
 * Invariants, each a hard failure (the run stops, exit 1): a serving prepare never returns while
   a lent occupant's state is on its GPU (the driver's own node state has every lent claim on that
   GPU suspended, and the trainer's device-memory file holds 0 bytes); no device is allocated to
-  two claims; no job's suspend count goes back and the real trainer ends bit-identical to an
-  uninterrupted run of the same seed; after every fault every job is at its planned target
+  two claims; no job's suspend count goes back, no driver evicts a lent worker without a verified
+  durable checkpoint (its log), and the real trainer ends bit-identical to an uninterrupted run of
+  the same seed; after every fault every job is at its planned target
   (``converged``) within ``--converge-bound`` wall seconds.
 
 Figures (JSON and a printed summary): faults injected and survived, time to converge per kind
@@ -82,7 +87,11 @@ FAULT_KINDS = (
     "restart-apiserver",
     "restart-etcd",
     "predictor-down",
+    "host-memory-full",
 )
+SERVING_WAITS = ("prepare", "prebind")
+PREBIND_KILL_AFTER_S = 1.0  # prebind: the mid-suspend kill this long after the burst pod is created
+HOST_BUDGET = "512Gi"  # a node's host-memory budget for suspended state (eight 64 GiB occupants)
 OCCUPANT_GIB = 64  # a simulated occupant: 64 GiB over 55 GB/s is a 1.25 s suspend (a driver can die inside it)
 
 
@@ -130,6 +139,33 @@ def fault_plan(seed: int, duration_s: float, count: int, nodes: Sequence[str], k
         kind = order[i]
         target = rng.choice(list(nodes)) if kind.startswith("kill-driver") else ""
         out.append(Fault(round(first_s + offsets[i] + i * spacing_s, 1), kind, target))
+    return out
+
+
+def busiest_node(counts: dict[str, int], nodes: Sequence[str]) -> str:
+    """The node with most of ``counts`` (ties: the first by name; none counted: the first node; pure)."""
+    if not nodes:
+        raise ValueError("no nodes to choose from")
+    return min(sorted(nodes), key=lambda n: -counts.get(n, 0))
+
+
+def evictions_losing_state(log_lines: Sequence[str]) -> list[str]:
+    """The driver's evictions of lent workloads without a verified durable checkpoint, from its JSON
+    log lines (``"evicting lent workload"``): each lost what it had on the GPU ("pod: reason"; pure).
+    Only the checkpoint-and-evict fallback evicts after the checkpoint is confirmed and verified;
+    an enforcement (the workload did not free the GPU in time, or its suspend failed with no
+    checkpoint channel) evicts without one."""
+    out = []
+    for line in log_lines:
+        if '"evicting lent workload"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        reason = str(rec.get("reason", ""))
+        if rec.get("msg") == "evicting lent workload" and "fallback: durable checkpoint" not in reason:
+            out.append(f"{rec.get('pod')}: {reason[:300]}")
     return out
 
 
@@ -282,6 +318,15 @@ class Params:
     simulate: bool = True
     plan_interval_s: float = 1.0  # the controller's --plan-interval (wall seconds)
     cluster: Any = None  # a running local cluster of the same shape (a ClusterHandle) instead of a new one
+    serving_wait: str = "prepare"  # the drivers' --serving-wait: prepare (the played kubelet's prepare
+    # suspends the lent occupant) or prebind (the scheduler holds the serving pod in PreBind until the
+    # driver has suspended it; the prepare is then immediate)
+    host_full_s: float = 60.0  # how long the host-memory-full fault holds a node's budget full
+    host_full_force: bool = False  # and a serving burst pinned onto a running lent occupant there
+
+    def __post_init__(self) -> None:
+        if self.serving_wait not in SERVING_WAITS:
+            raise ValueError(f"serving_wait {self.serving_wait!r}: one of {', '.join(SERVING_WAITS)}")
 
 
 @dataclass
@@ -324,6 +369,8 @@ class Soak:
         self.round_claims: list[dict[str, Any]] = []
         self.replicas: dict[str, int] = {}
         self.api_errors = 0
+        self.host_full: list[dict[str, Any]] = []  # what each host-memory-full fault saw
+        self.log_offsets: dict[str, int] = {}  # node -> bytes of its driver log already read
 
     # -------------------------------------------------------------- helpers
     def note(self, what: str) -> None:
@@ -506,12 +553,12 @@ class Soak:
         self.driver_root = root
         for node in self.h.node_names:
             args = ["--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
-                    "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi", "--host-memory-budget", "512Gi",
+                    "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi", "--host-memory-budget", HOST_BUDGET,
                     "--default-grace-seconds", "5", "--node-facts-seconds", "1", "--suspended-cpu=",
                     "--reconcile-seconds", "2",
-                    # the played kubelet's prepare reclaims, as the soak was built and run (prebind:
-                    # tests/e2e/test_driver_binding_e2e.py; not yet soaked)
-                    "--serving-wait", "prepare",
+                    # prepare: the played kubelet's prepare reclaims; prebind: the scheduler holds
+                    # the serving pod in PreBind until the driver freed the GPU (--serving-wait)
+                    "--serving-wait", self.p.serving_wait,
                     "--agent-control-socket", str(root / node / "a" / "control.sock")]  # fmt: skip
             drv = DriverProcess(self.h.kubeconfig, node, root, gpus=self.h.gpus_per_node, metrics_port=free_port(),
                                 extra_args=args, die_with_parent=True)  # fmt: skip
@@ -627,6 +674,8 @@ class Soak:
                 self.kill_mid_suspend = None
                 killer = threading.Timer(0.4, self._kill_driver, (node, "mid-suspend"))
                 killer.start()
+            if role == "serving" and self.p.serving_wait == "prebind":
+                self._check_freed_before_prepare(node, claim)
             t0 = time.monotonic()
             out = drv.kubelet.prepare(claim)
             took = time.monotonic() - t0
@@ -683,6 +732,24 @@ class Soak:
     def _occupied(self, node: str, claim: dict[str, Any]) -> bool:
         return bool(self._lent_on(node, self._gpu_index(claim)))
 
+    def _check_freed_before_prepare(self, node: str, serving: dict[str, Any]) -> None:
+        """prebind: the scheduler bound the serving pod only after the driver freed its GPU, so its
+        prepare has nothing to suspend: every lent claim on that GPU is already suspended (or
+        checkpointed) in the driver's own node state before the played kubelet calls prepare."""
+        from dra_driver.state import CHECKPOINTED_EVICTED, SUSPENDED, decode
+
+        index = self._gpu_index(serving)
+        lent = self._lent_on(node, index)
+        if not lent:  # nothing lent on that GPU (and a driver that prepared nothing yet has no node state)
+            return
+        data = decode((self.drivers[node].plugin_dir / "checkpoint.json").read_bytes())
+        for uid in lent:
+            sus = data.suspensions.get(uid)
+            self.check("prebind: a serving pod reaches its prepare with its GPU freed",
+                       sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED),
+                       f"serving claim {serving['metadata']['name']} bound to {node} GPU {index} while lent claim "
+                       f"{uid} is {sus.state if sus else 'not suspended'}")  # fmt: skip
+
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
         """Invariant: the serving prepare returned → every lent claim on its GPU is suspended in
         the driver's own crash-safe node state, and the trainer's device-memory file is empty."""
@@ -716,11 +783,14 @@ class Soak:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
         env.update(PYTHONPATH=str(REPO), ROSE_AGENT_SOCKET=str(sock), ROSE_POD_UID=pod.metadata.uid,
                    ROSE_POD_NAMESPACE=NS, ROSE_POD_NAME=pod.metadata.name)  # fmt: skip
-        linger = max(2.0, 0.8 * self.duration_s - (time.monotonic() - self.t_start))
+        # it lingers (at safe points) until 80 % of the slice is played, then saves and exits; a wall
+        # time, since its own linger starts when its updates end (a linger in seconds from its start
+        # outlasted the drain once its updates ran unhindered)
+        until = time.time() + max(2.0, 0.8 * self.duration_s - (time.monotonic() - self.t_start))
         self.trainer_args = ["--updates", str(self.p.trainer_updates), "--seed", "3"]
         with (self.tmp / "trainer.log").open("ab") as f:
             self.trainer = subprocess.Popen([sys.executable, str(TRAINER), "--out", str(self.tmp / "trainer.pt"),
-                                             *self.trainer_args, "--linger-seconds", f"{linger:.0f}"],
+                                             *self.trainer_args, "--linger-until", f"{until:.0f}"],
                                             env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
         self.note(f"trainer: examples/{TRAINER.name} on {pod.metadata.name} ({node}), agent socket of its claim")
@@ -830,9 +900,27 @@ class Soak:
             self.check("no job's suspend count goes back", n >= prev, f"{name}: suspendCount {prev} -> {n}")
             self.suspend_counts[name] = max(n, prev)
             active += int(st.get("activeGPUs") or 0)
+        self._check_driver_evictions()
         if self.trainer is not None and self.trainer.poll() not in (None, 0):
             self.fail(f"the trainer exited with {self.trainer.returncode}: {self.tmp / 'trainer.log'}")
         return None if active is None else self._account(active)
+
+    def _check_driver_evictions(self) -> None:
+        """Invariant: no lent worker is evicted with its state (a simulated occupant has no step
+        counter of its own: the driver's log of its evictions is where a loss shows)."""
+        for node in self.drivers:
+            path = self.driver_root / f"{node}.log"
+            off = self.log_offsets.get(node, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(off)
+                    chunk = f.read()
+            except OSError:
+                continue
+            done = chunk.rfind(b"\n") + 1  # whole lines only
+            self.log_offsets[node] = off + done
+            lost = evictions_losing_state(chunk[:done].decode(errors="replace").splitlines())
+            self.check("no lent worker evicted with its state", not lost, f"{node}: " + "; ".join(lost))
 
     def _account(self, active: int) -> None:
         now = time.monotonic()
@@ -881,6 +969,8 @@ class Soak:
             comp = "kube-apiserver" if kind == "restart-apiserver" else "etcd"
             took = self.lc.restart(comp)
             self.note(f"fault: SIGKILL {comp}, started again (healthy after {took:.1f}s)")
+        elif kind == "host-memory-full":
+            self._host_memory_full(f)
         elif kind == "predictor-down":
             self.predictor_held_down = True
             self.procs["predictor"].kill9()
@@ -894,7 +984,67 @@ class Soak:
             raise ValueError(f"unknown fault {kind}")
         return time.monotonic()
 
-    def _force_serving_onto_lent(self, prefer: str, quiet: bool = False) -> bool:
+    def _set_budget(self, node: str, budget: str) -> None:
+        """SIGKILL ``node``'s driver and start it again (main thread) with ``--host-memory-budget budget``."""
+        drv = self.drivers[node]
+        i = drv.args.index("--host-memory-budget")
+        drv.args[i + 1] = budget
+        drv.kill9()
+        drv.restart_if_dead()
+
+    def _host_memory_full(self, f: Fault) -> None:
+        """The host-memory budget full on one node for ``host_full_s``: its driver restarted with a
+        budget of exactly what its suspended occupants hold now (no room for one more state; a
+        DaemonSet rolled out with a smaller budget), then restarted with the normal one. The node
+        with most running lent occupants is chosen (a reclaim there is what the fault is about).
+        Expected: the extender places no new RL worker there (host memory published full); a
+        reclaim there is refused by the suspend engine (checkpoint-and-evict fallback where the
+        workload has a checkpoint channel; a simulated occupant has none: its loss would break
+        the invariant "no RL state lost")."""
+        from rose_common import promtext
+
+        view = self.jobs_view()
+        running = {w["uid"] for _j, ws in view.values() for w in ws if w["state"] == "Running"}
+        with self.mu:
+            lent = [r for r in self.prepared.values() if r["role"] != "serving"]
+        pods = {w["name"]: w["uid"] for _j, ws in view.values() for w in ws}
+        per: dict[str, int] = {}
+        for r in lent:
+            if pods.get(r["pod"]) in running:
+                per[r["node"]] = per.get(r["node"], 0) + 1
+        node = busiest_node(per, self.h.node_names)
+        held = 0.0
+        with contextlib.suppress(Exception):
+            held = promtext.value("\n".join(self.drivers[node].metrics()),
+                                  "rose_suspend_host_memory_held_bytes", {}, default=0.0)  # fmt: skip
+        self._set_budget(node, str(int(held)))
+        rec: dict[str, Any] = {"node": node, "running_lent_there": per.get(node, 0), "budget_bytes": int(held)}
+        self.note(f"fault: host-memory budget of {node} full ({int(held)} B, what it holds) for "
+                  f"{self.p.host_full_s:g}s; {per.get(node, 0)} running lent occupants there")  # fmt: skip
+        self.host_full.append(rec)
+        end = time.monotonic() + self.p.host_full_s
+        forced = not self.p.host_full_force
+        while time.monotonic() < end and not self.stop.is_set():
+            self.tick()
+            if not forced and time.monotonic() > end - self.p.host_full_s + 5:  # the driver back up
+                forced = self._force_serving_onto_lent(node, quiet=True, kill=False, only=True)
+                rec["forced_reclaim"] = forced
+        self._end_bursts()
+        text = ""
+        with contextlib.suppress(Exception):
+            text = "\n".join(self.drivers[node].metrics())
+        rec["refused_fallbacks"] = {
+            r: promtext.value(text, "rose_suspend_fallbacks_total", {"reason": r}, default=0.0)
+            for r in ("host_memory_budget",)
+        }
+        rec["suspends"] = promtext.value(
+            text, "rose_driver_occupant_suspend_total", {"outcome": "suspended"}, default=0.0
+        )
+        self._set_budget(node, HOST_BUDGET)
+        self.note(f"host-memory budget of {node} back to {HOST_BUDGET} ({rec})")
+
+    def _force_serving_onto_lent(self, prefer: str, quiet: bool = False, kill: bool = True,
+                                 only: bool = False) -> bool:  # fmt: skip
         """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
         lent occupant, so its prepare must suspend it (and the driver dies 0.4 s into that)."""
         from kubernetes import client
@@ -908,13 +1058,14 @@ class Soak:
         lent.sort(key=lambda r: (r["node"] != prefer, r["pod"] == "trainer-w0"))  # the planned node first
         pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, label_selector=names.LABEL_JOB).items
         uid_of = {p.metadata.name: p.metadata.uid for p in pods}
-        target = next((r for r in lent if uid_of.get(r["pod"]) in running), None)
+        target = next((r for r in lent if uid_of.get(r["pod"]) in running and (not only or r["node"] == prefer)), None)
         if target is None:
             if not quiet:
                 self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill within 60 s")
             return False
         node = target["node"]
-        self.kill_mid_suspend = node
+        if kill and self.p.serving_wait == "prepare":
+            self.kill_mid_suspend = node  # the played kubelet's prepare suspends: killed 0.4 s into it
         index = self._gpu_index(target["claim"])
         from local_cluster.objects import claim_template, create_claim_template
 
@@ -925,9 +1076,11 @@ class Soak:
 
         body = gpu_pod(name, name, labels={names.LABEL_ROLE: "serving", "soak": "burst"}, node_name=node)
         client.CoreV1Api(self.api).create_namespaced_pod(NS, body)
+        if kill and self.p.serving_wait == "prebind":  # the driver suspends once the scheduler allocated the claim
+            threading.Timer(PREBIND_KILL_AFTER_S, self._kill_driver, (node, "mid-suspend (prebind)")).start()
         self.bursts.append(name)
-        self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']}); its driver dies "
-                  "0.4 s into the suspend")  # fmt: skip
+        self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']})"
+                  + ("; its driver dies inside the suspend" if kill else ""))  # fmt: skip
         return True
 
     def _end_bursts(self) -> None:
@@ -1097,6 +1250,9 @@ class Soak:
                 "start_row": self.p.start_row,
                 "converge_bound_s": self.p.converge_bound_s,
                 "forecast_max_age_s": self.p.forecast_max_age_s,
+                "serving_wait": self.p.serving_wait,
+                "host_full_force": self.p.host_full_force,
+                "kinds": list(self.p.kinds),
             },
             "pools": {
                 pl: {
@@ -1132,6 +1288,7 @@ class Soak:
             },
             "checks": self.fig.checks,
             "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
+            "host_memory_full": self.host_full,
             "api_errors": self.api_errors,
             "timeline": self.events,
         }
@@ -1304,6 +1461,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--converge-bound", type=float, default=90.0, help="wall seconds to converge after a fault (90)")
     ap.add_argument("--trainer-updates", type=int, default=400, help="updates of the real trainer (400)")
     ap.add_argument("--fault-kinds", default=",".join(FAULT_KINDS), help="the kinds to draw from (all)")
+    ap.add_argument("--serving-wait", choices=SERVING_WAITS, default="prepare",
+                    help="the drivers' --serving-wait: prepare (the played kubelet's prepare suspends "
+                         "the occupant) or prebind (the scheduler holds the pod until its GPU is freed)")  # fmt: skip
+    ap.add_argument("--host-full-force", action="store_true",
+                    help="host-memory-full: also pin a serving burst onto a lent occupant of that node")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")
@@ -1328,6 +1490,8 @@ def main(argv: list[str] | None = None) -> int:
         converge_bound_s=a.converge_bound,
         kinds=kinds,
         trainer_updates=a.trainer_updates,
+        serving_wait=a.serving_wait,
+        host_full_force=a.host_full_force,
     )
     r = run_soak(p)
     print(summary(r))

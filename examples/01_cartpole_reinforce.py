@@ -179,8 +179,10 @@ def train(args: argparse.Namespace) -> None:
                 wl.safe_point(update + 1, wait_seconds=0.5)
         else:
             wl.safe_point(update + 1)
-    if args.linger_seconds:
-        end = time.monotonic() + args.linger_seconds
+    if args.linger_seconds or args.linger_until:
+        # after the updates, stay registered at safe points (it can still be suspended and resumed):
+        # --linger-seconds from now, or until the wall-clock time --linger-until, whichever is later
+        end = time.monotonic() + max(args.linger_seconds, args.linger_until - time.time())
         while time.monotonic() < end:
             wl.safe_point(args.updates, wait_seconds=0.1)
     torch.save(
@@ -212,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suspend-wait-seconds", type=float, default=60.0, help="how long each suspend point waits")
     p.add_argument("--stall-seconds", type=float, default=0.0)
     p.add_argument("--linger-seconds", type=float, default=0.0)
+    p.add_argument("--linger-until", type=float, default=0.0, help="linger until this Unix time (seconds)")
     p.add_argument("--global-episodes", type=int, default=0, help="episodes per update across the active workers")
     p.add_argument("--world-points", default="", help="updates U1,U2,... where the k-th world change must land")
     train(p.parse_args(argv))

@@ -17,19 +17,20 @@ from pathlib import Path
 from benchmarks.soak import Params, run_soak
 from tests.conftest import traces_dir
 
-KINDS = ("kill-controller", "kill-driver-mid-suspend", "restart-apiserver")
+KINDS = ("kill-controller", "kill-driver-mid-suspend", "restart-apiserver", "host-memory-full")
 
 
 def test_short_soak_keeps_every_invariant_through_faults(tmp_path: Path) -> None:
     series = traces_dir() / "derived" / "servegen_m-large_10min.csv"
-    p = Params(series, hours=3.5, speed=96, faults=3, seed=3, workdir=tmp_path / "soak", kinds=KINDS,
-               trainer_updates=100, drain_s=240, simulate=False, fault_spacing_s=30)  # fmt: skip
+    p = Params(series, hours=4.0, speed=96, faults=4, seed=3, workdir=tmp_path / "soak", kinds=KINDS,
+               trainer_updates=100, drain_s=240, simulate=False, fault_spacing_s=30, host_full_s=20)  # fmt: skip
     r = run_soak(p, say=print)
     (tmp_path / "soak.json").write_text(json.dumps(r, indent=1, default=str))
     assert r["ok"], f"{r['failure']}\n" + "\n".join(r.get("timeline", [])[-30:])
     f = r["faults"]
-    assert f["injected"] == 3 and f["survived"] == 3, f
+    assert f["injected"] == 4 and f["survived"] == 4, f
     assert {x["kind"] for x in f["each"]} == set(KINDS)
+    assert [h["node"] for h in r["host_memory_full"]], r["host_memory_full"]  # the budget was set, and put back
     # every invariant was checked, not only declared
     for name in ("no device allocated twice", "no job's suspend count goes back",
                  "the real trainer's resumes are bit-exact"):  # fmt: skip

@@ -4,14 +4,19 @@ plan, and the invariants' judgements."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from benchmarks.soak import (
     FAULT_KINDS,
+    Params,
+    busiest_node,
     busy_gpus,
     devices_allocated_twice,
+    evictions_losing_state,
     fault_plan,
     job_converged,
     prepare_error_summary,
@@ -79,3 +84,32 @@ def test_prepare_error_summary_groups_repeats() -> None:
     s = prepare_error_summary(errs)
     assert s["count"] == 3 and s["by_pod"] == {"p0": 2, "p1": 1}
     assert s["top_messages"]["boom"] == 1 and s["last"] == errs
+
+
+def test_busiest_node_takes_most_then_first_by_name() -> None:
+    nodes = ["n1", "n0", "n2"]
+    assert busiest_node({"n2": 2, "n1": 1}, nodes) == "n2"
+    assert busiest_node({"n2": 1, "n1": 1}, nodes) == "n1"  # a tie: the first by name
+    assert busiest_node({}, nodes) == "n0"
+    with pytest.raises(ValueError, match="no nodes"):
+        busiest_node({}, [])
+
+
+def test_params_refuse_an_unknown_serving_wait(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="serving_wait 'kubelet': one of prepare, prebind"):
+        Params(tmp_path / "s.csv", 1, 96, 0, 1, tmp_path, serving_wait="kubelet")
+    assert Params(tmp_path / "s.csv", 1, 96, 0, 1, tmp_path, serving_wait="prebind").serving_wait == "prebind"
+
+
+def test_evictions_losing_state_are_those_without_a_verified_durable_checkpoint() -> None:
+    # the line a driver logged in a soak run (host-memory budget full, a simulated occupant)
+    lost = ('{"ts": "2026-12-01T22:18:13.267Z", "level": "info", "logger": "rose.driver.kube", "msg": '
+            '"evicting lent workload", "pod": "soak/elastic-a-w0", "reason": "cooperative suspend failed '
+            '(failed): suspend refused: 68719476736 B of state does not fit the host-memory budget"}')  # fmt: skip
+    kept = ('{"msg": "evicting lent workload", "pod": "soak/t-w0", "reason": "suspend refused: ...; fallback: durable '
+            'checkpoint /ckpt/t/3.pt (sha256 ab12… verified) written in 0.2s; evicting pod soak/t-w0"}')  # fmt: skip
+    other = '{"msg": "claim prepared", "pod": "soak/x"}'
+    out = evictions_losing_state([other, lost, kept, "not json evicting lent workload", ""])
+    assert out == ["soak/elastic-a-w0: cooperative suspend failed (failed): suspend refused: 68719476736 B of state "
+                   "does not fit the host-memory budget"]  # fmt: skip
+    assert evictions_losing_state([kept, other]) == []
