@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import stat
-import sys
 import time
 from pathlib import Path
 
@@ -11,13 +10,10 @@ import grpc
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import reaped, running_agent, start_workload, wait_registered
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_sdk import load_checkpoint
+from tests.support.agent_fixtures import reaped, running_agent, start_workload, wait_registered
 
 
 def test_sockets_are_0600(tmp_path: Path) -> None:

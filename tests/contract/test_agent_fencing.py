@@ -3,18 +3,14 @@ token is older than the last one it saw for the group (a stale orchestrator)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import running_agent
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
+from tests.support.agent_fixtures import running_agent
 
 NOT_FOUND, STALE, BAD = grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT
 

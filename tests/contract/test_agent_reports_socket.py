@@ -8,7 +8,6 @@ driver writes on the pod.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,13 @@ import grpc
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import running_agent
-
 from dra_driver.claims import PodRef
 from dra_driver.metrics import DriverMetrics
 from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_sdk import Workload, World
+from tests.support.agent_fixtures import running_agent
 
 UID = "uid-w0"
 

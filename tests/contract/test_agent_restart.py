@@ -3,18 +3,14 @@ the new agent, which resumes it; training still ends bit-identical to an uninter
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import reaped, running_agent, start_workload, wait_registered
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk import tensors_equal
+from tests.support.agent_fixtures import reaped, running_agent, start_workload, wait_registered
 
 
 def test_agent_restart_while_suspended_loses_nothing(tmp_path: Path) -> None:

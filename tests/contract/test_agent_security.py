@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,12 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import Agent, reaped, running_agent, start_workload, wait_registered
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
+from tests.support.agent_fixtures import Agent, reaped, running_agent, start_workload, wait_registered
 
 COOP = [pb.BACKEND_COOPERATIVE]
 

@@ -1,29 +1,25 @@
 """Training is unharmed: REINFORCE on CartPole, suspended and resumed 6 times through the
 cooperative backend over the real agent socket, ends bit-identical to an uninterrupted run.
 
-The suspended run is the example under ``tests/next_tenant_workload.py``: while it is suspended,
+The suspended run is the example under ``tests/support/next_tenant_workload.py``: while it is suspended,
 the memory its tensors used is overwritten with NaN bytes (the GPU's next tenant), and every
 parameter, gradient, optimizer state and registered tensor must have left that memory."""
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import REPO, reaped, running_agent, start_workload, wait_registered
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk import tensors_equal
+from tests.support.agent_fixtures import REPO, reaped, running_agent, start_workload, wait_registered
 
 CYCLES = 6
 UPDATES = 42
-NEXT_TENANT = REPO / "tests" / "next_tenant_workload.py"
+NEXT_TENANT = REPO / "tests" / "support" / "next_tenant_workload.py"
 # the example's tensors: 4 parameters, their 4 gradients, Adam's step/exp_avg/exp_avg_sq of each,
 # the registered replay buffer
 JOB_TENSORS = {"param": 4, "grad": 4, "optim": 12, "tensor": 1}

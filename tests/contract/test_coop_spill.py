@@ -22,9 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_fixtures import REPO, Agent, WorkloadProc, reaped, running_agent, start_workload, wait_registered
+from tests.support.agent_fixtures import (
+    REPO,
+    Agent,
+    WorkloadProc,
+    reaped,
+    running_agent,
+    start_workload,
+    wait_registered,
+)
 
-SCRIPT = REPO / "tests" / "spill_coop_workload.py"
+SCRIPT = REPO / "tests" / "support" / "spill_coop_workload.py"
 MIB = 1 << 20
 
 

@@ -1,6 +1,6 @@
 """Crash safety: kill -9 the driver at every checkpoint line and at random times, restart, retry.
 
-Most trials run the driver's node-state machine in a subprocess (``tests/driver_fixtures.py
+Most trials run the driver's node-state machine in a subprocess (``tests/support/driver_fixtures.py
 crash-child``) through scripts of prepare / unprepare / suspend-request / cancel calls; the
 process dies either at a named checkpoint (``ROSE_DRIVER_CRASH_AT``, the driver's own
 ``os._exit`` hook) or by SIGKILL after a random delay. Then, like the kubelet, the test restarts
@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from driver_fixtures import (
+
+from dra_driver.checkpoint import crash_hits, reset_crash_hits
+from dra_driver.state import CRASH_POINTS, decode
+from rose_common.proto import k8s_dra_v1_pb2 as v1
+from tests.support.driver_fixtures import (
     CRASH_CLAIMS,
     SCRIPTS,
     FileClaims,
@@ -36,10 +40,6 @@ from driver_fixtures import (
     observe,
     run_script_step,
 )
-
-from dra_driver.checkpoint import crash_hits, reset_crash_hits
-from dra_driver.state import CRASH_POINTS, decode
-from rose_common.proto import k8s_dra_v1_pb2 as v1
 
 FIXTURES = Path(__file__).resolve().parent.parent / "driver_fixtures.py"
 REPO = FIXTURES.parent.parent

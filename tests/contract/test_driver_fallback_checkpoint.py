@@ -22,8 +22,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_fixtures import checkpoint_verifier, reaped, start_workload, wait_registered
-from driver_fixtures import NS, StaticClaims, make_claim, make_driver
 from prometheus_client import CollectorRegistry
 
 from dra_driver.agent.server import AgentServer
@@ -34,6 +32,8 @@ from dra_driver.suspend.events import NotifierEventSink
 from dra_driver.suspend.factory import build_engine
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
+from tests.support.agent_fixtures import checkpoint_verifier, reaped, start_workload, wait_registered
+from tests.support.driver_fixtures import NS, StaticClaims, make_claim, make_driver
 
 
 @dataclass

@@ -14,12 +14,12 @@ from typing import Any
 
 import grpc
 import pytest
-from driver_fixtures import NS, RecordingEngine, StaticClaims, make_claim, make_driver
 
 from dra_driver.plugin import PluginServers, start_plugin
 from rose_common.proto import k8s_dra_v1_pb2 as v1
 from rose_common.proto import k8s_dra_v1beta1_pb2 as v1beta1
 from rose_common.proto import k8s_pluginregistration_pb2 as reg
+from tests.support.driver_fixtures import NS, RecordingEngine, StaticClaims, make_claim, make_driver
 
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 V1BETA1 = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/"

@@ -3,7 +3,7 @@
 The kubelet's side calls the real DRA plugin over unix sockets; the driver runs the real suspend
 engine and node agent (claim sockets under ``tmp/claims``) and observes each lent claim's
 simulated device memory (``dra_driver.suspend.devicewatch``) through the kernel. The lent
-workloads are real processes: hostile ones (``tests/enforce_hostile.py``: registered as
+workloads are real processes: hostile ones (``tests/support/enforce_hostile.py``: registered as
 SUSPENDED while computing, acknowledging without freeing, never registering, steering to the
 ``simulated`` backend) and the honest example trainer with ``rose_sdk``. Pods come from an
 in-memory stand-in for the API server, evictions go to a recording stand-in.
@@ -22,19 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_fixtures import REPO, reaped, running_agent, start_workload
 from contract.test_driver_grpc import Kubelet
-from driver_fixtures import RecordingNotifier, StaticClaims, make_claim, make_driver
 
 from dra_driver.claims import PodRef
 from dra_driver.enforce import Enforcer
 from dra_driver.plugin import start_plugin
 from dra_driver.suspend.devicewatch import SimulatedDeviceMemory
+from tests.support.agent_fixtures import REPO, reaped, running_agent, start_workload
+from tests.support.driver_fixtures import RecordingNotifier, StaticClaims, make_claim, make_driver
 
 L0 = make_claim("uid-l0", "l0", [("gpu", "gpu-0-lendable")], pod=("rl-0", "pod-rl-0"))
 S0 = make_claim("uid-s0", "s0", [("gpu", "gpu-0-serving")])
 GRACE, SLACK, ENFORCE = 1.0, 0.5, 5.0
-HOSTILE = REPO / "tests" / "enforce_hostile.py"
+HOSTILE = REPO / "tests" / "support" / "enforce_hostile.py"
 
 
 class RecordingPodEvictor:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from driver_fixtures import NS, StaticClaims, make_claim, make_driver
 from prometheus_client import CollectorRegistry
 
 from dra_driver import cdi
@@ -25,6 +24,7 @@ from dra_driver.suspend.engine import EngineConfig
 from dra_driver.suspend.factory import build_engine
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
+from tests.support.driver_fixtures import NS, StaticClaims, make_claim, make_driver
 
 L0 = make_claim("uid-l0", "l0", [("gpu", "gpu-0-lendable")], pod=("rl-0", "pod-rl-0"))
 S1 = make_claim("uid-s1", "s1", [("gpu", "gpu-1-serving")])

@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 import pytest
-from driver_fixtures import NS, RecordingNotifier, StaticClaims, make_claim, make_driver
 from prometheus_client import CollectorRegistry
 
 from dra_driver.agent.server import AgentServer
@@ -28,6 +27,7 @@ from dra_driver.suspend.engine import EngineConfig, NodeSuspendEngine
 from dra_driver.suspend.factory import build_engine
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
+from tests.support.driver_fixtures import NS, RecordingNotifier, StaticClaims, make_claim, make_driver
 
 KINDS = {pb.COMMAND_KIND_SUSPEND: "suspend", pb.COMMAND_KIND_RESUME: "resume", pb.COMMAND_KIND_CHECKPOINT: "checkpoint"}
 

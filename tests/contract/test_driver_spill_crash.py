@@ -1,4 +1,4 @@
-"""A crash while spilling loses nothing: the engine runs in a subprocess (``tests/spill_fixtures.py
+"""A crash while spilling loses nothing: the engine runs in a subprocess (``tests/support/spill_fixtures.py
 crash-child``) that suspends two workloads into a DRAM budget that holds one, so the first spills
 to disk; it dies at each named spill point (``os._exit(137)``, the driver's ``ROSE_DRIVER_CRASH_AT``
 hook: no cleanup, like kill -9), or by a real SIGKILL at a random moment of the spill. Then a fresh
@@ -18,10 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from spill_fixtures import STATE, reg, spill_engine
 
 from dra_driver.checkpoint import CRASH_ENV
 from dra_driver.suspend.spill import SPILL_CRASH_POINTS, TMP_SUFFIX
+from tests.support.spill_fixtures import STATE, reg, spill_engine
 
 FIXTURES = Path(__file__).resolve().parent.parent / "spill_fixtures.py"
 

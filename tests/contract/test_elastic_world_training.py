@@ -11,18 +11,14 @@ are bit-identical to each other: the same schedule of changes gives the same run
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import WorkloadProc, reaped, running_agent, start_workload, wait_registered
-
 from rose_common import names
 from rose_sdk import tensors_equal
+from tests.support.agent_fixtures import WorkloadProc, reaped, running_agent, start_workload, wait_registered
 
 UPDATES = 60
 POINTS = (15, 30, 45)

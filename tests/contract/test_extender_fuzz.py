@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_fixtures import Recorder, cluster_cache, pod
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler_extender.server import Extender, ExtenderServer
+from tests.support.extender_fixtures import Recorder, cluster_cache, pod
 
 NODES = ["n1", "n2", "n3"]
 UIDS = ["uid-rl", "uid-batch", "uid-serving"]
 EXAMPLES = int(__import__("os").environ.get("ROSE_EXTENDER_FUZZ_EXAMPLES", "10000"))
 BATCH = 5  # bodies per hypothesis example: amortises the engine's per-example cost
-GOLDEN = Path(__file__).parent.parent / "unit" / "extender_golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "support" / "extender_golden"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from rose_common.forecast_client import ForecastError, HttpForecastSource
 from scheduler_extender import policy
 from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.model import PoolState
-from tests.predictor_fixtures import wait_predictor_ready
+from tests.support.predictor_fixtures import wait_predictor_ready
 
 REPO = Path(__file__).resolve().parents[2]
 

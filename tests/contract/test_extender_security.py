@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from extender_fixtures import Recorder, cluster_cache, pod, preempt_body
 
 from benchmarks import extender_load
 from scheduler_extender import cli, wire
 from scheduler_extender.model import PodInfo, PodKind
 from scheduler_extender.server import Extender, ExtenderServer, ServerLimits
+from tests.support.extender_fixtures import Recorder, cluster_cache, pod, preempt_body
 
 SERVING_PRIORITY = 1000
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_fixtures import Recorder, args_body, cluster_cache, forecast, pod, preempt_body
 
 from rose_common.forecast_client import ForecastError, HttpForecastSource, StaticFileForecastSource
 from scheduler_extender import policy
@@ -20,6 +19,7 @@ from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.model import PodInfo, PodKind
 from scheduler_extender.server import METRICS_ROUTES, Extender, ExtenderServer
+from tests.support.extender_fixtures import Recorder, args_body, cluster_cache, forecast, pod, preempt_body
 
 
 class PendingPods:

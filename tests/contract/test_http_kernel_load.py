@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from extender_fixtures import cluster_cache
 from prometheus_client import CollectorRegistry
 
 from rose_common import httpserver
 from rose_common.informer import Listed
+from tests.support.extender_fixtures import cluster_cache
 
 CLIENTS = 64
 CALLS = 5
@@ -54,7 +54,7 @@ def _predictor() -> Served:
     from predictor.series import Series
     from predictor.server import Limits, PredictorHTTPServer, serve_in_thread
     from predictor.service import PoolConfig, PredictorService, Settings
-    from tests.predictor_fixtures import small_config
+    from tests.support.predictor_fixtures import small_config
 
     series = generate(days=2, step=600, seed=3)
 

@@ -22,7 +22,7 @@ from predictor.server import PredictorHTTPServer, serve_in_thread
 from predictor.service import PoolConfig, PredictorService, Settings
 from predictor.store import ModelStore
 from rose_common.forecast_api import ForecastResponse
-from tests.predictor_fixtures import small_config
+from tests.support.predictor_fixtures import small_config
 
 
 class StaticSource:

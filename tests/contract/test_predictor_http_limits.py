@@ -25,7 +25,7 @@ from predictor.generator import generate
 from predictor.series import Series
 from predictor.server import Limits, PredictorHTTPServer, serve_in_thread
 from predictor.service import PoolConfig, PredictorService, Settings
-from tests.predictor_fixtures import small_config
+from tests.support.predictor_fixtures import small_config
 
 QUICK = Limits(idle_timeout=1.0, request_timeout=1.0, write_timeout=2.0)
 

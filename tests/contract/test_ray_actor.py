@@ -11,7 +11,6 @@ the model equals the same updates applied without a suspend, bit for bit.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +20,10 @@ import pytest
 import ray
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import ray_policy
-from agent_fixtures import REPO, running_agent, wait_registered
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk.integrations.ray import actor_env
+from tests.support import ray_policy
+from tests.support.agent_fixtures import REPO, running_agent, wait_registered
 
 NBYTES = (ray_policy.SIZE**2 + ray_policy.SIZE) * 4  # the Linear's weight and bias, float32
 
@@ -60,7 +56,7 @@ def test_ray_actor_is_suspended_and_resumed_through_its_node_agent(
                "ROSE_POD_NAME": "ray-worker-0", "ROSE_CLAIM_UID_claim-ray": "claim-ray"}  # fmt: skip
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        opts = actor_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])})
+        opts = actor_env({"PYTHONPATH": str(REPO)})
         assert opts["env_vars"] == {**env, "PYTHONPATH": opts["env_vars"]["PYTHONPATH"]}
         assert opts["env_vars"]["ROSE_AGENT_SOCKET"] == str(sock)
         actor: Any = ray.remote(num_cpus=1)(ray_policy.Policy).options(runtime_env=opts).remote()

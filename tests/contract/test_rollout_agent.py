@@ -9,22 +9,18 @@ uninterrupted run's, bit for bit.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import rollout_tiny
-from agent_fixtures import running_agent, wait_registered
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk import tensors_equal
 from rose_sdk.integrations.rollout import Sample, attach, offloader_of
 from rose_sdk.integrations.transformers_generate import TransformersGenerateEngine
+from tests.support import rollout_tiny
+from tests.support.agent_fixtures import running_agent, wait_registered
 
 STEPS = 6
 

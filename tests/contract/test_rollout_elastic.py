@@ -22,7 +22,7 @@ import pytest
 from rose_sdk.rollout_service import RolloutClient, RolloutError, RolloutService
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOAD = REPO / "tests" / "trl_workload.py"
+WORKLOAD = REPO / "tests" / "support" / "trl_workload.py"
 TRAIN = REPO / "examples" / "02_grpo_tiny_llm" / "train.py"
 TOKEN = "test-token-0123456789abcdef"
 STEPS = 4

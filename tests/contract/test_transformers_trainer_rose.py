@@ -1,7 +1,7 @@
 """A plain Transformers ``Trainer`` (causal LM on digit strings, the tiny Qwen2 model of example 02)
 on ROSE through ``rose_sdk.integrations.transformers.attach``, suspended and resumed through the real
 node agent in this process (the agent's server and a control thread beside the training thread),
-with the GPU's next tenant simulated (``tests/next_tenant.py``): bit-identical to an uninterrupted run;
+with the GPU's next tenant simulated (``tests/support/next_tenant.py``): bit-identical to an uninterrupted run;
 and a world change sent through the agent changes its gradient accumulation."""
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "02_grpo_tiny_llm"))
-
-from agent_fixtures import running_agent, wait_registered
-from next_tenant import NextTenant
 
 from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk import World
+from tests.support.agent_fixtures import running_agent, wait_registered
+from tests.support.next_tenant import NextTenant
 
 STEPS = 6
 SUSPEND_AFTER = 2  # the suspend is asked for after this step and lands at the next safe point

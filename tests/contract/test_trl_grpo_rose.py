@@ -1,10 +1,10 @@
 """TRL's real GRPOTrainer on ROSE (``rose_sdk.integrations.transformers``), through the real node agent.
 
-The workload is ``tests/trl_workload.py``: GRPO on a tiny 2-layer Qwen2 model built from a config,
+The workload is ``tests/support/trl_workload.py``: GRPO on a tiny 2-layer Qwen2 model built from a config,
 generating in-process on the CPU, with ``num_iterations=2`` so that TRL's buffered generations
 outlive the optimizer step where the suspends land, and ``beta=0.04`` so that TRL keeps a
 reference model. The suspended run simulates the GPU's next
-tenant (``tests/next_tenant.py``): while it is parked, the storage of every tensor of the job
+tenant (``tests/support/next_tenant.py``): while it is parked, the storage of every tensor of the job
 (enumerated by the workload, not by the integration) is overwritten with NaN bytes, every RNG is
 drawn from, the LR scheduler is stepped and the learning rate overwritten — and the run must still
 end bit-identical to an uninterrupted one. ``--skip`` leaves one piece out of the integration;
@@ -24,14 +24,11 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import REPO, WorkloadProc, reaped, running_agent, start_workload, wait_registered
-
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_sdk import load_checkpoint, tensors_equal
+from tests.support.agent_fixtures import REPO, WorkloadProc, reaped, running_agent, start_workload, wait_registered
 
-WORKLOAD = REPO / "tests" / "trl_workload.py"
+WORKLOAD = REPO / "tests" / "support" / "trl_workload.py"
 STEPS = 6
 # The suspends land at the safe point after each gate: steps 3 and 5, odd steps, where (with
 # num_iterations=2) TRL's buffered generations are still to be trained on at the next step.

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_child import build, digest, train
+
+from tests.support.train_child import build, digest, train
 
 CYCLES = 4
 STEPS = 3  # per cycle
-CHILD = [sys.executable, str(Path(__file__).with_name("train_child.py"))]
+CHILD = [sys.executable, str(Path(__file__).resolve().parents[1] / "support" / "train_child.py")]
 
 
 def _overwrite_free_gpu_memory(byte: int) -> int:

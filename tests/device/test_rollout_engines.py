@@ -2,7 +2,7 @@
 woken (level 1: weights parked in host memory; level 2: dropped and reloaded), the device memory
 given back while asleep, and the same samples (per-prompt seeds) before and after.
 
-The model is the tiny random Qwen2 of ``tests/rollout_tiny.py`` (hidden 256, head size 64: the
+The model is the tiny random Qwen2 of ``tests/support/rollout_tiny.py`` (hidden 256, head size 64: the
 attention kernels' smallest common size), saved to a temporary folder in the Hugging Face layout:
 nothing is downloaded. vLLM and SGLang are CUDA-only and not dependencies of this repository: their
 tests skip, saying so, where the package is not installed; the Transformers one needs only
@@ -12,16 +12,13 @@ tests skip, saying so, where the package is not installed; the Transformers one 
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import rollout_tiny
+from tests.support import rollout_tiny
 
 SEEDS = list(range(len(rollout_tiny.PROMPTS)))
 HIDDEN = 256

@@ -2,7 +2,7 @@
 real ``rose driver`` process with its node agent socket, and a real training process using
 rose_sdk that registers as the RL pod.
 
-KWOK runs no containers, so the workload process (REINFORCE on CartPole, tests/agent_fixtures.py)
+KWOK runs no containers, so the workload process (REINFORCE on CartPole, tests/support/agent_fixtures.py)
 is started by the test with the RL pod's UID, as the container would be; and the test plays the
 kubelet's DRA manager (NodePrepareResources / NodeUnprepareResources over the driver's socket).
 Preparing a serving claim on the same physical GPU suspends the RL workload at its safe point
@@ -22,8 +22,6 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from agent_fixtures import reaped, start_workload  # tests/ is on sys.path (tests/conftest.py)
-from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client
 
 from dra_driver import cdi
@@ -35,6 +33,15 @@ from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_common.slices import resource_slice, simulated_gpus
 from rose_sdk import tensors_equal
+from tests.support.agent_fixtures import reaped, start_workload  # tests/ is on sys.path (tests/conftest.py)
+from tests.support.k8s_helpers import (
+    claim_template,
+    create_claim_template,
+    delete_namespace,
+    gpu_pod,
+    new_namespace,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
@@ -193,7 +200,7 @@ def test_an_occupant_that_keeps_its_gpu_is_killed_and_evicted_and_serving_gets_a
     env_ = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
     env_.update(ROSE_SIMULATED_DEVICE_MEMORY=str(dev), ROSE_POD_UID=rl_uid, PYTHONPATH=str(REPO))
     hostile = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "enforce_hostile.py"), "--mode", "never-registers"],
+        [sys.executable, str(REPO / "tests" / "support" / "enforce_hostile.py"), "--mode", "never-registers"],
         env=env_,
         stdout=subprocess.PIPE,
         text=True,

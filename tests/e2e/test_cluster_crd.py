@@ -10,7 +10,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from rose_common import names
-from tests.k8s_helpers import delete_namespace, new_namespace
+from tests.support.k8s_helpers import delete_namespace, new_namespace
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from kubernetes import client
 
 from local_cluster import ClusterHandle
 from rose_common import names
-from tests.k8s_helpers import (
+from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
     delete_namespace,

@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmarks import controller_scale
 from local_cluster import ClusterHandle
-from tests.k8s_helpers import delete_namespace
+from tests.support.k8s_helpers import delete_namespace
 
 
 def test_controller_scale_benchmark_runs_end_to_end(cluster: ClusterHandle, api: Any, tmp_path: Path) -> None:

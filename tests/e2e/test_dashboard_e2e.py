@@ -47,8 +47,8 @@ from rose_cli import dashboard
 from rose_cli import demo_elastic as act
 from rose_cli.demo_elastic import kubectl
 from rose_common import names
-from tests.cluster_fixtures import session_shaped_cluster
-from tests.prometheus_fixtures import MetricsStandIn, prometheus
+from tests.support.cluster_fixtures import session_shaped_cluster
+from tests.support.prometheus_fixtures import MetricsStandIn, prometheus
 
 RULES = Path(__file__).resolve().parents[2] / "manifests" / "prometheus" / "rules.yaml"
 _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))

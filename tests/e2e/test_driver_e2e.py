@@ -24,8 +24,6 @@ from typing import Any
 
 import grpc
 import pytest
-from driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
-from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client, watch
 from urllib3.exceptions import ProtocolError
 
@@ -35,6 +33,15 @@ from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim, report_container_resources
 from rose_common import names, promtext
+from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
+from tests.support.k8s_helpers import (
+    claim_template,
+    create_claim_template,
+    delete_namespace,
+    gpu_pod,
+    new_namespace,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"

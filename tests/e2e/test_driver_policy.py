@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import wait_for
 from kubernetes import client, config
 
 from local_cluster import ClusterHandle
@@ -21,6 +20,7 @@ from local_cluster.objects import report_container_resources
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import ApiError, Conflict, NotFound
 from rose_common.slices import resource_slice, simulated_gpus
+from tests.support.k8s_helpers import wait_for
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "driver"
 NS = "rose-system"

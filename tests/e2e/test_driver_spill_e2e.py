@@ -14,14 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_fixtures import driver_published, restore_seed_slices
-from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client
 
 from local_cluster import ClusterHandle, free_port
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
 from rose_common import names
+from tests.support.driver_fixtures import driver_published, restore_seed_slices
+from tests.support.k8s_helpers import (
+    claim_template,
+    create_claim_template,
+    delete_namespace,
+    gpu_pod,
+    new_namespace,
+    wait_for,
+)
 
 MiB = 1 << 20
 OCCUPANT = 48 * MiB

@@ -16,8 +16,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from rose_common import names
-from tests.e2e.test_elastic_cel_cases import CASES, VALID_SPEC, CelCase, violating_spec
-from tests.k8s_helpers import delete_namespace, new_namespace
+from tests.support.elastic_cel_cases import CASES, VALID_SPEC, CelCase, violating_spec
+from tests.support.k8s_helpers import delete_namespace, new_namespace
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,8 @@ from kubernetes import client
 
 from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names, promtext
-from tests.elastic_fixtures import write_forecasts
-from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.support.elastic_fixtures import write_forecasts
+from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 JOB = "grpo"
 

@@ -43,8 +43,8 @@ from kubernetes import client, watch
 from elastic_controller.workers import LABEL_WORKER_INDEX
 from local_cluster import ClusterHandle, free_port, module_process, stop_process
 from rose_common import names
-from tests.elastic_fixtures import write_forecasts
-from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.support.elastic_fixtures import write_forecasts
+from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROLLER = "rose-elastic-controller"

@@ -20,7 +20,7 @@ import pytest
 
 from local_cluster import ClusterHandle
 from rose_cli import demo_elastic
-from tests.cluster_fixtures import session_shaped_cluster
+from tests.support.cluster_fixtures import session_shaped_cluster
 
 MODELLED_SUSPEND_S = demo_elastic.OCCUPANT_GIB * (1 << 30) / 55e9
 

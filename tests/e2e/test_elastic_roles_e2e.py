@@ -21,8 +21,8 @@ from kubernetes import client
 from local_cluster import ClusterHandle
 from rose_common import names, promtext
 from tests.e2e.test_elastic_controller_e2e import _kubectl, _metrics, world  # noqa: F401 (the fixture)
-from tests.elastic_fixtures import write_forecasts
-from tests.k8s_helpers import wait_for
+from tests.support.elastic_fixtures import write_forecasts
+from tests.support.k8s_helpers import wait_for
 
 JOB = "grpo-roles"
 REPO = Path(__file__).resolve().parents[2]

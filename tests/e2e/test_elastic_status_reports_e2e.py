@@ -19,7 +19,7 @@ from elastic_controller.planner import JobTarget
 from elastic_controller.status import compute_status
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
-from tests.k8s_helpers import delete_namespace, new_namespace
+from tests.support.k8s_helpers import delete_namespace, new_namespace
 
 TEMPLATE = {"spec": {"containers": [{"name": "t", "image": "t:1"}]}}
 

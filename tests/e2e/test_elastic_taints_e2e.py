@@ -21,8 +21,15 @@ from local_cluster import ClusterHandle, free_port, module_process
 from local_cluster.objects import allocated_claim
 from rose_common import names, promtext
 from tests.e2e.test_elastic_controller_e2e import _metrics, _pools
-from tests.elastic_fixtures import write_forecasts
-from tests.k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
+from tests.support.elastic_fixtures import write_forecasts
+from tests.support.k8s_helpers import (
+    claim_template,
+    create_claim_template,
+    delete_namespace,
+    gpu_pod,
+    new_namespace,
+    wait_for,
+)
 
 RULES = "devicetaintrules"
 

@@ -2,7 +2,7 @@
 extender (the ``world`` fixture of ``test_elastic_controller_e2e.py``, forecasts from the
 ``static-file`` backend) create the job's pods on KWOK nodes from
 ``examples/02_grpo_tiny_llm/elasticrljob.yaml`` (sized small: trainer 1, rollouts 1-3, 6 steps),
-and ``tests/example02_fixtures.ProcessKubelet`` plays the kubelet: each Running pod's command
+and ``tests/support/example02_fixtures.ProcessKubelet`` plays the kubelet: each Running pod's command
 (``train.py --role trainer`` / ``--role rollout``) runs as a local process with the pod's env,
 ``ROSE_TRAINER_ADDR`` rewritten to the trainer process's ``127.0.0.1`` port; each deleted pod's
 process gets SIGTERM.
@@ -31,9 +31,9 @@ import yaml
 from local_cluster import ClusterHandle
 from rose_sdk.rollout_service import RolloutClient
 from tests.e2e import test_elastic_controller_e2e as erj
-from tests.elastic_fixtures import write_forecasts
-from tests.example02_fixtures import TOKEN, ProcessKubelet, constant_world_run, counters
-from tests.k8s_helpers import wait_for
+from tests.support.elastic_fixtures import write_forecasts
+from tests.support.example02_fixtures import TOKEN, ProcessKubelet, constant_world_run, counters
+from tests.support.k8s_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 world = erj.world  # the fixture: the extender and the controller, one static forecast file

@@ -22,9 +22,17 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
-from extender_fixtures import forecast
-from k8s_helpers import (
+from kubernetes import client
+
+from local_cluster import ClusterHandle, free_port, stop_process
+from local_cluster.kubelet import DriverProcess
+from local_cluster.objects import allocated_claim
+from rose_common import extender_names, names, promtext
+from scheduler_extender import wire
+from tests.support.cluster_fixtures import session_shaped_cluster
+from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
+from tests.support.extender_fixtures import forecast
+from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
     delete_namespace,
@@ -33,14 +41,6 @@ from k8s_helpers import (
     report_container_resources,
     wait_for,
 )
-from kubernetes import client
-
-from local_cluster import ClusterHandle, free_port, stop_process
-from local_cluster.kubelet import DriverProcess
-from local_cluster.objects import allocated_claim
-from rose_common import extender_names, names, promtext
-from scheduler_extender import wire
-from tests.cluster_fixtures import session_shaped_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 

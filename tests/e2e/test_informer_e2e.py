@@ -19,7 +19,7 @@ import pytest
 from rose_common.informer import BOOKMARK, Informer, InformerSettings
 from rose_common.kube import objects
 from rose_common.kube.client import Raw
-from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 LABEL = "rose.io/informer-e2e"
 

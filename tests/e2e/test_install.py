@@ -25,8 +25,8 @@ import yaml
 
 from local_cluster.binaries import pinned_versions
 from local_cluster.objects import allocated_claim
-from tests.cluster_fixtures import session_shaped_cluster
-from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.support.cluster_fixtures import session_shaped_cluster
+from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 if TYPE_CHECKING:
     from local_cluster import ClusterHandle

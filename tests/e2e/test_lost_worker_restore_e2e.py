@@ -41,7 +41,7 @@ from tests.e2e.test_checkpoint_s3 import (  # noqa: F401  # s3: the module's Min
     wait_checkpoint,
 )
 from tests.e2e.test_elastic_controller_e2e import JOB, _kubectl, _workers, world  # noqa: F401
-from tests.k8s_helpers import wait_for
+from tests.support.k8s_helpers import wait_for
 
 SECRET = "s3-credentials"
 

@@ -31,8 +31,8 @@ import pytest
 from local_cluster import free_port, stop_process
 from predictor.series import read_series_csv
 from rose_common.forecast_api import ForecastResponse
-from tests.predictor_fixtures import REPO, traces_dir
-from tests.prometheus_fixtures import PROMETHEUS, MetricsStandIn, prometheus
+from tests.support.predictor_fixtures import REPO, traces_dir
+from tests.support.prometheus_fixtures import PROMETHEUS, MetricsStandIn, prometheus
 
 PROMTOOL = "/usr/bin/promtool"
 SCALE = 5000.0  # requests per 10 minutes → "busy GPUs" (about 6..70)

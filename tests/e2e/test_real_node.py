@@ -31,7 +31,6 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from agent_fixtures import SCRIPT, reaped, start_workload  # tests/ is on sys.path (tests/conftest.py)
 from kubernetes import client
 
 from local_cluster import ClusterHandle, free_port
@@ -40,7 +39,8 @@ from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_sdk import tensors_equal
-from tests.k8s_helpers import claim_template, create_claim_template, delete_namespace, new_namespace, wait_for
+from tests.support.agent_fixtures import SCRIPT, reaped, start_workload  # tests/ is on sys.path (tests/conftest.py)
+from tests.support.k8s_helpers import claim_template, create_claim_template, delete_namespace, new_namespace, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOLERATE_NOT_READY = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]

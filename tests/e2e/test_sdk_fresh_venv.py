@@ -26,13 +26,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_fixtures import running_agent, wait_registered
-from sdk_dist import MAIN_PYPROJECT, REPO, SDK_PYPROJECT, dist_name, pyproject
-
 from rose_common import names
 from rose_common.proto import rose_agent_v1_pb2 as pb
+from tests.support.agent_fixtures import running_agent, wait_registered
+from tests.support.sdk_dist import MAIN_PYPROJECT, REPO, SDK_PYPROJECT, dist_name, pyproject
 
 # What a clean clone needs to build the SDK; copied, so the build writes nothing into the checkout.
 SOURCES = ("sdk", "rose_sdk", "rose_common")

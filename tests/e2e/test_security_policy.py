@@ -34,13 +34,13 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import delete_namespace, new_namespace, report_container_resources
 
 from elastic_controller import workers
 from local_cluster import ClusterHandle
 from rose_common.elasticrljob import ElasticRLJob
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import ApiError
+from tests.support.k8s_helpers import delete_namespace, new_namespace, report_container_resources
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 INSTALL = [

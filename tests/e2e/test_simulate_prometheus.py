@@ -26,8 +26,8 @@ import pytest
 from local_cluster import free_port
 from predictor.series import read_series_csv
 from rose_sim.cli import main as sim_main
-from tests.predictor_fixtures import REPO, traces_dir
-from tests.prometheus_fixtures import PROMETHEUS, prometheus
+from tests.support.predictor_fixtures import REPO, traces_dir
+from tests.support.prometheus_fixtures import PROMETHEUS, prometheus
 
 PROMTOOL = "/usr/bin/promtool"
 BASE = 1_764_547_200  # 2025-12-01T00:00:00Z, a multiple of the step

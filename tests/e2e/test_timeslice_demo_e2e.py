@@ -15,7 +15,7 @@ import pytest
 
 from local_cluster import ClusterHandle
 from rose_cli.demo_timeslice import act_timeslice
-from tests.cluster_fixtures import session_shaped_cluster
+from tests.support.cluster_fixtures import session_shaped_cluster
 
 
 @pytest.fixture(scope="module")

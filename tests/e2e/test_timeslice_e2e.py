@@ -36,7 +36,7 @@ from local_cluster.objects import delete_namespace, new_namespace
 from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
 from rose_common.timeslice_lease import lease_name
-from tests import timeslice_secure as sec
+from tests.support import timeslice_secure as sec
 
 REPO = Path(__file__).resolve().parents[2]
 TTL = 3.0

@@ -29,9 +29,9 @@ from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names
 from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
-from tests import timeslice_secure as sec
-from tests.elastic_fixtures import write_forecasts
-from tests.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.support import timeslice_secure as sec
+from tests.support.elastic_fixtures import write_forecasts
+from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 GROUP = "g1"
 JOBS = ("a", "b")

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
-from k8s_helpers import claim_template, create_claim_template, delete_namespace, gpu_pod, new_namespace, wait_for
 from kubernetes import client
 
 from local_cluster import ClusterHandle, free_port
@@ -29,6 +27,15 @@ from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
 from rose_common import names
 from rose_common.kube.client import Raw
+from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
+from tests.support.k8s_helpers import (
+    claim_template,
+    create_claim_template,
+    delete_namespace,
+    gpu_pod,
+    new_namespace,
+    wait_for,
+)
 from timeslice.handover import RUNNING, SUSPENDED, KubeHandover, RawPods
 
 GROUP = "e2e-grp"

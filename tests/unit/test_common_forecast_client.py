@@ -18,7 +18,7 @@ from rose_common.forecast_client import (
     StaticFileForecastSource,
     make_source,
 )
-from tests.extender_fixtures import forecast
+from tests.support.extender_fixtures import forecast
 
 
 def _file(path: Path, *pools: str) -> Path:

@@ -7,13 +7,13 @@ import json
 import time
 
 import pytest
-from extender_fixtures import args_body, cluster_cache, pod
 
 from rose_cli import demo_placement
 from rose_common.forecast_api import ForecastResponse
 from scheduler_extender.forecast import reduce
 from scheduler_extender.model import PoolForecast
 from scheduler_extender.server import Extender
+from tests.support.extender_fixtures import args_body, cluster_cache, pod
 
 # `rose demo`'s defaults: 4 nodes of 8 GPUs, 2 pools (local_cluster alternates them)
 POOLS = {"rose-node-0": "pool-a", "rose-node-1": "pool-b", "rose-node-2": "pool-a", "rose-node-3": "pool-b"}

@@ -9,13 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_fixtures import NODE, NS, RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
 from dra_driver import binding
 from dra_driver.claims import ClaimRef, PodRef
 from dra_driver.node import BINDING_HOLDER_PREFIX
 from dra_driver.state import SUSPENDED
 from rose_common import names, slices
+from tests.support.driver_fixtures import (
+    NODE,
+    NS,
+    RecordingEngine,
+    RecordingNotifier,
+    StaticClaims,
+    make_claim,
+    make_driver,
+)
 
 NOW = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
 FREED, FAILED = names.BINDING_CONDITION_FREED, names.BINDING_CONDITION_FREE_FAILED

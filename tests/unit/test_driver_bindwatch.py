@@ -9,14 +9,13 @@ import datetime
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from driver_fixtures import NODE, make_claim
-
 from dra_driver import binding
 from dra_driver.bindwatch import BindingWatcher
 from dra_driver.claims import PodRef
 from dra_driver.metrics import DriverMetrics
 from rose_common import names
 from rose_common.kube.errors import Conflict, Status
+from tests.support.driver_fixtures import NODE, make_claim
 
 
 def _serving(uid: str = "uid-s0", rv: str = "7") -> dict[str, Any]:

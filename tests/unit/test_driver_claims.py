@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import pytest
-from driver_fixtures import NODE, NS, make_claim
 
 from dra_driver.claims import ClaimError, ClaimRef, validate_claim
 from rose_common import names
+from tests.support.driver_fixtures import NODE, NS, make_claim
 
 GPUS = {0: "GPU-a", 1: "GPU-b"}
 

@@ -296,7 +296,7 @@ class DeviceOf:
 
 
 def _driver(tmp: Path, dev: DeviceOf, **enforcer: object) -> tuple[object, object]:
-    from driver_fixtures import RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
+    from tests.support.driver_fixtures import RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
     claims = StaticClaims(
         [
@@ -410,11 +410,10 @@ def test_a_request_for_one_pod_of_a_shared_claim_is_not_judged_by_the_claim_wide
     """Time-slicing: the other pod of a shared claim may use the device; the simulated file cannot
     tell whose bytes it holds, so the driver neither kills nor evicts on a one-pod request there —
     while serving, which needs the whole GPU, is still enforced."""
-    from driver_fixtures import RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
-
     from dra_driver.claims import ClaimRef
     from dra_driver.node import observable
     from dra_driver.state import ClaimRecord, Suspension
+    from tests.support.driver_fixtures import RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
     rec = ClaimRecord("c", "ml", "c", "PrepareCompleted", [], [POD, OTHER])
     assert not observable(rec, Suspension("c", "Suspended", ["request/pod-uid-1"]))

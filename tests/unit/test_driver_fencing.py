@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
 from dra_driver import fencing
 from dra_driver.claims import ClaimRef
@@ -17,6 +16,7 @@ from dra_driver.node import NodeDriver
 from dra_driver.podwatch import BadSuspendRequestError, PodWatcher, decide
 from rose_common import names
 from rose_common.informer import InformerSettings
+from tests.support.driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
 REQ = '{"by": "timeslice", "reason": "hand-over", "graceSeconds": 5, "at": "2026-01-01T00:00:00Z"}'
 

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
 from dra_driver import cdi
 from dra_driver.claims import ClaimRef, PodRef
 from dra_driver.state import CHECKPOINTED_EVICTED, PREPARE_STARTED, SUSPEND_FAILED, SUSPENDED, UNPREPARE_STARTED
 from rose_common import names
+from tests.support.driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
 L0 = make_claim("uid-l0", "l0", [("gpu", "gpu-0-lendable")], pod=("rl-0", "pod-rl-0"))
 S0 = make_claim("uid-s0", "s0", [("gpu", "gpu-0-serving")], pod=("serve-0", "pod-serve-0"))

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_fixtures import NS, StaticClaims, make_claim, make_driver
 from prometheus_client import CollectorRegistry
 
 from dra_driver.claims import ClaimRef, PodRef
@@ -18,6 +17,7 @@ from dra_driver.suspend.model import Registration
 from dra_driver.suspend.simulated import SimulatedBackend
 from rose_common import names
 from rose_common.informer import InformerSettings
+from tests.support.driver_fixtures import NS, StaticClaims, make_claim, make_driver
 
 
 def pod(ann: dict[str, str] | None = None, job: bool = True, deleting: bool = False) -> dict[str, Any]:

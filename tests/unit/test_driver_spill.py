@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from spill_fixtures import DRAM, STATE, reg, spill_engine
 
 from dra_driver.nodefacts import node_facts
 from dra_driver.state import NodeStateData
@@ -25,6 +24,7 @@ from dra_driver.suspend.spill import (
     plan_spill,
 )
 from rose_common import names
+from tests.support.spill_fixtures import DRAM, STATE, reg, spill_engine
 
 MiB = 1 << 20
 

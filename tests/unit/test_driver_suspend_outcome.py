@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver_fixtures import NS, StaticClaims, make_claim, make_driver
-
 from dra_driver.claims import ClaimRef
 from dra_driver.engine_api import CopyWatcher, SuspendReason, SuspendResult
 from dra_driver.state import SUSPEND_FAILED, SUSPENDED
+from tests.support.driver_fixtures import NS, StaticClaims, make_claim, make_driver
 
 L0 = make_claim("uid-l0", "l0", [("gpu", "gpu-0-lendable")], pod=("rl-0", "pod-rl-0"))
 S0 = make_claim("uid-s0", "s0", [("gpu", "gpu-0-serving")], pod=("serve-0", "pod-serve-0"))

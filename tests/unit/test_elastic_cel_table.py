@@ -1,4 +1,4 @@
-"""The e2e CEL table (tests/e2e/test_elastic_cel_cases.py) has exactly one row per
+"""The e2e CEL table (tests/support/elastic_cel_cases.py) has exactly one row per
 ``x-kubernetes-validations`` rule of the ElasticRLJob CRD, wherever in the schema it sits: a rule
 added without a row (or a row whose rule is gone) fails here, so the e2e table cannot go stale."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from rose_common import elasticrljob as erj
-from tests.e2e.test_elastic_cel_cases import CASES, violating_spec
+from tests.support.elastic_cel_cases import CASES, violating_spec
 
 CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd" / "elasticrljob.yaml"
 
@@ -41,7 +41,7 @@ def _rows() -> list[tuple[str, str]]:
 def test_every_cel_rule_of_the_crd_has_exactly_one_row() -> None:
     rules = sorted(cel_rules(_schema()))
     missing = sorted(set(rules) - set(_rows()))
-    assert not missing, f"CEL rules without a row in tests/e2e/test_elastic_cel_cases.py: {missing}"
+    assert not missing, f"CEL rules without a row in tests/support/elastic_cel_cases.py: {missing}"
     assert rules == _rows(), f"rows without a rule in the CRD, or duplicates: {sorted(set(_rows()) - set(rules))}"
 
 

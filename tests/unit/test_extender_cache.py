@@ -9,11 +9,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from extender_fixtures import claim, cluster_cache, pod
-
 from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.model import PodInfo, PodKind, Snapshot
+from tests.support.extender_fixtures import claim, cluster_cache, pod
 
 CFG = policy.PolicyConfig()
 NODES = ["n1", "n2", "n3"]

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from extender_fixtures import cluster_cache, node
-
 from rose_common import names
 from scheduler_extender import policy
 from scheduler_extender.model import PodInfo, PodKind
+from tests.support.extender_fixtures import cluster_cache, node
 
 CFG = policy.PolicyConfig()
 WINDOWS = {"a": policy.PoolOutlook(1e9, 12, 11.0, ((3600, 11.0),))}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from extender_fixtures import args_body, claim, cluster_cache, forecast, pod
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,6 +13,7 @@ from scheduler_extender import policy
 from scheduler_extender.forecast import reduce
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
 from scheduler_extender.server import Extender
+from tests.support.extender_fixtures import args_body, claim, cluster_cache, forecast, pod
 
 CFG = policy.PolicyConfig()
 
@@ -398,7 +398,7 @@ def test_cache_derives_node_state_from_slices_claims_and_pods() -> None:
 
 def test_cache_uses_highest_slice_generation_and_replace_drops_gone_objects() -> None:
     cache = cluster_cache({"p": ["n1"]}, gpus=2)
-    from extender_fixtures import slice_for
+    from tests.support.extender_fixtures import slice_for
 
     newer = slice_for("n1", 4, generation=2)
     newer["metadata"]["name"] = "n1-other-slice"

@@ -118,11 +118,10 @@ def test_a_full_queue_drops_the_request_and_keeps_nothing_pending() -> None:
 def test_the_withdrawer_removes_only_its_own_request_once_the_preemptor_is_bound() -> None:
     from datetime import UTC, datetime
 
-    from extender_fixtures import cluster_cache
-    from extender_fixtures import pod as pod_json
-
     from rose_common import extender_names
     from scheduler_extender.kube import Withdrawer
+    from tests.support.extender_fixtures import cluster_cache
+    from tests.support.extender_fixtures import pod as pod_json
 
     ours = json.dumps(
         {

@@ -11,14 +11,14 @@ import json
 from pathlib import Path
 
 import pytest
-from extender_fixtures import claim, cluster_cache, forecast, pod
 
 from scheduler_extender import wire
 from scheduler_extender.forecast import reduce
 from scheduler_extender.model import PodInfo, PodKind, PoolForecast
 from scheduler_extender.server import Extender
+from tests.support.extender_fixtures import claim, cluster_cache, forecast, pod
 
-GOLDEN = Path(__file__).parent / "extender_golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "support" / "extender_golden"
 
 
 class Forecasts:

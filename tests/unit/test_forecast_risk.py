@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from extender_fixtures import T0, args_body, cluster_cache, pod
 
 from elastic_controller import pools
 from elastic_controller.metrics import ControllerMetrics
@@ -17,6 +16,7 @@ from rose_common.forecast_api import ForecastPoint, ForecastResponse
 from scheduler_extender.forecast import reduce
 from scheduler_extender.model import PoolForecast
 from scheduler_extender.server import Extender
+from tests.support.extender_fixtures import T0, args_body, cluster_cache, pod
 
 # One pool of 8 GPUs. The p90 at each horizon is low (a point forecast misses the burst between
 # horizons); the bound on the window's maximum at risk 0.01 is not.

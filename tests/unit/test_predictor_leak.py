@@ -17,7 +17,7 @@ from predictor.features import FeatureSpec, Transform, build_features
 from predictor.generator import generate
 from predictor.model import QuantileForecaster
 from predictor.series import Series
-from tests.predictor_fixtures import small_config
+from tests.support.predictor_fixtures import small_config
 
 STEP = 60
 DAY = 3600  # compressed: a day of 60 steps, a week of 420

@@ -10,7 +10,7 @@ from predictor.features import FeatureSpec, Transform, build_features, rolling_m
 from predictor.generator import generate
 from predictor.model import QuantileForecaster, conformal_correction
 from predictor.series import Series
-from tests.predictor_fixtures import small_config
+from tests.support.predictor_fixtures import small_config
 
 
 def test_shift_and_targets() -> None:

@@ -16,7 +16,7 @@ from predictor.series import Series
 from predictor.service import NoForecast, PoolConfig, PredictorService, Settings, build_response, load_pools
 from predictor.store import ModelStore
 from rose_common.forecast_api import ForecastResponse
-from tests.predictor_fixtures import small_config
+from tests.support.predictor_fixtures import small_config
 
 POOL = PoolConfig(name="pool-a", query="sum(x)", capacity=64)
 QS = (0.5, 0.9)

@@ -19,7 +19,7 @@ from predictor.model import QuantileForecaster
 from predictor.series import Series
 from predictor.service import PoolConfig, PredictorService, Settings
 from predictor.store import ModelStore, UntrustedModel
-from tests.predictor_fixtures import small_config
+from tests.support.predictor_fixtures import small_config
 
 POOL = PoolConfig(name="pool-a", query="q", capacity=64)
 

@@ -4,20 +4,15 @@ the weights are reloaded, and the offloader that plugs an engine into the SDK's 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import rollout_tiny
-
 from rose_sdk import tensors_equal
 from rose_sdk.integrations.rollout import EngineOffloader, RolloutEngine
 from rose_sdk.integrations.transformers_generate import TransformersGenerateEngine
+from tests.support import rollout_tiny
 
 PROMPTS = rollout_tiny.PROMPTS
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import torch
-from driver_fixtures import NS, RecordingEngine, StaticClaims, make_claim, make_driver
 
 from dra_driver.claims import ClaimRef
 from rose_common import names
 from rose_sdk import Workload
+from tests.support.driver_fixtures import NS, RecordingEngine, StaticClaims, make_claim, make_driver
 
 # Kubernetes UIDs are RFC 4122 UUIDs (dashes do not fit an environment variable name)
 UID_A = "7c9e6679-7425-40de-944b-e07fc1f90ae7"

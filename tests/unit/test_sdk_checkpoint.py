@@ -169,7 +169,7 @@ def test_checkpoint_streams_without_a_copy_of_the_state(tmp_path: Path, mode: st
     import sys
 
     path = tmp_path / "big.rose"
-    cmd = [sys.executable, "-m", "tests.sdk_checkpoint_memory", "64"]
+    cmd = [sys.executable, "-m", "tests.support.sdk_checkpoint_memory", "64"]
     if mode == "load":
         subprocess.run([*cmd, "save", str(path)], check=True, capture_output=True, timeout=120)
     out = subprocess.run([*cmd, mode, str(path)], check=True, capture_output=True, text=True, timeout=120)

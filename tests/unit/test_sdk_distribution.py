@@ -6,15 +6,11 @@ install into a fresh virtualenv is ``tests/e2e/test_sdk_fresh_venv.py``."""
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sdk_dist import (
+from tests.support.sdk_dist import (
     MAIN_PYPROJECT,
     REPO,
     SDK_PYPROJECT,

@@ -1,7 +1,7 @@
 """Cooperative offload on the CPU: data really moves to separate host buffers and back, bit-exact.
 
 The resume tests overwrite the memory the job's tensors used while it is suspended (the GPU's next
-tenant, ``tests/next_tenant.py``) and check that every tensor left that memory: on a CPU a no-op
+tenant, ``tests/support/next_tenant.py``) and check that every tensor left that memory: on a CPU a no-op
 offload would otherwise look bit-exact."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import copy
 
 import pytest
 import torch
-from next_tenant import NextTenant
 
 from rose_sdk import CooperativeOffloader, tensors_equal
+from tests.support.next_tenant import NextTenant
 
 # trained()'s tensors: 6 parameters, 6 gradients, BatchNorm's 3 buffers, Adam's step / exp_avg /
 # exp_avg_sq of each parameter, one registered tensor

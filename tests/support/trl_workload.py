@@ -1,13 +1,13 @@
 """TRL's real GRPOTrainer on the tiny model (``examples/02_grpo_tiny_llm/tiny_grpo.py``), on ROSE through
 ``rose_sdk.integrations.transformers.attach``: the workload process of the integration tests.
 
-    python tests/trl_workload.py --out R.pt --max-steps 6 [--gate-dir D --gates 1,3] [--next-tenant REPORT.json]
+    python tests/support/trl_workload.py --out R.pt --max-steps 6 [--gate-dir D --gates 1,3] [--next-tenant REPORT.json]
                                  [--checkpoint P] [--exit-after-checkpoint] [--skip PIECE]
 
 ``--gates``: at the end of each listed step (after ROSE's safe point) the job prints
 ``GATE <step>`` and waits for the file ``D/go-<step>`` — the test asks the agent for a suspend,
 then opens the gate, so the suspend lands at the next step's safe point, mid-training.
-``--next-tenant``: the GPU's next tenant simulated at every suspend (``tests/next_tenant.py``):
+``--next-tenant``: the GPU's next tenant simulated at every suspend (``tests/support/next_tenant.py``):
 every tensor of the job, enumerated here independently of the integration, must have left its
 storage, which is then overwritten with NaN bytes; and the host state the integration promises to
 put back is garbled while parked (every RNG drawn from, the LR scheduler stepped, the learning
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "examples" / "02_grpo_tiny_llm")]
+sys.path[:0] = [str(HERE.parents[1]), str(HERE), str(HERE.parents[1] / "examples" / "02_grpo_tiny_llm")]
 
 # TRL 1.16's generation helper (trl/models/utils.py, _unwrap_model_for_generation) reads
 # `is_gradient_checkpointing`, which Transformers 5.24 deprecates; nothing here can avoid it.
@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tiny_grpo
     import torch
-    from next_tenant import NextTenant
     from transformers import TrainerCallback
 
     from rose_sdk.integrations import transformers as rt
+    from tests.support.next_tenant import NextTenant
 
     torch.set_num_threads(1)
     if a.skip:

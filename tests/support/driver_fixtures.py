@@ -8,7 +8,7 @@ Explicit stand-ins, each named for what it replaces:
   the order of calls; :class:`FileOccupantEngine` stands in for a GPU workload whose device
   state lives in a file, so a test can check it survives kill -9 at any point.
 
-Run as a script (``python tests/driver_fixtures.py crash-child ...``) it is the crash-test child.
+Run as a script (``python tests/support/driver_fixtures.py crash-child ...``) it is the crash-test child.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -5,7 +5,7 @@ no containers): for every Running pod of the job it starts the pod's command as 
 with the pod's env, and SIGTERMs that process when the pod is deleted.
 
 What it changes, and says so: ``python`` is this interpreter; the trainer's ``train.py`` runs
-through ``tests/example02_role.py`` (the same ``main``, plus gates and the final weights saved);
+through ``tests/support/example02_role.py`` (the same ``main``, plus gates and the final weights saved);
 the trainer's ``--out`` goes under the test's tmp dir and it listens on a free loopback port
 (``--port 0``), and every rollout's ``ROSE_TRAINER_ADDR`` (the trainer's headless-Service DNS name,
 which nothing resolves here) is rewritten to that ``127.0.0.1:<port>``; ``fieldRef`` env
@@ -29,9 +29,9 @@ from kubernetes import client
 
 from rose_common import names
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "02_grpo_tiny_llm" / "train.py"
-ROLE_RUNNER = REPO / "tests" / "example02_role.py"
+ROLE_RUNNER = REPO / "tests" / "support" / "example02_role.py"
 TOKEN = "test-token-0123456789abcdef"
 COUNTERS = re.compile(r"rollout: submitted=(\d+) accepted=(\d+) duplicate=(\d+) stale=(\d+) requeued=(\d+)")
 

@@ -1,6 +1,6 @@
 """The Ray actor of ``tests/contract/test_ray_actor.py`` (a module of its own: Ray's workers import it
-by name, with ``tests/`` on their PYTHONPATH). A small torch model updated by calls, registered
-with its pod's node agent through ``rose_sdk.integrations.ray``."""
+by name, ``tests.support.ray_policy``, with the repository on their PYTHONPATH). A small torch model
+updated by calls, registered with its pod's node agent through ``rose_sdk.integrations.ray``."""
 
 from __future__ import annotations
 

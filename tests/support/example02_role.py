@@ -1,7 +1,7 @@
 """Example 02's ``train.py`` run unchanged (its ``main``), with two test hooks around it for the
 end-to-end tests that play a pod's kubelet (``tests/e2e/test_example02_cluster_e2e.py``):
 
-    python tests/example02_role.py <train.py's arguments>
+    python tests/support/example02_role.py <train.py's arguments>
 
 ``ROSE_TEST_GATE_DIR`` + ``ROSE_TEST_GATES`` (``1,3``): at the end of each listed optimizer step
 the trainer prints ``GATE <step>`` and waits for the file ``<dir>/go-<step>`` (so the test can
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples" / "02_grpo_tiny_llm")]
+sys.path[:0] = [str(HERE.parents[1]), str(HERE.parents[1] / "examples" / "02_grpo_tiny_llm")]
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Peak extra host RAM of ``save_checkpoint`` / ``load_checkpoint``, measured in this process.
 
-Run as ``python -m tests.sdk_checkpoint_memory MIB save|load PATH``; prints one JSON line.
+Run as ``python -m tests.support.sdk_checkpoint_memory MIB save|load PATH``; prints one JSON line.
 Peak RSS (``VmHWM``) is reset through ``/proc/self/clear_refs`` right before the operation, so
 the figure is what the operation itself added: for ``save`` everything above the resident
 state, for ``load`` everything above the loaded state (``extra_mib``). Linux only.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SDK_PYPROJECT = REPO / "sdk" / "pyproject.toml"
 MAIN_PYPROJECT = REPO / "pyproject.toml"
 
@@ -168,7 +168,7 @@ def allowed_external(sdk: dict[str, Any] | None = None) -> dict[str, str]:
     out: dict[str, str] = {}
     for r in reqs:
         name = dist_name(r)
-        assert name in IMPORT_NAME, f"{name}: add its import name to tests/sdk_dist.py IMPORT_NAME"
+        assert name in IMPORT_NAME, f"{name}: add its import name to tests/support/sdk_dist.py IMPORT_NAME"
         out[IMPORT_NAME[name]] = name
     return {**IMAGE_PROVIDED, **out}
 

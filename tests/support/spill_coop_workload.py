@@ -1,6 +1,6 @@
 """A cooperative rose_sdk workload with a sizeable host copy, for the cooperative-spill tests.
 
-    python tests/spill_coop_workload.py --state-mib 64 [--lie keep|garbage|stall] [--resumes 1]
+    python tests/support/spill_coop_workload.py --state-mib 64 [--lie keep|garbage|stall] [--resumes 1]
 
 A small model + Adam and one registered tensor of ``--state-mib`` MiB (seeded random floats), on
 the CPU. It trains a step and reaches a safe point in a loop until it has been resumed
@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
 
 import torch  # noqa: E402
-from next_tenant import NextTenant, job_tensors  # noqa: E402
 
 import rose_sdk  # noqa: E402
 from rose_common import spillfmt  # noqa: E402
 from rose_sdk.offload import CooperativeOffloader  # noqa: E402
+from tests.support.next_tenant import NextTenant, job_tensors  # noqa: E402
 
 
 class LyingOffloader(CooperativeOffloader):

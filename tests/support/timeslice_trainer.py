@@ -1,7 +1,7 @@
 """A real small CPU RL training (REINFORCE on CartPole: the example's environment and episode) that holds a
 time-slice group for each update phase through ``rose_sdk.timeslice``; used by the acceptance test.
 
-    python tests/timeslice_trainer.py --out run.pt --updates 12 [--target HOST:PORT --job NAME --group G]
+    python tests/support/timeslice_trainer.py --out run.pt --updates 12 [--target HOST:PORT --job NAME --group G]
 
 Without ``--target`` it runs solo. With it, each update (the accelerator phase) runs inside
 ``on_accelerators``; the client offloads the policy, Adam state and a registered tensor to host
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rose_sdk import CooperativeOffloader  # noqa: E402

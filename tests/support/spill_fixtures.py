@@ -1,7 +1,7 @@
 """Layered-memory test support: an engine with the explicit simulated backend holding real bytes
 (``SimulatedHostMemory``) and a disk tier, and the crash child the contract test kills.
 
-    python tests/spill_fixtures.py crash-child ROOT   # with ROSE_DRIVER_CRASH_AT=<spill point>
+    python tests/support/spill_fixtures.py crash-child ROOT   # with ROSE_DRIVER_CRASH_AT=<spill point>
 
 The child suspends pod-a (fits the DRAM budget), then pod-b (does not: pod-a spills to disk) and
 prints ``done``; a crash point ends it with exit code 137 somewhere inside the spill.
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:
-    sys.path.insert(0, str(HERE.parent))
+if str(HERE.parents[1]) not in sys.path:
+    sys.path.insert(0, str(HERE.parents[1]))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from predictor.model import ModelConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def traces_dir() -> Path:

@@ -1,6 +1,6 @@
 """The example RL workload, unchanged, with the GPU's next tenant simulated at every suspend.
 
-    python tests/next_tenant_workload.py --report R.json <arguments of the example>
+    python tests/support/next_tenant_workload.py --report R.json <arguments of the example>
 
 Runs ``examples/01_cartpole_reinforce.py`` with ``rose_sdk.Workload`` replaced by a subclass that
 hooks :class:`next_tenant.NextTenant` around the offload (``on_suspend`` before it,
@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
-
-from next_tenant import NextTenant  # noqa: E402
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
 
 import rose_sdk  # noqa: E402
+from tests.support.next_tenant import NextTenant  # noqa: E402
 
-EXAMPLE = HERE.parent / "examples" / "01_cartpole_reinforce.py"
+EXAMPLE = HERE.parents[1] / "examples" / "01_cartpole_reinforce.py"
 TENANTS: list[NextTenant] = []
 
 
