@@ -479,7 +479,7 @@ class Soak:
                     "--default-grace-seconds", "5", "--node-facts-seconds", "1", "--suspended-cpu=",
                     "--reconcile-seconds", "2",
                     # the played kubelet's prepare reclaims, as the soak was built and run (prebind:
-                    # tests/e2e/test_driver_binding_e2e.py; not yet soaked)
+                    # tests/e2e/dra_driver/test_driver_binding_e2e.py; not yet soaked)
                     "--serving-wait", "prepare",
                     "--agent-control-socket", str(root / node / "a" / "control.sock")]  # fmt: skip
             drv = DriverProcess(self.h.kubeconfig, node, root, gpus=self.h.gpus_per_node, metrics_port=free_port(),

@@ -224,6 +224,8 @@ def rewrite(moves: list[tuple[str, str, str]], bare_basenames: bool) -> list[str
             opkg = _dotted(old).rpartition(".")[0]  # from tests import x
             pat = re.compile(rf"^(\s*)from {re.escape(opkg)} import {ostem}\b", re.M)
             subs.append((pat, rf"\1from {pkg} import {mod}"))
+            short = re.escape(_dotted(old).removeprefix("tests."))  # from unit.test_x import (tests/ on sys.path)
+            subs.append((re.compile(rf"^(\s*)from {short} import\b", re.M), rf"\1from {_dotted(new)} import"))
             # path joins: "tests" / "x.py" and "tests" / "unit" / "x"
             oj = " / ".join(f'"{s}"' for s in old.split("/"))
             nj = " / ".join(f'"{s}"' for s in new.split("/"))

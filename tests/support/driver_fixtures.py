@@ -319,7 +319,7 @@ E2E_DRIVER_ARGS = [
     "--simulated-occupant-bytes", "1Gi", "--host-memory-budget", "8Gi",
     "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
     # these tests play the kubelet's prepare-time wait; the scheduler-side wait (prebind) has its
-    # own (tests/e2e/test_driver_binding_e2e.py)
+    # own (tests/e2e/dra_driver/test_driver_binding_e2e.py)
     "--serving-wait", "prepare",
 ]  # fmt: skip
 

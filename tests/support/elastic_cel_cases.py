@@ -2,7 +2,7 @@
 ``manifests/crd/elasticrljob.yaml``, with an object that violates exactly that rule.
 
 Pure data (no client import), read by ``test_elastic_cel.py`` (each row sent to the real
-kube-apiserver) and by ``tests/unit/test_elastic_cel_table.py`` (a rule in the CRD without a row
+kube-apiserver) and by ``tests/unit/elastic_controller/test_elastic_cel_table.py`` (a rule in the CRD without a row
 here, or a row without its rule, fails the unit tier).
 """
 

@@ -1,5 +1,5 @@
 """Example 02's ``train.py`` run unchanged (its ``main``), with two test hooks around it for the
-end-to-end tests that play a pod's kubelet (``tests/e2e/test_example02_cluster_e2e.py``):
+end-to-end tests that play a pod's kubelet (``tests/e2e/elastic_controller/test_example02_cluster_e2e.py``):
 
     python tests/support/example02_role.py <train.py's arguments>
 

@@ -1,4 +1,4 @@
-"""The Ray actor of ``tests/contract/test_ray_actor.py`` (a module of its own: Ray's workers import it
+"""The Ray actor of ``tests/contract/rose_sdk/test_ray_actor.py`` (a module of its own: Ray's workers import it
 by name, ``tests.support.ray_policy``, with the repository on their PYTHONPATH). A small torch model
 updated by calls, registered with its pod's node agent through ``rose_sdk.integrations.ray``."""
 

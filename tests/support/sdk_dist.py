@@ -1,6 +1,6 @@
 """What the ``rose-sdk`` distribution (``sdk/pyproject.toml``) ships and what ``rose_sdk`` imports,
-read from the sources (no import runs): the helpers of ``tests/unit/test_sdk_distribution.py`` and
-``tests/e2e/test_sdk_fresh_venv.py``.
+read from the sources (no import runs): the helpers of ``tests/unit/rose_sdk/test_sdk_distribution.py`` and
+``tests/e2e/rose_sdk/test_sdk_fresh_venv.py``.
 
 Every import statement counts, at any depth (inside functions and ``if TYPE_CHECKING:`` blocks too),
 and so does ``importlib.import_module("…")`` with a literal name (``rose_sdk.__init__`` imports
