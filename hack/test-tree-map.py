@@ -4,6 +4,7 @@
     python hack/test-tree-map.py support [--apply]   # helpers and data modules -> tests/support/
     python hack/test-tree-map.py tree [--apply]      # tests/<tier>/test_x.py -> tests/<tier>/<package>/
     python hack/test-tree-map.py rename [--apply]    # issue-named files -> named after what they test
+    python hack/test-tree-map.py refs --apply        # after a merge: mend references to moved files
 
 Without --apply it prints the plan (old -> new, and for ``tree`` why). With --apply it moves with
 ``git mv`` and rewrites every reference in the tracked text files: paths (``tests/x.py``), dotted
@@ -104,7 +105,22 @@ OVERRIDES = {
 }
 
 # Files named after an issue rather than what they test (step 3), per tier-relative basename.
-RENAMES: dict[str, str] = {}
+# The tier's folder decides the test's package; these names said something else (a misnamed prefix,
+# the tier, or the issue that produced them: "Issue 11 (node part)").
+RENAMES: dict[str, str] = {
+    "test_agent_engine.py": "test_suspend_engine.py",
+    "test_agent_cuda_checkpoint.py": "test_suspend_cuda_checkpoint.py",
+    "test_agent_shared_claim.py": "test_suspend_shared_claim.py",
+    "test_driver_checkpoint_verify.py": "test_suspend_checkpoint_verify.py",
+    "test_driver_pids.py": "test_suspend_pids.py",
+    "test_driver_spill.py": "test_suspend_spill.py",
+    "test_node_security.py": "test_agent_identity_checks.py",
+    "test_cluster_unit.py": "test_cluster_parts.py",
+    "test_realnode_unit.py": "test_realnode_parts.py",
+}
+# Every move applied so far (old<TAB>new): ``refs`` rewrites references to them again, so that a
+# file merged in later that still cites an old path or module name is mended.
+RECORD = REPO / "hack" / "test-tree-moves.tsv"
 
 
 def git(*args: str) -> str:
@@ -208,8 +224,10 @@ def _depth_fix(text: str, delta: int) -> str:
     return text
 
 
-def rewrite(moves: list[tuple[str, str, str]], bare_basenames: bool) -> list[str]:
-    """Rewrite references to the moved paths in every tracked text file; returns the files changed."""
+def rewrite(moves: list[tuple[str, str, str]], depth_moves: list[tuple[str, str, str]]) -> list[str]:
+    """Rewrite references to the moved paths in every tracked text file (idempotent: a new path never
+    contains its old one); ``Path(__file__)`` depth only in the files of ``depth_moves``, moved just
+    now. Returns the files changed."""
     subs: list[tuple[re.Pattern[str], str]] = []
     for old, new, _ in moves:
         o, n = old.removesuffix(".py"), new.removesuffix(".py")
@@ -233,13 +251,14 @@ def rewrite(moves: list[tuple[str, str, str]], bare_basenames: bool) -> list[str
         else:
             oj = " / ".join(f'"{s}"' for s in old.split("/"))
             subs.append((re.compile(re.escape(oj)), " / ".join(f'"{s}"' for s in new.split("/"))))
-        if bare_basenames and ostem != nstem:
+        if ostem != nstem:  # a renamed module: its bare name in prose and test ids
             subs.append((re.compile(rf"(?<![\w.]){ostem}(?!\w)"), nstem))
-    moved_to = {new: len(Path(new).parts) - len(Path(old).parts) for old, new, _ in moves}
+    moved_to = {new: len(Path(new).parts) - len(Path(old).parts) for old, new, _ in depth_moves}
     changed = []
     for rel in git("ls-files").splitlines():
         path = REPO / rel
-        if rel == "hack/test-tree-map.py" or not path.is_file() or path.suffix in (".json", ".png", ".pb"):
+        skip = rel in ("hack/test-tree-map.py", "hack/test-tree-moves.tsv") or path.suffix in (".json", ".png", ".pb")
+        if skip or not path.is_file():
             continue
         try:
             text = path.read_text()
@@ -256,21 +275,29 @@ def rewrite(moves: list[tuple[str, str, str]], bare_basenames: bool) -> list[str
     return changed
 
 
-def apply(moves: list[tuple[str, str, str]], bare_basenames: bool = False) -> None:
+def recorded() -> list[tuple[str, str, str]]:
+    if not RECORD.exists():
+        return []
+    return [(o, n, "recorded") for o, n in (line.split("\t") for line in RECORD.read_text().splitlines() if line)]
+
+
+def apply(moves: list[tuple[str, str, str]]) -> None:
     for old, new, _ in moves:
         (REPO / new).parent.mkdir(parents=True, exist_ok=True)
         git("mv", old, new)
+    with RECORD.open("a") as f:
+        f.writelines(f"{old}\t{new}\n" for old, new, _ in moves)
     init = REPO / SUPPORT / "__init__.py"
     if any(new.startswith(SUPPORT + "/") for _, new, _ in moves) and not init.exists():
         init.write_text('"""Shared test helpers: fixtures, stand-ins, data and the processes tests start."""\n')
         git("add", str(init.relative_to(REPO)))
-    for rel in rewrite(moves, bare_basenames):
+    for rel in rewrite(recorded(), depth_moves=moves):
         print(f"  rewrote {rel}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=("support", "tree", "rename"))
+    ap.add_argument("step", choices=("support", "tree", "rename", "refs"))
     ap.add_argument("--apply", action="store_true", help="git mv and rewrite references (default: print the plan)")
     a = ap.parse_args()
     unplaced: list[str] = []
@@ -278,14 +305,18 @@ def main() -> int:
         moves = plan_support()
     elif a.step == "tree":
         moves, unplaced = plan_tree()
-    else:
+    elif a.step == "rename":
         moves = plan_rename()
+    else:  # refs: no move, references to every recorded move mended (idempotent)
+        changed = rewrite(recorded(), depth_moves=[]) if a.apply else []
+        print("\n".join(f"  rewrote {c}" for c in changed) or "nothing to rewrite (or no --apply)")
+        return 0
     for old, new, why in moves:
         print(f"{old} -> {new}    [{why}]")
     for u in unplaced:
         print(f"UNPLACED {u}")
     if a.apply and moves:
-        apply(moves, bare_basenames=a.step == "rename")
+        apply(moves)
     print(f"{len(moves)} moves, {len(unplaced)} unplaced", file=sys.stderr)
     return 1 if unplaced else 0
 

@@ -1,6 +1,6 @@
 """Every CEL rule of the ElasticRLJob CRD, refused by the real kube-apiserver with its message.
 
-Table-driven from ``test_elastic_cel_cases.CASES`` (one row per ``x-kubernetes-validations``
+Table-driven from ``elastic_cel_cases.CASES`` (one row per ``x-kubernetes-validations``
 rule; the unit tier fails when the CRD has a rule without a row). Each row's object violates
 exactly its rule: the refusal must carry that rule's message and no other rule's, and nothing
 is stored. The valid base object is accepted, so a refusal is the rule's doing.
