@@ -11,7 +11,10 @@ Without --apply it prints the plan (old -> new, and for ``tree`` why). With --ap
 names (``tests.x``), bare imports of a helper or test module (``from x import``), ``"tests" / "x.py"``
 path joins, and ``Path(__file__)`` depth in the moved files. Re-run it after a merge: new flat files
 (a helper at ``tests/*.py``, a test straight in a tier folder) are placed by the same rules; a test it
-cannot place is printed as UNPLACED and left where it is. It commits nothing.
+cannot place is printed as UNPLACED and left where it is (add it to OVERRIDES, or ``git mv`` it by
+hand and run ``refs --apply``). References are rewritten in tracked files only (``git add`` new ones
+first). It commits nothing; afterwards ``ruff check --fix --select I,F401 tests && ruff format tests``
+puts the rewritten imports in order.
 """
 
 from __future__ import annotations
@@ -284,6 +287,7 @@ def recorded() -> list[tuple[str, str, str]]:
 def apply(moves: list[tuple[str, str, str]]) -> None:
     for old, new, _ in moves:
         (REPO / new).parent.mkdir(parents=True, exist_ok=True)
+        git("add", "--", old)  # a file not yet committed can be moved too
         git("mv", old, new)
     with RECORD.open("a") as f:
         f.writelines(f"{old}\t{new}\n" for old, new, _ in moves)
