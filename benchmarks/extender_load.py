@@ -70,8 +70,8 @@ def slowloris(port: int, wait_s: float = SLOWLORIS_WAIT_S) -> float | None:
 
 
 def _pods_and_nodes(nodes: int) -> tuple[dict[str, list[str]], list[tuple[str, dict[str, Any]]]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from extender_fixtures import pod  # the same fixtures the contract tier uses
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.support
+    from tests.support.extender_fixtures import pod  # the same fixtures the contract tier uses
 
     names = [f"node-{i:05d}" for i in range(nodes)]
     objs = [("Pod", pod(f"rl-{i}", f"uid-rl-{i}", node_name=n, job="grpo")) for i, n in enumerate(names[::4])]
@@ -82,10 +82,9 @@ SERVERS = ("kernel", "aiohttp")
 
 
 def _serve(nodes: int, conn: Connection, server: str = "kernel") -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from extender_fixtures import cluster_cache
-
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.support
     from scheduler_extender.server import Extender, ExtenderServer, settle_heap
+    from tests.support.extender_fixtures import cluster_cache
 
     sys.setswitchinterval(0.0005)  # what `rose extender` sets (--gil-switch-interval)
     pools, objs = _pods_and_nodes(nodes)
@@ -130,8 +129,8 @@ def _serve_aiohttp(extender: Any, conn: Connection) -> None:
 
 
 def _bodies(nodes: int) -> dict[str, bytes]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from extender_fixtures import args_body, pod
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.support
+    from tests.support.extender_fixtures import args_body, pod
 
     names = [f"node-{i:05d}" for i in range(nodes)]
     body = args_body(pod("w", "uid-w", job="grpo"), names)

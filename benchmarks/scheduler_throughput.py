@@ -507,7 +507,7 @@ def _server_side(calls: list[tuple[str, float, float]], skip: int) -> dict[str, 
 
 
 def _pod_json(name: str, labels: dict[str, str], priority: int) -> dict[str, Any]:
-    golden = REPO / "tests" / "unit" / "extender_golden" / "filter-rl-request.json"
+    golden = REPO / "tests" / "support" / "extender_golden" / "filter-rl-request.json"
     pod: dict[str, Any] = json.loads(golden.read_text())["Pod"]
     pod["metadata"]["name"] = name
     pod["metadata"]["labels"] = labels

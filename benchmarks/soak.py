@@ -463,7 +463,7 @@ class Soak:
             wait_until(f"namespace {NS} deleted", gone, timeout=60)
 
     def _serving_metrics(self) -> None:
-        from tests.prometheus_fixtures import MetricsStandIn
+        from tests.support.prometheus_fixtures import MetricsStandIn
 
         def render() -> str:
             k = HISTORY_ROWS + (self.row_now() if self.t_start else 0)

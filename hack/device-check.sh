@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check of the suspend path in one command, within 10 minutes: its steps' timeouts add up to
 # 15 + 45 + 180 + 80 + 170 + 50 = 540 s, which leaves a minute of the ten for start-up (checked by
-# tests/unit/test_device_check_budget.py):
+# tests/unit/repo/test_device_check_budget.py):
 #   1. environment: nvidia-smi (GPU, driver version, persistence mode), torch + CUDA, protobuf, grpc;
 #   2. the device tier (tests/device): each backend checkpointed, device memory freed, bit-exact,
 #      Adam training on the GPU suspended/resumed by each backend, bit-identical; the rollout engines
@@ -60,13 +60,13 @@ fi
 
 say "2/3 device tests (tests/device but the rollout engines, at most 200 s)"
 timeout 180 "$PY" -m pytest tests/device -v -p no:cacheprovider --junitxml="$OUT_DIR/device-tests.xml" \
-  --ignore=tests/device/test_rollout_engines.py >"$OUT_DIR/device-tests.txt" 2>&1
+  --ignore=tests/device/rose_sdk/test_rollout_engines.py >"$OUT_DIR/device-tests.txt" 2>&1
 rc=$?
 tail -n 30 "$OUT_DIR/device-tests.txt" | tee -a "$LOG" >&2
 [ $rc -eq 0 ] || { say "device tests failed (status $rc; 124 = timed out)"; status=1; }
 
-say "2b/3 rollout engines (tests/device/test_rollout_engines.py, at most 80 s; vLLM / SGLang skip if not installed)"
-timeout 80 "$PY" -m pytest tests/device/test_rollout_engines.py -v -rs -p no:cacheprovider \
+say "2b/3 rollout engines (tests/device/rose_sdk/test_rollout_engines.py, at most 80 s; vLLM / SGLang skip if not installed)"
+timeout 80 "$PY" -m pytest tests/device/rose_sdk/test_rollout_engines.py -v -rs -p no:cacheprovider \
   --junitxml="$OUT_DIR/rollout-engines.xml" >"$OUT_DIR/rollout-engines.txt" 2>&1
 rc=$?
 tail -n 20 "$OUT_DIR/rollout-engines.txt" | tee -a "$LOG" >&2

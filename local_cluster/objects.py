@@ -1,6 +1,6 @@
 """Kubernetes objects the harness makes: namespaces, claim templates, GPU pods; and waiting.
 
-Shared by the end-to-end tests (through tests/k8s_helpers.py), the benchmarks and ``rose demo``.
+Shared by the end-to-end tests (through tests/support/k8s_helpers.py), the benchmarks and ``rose demo``.
 """
 
 from __future__ import annotations

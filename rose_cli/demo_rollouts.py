@@ -11,7 +11,7 @@ pod arrives on the trainer's GPU: its prepare returns once the trainer is suspen
 at its safe point; the serving pod leaves (unprepare) and the trainer resumes. The trainer's rollout
 service counts every prompt (none may be lost or taken twice) and the trained weights are compared,
 bit for bit, with a run of the same job with one rollout worker throughout and no suspend.
-``tests/e2e/test_example02_cluster_e2e.py`` runs the same scenario (``run_job``).
+``tests/e2e/elastic_controller/test_example02_cluster_e2e.py`` runs the same scenario (``run_job``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Example 02 (``examples/02_grpo_tiny_llm/train.py``) as the processes of an ElasticRLJob's pods
 on KWOK nodes (KWOK runs no containers), for ``rose demo``'s act 6 (``rose_cli/demo_rollouts.py``)
-and ``tests/e2e/test_example02_cluster_e2e.py``: ``ProcessKubelet`` plays the kubelet — for every
+and ``tests/e2e/elastic_controller/test_example02_cluster_e2e.py``: ``ProcessKubelet`` plays the kubelet — for every
 Running pod of the job it starts the pod's command as a local process, with the pod's env, and
 SIGTERMs that process when the pod is deleted.
 

@@ -1,6 +1,6 @@
 """Example 02's ``train.py`` run unchanged (its ``main``), with two test hooks around it for the
 runs that play a pod's kubelet (``rose_cli/example02_pods.py``: ``rose demo``'s act 6 and
-``tests/e2e/test_example02_cluster_e2e.py``):
+``tests/e2e/elastic_controller/test_example02_cluster_e2e.py``):
 
     python rose_cli/example02_role.py <train.py's arguments>
 

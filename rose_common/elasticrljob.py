@@ -3,7 +3,7 @@
 Pure data: no I/O. The CRD schema in ``manifests/crd/elasticrljob.yaml`` is the source of truth
 for the API server; these models mirror it field for field (names, types, defaults, enums and
 bounds) and repeat its CEL rules as validators with the same messages, so the controller refuses
-what the API server would refuse. ``tests/unit/test_elasticrljob_model.py`` walks both schemas.
+what the API server would refuse. ``tests/unit/elastic_controller/test_elasticrljob_model.py`` walks both schemas.
 """
 
 from __future__ import annotations

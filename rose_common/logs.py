@@ -1,7 +1,7 @@
 """Structured JSON logs for every component: a constant message plus Kubernetes structured-logging
 keys (``pod="ns/name"``, ``err=...``), one JSON object per line on stderr.
 
-The one convention (checked by ``tests/unit/test_common_logs.py``): the message is a constant
+The one convention (checked by ``tests/unit/rose_common/test_common_logs.py``): the message is a constant
 string literal in lower case (what happened, never formatted); everything that varies goes in
 lowerCamelCase keys; an error is ``err``, a pod ``pod="ns/name"``.
 

@@ -17,7 +17,7 @@ in chunks and compares before it deserialises anything, then loads from the same
 file whose checksum matches but whose content is not a well-formed checkpoint (re-signed or
 written by a buggy writer) raises :class:`CheckpointError` too, saying what is wrong.
 Peak extra host RAM for a 256 MiB state: 2.5 MiB to save, 0.8 MiB to load beyond the loaded
-state (``python -m tests.sdk_checkpoint_memory 256 save|load PATH``, VmHWM in a fresh process).
+state (``python -m tests.support.sdk_checkpoint_memory 256 save|load PATH``, VmHWM in a fresh process).
 
 User state must be made of dicts, lists, tuples, str, int, float, bool, None and tensors.
 

@@ -7,7 +7,7 @@ and back. On CUDA the copy of chunk *i+1* into the next buffer is issued (``non_
 side stream) before chunk *i* is handed to the sink, so the D2H copy overlaps the disk write; on
 the way back the H2D copy of a buffer overlaps filling the next one. Without CUDA the "device" is
 the CPU and the buffers are plain memory: the same code path, tested on CPU; the device tier
-(``tests/device/test_spill_staging.py``) runs it on a GPU with pinned buffers.
+(``tests/device/suspend/test_spill_staging.py``) runs it on a GPU with pinned buffers.
 
 The chunks are what ``dra_driver.suspend.spill.SpillStore.write`` consumes and ``read`` yields
 (any iterable of byte buffers); this module does no file I/O.

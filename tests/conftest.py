@@ -76,7 +76,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
     if os.environ.get("ROSE_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
         yield _existing_cluster()
         return
-    from tests.cluster_fixtures import session_shaped_cluster
+    from tests.support.cluster_fixtures import session_shaped_cluster
 
     with session_shaped_cluster(tmp_path_factory.mktemp("cluster")) as handle:
         yield handle

@@ -18,7 +18,7 @@ Batch invariance: with :class:`~rose_sdk.integrations.transformers_generate.Tran
 at ``batch_invariant=True`` a prompt's tokens depend only on (weights, prompt, seed) — not on
 which worker drew it, with which other prompts, or how many workers there were — so a run with a
 changing rollout world trains to the same weights, bit for bit, as one with a constant world
-(``tests/contract/test_rollout_elastic.py``).
+(``tests/contract/rose_sdk/test_rollout_elastic.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """SGLang as a :class:`rose_sdk.integrations.rollout.RolloutEngine` (written, type-checked, not yet
-run on a GPU: its tests are in the device tier, ``tests/device/test_rollout_engines.py``).
+run on a GPU: its tests are in the device tier, ``tests/device/rose_sdk/test_rollout_engines.py``).
 
     import sglang
     engine = SGLangEngine(sglang.Engine(model_path=path, enable_memory_saver=True,

@@ -1,5 +1,5 @@
 """vLLM as a :class:`rose_sdk.integrations.rollout.RolloutEngine` (written, type-checked, not yet run
-on a GPU: its tests are in the device tier, ``tests/device/test_rollout_engines.py``).
+on a GPU: its tests are in the device tier, ``tests/device/rose_sdk/test_rollout_engines.py``).
 
     from vllm import LLM
     llm = LLM(model=path, enable_sleep_mode=True, gpu_memory_utilization=0.5)

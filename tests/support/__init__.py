@@ -1,0 +1,1 @@
+"""Shared test helpers: fixtures, stand-ins, data and the processes tests start."""
