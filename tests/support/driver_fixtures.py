@@ -13,14 +13,21 @@ Run as a script (``python tests/support/driver_fixtures.py crash-child ...``) it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import shutil
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from local_cluster.kubelet import DriverProcess
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -356,3 +363,31 @@ def restore_seed_slices(cluster: Any, api: Any, nodes: list[str]) -> None:
                     "resourceslices",
                     resource_slice(n, simulated_gpus(n, cluster.gpus_per_node), 1),
                 )
+
+
+@contextlib.contextmanager
+def node_driver(
+    cluster: Any, node: str, prefix: str, args: Callable[[Path], list[str]], show_log: bool = False
+) -> Iterator[DriverProcess]:
+    """A real ``rose driver`` for ``node`` of the session cluster, with ``args(root)``, its state
+    under a short temp root (unix socket paths; ``prefix`` names it). On exit: stopped (exit code 0
+    asserted), its slices checked removed and the node's seed slices given back, the root removed;
+    ``show_log`` prints the log's tail (pytest shows it when the test failed)."""
+    from local_cluster import free_port
+    from local_cluster.kubelet import DriverProcess
+
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    drv = DriverProcess(cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(), extra_args=args(root))
+    api = cluster.api_client()
+    try:
+        yield drv
+    finally:
+        code = drv.stop()
+        try:
+            restore_seed_slices(cluster, api, [node])
+            assert code == 0, code
+        finally:
+            api.close()
+            if show_log:
+                print((root / f"{node}.log").read_text()[-4000:])
+            shutil.rmtree(root, ignore_errors=True)

@@ -11,8 +11,6 @@ the driver's real gRPC socket once the scheduler has bound the pod.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +18,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from local_cluster import ClusterHandle, free_port
+from local_cluster import ClusterHandle
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
 from rose_common import names, promtext
-from tests.support.driver_fixtures import driver_published, restore_seed_slices
+from tests.support.driver_fixtures import driver_published, node_driver
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
@@ -42,30 +40,17 @@ BOUND_S = GRACE_S + SLACK_S + 2 * ENFORCE_S
 
 @pytest.fixture(scope="module")
 def drv(cluster: ClusterHandle) -> Iterator[DriverProcess]:
-    root = Path(tempfile.mkdtemp(prefix="rose-bind-", dir="/tmp"))  # short: unix socket paths
-    node = cluster.node_names[0]
-    d = DriverProcess(
-        cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
-        extra_args=[
+    def args(root: Path) -> list[str]:
+        return [
             "--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
             "--simulated-occupant-bytes", "1Gi", "--host-memory-budget", "8Gi",
             "--default-grace-seconds", f"{GRACE_S:g}", "--enforce-timeout-seconds", f"{ENFORCE_S:g}",
             "--agent-control-socket", str(root / "a" / "control.sock"), "--node-facts-seconds", "0",
             "--suspended-cpu=",
-        ],
-    )  # fmt: skip
-    api = cluster.api_client()
-    try:
+        ]  # fmt: skip
+
+    with node_driver(cluster, cluster.node_names[0], "rose-bind-", args, show_log=True) as d:
         yield d
-    finally:
-        code = d.stop()
-        try:
-            restore_seed_slices(cluster, api, [node])
-            assert code == 0, code
-        finally:
-            api.close()
-            print((root / f"{node}.log").read_text()[-4000:])  # shown when the test fails
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

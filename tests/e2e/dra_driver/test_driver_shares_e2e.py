@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,12 +24,12 @@ import yaml
 from kubernetes import client
 
 from dra_driver import cdi
-from local_cluster import ClusterHandle, free_port
+from local_cluster import ClusterHandle
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim, pod_claim
 from rose_common import names, promtext
 from rose_common.quantity import to_int
-from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, restore_seed_slices
+from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, node_driver
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
@@ -47,23 +45,10 @@ GPU0 = 'device.attributes["gpu.rose.io"].index == 0'
 
 @pytest.fixture(scope="module")
 def share_driver(cluster: ClusterHandle) -> Iterator[DriverProcess]:
-    node = cluster.node_names[-1]
-    root = Path(tempfile.mkdtemp(prefix="rose-shr-", dir="/tmp"))  # short: unix socket paths
-    drv = DriverProcess(
-        cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
-        extra_args=[*E2E_DRIVER_ARGS, "--gpu-shares", "true"],
-    )  # fmt: skip
-    api = cluster.api_client()
-    try:
-        yield drv
-    finally:
-        code = drv.stop()
-        try:
-            restore_seed_slices(cluster, api, [node])
-            assert code == 0, code
-        finally:
-            api.close()
-            shutil.rmtree(root, ignore_errors=True)
+    with node_driver(
+        cluster, cluster.node_names[-1], "rose-shr-", lambda _: [*E2E_DRIVER_ARGS, "--gpu-shares", "true"]
+    ) as d:
+        yield d
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ resumes the spilled occupant from disk."""
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from local_cluster import ClusterHandle, free_port
+from local_cluster import ClusterHandle
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
 from rose_common import names
-from tests.support.driver_fixtures import driver_published, restore_seed_slices
+from tests.support.driver_fixtures import driver_published, node_driver
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
@@ -39,30 +38,23 @@ DISK = 256 * MiB
 @pytest.fixture(scope="module")
 def spill_driver(cluster: ClusterHandle) -> Iterator[tuple[DriverProcess, str, Path]]:
     node = cluster.node_names[-1]
-    root = Path(tempfile.mkdtemp(prefix="rose-spl-", dir="/tmp"))  # short: unix socket paths
     shm = Path("/dev/shm") / f"rose-simulated-host-{node}"
     shutil.rmtree(shm, ignore_errors=True)
-    spill_dir = root / "spill"
-    args = [
-        "--suspend-engine", "node", "--suspend-backends", "simulated",
-        "--simulated-occupant-bytes", str(OCCUPANT), "--host-memory-budget", str(DRAM),
-        "--spill-dir", str(spill_dir), "--spill-budget-bytes", str(DISK),
-        "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
-        "--serving-wait", "prepare",  # the played kubelet's prepare reclaims (prebind has its own e2e test)
-    ]  # fmt: skip
-    drv = DriverProcess(cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(), extra_args=args)
-    api = cluster.api_client()
+
+    def args(root: Path) -> list[str]:
+        return [
+            "--suspend-engine", "node", "--suspend-backends", "simulated",
+            "--simulated-occupant-bytes", str(OCCUPANT), "--host-memory-budget", str(DRAM),
+            "--spill-dir", str(root / "spill"), "--spill-budget-bytes", str(DISK),
+            "--default-grace-seconds", "10", "--node-facts-seconds", "0.5",
+            "--serving-wait", "prepare",  # the played kubelet's prepare reclaims (prebind has its own e2e test)
+        ]  # fmt: skip
+
     try:
-        yield drv, node, spill_dir
+        with node_driver(cluster, node, "rose-spl-", args) as drv:
+            yield drv, node, drv.root.parent / "spill"
     finally:
-        code = drv.stop()
-        try:
-            restore_seed_slices(cluster, api, [node])
-            assert code == 0, code
-        finally:
-            api.close()
-            shutil.rmtree(root, ignore_errors=True)
-            shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 @pytest.fixture
