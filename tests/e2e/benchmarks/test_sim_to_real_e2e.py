@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from benchmarks.sim_to_real import markdown, run
 from local_cluster import ClusterHandle
 from tests.conftest import traces_dir
+from tests.support.driver_fixtures import restore_seed_slices
 
 
-def test_real_system_and_simulator_agree_on_a_short_slice(cluster: ClusterHandle, tmp_path: Path) -> None:
+def test_real_system_and_simulator_agree_on_a_short_slice(cluster: ClusterHandle, api: Any, tmp_path: Path) -> None:
     series = traces_dir() / "derived" / "servegen_m-large_10min.csv"
-    r = run(series, hours=2, speed=120, workdir=tmp_path / "s2r", cluster=cluster, say=print)
+    try:
+        r = run(series, hours=2, speed=120, workdir=tmp_path / "s2r", cluster=cluster, say=print)
+    finally:
+        # its drivers removed their slices on shutdown: give the session cluster's nodes their seed
+        # slices back (the next tests schedule on them, and test_driver_e2e expects a driver to
+        # publish above the seed's generation)
+        restore_seed_slices(cluster, api, list(cluster.node_names))
     (tmp_path / "s2r.json").write_text(json.dumps(r, indent=1))
     why = markdown(r["comparison"]) + "\n".join(r["real"]["events"] + r["real"]["placements"])
     assert r["ok"], why
