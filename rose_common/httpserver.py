@@ -33,6 +33,7 @@ import contextlib
 import json
 import logging
 import re
+import select
 import socket
 import struct
 import sys
@@ -396,6 +397,24 @@ class _Handler(BaseHTTPRequestHandler):
         return  # access logs are metrics, not log lines
 
 
+def _peer_closed(sock: socket.socket) -> bool:
+    """The peer of ``sock`` has closed, or the socket is closed already: a peek at the raw stream
+    (under TLS too: the plain socket's recv, not the TLS layer's) reads end-of-stream."""
+    poller = select.poll()
+    try:
+        poller.register(sock.fileno(), select.POLLIN)
+    except ValueError:  # fileno -1: closed by its thread
+        return True
+    if not poller.poll(0):
+        return False  # nothing to read: alive (a recv on a socket with a timeout would wait)
+    try:
+        return socket.socket.recv(sock, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, TimeoutError):
+        return False
+    except OSError:
+        return True
+
+
 def answer_and_close(sock: socket.socket, code: int, body: bytes, timeout: float) -> None:
     """A complete HTTP/1.1 error answer written straight to the socket (best effort)."""
     head = (
@@ -426,6 +445,7 @@ class BoundedServer(ThreadingHTTPServer):
         self.request_queue_size = self.limits.backlog  # listen(backlog) in server_activate
         self._slots = threading.BoundedSemaphore(self.limits.max_connections)
         self._conn_lock = threading.Lock()
+        self._conn_gone = threading.Condition(self._conn_lock)  # notified when a connection's thread ends
         self._per_client: dict[str, int] = {}  # connections open per client address
         self._parked: dict[socket.socket, tuple[float, str]] = {}  # waiting for a request: since, client
         self._client_of: dict[socket.socket, str] = {}
@@ -468,16 +488,14 @@ class BoundedServer(ThreadingHTTPServer):
         """One thread per connection within the overload rule (module docstring); beyond, 503."""
         client = str(client_address[0]) if isinstance(client_address, tuple) else str(client_address)
         lim = self.limits
-        with self._conn_lock:
-            full = self._per_client.get(client, 0) >= lim.per_client
-            if not full:
-                self._per_client[client] = self._per_client.get(client, 0) + 1
-                self._client_of[request] = client
-        if full:
+        registered = self._register(request, client) or (
+            self._await_closing(client) and self._register(request, client)
+        )
+        if not registered:
             msg = f"more than {lim.per_client} connections from {client}; reuse one (keep-alive) or retry"
             self._refuse_connection(request, "too_many_client_connections", msg)
             return
-        if not self._slots.acquire(blocking=False) and not (self.evict_parked() and self._slots.acquire(timeout=1.0)):
+        if not self._take_slot():
             self._forget(request)
             self._refuse_connection(
                 request, "too_many_connections", f"more than {lim.max_connections} connections; retry"
@@ -490,6 +508,37 @@ class BoundedServer(ThreadingHTTPServer):
             self._forget(request)
             raise
 
+    def _register(self, request: Any, client: str) -> bool:
+        """Count ``request`` against its client's share; False when the share is full."""
+        with self._conn_lock:
+            if self._per_client.get(client, 0) >= self.limits.per_client:
+                return False
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+            self._client_of[request] = client
+            return True
+
+    def _take_slot(self) -> bool:
+        """A free slot, else a parked connection's, else one a closing connection is about to free."""
+        if self._slots.acquire(blocking=False):
+            return True
+        if self.evict_parked() or self._await_closing(None):
+            return self._slots.acquire(timeout=1.0)
+        return False
+
+    def _await_closing(self, client: str | None) -> bool:
+        """Connections (of ``client``; None: any) whose peer has already closed hold their slot
+        until their thread notices: wait up to 1 s for those threads to end. A client that closes
+        a connection and opens the next at once is not refused for the one it just closed; live
+        connections are never waited for (False: none was closing)."""
+        with self._conn_lock:
+            mine = [s for s, c in self._client_of.items() if client is None or c == client]
+        closing = [s for s in mine if _peer_closed(s)]
+        deadline = time.monotonic() + 1.0
+        with self._conn_gone:
+            while any(s in self._client_of for s in closing) and (left := deadline - time.monotonic()) > 0:
+                self._conn_gone.wait(left)
+        return bool(closing)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
@@ -499,6 +548,7 @@ class BoundedServer(ThreadingHTTPServer):
 
     def _forget(self, request: Any) -> None:
         with self._conn_lock:
+            self._conn_gone.notify_all()
             self._parked.pop(request, None)
             client = self._client_of.pop(request, None)
             if client is not None:

@@ -84,3 +84,16 @@ def test_overload_is_a_503_with_retry_after(
     # one client address holding every slot: its share (max_connections_per_client 0 = all slots) is the bound hit
     counted = {r: registry.get_sample_value("rose_test_http_refused_total", {"reason": r}) for r in httpserver.REASONS}
     assert {r: n for r, n in counted.items() if n} == {"too_many_client_connections": 1.0}
+
+
+def test_a_client_that_closes_and_reconnects_at_once_is_not_refused() -> None:
+    """CI flake of the ninth session: a client closed its connection and opened the next before the
+    server's thread had noticed the close, and got 503 for a connection it no longer held. Each
+    connection here holds the only slot; 300 in a row reproduced it ~40 times before the fix."""
+    routes = httpserver.Routes({("GET", "/x"): lambda _: httpserver.Reply(200, b"ok")})
+    srv = httpserver.serve(("127.0.0.1", 0), routes, httpserver.Limits(max_connections=1), name="test")
+    try:
+        codes = [_get(srv.port, "GET", "/x")[0] for _ in range(300)]
+    finally:
+        srv.stop()
+    assert codes.count(200) == 300, {c: codes.count(c) for c in set(codes)}
