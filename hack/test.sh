@@ -21,7 +21,27 @@ python hack/check-function-length.py
 if [ -x hack/gen-protos.sh ]; then bash hack/gen-protos.sh --check; fi
 
 echo "== tests: unit, contract, e2e"
+# With no arguments, two lanes at once: the e2e tier (one shared local cluster, mostly waiting on
+# its processes) in front, and the unit and contract tiers (no cluster) niced beside it, their
+# output shown when both are done. ROSE_TEST_LANES=1, or any pytest argument, runs one pytest.
 set +e
+if [ $# -eq 0 ] && [ "${ROSE_TEST_LANES:-2}" != 1 ]; then
+  lane_dir="$(mktemp -d)"
+  nice -n 5 pytest -m "not device" -p no:cacheprovider --durations=15 --basetemp="$lane_dir/tmp" \
+    tests/unit tests/contract >"$lane_dir/log" 2>&1 &
+  lane=$!
+  pytest -m "not device" -p no:cacheprovider --durations=25 tests/e2e
+  rc_e2e=$?
+  wait "$lane"
+  rc_uc=$?
+  echo "== unit and contract tiers (ran beside the e2e tier)"
+  cat "$lane_dir/log"
+  rm -rf "$lane_dir"
+  echo "== exit: e2e $rc_e2e, unit and contract $rc_uc"
+  if [ $rc_e2e -eq 5 ] || [ $rc_uc -eq 5 ]; then echo "error: a lane collected no tests" >&2; exit 1; fi
+  [ $rc_e2e -ne 0 ] && exit $rc_e2e
+  exit $rc_uc
+fi
 pytest -m "not device" -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
