@@ -86,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     s.flag("--risks", help="target risks served as window-max bounds, e.g. 0.01,0.05 (empty: none)", default="")
     s.flag("--retrain-interval", help="refit each pool's model this often", default="1h", type=parse_duration)
     s.flag(
+        "--max-model-age",
+        help="a persisted model older than this is not loaded at start but refit first (0: any age)",
+        default="7d",
+        type=_max_model_age,
+    )
+    s.flag(
         "--refresh-interval",
         help="query Prometheus and refresh forecasts this often",
         default="30s",
@@ -268,6 +274,11 @@ def _horizons(text: str) -> list[int]:
     return horizons
 
 
+def _max_model_age(text: str) -> int:
+    """``--max-model-age``: a duration, or 0 for no bound."""
+    return 0 if text.strip() == "0" else duration_flag()(text)
+
+
 def cmd_serve(a: argparse.Namespace, ready: Callable[[str], None] | None = None) -> int:
     return runner.run("rose predictor serve", lambda: a, lambda args, r: serve(args, r, ready), logger="rose")
 
@@ -299,6 +310,7 @@ def serve(a: argparse.Namespace, r: runner.Runner, ready: Callable[[str], None] 
         step=int(a.step),
         history=int(a.history),
         retrain_interval=float(a.retrain_interval),
+        max_model_age=float(a.max_model_age),
         refresh_interval=float(a.refresh_interval),
         max_data_age=float(a.max_data_age),
         risks=risks,

@@ -41,6 +41,18 @@ class PredictorMetrics:
         self.fit_duration = Gauge(
             "rose_forecast_fit_duration_seconds", "Duration of the pool's last fit", ["pool"], registry=r
         )
+        self.model_age = Gauge(
+            "rose_forecast_model_age_seconds",
+            "Seconds since the pool's served model was fitted (0 without a model)",
+            ["pool"],
+            registry=r,
+        )
+        self.model_loaded = Gauge(
+            "rose_forecast_model_loaded",
+            "1 while the pool's served model is the persisted one loaded at start, not refit yet",
+            ["pool"],
+            registry=r,
+        )
         self.fits = Counter("rose_forecast_fits_total", "Model fits by result", ["pool", "result"], registry=r)
         self.ingests = Counter(
             "rose_forecast_ingest_total", "Prometheus range queries by result", ["pool", "result"], registry=r
@@ -63,7 +75,9 @@ class PredictorMetrics:
             self.current.labels(p).set(0)
             self.last_fit.labels(p).set(0)
             self.fit_duration.labels(p).set(0)
-            for res in ("ok", "error", "skipped"):
+            self.model_age.labels(p).set(0)
+            self.model_loaded.labels(p).set(0)
+            for res in ("ok", "error", "skipped", "untrusted", "expired"):
                 self.fits.labels(p, res)
             for res in ("ok", "error"):
                 self.ingests.labels(p, res)

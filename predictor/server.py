@@ -7,7 +7,8 @@ path). Bad input gets a 4xx with a JSON ``{"error": ...}`` that says what to fix
 
 The bounds are sized for this API (:class:`Limits`: small GET requests, a body of at most 4 KiB
 read and discarded, so a GET with a body is answered once; 64 connections per client address).
-``/readyz``: every pool has a forecast. Every refusal counts in
+``/readyz``: every pool has an answer (a forecast or its safe bound; after a restart, loaded
+models answer before any refit: ``service.plan_refresh``). Every refusal counts in
 ``rose_predictor_http_refused_total{reason}`` (the kernel's reasons).
 """
 

@@ -1,8 +1,9 @@
 """The forecasting service: per pool, ingest → bounded history → periodic retrain → cached forecast.
 
 :func:`build_response` is the pure decision (forecast or safe upper bound, and the ``stale``
-flag); :class:`PredictorService` is the thin loop around it. A request only reads the cached
-forecast of its pool, so it never waits for Prometheus or a fit.
+flag) and :func:`plan_refresh` the pure order of one cycle's work (every pool that can answer
+answers before any fit); :class:`PredictorService` is the thin loop around them. A request only
+reads the cached forecast of its pool, so it never waits for Prometheus or a fit.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import yaml
@@ -179,6 +180,49 @@ def build_response(
     )
 
 
+Work = Literal["answer", "risks", "fit"]
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What :func:`plan_refresh` knows of one pool after this cycle's ingest."""
+
+    name: str
+    has_series: bool  # any retained history (a fit needs it)
+    has_model: bool
+    model_age: float  # seconds since its model was fitted (0 without one)
+    loaded: bool  # the model is the persisted one loaded at start, not refit yet
+    needs_risks: bool  # risks are served and the model has no window-max bounds fitted
+    answered: bool  # a forecast was computed before, or a fit was tried
+
+
+def plan_refresh(pools: Sequence[PoolView], retrain_interval: float) -> list[tuple[str, Work]]:
+    """The order of one refresh cycle's work (each item ends with the pool's forecast recomputed).
+
+    1. ``answer``: every pool that can answer without a fit (it has a model, whatever its age, or
+       it was answered before, or it has no data to fit on), in pools-file order;
+    2. ``risks``: a model without window-max bounds gets them (cheap beside a fit), unless it is
+       due for a refit anyway (a loaded model gets them even then: they let it answer first);
+    3. ``fit``: pools without a model first (they cannot answer otherwise), then due refits,
+       the oldest model first.
+
+    So no pool's first forecast waits for another pool's fit, and a model's age decides when it
+    is refit, never whether it answers (the service refuses a model older than
+    ``Settings.max_model_age`` when loading it, so such a pool is one without a model).
+    """
+    answer: list[tuple[str, Work]] = [
+        (p.name, "answer") for p in pools if p.has_model or p.answered or not p.has_series
+    ]
+    fits = [p for p in pools if p.has_series]
+    due = [p for p in fits if p.has_model and p.model_age >= retrain_interval]
+    risks: list[tuple[str, Work]] = [
+        (p.name, "risks") for p in fits if p.has_model and p.needs_risks and (p.loaded or p not in due)
+    ]
+    refits = [p for p in fits if not p.has_model] + sorted(due, key=lambda p: -p.model_age)
+    fit: list[tuple[str, Work]] = [(p.name, "fit") for p in refits]
+    return answer + risks + fit
+
+
 @dataclass
 class Settings:
     step: int = 60
@@ -186,6 +230,7 @@ class Settings:
     retrain_interval: float = 3600.0
     refresh_interval: float = 30.0
     max_data_age: float = 300.0
+    max_model_age: float = 7 * 86400.0  # a persisted model older than this is not loaded (0: any age)
     risks: tuple[float, ...] = ()  # target risks served as window-max bounds (empty: none)
     model: ModelConfig = field(default_factory=ModelConfig)
 
@@ -198,8 +243,18 @@ class PoolState:
     risk_models: RiskModels = field(default_factory=dict)
     version: str = "none"
     fitted_at: float = 0.0
+    loaded: bool = False  # the model is the persisted one loaded at start, not refit yet
+    tried_fit: bool = False
     response: ForecastResponse | None = None
     error: str | None = None
+
+
+Fitter = Callable[[ModelConfig, Series], QuantileForecaster]
+
+
+def fit_model(config: ModelConfig, series: Series) -> QuantileForecaster:
+    """The service's fitter: a :class:`QuantileForecaster` fitted on the pool's retained history."""
+    return QuantileForecaster(config).fit(series)
 
 
 class PredictorService:
@@ -210,11 +265,13 @@ class PredictorService:
         settings: Settings,
         store: ModelStore | None = None,
         clock: Callable[[], float] = time.time,
+        fitter: Fitter = fit_model,
     ) -> None:
         self.settings = settings
         self.source = source
         self.store = store
         self.clock = clock
+        self.fitter = fitter
         capacity = settings.history // settings.step + 1
         self.pools = {p.name: PoolState(p, HistoryBuffer(settings.step, capacity)) for p in pools}
         self.metrics = PredictorMetrics(
@@ -239,13 +296,26 @@ class PredictorService:
         if found is None:
             return
         version, model, meta = found
+        name = st.config.name
+        fitted_at = meta.get("fitted_at")
+        age = self.clock() - float(fitted_at) if isinstance(fitted_at, int | float) else math.inf
+        why = self._mismatch(model, meta)
+        limit = self.settings.max_model_age
+        if why is None and limit > 0 and age > limit:
+            self.metrics.fits.labels(name, "expired").inc()
+            why = f"older than --max-model-age {format_duration(int(limit))}: fitted {age:.0f}s ago"
+        if why is not None:
+            log.info("persisted model not used; will refit", extra={"pool": name, "version": version, "why": why})
+            return
+        st.model, st.version, st.loaded = model, version, True
+        st.fitted_at = float(fitted_at) if isinstance(fitted_at, int | float) else 0.0
+        log.info("loaded persisted model", extra={"pool": name, "version": version, "ageSeconds": round(age, 1)})
+
+    def _mismatch(self, model: QuantileForecaster, meta: dict[str, Any]) -> str | None:
+        """Why a loaded model cannot serve under these settings (None: it can)."""
         mismatch = runtime_mismatch(meta)
         if mismatch is not None:
-            log.info(
-                "persisted model was saved under other library versions; will refit",
-                extra={"pool": st.config.name, "version": version, "why": mismatch},
-            )
-            return
+            return f"saved under other library versions: {mismatch}"
         cfg = self.settings.model
         if (
             model.step != self.settings.step
@@ -253,20 +323,36 @@ class PredictorService:
             or model.config.all_quantiles != cfg.all_quantiles
             or (model.config.day, model.config.week) != (cfg.day, cfg.week)
         ):
-            log.info(
-                "persisted model does not match the settings; will refit",
-                extra={"pool": st.config.name, "version": version},
-            )
-            return
-        st.model, st.version, st.fitted_at = model, version, float(meta.get("fitted_at", 0.0))
-        log.info("loaded persisted model", extra={"pool": st.config.name, "version": version})
+            return "it does not match the settings (step, horizons, quantiles or seasons)"
+        return None
 
     def refresh(self) -> None:
-        """One cycle for every pool: ingest, retrain when due, recompute the cached forecast."""
-        for st in self.pools.values():
-            self.refresh_pool(st)
+        """One cycle: ingest every pool, then the work :func:`plan_refresh` orders (answers first)."""
+        series = {name: self._ingest(st) for name, st in self.pools.items()}
+        now = self.clock()
+        views = [self._view(st, series[name] is not None, now) for name, st in self.pools.items()]
+        for name, work in plan_refresh(views, self.settings.retrain_interval):
+            st, sr = self.pools[name], series[name]
+            if work == "risks" and sr is not None:
+                st.risk_models = self._fit_risks(name, sr)
+            elif work == "fit" and sr is not None:
+                st.tried_fit = True
+                self._fit(st, sr, self.clock())
+            self._answer(st, sr)
 
-    def refresh_pool(self, st: PoolState) -> None:
+    def _view(self, st: PoolState, has_series: bool, now: float) -> PoolView:
+        return PoolView(
+            name=st.config.name,
+            has_series=has_series,
+            has_model=st.model is not None,
+            model_age=max(0.0, now - st.fitted_at) if st.model is not None else 0.0,
+            loaded=st.loaded,
+            needs_risks=bool(self.settings.risks) and not st.risk_models,
+            answered=st.response is not None or st.tried_fit,
+        )
+
+    def _ingest(self, st: PoolState) -> Series | None:
+        """Merge the newest range of the pool's query into its buffer; the retained series (None: no data)."""
         s = self.settings
         name = st.config.name
         now = self.clock()
@@ -282,11 +368,12 @@ class PredictorService:
             self.metrics.ingests.labels(name, "error").inc()
             st.error = str(e)
             log.warning("ingest failed", extra={"pool": name, "err": str(e)})
-        series = st.buffer.series(name)
-        if series is not None and (st.model is None or now - st.fitted_at >= s.retrain_interval):
-            self._fit(st, series, now)
-        elif series is not None and s.risks and not st.risk_models:  # a loaded model: risks are cheap to fit
-            st.risk_models = self._fit_risks(name, series)
+        return st.buffer.series(name)
+
+    def _answer(self, st: PoolState, series: Series | None) -> None:
+        """Recompute the pool's cached forecast from its retained series and current model."""
+        s = self.settings
+        now = self.clock()
         try:
             resp = build_response(
                 st.config,
@@ -304,14 +391,21 @@ class PredictorService:
             resp = None
             st.error = str(e)
         with self._lock:
+            first = st.response is None
             st.response = resp
-        self._export(st, resp)
+        if first and st.loaded and resp is not None:
+            log.info(
+                "serving persisted model until its refit",
+                extra={"pool": st.config.name, "version": st.version, "ageSeconds": round(now - st.fitted_at, 1),
+                       "stale": resp.stale},
+            )  # fmt: skip
+        self._export(st, resp, now)
 
     def _fit(self, st: PoolState, series: Series, now: float) -> None:
         name = st.config.name
         try:
             t0 = time.perf_counter()
-            model = QuantileForecaster(self.settings.model).fit(series)
+            model = self.fitter(self.settings.model, series)
             model.fit_seconds = time.perf_counter() - t0
         except NotEnoughHistory as e:
             self.metrics.fits.labels(name, "skipped").inc()
@@ -329,7 +423,7 @@ class PredictorService:
                 version = self.store.save(name, model, meta, now)
             except OSError as e:
                 log.error("cannot persist model", extra={"pool": name, "err": str(e)})
-        st.model, st.version, st.fitted_at = model, version, now
+        st.model, st.version, st.fitted_at, st.loaded = model, version, now, False
         self.metrics.fits.labels(name, "ok").inc()
         self.metrics.last_fit.labels(name).set(now)
         self.metrics.fit_duration.labels(name).set(model.fit_seconds)
@@ -350,9 +444,11 @@ class PredictorService:
                     )
         return out
 
-    def _export(self, st: PoolState, resp: ForecastResponse | None) -> None:
+    def _export(self, st: PoolState, resp: ForecastResponse | None, now: float) -> None:
         name = st.config.name
         m = self.metrics
+        m.model_age.labels(name).set(max(0.0, now - st.fitted_at) if st.model is not None else 0.0)
+        m.model_loaded.labels(name).set(1 if st.loaded else 0)
         if resp is None:
             m.stale.labels(name).set(1)
             return

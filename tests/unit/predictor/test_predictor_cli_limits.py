@@ -27,6 +27,8 @@ def pools(tmp_path: Path) -> Path:
         (["--step", "2d"], "argument --step: '2d' is too long: at most 1d"),
         (["--history", "99999999999d"], "argument --history: '99999999999d' is too long: at most 400d"),
         (["--retrain-interval", HUGE], "argument --retrain-interval: .* is too large"),
+        (["--max-model-age", "401d"], "argument --max-model-age: '401d' is too long: at most 400d"),
+        (["--max-model-age=1w1d"], "argument --max-model-age: bad duration .1w1d."),
         (["--listen", "0.0.0.0:99999"], "argument --listen: not HOST:PORT"),
         (["--max-connections-per-client", "0"], "argument --max-connections-per-client: '0' is out of range"),
         (["--max-connections", HUGE], "argument --max-connections: .* is out of range: use 1..65536"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -157,7 +158,7 @@ def test_restart_loads_the_newest_compatible_model_and_survives_ingest_errors(
 ) -> None:
     _, m = fitted
     store = ModelStore(tmp_path)
-    v = store.save("pool-a", m, {"fitted_at": 123.0}, now=1_700_000_000)
+    v = store.save("pool-a", m, {"fitted_at": 2e9 - 86400}, now=1_700_000_000)
     svc = PredictorService([POOL], _DownSource(), Settings(step=600, model=m.config), store, clock=lambda: 2e9)
     assert svc.pools["pool-a"].version == v
     svc.refresh()
@@ -173,7 +174,7 @@ def test_a_model_saved_under_other_library_versions_is_refit_not_loaded(
 ) -> None:
     _, m = fitted
     store = ModelStore(tmp_path)
-    v = store.save("pool-a", m, {"fitted_at": 123.0}, now=1_700_000_000)
+    v = store.save("pool-a", m, {"fitted_at": time.time()}, now=1_700_000_000)
     meta_path = tmp_path / "pool-a" / f"{v}.json"
     meta = json.loads(meta_path.read_text())
     assert set(meta["runtime"]) == {"scikit-learn", "numpy"}

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def model() -> QuantileForecaster:
 def saved(tmp_path: Path, model: QuantileForecaster) -> tuple[ModelStore, Path]:
     root = tmp_path / "models"
     store = ModelStore(root)
-    version = store.save("pool-a", model, {"fitted_at": 1.0}, now=1_700_000_000)
+    version = store.save("pool-a", model, {"fitted_at": time.time()}, now=1_700_000_000)
     return store, root / "pool-a" / f"{version}.pkl"
 
 
