@@ -62,13 +62,6 @@ def ns(api: Any) -> Iterator[str]:
     delete_namespace(api, name)
 
 
-def _sample(drv: DriverProcess, line_prefix: str) -> float | None:
-    for ln in drv.metrics():
-        if ln.startswith(line_prefix + " "):
-            return float(ln.rsplit(" ", 1)[1])
-    return None
-
-
 def _warnings_on(core: client.CoreV1Api, ns: str, pod: str) -> dict[str, str]:
     evs = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={pod},type=Warning").items
     return {e.reason: e.message for e in evs}
@@ -105,7 +98,7 @@ def test_unsuspendable_occupant_eviction_is_a_warning_on_its_real_pod(
     assert evicted.involved_object.uid == rl_uid
     everywhere = core.list_event_for_all_namespaces().items
     assert [e.involved_object.name for e in everywhere if e.involved_object.name.startswith("simulated-claim-")] == []
-    assert _sample(drv, 'rose_driver_lent_evictions_total{state="lost"}') == 1
-    assert _sample(drv, 'rose_driver_lent_evictions_total{state="saved"}') == 0
+    assert drv.metric("rose_driver_lent_evictions_total", {"state": "lost"}) == 1
+    assert drv.metric("rose_driver_lent_evictions_total", {"state": "saved"}) == 0
     assert drv.unprepare(serve).error == ""
     assert drv.unprepare(lent).error == ""
