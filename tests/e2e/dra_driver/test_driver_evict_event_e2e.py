@@ -9,7 +9,6 @@ eviction is counted as one that lost its state."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,12 @@ from local_cluster import ClusterHandle
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
 from rose_common import names
-from tests.support.driver_fixtures import driver_published, node_driver
+from tests.support.driver_fixtures import driver_published, simulated_host_driver
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
-    delete_namespace,
     gpu_pod,
-    new_namespace,
+    scratch_namespace,
     wait_for,
 )
 
@@ -37,8 +35,6 @@ OCCUPANT = 16 << 20
 @pytest.fixture(scope="module")
 def full_driver(cluster: ClusterHandle) -> Iterator[tuple[DriverProcess, str]]:
     node = cluster.node_names[-1]
-    shm = Path("/dev/shm") / f"rose-simulated-host-{node}"
-    shutil.rmtree(shm, ignore_errors=True)
 
     def args(_: Path) -> list[str]:
         return [
@@ -48,18 +44,8 @@ def full_driver(cluster: ClusterHandle) -> Iterator[tuple[DriverProcess, str]]:
             "--serving-wait", "prepare",  # the played kubelet's prepare reclaims
         ]  # fmt: skip
 
-    try:
-        with node_driver(cluster, node, "rose-evev-", args) as drv:
-            yield drv, node
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
-
-
-@pytest.fixture
-def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "evev")
-    yield name
-    delete_namespace(api, name)
+    with simulated_host_driver(cluster, node, "rose-evev-", args) as drv:
+        yield drv, node
 
 
 def _warnings_on(core: client.CoreV1Api, ns: str, pod: str) -> dict[str, str]:
@@ -68,8 +54,13 @@ def _warnings_on(core: client.CoreV1Api, ns: str, pod: str) -> dict[str, str]:
 
 
 def test_unsuspendable_occupant_eviction_is_a_warning_on_its_real_pod(
-    cluster: ClusterHandle, full_driver: tuple[DriverProcess, str], api: Any, ns: str
+    cluster: ClusterHandle, full_driver: tuple[DriverProcess, str], api: Any
 ) -> None:
+    with scratch_namespace(api, "evev") as ns:
+        _reclaim_by_eviction(full_driver, api, ns)
+
+
+def _reclaim_by_eviction(full_driver: tuple[DriverProcess, str], api: Any, ns: str) -> None:
     drv, node = full_driver
     wait_for("driver slice", lambda: driver_published(api, node), timeout=60)
     core = client.CoreV1Api(api)
