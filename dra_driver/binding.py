@@ -28,6 +28,7 @@ from dra_driver.claims import PodRef
 from rose_common import names
 from rose_common.kube import objects
 from rose_common.slices import parse_device_name
+from rose_common.timefmt import rfc3339
 
 MODE_PREBIND = "prebind"
 MODE_PREPARE = "prepare"
@@ -140,7 +141,7 @@ def condition(outcome: Outcome, now: datetime.datetime) -> dict[str, Any]:
         "status": "True",
         "reason": outcome.reason,
         "message": outcome.message[:MESSAGE_MAX],
-        "lastTransitionTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTransitionTime": rfc3339(now),
     }
 
 

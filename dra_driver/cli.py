@@ -239,13 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_engine(
-    args: argparse.Namespace, gpus: list[Any], notifier: Any, evictor: Any, registry: Any, checkpoint_paths: Any = None
+    args: argparse.Namespace,
+    gpus: list[Any],
+    notifier: Any,
+    evictor: Any,
+    registry: Any,
+    checkpoint_paths: Any = None,
+    claim_pods: Any = None,
 ) -> Any:
     """The suspend engine (``dra_driver.suspend``) with the chosen backends, imported only when used.
 
-    Its Events go to the API through the driver's notifier, its evictions through ``evictor``,
-    its metrics to the driver's registry; a fallback checkpoint is verified only under the
-    ``checkpointPath`` that ``checkpoint_paths`` (``verify.CheckpointPaths``) knows for the pod.
+    Its Events go to the API through the driver's notifier, to the pods ``claim_pods`` (the
+    driver's claim records) names; its evictions through ``evictor``, its metrics to the driver's
+    registry; a fallback checkpoint is verified only under the ``checkpointPath`` that
+    ``checkpoint_paths`` (``verify.CheckpointPaths``) knows for the pod.
     """
     from dra_driver.suspend.engine import EngineConfig
     from dra_driver.suspend.events import NotifierEventSink
@@ -265,7 +272,7 @@ def build_engine(
     return factory(
         cfg,
         simulated_host_link_bytes_per_second=gbps * 1e9,
-        events=NotifierEventSink(notifier),
+        events=NotifierEventSink(notifier, claim_pods=claim_pods),
         evictor=evictor,
         metrics_registry=registry,
         verifier=CheckpointVerifier(
@@ -387,6 +394,7 @@ def build(args: argparse.Namespace) -> Wiring:
     """Discover the GPUs, build every part and recover the node state; starts no thread or server."""
     from dra_driver import kube
     from dra_driver.checkpoint import read_boot_id
+    from dra_driver.evictions import ReportingEvictor
     from dra_driver.metrics import DriverMetrics
     from dra_driver.node import NodeDriver
     from dra_driver.nodefacts import NodeFactsPublisher, node_facts
@@ -400,9 +408,17 @@ def build(args: argparse.Namespace) -> Wiring:
     metrics = DriverMetrics([g.info.index for g in gpus], pool=_node_pool(kube.KubeNode(api, args.node_name)))
     _check_suspended_cpu(args.suspended_cpu)
     notifier = kube.KubeNotifier(api, args.node_name, suspended_cpu=args.suspended_cpu, metrics=metrics)
+    built: list[NodeDriver] = []  # the engine's Events find their pods in the driver's claim records
+
+    def claim_pods() -> dict[str, tuple[Any, ...]]:
+        return built[0].lent_claim_pods() if built else {}
+
+    evictor = ReportingEvictor(kube.KubeEvictor(api), notifier, metrics.count_lent_eviction)
     try:
         engine = (
-            build_engine(args, gpus, notifier, kube.KubeEvictor(api), metrics.registry, kube.KubeCheckpointPaths(api))
+            build_engine(
+                args, gpus, notifier, evictor, metrics.registry, kube.KubeCheckpointPaths(api), claim_pods=claim_pods
+            )
             if args.suspend_engine == "node"
             else None
         )
@@ -426,6 +442,7 @@ def build(args: argparse.Namespace) -> Wiring:
         enforcer=enforcer,
         allow_serving_on_occupied_device=bool(args.allow_serving_on_occupied_device),
     )
+    built.append(driver)
     try:
         driver.recover()
     except StateCorruptError as e:

@@ -139,6 +139,15 @@ class DriverMetrics:
             ["method", "result"],
             registry=r,
         )
+        self.lent_evictions_total = Counter(
+            "rose_driver_lent_evictions",
+            "Lent workloads' pods the driver evicted to return a GPU to serving, by whether their state"
+            " was lost or saved by an SDK durable checkpoint",
+            ["state"],
+            registry=r,
+        )
+        for state in ("lost", "saved"):
+            self.lent_evictions_total.labels(state)
         self.serving_refused_occupied_total = Counter(
             "rose_driver_serving_refused_occupied",
             "Serving prepares refused because a lent occupant's state was still observed on the device",
@@ -307,3 +316,7 @@ class DriverMetrics:
             self.residency.labels(str(gpu), r).set(1 if r == resident else 0)
         self._resident[gpu] = resident
         self.lent.set(sum(1 for res in self._resident.values() if res == "lent"))
+
+    def count_lent_eviction(self, state: str) -> None:
+        """One lent workload's pod evicted; ``state``: lost, or saved by its SDK durable checkpoint."""
+        self.lent_evictions_total.labels(state).inc()

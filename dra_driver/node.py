@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import binding, cdi, fencing, shares
+from dra_driver import binding, cdi, evictions, fencing, shares
 from dra_driver.checkpoint import CheckpointFile, crash_point
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
@@ -475,6 +475,13 @@ class NodeDriver:
             )
         self._over_limit = set(over)
         self.metrics.shares_over_limit.set(len(over))
+
+    def lent_claim_pods(self) -> dict[str, tuple[PodRef, ...]]:
+        """The pods of each recorded lent claim (its ``status.reservedFor`` from the API server):
+        where the suspend engine's Events about its occupants go. Read without the node lock (the
+        engine reports while the lock is held); a copy of the claims is taken first."""
+        recs = list(self._data.claims.values())
+        return {r.uid: tuple(r.pods) for r in recs if names.LENT_ROLES & r.roles()}
 
     def held_pods(self) -> set[str]:
         """Pod UIDs with a suspend request this node is holding."""
@@ -1123,6 +1130,8 @@ class NodeDriver:
         except Exception as e:  # _run_engine reports its own failures; anything else is one too
             res = SuspendResult(False, "none", 0, 0.0, None, f"suspend raised {e!r}", SuspendReason.FAILED)
         enforced = self._enforce(p.occupant, p.observable, res)
+        if enforced is not None:
+            self._report_evictions(res, enforced)
         if enforced is not None and enforced.method == METHOD_KILL and isinstance(self.engine, Abandoner):
             try:  # its processes are stopped: no ack will come, free the engine's threads
                 self.engine.abandon(p.occupant.uid)
@@ -1180,6 +1189,16 @@ class NodeDriver:
         except Exception as e:  # an enforcement that fails leaves the device not observed free
             log.exception("enforcement failed", extra={"claim": occupant.uid})
             return EnforceResult(False, METHOD_KILL, (), (), Observation(source="error"), f"enforcement failed: {e!r}")
+
+    def _report_evictions(self, res: SuspendResult, e: EnforceResult) -> None:
+        """Each pod the enforcement evicted (the driver's claim records: reservedFor) gets its
+        ``LentWorkloadEvicted`` Event and count now, whether or not the claim is still recorded when
+        the run is. After a confirmed durable checkpoint the engine's evictor already reported it."""
+        if res.ok and res.fallback is not None:
+            return
+        why = enforcement_cause(res)
+        for pod in e.evicted:
+            evictions.report_eviction(self.notifier, self.metrics.count_lent_eviction, pod, why, saved=False)
 
     def _record_engine_result(
         self, occupant: ClaimRecord, s: Suspension, res: SuspendResult, seen: EnforceResult | None

@@ -85,6 +85,7 @@ from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
 from rose_common.informer import ADDED, DELETED
 from rose_common.kube import objects
+from rose_common.timefmt import rfc3339
 from rose_common.timeslice_lease import GroupLease
 from rose_common.workqueue import WorkQueue
 
@@ -422,7 +423,7 @@ class Controller:
         an unrelated one or the scheduler's 5-minute flush (counted; the job's next resync re-checks)."""
         now = self._clock()
         due = schedule_retries(observed, now, self.settings.schedule_retry_s)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339(now)
         errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid),
                                     {names.ANNOTATION_SCHEDULE_RETRY: stamp}) for w in due])  # fmt: skip
         for w, e in zip(due, errors, strict=True):

@@ -36,6 +36,7 @@ from elastic_controller.workers import (
     worker_pod,
 )
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus, Role
+from rose_common.timefmt import rfc3339
 from rose_common.timeslice_lease import GroupLease
 
 
@@ -66,7 +67,7 @@ class Desired:
 
 
 def suspend_request(reason: str, grace_seconds: int, now: datetime) -> str:
-    doc = {"by": CONTROLLER, "reason": reason, "graceSeconds": grace_seconds, "at": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    doc = {"by": CONTROLLER, "reason": reason, "graceSeconds": grace_seconds, "at": rfc3339(now)}
     return json.dumps(doc, separators=(",", ":"))
 
 

@@ -41,6 +41,7 @@ from rose_common.informer import FunctionHandler, Handler, Informer, InformerSet
 from rose_common.kube import objects
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import Conflict, NotFound, Unprocessable
+from rose_common.timefmt import rfc3339
 from rose_common.timeslice_lease import LABEL_GROUP, GroupLease
 from rose_common.timeslice_lease import read as read_group_lease
 
@@ -65,13 +66,9 @@ def _job_path(namespace: str, name: str) -> str:
     return f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{_q(namespace)}/{names.PLURAL}/{_q(name)}"
 
 
-def _stamp(now: dt.datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def job_event(job: ElasticRLJob, event: EventSpec, now: dt.datetime, host: str = "") -> dict[str, Any]:
     """A core/v1 Event on the ElasticRLJob (pure)."""
-    stamp = _stamp(now)
+    stamp = rfc3339(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -31,6 +31,7 @@ from elastic_controller.workers import CONTROLLER, dedicated, worker_role_index
 from rose_common import names
 from rose_common.elasticrljob import DEVICE_MEMORY_MAX_BYTES as DEVICE_MEMORY_MAX
 from rose_common.elasticrljob import MAX_GPUS_PER_WORKER, ElasticRLJob, ElasticRLJobSpec, Role
+from rose_common.timefmt import parse_rfc3339
 
 _PHASE_RE: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # the CRD's status.workloadPhase
 PCIE_BYTES_PER_SECOND: Final = 25e9  # a conservative pinned-memory PCIe rate (SUSPEND.md: ~55 GB/s Gen5)
@@ -323,10 +324,9 @@ def schedule_retries(observed: list[ObservedWorker], now: dt.datetime, after_s: 
 
 def _parse_time(raw: str) -> dt.datetime | None:
     try:
-        t = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        return parse_rfc3339(raw)
     except ValueError:
         return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 def _phase(raw: str | None) -> str | None:

@@ -14,13 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import grpc
 
 from local_cluster.cluster import _die_with_parent, stop_process
-from rose_common import names
+from rose_common import names, promtext
 from rose_common.proto import k8s_dra_v1_pb2 as dra_v1
 from rose_common.proto import k8s_pluginregistration_pb2 as reg
 
@@ -147,6 +148,10 @@ class DriverProcess:
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             return [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
+
+    def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
+        """The sum of the driver's /metrics samples ``name`` whose labels include ``labels``; 0 when none."""
+        return promtext.value("\n".join(self.metrics()), name, labels, default=0.0)
 
     def stop(self, timeout: float = 30.0) -> int:
         code = stop_process(self.proc, timeout)

@@ -369,7 +369,7 @@ def _measure_rl(s: Stage, c: Checks) -> None:
     def two_reports() -> bool:
         now = time.monotonic()
         for what, series in seen.items():
-            series.append((now, _metric(s.drivers[node], f"rose_rl_{what}_total", sel)))
+            series.append((now, s.drivers[node].metric(f"rose_rl_{what}_total", sel)))
         if s.trainer is not None and s.trainer.poll() is not None:
             raise AssertionError(f"the trainer exited ({s.trainer.returncode}): {s.tmp / 'trainer.log'}")
         return progress_rate(seen["steps"]) is not None
@@ -382,13 +382,9 @@ def _measure_rl(s: Stage, c: Checks) -> None:
     c.add(f"a real workload reported its progress through the node agent ({steps:.1f} steps/s)", bool(steps))
 
 
-def _metric(drv: DriverProcess, name: str, labels: Mapping[str, str] | None = None) -> float:
-    return promtext.value("\n".join(drv.metrics()), name, dict(labels or {}), default=0.0)
-
-
 def _suspends(drv: DriverProcess) -> float:
     """Occupants this driver has asked its suspend engine to suspend, whatever the outcome."""
-    return _metric(drv, "rose_driver_occupant_suspend_total")
+    return drv.metric("rose_driver_occupant_suspend_total")
 
 
 def _count(pods: list[Any], state: str) -> int:
@@ -458,10 +454,10 @@ def _serving_arrives(s: Stage, planner: str) -> ServingWait:
     srv = wait_for("serving claim allocated", partial(allocated_claim, s.api, s.ns, "llm-serving-0"), timeout=30)
     dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
     drv = s.drivers[node]
-    before = (_suspends(drv), _metric(drv, "rose_driver_serving_wait_seconds_sum"))
+    before = (_suspends(drv), drv.metric("rose_driver_serving_wait_seconds_sum"))
     t0 = time.monotonic()
     out = drv.kubelet.prepare(srv)
-    wait = ServingWait(time.monotonic() - t0, _metric(drv, "rose_driver_serving_wait_seconds_sum") - before[1],
+    wait = ServingWait(time.monotonic() - t0, drv.metric("rose_driver_serving_wait_seconds_sum") - before[1],
                        int(_suspends(drv) - before[0]))  # fmt: skip
     s.waits[planner] = wait
     s.mark(f"serving pod llm-serving-0 arrives: {dev} on {node}, the GPU of {w0.metadata.name}; kubelet (played) "
@@ -523,7 +519,7 @@ def _delete(s: Stage, c: Checks, claims: dict[str, dict[str, Any]]) -> None:
         drv = s.drivers[s.workers()[0].spec.node_name]
         coop = {"backend": "cooperative", "result": "ok"}
         name = "rose_suspend_operations_total"
-        ops = {op: _metric(drv, name, {"operation": op, **coop}) for op in ("suspend", "resume")}
+        ops = {op: drv.metric(name, {"operation": op, **coop}) for op in ("suspend", "resume")}
         _stop_trainer(s)
         s.mark("the trainer stopped (SIGTERM, as the kubelet stops the container of a deleted pod)")
         c.add(f"the trainer was suspended {ops['suspend']:g} and resumed {ops['resume']:g} time(s) at its safe "
@@ -555,7 +551,7 @@ def _report(s: Stage, c: Checks) -> None:
     planned = promtext.value(text, "rose_controller_reclaims_total", {"kind": "planned"}, default=0.0)
     unplanned = promtext.value(text, "rose_controller_reclaims_total", {"kind": "unplanned"}, default=0.0)
     done = {"outcome": "suspended"}
-    suspends = sum(_metric(d, "rose_driver_occupant_suspend_total", done) for d in s.drivers.values())
+    suspends = sum(d.metric("rose_driver_occupant_suspend_total", done) for d in s.drivers.values())
     s.say(f"   · controller: {planned:g} planned reclaims, {unplanned:g} unplanned; drivers: {suspends:g} "
           "occupants suspended into host memory (simulated backend)")  # fmt: skip
     c.add("every reclaim planned by the controller, carried out by the drivers", planned >= 4 and unplanned == 0

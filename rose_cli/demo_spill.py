@@ -30,7 +30,7 @@ from local_cluster.objects import (
     new_namespace,
     wait_for,
 )
-from rose_common import names, promtext
+from rose_common import names
 
 MiB = 1 << 20
 OCCUPANT = 48 * MiB  # each RL occupant's suspended state
@@ -45,10 +45,6 @@ def _digest(p: Path) -> str:
         while b := f.read(8 * MiB):
             h.update(b)
     return h.hexdigest()
-
-
-def _metric(drv: DriverProcess, name: str, labels: dict[str, str]) -> float:
-    return promtext.value("\n".join(drv.metrics()), name, labels, default=0.0)
 
 
 def _host_dir(node: str) -> Path:
@@ -94,8 +90,8 @@ def _occupy_then_serve(api: Any, ns: str, node: str) -> tuple[dict[int, Any], di
 
 
 def _tiers(drv: DriverProcess) -> str:
-    dram = _metric(drv, "rose_driver_host_state_bytes", {"tier": "dram"})
-    disk = _metric(drv, "rose_driver_host_state_bytes", {"tier": "disk"})
+    dram = drv.metric("rose_driver_host_state_bytes", {"tier": "dram"})
+    disk = drv.metric("rose_driver_host_state_bytes", {"tier": "disk"})
     return f"DRAM {dram / MiB:.0f} MiB, disk {disk / MiB:.0f} MiB"
 
 
@@ -114,13 +110,13 @@ def _spill_and_back(
     say(f"   · serving takes GPU {a}: its RL occupant is suspended into host memory ({_tiers(drv)} of a "
         f"{DRAM // MiB} MiB budget)")  # fmt: skip
     err = drv.kubelet.prepare(serve[b]).error
-    spilled = _metric(drv, "rose_suspend_spills_total", {"direction": "to_disk", "result": "ok"})
-    evicted = _metric(drv, "rose_driver_occupant_suspend_total", {"outcome": "checkpoint_evict"})
+    spilled = drv.metric("rose_suspend_spills_total", {"direction": "to_disk", "result": "ok"})
+    evicted = drv.metric("rose_driver_occupant_suspend_total", {"outcome": "checkpoint_evict"})
     say(f"   · serving takes GPU {b} (error {err!r}): its occupant does not fit the budget, so GPU {a}'s "
         f"suspended state spilled to disk instead of evicting anyone: {_tiers(drv)}; spills {spilled:.0f}, "
         f"checkpoint-and-evict {evicted:.0f}")  # fmt: skip
     assert drv.kubelet.unprepare(serve[a]).error == ""
-    restored = _metric(drv, "rose_suspend_spills_total", {"direction": "to_dram", "result": "ok"})
+    restored = drv.metric("rose_suspend_spills_total", {"direction": "to_dram", "result": "ok"})
     after = _digest(host / "device" / copy.name)
     same = after == before
     say(f"   · serving leaves GPU {a}: its occupant resumed from disk (every chunk's blake2b verified; "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from rose_common.timefmt import rfc3339
+
 
 def pod_event(
     name: str,
@@ -19,7 +21,7 @@ def pod_event(
     now: dt.datetime | None = None,
 ) -> dict[str, Any]:
     """An Event (``POST /api/v1/namespaces/{namespace}/events``) on the pod ``namespace/name``."""
-    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339(now or dt.datetime.now(dt.UTC))
     source: dict[str, str] = {"component": component}
     if host:
         source["host"] = host

@@ -14,6 +14,8 @@ import datetime as dt
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rose_common.timefmt import parse_rfc3339, rfc3339
+
 
 @dataclass(frozen=True)
 class LeaseRecord:
@@ -30,8 +32,8 @@ class LeaseRecord:
     def from_spec(spec: dict[str, Any]) -> LeaseRecord | None:
         """The record of a Lease's spec; None when it has no holder or unreadable times."""
         try:
-            renewed = _parse(spec["renewTime"])
-            acquired = _parse(spec.get("acquireTime") or spec["renewTime"])
+            renewed = parse_rfc3339(spec["renewTime"])
+            acquired = parse_rfc3339(spec.get("acquireTime") or spec["renewTime"])
             return LeaseRecord(str(spec["holderIdentity"]), int(spec.get("leaseDurationSeconds") or 15),
                                acquired, renewed, int(spec.get("leaseTransitions") or 0))  # fmt: skip
         except (KeyError, TypeError, ValueError):
@@ -39,16 +41,8 @@ class LeaseRecord:
 
     def to_spec(self) -> dict[str, Any]:
         return {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration_s,
-                "acquireTime": _fmt(self.acquired), "renewTime": _fmt(self.renewed),
+                "acquireTime": rfc3339(self.acquired, micros=True), "renewTime": rfc3339(self.renewed, micros=True),
                 "leaseTransitions": self.transitions}  # fmt: skip
-
-
-def _parse(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def _fmt(t: dt.datetime) -> str:
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)

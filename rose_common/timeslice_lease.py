@@ -14,12 +14,12 @@ the source of truth for who holds and who is resident: readers never write it.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Final
 
 from rose_common import names
+from rose_common.timefmt import parse_rfc3339
 
 LABEL_GROUP: Final = names.LABEL_TIMESLICE_GROUP
 A_GROUP: Final = "rose.io/timeslice-group"
@@ -59,10 +59,6 @@ class GroupLease:
         return bool(self.holder) and self.holder == job and now < self.expires
 
 
-def _epoch(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def read(doc: dict[str, Any]) -> GroupLease | None:
     """The group of an orchestrator Lease; None for a Lease that is not one (no group annotation).
 
@@ -75,7 +71,7 @@ def read(doc: dict[str, Any]) -> GroupLease | None:
         return None
     try:
         token = int(spec.get("leaseTransitions") or 0)
-        renewed = _epoch(spec["renewTime"]) if spec.get("renewTime") else 0.0
+        renewed = parse_rfc3339(spec["renewTime"]).timestamp() if spec.get("renewTime") else 0.0
         ttl = float(ann.get(A_TTL) or spec.get("leaseDurationSeconds") or 0)
         max_hold = float(ann.get(A_MAX_HOLD) or 0)
         granted = float(ann.get(A_GRANTED) or renewed)

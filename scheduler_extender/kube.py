@@ -33,6 +33,7 @@ from rose_common.informer import Informer, InformerSettings
 from rose_common.kube import client as kube_client
 from rose_common.kube.client import Raw
 from rose_common.kube.errors import ApiError
+from rose_common.timefmt import rfc3339
 from rose_common.workqueue import Backoff, WorkQueue, start_workers
 from scheduler_extender import policy
 from scheduler_extender.cache import ClusterCache
@@ -183,7 +184,7 @@ class KubeSuspender:
 
     def write(self, pod: PodInfo, reason: str, preemptor: PodInfo) -> None:
         now = datetime.now(UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339(now)
         request = {
             "by": extender_names.EXTENDER_COMPONENT,
             "reason": reason,

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rose_common import extender_names, names
+from rose_common.timefmt import parse_rfc3339
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
 from scheduler_extender.wire import MAX_EXTENDER_PRIORITY, MIN_EXTENDER_PRIORITY
 
@@ -628,7 +629,7 @@ def own_request(raw: str) -> OwnRequest | None:
     if not (isinstance(ns, str) and isinstance(name, str) and isinstance(uid, str)):
         return None
     try:
-        stamp = datetime.datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+        stamp = parse_rfc3339(at)
     except ValueError:
         return None
     return OwnRequest(ns, name, uid, stamp)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from rose_common import names
 from rose_common.kube import objects
+from rose_common.timefmt import rfc3339
 
 log = logging.getLogger("timeslice.handover")
 
@@ -221,7 +222,7 @@ class KubeHandover:
     def switch(self, group: str, token: int, out_job: str | None, in_job: str, deadline: float) -> HandoverResult:
         try:
             items, self.rv = self.pods.list(group)
-            at = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC).isoformat()
+            at = rfc3339(datetime.datetime.fromtimestamp(self.clock(), datetime.UTC))
             steps = plan(items, group, token, out_job, in_job, at)
         except HandoverError as e:
             return HandoverResult(False, str(e))

@@ -18,6 +18,7 @@ import math
 import threading
 from typing import Any, Final, Protocol
 
+from rose_common.timefmt import parse_rfc3339, rfc3339
 from rose_common.timeslice_lease import (
     A_GRANTED,
     A_GROUP,
@@ -59,14 +60,6 @@ def lease_of(key: str) -> str:
     return lease_name(name, ns)
 
 
-def _fmt(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def _waiter_json(w: Waiter) -> dict[str, Any]:
     return {"job": w.job, "role": w.role, "since": w.since, "priority": w.priority, "orphanUntil": w.orphan_until}
 
@@ -77,7 +70,7 @@ def to_lease(g: Group, namespace: str) -> dict[str, Any]:
     if g.holder:
         spec["holderIdentity"] = g.holder
     if g.renewed:
-        spec["renewTime"] = _fmt(g.renewed)
+        spec["renewTime"] = rfc3339(dt.datetime.fromtimestamp(g.renewed, dt.UTC), micros=True)
     ns, name = split_key(g.name)
     ann = {
         A_GROUP: name,
@@ -111,7 +104,7 @@ def from_lease(doc: dict[str, Any]) -> Group:
         waiters = tuple(Waiter(str(w["job"]), str(w.get("role", "")), float(w["since"]), int(w.get("priority", 0)),
                                True, float(w.get("orphanUntil", 0.0))) for w in queue)  # fmt: skip
         ttl = float(ann.get(A_TTL) or spec.get("leaseDurationSeconds") or 10)
-        renewed = _parse(spec["renewTime"]) if spec.get("renewTime") else 0.0
+        renewed = parse_rfc3339(spec["renewTime"]).timestamp() if spec.get("renewTime") else 0.0
         switch_deadline = float(ann.get(A_SWITCH_DEADLINE) or 0.0)
         max_hold = float(ann.get(A_MAX_HOLD) or 0.0)
         granted = float(ann.get(A_GRANTED) or renewed)

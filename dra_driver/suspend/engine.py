@@ -75,6 +75,7 @@ from dra_driver.suspend.model import (
     OpContext,
     OperationRecord,
     Registration,
+    stand_in_pod_uid,
 )
 from dra_driver.suspend.registry import (
     MAX_STATE_BYTES,
@@ -226,7 +227,7 @@ def occupant_state_of(state: str) -> str:
 
 def _stand_in(claim_uid: str) -> str:
     """The pod UID of a claim's one simulated occupant (a claim of one pod, or of none bound)."""
-    return f"simulated-claim-{claim_uid}"
+    return stand_in_pod_uid(claim_uid)
 
 
 def _pods_note(pod_uids: Sequence[str] | None) -> str:

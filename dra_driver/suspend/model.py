@@ -44,6 +44,20 @@ FALLBACK_REASONS: Final = (
 )
 
 
+SIMULATED_CLAIM_PREFIX = "simulated-claim-"
+
+
+def stand_in_pod_uid(claim_uid: str) -> str:
+    """Pure: the registry key of a claim's one simulated occupant (a claim of one pod, or of none
+    bound). Not a pod: its Events go to the pods of the claim's ``reservedFor``."""
+    return SIMULATED_CLAIM_PREFIX + claim_uid
+
+
+def stand_in_claim(pod_uid: str) -> str | None:
+    """Pure: the claim whose simulated stand-in ``pod_uid`` is; None for a pod's own UID."""
+    return pod_uid.removeprefix(SIMULATED_CLAIM_PREFIX) if pod_uid.startswith(SIMULATED_CLAIM_PREFIX) else None
+
+
 @dataclass(frozen=True)
 class Registration:
     """What a workload tells the node agent when it registers."""

@@ -391,3 +391,18 @@ def node_driver(
             if show_log:
                 print((root / f"{node}.log").read_text()[-4000:])
             shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def simulated_host_driver(
+    cluster: Any, node: str, prefix: str, args: Callable[[Path], list[str]]
+) -> Iterator[DriverProcess]:
+    """:func:`node_driver` whose simulated backend starts and ends with an empty host folder
+    (``/dev/shm/rose-simulated-host-<node>``: its device memory and DRAM copies)."""
+    shm = Path("/dev/shm") / f"rose-simulated-host-{node}"
+    shutil.rmtree(shm, ignore_errors=True)
+    try:
+        with node_driver(cluster, node, prefix, args) as drv:
+            yield drv
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)

@@ -7,7 +7,6 @@ resumes the spilled occupant from disk."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from local_cluster import ClusterHandle
 from local_cluster.kubelet import DriverProcess
 from local_cluster.objects import allocated_claim
 from rose_common import names
-from tests.support.driver_fixtures import driver_published, node_driver
+from tests.support.driver_fixtures import driver_published, simulated_host_driver
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
@@ -38,8 +37,6 @@ DISK = 256 * MiB
 @pytest.fixture(scope="module")
 def spill_driver(cluster: ClusterHandle) -> Iterator[tuple[DriverProcess, str, Path]]:
     node = cluster.node_names[-1]
-    shm = Path("/dev/shm") / f"rose-simulated-host-{node}"
-    shutil.rmtree(shm, ignore_errors=True)
 
     def args(root: Path) -> list[str]:
         return [
@@ -50,11 +47,8 @@ def spill_driver(cluster: ClusterHandle) -> Iterator[tuple[DriverProcess, str, P
             "--serving-wait", "prepare",  # the played kubelet's prepare reclaims (prebind has its own e2e test)
         ]  # fmt: skip
 
-    try:
-        with node_driver(cluster, node, "rose-spl-", args) as drv:
-            yield drv, node, drv.root.parent / "spill"
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    with simulated_host_driver(cluster, node, "rose-spl-", args) as drv:
+        yield drv, node, drv.root.parent / "spill"
 
 
 @pytest.fixture

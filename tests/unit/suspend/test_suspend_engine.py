@@ -411,6 +411,26 @@ def test_notifier_sink_writes_pod_events_and_survives_api_errors() -> None:
     sink.record(EngineEvent("u1", "rl", "w-0", "Resumed", "m", "Normal"))  # does not raise
 
 
+def test_notifier_sink_with_claim_records_ignores_the_reported_pod() -> None:
+    from dra_driver.claims import PodRef
+    from dra_driver.suspend.events import EngineEvent, NotifierEventSink
+
+    class Notifier:
+        def __init__(self) -> None:
+            self.got: list[tuple[PodRef, str]] = []
+
+        def event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
+            self.got.append((pod, reason))
+
+    real = PodRef("rl", "w-0", "u1")
+    n = Notifier()
+    sink = NotifierEventSink(n, claim_pods=lambda: {"c1": (real,)})
+    sink.record(EngineEvent("simulated-claim-c1", "", "", "SuspendFallbackCheckpointFailed", "m", "Warning"))
+    sink.record(EngineEvent("u1", "rl", "spoofed", "Suspended", "m", "Normal"))  # the record's name wins
+    sink.record(EngineEvent("u9", "rl", "w-9", "Suspended", "m", "Normal"))  # no claim lists it: log only
+    assert n.got == [(real, "SuspendFallbackCheckpointFailed"), (real, "Suspended")]
+
+
 @given(
     pod_uid=st.text(max_size=200),
     pid=st.integers(-(2**31), 2**31 - 1),
