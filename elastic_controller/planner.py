@@ -30,13 +30,14 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
 - **GPU shares** (issue 27 §3; ``Job.share``): a job whose workers each hold a fraction of one GPU.
   Its ``min_gpus``/``max_gpus`` count the workers' shares as fractions (min 1 with shares of 0.25:
-  four workers). A pool's lent GPUs are the whole ones plus ``⌈Σ share fractions⌉`` (shares packed:
-  the DRA allocator fills one share device before the next), so a GPU partly lent in shares takes
-  another share where no whole GPU is free, and serving, which claims whole GPUs, needs the shares'
-  GPUs emptied. When serving needs more of the pool, shares are reclaimed before whole GPUs
-  (:meth:`Job.cost`, after the class priority), one worker at a time while its job stays at its
-  minimum; Events name the share (``w-3 (a 0.25 GPU share)``) and the count (``1.25 GPU in shares
-  counts 2``). ``JobTarget.active_share`` and ``Plan.lent_shares`` report the fractions.
+  four workers). A pool's lent GPUs are the whole ones plus ``⌈Σ share fractions⌉`` (shares assumed
+  packed onto as few GPUs as they fill; the planner does not see which GPU a share is on), so a
+  GPU partly lent in shares takes another share where no whole GPU is free, and serving, which
+  claims whole GPUs, needs the shares' GPUs emptied. When serving needs more of the pool, shares
+  are reclaimed before whole GPUs (:meth:`Job.cost`, after the class priority), above the job's
+  minimum one worker at a time, at it as a gang; Events name the share (``w-3 (a 0.25 GPU
+  share)``) and the count (``1.25 GPU in shares counts 2``). ``JobTarget.active_share`` and
+  ``Plan.lent_shares`` report the fractions.
 - **Roles** (an ElasticRLJob with ``spec.roles``): the controller plans its trainer and its rollout
   workers as two jobs, ``<namespace>/<name>#trainer`` (min = max: a fixed gang) and
   ``...#rollout`` (``requires`` the trainer). Among jobs of one class priority, rollout workers
@@ -294,9 +295,8 @@ class _Book:
                 del self._in[w.pool][b.job.key]
 
     def lent(self, pool: str, extra_share: float = 0.0) -> int:
-        """GPUs lent in ``pool``: whole ones plus the GPUs its shares take, packed (⌈Σ fractions⌉:
-        the DRA allocator fills a share device before the next, first fit); with ``extra_share``
-        more of a GPU in shares."""
+        """GPUs lent in ``pool``: whole ones plus the GPUs its shares take, assumed packed
+        (⌈Σ fractions⌉); with ``extra_share`` more of a GPU in shares."""
         return self._lent[pool] + math.ceil(self._share[pool] + extra_share - 1e-9)
 
     def shares(self, pool: str) -> float:
