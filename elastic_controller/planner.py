@@ -28,6 +28,16 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   suspended worker is never removed to grow elsewhere: active + suspended stay within ``maxGPUs``,
   and a suspended worker waits for room in its own pool (its pod holds its state).
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
+- **GPU shares** (issue 27 §3; ``Job.share``): a job whose workers each hold a fraction of one GPU.
+  Its ``min_gpus``/``max_gpus`` count the workers' shares as fractions (min 1 with shares of 0.25:
+  four workers). A pool's lent GPUs are the whole ones plus ``⌈Σ share fractions⌉`` (shares assumed
+  packed onto as few GPUs as they fill; the planner does not see which GPU a share is on), so a
+  GPU partly lent in shares takes another share where no whole GPU is free, and serving, which
+  claims whole GPUs, needs the shares' GPUs emptied. When serving needs more of the pool, shares
+  are reclaimed before whole GPUs (:meth:`Job.cost`, after the class priority), above the job's
+  minimum one worker at a time, at it as a gang; Events name the share (``w-3 (a 0.25 GPU
+  share)``) and the count (``1.25 GPU in shares counts 2``). ``JobTarget.active_share`` and
+  ``Plan.lent_shares`` report the fractions.
 - **Roles** (an ElasticRLJob with ``spec.roles``): the controller plans its trainer and its rollout
   workers as two jobs, ``<namespace>/<name>#trainer`` (min = max: a fixed gang) and
   ``...#rollout`` (``requires`` the trainer). Among jobs of one class priority, rollout workers
@@ -114,6 +124,20 @@ class Job:
     role: str | None = None  # "trainer" / "rollout" of an ElasticRLJob with spec.roles, else None
     requires: str | None = None  # key of the job that must hold its minimum for this one to run (the trainer)
     remove_on_shrink: bool = False  # a worker reclaimed above min is removed (pod deleted), not suspended
+    # GPU shares (issue 27 §3): each worker holds this fraction of one GPU (0 < share < 1) instead of
+    # gpus_per_worker whole GPUs; min/max_gpus then count the workers' shares as fractions
+    share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.share < 1.0 or math.isnan(self.share):
+            raise ValueError(
+                f"job {self.key}: share must be 0 (whole GPUs) or a fraction of a GPU below 1, got {self.share}"
+            )
+
+    @property
+    def size(self) -> float:
+        """What one worker holds, in GPUs: its share, else its whole GPUs."""
+        return self.share if self.share > 0 else float(self.gpus_per_worker)
 
     @property
     def lead_s(self) -> float:
@@ -128,13 +152,14 @@ class Job:
         """The ElasticRLJob's key: ``key`` without its ``#role``."""
         return self.key.partition(ROLE_SEP)[0]
 
-    def cost(self) -> tuple[int, int, int, str, int, float, str]:
-        """Reclaim cost, cheapest first: class priority (admin-controlled), rollout workers before
+    def cost(self) -> tuple[int, int, int, int, str, int, float, str]:
+        """Reclaim cost, cheapest first: class priority (admin-controlled), GPU shares before whole
+        GPUs (issue 27 §3: serving's growth reclaims the share first), rollout workers before
         anything else (they hold only weights and in-flight generations), state size, then the
         tenant's ``spec.priority`` only against jobs of the same namespace (the namespace comes
         before it, so a big number never jumps another tenant's job), time to the next safe point."""
-        return (self.class_priority, 0 if self.role == ROLE_ROLLOUT else 1, self.state_bytes, self.namespace,
-                self.priority, self.seconds_to_safe_point, self.key)  # fmt: skip
+        return (self.class_priority, 0 if self.share > 0 else 1, 0 if self.role == ROLE_ROLLOUT else 1,
+                self.state_bytes, self.namespace, self.priority, self.seconds_to_safe_point, self.key)  # fmt: skip
 
     def grow_order(self) -> tuple[int, str, int, str, int, str]:
         """Who grows first: higher class priority, then, inside one namespace, higher ``spec.priority``;
@@ -176,6 +201,7 @@ class JobTarget:
     reasons: tuple[str, ...] = ()  # one Event message per decision
     add_roles: tuple[str, ...] = ()  # a job with roles (merge_roles): the role of each new worker in ``add``
     role_workers: tuple[tuple[str, int], ...] = ()  # a job with roles: (role, workers the plan holds)
+    active_share: float = 0.0  # a job of GPU shares: the fraction of GPUs its workers hold (active_gpus is 0)
 
     @property
     def shrinks(self) -> bool:
@@ -196,7 +222,8 @@ class Plan:
     now: float
     targets: dict[str, JobTarget]
     reclaims: tuple[Reclaim, ...]
-    lent: dict[str, int]  # GPUs lent per pool once the plan is carried out
+    lent: dict[str, int]  # GPUs lent per pool once the plan is carried out (a GPU with shares counts whole)
+    lent_shares: dict[str, float] = field(default_factory=dict)  # of which: fractions lent in shares, per pool
 
 
 @dataclass
@@ -212,12 +239,17 @@ class _JobBook:
     shrunk: bool = False
 
     @property
-    def active(self) -> int:
-        return self.job.gpus_per_worker * len(self.holding)
+    def active(self) -> float:
+        """GPUs the job's holding workers use; a share job's as the fraction they sum to."""
+        if self.job.share > 0:
+            return round(self.job.share * len(self.holding), 9)
+        return self.job.gpus_per_worker * len(self.holding)  # an int: Events print "2 of minGPUs 4"
 
     def target(self) -> JobTarget:
-        return JobTarget(self.job.key, self.active, tuple(self.suspend), tuple(self.resume), tuple(self.remove),
-                         tuple(self.add), tuple(self.reasons))  # fmt: skip
+        whole = 0 if self.job.share > 0 else self.job.gpus_per_worker * len(self.holding)
+        share = self.active if self.job.share > 0 else 0.0
+        return JobTarget(self.job.key, whole, tuple(self.suspend), tuple(self.resume), tuple(self.remove),
+                         tuple(self.add), tuple(self.reasons), active_share=share)  # fmt: skip
 
 
 class _Book:
@@ -228,7 +260,8 @@ class _Book:
         self.interval = inp.settings.interval_s
         self.pools = {p.name: p for p in inp.pools}
         self.jobs: dict[str, _JobBook] = {}
-        self._lent: dict[str, int] = dict.fromkeys(self.pools, 0)
+        self._lent: dict[str, int] = dict.fromkeys(self.pools, 0)  # GPUs lent whole
+        self._share: dict[str, float] = dict.fromkeys(self.pools, 0.0)  # fractions lent in shares
         self._in: dict[str, dict[str, int]] = {p: {} for p in self.pools}
         by_job: dict[str, list[Worker]] = {}
         for w in inp.workers:  # one pass: the plan stays linear in workers (controller_scale benchmark)
@@ -241,22 +274,33 @@ class _Book:
                     self.hold(b, w)
         self.reclaims: list[Reclaim] = []
 
+    def _count(self, job: Job, pool: str, sign: int) -> None:
+        if job.share > 0:
+            self._share[pool] = round(self._share[pool] + sign * job.share, 9)
+        else:
+            self._lent[pool] += sign * job.gpus_per_worker
+
     def hold(self, b: _JobBook, w: Worker) -> None:
         b.holding.append(w)
         if w.pool in self._lent:
-            self._lent[w.pool] += b.job.gpus_per_worker
+            self._count(b.job, w.pool, 1)
             self._in[w.pool][b.job.key] = self._in[w.pool].get(b.job.key, 0) + 1
 
     def release(self, b: _JobBook, w: Worker) -> None:
         b.holding.remove(w)
         if w.pool in self._lent:
-            self._lent[w.pool] -= b.job.gpus_per_worker
+            self._count(b.job, w.pool, -1)
             self._in[w.pool][b.job.key] -= 1
             if not self._in[w.pool][b.job.key]:
                 del self._in[w.pool][b.job.key]
 
-    def lent(self, pool: str) -> int:
-        return self._lent[pool]
+    def lent(self, pool: str, extra_share: float = 0.0) -> int:
+        """GPUs lent in ``pool``: whole ones plus the GPUs its shares take, assumed packed
+        (⌈Σ fractions⌉); with ``extra_share`` more of a GPU in shares."""
+        return self._lent[pool] + math.ceil(self._share[pool] + extra_share - 1e-9)
+
+    def shares(self, pool: str) -> float:
+        return self._share[pool]
 
     def occupies(self, b: _JobBook, pool: str) -> bool:
         return b.job.key in self._in[pool]
@@ -287,6 +331,15 @@ class _Book:
         """GPUs serving leaves unused over ``[now, now + seconds]``, minus those already lent."""
         return self.pools[pool].capacity - self.need(pool, seconds) - self.lent(pool)
 
+    def room(self, pool: str, seconds: float, job: Job) -> float:
+        """What serving leaves over ``[now, now + seconds]`` for one more worker of ``job``, in its
+        size: GPUs free for a whole worker; for a share, the fraction left once it is packed (so a GPU
+        partly lent in shares takes another share where no whole GPU is free). ≥ ``job.size``: fits."""
+        if job.share <= 0:
+            return self.free(pool, seconds)
+        spare = self.pools[pool].capacity - self.need(pool, seconds) - self.lent(pool, job.share)
+        return job.share if spare >= 0 else spare
+
     def drop(self, b: _JobBook, w: Worker, why: str, shrink: bool = False) -> None:
         """Take a worker off its GPU: pending ones are removed, running ones suspended (removed when
         its job reclaims by removal and this is a ``shrink`` above its minimum)."""
@@ -308,14 +361,14 @@ def _enforce_max(book: _Book) -> None:
             book.release(b, w)
             b.remove.append(w.name)
             b.reasons.append(f"Shrink: {w.name} removed, maxGPUs is {b.job.max_gpus}")
-        while b.parked and b.active + b.job.gpus_per_worker * len(b.parked) > b.job.max_gpus:
+        while b.parked and round(b.active + b.job.size * len(b.parked), 9) > b.job.max_gpus:
             w = b.parked.pop()
             b.remove.append(w.name)
             b.reasons.append(f"Shrink: suspended {w.name} removed, maxGPUs is {b.job.max_gpus}")
 
 
 def _shrinkable(b: _JobBook, pool: str) -> list[Worker]:
-    if b.active - b.job.gpus_per_worker < b.job.min_gpus:
+    if round(b.active - b.job.size, 9) < b.job.min_gpus:
         return []
     return [w for w in b.holding if w.pool == pool]
 
@@ -334,7 +387,7 @@ class _Cheapest:
         """The cheapest occupant that stays at or above min without one worker."""
         while self._shrink < len(self.order) and not (
             self.book.occupies(b := self.order[self._shrink], self.pool)
-            and b.active - b.job.gpus_per_worker >= b.job.min_gpus
+            and round(b.active - b.job.size, 9) >= b.job.min_gpus
         ):
             self._shrink += 1
         return self.order[self._shrink] if self._shrink < len(self.order) else None
@@ -361,8 +414,9 @@ def _reclaim_one(book: _Book, pool: str, why: str, cheapest: _Cheapest) -> None:
 
 
 def _who(b: _JobBook, w: Worker) -> str:
-    """A worker as its Events name it: with its role, for a job with roles."""
-    return w.name if b.job.role is None else f"{b.job.role} {w.name}"
+    """A worker as its Events name it: with its role, for a job with roles; with its share."""
+    name = w.name if b.job.role is None else f"{b.job.role} {w.name}"
+    return name if b.job.share <= 0 else f"{name} (a {b.job.share:g} GPU share)"
 
 
 def _overreach(book: _Book, pool: str) -> None:
@@ -387,20 +441,22 @@ def _reclaim(book: _Book) -> None:
         cheapest = _Cheapest(book, pool)
         while book.lent(pool) > 0 and book.free(pool, lead) < 0:
             q = book.pools[pool].forecast.quantile
+            shared = book.shares(pool)
+            in_shares = f" ({shared:g} GPU in shares counts {math.ceil(shared - 1e-9)})" if shared else ""
             why = (f"serving {q} needs {book.need(pool, lead):g} of {book.pools[pool].capacity} GPUs within "
-                   f"{lead:.0f}s, {book.lent(pool)} lent")  # fmt: skip
+                   f"{lead:.0f}s, {book.lent(pool)} lent{in_shares}")  # fmt: skip
             _reclaim_one(book, pool, why, cheapest)
 
 
 def _room(book: _Book, b: _JobBook, pool: str) -> float:
     if book.frozen(pool):
         return -math.inf
-    return book.free(pool, max(book.interval + b.job.lead_s + b.job.min_useful_run_s, book.lead(pool)))
+    return book.room(pool, max(book.interval + b.job.lead_s + b.job.min_useful_run_s, book.lead(pool)), b.job)
 
 
 def _grow_step(book: _Book, b: _JobBook) -> bool:
     """Resume one parked worker where its pool has room, else add one in the pool with most room."""
-    gpw = b.job.gpus_per_worker
+    gpw = b.job.size
     for w in b.parked:
         if w.pool is not None and w.pool in book.pools and _room(book, b, w.pool) >= gpw:
             b.parked.remove(w)
@@ -410,7 +466,7 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
     rooms = sorted(((_room(book, b, p), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
     if not rooms or rooms[0][0] < gpw:
         return False
-    if b.active + gpw * (len(b.parked) + 1) > b.job.max_gpus:
+    if round(b.active + gpw * (len(b.parked) + 1), 9) > b.job.max_gpus:
         # A parked worker waits for room in its own pool: never removed to grow elsewhere (its pod
         # holds its suspended state; deleting it would lose RL work, ARCHITECTURE §6).
         return False
@@ -435,7 +491,7 @@ def _grow(book: _Book, b: _JobBook) -> None:
         b.parked = before[1]
         del b.resume[before[2] :], b.add[before[3] :], b.remove[before[4] :]
         return
-    while b.active + b.job.gpus_per_worker <= b.job.max_gpus and _grow_step(book, b):
+    while round(b.active + b.job.size, 9) <= b.job.max_gpus and _grow_step(book, b):
         pass
     grown = len(b.resume) - before[2] + len(b.add) - before[3]
     if grown:
@@ -483,7 +539,8 @@ def plan(inp: PlanInput) -> Plan:
     _partial_gangs(book)
     _orphans(book)
     return Plan(inp.now, {k: b.target() for k, b in book.jobs.items()}, tuple(book.reclaims),
-                {p: book.lent(p) for p in sorted(book.pools)})  # fmt: skip
+                {p: book.lent(p) for p in sorted(book.pools)},
+                {p: book.shares(p) for p in sorted(book.pools) if book.shares(p)})  # fmt: skip
 
 
 def merge_roles(targets: dict[str, JobTarget], jobs: tuple[Job, ...]) -> dict[str, JobTarget]:
@@ -506,9 +563,10 @@ def merge_roles(targets: dict[str, JobTarget], jobs: tuple[Job, ...]) -> dict[st
     return out
 
 
-def without_reclaims(result: Plan, gpus_per_worker: dict[str, int]) -> Plan:
+def without_reclaims(result: Plan, gpus_per_worker: dict[str, int], shares: dict[str, float] | None = None) -> Plan:
     """The plan with its planned reclaims taken out (pure): the workers they would suspend or
-    remove keep running, their GPUs stay in the job's target, their reasons leave the Events."""
+    remove keep running, their GPUs (or, for a job in ``shares``, their fractions) stay in the
+    job's target, their reasons leave the Events."""
     reclaimed: dict[str, set[str]] = {}
     for r in result.reclaims:
         reclaimed.setdefault(r.job, set()).update(r.workers)
@@ -516,9 +574,11 @@ def without_reclaims(result: Plan, gpus_per_worker: dict[str, int]) -> Plan:
     for key, t in result.targets.items():
         gone = reclaimed.get(key, set())
         kept = sum(1 for n in (*t.suspend, *t.remove) if n in gone)
+        share = (shares or {}).get(key, 0.0)
         targets[key] = replace(
             t,
-            active_gpus=t.active_gpus + kept * gpus_per_worker.get(key, 1),
+            active_gpus=t.active_gpus + (0 if share else kept * gpus_per_worker.get(key, 1)),
+            active_share=round(t.active_share + kept * share, 9),
             suspend=tuple(n for n in t.suspend if n not in gone),
             remove=tuple(n for n in t.remove if n not in gone),
             reasons=tuple(r for r in t.reasons if not r.startswith(PLANNED_REASONS)),

@@ -24,6 +24,7 @@ from rose_sim.engine import POOL, SimConfig, default_policies
 from rose_sim.inputs import CostModel, Demand, SimInputError, load_demand, load_jobs, load_pools
 from rose_sim.prometheus import load_prometheus, parse_time
 from rose_sim.report import FORECASTERS, markdown, plot, simulate
+from rose_sim.shares import MAX_SHARES_PER_GPU
 
 KNOWN_FORECASTERS = ("oracle", "baseline", "model")
 COST_HELP = {
@@ -81,6 +82,16 @@ def _gib(text: str) -> int:
     return int(v * 2**30)
 
 
+def _shares(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of shares per GPU: {text[:40]!r}") from None
+    if not 1 <= v <= MAX_SHARES_PER_GPU:
+        raise argparse.ArgumentTypeError(f"{v} shares per GPU: use 1..{MAX_SHARES_PER_GPU} (compute steps of 5 %)")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rose simulate", description=__doc__.split("\n")[0])
     src = ap.add_argument_group("serving demand: --series, or the Prometheus range query")
@@ -112,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GiB of host memory suspended state may hold, the pool's nodes together (no limit); "
                          "a suspend that does not fit is checkpointed and evicted, as the driver does")  # fmt: skip
     ap.add_argument("--dwell", type=_duration, default=300, help="the controller's --dwell (5m)")
+    ap.add_argument("--gpu-shares", type=_shares, metavar="N",
+                    help="also report what lending serving's forecast idle fraction of its partly used GPUs, in "
+                         f"shares of 1/N GPU, adds (1..{MAX_SHARES_PER_GPU}; issue 27 §3)")  # fmt: skip
     ap.add_argument("--forecasters", default=",".join(FORECASTERS),
                     help=f"planned policies, one per forecaster: {', '.join(KNOWN_FORECASTERS)}")  # fmt: skip
     for f in fields(CostModel):
@@ -176,7 +190,7 @@ def run(a: argparse.Namespace) -> int:
         refit_every_s=a.refit_every,
         host_memory_bytes=a.host_memory,
     )
-    report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted), tuple(more))
+    report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted), tuple(more), a.gpu_shares)
     report["series"] = source
     name = a.series.name if a.series is not None else a.query if a.pools is None else a.pools.name
     title = (f"{name}: {report['pool_gpus']} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "

@@ -61,8 +61,10 @@ class ModelUnavailable(ValueError):
 
 
 def model(observed: FloatArray, capacity_per_gpu: float, horizons_s: tuple[int, ...], tick_s: int, history: int,
-          t0: int, risk: float, refit_every: int, pool_gpus: int) -> Bounds:  # fmt: skip
-    """The predictor's model in the loop (see the module docstring); reads ``observed[:i]`` at tick ``i``."""
+          t0: int, risk: float, refit_every: int, pool_gpus: int, whole: bool = True) -> Bounds:  # fmt: skip
+    """The predictor's model in the loop (see the module docstring); reads ``observed[:i]`` at tick ``i``.
+    In whole GPUs (the predictor's ``gpus_needed``), or with ``whole=False`` the fraction of GPUs
+    (``rose simulate --gpu-shares``)."""
     n = len(observed)
     cols, widths = [], []
     for hs in horizons_s:
@@ -78,7 +80,8 @@ def model(observed: FloatArray, capacity_per_gpu: float, horizons_s: tuple[int, 
             y = observed[: b - 1]
             q = rk.track_q(p, y, a - 1, b - 1, t0)
             seg = rk.bound(p, y, q, 0.0, t0)[a - 1 : b - 1]
-            col[a:b] = np.where(np.isnan(seg), float(pool_gpus), np.ceil(seg / capacity_per_gpu - 1e-9))
+            gpus = np.ceil(seg / capacity_per_gpu - 1e-9) if whole else seg / capacity_per_gpu
+            col[a:b] = np.where(np.isnan(seg), float(pool_gpus), gpus)
             names.add(p.width_name())
         cols.append(col)
         widths.append(f"{hs // 60}m: {'/'.join(sorted(names))} width")

@@ -14,6 +14,7 @@ from typing import Any
 from rose_sim import forecasters as fc
 from rose_sim.engine import Policy, PoolInput, SimConfig, Simulation, default_policies
 from rose_sim.inputs import CostModel, Demand, SimInputError, SimJob
+from rose_sim.shares import share_lending
 from timeslice.advise import advise
 
 FORECASTERS = ("oracle", "baseline", "model")
@@ -117,9 +118,12 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig,
              forecasters: tuple[str, ...] = FORECASTERS, policies: tuple[Policy, ...] | None = None,
-             more_pools: tuple[tuple[str, int, Demand], ...] = ()) -> dict[str, Any]:  # fmt: skip
+             more_pools: tuple[tuple[str, int, Demand], ...] = (),
+             gpu_shares: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Every policy on the evaluated period; the report as plain data (JSON-able). ``more_pools``:
-    ``(name, GPUs, demand)`` of pools beside the primary one (``cfg.pool_name``, ``cfg.pool_gpus``)."""
+    ``(name, GPUs, demand)`` of pools beside the primary one (``cfg.pool_name``, ``cfg.pool_gpus``).
+    ``gpu_shares``: also what lending serving's forecast idle fractions in shares of ``1/N`` GPU
+    would add on the primary pool, per forecaster (``rose_sim.shares``)."""
     started, cpu = time.perf_counter(), time.process_time()
     bounds = bounds_for(demand, cfg, forecasters)
     more = tuple(PoolInput(name, gpus, d, bounds_for(d, replace(cfg, pool_gpus=gpus), forecasters))
@@ -133,6 +137,7 @@ def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig
         sim = Simulation(demand, jobs, cost, cfg, p, bounds, more_pools=more)
         results[p.name] = sim.run().report(seconds, total_gpus)
         runtime[p.name] = round(time.perf_counter() - t0, 2)
+    shares = {} if gpu_shares is None else share_report(demand, jobs, cost, cfg, forecasters, results, gpu_shares)
     return {
         "evaluated_days": round(demand.evaluated_days, 2),
         "history_days": round(demand.history * demand.tick_s / 86400, 2),
@@ -165,9 +170,43 @@ def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig
         "timeslice_groups": timeslice_groups(jobs, cost),
         "results": results,
         "goals": goals(results),
+        **({"gpu_shares": shares} if shares else {}),
         "runtime_s": runtime
         | {"total_s": round(time.perf_counter() - started, 2), "cpu_s": round(time.process_time() - cpu, 2)},
     }
+
+
+SHARE_FORECASTERS = ("oracle", "model")  # the baseline's bounds are tuned in whole GPUs only
+
+
+def share_bounds(demand: Demand, cfg: SimConfig, name: str) -> fc.Bounds:
+    """A forecaster's bounds in fractions of GPUs (``Demand.busy`` and the whole-GPU bounds are
+    rounded up: they hide the idle fraction of serving's last GPU)."""
+    frac = demand.busy if demand.observed is None else demand.observed / demand.capacity_per_gpu
+    if name == "oracle":
+        return fc.oracle(frac, HORIZONS_S, demand.tick_s)
+    obs = demand.busy if demand.observed is None else demand.observed
+    every = max(1, cfg.refit_every_s // demand.tick_s)
+    return fc.model(obs, demand.capacity_per_gpu, HORIZONS_S, demand.tick_s, demand.history, demand.start,
+                    float(cfg.risk), every, cfg.pool_gpus, whole=False)  # fmt: skip
+
+
+def share_report(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig, forecasters: tuple[str, ...],
+                 results: dict[str, dict[str, Any]], n: int) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Per planned forecaster (oracle, model): the share lending of the primary pool, planned on the
+    forecaster's fractional bounds against serving's fractional demand, beside its whole-GPU
+    policy's useful GPU-hours per day."""
+    window = max((int(j.job.spec.min_useful_run_seconds) for j in jobs), default=600)
+    serving = demand.busy if demand.observed is None else demand.observed / demand.capacity_per_gpu
+    days = demand.evaluated_days or 1.0
+    out: dict[str, dict[str, Any]] = {}
+    for name in (f for f in SHARE_FORECASTERS if f in forecasters):
+        bounds = share_bounds(demand, cfg, name)
+        r = share_lending(serving, bounds, history=demand.history, tick_s=demand.tick_s, pool_gpus=cfg.pool_gpus,
+                          shares_per_gpu=n, window_s=window, start_s=cost.pod_start_s).report()  # fmt: skip
+        whole = results.get(f"planned-{name}", {}).get("rl_useful_gpu_hours")
+        out[name] = r | {"whole_gpu_useful_gpu_hours_per_day": None if whole is None else round(whole / days, 1)}
+    return out
 
 
 def markdown(report: dict[str, Any], title: str = "") -> str:
@@ -179,6 +218,17 @@ def markdown(report: dict[str, Any], title: str = "") -> str:
     for name, t in (report.get("timeslice_groups") or {}).items():
         lines += ["", f"Time-slice group {name} ({', '.join(t['jobs'])}): {'pays' if t['pays'] else 'does not pay'}: "
                   f"{t['reason']} (timeslice.advise's round model; advice, not simulated)"]  # fmt: skip
+    shares = report.get("gpu_shares") or {}
+    if shares:
+        n = next(iter(shares.values()))["shares_per_gpu"]
+        lines += ["", f"GPU shares of 1/{n} GPU lent from serving's forecast idle fraction (rose_sim.shares; an "
+                  "upper bound: today's driver reclaims a share on any GPU serving claims):", "",
+                  "| forecaster | whole-GPU planned useful GPU-h/day | + shares lent GPU-h/day | + shares useful "
+                  "GPU-h/day | share reclaims/day (serving waits) |",
+                  "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for name, v in shares.items():
+            lines.append(f"| {name} | {v['whole_gpu_useful_gpu_hours_per_day']} | {v['lent_gpu_hours_per_day']} | "
+                         f"{v['useful_gpu_hours_per_day']} | {v['unplanned_reclaims_per_day']} |")  # fmt: skip
     g = report.get("goals") or {}
     if g:
         lines += ["", f"Goals (judged on {g['judged']}):"]

@@ -108,6 +108,11 @@ class ExtenderMetrics:
             "Pool decisions made with the conservative fallback rule because no fresh forecast was cached.",
             registry=r,
         )
+        self.share_calls = Counter(
+            "rose_extender_share_calls_total",
+            "Filter and prioritize calls for RL pods whose claims request GPU shares (judged in shares).",
+            registry=r,
+        )
         self.forecast_fetch = Counter(
             "rose_extender_forecast_fetch_total",
             "Forecast fetches by backend and result.",

@@ -21,6 +21,15 @@ POD_KINDS: tuple[PodKind, ...] = tuple(PodKind)
 
 
 @dataclass(frozen=True, slots=True)
+class ShareRequest:
+    """One GPU share a pod's claim asks for (DeviceClass ``share.gpu.rose.io``), rounded up to
+    the driver's request policy as the scheduler rounds it (memory in GiB steps, compute in 5 %)."""
+
+    memory_bytes: int
+    compute_percent: int
+
+
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     """What the extender knows about one pod."""
 
@@ -38,6 +47,8 @@ class PodInfo:
     priority: int = 0
     suspend_requested: bool = False
     terminating: bool = False
+    # GPU shares its claims request (empty: the pod claims whole lendable GPUs, ``gpus``)
+    shares: tuple[ShareRequest, ...] = ()
 
     @property
     def key(self) -> str:
@@ -57,13 +68,22 @@ class NodeState:
     host_mem_free: int | None  # bytes free for suspended state, DRAM + disk tiers; None = not published
     reclaim_cost_s: float  # estimated seconds to take back every lent GPU on the node
     jobs: frozenset[str] = frozenset()  # ElasticRLJobs with a worker on the node
+    # GPU shares (the driver's gpu-N-share devices; all empty/0 without --gpu-shares)
+    shared_gpus: int = 0  # physical GPUs with at least one share allocated
+    share_lent: float = 0.0  # the fraction of a GPU their shares use, summed over those GPUs
+    # per GPU that can take a share (not serving-held, not lent whole): (free memory bytes, free compute %)
+    share_room: tuple[tuple[int, int], ...] = ()
+    gpu_memory: int = 0  # the smallest share device's memory on the node (bytes), 0 without shares
 
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
     capacity: int  # physical GPUs in the pool
     serving_used: int
-    lent: int
+    lent: int  # GPUs lent whole
+    shared_gpus: int = 0  # GPUs lent in shares (each counts whole for a pod claiming whole GPUs)
+    share_lent: float = 0.0  # the fraction of a GPU those shares use, summed (what a share counts)
+    gpu_memory: int = 0  # the smallest share device's memory in the pool (bytes), 0 without shares
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,15 +160,25 @@ def idle_window_s(pool: PoolState, forecast: PoolForecast | None, need: int, cfg
     even now). Without one: the conservative rule — ``fallback_window_s`` only when at least
     ``fallback_headroom`` of the pool stays free after placing the pod, else 0.
     """
-    free_now = pool.capacity - pool.serving_used - pool.lent
-    if forecast is None or not forecast.points:
-        ok = free_now - need >= cfg.fallback_headroom * pool.capacity
+    lent = pool.lent + pool.shared_gpus  # a GPU lent in shares cannot be lent whole
+    free_now = pool.capacity - pool.serving_used - lent
+    points = () if forecast is None else forecast.points
+    return window_over(pool.capacity, free_now, lent, points, need, cfg)
+
+
+def window_over(
+    capacity: int, free_now: float, lent: float, points: Sequence[tuple[int, float]], need: float, cfg: PolicyConfig
+) -> tuple[float, bool]:
+    """:func:`idle_window_s` on plain numbers (GPU shares use it with fractions): ``free_now`` GPUs
+    free now, ``lent`` GPUs lent, serving's forecast ``points`` as (horizon s, GPUs)."""
+    if not points:
+        ok = free_now - need >= cfg.fallback_headroom * capacity
         return (cfg.fallback_window_s if ok and free_now >= need else 0.0), True
     if free_now < need:
         return 0.0, False
     window = 0.0
-    for horizon, demand in forecast.points:
-        if pool.capacity - demand - pool.lent >= need:
+    for horizon, demand in points:
+        if capacity - demand - lent >= need:
             window = float(horizon)
         else:
             break
@@ -192,9 +202,10 @@ class PoolOutlook:
 def pool_outlook(pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig) -> PoolOutlook:
     """Idle window and spare-GPU profile of one pool for a pod needing ``need`` GPUs."""
     window, fallback = idle_window_s(pool, forecast, need, cfg)
-    spare_now = float(pool.capacity - pool.serving_used - pool.lent - need)
+    lent = pool.lent + pool.shared_gpus
+    spare_now = float(pool.capacity - pool.serving_used - lent - need)
     points = () if forecast is None else forecast.points
-    spare = tuple((h, pool.capacity - demand - pool.lent - need) for h, demand in points)
+    spare = tuple((h, pool.capacity - demand - lent - need) for h, demand in points)
     basis = "quantile" if forecast is None else forecast.basis
     return PoolOutlook(window, pool.capacity, spare_now, spare, fallback, basis)
 
@@ -343,8 +354,8 @@ def _clamp(score: int) -> int:
 
 
 def serving_score(node: NodeState, cfg: PolicyConfig) -> int:
-    """10 with no lent GPU, else 9 minus one point per ``reclaim_cost_step_s`` (at least 1)."""
-    if node.lent == 0:
+    """10 with no GPU lent (whole or in shares), else 9 minus one point per ``reclaim_cost_step_s`` (at least 1)."""
+    if node.lent == 0 and node.shared_gpus == 0:
         return MAX_EXTENDER_PRIORITY
     return max(1, 9 - int(node.reclaim_cost_s // cfg.reclaim_cost_step_s))
 
@@ -442,7 +453,15 @@ def build_snapshot(
     pools: dict[str, PoolState] = {}
     for n in states.values():
         p = pools.get(n.pool, PoolState(0, 0, 0))
-        pools[n.pool] = PoolState(p.capacity + n.gpus, p.serving_used + n.serving_used, p.lent + n.lent)
+        memory = min((m for m in (p.gpu_memory, n.gpu_memory) if m > 0), default=0)
+        pools[n.pool] = PoolState(
+            p.capacity + n.gpus,
+            p.serving_used + n.serving_used,
+            p.lent + n.lent,
+            p.shared_gpus + n.shared_gpus,
+            p.share_lent + n.share_lent,
+            memory,
+        )
     group_of, groups, host_mem, serving = index_nodes(states, cfg)
     return Snapshot(
         nodes=states,

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from rose_common import httpserver
-from scheduler_extender import policy, wire
+from scheduler_extender import policy, shares, wire
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.metrics import VERBS, ExtenderMetrics
 from scheduler_extender.model import PodInfo, PodKind, PoolForecast, Snapshot
@@ -95,7 +95,24 @@ def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _pod_info(pod: wire.V1Pod, cfg: policy.PolicyConfig) -> PodInfo:
+def _claim_names(pod: wire.V1Pod) -> list[str]:
+    """The ResourceClaims a pod uses: named in its spec, or generated from a template (its status)."""
+    out = [c.resource_claim_name for c in pod.spec.resource_claims or [] if c.resource_claim_name]
+    out += [c.resource_claim_name for c in pod.status.resource_claim_statuses or [] if c.resource_claim_name]
+    return out
+
+
+def _pod_info(pod: wire.V1Pod, cfg: policy.PolicyConfig, cache: ClusterCache | None = None) -> PodInfo:
+    """The pod as the policy sees it; an RL pod's GPU shares come from its claims in ``cache``."""
+    info = _pod_fields(pod, cfg)
+    if cache is not None and info.kind is PodKind.RL:
+        requested = cache.share_requests(info.namespace, _claim_names(pod))
+        if requested:
+            return replace(info, shares=requested)
+    return info
+
+
+def _pod_fields(pod: wire.V1Pod, cfg: policy.PolicyConfig) -> PodInfo:
     meta = pod.metadata
     return policy.pod_info(
         namespace=meta.namespace,
@@ -148,7 +165,11 @@ class Extender:
 
     def _windows(self, pod: PodInfo, snapshot: Snapshot) -> dict[str, policy.PoolOutlook]:
         lookups = {p: self.forecasts.get(p) for p in snapshot.pools}
-        windows, fallbacks = policy.pool_outlooks(snapshot, lookups, pod.gpus, self.cfg)
+        if pod.shares:
+            self.metrics.share_calls.inc()
+            windows, fallbacks = shares.share_outlooks(snapshot, lookups, pod.shares, self.cfg)
+        else:
+            windows, fallbacks = policy.pool_outlooks(snapshot, lookups, pod.gpus, self.cfg)
         if fallbacks:
             self.metrics.forecast_fallback.inc(len(fallbacks))
         return windows
@@ -183,14 +204,15 @@ class Extender:
         the cache's snapshot and (RL workers only) each pool's idle window for the pod."""
         args = self._parse_args(body)
         names = self._names(args)
-        pod = _pod_info(args.Pod, self.cfg)
+        pod = _pod_info(args.Pod, self.cfg, self.cache)
         snapshot = self.cache.snapshot()
         windows = self._windows(pod, snapshot) if pod.kind is PodKind.RL else {}
         return args, names, pod, snapshot, windows
 
     def filter(self, body: bytes) -> bytes:
         args, names, pod, snapshot, windows = self._node_call(body)
-        decision = policy.filter_nodes(pod, names, snapshot, windows, self.cfg)
+        judge = shares.filter_nodes if pod.shares else policy.filter_nodes
+        decision = judge(pod, names, snapshot, windows, self.cfg)
         kind = pod.kind.value
         m = self.metrics.filter_nodes
         m.labels(kind, "passed").inc(len(decision.passed))
@@ -213,7 +235,8 @@ class Extender:
 
     def prioritize(self, body: bytes) -> bytes:
         _, names, pod, snapshot, windows = self._node_call(body)
-        scores = policy.prioritize_nodes(pod, names, snapshot, windows, self.cfg)
+        score = shares.prioritize_nodes if pod.shares else policy.prioritize_nodes
+        scores = score(pod, names, snapshot, windows, self.cfg)
         self.metrics.prioritize_calls.labels(pod.kind.value).inc()
         # A bare array of {"Host","Score"} (HostPriorityList), built directly: names are
         # JSON-escaped by the C encoder, so hostile names still give valid JSON. Each name's

@@ -152,3 +152,82 @@ def preempt_body(pod_obj: dict[str, Any], victims: dict[str, list[str]]) -> byte
             },
         }
     ).encode()
+
+
+def share_slice(node_name: str, gpus: int, memory_bytes: int = 80 * 1024**3) -> dict[str, Any]:
+    """A node's slice as ``rose driver --gpu-shares`` publishes it (serving, lendable, share per GPU)."""
+    return slices.resource_slice(
+        node_name, slices.simulated_gpus(node_name, gpus, memory_bytes=memory_bytes), 1, shares=True
+    )
+
+
+def share_claim(
+    ns: str,
+    name: str,
+    memory: str,
+    compute: str,
+    allocated: list[tuple[str, str, int, int]] | None = None,
+) -> dict[str, Any]:
+    """A ResourceClaim for one GPU share (DeviceClass share.gpu.rose.io); ``allocated``: (node,
+    device, memory bytes, compute %) results as the scheduler writes them (``consumedCapacity``)."""
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": names.DEVICE_CLASS_SHARE,
+                            "count": 1,
+                            "capacity": {"requests": {"memory": memory, "compute": compute}},
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    if allocated:
+        obj["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": names.DRIVER_NAME,
+                            "pool": n,
+                            "device": d,
+                            "consumedCapacity": {"memory": str(m), "compute": str(c)},
+                        }
+                        for n, d, m, c in allocated
+                    ]
+                }
+            }
+        }
+    return obj
+
+
+def share_cache(
+    pools: dict[str, list[str]], gpus: int = 2, objects: list[tuple[str, dict[str, Any]]] | None = None
+) -> ClusterCache:
+    """:func:`cluster_cache` with share-publishing slices (80 GiB GPUs)."""
+    cache = ClusterCache()
+    for pool, node_names in pools.items():
+        for n in node_names:
+            cache.apply("Node", "ADDED", node(n, pool, 10**12))
+            cache.apply("ResourceSlice", "ADDED", share_slice(n, gpus))
+    for kind, obj in objects or []:
+        cache.apply(kind, "ADDED", obj)
+    for kind in ("Node", "Pod", "ResourceClaim", "ResourceSlice"):
+        cache.mark_synced(kind)
+    return cache
+
+
+def share_pod(name: str, uid: str, claim_name: str, *, ns: str = "default", job: str = "j") -> dict[str, Any]:
+    """A pending RL worker whose template-generated claim (``status.resourceClaimStatuses``) is ``claim_name``."""
+    obj = pod(name, uid, ns=ns, job=job)
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "rl-share"}]
+    obj["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+    return obj
