@@ -275,9 +275,11 @@ class DriverMetrics:
             "rose_rl_samples", "RL samples reported by the workloads, per job and pool", RL_LABELS, registry=r
         )
         self.rl_tokens_total = Counter(
-            "rose_rl_tokens", "RL tokens reported by the workloads that count them, per job and pool", RL_LABELS,
+            "rose_rl_tokens",
+            "RL tokens reported by the workloads that count them, per job and pool",
+            RL_LABELS,
             registry=r,
-        )  # fmt: skip
+        )
         for kind in WATCH_KINDS:
             self.watch_restarts_total.labels(kind)
         for mode in SERVING_WAIT_MODES:

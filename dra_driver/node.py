@@ -610,9 +610,14 @@ class NodeDriver:
         env = self.enforcer.watch.provision(rec.uid) if sock is not None and self.enforcer is not None else {}
         env = {**env, **shares.mps_env(rec.devices)}  # a share's MPS limits (what a GPU node's MPS enforces)
         return cdi.build_spec(
-            rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=sock, extra_env=env,
+            rec.uid,
+            rec.devices,
+            minors,
+            self.simulated,
+            agent_socket_dir=sock,
+            extra_env=env,
             mps=not self.simulated,
-        )  # fmt: skip
+        )
 
     def _open_socket(self, rec: ClaimRecord) -> Path | None:
         if self.workload_sockets is None or not (names.LENT_ROLES & rec.roles()):

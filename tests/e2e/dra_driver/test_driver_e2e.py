@@ -52,9 +52,13 @@ class DriverProc(DriverProcess):
 
     def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
         super().__init__(
-            cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
+            cluster.kubeconfig,
+            node,
+            root,
+            cluster.gpus_per_node,
+            free_port(),
             extra_args=E2E_DRIVER_ARGS,
-        )  # fmt: skip
+        )
 
 
 @pytest.fixture(scope="module")
@@ -274,8 +278,9 @@ def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
         return _cpu(api, ns, "rl-cpu")[0] == "6" and names.ANNOTATION_SUSPENDED_CPU not in _ann(api, ns, "rl-cpu")
 
     # serving wins on the same physical GPU
-    core.create_namespaced_pod(ns, gpu_pod("srv-cpu", "serve-cpu", labels={names.LABEL_ROLE: "serving"},
-                                           node_name=node))  # fmt: skip
+    core.create_namespaced_pod(
+        ns, gpu_pod("srv-cpu", "serve-cpu", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+    )
     srv_claim = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "srv-cpu"), timeout=90)
     assert drv.prepare(srv_claim).error == ""
     assert _ann(api, ns, "rl-cpu")[names.ANNOTATION_SUSPEND_STATE] == "Suspended"
