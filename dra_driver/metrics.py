@@ -244,7 +244,7 @@ class DriverMetrics:
             ["kind"],
             registry=r,
         )
-        # Serving waits in the scheduler (issue 27 §1, dra_driver/binding.py)
+        # Serving waits in the scheduler's PreBind, not in the kubelet's prepare (dra_driver/binding.py)
         self.serving_wait_mode = Gauge(
             "rose_driver_serving_wait_mode",
             "1 for where a serving pod waits for its GPU's lent occupant: prebind (the scheduler, binding"

@@ -497,7 +497,7 @@ class NodeDriver:
     def free_for_binding(
         self, d: binding.Demand, started: Callable[[list[str]], None] | None = None
     ) -> binding.Outcome:
-        """Serving waits in the scheduler (issue 27 §1): the scheduler allocated serving claim
+        """Serving waits in the scheduler: the scheduler allocated serving claim
         ``d`` on this node's GPUs and holds its pod in PreBind. Hold every lent occupant of those
         GPUs under ``binding/<claim UID>`` and reclaim it exactly as a serving prepare would (the
         cooperative suspend, then the enforcement at the deadline; without the node lock while it

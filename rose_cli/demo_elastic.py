@@ -65,7 +65,7 @@ DRIVER_ARGS = [
     "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi",
     "--host-memory-budget", "128Gi", "--default-grace-seconds", "5", "--node-facts-seconds", "1",
     "--suspended-cpu=", "--reconcile-seconds", "2",
-    "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
+    "--serving-wait", "prepare",  # the prepare-time serving wait (prebind has its own e2e test)
 ]  # fmt: skip
 PLANNER_EVENTS = frozenset({"Grow", "Shrink", "PlannedShrink", "PlannedGangSuspend"})  # the planner's decisions
 SPEC_HASH_ANNOTATION = "gpu.rose.io/spec-hash"  # a slice the driver (not the cluster's seed) published

@@ -59,7 +59,7 @@ WORKER_TIMEOUT_S = 120  # the longest a worker waits for a grant
 DRIVER_ARGS = [
     "--suspend-engine", "node", "--suspend-backends", "simulated", "--simulated-occupant-bytes", "1Gi",
     "--host-memory-budget", "8Gi", "--default-grace-seconds", "10", "--node-facts-seconds", "1",
-    "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
+    "--serving-wait", "prepare",  # the prepare-time serving wait (prebind has its own e2e test)
 ]  # fmt: skip
 SPLIT_PARTS = ("suspend", "restore", "grant_overhead")
 
