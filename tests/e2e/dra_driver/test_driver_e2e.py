@@ -37,9 +37,8 @@ from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, res
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
-    delete_namespace,
     gpu_pod,
-    new_namespace,
+    scratch_namespace,
     wait_for,
 )
 
@@ -81,9 +80,8 @@ def drivers(cluster: ClusterHandle) -> Iterator[dict[str, DriverProc]]:
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "drv")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "drv") as name:
+        yield name
 
 
 def test_every_driver_publishes_and_republishes_after_wipe(

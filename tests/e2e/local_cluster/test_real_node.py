@@ -40,7 +40,7 @@ from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_sdk import tensors_equal
 from tests.support.agent_fixtures import SCRIPT, reaped, start_workload
-from tests.support.k8s_helpers import claim_template, create_claim_template, delete_namespace, new_namespace, wait_for
+from tests.support.k8s_helpers import claim_template, create_claim_template, scratch_namespace, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 TOLERATE_NOT_READY = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
@@ -61,9 +61,8 @@ def real_node(cluster: ClusterHandle) -> Iterator[RealNode]:
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "realnode")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "realnode") as name:
+        yield name
 
 
 def _pod(name: str, image: str, node: str, claim_template_name: str | None = None) -> dict[str, Any]:
