@@ -74,10 +74,20 @@ def forecast_doc(needs: dict[str, float]) -> dict[str, Any]:
     now = dt.datetime.now(dt.UTC)
     out = []
     for pool, need in sorted(needs.items()):
-        points = [ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
-                  for h in (600, 1800, 3600)]  # fmt: skip
-        resp = ForecastResponse(pool=pool, model_version="bench", generated_at=now, last_observation_at=now,
-                                data_age_seconds=0.0, stale=False, current=need, points=points)  # fmt: skip
+        points = [
+            ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
+            for h in (600, 1800, 3600)
+        ]
+        resp = ForecastResponse(
+            pool=pool,
+            model_version="bench",
+            generated_at=now,
+            last_observation_at=now,
+            data_age_seconds=0.0,
+            stale=False,
+            current=need,
+            points=points,
+        )
         out.append(json.loads(resp.model_dump_json()))
     return {"forecasts": out}
 
@@ -124,17 +134,23 @@ def writes_between(before: dict[str, float], after: dict[str, float], seconds: f
     d = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) > 0}
     total = sum(d.values())
     top = dict(sorted(d.items(), key=lambda kv: -kv[1])[:6])
-    return {"total": int(total), "per_s": round(total / seconds, 1) if seconds > 0 else None,
-            "by_kind": {k: int(v) for k, v in top.items()}}  # fmt: skip
+    return {
+        "total": int(total),
+        "per_s": round(total / seconds, 1) if seconds > 0 else None,
+        "by_kind": {k: int(v) for k, v in top.items()},
+    }
 
 
 def apiserver_metrics(handle: Any) -> str:
     """The API server's own ``/metrics`` page (the cluster's admin credentials)."""
     api = handle.api_client()
     try:
-        m, url, headers, _, _ = api.param_serialize(method="GET", resource_path="/metrics",
-                                                    header_params={"Accept": "text/plain"},
-                                                    auth_settings=["BearerToken"])  # fmt: skip
+        m, url, headers, _, _ = api.param_serialize(
+            method="GET",
+            resource_path="/metrics",
+            header_params={"Accept": "text/plain"},
+            auth_settings=["BearerToken"],
+        )
         resp = api.call_api(m, url, header_params=headers, _request_timeout=60)
         return str(resp.read().decode())
     finally:
@@ -195,9 +211,14 @@ def watch_pods(handle: Any, ns: str, pods: PodLog, stop: threading.Event) -> Non
                 listed = json.loads(core.list_namespaced_pod(ns, label_selector=selector, _preload_content=False).data)
                 for item in listed.get("items") or []:
                     pods.seen(item)
-                resp = core.list_namespaced_pod(ns, label_selector=selector, watch=True, timeout_seconds=60,
-                                                resource_version=listed["metadata"]["resourceVersion"],
-                                                _preload_content=False)  # fmt: skip
+                resp = core.list_namespaced_pod(
+                    ns,
+                    label_selector=selector,
+                    watch=True,
+                    timeout_seconds=60,
+                    resource_version=listed["metadata"]["resourceVersion"],
+                    _preload_content=False,
+                )
                 try:
                     for _etype, obj in kwatch.events(iter_resp_lines(resp)):
                         pods.seen(obj)
@@ -219,11 +240,22 @@ def watch_pods(handle: Any, ns: str, pods: PodLog, stop: threading.Event) -> Non
 
 
 def job_body(i: int, p: Params) -> dict[str, Any]:
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": f"job-{i:04d}"},
-            "spec": {"minGPUs": min(2, p.max_workers), "maxGPUs": p.max_workers, "gpusPerWorker": 1,
-                     "gracefulShutdownPeriod": 30, "minUsefulRunSeconds": 60, "stateBytesPerWorker": 1 << 30,
-                     "template": {"spec": {"priorityClassName": "rose-rl",
-                                           "containers": [{"name": "trainer", "image": "rose/grpo"}]}}}}  # fmt: skip
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": f"job-{i:04d}"},
+        "spec": {
+            "minGPUs": min(2, p.max_workers),
+            "maxGPUs": p.max_workers,
+            "gpusPerWorker": 1,
+            "gracefulShutdownPeriod": 30,
+            "minUsefulRunSeconds": 60,
+            "stateBytesPerWorker": 1 << 30,
+            "template": {
+                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
+            },
+        },
+    }
 
 
 def _wait(what: str, fn: Any, timeout: float, every: float = 0.1) -> float:
@@ -264,9 +296,14 @@ def _create_jobs(handle: Any, ns: str, p: Params) -> None:
     custom = client.CustomObjectsApi(api)
     try:
         with ThreadPoolExecutor(max_workers=4) as ex:
-            list(ex.map(lambda i: custom.create_namespaced_custom_object(names.GROUP, names.VERSION, ns,
-                                                                         names.PLURAL, job_body(i, p)),
-                        range(p.jobs)))  # fmt: skip
+            list(
+                ex.map(
+                    lambda i: custom.create_namespaced_custom_object(
+                        names.GROUP, names.VERSION, ns, names.PLURAL, job_body(i, p)
+                    ),
+                    range(p.jobs),
+                )
+            )
     finally:
         api.close()
 
@@ -277,12 +314,24 @@ def _processes(handle: Any, fc: Path, p: Params, workdir: Path, metrics_port: in
 
     assert handle.extender_url, "the cluster must run the rose-scheduler profile with an extender URL"
     host, _, port = handle.extender_url.removeprefix("http://").partition(":")
-    common = ["--forecast-backend=static-file", f"--forecast-file={fc}", f"--forecast-refresh={p.forecast_refresh_s}",
-              f"--kubeconfig={handle.kubeconfig}", "--log-level=warning"]  # fmt: skip
-    ctl = ["elastic_controller", *common, f"--plan-interval={p.plan_interval_s}", "--dwell=0",
-           f"--workers={p.controller_workers}", f"--write-concurrency={p.write_concurrency}",
-           "--lease-namespace=default", f"--lease-name=bench-{metrics_port}",
-           f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
+    common = [
+        "--forecast-backend=static-file",
+        f"--forecast-file={fc}",
+        f"--forecast-refresh={p.forecast_refresh_s}",
+        f"--kubeconfig={handle.kubeconfig}",
+        "--log-level=warning",
+    ]
+    ctl = [
+        "elastic_controller",
+        *common,
+        f"--plan-interval={p.plan_interval_s}",
+        "--dwell=0",
+        f"--workers={p.controller_workers}",
+        f"--write-concurrency={p.write_concurrency}",
+        "--lease-namespace=default",
+        f"--lease-name=bench-{metrics_port}",
+        f"--metrics-listen=127.0.0.1:{metrics_port}",
+    ]
     with (
         module_process(["scheduler_extender", f"--listen={host}:{port}", *common], workdir / "extender.log"),
         module_process(ctl, workdir / "controller.log"),
@@ -323,8 +372,9 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
     pods, stop = PodLog(), threading.Event()
     watcher = threading.Thread(target=watch_pods, args=(handle, p.namespace, pods, stop), daemon=True)
     watcher.start()
-    out: dict[str, Any] = {"params": {**p.__dict__, "nodes": len(pool_of), "pools": len(capacity),
-                                      "gpus": sum(capacity.values())}}  # fmt: skip
+    out: dict[str, Any] = {
+        "params": {**p.__dict__, "nodes": len(pool_of), "pools": len(capacity), "gpus": sum(capacity.values())}
+    }
     try:
         with _processes(handle, fc, p, workdir, metrics_port):
             workers = p.jobs * p.max_workers
@@ -338,8 +388,10 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
             grown = scrape(metrics_port)
             with pods.lock:
                 victims = {n for n, node in pods.node.items() if pool_of.get(node) == target_pool}
-            log(f"grown in {out['grow_s']}s; forecast of {target_pool} rises to {capacity[target_pool]} GPUs "
-                f"({len(victims)} workers there)")  # fmt: skip
+            log(
+                f"grown in {out['grow_s']}s; forecast of {target_pool} rises to {capacity[target_pool]} GPUs "
+                f"({len(victims)} workers there)"
+            )
             out["load_average_at_change"] = [round(x, 1) for x in os.getloadavg()]  # the machine is shared
             # keys still queued from the grow: the reclaim's jobs wait behind them
             depth = promtext.value(scrape(metrics_port), "rose_controller_queue_depth", None, 0.0)
@@ -365,8 +417,9 @@ def measure(handle: Any, pool_of: dict[str, str], p: Params, workdir: Path) -> d
     out["plan_to_first_request_s"] = round(times[0], 3) if times else None
     out["plan_to_requests_s"] = round(times[-1], 3) if times else None
     if times:  # the spread: a steady rate (a throughput limit) or a few late stragglers
-        out["requests_at_s"] = {f"p{q}": round(times[min(len(times) - 1, len(times) * q // 100)], 3)
-                                for q in (10, 50, 90)}  # fmt: skip
+        out["requests_at_s"] = {
+            f"p{q}": round(times[min(len(times) - 1, len(times) * q // 100)], 3) for q in (10, 50, 90)
+        }
     # every write the API server served from the forecast change to the last request (all clients)
     out["apiserver_writes_reclaim"] = writes_between(writes0, writes1, window)
     others = set(pods.requested) - victims
@@ -399,8 +452,14 @@ def run(nodes: int, pools: int, p: Params, workdir: Path) -> dict[str, Any]:
     from benchmarks.scheduler_throughput import register_nodes
     from local_cluster import ClusterConfig, LocalCluster, free_port
 
-    cfg = ClusterConfig(nodes=0, gpus_per_node=8, pools=pools, workdir=workdir / "cluster",
-                        extender_url=f"http://127.0.0.1:{free_port()}", die_with_parent=True)  # fmt: skip
+    cfg = ClusterConfig(
+        nodes=0,
+        gpus_per_node=8,
+        pools=pools,
+        workdir=workdir / "cluster",
+        extender_url=f"http://127.0.0.1:{free_port()}",
+        die_with_parent=True,
+    )
     lc = LocalCluster(cfg, progress=log)
     t0 = time.monotonic()
     handle = lc.up()
@@ -428,16 +487,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the result here")
     ap.add_argument("--workdir", type=Path, help="cluster and process logs (default: a temporary directory)")
     a = ap.parse_args(argv)
-    for flag, value, least in (("--jobs", a.jobs, 1), ("--nodes", a.nodes, 1), ("--pools", a.pools, 1),
-                               ("--max-workers", a.max_workers, 1), ("--controller-workers", a.controller_workers, 1),
-                               ("--write-concurrency", a.write_concurrency, 1)):  # fmt: skip
+    for flag, value, least in (
+        ("--jobs", a.jobs, 1),
+        ("--nodes", a.nodes, 1),
+        ("--pools", a.pools, 1),
+        ("--max-workers", a.max_workers, 1),
+        ("--controller-workers", a.controller_workers, 1),
+        ("--write-concurrency", a.write_concurrency, 1),
+    ):
         if value < least:
             ap.error(f"{flag} must be >= {least}, got {value}")
     if a.jobs * a.max_workers > a.nodes * 8:
         ap.error(f"--jobs x --max-workers ({a.jobs * a.max_workers}) GPUs exceed --nodes x 8 ({a.nodes * 8})")
-    p = Params(jobs=a.jobs, max_workers=a.max_workers, plan_interval_s=a.plan_interval,
-               forecast_refresh_s=a.forecast_refresh, controller_workers=a.controller_workers,
-               write_concurrency=a.write_concurrency, timeout_s=a.timeout)  # fmt: skip
+    p = Params(
+        jobs=a.jobs,
+        max_workers=a.max_workers,
+        plan_interval_s=a.plan_interval,
+        forecast_refresh_s=a.forecast_refresh,
+        controller_workers=a.controller_workers,
+        write_concurrency=a.write_concurrency,
+        timeout_s=a.timeout,
+    )
     with contextlib.ExitStack() as stack:
         workdir = a.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rose-ctl-scale-")))
         workdir.mkdir(parents=True, exist_ok=True)

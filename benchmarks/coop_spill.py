@@ -126,8 +126,11 @@ def _sizes(s: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.coop_spill", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.coop_spill",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--dir", type=Path, default=None, help="a folder on the disk to measure (default: /var/tmp)")
     p.add_argument("--sizes-mib", type=_sizes, default=[64, 256], help="comma-separated state sizes in MiB")
     p.add_argument("--repeats", type=int, default=3, help="runs per size (the median is reported)")

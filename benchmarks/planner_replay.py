@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| policy | GPU-hours lent | reclaims planned / unplanned | serving GPU-s waited | suspends per lent GPU-h |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, r in out["policies"].items():
-        print(f"| {name} | {r['lent_gpu_hours']:,} | {r['planned_reclaims']} / {r['unplanned_reclaims']} | "
-              f"{r['serving_gpu_seconds_waited']:,} | {r['suspends_per_lent_gpu_hour']} |")  # fmt: skip
+        print(
+            f"| {name} | {r['lent_gpu_hours']:,} | {r['planned_reclaims']} / {r['unplanned_reclaims']} | "
+            f"{r['serving_gpu_seconds_waited']:,} | {r['suspends_per_lent_gpu_hour']} |"
+        )
     if a.json is not None:
         write_json(a.json, out)
     return 0

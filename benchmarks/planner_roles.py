@@ -35,8 +35,16 @@ def _fleet(jobs: int, pools: int, roles: bool) -> tuple[tuple[Job, ...], tuple[W
         key, pool = f"ns{k % 7}/j{k}", f"pool-{k % pools}"
         if roles:
             t = Job(f"{key}#trainer", 2, 2, state_bytes=40 << 30, min_useful_run_s=0.0, role="trainer")
-            r = Job(f"{key}#rollout", 1, 6, state_bytes=2 << 30, min_useful_run_s=0.0, role="rollout",
-                    requires=t.key, remove_on_shrink=True)  # fmt: skip
+            r = Job(
+                f"{key}#rollout",
+                1,
+                6,
+                state_bytes=2 << 30,
+                min_useful_run_s=0.0,
+                role="rollout",
+                requires=t.key,
+                remove_on_shrink=True,
+            )
             out_jobs += [t, r]
             workers += [Worker(f"j{k}-trainer-{i}", t.key, "active", pool) for i in range(2)]
             workers += [Worker(f"j{k}-rollout-{i}", r.key, "active", pool) for i in range(4)]
@@ -53,18 +61,31 @@ def measure(jobs: int, pools: int, repeat: int) -> list[dict[str, Any]]:
         fleet, workers = _fleet(jobs, pools, roles)
         for share in (0.0, 0.8):
             forecast = Forecast(NOW - 60, 60.0, (share * capacity,) * 60)
-            inp = PlanInput(NOW, tuple(Pool(f"pool-{i}", capacity, forecast) for i in range(pools)), fleet, workers,
-                            Settings(dwell_s=0.0))  # fmt: skip
+            inp = PlanInput(
+                NOW,
+                tuple(Pool(f"pool-{i}", capacity, forecast) for i in range(pools)),
+                fleet,
+                workers,
+                Settings(dwell_s=0.0),
+            )
             times = []
             for _ in range(repeat):
                 t0 = time.perf_counter()
                 result = plan(inp)
                 times.append(time.perf_counter() - t0)
-            rows.append({"roles": roles, "serving_share": share, "planner_jobs": len(fleet), "workers": len(workers),
-                         "pool_gpus": capacity, "median_ms": statistics.median(times) * 1e3,
-                         "max_ms": max(times) * 1e3,
-                         "reclaimed_workers": sum(len(r.workers) for r in result.reclaims),
-                         "added_workers": sum(len(t.add) for t in result.targets.values())})  # fmt: skip
+            rows.append(
+                {
+                    "roles": roles,
+                    "serving_share": share,
+                    "planner_jobs": len(fleet),
+                    "workers": len(workers),
+                    "pool_gpus": capacity,
+                    "median_ms": statistics.median(times) * 1e3,
+                    "max_ms": max(times) * 1e3,
+                    "reclaimed_workers": sum(len(r.workers) for r in result.reclaims),
+                    "added_workers": sum(len(t.add) for t in result.targets.values()),
+                }
+            )
     return rows
 
 
@@ -80,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(a.jobs, a.pools, a.repeat)
     for r in rows:
         kind = "roles" if r["roles"] else "plain"
-        print(f"{kind:5} serving {r['serving_share']:.0%}: {r['planner_jobs']} planner jobs, {r['workers']} workers, "
-              f"plan median {r['median_ms']:.1f} ms, max {r['max_ms']:.1f} ms; "
-              f"{r['reclaimed_workers']} reclaimed, {r['added_workers']} added")  # fmt: skip
+        print(
+            f"{kind:5} serving {r['serving_share']:.0%}: {r['planner_jobs']} planner jobs, {r['workers']} workers, "
+            f"plan median {r['median_ms']:.1f} ms, max {r['max_ms']:.1f} ms; "
+            f"{r['reclaimed_workers']} reclaimed, {r['added_workers']} added"
+        )
     if a.json is not None:
         a.json.write_text(json.dumps({"jobs": a.jobs, "pools": a.pools, "repeat": a.repeat, "rows": rows}, indent=2))
     return 0

@@ -222,9 +222,13 @@ class Node:
         self.custom = client.CustomObjectsApi(self.api)
         self.control_socket = root / "a" / "control.sock"
         self.driver = DriverProcess(
-            handle.kubeconfig, node, root, handle.gpus_per_node, free_port(),
+            handle.kubeconfig,
+            node,
+            root,
+            handle.gpus_per_node,
+            free_port(),
             extra_args=driver_args(p, self.control_socket),
-        )  # fmt: skip
+        )
         self.ns = new_namespace(self.api, "adv")
         self.neighbour: Proc | None = None
         self.nb_claim: dict[str, Any] = {}
@@ -245,10 +249,12 @@ class Node:
         wait_for("the driver's ResourceSlice", published, timeout=60)
         for i in (0, 1):
             sel = [f'device.attributes["gpu.rose.io"].index == {i}']
-            create_claim_template(self.api, self.ns, claim_template(f"lent-g{i}", names.DEVICE_CLASS_LENDABLE,
-                                                                    selectors=sel))  # fmt: skip
-            create_claim_template(self.api, self.ns, claim_template(f"serve-g{i}", names.DEVICE_CLASS_SERVING,
-                                                                    selectors=sel))  # fmt: skip
+            create_claim_template(
+                self.api, self.ns, claim_template(f"lent-g{i}", names.DEVICE_CLASS_LENDABLE, selectors=sel)
+            )
+            create_claim_template(
+                self.api, self.ns, claim_template(f"serve-g{i}", names.DEVICE_CLASS_SERVING, selectors=sel)
+            )
         for i in (0, 1):
             self._pod(f"srv-{i}", f"serve-g{i}", serving=True)
         self.serving = [self._allocated(f"srv-{i}") for i in (0, 1)]
@@ -299,15 +305,28 @@ class Node:
         spec = json.loads((self.driver.cdi_dir / cdi.spec_filename(uid)).read_text())
         every = [spec.get("containerEdits") or {}, *(d.get("containerEdits") or {} for d in spec["devices"])]
         env = dict(e.split("=", 1) for ed in every for e in ed.get("env", []))
-        (mount,) = [m for ed in every for m in ed.get("mounts", [])
-                    if Path(env["ROSE_AGENT_SOCKET"]).parent == Path(m["containerPath"])]  # fmt: skip
+        (mount,) = [
+            m
+            for ed in every
+            for m in ed.get("mounts", [])
+            if Path(env["ROSE_AGENT_SOCKET"]).parent == Path(m["containerPath"])
+        ]
         host, inside = Path(mount["hostPath"]), Path(mount["containerPath"])
         sock = host / Path(env["ROSE_AGENT_SOCKET"]).relative_to(inside)
         mem_in = env.get("ROSE_SIMULATED_DEVICE_MEMORY", str(inside / "device-memory"))
         return sock, host / Path(mem_in).relative_to(inside)
 
-    def spawn(self, name: str, behaviour: str, sock: Path, mem: Path, pod_uid: str, claim_uid: str,
-              rundir: Path, seed: int = 1) -> Proc:  # fmt: skip
+    def spawn(
+        self,
+        name: str,
+        behaviour: str,
+        sock: Path,
+        mem: Path,
+        pod_uid: str,
+        claim_uid: str,
+        rundir: Path,
+        seed: int = 1,
+    ) -> Proc:
         status = rundir / f"{name}.jsonl"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
         env["PYTHONPATH"] = str(REPO)
@@ -318,8 +337,9 @@ class Node:
                 "--state-bytes", str(self.p.state_bytes), "--checkpoint-dir", str(rundir / f"{name}-ckpt"),
                 "--seed", str(seed)]  # fmt: skip
         with (rundir / f"{name}.log").open("ab") as out:
-            popen = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)  # fmt: skip
+            popen = subprocess.Popen(
+                args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         proc = Proc(name, popen, status, mem, {"behaviour": behaviour, "pod_uid": pod_uid})
         self.procs.append(proc)
         if behaviour == "ckpt-fifo":
@@ -336,8 +356,12 @@ class Node:
 
         wait_for(f"{proc.name} ready", ready, timeout=timeout, interval=0.05)
         if registers:
-            wait_for(f"{proc.name} connected to the agent", lambda: self.connected(proc.extra["pod_uid"]),
-                     timeout=30, interval=0.05)  # fmt: skip
+            wait_for(
+                f"{proc.name} connected to the agent",
+                lambda: self.connected(proc.extra["pod_uid"]),
+                timeout=30,
+                interval=0.05,
+            )
 
     def connected(self, pod_uid: str) -> bool:
         import grpc
@@ -357,8 +381,9 @@ class Node:
         if self.nb_claim:  # the one before died: the kubelet unprepares its claim, its pod goes
             _kubelet(lambda: self.driver.unprepare(self.nb_claim))
             with contextlib.suppress(Exception):
-                self.core.delete_namespaced_pod(self.nb_claim["status"]["reservedFor"][0]["name"], self.ns,
-                                                grace_period_seconds=0)  # fmt: skip
+                self.core.delete_namespaced_pod(
+                    self.nb_claim["status"]["reservedFor"][0]["name"], self.ns, grace_period_seconds=0
+                )
         uid = self._pod(name, "lent-g1")
         self.nb_claim = self._allocated(name)
         sock, mem = self.prepare_lent(self.nb_claim)
@@ -515,14 +540,16 @@ def _record(
         "neighbour_bytes_after_return": held_after(s, 1, calls[1].end),
     }
     if case is not None:
-        rec.update({
-            "return_s": round(calls[0].end - t0, 4),
-            "free_s": first_free(s, 0, t0),
-            "serving_error": calls[0].error,
-            "bytes_after_return": held_after(s, 0, calls[0].end),
-            "occupant_suspend_state": occ_state,
-            "occupants_alive": sum(o.popen.poll() is None for o in occupants),
-        })  # fmt: skip
+        rec.update(
+            {
+                "return_s": round(calls[0].end - t0, 4),
+                "free_s": first_free(s, 0, t0),
+                "serving_error": calls[0].error,
+                "bytes_after_return": held_after(s, 0, calls[0].end),
+                "occupant_suspend_state": occ_state,
+                "occupants_alive": sum(o.popen.poll() is None for o in occupants),
+            }
+        )
     return rec
 
 
@@ -621,10 +648,20 @@ def _shared_claim(n: Node, name: str) -> None:
     ``elastic_controller.workers.shared_claim``), pinned to GPU 0."""
     from rose_common import names
 
-    req = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE, "count": 1,
-           "selectors": [{"cel": {"expression": 'device.attributes["gpu.rose.io"].index == 0'}}]}}  # fmt: skip
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [req]}}}  # fmt: skip
+    req = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": names.DEVICE_CLASS_LENDABLE,
+            "count": 1,
+            "selectors": [{"cel": {"expression": 'device.attributes["gpu.rose.io"].index == 0'}}],
+        },
+    }
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [req]}},
+    }
     n.custom.create_namespaced_custom_object("resource.k8s.io", "v1", n.ns, "resourceclaims", body)
 
 
@@ -692,8 +729,10 @@ def _f(x: float | None) -> str:
 
 def table(report: dict[str, Any]) -> str:
     """The printed table: one row per case."""
-    head = (f"{'case':<10}{'n':>3} {'return p50/p99 s':>17} {'free p50/p99 s':>16} {'nb p50/p99 s':>14}"
-            f" {'bound s':>8}  {'bound':>5} {'state':>5} {'nb':>5} {'kept':>5}")  # fmt: skip
+    head = (
+        f"{'case':<10}{'n':>3} {'return p50/p99 s':>17} {'free p50/p99 s':>16} {'nb p50/p99 s':>14}"
+        f" {'bound s':>8}  {'bound':>5} {'state':>5} {'nb':>5} {'kept':>5}"
+    )
     lines = [head, "-" * len(head)]
     for c in report["cases"]:
         pr = c["properties"]
@@ -790,8 +829,12 @@ def measure(
         if not nb:
             raise RuntimeError("no baseline run could be played; see the logs under the workdir")
         times = [r["neighbour_s"] for r in nb]
-        report["baseline"] = {"runs": len(nb), "p50_s": percentile(times, 0.5), "p99_s": percentile(times, 0.99),
-                              "per_run": nb}  # fmt: skip
+        report["baseline"] = {
+            "runs": len(nb),
+            "p50_s": percentile(times, 0.5),
+            "p99_s": percentile(times, 0.99),
+            "per_run": nb,
+        }
         base_p99 = report["baseline"]["p99_s"] or 0.0
         order = (
             list(cases)
@@ -835,8 +878,15 @@ def run_local(cases: Sequence[str], p: Params, workdir: Path) -> dict[str, Any]:
     """A fresh local cluster of one KWOK node with two simulated GPUs, then :func:`measure`."""
     from local_cluster import ClusterConfig, LocalCluster
 
-    cfg = ClusterConfig(nodes=1, gpus_per_node=2, pools=1, workdir=workdir / "cluster", extender_url=None,
-                        seed_slices=False, die_with_parent=True)  # fmt: skip
+    cfg = ClusterConfig(
+        nodes=1,
+        gpus_per_node=2,
+        pools=1,
+        workdir=workdir / "cluster",
+        extender_url=None,
+        seed_slices=False,
+        die_with_parent=True,
+    )
     lc = LocalCluster(cfg, progress=log)
     handle = lc.up()
     try:
@@ -864,8 +914,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if a.runs < 1 or a.baseline_runs < 1:
         ap.error("--runs and --baseline-runs must be >= 1")
-    p = Params(runs=a.runs, grace_s=a.grace, baseline_runs=a.baseline_runs, delay_tolerance_s=a.delay_tolerance,
-               sparse_bytes=a.sparse_bytes, enforce_timeout_s=a.enforce_timeout)  # fmt: skip
+    p = Params(
+        runs=a.runs,
+        grace_s=a.grace,
+        baseline_runs=a.baseline_runs,
+        delay_tolerance_s=a.delay_tolerance,
+        sparse_bytes=a.sparse_bytes,
+        enforce_timeout_s=a.enforce_timeout,
+    )
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
         # short: unix socket paths under it must stay within 107 bytes

@@ -67,8 +67,10 @@ class Pool:
         self.procs[name] = subprocess.Popen(
             [sys.executable, str(TRAIN), "--role", "rollout", "--batch", str(self.batch), "--trainer-wait-s", "120"],
             env=_env(self.token, ROSE_TRAINER_ADDR=self.addr, ROSE_POD_NAME=name),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         return name
 
     def reap(self, name: str, sig: int | None = None) -> str:
@@ -198,6 +200,21 @@ def _stop_holder(svc: Any, pool: Pool, timeout: float = 60.0) -> str | None:
     return None
 
 
+def _change_world(kind: str, svc: Any, pool: Pool, t0: float) -> str:
+    """One world change: add a worker (and wait until it registers), kill the one holding a lease
+    ("-" when none did), or let the oldest leave; the worker it touched."""
+    if kind == "add":
+        name = pool.add()
+        while name not in svc.status()["workers"] and time.monotonic() - t0 < 300:
+            time.sleep(0.05)
+        return name
+    if kind == "kill":
+        return _stop_holder(svc, pool) or "-"
+    name = sorted(pool.procs)[0]
+    pool.reap(name, signal.SIGTERM)
+    return name
+
+
 def world_changes(changes: int, *, batch: int, round_n: int) -> dict[str, Any]:
     """Rounds run in a thread while the world changes ``changes`` times; every round's completions
     are checked against what it submitted."""
@@ -237,17 +254,16 @@ def world_changes(changes: int, *, batch: int, round_n: int) -> dict[str, Any]:
             if kind in ("kill", "leave") and len(pool.procs) <= 1:
                 kind = "add"
             t0 = time.monotonic()
-            if kind == "add":
-                name = pool.add()
-                while name not in svc.status()["workers"] and time.monotonic() - t0 < 300:
-                    time.sleep(0.05)
-            elif kind == "kill":
-                name = _stop_holder(svc, pool) or "-"
-            else:
-                name = sorted(pool.procs)[0]
-                pool.reap(name, signal.SIGTERM)
-            log_changes.append({"change": i + 1, "kind": kind, "worker": name, "workers_after": len(pool.procs),
-                                "seconds": round(time.monotonic() - t0, 2)})  # fmt: skip
+            name = _change_world(kind, svc, pool, t0)
+            log_changes.append(
+                {
+                    "change": i + 1,
+                    "kind": kind,
+                    "worker": name,
+                    "workers_after": len(pool.procs),
+                    "seconds": round(time.monotonic() - t0, 2),
+                }
+            )
             log(f"world change {i + 1}/{changes}: {kind} {name} → {len(pool.procs)} workers")
             time.sleep(0.5)
         stop.set()
@@ -379,11 +395,16 @@ def _suspend_cycles(control: Any, cycles: int) -> list[dict[str, Any]]:
         time.sleep(0.2)
         t1 = time.monotonic()
         res = control.Resume(pb.ResumeRequest(pod_uid="uid-trainer"))
-        results.append({
-            "suspend_op_s": round(op.duration_seconds, 4), "suspend_wall_s": round(wall_s, 4),
-            "suspend_bytes": op.bytes_moved, "resume_op_s": round(res.duration_seconds, 4),
-            "resume_wall_s": round(time.monotonic() - t1, 4), "resume_bytes": res.bytes_moved,
-        })  # fmt: skip
+        results.append(
+            {
+                "suspend_op_s": round(op.duration_seconds, 4),
+                "suspend_wall_s": round(wall_s, 4),
+                "suspend_bytes": op.bytes_moved,
+                "resume_op_s": round(res.duration_seconds, 4),
+                "resume_wall_s": round(time.monotonic() - t1, 4),
+                "resume_bytes": res.bytes_moved,
+            }
+        )
         time.sleep(0.5)
     return results
 
@@ -414,8 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="comma-separated parts to skip: throughput,changes,suspend")
     a = p.parse_args(argv)
     skip = {s for s in a.skip.split(",") if s}
-    report: dict[str, Any] = {"load_average_start": os.getloadavg(), "cpus": os.cpu_count(),
-                              "batch": a.batch, "round": a.round}  # fmt: skip
+    report: dict[str, Any] = {
+        "load_average_start": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "batch": a.batch,
+        "round": a.round,
+    }
     failed = False
 
     def part(name: str, fn: Any) -> None:

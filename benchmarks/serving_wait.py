@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     from local_cluster.cluster import ClusterConfig, LocalCluster
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="rose-wait-"))
-    lc = LocalCluster(ClusterConfig(nodes=1, gpus_per_node=2, pools=1, workdir=work / "cluster", extender_url=None,
-                                    die_with_parent=True))  # fmt: skip
+    lc = LocalCluster(
+        ClusterConfig(
+            nodes=1, gpus_per_node=2, pools=1, workdir=work / "cluster", extender_url=None, die_with_parent=True
+        )
+    )
     handle = lc.up()
     api = handle.api_client()
     result: dict[str, Any] = {"runs": args.runs, "grace_s": args.grace, "modes": {}}
@@ -130,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         lc.down()
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for mode, m in result["modes"].items():
-        print(f"{mode:8s} " + "  ".join(f"{k} p50 {v['p50']:.3f} p90 {v['p90']:.3f} max {v['max']:.3f}"
-                                        for k, v in m.items() if k != "samples"))  # fmt: skip
+        print(
+            f"{mode:8s} "
+            + "  ".join(
+                f"{k} p50 {v['p50']:.3f} p90 {v['p90']:.3f} max {v['max']:.3f}" for k, v in m.items() if k != "samples"
+            )
+        )
     return 0
 
 

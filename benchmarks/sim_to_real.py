@@ -76,8 +76,9 @@ TOLERANCE = Tolerance()
 
 
 # ----------------------------------------------------------------------------- pure parts
-def tick_series(samples: Sequence[tuple[float, Mapping[str, int]]], ticks: int, tick_s: float,
-                jobs: Sequence[str]) -> list[dict[str, int]]:  # fmt: skip
+def tick_series(
+    samples: Sequence[tuple[float, Mapping[str, int]]], ticks: int, tick_s: float, jobs: Sequence[str]
+) -> list[dict[str, int]]:
     """Per tick, each job's held GPUs at the end of the tick: the last sample taken within it
     (``samples``: (seconds since the start, held GPUs by job), in time order). A tick without a
     sample carries the one before (a loaded machine may observe less often than once a tick)."""
@@ -108,8 +109,9 @@ def series_figures(series: Sequence[Mapping[str, int]], tick_s_sim: float) -> di
     return {"lent_gpu_hours": round(held * tick_s_sim / 3600, 3), "grows": grows, "drops": drops}
 
 
-def compare(real: Mapping[str, float], sim: Mapping[str, float], tol: Tolerance = TOLERANCE,
-            tick_s_sim: float = 600.0) -> list[dict[str, Any]]:  # fmt: skip
+def compare(
+    real: Mapping[str, float], sim: Mapping[str, float], tol: Tolerance = TOLERANCE, tick_s_sim: float = 600.0
+) -> list[dict[str, Any]]:
     """One row per figure: both values, the difference, what the tolerance allows, ok (pure).
 
     Counts (``grows``, ``drops``, ``suspends``, ``planned_reclaims``, ``unplanned_reclaims``, ``serving_waits``):
@@ -135,21 +137,36 @@ def compare(real: Mapping[str, float], sim: Mapping[str, float], tol: Tolerance 
             allowed = max(moves * tol.lent_ticks_per_transition * tick_s_sim / 3600, tol.lent_rel_floor * max(r, s))
         else:
             allowed = max(float(tol.count_abs), tol.count_rel * max(r, s))
-        rows.append({"figure": key, "real": r, "sim": s, "diff": round(r - s, 3), "allowed": round(allowed, 3),
-                     "ok": abs(r - s) <= allowed + 1e-9})  # fmt: skip
+        rows.append(
+            {
+                "figure": key,
+                "real": r,
+                "sim": s,
+                "diff": round(r - s, 3),
+                "allowed": round(allowed, 3),
+                "ok": abs(r - s) <= allowed + 1e-9,
+            }
+        )
     return rows
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     out = ["| figure | real | simulated | real - sim | allowed | within |", "|---|---:|---:|---:|---:|---|"]
-    out += [f"| {r['figure']} | {r['real']:g} | {r['sim']:g} | {r['diff']:g} | ±{r['allowed']:g} | "
-            f"{'yes' if r['ok'] else '**no**'} |" for r in rows]  # fmt: skip
+    out += [
+        f"| {r['figure']} | {r['real']:g} | {r['sim']:g} | {r['diff']:g} | ±{r['allowed']:g} | "
+        f"{'yes' if r['ok'] else '**no**'} |"
+        for r in rows
+    ]
     return "\n".join(out) + "\n"
 
 
 # ----------------------------------------------------------------------------- the simulated side
-def simulate(pools: Mapping[str, tuple[int, np.ndarray]], tick_s: int, horizons_s: tuple[int, ...], dwell_s: float,
-             ) -> tuple[dict[str, float], list[dict[str, int]]]:  # fmt: skip
+def simulate(
+    pools: Mapping[str, tuple[int, np.ndarray]],
+    tick_s: int,
+    horizons_s: tuple[int, ...],
+    dwell_s: float,
+) -> tuple[dict[str, float], list[dict[str, int]]]:
     """``rose_sim``'s engine over ``pools`` (name -> (GPUs, busy per tick, history first)) on the
     compressed clock: the figures and the per-tick held GPUs by job."""
     from dra_driver.suspend.simulated import DEFAULT_HOST_LINK_BYTES_PER_SECOND
@@ -159,15 +176,19 @@ def simulate(pools: Mapping[str, tuple[int, np.ndarray]], tick_s: int, horizons_
     from rose_sim.inputs import CostModel, Demand, parse_jobs
 
     # the drivers' simulated occupants stop at once (no safe point to wait for)
-    jobs = [replace(j, safe_point_s=0.0) for j in
-            parse_jobs([(f"job {n}", job_manifest(n, lo, hi, pr)) for n, lo, hi, pr in JOBS])]  # fmt: skip
+    jobs = [
+        replace(j, safe_point_s=0.0)
+        for j in parse_jobs([(f"job {n}", job_manifest(n, lo, hi, pr)) for n, lo, hi, pr in JOBS])
+    ]
     names = sorted(pools)
-    demands = {pl: Demand(0, tick_s, np.asarray(b, dtype=float), HISTORY_ROWS, tick_s, 1.0) for pl, (_, b) in
-               pools.items()}  # fmt: skip
+    demands = {
+        pl: Demand(0, tick_s, np.asarray(b, dtype=float), HISTORY_ROWS, tick_s, 1.0) for pl, (_, b) in pools.items()
+    }
     bounds = {pl: {"oracle": forecasters.oracle(demands[pl].busy, horizons_s, tick_s)} for pl in names}
     first = names[0]
-    cfg = SimConfig(pool_gpus=pools[first][0], risk=RISK, dwell_s=dwell_s, pool_name=first,
-                    forecast_step_s=ec_pools.STEP_S)  # fmt: skip
+    cfg = SimConfig(
+        pool_gpus=pools[first][0], risk=RISK, dwell_s=dwell_s, pool_name=first, forecast_step_s=ec_pools.STEP_S
+    )
     more = tuple(PoolInput(pl, pools[pl][0], demands[pl], bounds[pl]) for pl in names[1:])
     # the real stack's costs on the compressed clock: a KWOK pod starts within a tick, simulated
     # occupants have no world change, the driver's simulated backend moves the state at its link rate
@@ -187,12 +208,17 @@ def simulate(pools: Mapping[str, tuple[int, np.ndarray]], tick_s: int, horizons_
                     held[w.job] += self.base[w.job].gpus_per_worker
             series.append(held)
 
-    sim = Recorded(demands[first], jobs, cost, cfg, Policy("planned-oracle", "planned", "oracle"), bounds[first],
-                   more_pools=more)  # fmt: skip
+    sim = Recorded(
+        demands[first], jobs, cost, cfg, Policy("planned-oracle", "planned", "oracle"), bounds[first], more_pools=more
+    )
     r = sim.run()
     named = [{k.split("/")[-1]: v for k, v in row.items()} for row in series]
-    return {"planned_reclaims": r.planned_reclaims, "unplanned_reclaims": r.unplanned_reclaims,
-            "serving_waits": len([w for w in r.waits if w > 0]), "suspends": r.suspends}, named  # fmt: skip
+    return {
+        "planned_reclaims": r.planned_reclaims,
+        "unplanned_reclaims": r.unplanned_reclaims,
+        "serving_waits": len([w for w in r.waits if w > 0]),
+        "suspends": r.suspends,
+    }, named
 
 
 # ----------------------------------------------------------------------------- the real side
@@ -221,16 +247,25 @@ class SimToReal(Soak):
         from rose_sim.engine import forecast_reply
 
         now = time.time()
-        body = [json.loads(forecast_reply(self.bounds[pl], HISTORY_ROWS + row, now, RISK, self.cap[pl], pl)
-                           .model_dump_json()) for pl in self.pools]  # fmt: skip
+        body = [
+            json.loads(
+                forecast_reply(self.bounds[pl], HISTORY_ROWS + row, now, RISK, self.cap[pl], pl).model_dump_json()
+            )
+            for pl in self.pools
+        ]
         tmp = self.forecast_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"forecasts": body}))
         os.replace(tmp, self.forecast_file)
 
     def _common(self) -> list[str]:
-        return ["--forecast-backend=static-file", f"--forecast-file={self.forecast_file}", f"--risk={RISK}",
-                "--forecast-refresh=1", f"--forecast-max-age={self.p.forecast_max_age_s:g}",
-                f"--kubeconfig={self.h.kubeconfig}"]  # fmt: skip
+        return [
+            "--forecast-backend=static-file",
+            f"--forecast-file={self.forecast_file}",
+            f"--risk={RISK}",
+            "--forecast-refresh=1",
+            f"--forecast-max-age={self.p.forecast_max_age_s:g}",
+            f"--kubeconfig={self.h.kubeconfig}",
+        ]
 
     def restart_dead(self) -> None:  # no faults: a component that died is a failure
         for name in ("controller", "extender"):
@@ -241,8 +276,9 @@ class SimToReal(Soak):
         view = super().jobs_view()
         self._view = view
         t = time.monotonic() - self.t_start
-        self.samples.append((t, {name: sum(1 for w in ws if w["state"] != "Suspended")
-                                 for name, (_j, ws) in view.items()}))  # fmt: skip
+        self.samples.append(
+            (t, {name: sum(1 for w in ws if w["state"] != "Suspended") for name, (_j, ws) in view.items()})
+        )
         return view
 
     def run(self) -> dict[str, Any]:
@@ -250,9 +286,11 @@ class SimToReal(Soak):
 
         from rose_common import names
 
-        self.say(f"played: rows {self.p.start_row}..{self.p.start_row + self.rows} of {self.p.series.name} "
-                 f"({self.p.hours:g} h at {self.p.speed:g}x = {self.duration_s:.0f} s, "
-                 f"a row every {self.tick_s} s)")  # fmt: skip
+        self.say(
+            f"played: rows {self.p.start_row}..{self.p.start_row + self.rows} of {self.p.series.name} "
+            f"({self.p.hours:g} h at {self.p.speed:g}x = {self.duration_s:.0f} s, "
+            f"a row every {self.tick_s} s)"
+        )
         with ThreadPoolExecutor(max_workers=8) as self.pool:
             # the simulation starts with the jobs applied and serving at row 0: so does the real side
             self.t_start = time.monotonic() + 10 * self.duration_s  # row 0 until the clock starts
@@ -268,7 +306,8 @@ class SimToReal(Soak):
                     raise SoakFailure(str(self.failure))
             for name, lo, hi, prio in JOBS:
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-                    names.GROUP, names.VERSION, NS, names.PLURAL, job_manifest(name, lo, hi, prio))  # fmt: skip
+                    names.GROUP, names.VERSION, NS, names.PLURAL, job_manifest(name, lo, hi, prio)
+                )
             warm = time.monotonic()
             while not self.stop.is_set():
                 self.write_forecasts(0)
@@ -293,36 +332,58 @@ class SimToReal(Soak):
             events = self.events_log()
         if self.failure:
             raise SoakFailure(self.failure)
+        counters, suspends, waits = self._read_counters()
+        return {
+            "reclaims": counters,
+            "suspends": suspends,
+            "serving_waits": waits,
+            "serving_prepares_over_0_5s_wall": len(self.fig.serving_waits),
+            "placements": self.placements,
+            "serving_prepares": len(self.fig.serving_prepares),
+            "samples": len(self.samples),
+            "api_errors": self.api_errors,
+            "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
+            "events": events,
+        }
+
+    def _read_counters(self) -> tuple[dict[str, int], int, int]:
+        """The controller's reclaims by kind, the occupant suspends the drivers ran and the serving
+        prepares that waited for one, read from their /metrics after the run."""
         from dra_driver.metrics import SUSPEND_OUTCOMES
         from rose_common import promtext
 
         _code, text = _get(f"http://127.0.0.1:{self.ctl_port}/metrics")
-        counters = {k: int(promtext.value(text, "rose_controller_reclaims_total", {"kind": k}, default=0.0))
-                    for k in ("planned", "unplanned", "fallback")}  # fmt: skip
+        counters = {
+            k: int(promtext.value(text, "rose_controller_reclaims_total", {"kind": k}, default=0.0))
+            for k in ("planned", "unplanned", "fallback")
+        }
         suspends = waits = 0
         for drv in self.drivers.values():
             _code, text = _get(f"http://127.0.0.1:{drv.metrics_port}/metrics")
             # every occupant suspend the drivers ran, planned or not
-            suspends += sum(int(promtext.value(text, "rose_driver_occupant_suspend_total", {"outcome": o},
-                                               default=0.0)) for o in SUSPEND_OUTCOMES)  # fmt: skip
+            suspends += sum(
+                int(promtext.value(text, "rose_driver_occupant_suspend_total", {"outcome": o}, default=0.0))
+                for o in SUSPEND_OUTCOMES
+            )
             # serving prepares that waited for an occupant's suspend: over 0.5 s inside the driver (a
             # suspend of the 64 GiB occupants takes 1.25 s; one without occupant to stop takes ms)
             cum = dict(promtext.buckets(text, "rose_driver_serving_wait_seconds"))
             waits += int(cum.get(math.inf, 0.0) - cum.get(WAITED_S, 0.0))
-        return {"reclaims": counters, "suspends": suspends, "serving_waits": waits,
-                "serving_prepares_over_0_5s_wall": len(self.fig.serving_waits),
-                "placements": self.placements,
-                "serving_prepares": len(self.fig.serving_prepares), "samples": len(self.samples),
-                "api_errors": self.api_errors, "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
-                "events": events}  # fmt: skip
+        return counters, suspends, waits
 
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
         index = self._gpu_index(serving)
         with self.mu:
-            lent = {r["pod"]: self._gpu_index(r["claim"]) for r in self.prepared.values()
-                    if r["node"] == node and r["role"] != "serving"}  # fmt: skip
-            served = sorted(self._gpu_index(r["claim"]) for r in self.prepared.values()
-                            if r["node"] == node and r["role"] == "serving")  # fmt: skip
+            lent = {
+                r["pod"]: self._gpu_index(r["claim"])
+                for r in self.prepared.values()
+                if r["node"] == node and r["role"] != "serving"
+            }
+            served = sorted(
+                self._gpu_index(r["claim"])
+                for r in self.prepared.values()
+                if r["node"] == node and r["role"] == "serving"
+            )
         states = {w["name"]: w["state"] for _j, ws in getattr(self, "_view", {}).values() for w in ws}
         t = time.monotonic() - self.t_start
         self.placements.append(
@@ -371,14 +432,26 @@ class SimToReal(Soak):
             t = when.timestamp() - wall0 if when else float("nan")
             if e.reason in ("Scheduled", "SuccessfulCreate", "ScalingReplicaSet", "SuccessfulDelete"):
                 continue
-            out.append((t, f"t{t:+7.1f}s row {int(t // self.row_s):3d} {e.reason} {e.involved_object.name}: "
-                           f"{(e.message or '')[:200]}"))  # fmt: skip
+            out.append(
+                (
+                    t,
+                    f"t{t:+7.1f}s row {int(t // self.row_s):3d} {e.reason} {e.involved_object.name}: "
+                    f"{(e.message or '')[:200]}",
+                )
+            )
         return [x for _t, x in sorted(out)]
 
 
-def run(series: Path, hours: float, speed: float, workdir: Path, start_row: int = HISTORY_ROWS,
-        tol: Tolerance = TOLERANCE, say: Callable[[str], None] = log,
-        cluster: Any = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    series: Path,
+    hours: float,
+    speed: float,
+    workdir: Path,
+    start_row: int = HISTORY_ROWS,
+    tol: Tolerance = TOLERANCE,
+    say: Callable[[str], None] = log,
+    cluster: Any = None,
+) -> dict[str, Any]:
     """Both sides over the same slice; the report (``ok``: every figure within the tolerance).
     ``cluster``: a running local cluster of the soak's shape (the e2e session's) instead of a new one."""
     row_s = ROW_S / speed
@@ -386,9 +459,19 @@ def run(series: Path, hours: float, speed: float, workdir: Path, start_row: int 
         raise ValueError(
             f"--speed {speed:g}: one 10-minute row must last a whole number of seconds >= 2 (e.g. 60, 120)"
         )
-    p = Params(series, hours=hours, speed=speed, faults=0, seed=0, workdir=workdir, start_row=start_row,
-               simulate=False, plan_interval_s=PLAN_INTERVAL_S, forecast_max_age_s=max(20.0, 4 * row_s),
-               cluster=cluster)  # fmt: skip
+    p = Params(
+        series,
+        hours=hours,
+        speed=speed,
+        faults=0,
+        seed=0,
+        workdir=workdir,
+        start_row=start_row,
+        simulate=False,
+        plan_interval_s=PLAN_INTERVAL_S,
+        forecast_max_age_s=max(20.0, 4 * row_s),
+        cluster=cluster,
+    )
     s = SimToReal(p, say)
     t0 = time.monotonic()
     dwell = float(max(1, round(300 / speed)))
@@ -409,17 +492,32 @@ def run(series: Path, hours: float, speed: float, workdir: Path, start_row: int 
     planned = real_raw["reclaims"]["planned"]
     # unplanned on the real side: the drivers' suspends that no planned reclaim asked for (a serving
     # prepare's suspend needs no request, so the controller's own "unplanned" counter misses it)
-    real = {**series_figures(real_series, ROW_S), "planned_reclaims": planned, "suspends": real_raw["suspends"],
-            "unplanned_reclaims": max(0, real_raw["suspends"] - planned),
-            "serving_waits": real_raw["serving_waits"]}  # fmt: skip
+    real = {
+        **series_figures(real_series, ROW_S),
+        "planned_reclaims": planned,
+        "suspends": real_raw["suspends"],
+        "unplanned_reclaims": max(0, real_raw["suspends"] - planned),
+        "serving_waits": real_raw["serving_waits"],
+    }
     sim = {**series_figures(sim_series, ROW_S), **sim_raw}
     rows = compare(real, sim, tol, ROW_S)
-    return {"ok": all(r["ok"] for r in rows), "series": str(series), "hours": hours, "speed": speed,
-            "rows": s.rows, "start_row": start_row, "tick_wall_s": row_s, "wall_s": round(wall, 1),
-            "sim_s": round(sim_s, 3),
-            "tolerance": vars(tol), "comparison": rows, "real": {**real, **real_raw}, "sim": sim,
-            "per_tick": {"real": real_series, "sim": sim_series},
-            "when": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    return {
+        "ok": all(r["ok"] for r in rows),
+        "series": str(series),
+        "hours": hours,
+        "speed": speed,
+        "rows": s.rows,
+        "start_row": start_row,
+        "tick_wall_s": row_s,
+        "wall_s": round(wall, 1),
+        "sim_s": round(sim_s, 3),
+        "tolerance": vars(tol),
+        "comparison": rows,
+        "real": {**real, **real_raw},
+        "sim": sim,
+        "per_tick": {"real": real_series, "sim": sim_series},
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,8 +160,9 @@ def run(d: Path, sizes_mib: list[int], repeats: int, chunk_mib: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.spill", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.spill", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--dir", type=Path, default=None, help="a folder on the disk to measure (default: /var/tmp)")
     p.add_argument("--sizes-mib", default="64,256,512", help="comma-separated state sizes in MiB")
     p.add_argument("--repeats", type=int, default=3, help="runs per size (the median is reported)")

@@ -55,8 +55,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _job(stub: pb_grpc.TimeSliceOrchestratorStub, group: str, job: str, gpu: float, off: float, cycles: int,
-         trace: Trace) -> None:  # fmt: skip
+def _job(
+    stub: pb_grpc.TimeSliceOrchestratorStub, group: str, job: str, gpu: float, off: float, cycles: int, trace: Trace
+) -> None:
     for _ in range(cycles):
         asked = time.monotonic()
         r = stub.Acquire(pb.AcquireRequest(group=group, job=job, role="trainer", expected_phase_s=gpu), timeout=120)
@@ -71,11 +72,12 @@ def _job(stub: pb_grpc.TimeSliceOrchestratorStub, group: str, job: str, gpu: flo
         time.sleep(off)  # the off-GPU phase (rollout wait)
 
 
-def _run(stub: pb_grpc.TimeSliceOrchestratorStub, group: str, jobs: int, gpu: float, off: float,
-         cycles: int) -> Trace:  # fmt: skip
+def _run(stub: pb_grpc.TimeSliceOrchestratorStub, group: str, jobs: int, gpu: float, off: float, cycles: int) -> Trace:
     trace = Trace()
-    threads = [threading.Thread(target=_job, args=(stub, group, f"bench/job-{i}", gpu, off, cycles, trace))
-               for i in range(jobs)]  # fmt: skip
+    threads = [
+        threading.Thread(target=_job, args=(stub, group, f"bench/job-{i}", gpu, off, cycles, trace))
+        for i in range(jobs)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -111,8 +113,11 @@ def _summary(trace: Trace) -> dict[str, Any]:
 
 
 def _serve(port: int, kubeconfig: str, namespace: str) -> subprocess.Popen[bytes]:
-    store = ["--store", "kubernetes", "--kubeconfig", kubeconfig, "--namespace", namespace] if kubeconfig else [
-        "--store", "memory"]  # fmt: skip
+    store = (
+        ["--store", "kubernetes", "--kubeconfig", kubeconfig, "--namespace", namespace]
+        if kubeconfig
+        else ["--store", "memory"]
+    )
     cmd = [sys.executable, "-m", "timeslice", "serve", "--listen", f"127.0.0.1:{port}", "--metrics-listen",
            "127.0.0.1:0", "--leader-elect", "false", "--log-level", "warning", *store,
            # the orchestrator's own grant path, measured bare: plaintext, no TokenReview, no job lookup
@@ -155,8 +160,9 @@ def run(gpu: float, off: float, cycles: int, kubeconfig: str = "", namespace: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.timeslice", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.timeslice", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--gpu-phase", type=float, default=0.2, help="seconds a job holds the group per cycle")
     p.add_argument("--off-phase", type=float, default=0.2, help="seconds a job spends off the group per cycle")
     p.add_argument("--cycles", type=int, default=50, help="cycles per job")

@@ -1,4 +1,4 @@
-"""Serving waits in the scheduler: the pure half of the driver's binding conditions (issue 27 §1).
+"""Serving waits in the scheduler: the pure half of the driver's binding conditions.
 
 I/O boundary: none. The driver publishes every serving device with the binding condition
 ``rose.io/device-freed`` and its failure twin ``rose.io/device-free-failed``

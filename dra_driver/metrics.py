@@ -244,7 +244,7 @@ class DriverMetrics:
             ["kind"],
             registry=r,
         )
-        # Serving waits in the scheduler (issue 27 §1, dra_driver/binding.py)
+        # Serving waits in the scheduler's PreBind, not in the kubelet's prepare (dra_driver/binding.py)
         self.serving_wait_mode = Gauge(
             "rose_driver_serving_wait_mode",
             "1 for where a serving pod waits for its GPU's lent occupant: prebind (the scheduler, binding"
@@ -275,9 +275,11 @@ class DriverMetrics:
             "rose_rl_samples", "RL samples reported by the workloads, per job and pool", RL_LABELS, registry=r
         )
         self.rl_tokens_total = Counter(
-            "rose_rl_tokens", "RL tokens reported by the workloads that count them, per job and pool", RL_LABELS,
+            "rose_rl_tokens",
+            "RL tokens reported by the workloads that count them, per job and pool",
+            RL_LABELS,
             registry=r,
-        )  # fmt: skip
+        )
         for kind in WATCH_KINDS:
             self.watch_restarts_total.labels(kind)
         for mode in SERVING_WAIT_MODES:

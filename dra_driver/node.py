@@ -497,7 +497,7 @@ class NodeDriver:
     def free_for_binding(
         self, d: binding.Demand, started: Callable[[list[str]], None] | None = None
     ) -> binding.Outcome:
-        """Serving waits in the scheduler (issue 27 §1): the scheduler allocated serving claim
+        """Serving waits in the scheduler: the scheduler allocated serving claim
         ``d`` on this node's GPUs and holds its pod in PreBind. Hold every lent occupant of those
         GPUs under ``binding/<claim UID>`` and reclaim it exactly as a serving prepare would (the
         cooperative suspend, then the enforcement at the deadline; without the node lock while it
@@ -610,9 +610,14 @@ class NodeDriver:
         env = self.enforcer.watch.provision(rec.uid) if sock is not None and self.enforcer is not None else {}
         env = {**env, **shares.mps_env(rec.devices)}  # a share's MPS limits (what a GPU node's MPS enforces)
         return cdi.build_spec(
-            rec.uid, rec.devices, minors, self.simulated, agent_socket_dir=sock, extra_env=env,
+            rec.uid,
+            rec.devices,
+            minors,
+            self.simulated,
+            agent_socket_dir=sock,
+            extra_env=env,
             mps=not self.simulated,
-        )  # fmt: skip
+        )
 
     def _open_socket(self, rec: ClaimRecord) -> Path | None:
         if self.workload_sockets is None or not (names.LENT_ROLES & rec.roles()):

@@ -229,8 +229,9 @@ def plan_shrink(pod: dict[str, Any], target: str = DEFAULT_TARGET) -> Plan:
         saved[name] = orig
         entries.append({"name": name, "resources": res})
         changes.append(f"{name}: {_describe(orig)} -> {target}")
-    return Plan("shrink", _patch(entries), Saved(target, saved, skipped), changes=tuple(changes),
-                skipped=tuple(skipped.items()))  # fmt: skip
+    return Plan(
+        "shrink", _patch(entries), Saved(target, saved, skipped), changes=tuple(changes), skipped=tuple(skipped.items())
+    )
 
 
 def plan_restore(pod: dict[str, Any]) -> Plan:

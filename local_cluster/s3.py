@@ -90,8 +90,14 @@ def s3_server(workdir: Path, binary: Path | None = None) -> Iterator[S3Server]:
     data.mkdir(parents=True, exist_ok=True)
     port, console = free_port(), free_port()
     access, secret = f"rose{secrets.token_hex(6)}", secrets.token_urlsafe(24)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "MINIO_ROOT_USER": access,
-           "MINIO_ROOT_PASSWORD": secret, "MINIO_BROWSER": "off", "MINIO_UPDATE": "off"}  # fmt: skip
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(workdir),
+        "MINIO_ROOT_USER": access,
+        "MINIO_ROOT_PASSWORD": secret,
+        "MINIO_BROWSER": "off",
+        "MINIO_UPDATE": "off",
+    }
     cmd = [str(exe), "server", str(data), "--address", f"127.0.0.1:{port}", "--console-address", f"127.0.0.1:{console}"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)

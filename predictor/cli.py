@@ -73,12 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     s.flag("--prometheus-url", help="Prometheus base URL", default="http://127.0.0.1:9090")
     s.flag("--pools", help="YAML file: pools: [{name, query, unit, capacity}]", required=True, type=Path)
     s.flag("--listen", help="address:port to serve HTTP on", default="0.0.0.0:8080", type=host_port)
-    s.flag("--max-connections", help="HTTP connections at once (beyond: 503)", default="256",
-           type=bounded_int(1, 65536))  # fmt: skip
-    s.flag("--max-connections-per-client", help="HTTP connections at once from one client address (beyond: 503)",
-           default="64", type=bounded_int(1, 65536))  # fmt: skip
-    s.flag("--idle-timeout", help="close a keep-alive connection idle this long", default="30s",
-           type=duration_flag(3600))  # fmt: skip
+    s.flag(
+        "--max-connections", help="HTTP connections at once (beyond: 503)", default="256", type=bounded_int(1, 65536)
+    )
+    s.flag(
+        "--max-connections-per-client",
+        help="HTTP connections at once from one client address (beyond: 503)",
+        default="64",
+        type=bounded_int(1, 65536),
+    )
+    s.flag(
+        "--idle-timeout", help="close a keep-alive connection idle this long", default="30s", type=duration_flag(3600)
+    )
     s.flag("--step", help="resampling step (e.g. 60s, 1m; at most 1d)", default="60s", type=duration_flag(86400))
     s.flag("--history", help="history kept in memory and trained on", default="14d", type=parse_duration)
     s.flag("--horizons", help="forecast horizons", default="10m,30m,60m")
@@ -335,8 +341,11 @@ def serve(a: argparse.Namespace, r: runner.Runner, ready: Callable[[str], None] 
         source = PrometheusSource(a.prometheus_url)
     service = PredictorService(pools, source, settings, store)
     try:
-        limits = Limits(max_connections=a.max_connections, idle_timeout=float(a.idle_timeout),
-                        max_connections_per_client=min(a.max_connections_per_client, a.max_connections))  # fmt: skip
+        limits = Limits(
+            max_connections=a.max_connections,
+            idle_timeout=float(a.idle_timeout),
+            max_connections_per_client=min(a.max_connections_per_client, a.max_connections),
+        )
         server = PredictorHTTPServer(address, service, limits)
     except OSError as e:
         print(f"error: cannot listen on --listen {address[0]}:{address[1]}: {e.strerror or e}", file=sys.stderr)

@@ -396,9 +396,13 @@ class PredictorService:
         if first and st.loaded and resp is not None:
             log.info(
                 "serving persisted model until its refit",
-                extra={"pool": st.config.name, "version": st.version, "ageSeconds": round(now - st.fitted_at, 1),
-                       "stale": resp.stale},
-            )  # fmt: skip
+                extra={
+                    "pool": st.config.name,
+                    "version": st.version,
+                    "ageSeconds": round(now - st.fitted_at, 1),
+                    "stale": resp.stale,
+                },
+            )
         self._export(st, resp, now)
 
     def _fit(self, st: PoolState, series: Series, now: float) -> None:

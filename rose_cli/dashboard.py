@@ -39,11 +39,16 @@ def _variables() -> list[Any]:
         if v.kind == "query":
             all_ = VariableOption(text="All", value="$__all")
             out.append(
-                db.QueryVariable(v.name).label(v.label).description(v.description)
+                db.QueryVariable(v.name)
+                .label(v.label)
+                .description(v.description)
                 .datasource(DataSourceRef(type_val="prometheus", uid="${datasource}"))
-                .query(v.choices).include_all(True).multi(True).current(all_)
+                .query(v.choices)
+                .include_all(True)
+                .multi(True)
+                .current(all_)
                 .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-            )  # fmt: skip
+            )
         elif v.kind == "custom":
             out.append(
                 db.CustomVariable(v.name).label(v.label).description(v.description).values(v.choices).current(current)
@@ -67,11 +72,16 @@ def _panel(p: spec.Panel) -> Any:
     legend = common.VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.LIST)
     tooltip = common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)
     b = (
-        timeseries.Panel().title(p.title).description(p.description).unit(p.unit)
+        timeseries.Panel()
+        .title(p.title)
+        .description(p.description)
+        .unit(p.unit)
         .datasource(DataSourceRef(type_val="prometheus", uid="${datasource}"))
-        .span(p.width).height(PANEL_HEIGHT)
-        .legend(legend.placement(LegendPlacement.BOTTOM)).tooltip(tooltip)
-    )  # fmt: skip
+        .span(p.width)
+        .height(PANEL_HEIGHT)
+        .legend(legend.placement(LegendPlacement.BOTTOM))
+        .tooltip(tooltip)
+    )
     for i, t in enumerate(p.targets):
         b = b.with_target(prometheus.Dataquery().expr(t.expr).legend_format(t.legend).ref_id(chr(ord("A") + i)).range())
     return b

@@ -162,10 +162,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("ROSE_DEMO_GPUS_PER_NODE", "8")))
     p.add_argument("--dir", type=Path, default=default_workdir("demo"), help="cluster work directory")
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
-    p.add_argument("--acts", default=os.environ.get("ROSE_DEMO_ACTS", ",".join(map(str, ACTS))),
-                   help="the acts to run, comma-separated (act 1 always runs), e.g. 1,6")  # fmt: skip
-    p.add_argument("--figure", type=Path, default=None,
-                   help="act 6's PNG (reward and lending timeline); default: in the act's work dir")  # fmt: skip
+    p.add_argument(
+        "--acts",
+        default=os.environ.get("ROSE_DEMO_ACTS", ",".join(map(str, ACTS))),
+        help="the acts to run, comma-separated (act 1 always runs), e.g. 1,6",
+    )
+    p.add_argument(
+        "--figure",
+        type=Path,
+        default=None,
+        help="act 6's PNG (reward and lending timeline); default: in the act's work dir",
+    )
     args = p.parse_args(argv)
     try:
         acts = parse_acts(args.acts)

@@ -65,7 +65,7 @@ DRIVER_ARGS = [
     "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi",
     "--host-memory-budget", "128Gi", "--default-grace-seconds", "5", "--node-facts-seconds", "1",
     "--suspended-cpu=", "--reconcile-seconds", "2",
-    "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
+    "--serving-wait", "prepare",  # the prepare-time serving wait (prebind has its own e2e test)
 ]  # fmt: skip
 PLANNER_EVENTS = frozenset({"Grow", "Shrink", "PlannedShrink", "PlannedGangSuspend"})  # the planner's decisions
 SPEC_HASH_ANNOTATION = "gpu.rose.io/spec-hash"  # a slice the driver (not the cluster's seed) published
@@ -80,10 +80,20 @@ def forecast_doc(needs: Mapping[str, float], now: dt.datetime) -> dict[str, Any]
     """The static-file forecast: per pool, ``need`` serving GPUs at p90 over the whole horizon."""
     out = []
     for pool, need in sorted(needs.items()):
-        points = [ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
-                  for h in HORIZONS]  # fmt: skip
-        resp = ForecastResponse(pool=pool, model_version="demo-act4", generated_at=now, last_observation_at=now,
-                                data_age_seconds=0.0, stale=False, current=need, points=points)  # fmt: skip
+        points = [
+            ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
+            for h in HORIZONS
+        ]
+        resp = ForecastResponse(
+            pool=pool,
+            model_version="demo-act4",
+            generated_at=now,
+            last_observation_at=now,
+            data_age_seconds=0.0,
+            stale=False,
+            current=need,
+            points=points,
+        )
         out.append(json.loads(resp.model_dump_json()))
     return {"forecasts": out}
 
@@ -91,12 +101,21 @@ def forecast_doc(needs: Mapping[str, float], now: dt.datetime) -> dict[str, Any]
 def job_manifest(ns: str) -> dict[str, Any]:
     """The ElasticRLJob a user would write: min 2, max 4 workers of one lent GPU each."""
     return {
-        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": JOB, "namespace": ns},
-        "spec": {"minGPUs": MIN_GPUS, "maxGPUs": MAX_GPUS, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
-                 "minUsefulRunSeconds": 60, "stateBytesPerWorker": 1 << 30,
-                 "template": {"spec": {"priorityClassName": "rose-rl",
-                                       "containers": [{"name": "trainer", "image": "rose/grpo"}]}}},
-    }  # fmt: skip
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {
+            "minGPUs": MIN_GPUS,
+            "maxGPUs": MAX_GPUS,
+            "gpusPerWorker": 1,
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+            "stateBytesPerWorker": 1 << 30,
+            "template": {
+                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
+            },
+        },
+    }
 
 
 def worker_state(pod: Any) -> str:
@@ -110,8 +129,10 @@ def worker_state(pod: Any) -> str:
 def summary(status: Mapping[str, Any], pods: list[Any]) -> str:
     """The job and its workers on one line."""
     workers = " ".join(f"{p.metadata.name.rsplit('-', 1)[-1]}:{worker_state(p)}" for p in pods)
-    return (f"job {status.get('phase', '(no status yet)')}: {status.get('activeGPUs', 0)} active, "
-            f"{status.get('suspendedGPUs', 0)} suspended GPUs | {workers or 'no workers'}")  # fmt: skip
+    return (
+        f"job {status.get('phase', '(no status yet)')}: {status.get('activeGPUs', 0)} active, "
+        f"{status.get('suspendedGPUs', 0)} suspended GPUs | {workers or 'no workers'}"
+    )
 
 
 @dataclass(frozen=True)
@@ -125,10 +146,15 @@ class ServingWait:
 
 def side_by_side(on: ServingWait, off: ServingWait, grace_s: int) -> list[str]:
     """The planner-on / planner-off comparison, one line each (pure)."""
-    rows = (("planner on ", on, "the planner had suspended the worker before serving came"),
-            ("planner off", off, f"reactive: suspended on arrival (grace period {grace_s} s)"))  # fmt: skip
-    return [f"{label}: serving prepare {w.prepare_s:5.2f} s, {w.waited_s:5.2f} s of it waiting for "
-            f"{w.suspends} suspend(s) — {why}" for label, w, why in rows]  # fmt: skip
+    rows = (
+        ("planner on ", on, "the planner had suspended the worker before serving came"),
+        ("planner off", off, f"reactive: suspended on arrival (grace period {grace_s} s)"),
+    )
+    return [
+        f"{label}: serving prepare {w.prepare_s:5.2f} s, {w.waited_s:5.2f} s of it waiting for "
+        f"{w.suspends} suspend(s) — {why}"
+        for label, w, why in rows
+    ]
 
 
 def progress_rate(seen: list[tuple[float, float]]) -> float | None:
@@ -144,8 +170,13 @@ def progress_rate(seen: list[tuple[float, float]]) -> float | None:
 def trainer_env(base: Mapping[str, str], socket: Path, pod: Any, repo: Path) -> dict[str, str]:
     """The training container's environment: the claim's agent socket and its pod (pure)."""
     env = {k: v for k, v in base.items() if not k.startswith("ROSE_")}
-    env.update(PYTHONPATH=str(repo), ROSE_AGENT_SOCKET=str(socket), ROSE_POD_UID=pod.metadata.uid,
-               ROSE_POD_NAMESPACE=pod.metadata.namespace, ROSE_POD_NAME=pod.metadata.name)  # fmt: skip
+    env.update(
+        PYTHONPATH=str(repo),
+        ROSE_AGENT_SOCKET=str(socket),
+        ROSE_POD_UID=pod.metadata.uid,
+        ROSE_POD_NAMESPACE=pod.metadata.namespace,
+        ROSE_POD_NAME=pod.metadata.name,
+    )
     return env
 
 
@@ -227,8 +258,14 @@ def kubectl(h: ClusterHandle, *args: str, stdin: str | None = None) -> str:
     binary = str(exe) if exe.exists() else shutil.which("kubectl")
     if binary is None:
         raise AssertionError("kubectl not found next to python or on PATH: run `bash hack/setup.sh` (it installs it)")
-    out = subprocess.run([binary, f"--kubeconfig={h.kubeconfig}", *args], input=stdin, text=True,
-                         capture_output=True, timeout=60, check=False)  # fmt: skip
+    out = subprocess.run(
+        [binary, f"--kubeconfig={h.kubeconfig}", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     if out.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
     return out.stdout
@@ -270,27 +307,46 @@ def _start_drivers(s: Stage, stack: contextlib.ExitStack) -> None:
     stack.callback(shutil.rmtree, root, True)
     for node in nodes:
         agent = ["--agent-control-socket", str(root / node / "a" / "control.sock")]  # per-claim sockets: the CDI's
-        drv = DriverProcess(s.h.kubeconfig, node, root, gpus=s.h.gpus_per_node, metrics_port=free_port(),
-                            extra_args=[*DRIVER_ARGS, *agent])  # fmt: skip
+        drv = DriverProcess(
+            s.h.kubeconfig,
+            node,
+            root,
+            gpus=s.h.gpus_per_node,
+            metrics_port=free_port(),
+            extra_args=[*DRIVER_ARGS, *agent],
+        )
         stack.callback(drv.stop)
         s.drivers[node] = drv
     for node in nodes:
         wait_for(f"rose driver of {node} publishing its ResourceSlice", partial(_published, s.api, node), timeout=60)
-    s.say(f"   · `rose driver` on {', '.join(nodes)} ({s.quiet}): simulated GPUs, node suspend engine with its "
-          f"explicit simulated backend ({OCCUPANT_GIB} GiB per lent occupant without a workload) and the "
-          "cooperative one, node agent (one socket per lent claim)")  # fmt: skip
+    s.say(
+        f"   · `rose driver` on {', '.join(nodes)} ({s.quiet}): simulated GPUs, node suspend engine with its "
+        f"explicit simulated backend ({OCCUPANT_GIB} GiB per lent occupant without a workload) and the "
+        "cooperative one, node agent (one socket per lent claim)"
+    )
 
 
 def _common_flags(s: Stage) -> list[str]:
-    return ["--forecast-backend=static-file", f"--forecast-file={s.tmp / 'forecasts.json'}",
-            "--forecast-refresh=1", f"--kubeconfig={s.h.kubeconfig}"]  # fmt: skip
+    return [
+        "--forecast-backend=static-file",
+        f"--forecast-file={s.tmp / 'forecasts.json'}",
+        "--forecast-refresh=1",
+        f"--kubeconfig={s.h.kubeconfig}",
+    ]
 
 
 def _start_controller(s: Stage, stack: contextlib.ExitStack, planner: str) -> None:
     s.metrics_port = free_port()
-    ctl = ["elastic_controller", *_common_flags(s), "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
-           f"--planner={planner}", f"--lease-name=rose-demo-{s.metrics_port}",
-           f"--metrics-listen=127.0.0.1:{s.metrics_port}"]  # fmt: skip
+    ctl = [
+        "elastic_controller",
+        *_common_flags(s),
+        "--plan-interval=1",
+        "--dwell=0",
+        "--lease-namespace=default",
+        f"--planner={planner}",
+        f"--lease-name=rose-demo-{s.metrics_port}",
+        f"--metrics-listen=127.0.0.1:{s.metrics_port}",
+    ]
     stack.enter_context(module_process(ctl, s.tmp / f"controller-planner-{planner}.log"))
     wait_for("controller /metrics", lambda: _get(s.metrics_port, "/metrics")[0] == 200, timeout=60)
     s.say(f"   · `rose controller --planner={planner}` (plan every 1 s, dwell 0 s), reading the same forecast")
@@ -304,8 +360,9 @@ def _start_services(s: Stage, stack: contextlib.ExitStack) -> None:
         module_process(["scheduler_extender", f"--listen={host}:{port}", *_common_flags(s)], s.tmp / "extender.log")
     )
     wait_for("extender ready", lambda: _get(int(port), "/readyz")[0] == 200, timeout=60)
-    s.say(f"   · `rose extender` on {s.h.extender_url}, reading the serving forecast the act writes "
-          "(static-file backend)")  # fmt: skip
+    s.say(
+        f"   · `rose extender` on {s.h.extender_url}, reading the serving forecast the act writes (static-file backend)"
+    )
 
 
 def _prepare_workers(s: Stage, pods: list[Any]) -> dict[str, dict[str, Any]]:
@@ -341,11 +398,18 @@ def _start_trainer(s: Stage, stack: contextlib.ExitStack, claims: dict[str, dict
     env = trainer_env(os.environ, _claim_socket(s.drivers[node], claim["metadata"]["uid"]), pod, TRAINER.parents[1])
     log = (s.tmp / "trainer.log").open("wb")
     stack.callback(log.close)
-    s.trainer = subprocess.Popen([sys.executable, str(TRAINER), "--out", str(s.tmp / "trainer.pt"), *TRAINER_ARGS],
-                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    s.trainer = subprocess.Popen(
+        [sys.executable, str(TRAINER), "--out", str(s.tmp / "trainer.pt"), *TRAINER_ARGS],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     stack.callback(_stop_trainer, s)
-    s.mark(f"{pod.metadata.name}'s container (played): examples/{TRAINER.name} {' '.join(TRAINER_ARGS)} on the "
-           "agent socket its claim's CDI spec mounts")  # fmt: skip
+    s.mark(
+        f"{pod.metadata.name}'s container (played): examples/{TRAINER.name} {' '.join(TRAINER_ARGS)} on the "
+        "agent socket its claim's CDI spec mounts"
+    )
 
 
 def _owned_by(claim: dict[str, Any], pod_uid: str) -> bool:
@@ -374,11 +438,14 @@ def _measure_rl(s: Stage, c: Checks) -> None:
             raise AssertionError(f"the trainer exited ({s.trainer.returncode}): {s.tmp / 'trainer.log'}")
         return progress_rate(seen["steps"]) is not None
 
-    wait_for("two progress reports of the trainer in the driver's rose_rl_steps_total", two_reports, timeout=60,
-             interval=0.2)  # fmt: skip
+    wait_for(
+        "two progress reports of the trainer in the driver's rose_rl_steps_total", two_reports, timeout=60, interval=0.2
+    )
     steps, samples = progress_rate(seen["steps"]), progress_rate(seen["samples"]) or 0.0
-    s.mark(f"RL throughput on {node}'s lent GPU, from the driver's rose_rl_*_total{{job=\"{JOB}\"}}: "
-           f"{steps:.1f} steps/s, {samples:.0f} samples/s")  # fmt: skip
+    s.mark(
+        f"RL throughput on {node}'s lent GPU, from the driver's rose_rl_*_total{{job=\"{JOB}\"}}: "
+        f"{steps:.1f} steps/s, {samples:.0f} samples/s"
+    )
     c.add(f"a real workload reported its progress through the node agent ({steps:.1f} steps/s)", bool(steps))
 
 
@@ -408,18 +475,24 @@ def _grow(s: Stage, c: Checks, planner: str = "on") -> tuple[dict[str, str], dic
     time.sleep(1.5)  # one forecast refresh in both processes
     s.t0, s.last = time.monotonic(), ""
     kubectl(s.h, "apply", "-f", "-", stdin=json.dumps(job_manifest(s.ns)))
-    s.mark(f"kubectl apply: ElasticRLJob {JOB} (min {MIN_GPUS}, max {MAX_GPUS}, 1 GPU per worker); "
-           f"forecast: {s.quiet} idle, {s.busy} full")  # fmt: skip
+    s.mark(
+        f"kubectl apply: ElasticRLJob {JOB} (min {MIN_GPUS}, max {MAX_GPUS}, 1 GPU per worker); "
+        f"forecast: {s.quiet} idle, {s.busy} full"
+    )
     s.until("4 workers running", lambda st, pods: st.get("activeGPUs") == MAX_GPUS and _count(pods, "Running") == 4)
     pods = s.workers()
     for p in pods:
-        s.mark(f"{p.metadata.name} placed by {p.spec.scheduler_name} (+ extender) on {p.spec.node_name} "
-               f"({s.h.pools[p.spec.node_name]})")  # fmt: skip
+        s.mark(
+            f"{p.metadata.name} placed by {p.spec.scheduler_name} (+ extender) on {p.spec.node_name} "
+            f"({s.h.pools[p.spec.node_name]})"
+        )
     claims = _prepare_workers(s, pods)
     s.mark(f"kubelet (played) prepared the {len(pods)} workers' lendable claims on their `rose driver`")
-    c.add(f"planner {planner}: grew to {MAX_GPUS} workers, all in {s.quiet}, placed by rose-scheduler",
-          len(pods) == MAX_GPUS and all(s.h.pools[p.spec.node_name] == s.quiet
-                                        and p.spec.scheduler_name == names.SCHEDULER_NAME for p in pods))  # fmt: skip
+    c.add(
+        f"planner {planner}: grew to {MAX_GPUS} workers, all in {s.quiet}, placed by rose-scheduler",
+        len(pods) == MAX_GPUS
+        and all(s.h.pools[p.spec.node_name] == s.quiet and p.spec.scheduler_name == names.SCHEDULER_NAME for p in pods),
+    )
     return {p.metadata.name: p.metadata.uid for p in pods}, claims
 
 
@@ -428,8 +501,10 @@ def _reclaim(s: Stage, c: Checks) -> None:
     s.forecast(float(cap - MIN_GPUS))
     s.mark(f"forecast rises: serving may need {cap - MIN_GPUS} of {cap} GPUs in {s.quiet} (p90) → room for {MIN_GPUS}")
     s.until("shrink to min", lambda st, pods: st.get("activeGPUs") == MIN_GPUS and _count(pods, "Suspended") == 2)
-    c.add(f"planned shrink to min ({MIN_GPUS} running, 2 suspended by the driver, job Running)",
-          s.status().get("phase") == "Running")  # fmt: skip
+    c.add(
+        f"planned shrink to min ({MIN_GPUS} running, 2 suspended by the driver, job Running)",
+        s.status().get("phase") == "Running",
+    )
     s.forecast(float(cap))
     s.mark(f"forecast rises again: serving may need all {cap} GPUs of {s.quiet} → no room for the job's minimum")
     s.until("gang suspended", lambda st, pods: st.get("phase") == "Suspended" and _count(pods, "Suspended") == 4)
@@ -449,20 +524,26 @@ def _serving_arrives(s: Stage, planner: str) -> ServingWait:
     sel = [f'device.attributes["{names.DRIVER_NAME}"].{names.ATTR_INDEX} == {index}']
     create_claim_template(s.api, s.ns, claim_template("serve-gpu", names.DEVICE_CLASS_SERVING, selectors=sel))
     core = client.CoreV1Api(s.api)
-    core.create_namespaced_pod(s.ns, gpu_pod("llm-serving-0", "serve-gpu", labels={names.LABEL_ROLE: "serving"},
-                                             node_name=node))  # fmt: skip
+    core.create_namespaced_pod(
+        s.ns, gpu_pod("llm-serving-0", "serve-gpu", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+    )
     srv = wait_for("serving claim allocated", partial(allocated_claim, s.api, s.ns, "llm-serving-0"), timeout=30)
     dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
     drv = s.drivers[node]
     before = (_suspends(drv), drv.metric("rose_driver_serving_wait_seconds_sum"))
     t0 = time.monotonic()
     out = drv.kubelet.prepare(srv)
-    wait = ServingWait(time.monotonic() - t0, drv.metric("rose_driver_serving_wait_seconds_sum") - before[1],
-                       int(_suspends(drv) - before[0]))  # fmt: skip
+    wait = ServingWait(
+        time.monotonic() - t0,
+        drv.metric("rose_driver_serving_wait_seconds_sum") - before[1],
+        int(_suspends(drv) - before[0]),
+    )
     s.waits[planner] = wait
-    s.mark(f"serving pod llm-serving-0 arrives: {dev} on {node}, the GPU of {w0.metadata.name}; kubelet (played) "
-           f"prepare returned in {wait.prepare_s:.2f}s, {wait.waited_s:.3f}s of it waiting for {wait.suspends} "
-           "suspend(s) (grace period 5 s)" + (f": {out.error}" if out.error else ""))  # fmt: skip
+    s.mark(
+        f"serving pod llm-serving-0 arrives: {dev} on {node}, the GPU of {w0.metadata.name}; kubelet (played) "
+        f"prepare returned in {wait.prepare_s:.2f}s, {wait.waited_s:.3f}s of it waiting for {wait.suspends} "
+        "suspend(s) (grace period 5 s)" + (f": {out.error}" if out.error else "")
+    )
     if out.error:
         raise AssertionError(f"prepare of the serving claim on {node}: {out.error}")
     assert drv.kubelet.unprepare(srv).error == "", "unprepare of the serving claim failed"
@@ -474,8 +555,10 @@ def _serving_arrives(s: Stage, planner: str) -> ServingWait:
 
 def _serving_planned(s: Stage, c: Checks) -> None:
     w = _serving_arrives(s, "on")
-    c.add(f"serving prepared without a suspend: the GPU was already given back (prepare {w.prepare_s:.2f}s)",
-          w.suspends == 0)  # fmt: skip
+    c.add(
+        f"serving prepared without a suspend: the GPU was already given back (prepare {w.prepare_s:.2f}s)",
+        w.suspends == 0,
+    )
     s.mark("the worker stays suspended: the controller's request holds it")
 
 
@@ -491,8 +574,10 @@ def _planner_off(s: Stage, c: Checks) -> None:
         time.sleep(3.0)  # three plan rounds: a reactive controller writes no suspend request
         s.until("still 4 running, no request", lambda st, pods: _count(pods, "Running") == MAX_GPUS, timeout=5)
         w = _serving_arrives(s, "off")
-        c.add(f"planner off: serving waited {w.waited_s:.2f}s for {w.suspends} unplanned suspend(s) at prepare",
-              w.suspends >= 1 and w.waited_s > 0)  # fmt: skip
+        c.add(
+            f"planner off: serving waited {w.waited_s:.2f}s for {w.suspends} unplanned suspend(s) at prepare",
+            w.suspends >= 1 and w.waited_s > 0,
+        )
         _delete(s, c, claims)
     s.say("   · side by side, a serving pod arriving on a lent GPU (the drivers' rose_driver_serving_wait_seconds):")
     for line in side_by_side(s.waits["on"], s.waits["off"], 5):
@@ -502,11 +587,18 @@ def _planner_off(s: Stage, c: Checks) -> None:
 def _regrow(s: Stage, c: Checks, uids: dict[str, str]) -> None:
     s.forecast(0.0)
     s.mark(f"forecast falls: {s.quiet} idle again")
-    s.until("resumed and regrown", lambda st, pods: st.get("phase") == "Running" and st.get("activeGPUs") == MAX_GPUS
-            and _count(pods, "Running") == 4)  # fmt: skip
+    s.until(
+        "resumed and regrown",
+        lambda st, pods: (
+            st.get("phase") == "Running" and st.get("activeGPUs") == MAX_GPUS and _count(pods, "Running") == 4
+        ),
+    )
     st = s.status()
-    c.add(f"resumed and regrown to {MAX_GPUS} (suspendCount {st.get('suspendCount')}, "
-          f"{st.get('totalSuspendedSeconds', 0):.0f} s suspended)", st.get("activeGPUs") == MAX_GPUS)  # fmt: skip
+    c.add(
+        f"resumed and regrown to {MAX_GPUS} (suspendCount {st.get('suspendCount')}, "
+        f"{st.get('totalSuspendedSeconds', 0):.0f} s suspended)",
+        st.get("activeGPUs") == MAX_GPUS,
+    )
     now = {p.metadata.name: p.metadata.uid for p in s.workers()}
     c.add("worker pod UIDs unchanged through shrink, suspend, resume and regrow", now == uids)
 
@@ -522,9 +614,11 @@ def _delete(s: Stage, c: Checks, claims: dict[str, dict[str, Any]]) -> None:
         ops = {op: drv.metric(name, {"operation": op, **coop}) for op in ("suspend", "resume")}
         _stop_trainer(s)
         s.mark("the trainer stopped (SIGTERM, as the kubelet stops the container of a deleted pod)")
-        c.add(f"the trainer was suspended {ops['suspend']:g} and resumed {ops['resume']:g} time(s) at its safe "
-              "points (cooperative backend) and ran on (its process alive until stopped)",
-              alive and ops["suspend"] >= 1 and ops["resume"] >= 1)  # fmt: skip
+        c.add(
+            f"the trainer was suspended {ops['suspend']:g} and resumed {ops['resume']:g} time(s) at its safe "
+            "points (cooperative backend) and ran on (its process alive until stopped)",
+            alive and ops["suspend"] >= 1 and ops["resume"] >= 1,
+        )
     kubectl(s.h, "delete", "elasticrljob", JOB, "-n", s.ns, "--wait=true")
     s.mark("kubectl delete elasticrljob")
     for key, claim in claims.items():  # the kubelet (played) unprepares what it prepared
@@ -535,9 +629,14 @@ def _delete(s: Stage, c: Checks, claims: dict[str, dict[str, Any]]) -> None:
     left: list[str] = []
 
     def gone() -> bool:
-        left[:] = [f"{type(o).__name__} {o.metadata.name}" for o in (
-            *s.workers(), *res.list_namespaced_resource_claim_template(s.ns).items,
-            *res.list_namespaced_resource_claim(s.ns).items)]  # fmt: skip
+        left[:] = [
+            f"{type(o).__name__} {o.metadata.name}"
+            for o in (
+                *s.workers(),
+                *res.list_namespaced_resource_claim_template(s.ns).items,
+                *res.list_namespaced_resource_claim(s.ns).items,
+            )
+        ]
         return not left
 
     with contextlib.suppress(AssertionError):
@@ -552,10 +651,14 @@ def _report(s: Stage, c: Checks) -> None:
     unplanned = promtext.value(text, "rose_controller_reclaims_total", {"kind": "unplanned"}, default=0.0)
     done = {"outcome": "suspended"}
     suspends = sum(d.metric("rose_driver_occupant_suspend_total", done) for d in s.drivers.values())
-    s.say(f"   · controller: {planned:g} planned reclaims, {unplanned:g} unplanned; drivers: {suspends:g} "
-          "occupants suspended into host memory (simulated backend)")  # fmt: skip
-    c.add("every reclaim planned by the controller, carried out by the drivers", planned >= 4 and unplanned == 0
-          and suspends >= 4)  # fmt: skip
+    s.say(
+        f"   · controller: {planned:g} planned reclaims, {unplanned:g} unplanned; drivers: {suspends:g} "
+        "occupants suspended into host memory (simulated backend)"
+    )
+    c.add(
+        "every reclaim planned by the controller, carried out by the drivers",
+        planned >= 4 and unplanned == 0 and suspends >= 4,
+    )
 
 
 def _events(s: Stage) -> None:

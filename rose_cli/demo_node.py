@@ -102,8 +102,10 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
         rl_uid = core.read_namespaced_pod("rl-worker-0", ns).metadata.uid
         out = drv.kubelet.prepare(rl_claim)
         report_container_resources(api, ns, "rl-worker-0")  # the kubelet (played) reports its 4 CPUs
-        say(f"   · RL pod rl-worker-0 got {out.devices[0].device_name} on {node}; kubelet (played) prepared it: "
-            f"CDI {next(iter(out.devices[0].cdi_device_ids))}")  # fmt: skip
+        say(
+            f"   · RL pod rl-worker-0 got {out.devices[0].device_name} on {node}; kubelet (played) prepared it: "
+            f"CDI {next(iter(out.devices[0].cdi_device_ids))}"
+        )
 
         run_out, base_out = root / "run.pt", root / "baseline.pt"
         claim_dir = drv.plugin_dir / "claims" / rl_claim["metadata"]["uid"]  # its CDI spec mounts it
@@ -111,8 +113,10 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
             "ROSE_AGENT_SOCKET": str(claim_dir / "workload.sock"),
             "ROSE_SIMULATED_DEVICE_MEMORY": str(claim_dir / "device-memory"),  # what the driver observes
             "ROSE_POD_UID": rl_uid,
-            "ROSE_POD_NAMESPACE": ns, "ROSE_POD_NAME": "rl-worker-0", "PYTHONPATH": str(REPO_ROOT),
-        }  # fmt: skip
+            "ROSE_POD_NAMESPACE": ns,
+            "ROSE_POD_NAME": "rl-worker-0",
+            "PYTHONPATH": str(REPO_ROOT),
+        }
         procs.append(_start_training(run_out, pod_env))
         procs.append(_start_training(base_out, {"PYTHONPATH": str(REPO_ROOT)}))  # the same seed, never suspended
         _wait_ready(procs[0])
@@ -126,9 +130,11 @@ def act_serving_wins(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> 
                 ),
                 timeout=60,
             )
-            say("   · examples/02_grpo_tiny_llm (TRL's GRPOTrainer on a tiny Qwen2 LLM, on ROSE through "
+            say(
+                "   · examples/02_grpo_tiny_llm (TRL's GRPOTrainer on a tiny Qwen2 LLM, on ROSE through "
                 "rose_sdk.integrations.transformers.attach) is training as that pod, registered with "
-                "the node agent")  # fmt: skip
+                "the node agent"
+            )
             _serving_wins_gpu0(drv, api, ns, node, rl_uid, control, say)
         for p in procs:
             p.communicate(timeout=180)
@@ -170,24 +176,32 @@ def _serving_wins_gpu0(
     )
     srv = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "llm-serving-0"), timeout=90)
     dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
-    say(f"   · a serving pod arrives; the real scheduler gives it {dev}: the same physical GPU, whose "
-        f"binding condition {names.BINDING_CONDITION_FREED} holds the pod in PreBind")  # fmt: skip
+    say(
+        f"   · a serving pod arrives; the real scheduler gives it {dev}: the same physical GPU, whose "
+        f"binding condition {names.BINDING_CONDITION_FREED} holds the pod in PreBind"
+    )
     held, prep, err = _bound_then_prepared(drv, api, ns, "llm-serving-0", t0, timeout=120)
     assert err == "", err
     st = control.Status(pb.StatusRequest(pod_uid=rl_uid))
     op = [o for o in st.recent_operations if o.kind == pb.COMMAND_KIND_SUSPEND][-1]
     ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
-    say(f"   · serving wins in the scheduler, not the kubelet: the pod waited {held:.2f}s in PreBind while "
+    say(
+        f"   · serving wins in the scheduler, not the kubelet: the pod waited {held:.2f}s in PreBind while "
         f"the driver suspended the RL occupant ({ann.get(names.ANNOTATION_SUSPEND_STATE)} at its safe point, "
         f"{op.bytes_moved} bytes of model, Adam state and TRL's buffers now in host memory) and reported the "
-        f"GPU freed in the claim's status; then the kubelet's prepare took {prep:.2f}s")  # fmt: skip
+        f"GPU freed in the claim's status; then the kubelet's prepare took {prep:.2f}s"
+    )
     say("   · Events on llm-serving-0: " + json.dumps(_reasons(core, ns, "llm-serving-0")))
-    say(f"   · its CPU goes back to the scheduler through pods/resize: cpu request 4 -> "
-        f"{_wait_cpu(core, ns, 'rl-worker-0', '100m')} while suspended (same pod)")  # fmt: skip
+    say(
+        f"   · its CPU goes back to the scheduler through pods/resize: cpu request 4 -> "
+        f"{_wait_cpu(core, ns, 'rl-worker-0', '100m')} while suspended (same pod)"
+    )
     assert drv.kubelet.unprepare(srv).error == ""
     ann = core.read_namespaced_pod("rl-worker-0", ns).metadata.annotations or {}
-    say(f"   · serving leaves (unprepare): the occupant is {ann.get(names.ANNOTATION_SUSPEND_STATE)} again, "
-        f"cpu request {_wait_cpu(core, ns, 'rl-worker-0', '4')} restored")  # fmt: skip
+    say(
+        f"   · serving leaves (unprepare): the occupant is {ann.get(names.ANNOTATION_SUSPEND_STATE)} again, "
+        f"cpu request {_wait_cpu(core, ns, 'rl-worker-0', '4')} restored"
+    )
 
 
 def _bound_then_prepared(
@@ -231,13 +245,17 @@ def _training_unharmed(
     b = torch.load(base_out, weights_only=True)
     same = tensors_equal(a["model"], b["model"]) and tensors_equal(a["optimizer"], b["optimizer"])
     k = max(1, len(a["rewards"]) // 5)
-    say(f"   · GRPO finished {a['steps']} steps (the reference run {b['steps']}): mean reward "
+    say(
+        f"   · GRPO finished {a['steps']} steps (the reference run {b['steps']}): mean reward "
         f"{sum(a['rewards'][:k]) / k:.2f} over the first {k} steps -> {sum(a['rewards'][-k:]) / k:.2f} "
-        f"over the last {k}")  # fmt: skip
+        f"over the last {k}"
+    )
     same = same and a["suspends"] == a["resumes"] == 1 and a["steps"] == b["steps"] == GRPO_STEPS
     pod = core.read_namespaced_pod("rl-worker-0", ns)
-    say(f"   · training finished: suspended {a['suspends']}x, resumed {a['resumes']}x; parameters and Adam "
-        f"state bit-identical to an uninterrupted run: {'yes' if same else 'NO'}")  # fmt: skip
+    say(
+        f"   · training finished: suspended {a['suspends']}x, resumed {a['resumes']}x; parameters and Adam "
+        f"state bit-identical to an uninterrupted run: {'yes' if same else 'NO'}"
+    )
     say(f"   · the RL pod was never deleted: same UID {pod.metadata.uid == rl_uid}, no restart")
     events = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-worker-0").items
     say("   · Events on the RL pod: " + json.dumps(sorted({e.reason for e in events})))
@@ -277,12 +295,19 @@ def _hostile_occupant(
     claim_dir = drv.plugin_dir / "claims" / claim["metadata"]["uid"]
     memfile = claim_dir / "device-memory"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
-    env.update(ROSE_AGENT_SOCKET=str(claim_dir / "workload.sock"), ROSE_SIMULATED_DEVICE_MEMORY=str(memfile),
-               ROSE_POD_UID=uid, PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+    env.update(
+        ROSE_AGENT_SOCKET=str(claim_dir / "workload.sock"),
+        ROSE_SIMULATED_DEVICE_MEMORY=str(memfile),
+        ROSE_POD_UID=uid,
+        PYTHONPATH=str(REPO_ROOT),
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "rose_cli.demo_hostile", "--bytes", str(64 << 20)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_ready(proc)
         with grpc.insecure_channel(f"unix://{control_sock}") as ch:
@@ -295,8 +320,10 @@ def _hostile_occupant(
                 timeout=60,
             )
         held = os.stat(memfile).st_blocks * 512
-        say(f"   · a hostile RL pod rl-hostile-1 on {node}'s GPU 1 (grace {HOSTILE_GRACE_S}s): registers with the "
-            f"node agent as SUSPENDED while it keeps {held >> 20} MiB of device memory and computes")  # fmt: skip
+        say(
+            f"   · a hostile RL pod rl-hostile-1 on {node}'s GPU 1 (grace {HOSTILE_GRACE_S}s): registers with the "
+            f"node agent as SUSPENDED while it keeps {held >> 20} MiB of device memory and computes"
+        )
         t0 = time.monotonic()
         core.create_namespaced_pod(
             ns, gpu_pod("llm-serving-1", "serve-gpu1", labels={names.LABEL_ROLE: "serving"}, node_name=node)
@@ -342,12 +369,16 @@ def _enforcement_observed(
     returned = promtext.value(text, "rose_driver_gpu_returned_seconds_sum", {"phase": "enforced"}, default=0.0)
     bound = HOSTILE_GRACE_S + COOPERATIVE_SLACK_S + 2 * ENFORCE_TIMEOUT_S + PREBIND_RECHECK_S
     killed = "killed (SIGKILL)" if rc == -9 else f"rc={rc}"
-    say(f"   · a serving pod gets GPU 1: bound after its PreBind wait and prepared {wait:.2f}s after it was "
-        f"created (error {err!r}); the hostile process was {killed}")  # fmt: skip
-    say(f"   · the driver's rose_driver_gpu_returned_seconds{{phase}} counts: cooperative "
+    say(
+        f"   · a serving pod gets GPU 1: bound after its PreBind wait and prepared {wait:.2f}s after it was "
+        f"created (error {err!r}); the hostile process was {killed}"
+    )
+    say(
+        f"   · the driver's rose_driver_gpu_returned_seconds{{phase}} counts: cooperative "
         f"{phases['cooperative']:.0f} (the honest trainer above), enforced {phases['enforced']:.0f} "
         f"(this one: {returned:.2f}s from the serving claim's allocation to the device observed free), "
-        f"fallback {phases['fallback']:.0f}")  # fmt: skip
+        f"fallback {phases['fallback']:.0f}"
+    )
 
     def reclaim_enforced() -> list[Any] | None:
         evs = core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-hostile-1").items
@@ -359,9 +390,11 @@ def _enforcement_observed(
         events = []
     say(f"   · Event ReclaimEnforced on rl-hostile-1: {events[0].message if events else '(none)'}")
     ok = err == "" and resident == 0 and wait <= bound and phases["enforced"] == 1 and bool(events)
-    say(f"   · serving bound and prepared only once the device was observed free (device-memory file {resident} bytes "
+    say(
+        f"   · serving bound and prepared only once the device was observed free (device-memory file {resident} bytes "
         f"allocated at return; {wait:.1f}s <= grace {HOSTILE_GRACE_S}s + {COOPERATIVE_SLACK_S:.0f}s + "
         f"{ENFORCE_TIMEOUT_S:.0f}s for the fallback checkpoint the engine asked for + enforcement "
         f"{ENFORCE_TIMEOUT_S:.0f}s + the scheduler's PreBind re-check {PREBIND_RECHECK_S:.0f}s = {bound:.0f}s): "
-        f"{'YES' if ok else 'NO'}")  # fmt: skip
+        f"{'YES' if ok else 'NO'}"
+    )
     return ok

@@ -73,10 +73,16 @@ def forecasts(pools: Mapping[str, str], gpus_per_node: int, origin: int = ORIGIN
         last = series.start + (len(series) - 1) * series.step
         out.append(
             build_response(
-                PoolConfig(name=pool, query="demo", capacity=capacity), series, model, "demo-1", float(last),
-                list(HORIZONS), cfg.quantiles, max_data_age=3600.0,
+                PoolConfig(name=pool, query="demo", capacity=capacity),
+                series,
+                model,
+                "demo-1",
+                float(last),
+                list(HORIZONS),
+                cfg.quantiles,
+                max_data_age=3600.0,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -138,9 +144,13 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
     url = urlparse(h.extender_url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
     args = [
-        "scheduler_extender", f"--listen={host}:{port}", f"--kubeconfig={h.kubeconfig}",
-        "--forecast-backend=static-file", f"--forecast-file={tmp / 'forecasts.json'}", "--forecast-refresh=1",
-    ]  # fmt: skip
+        "scheduler_extender",
+        f"--listen={host}:{port}",
+        f"--kubeconfig={h.kubeconfig}",
+        "--forecast-backend=static-file",
+        f"--forecast-file={tmp / 'forecasts.json'}",
+        "--forecast-refresh=1",
+    ]
     with module_process(args, tmp / "extender.log") as proc:
         ns = ""
         try:
@@ -152,9 +162,12 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
             workers = 4
             for i in range(workers):
                 pod = gpu_pod(
-                    f"grpo-worker-{i}", "lendable-1", scheduler=names.SCHEDULER_NAME,
-                    labels={names.LABEL_JOB: "grpo"}, priority_class="rose-rl",
-                )  # fmt: skip
+                    f"grpo-worker-{i}",
+                    "lendable-1",
+                    scheduler=names.SCHEDULER_NAME,
+                    labels={names.LABEL_JOB: "grpo"},
+                    priority_class="rose-rl",
+                )
                 core.create_namespaced_pod(ns, pod)
             placed: dict[str, str] = {}
             for i in range(workers):

@@ -124,8 +124,9 @@ def _serving_round(s: erj.Stage, pod_name: str, release: Callable[[], None], o: 
     index, _ = slices.parse_device_name(lent["status"]["allocation"]["devices"]["results"][0]["device"])
     sel = [f'device.attributes["{names.DRIVER_NAME}"].{names.ATTR_INDEX} == {index}']
     create_claim_template(s.api, s.ns, claim_template("serve-gpu", names.DEVICE_CLASS_SERVING, selectors=sel))
-    core.create_namespaced_pod(s.ns, gpu_pod("llm-serving-0", "serve-gpu", labels={names.LABEL_ROLE: "serving"},
-                                             node_name=node))  # fmt: skip
+    core.create_namespaced_pod(
+        s.ns, gpu_pod("llm-serving-0", "serve-gpu", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+    )
     srv = wait_for("serving claim allocated", partial(allocated_claim, s.api, s.ns, "llm-serving-0"), timeout=60)
     drv = s.drivers[node]
     got: list[Any] = []
@@ -139,8 +140,10 @@ def _serving_round(s: erj.Stage, pod_name: str, release: Callable[[], None], o: 
     if not got or got[0].error:
         raise RuntimeError(f"the serving prepare on {node} GPU {index}: {got[0].error if got else 'no answer'}")
     o.states.append(_trainer_state(s, pod_name))
-    s.mark(f"serving pod llm-serving-0 arrives on {node} GPU {index}, the trainer's: prepare returned in "
-           f"{o.serving_prepare_s:.2f}s with the trainer {o.states[-1]} (its state in host memory)")  # fmt: skip
+    s.mark(
+        f"serving pod llm-serving-0 arrives on {node} GPU {index}, the trainer's: prepare returned in "
+        f"{o.serving_prepare_s:.2f}s with the trainer {o.states[-1]} (its state in host memory)"
+    )
     time.sleep(1.0)
     if drv.kubelet.unprepare(srv).error:
         raise RuntimeError(f"the serving unprepare on {node}")
@@ -165,8 +168,11 @@ def run_job(s: erj.Stage, kubelet_tmp: Path, token: str, steps: int = STEPS) -> 
     name = job["metadata"]["name"]
     gates = kubelet_tmp / "gates"
     gates.mkdir(exist_ok=True)
-    trainer_env = {"ROSE_EXAMPLE_GATE_DIR": str(gates), "ROSE_EXAMPLE_GATES": "1,3",
-                   "ROSE_EXAMPLE_WEIGHTS": str(o.weights)}  # fmt: skip
+    trainer_env = {
+        "ROSE_EXAMPLE_GATE_DIR": str(gates),
+        "ROSE_EXAMPLE_GATES": "1,3",
+        "ROSE_EXAMPLE_WEIGHTS": str(o.weights),
+    }
     three = [f"{name}-rollout-{i}" for i in range(ROLLOUTS_MAX)]
     cap = s.capacity[s.quiet]
     s.forecast(float(cap - 2))  # room: the trainer and 1 rollout worker
@@ -174,8 +180,10 @@ def run_job(s: erj.Stage, kubelet_tmp: Path, token: str, steps: int = STEPS) -> 
     s.t0 = time.monotonic()
     with ProcessKubelet(s.api, s.ns, name, kubelet_tmp, trainer_env, token, driver_prepare(s)) as kubelet:
         erj.kubectl(s.h, "apply", "-f", "-", stdin=yaml.safe_dump(job))
-        s.mark(f"kubectl apply: ElasticRLJob {name} (trainer 1, rollouts 1-{ROLLOUTS_MAX}); forecast: serving "
-               f"needs {cap - 2} of {cap} GPUs in {s.quiet}")  # fmt: skip
+        s.mark(
+            f"kubectl apply: ElasticRLJob {name} (trainer 1, rollouts 1-{ROLLOUTS_MAX}); forecast: serving "
+            f"needs {cap - 2} of {cap} GPUs in {s.quiet}"
+        )
         wait_for("the trainer process", lambda: kubelet.check() or kubelet.trainer is not None, 90)
         tr: Trainer | None = kubelet.trainer
         if tr is None:
@@ -208,8 +216,9 @@ def run_job(s: erj.Stage, kubelet_tmp: Path, token: str, steps: int = STEPS) -> 
         s.mark(f"trainer finished {steps} steps")
         wait_for("the rollout workers see 'done' and exit", lambda: not kubelet.running("rollout"), 60)
         o.terms = sorted(n for _, what, n in kubelet.events if what == "sigterm")
-        o.rollout_logs = [kubelet_tmp / f"{n}.log" for _, what, n in kubelet.events
-                          if what == "start" and "-rollout-" in n]  # fmt: skip
+        o.rollout_logs = [
+            kubelet_tmp / f"{n}.log" for _, what, n in kubelet.events if what == "start" and "-rollout-" in n
+        ]
         erj.kubectl(s.h, "delete", "elasticrljob", name, "-n", s.ns, "--wait=true")
         kubelet.check()
         o.samples = list(kubelet.samples)
@@ -245,13 +254,31 @@ def draw(o: Outcome, rw: list[float], out: Path) -> None:
     ts = [t - o.samples[0][0] for t, _, _ in o.samples]
     ax2.step(ts, [n for _, n, _ in o.samples], where="post", color="tab:blue", label="rollout workers running")
     running = [1 if st == names.SuspendState.RUNNING else 0 for _, _, st in o.samples]
-    ax2.step(ts, running, where="post", color="tab:orange", linestyle="--",
-             label="trainer running on its lent GPU (1) / suspended or not started (0)")  # fmt: skip
+    ax2.step(
+        ts,
+        running,
+        where="post",
+        color="tab:orange",
+        linestyle="--",
+        label="trainer running on its lent GPU (1) / suspended or not started (0)",
+    )
     sus = [1 if st == names.SuspendState.SUSPENDED else 0 for _, _, st in o.samples]
-    ax2.fill_between(ts, 0, [x * (ROLLOUTS_MAX + 1.7) for x in sus], step="post", color="tab:red", alpha=0.3,
-                     label="trainer suspended into host memory (serving holds its GPU)")  # fmt: skip
-    ax2.set(xlabel="seconds since kubectl apply", ylabel="workers", title="lending timeline",
-            ylim=(0, ROLLOUTS_MAX + 1.7), yticks=range(ROLLOUTS_MAX + 1))  # fmt: skip
+    ax2.fill_between(
+        ts,
+        0,
+        [x * (ROLLOUTS_MAX + 1.7) for x in sus],
+        step="post",
+        color="tab:red",
+        alpha=0.3,
+        label="trainer suspended into host memory (serving holds its GPU)",
+    )
+    ax2.set(
+        xlabel="seconds since kubectl apply",
+        ylabel="workers",
+        title="lending timeline",
+        ylim=(0, ROLLOUTS_MAX + 1.7),
+        yticks=range(ROLLOUTS_MAX + 1),
+    )
     ax2.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -269,8 +296,12 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None], figure: Path
     s.capacity = {p: h.gpus_per_node * sum(1 for q in h.pools.values() if q == p) for p in pools}
     # the reference runs alongside (its own processes, loopback port): the act waits for it at the end
     refs: list[tuple[Path, dict[str, int]] | BaseException] = []
-    reference = threading.Thread(target=_into, args=(refs, partial(constant_world_run, s.tmp / "ref", STEPS, token)),
-                                 name="constant-world-run", daemon=True)  # fmt: skip
+    reference = threading.Thread(
+        target=_into,
+        args=(refs, partial(constant_world_run, s.tmp / "ref", STEPS, token)),
+        name="constant-world-run",
+        daemon=True,
+    )
     (s.tmp / "ref").mkdir()
     with contextlib.ExitStack() as stack:
         erj._start_drivers(s, stack)
@@ -285,17 +316,23 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None], figure: Path
     if not refs or isinstance(refs[0], BaseException):
         raise RuntimeError(f"the constant-world reference run did not finish: {refs[0] if refs else 'timeout'}")
     ref, ref_counters = refs[0]
-    say(f"   · reference (run alongside): the same job with 1 rollout worker throughout, never suspended "
-        f"({ref_counters['accepted']} completions accepted)")  # fmt: skip
+    say(
+        f"   · reference (run alongside): the same job with 1 rollout worker throughout, never suspended "
+        f"({ref_counters['accepted']} completions accepted)"
+    )
     total = STEPS * COMPLETIONS_PER_STEP
     c = o.counters
     lost, dup = total - c["accepted"], c["duplicate"] + c["stale"]
     same = weights_identical(ref, o.weights)
     rw = rewards(o.weights)
-    say(f"   · rollout workers per phase: {o.worlds}; prompts lost {lost}, duplicated {dup} "
-        f"({c['accepted']}/{total} completions accepted, {c['requeued']} requeued from removed workers)")  # fmt: skip
-    say(f"   · reward first step {rw[0]:.3f}, last step {rw[-1]:.3f}; trainer suspended {c['suspends']}x, resumed "
-        f"{c['resumes']}x")  # fmt: skip
+    say(
+        f"   · rollout workers per phase: {o.worlds}; prompts lost {lost}, duplicated {dup} "
+        f"({c['accepted']}/{total} completions accepted, {c['requeued']} requeued from removed workers)"
+    )
+    say(
+        f"   · reward first step {rw[0]:.3f}, last step {rw[-1]:.3f}; trainer suspended {c['suspends']}x, resumed "
+        f"{c['resumes']}x"
+    )
     say(f"   · weights bit-identical to a constant-world run: {'YES' if same else 'NO'}")
     out = figure or s.tmp / "example02.png"
     draw(o, rw, out)

@@ -107,21 +107,27 @@ def _spill_and_back(
     assert drv.kubelet.prepare(serve[a]).error == ""
     (copy,) = list((host / "dram").iterdir())  # occupant a's DRAM copy, the bytes it had
     before = _digest(copy)
-    say(f"   · serving takes GPU {a}: its RL occupant is suspended into host memory ({_tiers(drv)} of a "
-        f"{DRAM // MiB} MiB budget)")  # fmt: skip
+    say(
+        f"   · serving takes GPU {a}: its RL occupant is suspended into host memory ({_tiers(drv)} of a "
+        f"{DRAM // MiB} MiB budget)"
+    )
     err = drv.kubelet.prepare(serve[b]).error
     spilled = drv.metric("rose_suspend_spills_total", {"direction": "to_disk", "result": "ok"})
     evicted = drv.metric("rose_driver_occupant_suspend_total", {"outcome": "checkpoint_evict"})
-    say(f"   · serving takes GPU {b} (error {err!r}): its occupant does not fit the budget, so GPU {a}'s "
+    say(
+        f"   · serving takes GPU {b} (error {err!r}): its occupant does not fit the budget, so GPU {a}'s "
         f"suspended state spilled to disk instead of evicting anyone: {_tiers(drv)}; spills {spilled:.0f}, "
-        f"checkpoint-and-evict {evicted:.0f}")  # fmt: skip
+        f"checkpoint-and-evict {evicted:.0f}"
+    )
     assert drv.kubelet.unprepare(serve[a]).error == ""
     restored = drv.metric("rose_suspend_spills_total", {"direction": "to_dram", "result": "ok"})
     after = _digest(host / "device" / copy.name)
     same = after == before
-    say(f"   · serving leaves GPU {a}: its occupant resumed from disk (every chunk's blake2b verified; "
+    say(
+        f"   · serving leaves GPU {a}: its occupant resumed from disk (every chunk's blake2b verified; "
         f"restores {restored:.0f}), {_tiers(drv)}; device memory bit-identical to before the suspend: "
-        f"{'yes' if same else 'NO'}")  # fmt: skip
+        f"{'yes' if same else 'NO'}"
+    )
     assert drv.kubelet.unprepare(serve[b]).error == ""
     for gpu in GPUS:
         assert drv.kubelet.unprepare(lent[gpu]).error == ""
@@ -137,9 +143,11 @@ def act_spill(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> bool:
     drv = _start(h, node, root)
     ns = new_namespace(api, "demo-spill")
     try:
-        say(f"   · `rose driver` for {node} with a {DRAM // MiB} MiB host-memory budget and a "
+        say(
+            f"   · `rose driver` for {node} with a {DRAM // MiB} MiB host-memory budget and a "
             f"{DISK // MiB} MiB disk tier; two RL occupants of {OCCUPANT // MiB} MiB (the simulated backend's "
-            f"real bytes)")  # fmt: skip
+            f"real bytes)"
+        )
         lent, serve = _occupy_then_serve(api, ns, node)
         ok = _spill_and_back(drv, _host_dir(node), lent, serve, say)
         say(f"   · host memory full -> spilled to disk, not evicted; resumed bit-exact: {'YES' if ok else 'NO'}")

@@ -59,7 +59,7 @@ WORKER_TIMEOUT_S = 120  # the longest a worker waits for a grant
 DRIVER_ARGS = [
     "--suspend-engine", "node", "--suspend-backends", "simulated", "--simulated-occupant-bytes", "1Gi",
     "--host-memory-budget", "8Gi", "--default-grace-seconds", "10", "--node-facts-seconds", "1",
-    "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
+    "--serving-wait", "prepare",  # the prepare-time serving wait (prebind has its own e2e test)
 ]  # fmt: skip
 SPLIT_PARTS = ("suspend", "restore", "grant_overhead")
 
@@ -113,8 +113,10 @@ def percentile(values: Sequence[float], q: float) -> float:
 def switch_split(runs: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
     """p50 and p95 of each part of the grants that moved state (not ``was_resident``)."""
     moved = [g for r in runs for g in r["grants"] if not g["was_resident"]]
-    return {p: (percentile([g[f"{p}_s"] for g in moved], 0.5), percentile([g[f"{p}_s"] for g in moved], 0.95))
-            for p in SPLIT_PARTS}  # fmt: skip
+    return {
+        p: (percentile([g[f"{p}_s"] for g in moved], 0.5), percentile([g[f"{p}_s"] for g in moved], 0.95))
+        for p in SPLIT_PARTS
+    }
 
 
 def pick_node(node_names: Sequence[str], pools: Mapping[str, str]) -> str:
@@ -191,8 +193,15 @@ def worker(argv: list[str]) -> int:
                 obs, acts, ret = _episodes(env, policy, a.episodes)  # the sampler phase: off the group
                 with client.on_accelerators(group_id=group, timeout_s=WORKER_TIMEOUT_S) as g:
                     t0 = time.monotonic()
-                    grants.append({"was_resident": g.was_resident, "wait_s": g.wait_s, "suspend_s": g.suspend_s,
-                                   "restore_s": g.restore_s, "grant_overhead_s": g.grant_overhead_s})  # fmt: skip
+                    grants.append(
+                        {
+                            "was_resident": g.was_resident,
+                            "wait_s": g.wait_s,
+                            "suspend_s": g.suspend_s,
+                            "restore_s": g.restore_s,
+                            "grant_overhead_s": g.grant_overhead_s,
+                        }
+                    )
                     for _ in range(a.epochs):  # the trainer phase: holds the group
                         logp = torch.distributions.Categorical(logits=policy(obs)).log_prob(acts)  # type: ignore[no-untyped-call]
                         loss = -(logp * ret).mean()
@@ -200,8 +209,14 @@ def worker(argv: list[str]) -> int:
                         loss.backward()
                         opt.step()
                     phases.append((t0, time.monotonic()))
-            run = {"job": a.job, "group": group, "start": start, "end": time.monotonic(), "phases": phases,
-                   "grants": grants}  # fmt: skip
+            run = {
+                "job": a.job,
+                "group": group,
+                "start": start,
+                "end": time.monotonic(),
+                "phases": phases,
+                "grants": grants,
+            }
             print(f"RESULT {json.dumps(run)}", flush=True)
     finally:
         client.close()
@@ -213,14 +228,35 @@ class _Workers:
     """The jobs' worker processes, started early (importing torch overlaps the act's setup) and
     driven run by run: ``go`` on their stdin, one ``RESULT`` line back from each."""
 
-    def __init__(self, target: str, jobs: list[str], updates: int, stack: ExitStack,
-                 env: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, target: str, jobs: list[str], updates: int, stack: ExitStack, env: Mapping[str, str] | None = None
+    ) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         for i, job in enumerate(jobs):
-            cmd = [sys.executable, "-m", "rose_cli.demo_timeslice", "--worker", "--target", target, "--job", job,
-                   "--groups", f"{solo_group(job)},{GROUP}", "--updates", str(updates), "--seed", str(i)]  # fmt: skip
-            proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                    env={**os.environ, **(env or {})})  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "rose_cli.demo_timeslice",
+                "--worker",
+                "--target",
+                target,
+                "--job",
+                job,
+                "--groups",
+                f"{solo_group(job)},{GROUP}",
+                "--updates",
+                str(updates),
+                "--seed",
+                str(i),
+            ]
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, **(env or {})},
+            )
             self.procs.append(proc)
             stack.callback(_stop, proc)
 
@@ -380,11 +416,15 @@ def act_timeslice(h: Any, api: Any, say: Callable[[str], None], updates: int = 6
         workers = _Workers(f"127.0.0.1:{port}", jobs, updates, stack, _credentials(api, ns, root))
         drv = _driver(h, api, node, root, stack)
         _pods(api, ns, node, drv, jobs)
-        say(f"   · `rose driver` on {node} (simulated GPUs, node suspend engine); a worker pod per job "
-            f"({', '.join(jobs)}) with a lendable claim it prepared")  # fmt: skip
+        say(
+            f"   · `rose driver` on {node} (simulated GPUs, node suspend engine); a worker pod per job "
+            f"({', '.join(jobs)}) with a lendable claim it prepared"
+        )
         target = _orchestrator(h, ns, port, root, stack)
-        say(f"   · `rose timeslice serve` at {target}: TLS, callers' ServiceAccount tokens reviewed, group Leases "
-            f"in {ns}, leader elected, hand-over through the driver (suspend-request + fencing token)")  # fmt: skip
+        say(
+            f"   · `rose timeslice serve` at {target}: TLS, callers' ServiceAccount tokens reviewed, group Leases "
+            f"in {ns}, leader elected, hand-over through the driver (suspend-request + fencing token)"
+        )
         say("   · two CPU REINFORCE jobs (separate processes), each alone on a group of its own")
         solo = workers.run()
         _relabel(api, ns, jobs, GROUP)
@@ -401,8 +441,10 @@ def act_timeslice(h: Any, api: Any, say: Callable[[str], None], updates: int = 6
     parts = ", ".join(f"{part} {p50 * 1000:.0f} / {p95 * 1000:.0f} ms" for part, (p50, p95) in split.items())
     say(f"   {switches} switches through the driver, p50 / p95: {parts}")
     suspended = events.get("Suspended", 0) - before.get("Suspended", 0)
-    say(f"   driver Events on the pods while sharing: {suspended} Suspended, "
-        f"{events.get('Resumed', 0) - before.get('Resumed', 0)} Resumed")  # fmt: skip
+    say(
+        f"   driver Events on the pods while sharing: {suspended} Suspended, "
+        f"{events.get('Resumed', 0) - before.get('Resumed', 0)} Resumed"
+    )
     ok = all(r["grants"] for r in shared) and switches > 0 and suspended >= switches - 1
     say(f"   {'✓' if ok else '✗'} both jobs took turns on the shared group; every switch moved through the driver")
     say("   (duty cycles above are this machine's timings; `python -m benchmarks.timeslice` measures the gain)")
@@ -415,15 +457,20 @@ def main(argv: list[str] | None = None) -> int:
         return worker(argv[1:])
     from local_cluster import ClusterHandle, default_workdir
 
-    p = argparse.ArgumentParser(prog="python -m rose_cli.demo_timeslice", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m rose_cli.demo_timeslice",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--updates", type=int, default=6)
     p.add_argument("--dir", type=Path, default=default_workdir(), help="work directory of `rose cluster up`")
     a = p.parse_args(argv)
     state = a.dir / "cluster.json"
     if not state.is_file():
-        print(f"demo_timeslice: error: no cluster at {a.dir}: run `rose cluster up` first (or pass --dir)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"demo_timeslice: error: no cluster at {a.dir}: run `rose cluster up` first (or pass --dir)",
+            file=sys.stderr,
+        )
         return 2
     h = ClusterHandle.from_json(state.read_text())
     print("Act 5: two RL jobs share one time-slice group (acquire / yield), duty cycle with and without")

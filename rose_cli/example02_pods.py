@@ -62,8 +62,13 @@ class Trainer:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.lines: list[str] = []
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, str(ROLE_RUNNER), *args], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROLE_RUNNER), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -163,16 +168,20 @@ class ProcessKubelet:
     def _sync(self) -> None:
         pods = self.core.list_namespaced_pod(self.ns, label_selector=f"{names.LABEL_JOB}={self.job}").items
         live = {p.metadata.uid: p for p in pods if p.metadata.deletion_timestamp is None}
-        self.phases = {p.metadata.name: f"{p.status.phase} {[c.message for c in p.status.conditions or []]}"
-                       for p in live.values()}  # fmt: skip
+        self.phases = {
+            p.metadata.name: f"{p.status.phase} {[c.message for c in p.status.conditions or []]}" for p in live.values()
+        }
         for uid, (name, p) in self.procs.items():
             if uid not in live and p.poll() is None and p.returncode is None and not getattr(p, "_termed", False):
                 p.send_signal(signal.SIGTERM)
                 p._termed = True  # type: ignore[attr-defined]
                 self.events.append((time.monotonic(), "sigterm", name))
         trainer_pod = [p for p in live.values() if f"{self.job}-trainer-" in p.metadata.name]
-        state = ((trainer_pod[0].metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_STATE) or "Running"
-                 if trainer_pod and self.trainer is not None else "-")  # fmt: skip
+        state = (
+            (trainer_pod[0].metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_STATE) or "Running"
+            if trainer_pod and self.trainer is not None
+            else "-"
+        )
         self.samples.append((time.monotonic() - self.t0, len(self.running("rollout")), state))
         tr = self.trainer
         if tr is not None and self.trainer_addr is None and any(x.startswith("ROLLOUT_SERVICE ") for x in tr.lines):
@@ -188,9 +197,12 @@ class ProcessKubelet:
     def _start(self, pod: Any, role: str) -> None:
         c = pod.spec.containers[0]
         # status.podIP: every process here shares the loopback
-        fields = {"metadata.name": pod.metadata.name, "metadata.uid": pod.metadata.uid,
-                  "metadata.namespace": pod.metadata.namespace,
-                  "status.podIP": "127.0.0.1"}  # fmt: skip
+        fields = {
+            "metadata.name": pod.metadata.name,
+            "metadata.uid": pod.metadata.uid,
+            "metadata.namespace": pod.metadata.namespace,
+            "status.podIP": "127.0.0.1",
+        }
         env = role_env(self.token)
         for e in c.env or []:
             if e.value is not None:
@@ -212,8 +224,9 @@ class ProcessKubelet:
         else:
             env["ROSE_TRAINER_ADDR"] = str(self.trainer_addr)
             with log.open("w") as f:
-                proc = subprocess.Popen([sys.executable, str(TRAIN), *args], env=env, stdout=f,
-                                        stderr=subprocess.STDOUT)  # fmt: skip
+                proc = subprocess.Popen(
+                    [sys.executable, str(TRAIN), *args], env=env, stdout=f, stderr=subprocess.STDOUT
+                )
         self.procs[pod.metadata.uid] = (pod.metadata.name, proc)
         self.events.append((time.monotonic(), "start", pod.metadata.name))
 
@@ -222,16 +235,20 @@ def rollout(addr: str, name: str, log: Path, token: str, args: list[str] | None 
     """``train.py --role rollout`` as a plain process: one worker of ``addr``'s trainer."""
     cmd = [sys.executable, str(TRAIN), "--role", "rollout", *(args or ["--batch", "1"])]
     with log.open("w") as f:
-        return subprocess.Popen(cmd, env=role_env(token, ROSE_TRAINER_ADDR=addr, ROSE_POD_NAME=name), stdout=f,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            cmd, env=role_env(token, ROSE_TRAINER_ADDR=addr, ROSE_POD_NAME=name), stdout=f, stderr=subprocess.STDOUT
+        )
 
 
 def constant_world_run(tmp: Path, steps: int, token: str) -> tuple[Path, dict[str, int]]:
     """The reference: the trainer and one rollout worker for the whole run, never suspended. Its
     weights' file (``ROSE_EXAMPLE_WEIGHTS``) and counters."""
     weights = tmp / "constant.pt"
-    tr = Trainer(["--role", "trainer", "--out", str(tmp / "constant-out"), "--max-steps", str(steps), "--port", "0"],
-                 role_env(token, ROSE_EXAMPLE_WEIGHTS=str(weights)), tmp / "constant-trainer.log")  # fmt: skip
+    tr = Trainer(
+        ["--role", "trainer", "--out", str(tmp / "constant-out"), "--max-steps", str(steps), "--port", "0"],
+        role_env(token, ROSE_EXAMPLE_WEIGHTS=str(weights)),
+        tmp / "constant-trainer.log",
+    )
     w = rollout(tr.address(), "constant-0", tmp / "constant-rollout.log", token)
     try:
         if tr.proc.wait(timeout=300) != 0:

@@ -58,8 +58,9 @@ def main(argv: list[str]) -> int:
 
         t = made[0]
         rewards = [float(h["reward"]) for h in t.state.log_history if "reward" in h]
-        torch.save({"model": {k: v.detach().clone() for k, v in t.model.state_dict().items()}, "rewards": rewards},
-                   weights)  # fmt: skip
+        torch.save(
+            {"model": {k: v.detach().clone() for k, v in t.model.state_dict().items()}, "rewards": rewards}, weights
+        )
     return rc
 
 

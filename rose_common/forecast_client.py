@@ -265,8 +265,12 @@ def _risk_flag(text: str) -> str:
 def add_flags(p: Any, *, without: str) -> None:
     """The forecast flags every consumer shares, on a :class:`rose_common.cli.EnvArgumentParser`
     (``without``: what the component does with the ``none`` backend)."""
-    p.flag("--forecast-backend", default="http", choices=list(BACKENDS),
-           help=f"where forecasts come from: http (the predictor), static-file, or none ({without})")  # fmt: skip
+    p.flag(
+        "--forecast-backend",
+        default="http",
+        choices=list(BACKENDS),
+        help=f"where forecasts come from: http (the predictor), static-file, or none ({without})",
+    )
     p.flag("--predictor-url", default="", help="predictor base URL for the http backend, e.g. http://predictor:8080")
     p.flag(
         "--forecast-horizons",
@@ -275,9 +279,13 @@ def add_flags(p: Any, *, without: str) -> None:
         help="horizons the http backend asks the predictor for (a time-compressed soak asks for seconds)",
     )
     p.flag("--forecast-file", default="", help="JSON file of ForecastResponse objects for the static-file backend")
-    p.flag("--risk", default="", type=_risk_flag,
-           help="target risk, e.g. 0.01: use the GPUs serving may need over each window at that risk "
-                "(gpus_needed) when the forecast carries it, else --quantile (empty: always --quantile)")  # fmt: skip
+    p.flag(
+        "--risk",
+        default="",
+        type=_risk_flag,
+        help="target risk, e.g. 0.01: use the GPUs serving may need over each window at that risk "
+        "(gpus_needed) when the forecast carries it, else --quantile (empty: always --quantile)",
+    )
     p.flag("--forecast-timeout", default=0.5, type=duration, help="seconds one forecast fetch may take")
     p.flag("--forecast-refresh", default=30.0, type=duration, help="seconds between background forecast refreshes")
     p.flag("--forecast-max-age", default=300.0, type=duration, help="seconds a fetched forecast stays usable")

@@ -1,4 +1,4 @@
-"""A predictor reply read at the operator's target risk (issue 14 §3), for the extender and the planner.
+"""A predictor reply read at the operator's target risk, for the extender and the planner.
 
 I/O boundary: none (pure functions of :mod:`rose_common.forecast_api` models). When the predictor
 serves risks (``rose predictor serve --risks``), each point carries, per risk, the GPUs serving

@@ -34,15 +34,24 @@ class LeaseRecord:
         try:
             renewed = parse_rfc3339(spec["renewTime"])
             acquired = parse_rfc3339(spec.get("acquireTime") or spec["renewTime"])
-            return LeaseRecord(str(spec["holderIdentity"]), int(spec.get("leaseDurationSeconds") or 15),
-                               acquired, renewed, int(spec.get("leaseTransitions") or 0))  # fmt: skip
+            return LeaseRecord(
+                str(spec["holderIdentity"]),
+                int(spec.get("leaseDurationSeconds") or 15),
+                acquired,
+                renewed,
+                int(spec.get("leaseTransitions") or 0),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
     def to_spec(self) -> dict[str, Any]:
-        return {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration_s,
-                "acquireTime": rfc3339(self.acquired, micros=True), "renewTime": rfc3339(self.renewed, micros=True),
-                "leaseTransitions": self.transitions}  # fmt: skip
+        return {
+            "holderIdentity": self.holder,
+            "leaseDurationSeconds": self.duration_s,
+            "acquireTime": rfc3339(self.acquired, micros=True),
+            "renewTime": rfc3339(self.renewed, micros=True),
+            "leaseTransitions": self.transitions,
+        }
 
 
 @dataclass(frozen=True)

@@ -130,23 +130,25 @@ EVENT_CPU_RESTORED: Final = "CPURestored"
 EVENT_CPU_RESIZE_FAILED: Final = "CPUResizeFailed"  # warning
 EVENT_CPU_RESIZE_SKIPPED: Final = "CPUResizeSkipped"  # warning
 
-# Time-slicing (timeslice/, issue 13): the workers of a job in a time-slice group carry
-# LABEL_TIMESLICE_GROUP; the orchestrator's hand-over writes ANNOTATION_FENCING_TOKEN
-# "<group>:<token>" with every suspend request it writes or clears, and the node (driver, agent)
-# refuses a command whose token is older than the last one it saw for that group.
+# Time-slicing (timeslice/: jobs that take turns on the same GPUs): the workers of a job in a
+# time-slice group carry LABEL_TIMESLICE_GROUP; the orchestrator's hand-over writes
+# ANNOTATION_FENCING_TOKEN "<group>:<token>" with every suspend request it writes or clears, and the
+# node (driver, agent) refuses a command whose token is older than the last one it saw for that group.
 LABEL_TIMESLICE_GROUP: Final = f"{LABEL_PREFIX}/timeslice-group"
 ANNOTATION_FENCING_TOKEN: Final = f"{LABEL_PREFIX}/fencing-token"
 EVENT_FENCING_REJECTED: Final = "FencingTokenRejected"  # warning
 
-# Serving waits in the scheduler (issue 27 §1): the driver's ResourceSlices give every serving
-# device these binding conditions; the scheduler's DynamicResources plugin holds a serving pod in
-# PreBind until the driver reports one of them True in the claim's status.devices[].conditions.
+# Serving waits in the scheduler, not in the kubelet's prepare: the driver's ResourceSlices give
+# every serving device these binding conditions; the scheduler's DynamicResources plugin holds a
+# serving pod in PreBind until the driver reports one of them True in the claim's
+# status.devices[].conditions.
 BINDING_CONDITION_FREED: Final = "rose.io/device-freed"  # the lent occupant left the GPU
 BINDING_CONDITION_FREE_FAILED: Final = "rose.io/device-free-failed"  # it did not: the pod is rescheduled
 EVENT_DEVICE_FREEING: Final = "DeviceFreeing"  # on the serving pod: its GPU's occupant is being suspended
 EVENT_DEVICE_FREED: Final = "DeviceFreed"
 EVENT_DEVICE_NOT_FREED: Final = "DeviceNotFreed"  # warning: the binding failure condition was set
-# The planner's intent as device taints (issue 27 §2): DeviceTaintRules on a pool's lendable devices
+# The planner's intent as device taints: DeviceTaintRules on a pool's lendable devices while serving
+# is forecast to need them, so no new lendable claim is allocated there
 TAINT_RECLAIM_PLANNED: Final = "rose.io/reclaim-planned"
 LABEL_TAINT_POOL: Final = "rose.io/reclaim-taint-pool"  # on the DeviceTaintRules the controller owns
 # The driver's own taint on a GPU's lendable device while serving holds that GPU on the node (a

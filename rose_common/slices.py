@@ -90,7 +90,7 @@ def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False, shares: b
 
     With ``binding_conditions`` every *serving* device carries ROSE's binding condition (and its
     failure twin, which the API requires beside it): the scheduler then holds a serving pod in
-    PreBind until the driver has freed the GPU of any lent occupant (issue 27 §1). With ``shares``
+    PreBind until the driver has freed the GPU of any lent occupant. With ``shares``
     every GPU also gets its shareable device (:func:`share_device`), after the others."""
     devices: list[dict[str, Any]] = []
     for role in (names.ROLE_SERVING, names.ROLE_LENDABLE):

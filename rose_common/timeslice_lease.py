@@ -82,5 +82,6 @@ def read(doc: dict[str, Any]) -> GroupLease | None:
     expires = renewed + ttl if holder and renewed else 0.0
     if expires and max_hold > 0 and not switching:
         expires = min(expires, granted + max_hold)
-    return GroupLease(str(group), holder, str(ann.get(A_RESIDENT) or ""), token, switching, expires,
-                      str(ann.get(A_NAMESPACE) or ""))  # fmt: skip
+    return GroupLease(
+        str(group), holder, str(ann.get(A_RESIDENT) or ""), token, switching, expires, str(ann.get(A_NAMESPACE) or "")
+    )

@@ -210,8 +210,10 @@ def run_worker(queue: WorkQueue[K], handle: Callable[[K], None]) -> None:
             handle(key)
         except Exception as e:
             delay = queue.requeue(key)
-            log.exception("work item failed", extra={"queue": queue.name, "key": str(key), "err": repr(e),
-                                                     "retryInSeconds": delay})  # fmt: skip
+            log.exception(
+                "work item failed",
+                extra={"queue": queue.name, "key": str(key), "err": repr(e), "retryInSeconds": delay},
+            )
         finally:
             queue.done(key)
 

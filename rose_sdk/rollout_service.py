@@ -392,9 +392,13 @@ class RolloutService:
                     left = self.queue.outstanding().get(version, 0)
                     raise RolloutError(f"round {version}: {left} prompts not completed within {timeout} s")
                 if now >= next_log:
-                    log.warning("round %d: waiting for %d completions (%d leased; workers seen in the last minute: %d)",
-                                version, self.queue.outstanding().get(version, 0), self.queue.leased_now,
-                                self._active_workers(now))  # fmt: skip
+                    log.warning(
+                        "round %d: waiting for %d completions (%d leased; workers seen in the last minute: %d)",
+                        version,
+                        self.queue.outstanding().get(version, 0),
+                        self.queue.leased_now,
+                        self._active_workers(now),
+                    )
                     next_log = now + log_every_s
                 self.queue.expire(now)
                 wait = min(1.0, next_log - now, *(() if deadline is None else (deadline - now,)))
@@ -551,8 +555,15 @@ class RolloutClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None,
-                 retry: bool = True) -> tuple[http.client.HTTPResponse, bytes]:  # fmt: skip
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+    ) -> tuple[http.client.HTTPResponse, bytes]:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Authorization": f"Bearer {self._token}"}
         if data is not None:

@@ -182,8 +182,9 @@ class TimeSliceOrchestratorClient:
         try:
             token = Path(self.token_file).read_text(encoding="utf-8").strip()
         except OSError as e:
-            raise TimeSliceError(f"cannot read the ServiceAccount token {self.token_file} "
-                                 f"({ENV_TOKEN_FILE}): {e.strerror}") from None  # fmt: skip
+            raise TimeSliceError(
+                f"cannot read the ServiceAccount token {self.token_file} ({ENV_TOKEN_FILE}): {e.strerror}"
+            ) from None
         return (("authorization", f"Bearer {token}"),)
 
     def _short(self) -> float:
@@ -201,14 +202,24 @@ class TimeSliceOrchestratorClient:
         self._check_phase(group, expected_phase_s)
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         req = pb.AcquireRequest(group=group, job=self.job, role=self.role, expected_phase_s=expected_phase_s)
-        r: pb.AcquireResponse = self._call(f"Acquire of group {group!r} by {self.job!r}", self._stub.Acquire, req,
-                                           deadline)  # fmt: skip
+        r: pb.AcquireResponse = self._call(
+            f"Acquire of group {group!r} by {self.job!r}", self._stub.Acquire, req, deadline
+        )
         local_s = 0.0
         if self.offloader is not None and self.offloader.offloaded:
             local_s = self.offloader.restore().seconds
         switch_s = 0.0 if r.was_resident else r.suspend_s + r.restore_s + r.grant_overhead_s + local_s
-        grant = Grant(group, r.fencing_token, r.lease_ttl_s, r.was_resident, r.wait_s, switch_s,
-                      r.suspend_s, r.restore_s, r.grant_overhead_s)  # fmt: skip
+        grant = Grant(
+            group,
+            r.fencing_token,
+            r.lease_ttl_s,
+            r.was_resident,
+            r.wait_s,
+            switch_s,
+            r.suspend_s,
+            r.restore_s,
+            r.grant_overhead_s,
+        )
         holding = _Holding(grant, time.monotonic())
         with self._mu:
             self._held[group] = holding

@@ -552,9 +552,15 @@ class Workload:
         """Update what the workload reports (``steps``/``samples``/``tokens``: totals since start)
         and send it if due: the phase changed, ``report_interval_s`` passed, or ``force``.
         Returns whether it was sent. Bad values raise ValueError saying which."""
-        given: dict[str, Any] = {"phase": phase, "seconds_to_safe_point": seconds_to_safe_point, "steps": steps,
-                                 "samples": samples, "tokens": tokens, "min_gpus": min_gpus,
-                                 "min_host_memory_bytes": min_host_memory_bytes}  # fmt: skip
+        given: dict[str, Any] = {
+            "phase": phase,
+            "seconds_to_safe_point": seconds_to_safe_point,
+            "steps": steps,
+            "samples": samples,
+            "tokens": tokens,
+            "min_gpus": min_gpus,
+            "min_host_memory_bytes": min_host_memory_bytes,
+        }
         self._progress = replace(self._progress, **{k: v for k, v in given.items() if v is not None})
         return self._send_report(force=force)
 
@@ -587,8 +593,9 @@ class Workload:
             return False
         self._last_report = (now, p.phase)
         if resp.world_total > 0:
-            self._pending.put(pb.Command(kind=pb.COMMAND_KIND_WORLD, world_active=resp.world_active,
-                                         world_total=resp.world_total))  # fmt: skip
+            self._pending.put(
+                pb.Command(kind=pb.COMMAND_KIND_WORLD, world_active=resp.world_active, world_total=resp.world_total)
+            )
         return True
 
     def checkpoint_now(self) -> CheckpointInfo:

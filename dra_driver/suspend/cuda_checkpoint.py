@@ -278,9 +278,11 @@ class CudaCheckpointBackend:
         lock = self._job_lock(job_key(w.pod_uid, facts))
         if not lock.acquire(timeout=max(0.0, deadline_monotonic - time.monotonic())):
             return BackendOutcome(
-                False, 0, "another process of the same job was being checkpointed for the whole grace period",
+                False,
+                0,
+                "another process of the same job was being checkpointed for the whole grace period",
                 timed_out=True,
-            )  # fmt: skip
+            )
         try:
             return self._suspend_locked(w, pid, deadline_monotonic)
         finally:

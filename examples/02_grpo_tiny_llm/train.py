@@ -49,14 +49,21 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "exper
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     roles = ("all", "trainer", "rollout")
-    p.add_argument("--role", choices=roles, default=os.environ.get("ROSE_ROLE") or "all",
-                   help="all: one process; trainer: completions from rollout workers; rollout: a worker")  # fmt: skip
+    p.add_argument(
+        "--role",
+        choices=roles,
+        default=os.environ.get("ROSE_ROLE") or "all",
+        help="all: one process; trainer: completions from rollout workers; rollout: a worker",
+    )
     p.add_argument("--out", help="the trainer's output_dir (its checkpoints go there); roles all and trainer")
     p.add_argument("--max-steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--checkpoint", default=None, help="the ROSE checkpoint file (else ROSE_CHECKPOINT_PATH)")
-    p.add_argument("--bind", default=os.environ.get("ROSE_POD_IP") or "127.0.0.1",
-                   help="trainer: the address the rollout service binds (the pod IP: ROSE_POD_IP)")  # fmt: skip
+    p.add_argument(
+        "--bind",
+        default=os.environ.get("ROSE_POD_IP") or "127.0.0.1",
+        help="trainer: the address the rollout service binds (the pod IP: ROSE_POD_IP)",
+    )
     p.add_argument("--port", type=int, default=8470, help="trainer: the rollout service's port (0: any free one)")
     p.add_argument("--lease-s", type=float, default=60.0, help="trainer: a lease's lifetime without a completion")
     p.add_argument("--batch", type=int, default=4, help="rollout: prompts per lease")
@@ -99,13 +106,18 @@ def train(a: argparse.Namespace) -> int:
     k = max(1, len(rewards) // 5)
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     wl = rose.workload
-    print(f"steps={trainer.state.global_step} reward first {k}: {first:.3f} last {k}: {last:.3f}"
-          f" suspends={wl.suspend_count} resumes={wl.resume_count}")  # fmt: skip
+    print(
+        f"steps={trainer.state.global_step} reward first {k}: {first:.3f} last {k}: {last:.3f}"
+        f" suspends={wl.suspend_count} resumes={wl.resume_count}"
+    )
     if service is not None:
         c = service.queue.counters
-        print(f"rollout: submitted={c.submitted} accepted={c.accepted} duplicate={c.duplicate} stale={c.stale}"
-              f" requeued={c.requeued_release + c.requeued_disconnect + c.requeued_expired}"
-              f" weight_pulls={service.stats.weight_pulls}", flush=True)  # fmt: skip
+        print(
+            f"rollout: submitted={c.submitted} accepted={c.accepted} duplicate={c.duplicate} stale={c.stale}"
+            f" requeued={c.requeued_release + c.requeued_disconnect + c.requeued_expired}"
+            f" weight_pulls={service.stats.weight_pulls}",
+            flush=True,
+        )
         service.wait_drained(60)  # let the connected workers see "done" before the service goes
         service.close()
     return 0
@@ -136,8 +148,14 @@ def rollout(a: argparse.Namespace) -> int:
             time.sleep(1.0)
     engine = tiny_grpo.engine(a.seed)
     wl = init_rollout(engine, level=1)
-    worker = RolloutWorker(client, engine, batch=a.batch, max_new_tokens=tiny_grpo.MAX_COMPLETION,
-                           eos_token_id=engine.tokenizer.eos_token_id, workload=wl)  # fmt: skip
+    worker = RolloutWorker(
+        client,
+        engine,
+        batch=a.batch,
+        max_new_tokens=tiny_grpo.MAX_COMPLETION,
+        eos_token_id=engine.tokenizer.eos_token_id,
+        workload=wl,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -145,8 +163,11 @@ def rollout(a: argparse.Namespace) -> int:
     finally:
         wl.close()
         client.close()
-    print(f"rollout {name}: samples={st.samples} pulls={st.weight_pulls} released={st.released}"
-          f" first_sample_s={st.first_sample_s} loop_cpu_s={st.loop_cpu_s:.2f}", flush=True)  # fmt: skip
+    print(
+        f"rollout {name}: samples={st.samples} pulls={st.weight_pulls} released={st.released}"
+        f" first_sample_s={st.first_sample_s} loop_cpu_s={st.loop_cpu_s:.2f}",
+        flush=True,
+    )
     return 0
 
 

@@ -110,8 +110,9 @@ def register_actor(
     trainer's state, offloaded to host memory on suspend. Without a socket nothing registers and
     the calls run unguarded (``workload.connected_to_agent`` is False)."""
     if engine is not None:
-        wl = attach(engine, level=level, weights=weights, model=model, optimizer=optimizer, tensors=tensors,
-                    **workload_kwargs)  # fmt: skip
+        wl = attach(
+            engine, level=level, weights=weights, model=model, optimizer=optimizer, tensors=tensors, **workload_kwargs
+        )
     else:
         from rose_sdk.workload import Workload
 

@@ -83,8 +83,10 @@ class RolloutEngine(Protocol):
 
 def check_level(level: int) -> int:
     if level not in (KEEPS_WEIGHTS, DROPS_WEIGHTS):
-        raise ValueError(f"sleep level must be {KEEPS_WEIGHTS} (keep weights in host memory) or {DROPS_WEIGHTS} "
-                         f"(drop them; reload after wake), got {level}")  # fmt: skip
+        raise ValueError(
+            f"sleep level must be {KEEPS_WEIGHTS} (keep weights in host memory) or {DROPS_WEIGHTS} "
+            f"(drop them; reload after wake), got {level}"
+        )
     return level
 
 
@@ -169,8 +171,10 @@ class EngineOffloader(CooperativeOffloader):
         self.engine = engine
         self.level = check_level(level)
         if level == DROPS_WEIGHTS and weights is None:
-            raise ValueError("sleep level 2 drops the engine's weights: pass weights= (a callable returning the "
-                             "state_dict or (name, tensor) pairs to reload after wake), or use level 1")  # fmt: skip
+            raise ValueError(
+                "sleep level 2 drops the engine's weights: pass weights= (a callable returning the "
+                "state_dict or (name, tensor) pairs to reload after wake), or use level 1"
+            )
         self.weights = weights
         self.stats = EngineStats()
         self._engine_bytes = 0  # what the engine held when it slept (reported while suspended)

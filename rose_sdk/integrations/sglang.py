@@ -74,9 +74,11 @@ class SGLangEngine(EngineSleepState):
     def sleep(self, level: int = KEEPS_WEIGHTS) -> None:
         check_level(level)
         if level == KEEPS_WEIGHTS and not self.weights_backed_up:
-            raise ValueError("SGLang keeps no host copy of the weights unless started with "
-                             "enable_weights_cpu_backup=True (then pass weights_backed_up=True); "
-                             "or sleep at level 2 and reload them")  # fmt: skip
+            raise ValueError(
+                "SGLang keeps no host copy of the weights unless started with "
+                "enable_weights_cpu_backup=True (then pass weights_backed_up=True); "
+                "or sleep at level 2 and reload them"
+            )
         if self.sleeping:
             return
         self.engine.release_memory_occupation()

@@ -160,8 +160,10 @@ class TransformersGenerateEngine:
         if self.sleeping:
             raise RuntimeError("the engine sleeps: wake() before generate")
         if self._unloaded:
-            raise RuntimeError(f"{len(self._unloaded)} parameters were dropped at sleep level 2 and not reloaded: "
-                               "load_weights after wake")  # fmt: skip
+            raise RuntimeError(
+                f"{len(self._unloaded)} parameters were dropped at sleep level 2 and not reloaded: "
+                "load_weights after wake"
+            )
         if self.batch_invariant:
             out: list[Sample] = []
             for p, s in zip(prompts, seeds, strict=True):

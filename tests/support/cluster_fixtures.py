@@ -20,8 +20,9 @@ def session_shaped_cluster(workdir: Path, *, nodes: int = 4, extender: bool = Tr
     """``nodes`` KWOK nodes with 2 simulated GPUs over 2 pools and, with ``extender``, an extender
     URL at a free port (the rose-scheduler profile); down at the end."""
     extender_url = f"http://127.0.0.1:{free_port()}" if extender else None
-    cfg = ClusterConfig(nodes=nodes, gpus_per_node=2, pools=2, workdir=workdir,
-                        extender_url=extender_url, die_with_parent=True)  # fmt: skip
+    cfg = ClusterConfig(
+        nodes=nodes, gpus_per_node=2, pools=2, workdir=workdir, extender_url=extender_url, die_with_parent=True
+    )
     lc = LocalCluster(cfg)
     handle = lc.up()
     try:

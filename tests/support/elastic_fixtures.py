@@ -14,10 +14,20 @@ from rose_common.forecast_api import ForecastPoint, ForecastResponse
 def forecast(pool: str, need: float) -> dict[str, Any]:
     """A fresh forecast for ``pool``: serving needs ``need`` GPUs (p90) over the next hour."""
     now = dt.datetime.now(dt.UTC)
-    points = [ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
-              for h in (600, 1800, 3600)]  # fmt: skip
-    resp = ForecastResponse(pool=pool, model_version="e2e", generated_at=now, last_observation_at=now,
-                            data_age_seconds=0.0, stale=False, current=need, points=points)  # fmt: skip
+    points = [
+        ForecastPoint(horizon_seconds=h, timestamp=now + dt.timedelta(seconds=h), quantiles={"0.9": need})
+        for h in (600, 1800, 3600)
+    ]
+    resp = ForecastResponse(
+        pool=pool,
+        model_version="e2e",
+        generated_at=now,
+        last_observation_at=now,
+        data_age_seconds=0.0,
+        stale=False,
+        current=need,
+        points=points,
+    )
     out: dict[str, Any] = json.loads(resp.model_dump_json())
     return out
 

@@ -73,11 +73,15 @@ def lie(stub: pb_grpc.WorkloadAgentStub, session: str, mode: str, a: argparse.Na
             digest = write_checkpoint(a.checkpoint)
             stub.Acknowledge(
                 pb.AcknowledgeRequest(
-                    pod_uid=pod, session_id=session, operation_id=cmd.operation_id, ok=True,
-                    checkpoint_path=a.checkpoint, checkpoint_sha256=digest,
+                    pod_uid=pod,
+                    session_id=session,
+                    operation_id=cmd.operation_id,
+                    ok=True,
+                    checkpoint_path=a.checkpoint,
+                    checkpoint_sha256=digest,
                 ),
                 timeout=10,
-            )  # fmt: skip
+            )
         if mode == "ack-without-freeing" and cmd.kind != pb.COMMAND_KIND_WORLD:
             stub.Acknowledge(
                 pb.AcknowledgeRequest(

@@ -38,8 +38,13 @@ def prometheus(config: str, tmp: Path, tsdb: Path | None = None, extra: Sequence
     assert Path(PROMETHEUS).exists(), "Debian's prometheus package is required: apt-get install -y prometheus"
     (tmp / "prometheus.yml").write_text(config)
     port = free_port()
-    argv = [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tsdb or tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", *extra]  # fmt: skip
+    argv = [
+        PROMETHEUS,
+        f"--config.file={tmp / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tsdb or tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        *extra,
+    ]
     with (tmp / "prometheus.log").open("w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -48,8 +48,10 @@ def member_pod(api: Any, namespace: str, job: str, group: str, priority_class: s
     """A worker pod of ``namespace/job`` in ``group`` (the labels the controller sets); never scheduled."""
     from kubernetes import client
 
-    spec: dict[str, Any] = {"containers": [{"name": "w", "image": "rose/worker"}],
-                            "nodeSelector": {"rose.io/none": "nowhere"}}  # fmt: skip
+    spec: dict[str, Any] = {
+        "containers": [{"name": "w", "image": "rose/worker"}],
+        "nodeSelector": {"rose.io/none": "nowhere"},
+    }
     if priority_class:
         spec["priorityClassName"] = priority_class
     labels = {names.LABEL_JOB: job, names.LABEL_TIMESLICE_GROUP: group}

@@ -89,8 +89,9 @@ def _rollout(a: Any, tiny_grpo: Any) -> Any:
     for i in range(a.rollout_threads):
         engine = tiny_grpo.engine(a.seed)
         client = RolloutClient(service.address, worker=f"thread{i}")
-        w = RolloutWorker(client, engine, max_new_tokens=tiny_grpo.MAX_COMPLETION,
-                          eos_token_id=engine.tokenizer.eos_token_id)  # fmt: skip
+        w = RolloutWorker(
+            client, engine, max_new_tokens=tiny_grpo.MAX_COMPLETION, eos_token_id=engine.tokenizer.eos_token_id
+        )
         threading.Thread(target=w.run, name=f"rollout{i}", daemon=True).start()
     return service
 

@@ -29,10 +29,15 @@ UID = "uid-w0"
 def worker_pod(world: str | None, *, job: str = "job-a", pool: str = "pool-a") -> dict[str, Any]:
     ann = {names.ANNOTATION_WORLD: world} if world is not None else {}
     return {
-        "metadata": {"name": "job-a-w0", "namespace": "rl", "uid": UID, "labels": {names.LABEL_JOB: job},
-                     "annotations": ann},
+        "metadata": {
+            "name": "job-a-w0",
+            "namespace": "rl",
+            "uid": UID,
+            "labels": {names.LABEL_JOB: job},
+            "annotations": ann,
+        },
         "spec": {"nodeSelector": {names.LABEL_POOL: pool}},
-    }  # fmt: skip
+    }
 
 
 def _sample(m: DriverMetrics, name: str) -> float | None:

@@ -141,9 +141,13 @@ def test_checkpointed_workload_evicted_by_uid_from_claim_records(tmp_path: Path)
     with running_agent(tmp_path, host_memory_budget_bytes=1024) as agent:
         sock = agent.claim_socket("claim-v", "uid-v", namespace="rl", name="rl-victim")
         wl = start_workload(
-            tmp_path, "victim", socket=sock, pod_uid="uid-v", namespace="kube-system",
+            tmp_path,
+            "victim",
+            socket=sock,
+            pod_uid="uid-v",
+            namespace="kube-system",
             extra=["--updates", "400", "--checkpoint", str(ckpt)],
-        )  # fmt: skip
+        )
         with reaped(wl):
             wl.wait_ready()
             wait_registered(agent.engine, "uid-v")

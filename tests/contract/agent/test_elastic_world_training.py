@@ -23,13 +23,28 @@ from tests.support.agent_fixtures import WorkloadProc, reaped, running_agent, st
 UPDATES = 60
 POINTS = (15, 30, 45)
 SCHEDULE = ("2/2", "1/2", "2/2")  # the k-th change lands at update POINTS[k]
-ARGS = ["--updates", str(UPDATES), "--seed", "5", "--global-episodes", "4",
-        "--world-points", ",".join(map(str, POINTS))]  # fmt: skip
+ARGS = [
+    "--updates",
+    str(UPDATES),
+    "--seed",
+    "5",
+    "--global-episodes",
+    "4",
+    "--world-points",
+    ",".join(map(str, POINTS)),
+]
 
 
 def _pod(uid: str, world: str) -> dict[str, Any]:
-    return {"metadata": {"name": f"job-{uid}", "namespace": "rl", "uid": uid, "labels": {names.LABEL_JOB: "job"},
-                         "annotations": {names.ANNOTATION_WORLD: world}}}  # fmt: skip
+    return {
+        "metadata": {
+            "name": f"job-{uid}",
+            "namespace": "rl",
+            "uid": uid,
+            "labels": {names.LABEL_JOB: "job"},
+            "annotations": {names.ANNOTATION_WORLD: world},
+        }
+    }
 
 
 def _await(w: WorkloadProc, k: int, seen: list[str]) -> None:

@@ -179,8 +179,9 @@ def test_fifo_answers_do_not_delay_an_honest_suspend_on_another_claim(node: Node
             os.mkfifo(root / "ckpt" / "job.rose")  # read-opened without a writer: blocks forever
             pid = stack.enter_context(chrooted(root))
             stack.callback(Liar(node.socket(f"uid-l{i}"), f"pod-liar-{i}", pid, "/ckpt/job.rose").close)
-        honest = start_workload(node.tmp, "honest", socket=node.socket("uid-l2"), pod_uid="pod-honest",
-                                extra=["--updates", "100000"])  # fmt: skip
+        honest = start_workload(
+            node.tmp, "honest", socket=node.socket("uid-l2"), pod_uid="pod-honest", extra=["--updates", "100000"]
+        )
         stack.enter_context(reaped(honest))
         honest.wait_ready()
         wait_registered(node.engine, "pod-honest")

@@ -32,8 +32,16 @@ def reply(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForecastResponse
     (tmp / "pools.yaml").write_text(pools_yaml)
     port = free_port()
     log = (tmp / "predictor.log").open("wb")
-    cmd = [sys.executable, "-m", "predictor", "serve", f"--pools={tmp / 'pools.yaml'}", "--replay=generated",
-           "--risks=0.01,0.05", f"--listen=127.0.0.1:{port}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "predictor",
+        "serve",
+        f"--pools={tmp / 'pools.yaml'}",
+        "--replay=generated",
+        "--risks=0.01,0.05",
+        f"--listen=127.0.0.1:{port}",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -90,8 +98,13 @@ GRACE_S = 1800.0  # a job that needs half an hour's notice
 def test_the_planner_reclaims_at_risk_where_the_quantile_keeps_lending(reply: ForecastResponse) -> None:
     def target(fc: Forecast, cap: int) -> int:
         job = Job("ns/a", 1, 1, grace_s=GRACE_S, suspend_s=5.0, min_useful_run_s=60.0)
-        inp = PlanInput(fc.start + 1, (Pool("pool-a", cap, fc),), (job,), (Worker("a-w0", "ns/a", "active", "pool-a"),),
-                        Settings(dwell_s=300))  # fmt: skip
+        inp = PlanInput(
+            fc.start + 1,
+            (Pool("pool-a", cap, fc),),
+            (job,),
+            (Worker("a-w0", "ns/a", "active", "pool-a"),),
+            Settings(dwell_s=300),
+        )
         return plan(inp).targets["ns/a"].active_gpus
 
     q, r = pools.to_forecast(reply, "0.9"), pools.to_forecast(reply, "0.9", risk="0.01")

@@ -75,8 +75,15 @@ def test_loaded_models_older_than_the_retrain_interval_answer_before_any_refit(
 ) -> None:
     series = generate(days=4, step=600, seed=11)
     cfg = small_config(horizons=(600, 1800))
-    settings = Settings(step=600, history=4 * 86400, retrain_interval=RETRAIN, refresh_interval=0.2,
-                        max_data_age=900.0, risks=(0.05,), model=cfg)  # fmt: skip
+    settings = Settings(
+        step=600,
+        history=4 * 86400,
+        retrain_interval=RETRAIN,
+        refresh_interval=0.2,
+        max_data_age=900.0,
+        risks=(0.05,),
+        model=cfg,
+    )
     store = ModelStore(tmp_path / "models")
     model = QuantileForecaster(cfg).fit(series)
     fitted_at = time.time() - 3 * RETRAIN  # older than the retrain interval: due for a refit at once
@@ -117,8 +124,11 @@ def test_loaded_models_older_than_the_retrain_interval_answer_before_any_refit(
         for pool, version in saved.items():
             st = svc.pools[pool]
             assert st.fitted_at > fitted_at + 2 * RETRAIN and st.version != version
-            _wait(lambda p=pool: json.loads(_get(f"{srv.url}/v1/forecast?pool={p}")[1])["model_version"] != saved[p],
-                  10, f"{pool} to serve its refit model")  # fmt: skip
+            _wait(
+                lambda p=pool: json.loads(_get(f"{srv.url}/v1/forecast?pool={p}")[1])["model_version"] != saved[p],
+                10,
+                f"{pool} to serve its refit model",
+            )
         metrics = _get(f"{srv.url}/metrics")[1]
         assert _metric(metrics, "rose_forecast_model_loaded", "pool-a") == 0
         assert _metric(metrics, "rose_forecast_model_age_seconds", "pool-a") < RETRAIN

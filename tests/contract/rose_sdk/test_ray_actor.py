@@ -52,8 +52,13 @@ def test_ray_actor_is_suspended_and_resumed_through_its_node_agent(
         sock = agent.claim_socket("claim-ray", "uid-ray", name="ray-worker-0")
         for k in [k for k in os.environ if k.startswith("ROSE_")]:
             monkeypatch.delenv(k)
-        env = {"ROSE_AGENT_SOCKET": str(sock), "ROSE_POD_UID": "uid-ray", "ROSE_POD_NAMESPACE": "rl",
-               "ROSE_POD_NAME": "ray-worker-0", "ROSE_CLAIM_UID_claim-ray": "claim-ray"}  # fmt: skip
+        env = {
+            "ROSE_AGENT_SOCKET": str(sock),
+            "ROSE_POD_UID": "uid-ray",
+            "ROSE_POD_NAMESPACE": "rl",
+            "ROSE_POD_NAME": "ray-worker-0",
+            "ROSE_CLAIM_UID_claim-ray": "claim-ray",
+        }
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         opts = actor_env({"PYTHONPATH": str(REPO)})

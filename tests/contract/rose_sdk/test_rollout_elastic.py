@@ -128,10 +128,21 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _trainer(tmp: Path, name: str, extra: list[str]) -> subprocess.Popen[str]:
-    args = ["--out", str(tmp / f"{name}.pt"), "--max-steps", str(STEPS), "--beta", "0", "--num-iterations", "1",
-            "--rollout-service", *extra]  # fmt: skip
-    return subprocess.Popen([sys.executable, str(WORKLOAD), *args], env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    args = [
+        "--out",
+        str(tmp / f"{name}.pt"),
+        "--max-steps",
+        str(STEPS),
+        "--beta",
+        "0",
+        "--num-iterations",
+        "1",
+        "--rollout-service",
+        *extra,
+    ]
+    return subprocess.Popen(
+        [sys.executable, str(WORKLOAD), *args], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _await(p: subprocess.Popen[str], prefix: str, seen: list[str]) -> str:
@@ -146,8 +157,13 @@ def _await(p: subprocess.Popen[str], prefix: str, seen: list[str]) -> str:
 
 def _worker(addr: str, name: str) -> subprocess.Popen[str]:
     args = ["--role", "rollout", "--batch", "1", "--trainer-wait-s", "60"]
-    return subprocess.Popen([sys.executable, str(TRAIN), *args], env=_env(ROSE_TRAINER_ADDR=addr, ROSE_POD_NAME=name),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(TRAIN), *args],
+        env=_env(ROSE_TRAINER_ADDR=addr, ROSE_POD_NAME=name),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for(cond: Any, what: str, timeout: float = 90.0) -> Any:

@@ -34,10 +34,20 @@ def _trainer(out: Path, samples: int = 32) -> Any:
     tok = tiny_grpo.tokenizer()
     data = tiny_grpo.dataset(samples).map(lambda r: tok(r["prompt"] * 3), remove_columns=["prompt"])
     args = TrainingArguments(
-        output_dir=str(out), use_cpu=True, max_steps=STEPS, per_device_train_batch_size=4,
-        gradient_accumulation_steps=2, learning_rate=1e-2, seed=3, data_seed=3, logging_steps=1,
-        save_strategy="no", report_to="none", disable_tqdm=True, lr_scheduler_type="linear",
-    )  # fmt: skip
+        output_dir=str(out),
+        use_cpu=True,
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        seed=3,
+        data_seed=3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        lr_scheduler_type="linear",
+    )
     return Trainer(
         model=tiny_grpo.model(3),
         args=args,
@@ -112,8 +122,15 @@ def test_plain_trainer_suspended_through_the_agent_is_bit_identical(tmp_path: Pa
 
 
 def _pod(uid: str, world: str) -> dict[str, Any]:
-    return {"metadata": {"name": "hf", "namespace": "rl", "uid": uid, "labels": {names.LABEL_JOB: "job"},
-                         "annotations": {names.ANNOTATION_WORLD: world}}}  # fmt: skip
+    return {
+        "metadata": {
+            "name": "hf",
+            "namespace": "rl",
+            "uid": uid,
+            "labels": {names.LABEL_JOB: "job"},
+            "annotations": {names.ANNOTATION_WORLD: world},
+        }
+    }
 
 
 def test_world_from_the_agent_changes_gradient_accumulation(tmp_path: Path, no_rose_env: None) -> None:

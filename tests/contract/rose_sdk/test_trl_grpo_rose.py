@@ -110,8 +110,9 @@ def _suspended_run(
 
 
 def _baseline(tmp: Path, extra: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
-    w = start_workload(tmp, "baseline", socket=None, script=WORKLOAD, extra=["--max-steps", str(STEPS), *(extra or [])],
-                       env_extra=env)  # fmt: skip
+    w = start_workload(
+        tmp, "baseline", socket=None, script=WORKLOAD, extra=["--max-steps", str(STEPS), *(extra or [])], env_extra=env
+    )
     with reaped(w):
         w.finish(timeout=300)
     return torch.load(w.out, weights_only=False)
@@ -204,8 +205,12 @@ def _run(tmp: Path, name: str, env: dict[str, str], extra: list[str]) -> subproc
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
     return subprocess.run(
         [sys.executable, str(WORKLOAD), "--out", str(tmp / f"{name}.pt"), "--max-steps", str(STEPS), *extra],
-        env={**clean, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_lost_worker_resumes_from_the_trainer_checkpoint_bit_identical(

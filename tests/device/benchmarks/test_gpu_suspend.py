@@ -21,8 +21,12 @@ def report(cuda: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     out = tmp_path_factory.mktemp("bench") / "gpu_suspend.json"
     r = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_suspend", "--sizes-gib", str(GIB), "--repeats", "2", "--json", str(out)],
-        capture_output=True, text=True, timeout=400, check=False, cwd=Path(__file__).resolve().parents[3],
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got: dict[str, Any] = json.loads(out.read_text())
     return got

@@ -75,8 +75,15 @@ def test_vllm_engine_sleeps_wakes_and_reloads(cuda: str, tmp_path: Path) -> None
     from rose_sdk.integrations.vllm import VLLMEngine
 
     folder, weights = _tiny_folder(tmp_path)
-    llm = vllm.LLM(model=str(folder), enable_sleep_mode=True, gpu_memory_utilization=0.2, enforce_eager=True,
-                   dtype="float32", seed=0, max_model_len=128)  # fmt: skip
+    llm = vllm.LLM(
+        model=str(folder),
+        enable_sleep_mode=True,
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        max_model_len=128,
+    )
     e = VLLMEngine(llm, gpu_memory_utilization=0.2)
     before = e.generate(rollout_tiny.PROMPTS, SEEDS)
     assert len({s.token_ids for s in before}) > 1
@@ -99,8 +106,14 @@ def test_sglang_engine_releases_resumes_and_reloads(cuda: str, tmp_path: Path) -
     from rose_sdk.integrations.sglang import SGLangEngine
 
     folder, weights = _tiny_folder(tmp_path)
-    engine = sglang.Engine(model_path=str(folder), enable_memory_saver=True, mem_fraction_static=0.2,
-                           random_seed=0, dtype="float32", enable_deterministic_inference=True)  # fmt: skip
+    engine = sglang.Engine(
+        model_path=str(folder),
+        enable_memory_saver=True,
+        mem_fraction_static=0.2,
+        random_seed=0,
+        dtype="float32",
+        enable_deterministic_inference=True,
+    )
     try:
         e = SGLangEngine(engine, mem_fraction_static=0.2)
         with pytest.raises(ValueError, match="enable_weights_cpu_backup"):

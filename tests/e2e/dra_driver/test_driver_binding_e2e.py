@@ -26,9 +26,8 @@ from tests.support.driver_fixtures import driver_published, node_driver
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
-    delete_namespace,
     gpu_pod,
-    new_namespace,
+    scratch_namespace,
     wait_for,
 )
 
@@ -55,9 +54,8 @@ def drv(cluster: ClusterHandle) -> Iterator[DriverProcess]:
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "bind")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "bind") as name:
+        yield name
 
 
 def _metric(d: DriverProcess, name: str, **labels: str) -> float:

@@ -37,9 +37,8 @@ from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, res
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
-    delete_namespace,
     gpu_pod,
-    new_namespace,
+    scratch_namespace,
     wait_for,
 )
 
@@ -52,9 +51,13 @@ class DriverProc(DriverProcess):
 
     def __init__(self, cluster: ClusterHandle, node: str, root: Path) -> None:
         super().__init__(
-            cluster.kubeconfig, node, root, cluster.gpus_per_node, free_port(),
+            cluster.kubeconfig,
+            node,
+            root,
+            cluster.gpus_per_node,
+            free_port(),
             extra_args=E2E_DRIVER_ARGS,
-        )  # fmt: skip
+        )
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +80,8 @@ def drivers(cluster: ClusterHandle) -> Iterator[dict[str, DriverProc]]:
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "drv")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "drv") as name:
+        yield name
 
 
 def test_every_driver_publishes_and_republishes_after_wipe(
@@ -274,8 +276,9 @@ def test_suspended_worker_gives_its_cpu_back_through_pods_resize(
         return _cpu(api, ns, "rl-cpu")[0] == "6" and names.ANNOTATION_SUSPENDED_CPU not in _ann(api, ns, "rl-cpu")
 
     # serving wins on the same physical GPU
-    core.create_namespaced_pod(ns, gpu_pod("srv-cpu", "serve-cpu", labels={names.LABEL_ROLE: "serving"},
-                                           node_name=node))  # fmt: skip
+    core.create_namespaced_pod(
+        ns, gpu_pod("srv-cpu", "serve-cpu", labels={names.LABEL_ROLE: "serving"}, node_name=node)
+    )
     srv_claim = wait_for("serving claim allocated", lambda: allocated_claim(api, ns, "srv-cpu"), timeout=90)
     assert drv.prepare(srv_claim).error == ""
     assert _ann(api, ns, "rl-cpu")[names.ANNOTATION_SUSPEND_STATE] == "Suspended"

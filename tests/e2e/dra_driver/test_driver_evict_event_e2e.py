@@ -83,9 +83,10 @@ def _reclaim_by_eviction(full_driver: tuple[DriverProcess, str], api: Any, ns: s
     assert "suspend refused" in got["LentWorkloadEvicted"]
     assert "state was lost" in got["LentWorkloadEvicted"]
     evicted = next(
-        e for e in core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-0").items
+        e
+        for e in core.list_namespaced_event(ns, field_selector="involvedObject.name=rl-0").items
         if e.reason == "LentWorkloadEvicted"
-    )  # fmt: skip
+    )
     assert evicted.involved_object.uid == rl_uid
     everywhere = core.list_event_for_all_namespaces().items
     assert [e.involved_object.name for e in everywhere if e.involved_object.name.startswith("simulated-claim-")] == []

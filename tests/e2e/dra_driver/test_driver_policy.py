@@ -224,16 +224,32 @@ def _allocated_claim(admin: Raw, node: str, name: str) -> dict[str, Any]:
     """A serving claim in the driver's namespace, allocated (as the scheduler would) on ``node``."""
     base = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
     request = {"name": "gpu", "exactly": {"deviceClassName": "serving.gpu.rose.io"}}
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [request]}}}  # fmt: skip
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [request]}},
+    }
     c = admin.json("POST", base, body=body)
-    c["status"] = {"allocation": {
-        "devices": {"results": [{"request": "gpu", "driver": "gpu.rose.io", "pool": node, "device": "gpu-0-serving",
-                                 "bindingConditions": ["rose.io/device-freed"],
-                                 "bindingFailureConditions": ["rose.io/device-free-failed"]}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-    }}  # fmt: skip
+    c["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu.rose.io",
+                        "pool": node,
+                        "device": "gpu-0-serving",
+                        "bindingConditions": ["rose.io/device-freed"],
+                        "bindingFailureConditions": ["rose.io/device-free-failed"],
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    }
     return admin.json("PUT", f"{base}/{name}/status", body=c)
 
 

@@ -33,9 +33,8 @@ from tests.support.driver_fixtures import E2E_DRIVER_ARGS, driver_published, nod
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
-    delete_namespace,
     gpu_pod,
-    new_namespace,
+    scratch_namespace,
     wait_for,
 )
 
@@ -53,9 +52,8 @@ def share_driver(cluster: ClusterHandle) -> Iterator[DriverProcess]:
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "shr")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "shr") as name:
+        yield name
 
 
 def share_template(name: str, memory: str, compute: str) -> dict[str, Any]:

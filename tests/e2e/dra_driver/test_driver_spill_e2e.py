@@ -22,9 +22,8 @@ from tests.support.driver_fixtures import driver_published, simulated_host_drive
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
-    delete_namespace,
     gpu_pod,
-    new_namespace,
+    scratch_namespace,
     wait_for,
 )
 
@@ -53,9 +52,8 @@ def spill_driver(cluster: ClusterHandle) -> Iterator[tuple[DriverProcess, str, P
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "spill")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "spill") as name:
+        yield name
 
 
 def _sample(drv: DriverProcess, line_prefix: str) -> float | None:

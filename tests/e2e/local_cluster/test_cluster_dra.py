@@ -21,19 +21,17 @@ from rose_common import names
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
-    delete_namespace,
     gpu_pod,
-    new_namespace,
     pod_claim,
+    scratch_namespace,
     wait_for,
 )
 
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "dra")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "dra") as name:
+        yield name
 
 
 def _running(api: Any, ns: str, pod: str) -> bool:

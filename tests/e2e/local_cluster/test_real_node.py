@@ -40,7 +40,7 @@ from rose_common.proto import rose_agent_v1_pb2 as pb
 from rose_common.proto import rose_agent_v1_pb2_grpc as pb_grpc
 from rose_sdk import tensors_equal
 from tests.support.agent_fixtures import SCRIPT, reaped, start_workload
-from tests.support.k8s_helpers import claim_template, create_claim_template, delete_namespace, new_namespace, wait_for
+from tests.support.k8s_helpers import claim_template, create_claim_template, scratch_namespace, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 TOLERATE_NOT_READY = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
@@ -61,9 +61,8 @@ def real_node(cluster: ClusterHandle) -> Iterator[RealNode]:
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "realnode")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "realnode") as name:
+        yield name
 
 
 def _pod(name: str, image: str, node: str, claim_template_name: str | None = None) -> dict[str, Any]:
@@ -138,8 +137,11 @@ def test_container_runs_from_oci_archive(cluster: ClusterHandle, api: Any, ns: s
     # `rose cluster status` lists the real node's processes, the container's shim among them
     r = subprocess.run(
         [sys.executable, "-m", "rose_cli", "cluster", "--dir", str(cluster.workdir), "status", "-o", "json"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     rows = {(x["component"], x["pid"]): x["alive"] for x in json.loads(r.stdout)}
     running = {c for (c, _), alive in rows.items() if alive and c.startswith("realnode-")}
     assert running == {"realnode-containerd", "realnode-kubelet", "realnode-shim"}, r.stdout
@@ -209,11 +211,13 @@ def test_kubelet_drives_the_rose_driver(
     slices = wait_for(
         "the driver's ResourceSlice for the real node",
         lambda: client.CustomObjectsApi(api).list_cluster_custom_object(
-            "resource.k8s.io", "v1", "resourceslices",
+            "resource.k8s.io",
+            "v1",
+            "resourceslices",
             field_selector=f"spec.driver={names.DRIVER_NAME},spec.nodeName={real_node.node}",
         )["items"],
         timeout=60,
-    )  # fmt: skip
+    )
     assert sum(len(s["spec"]["devices"]) for s in slices) == 2  # one GPU: serving + lendable
     create_claim_template(api, ns, claim_template("lend", names.DEVICE_CLASS_LENDABLE))
     bins = load_binaries()
@@ -251,13 +255,15 @@ def test_kubelet_prepares_a_serving_claim_after_the_schedulers_prebind_wait(
         lambda: any(
             d.get("bindingConditions") == [names.BINDING_CONDITION_FREED]
             for s in client.CustomObjectsApi(api).list_cluster_custom_object(
-                "resource.k8s.io", "v1", "resourceslices",
+                "resource.k8s.io",
+                "v1",
+                "resourceslices",
                 field_selector=f"spec.driver={names.DRIVER_NAME},spec.nodeName={real_node.node}",
             )["items"]
             for d in s["spec"]["devices"]
         ),
         timeout=60,
-    )  # fmt: skip
+    )
     create_claim_template(api, ns, claim_template("lend", names.DEVICE_CLASS_LENDABLE))
     create_claim_template(api, ns, claim_template("serve", names.DEVICE_CLASS_SERVING))
     image = real_node.pause_image(load_binaries())
@@ -274,10 +280,12 @@ def test_kubelet_prepares_a_serving_claim_after_the_schedulers_prebind_wait(
     # driver may report before the scheduler's first check, and then it binds without waiting)
     assert names.EVENT_DEVICE_FREED in reasons and "Scheduled" in reasons, reasons
     claim = next(
-        c for c in client.CustomObjectsApi(api).list_namespaced_custom_object(
-            "resource.k8s.io", "v1", ns, "resourceclaims")["items"]
+        c
+        for c in client.CustomObjectsApi(api).list_namespaced_custom_object(
+            "resource.k8s.io", "v1", ns, "resourceclaims"
+        )["items"]
         if c["metadata"]["name"].startswith("serve-")
-    )  # fmt: skip
+    )
     conds = {c["type"]: c["status"] for c in claim["status"]["devices"][0]["conditions"]}
     assert conds == {names.BINDING_CONDITION_FREED: "True"}  # the scheduler bound it on this
     import urllib.request

@@ -130,8 +130,14 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
                     env=env, cwd=REPO, stdout=pred_log, stderr=subprocess.STDOUT,
                 )  # fmt: skip
                 try:
-                    yield {"prom": prom.proc, "prom_url": prom.url, "url": f"http://127.0.0.1:{port}",
-                           "tmp": tmp_path, "values": values, "t0": t0}  # fmt: skip
+                    yield {
+                        "prom": prom.proc,
+                        "prom_url": prom.url,
+                        "url": f"http://127.0.0.1:{port}",
+                        "tmp": tmp_path,
+                        "values": values,
+                        "t0": t0,
+                    }
                 finally:
                     stop_process(pred)
     finally:

@@ -240,7 +240,7 @@ def test_chart_refuses_values_that_drop_a_protection(tmp_path: Path) -> None:
     cases = (
         ("components.policies=false", "insecure.withoutPolicies", "drops ROSE's cluster-wide admission policies"),
         ("env.rose-scheduler.ROSE_EXTENDER_LISTEN=0.0.0.0:8888", "insecure.extenderListen", "beyond loopback"),
-    )  # fmt: skip
+    )
     for value, allow, why in cases:
         r = helm_run(tmp_path, *base, "--set", value)
         assert r.returncode != 0 and why in r.stderr and allow in r.stderr, (value, r.stderr)

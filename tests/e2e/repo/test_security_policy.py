@@ -223,8 +223,15 @@ def test_driver_rbac_by_can_i(env: Env) -> None:
     assert can_i(env, drv, "patch", "pods") and can_i(env, drv, "patch", "pods/resize")
     assert can_i(env, drv, "create", "events")
     assert can_i(env, drv, "create", "pods/eviction")  # cluster-wide: an Eviction carries no node
-    for verb, res in (("delete", "pods"), ("update", "pods"), ("patch", "events"), ("delete", "nodes"),
-                      ("update", "nodes"), ("patch", "nodes/status"), ("create", "pods/binding")):  # fmt: skip
+    for verb, res in (
+        ("delete", "pods"),
+        ("update", "pods"),
+        ("patch", "events"),
+        ("delete", "nodes"),
+        ("update", "nodes"),
+        ("patch", "nodes/status"),
+        ("create", "pods/binding"),
+    ):
         assert not can_i(env, drv, verb, res), f"the driver may {verb} {res}"
 
 
@@ -248,9 +255,13 @@ def test_driver_may_change_only_its_annotations_on_its_pods(env: Env) -> None:
     out = patched(env.drv, path, ann("rose.io/suspended-cpu", '{"main":"1"}'))
     assert out["metadata"]["labels"] == {"app": "tenant"}
     # the workload reports it relays from the node agent (dra_driver/agent/reports.py) are its own too
-    reports = {"rose.io/workload-phase": "Training", "rose.io/seconds-to-safe-point": "1.0",
-               "rose.io/reported-state-bytes": "1", "rose.io/reported-min-gpus": "1",
-               "rose.io/reported-min-host-memory-bytes": "1"}  # fmt: skip
+    reports = {
+        "rose.io/workload-phase": "Training",
+        "rose.io/seconds-to-safe-point": "1.0",
+        "rose.io/reported-state-bytes": "1",
+        "rose.io/reported-min-gpus": "1",
+        "rose.io/reported-min-host-memory-bytes": "1",
+    }
     out = env.drv.json("PATCH", path + "?dryRun=All", body={"metadata": {"annotations": reports}}, content_type=MERGE)
     assert out["metadata"]["annotations"]["rose.io/workload-phase"] == "Training"
 
@@ -309,8 +320,11 @@ def test_driver_events_name_its_node_and_a_pod(env: Env) -> None:
 
 def test_driver_evictions_carry_a_uid_precondition(env: Env) -> None:
     path = pod_path(env, "sec-pod-0") + "/eviction"
-    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                            "metadata": {"name": "sec-pod-0", "namespace": env.ns}}  # fmt: skip
+    body: dict[str, Any] = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "sec-pod-0", "namespace": env.ns},
+    }
     msg = refused(env.drv, path, body, "application/json", method="POST")
     assert "must carry deleteOptions.preconditions.uid" in msg
     uid = json.loads(ok(env, "get", "pod/sec-pod-0", "-n", env.ns, "-o", "json"))["metadata"]["uid"]
@@ -326,8 +340,14 @@ def test_extender_has_its_own_least_privilege_account(env: Env) -> None:
     assert can_i(env, ext, "patch", "pods") and can_i(env, ext, "get", "pods")
     assert can_i(env, ext, "list", "resourceclaims") and can_i(env, ext, "watch", "resourceslices")
     assert can_i(env, ext, "create", "events")
-    for verb, res in (("delete", "pods"), ("create", "pods/eviction"), ("create", "pods/binding"),
-                      ("update", "pods"), ("patch", "nodes"), ("get", "secrets")):  # fmt: skip
+    for verb, res in (
+        ("delete", "pods"),
+        ("create", "pods/eviction"),
+        ("create", "pods/binding"),
+        ("update", "pods"),
+        ("patch", "nodes"),
+        ("get", "secrets"),
+    ):
         assert not can_i(env, ext, verb, res), f"the extender may {verb} {res}"
     r = kubectl(env, "delete", "pod/sec-pod-1", "-n", env.ns, "--dry-run=server", *ext)
     assert r.returncode != 0 and "forbidden" in r.stderr.lower(), r.stderr
@@ -378,8 +398,14 @@ def test_controller_may_delete_only_worker_pods(env: Env) -> None:
     role = f"rose-sec-test-controller-{env.install_ns}"
     ok(env, "create", "clusterrole", role, "--verb=create,patch,delete", "--resource=pods")
     try:
-        ok(env, "create", "clusterrolebinding", role, f"--clusterrole={role}",
-           f"--serviceaccount={env.install_ns}:rose-elastic-controller")  # fmt: skip
+        ok(
+            env,
+            "create",
+            "clusterrolebinding",
+            role,
+            f"--clusterrole={role}",
+            f"--serviceaccount={env.install_ns}:rose-elastic-controller",
+        )
         msg = denied(env, "delete", "pod/sec-pod-0", "-n", env.ns, f"--as={user}")
         assert "may create, change or delete only worker pods" in msg
         msg = denied(env, "create", "-n", env.ns, "-f", "-", f"--as={user}", stdin=json.dumps(_pod("sec-x", env.node0)))
@@ -400,8 +426,12 @@ def _claim(kind: str, device_class: str, first_available: bool = False) -> str:
         req["exactly"] = {"deviceClassName": device_class}
     spec = {"devices": {"requests": [req]}}
     name = f"sec-{kind.lower()}-{uuid.uuid4().hex[:6]}"
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": name},
-            "spec": spec if kind == "ResourceClaim" else {"spec": spec}}  # fmt: skip
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec if kind == "ResourceClaim" else {"spec": spec},
+    }
     return json.dumps(body)
 
 
@@ -423,8 +453,11 @@ def serving_ns(cluster: ClusterHandle, env: Env) -> Iterator[str]:
 
 
 def test_unlabelled_namespace_cannot_claim_serving_or_use_serving_priority(env: Env) -> None:
-    for body in (_claim("ResourceClaim", "serving.gpu.rose.io"), _claim("ResourceClaimTemplate", "serving.gpu.rose.io"),
-                 _claim("ResourceClaim", "serving.gpu.rose.io", first_available=True)):  # fmt: skip
+    for body in (
+        _claim("ResourceClaim", "serving.gpu.rose.io"),
+        _claim("ResourceClaimTemplate", "serving.gpu.rose.io"),
+        _claim("ResourceClaim", "serving.gpu.rose.io", first_available=True),
+    ):
         msg = denied(env, "create", "-n", env.ns, "-f", "-", stdin=body)
         assert f"namespace '{env.ns}' may not claim serving.gpu.rose.io devices" in msg
         assert "rose.io/serving=allowed" in msg
@@ -443,8 +476,11 @@ def test_unlabelled_namespace_cannot_claim_serving_or_use_serving_priority(env: 
 
 
 def test_labelled_namespace_may_claim_serving(env: Env, serving_ns: str) -> None:
-    for body in (_claim("ResourceClaim", "serving.gpu.rose.io"), _claim("ResourceClaimTemplate", "serving.gpu.rose.io"),
-                 _serving_pod()):  # fmt: skip
+    for body in (
+        _claim("ResourceClaim", "serving.gpu.rose.io"),
+        _claim("ResourceClaimTemplate", "serving.gpu.rose.io"),
+        _serving_pod(),
+    ):
         ok(env, "create", "-n", serving_ns, "-f", "-", stdin=body)
 
 
@@ -453,12 +489,17 @@ def test_labelled_namespace_may_claim_serving(env: Env, serving_ns: str) -> None
 
 def _example_job(ns: str) -> ElasticRLJob:
     """The example job (examples/01_cartpole_reinforce.py) as an ElasticRLJob."""
-    container = {"name": "trainer", "image": "ghcr.io/rose-project/rose:0.1.0",
-                 "command": ["python", "examples/01_cartpole_reinforce.py", "--updates", "30"]}  # fmt: skip
-    return ElasticRLJob.model_validate({
-        "metadata": {"name": "cartpole", "namespace": ns, "uid": str(uuid.uuid4()), "generation": 1},
-        "spec": {"minGPUs": 1, "maxGPUs": 2, "gpusPerWorker": 1, "template": {"spec": {"containers": [container]}}},
-    })  # fmt: skip
+    container = {
+        "name": "trainer",
+        "image": "ghcr.io/rose-project/rose:0.1.0",
+        "command": ["python", "examples/01_cartpole_reinforce.py", "--updates", "30"],
+    }
+    return ElasticRLJob.model_validate(
+        {
+            "metadata": {"name": "cartpole", "namespace": ns, "uid": str(uuid.uuid4()), "generation": 1},
+            "spec": {"minGPUs": 1, "maxGPUs": 2, "gpusPerWorker": 1, "template": {"spec": {"containers": [container]}}},
+        }
+    )
 
 
 def test_rl_worker_pod_is_admitted_under_baseline_pod_security(cluster: ClusterHandle, env: Env) -> None:
@@ -500,8 +541,16 @@ def tenant(cluster: ClusterHandle, env: Env) -> Iterator[Raw]:
     """A tenant user with the built-in ``edit`` role in the tenant namespace, plus ``create
     elasticrljobs`` (and nothing on pods beyond edit): requests sent as that user."""
     ok(env, "create", "rolebinding", "sec-tenant-edit", "-n", env.ns, "--clusterrole=edit", f"--user={TENANT}")
-    ok(env, "create", "role", "sec-tenant-jobs", "-n", env.ns, "--verb=create,update,patch,get",
-       "--resource=elasticrljobs.elastic.rose.io")  # fmt: skip
+    ok(
+        env,
+        "create",
+        "role",
+        "sec-tenant-jobs",
+        "-n",
+        env.ns,
+        "--verb=create,update,patch,get",
+        "--resource=elasticrljobs.elastic.rose.io",
+    )
     ok(env, "create", "rolebinding", "sec-tenant-jobs", "-n", env.ns, "--role=sec-tenant-jobs", f"--user={TENANT}")
     wait_can(env, [f"--as={TENANT}"], "patch", "pods")
     wait_can(env, [f"--as={TENANT}"], "create", "elasticrljobs.elastic.rose.io")
@@ -519,8 +568,12 @@ def test_a_tenant_with_edit_cannot_forge_control_annotations(env: Env, tenant: R
     path = pod_path(env, "sec-pod-1")  # an RL worker
     assert can_i(env, [f"--as={TENANT}"], "patch", "pods")  # edit may patch pods: the policy must refuse
     assert not can_i(env, [f"--as={TENANT}"], "update", "controlannotations.rose.io")
-    for key, value in (("rose.io/suspend-state", "Suspended"), ("rose.io/fencing-token", "victim:2147483647"),
-                       ("rose.io/suspend-request", '{"by": "timeslice"}'), ("gpu.rose.io/anything", "1")):  # fmt: skip
+    for key, value in (
+        ("rose.io/suspend-state", "Suspended"),
+        ("rose.io/fencing-token", "victim:2147483647"),
+        ("rose.io/suspend-request", '{"by": "timeslice"}'),
+        ("gpu.rose.io/anything", "1"),
+    ):
         msg = refused(tenant, path, ann(key, value))
         assert "pod annotations under rose.io/ are ROSE's control state" in msg, msg
         assert f"{TENANT} may not change {key}" in msg, msg
@@ -544,8 +597,16 @@ def test_an_account_named_like_roses_in_another_namespace_is_not_exempt(cluster:
     """The exemption names ROSE's accounts with their install namespace: a tenant's own
     ServiceAccount called rose-timeslice (the orchestrator's name) is a tenant."""
     ok(env, "create", "serviceaccount", "rose-timeslice", "-n", env.ns)
-    ok(env, "create", "rolebinding", "sec-fake-timeslice", "-n", env.ns, "--clusterrole=edit",
-       f"--serviceaccount={env.ns}:rose-timeslice")  # fmt: skip
+    ok(
+        env,
+        "create",
+        "rolebinding",
+        "sec-fake-timeslice",
+        "-n",
+        env.ns,
+        "--clusterrole=edit",
+        f"--serviceaccount={env.ns}:rose-timeslice",
+    )
     wait_can(env, [f"--as=system:serviceaccount:{env.ns}:rose-timeslice"], "patch", "pods")
     fake = impersonating(cluster, f"system:serviceaccount:{env.ns}:rose-timeslice")
     try:
@@ -562,8 +623,12 @@ def _job(name: str, spec: dict[str, Any], template_meta: dict[str, Any] | None =
     container = {"name": "trainer", "image": "registry.invalid/rose/fake:1"}
     pod_spec = {"containers": [container], **spec}
     template = {"metadata": template_meta or {}, "spec": pod_spec}
-    return {"apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob", "metadata": {"name": name},
-            "spec": {"minGPUs": 1, "maxGPUs": 1, "template": template}}  # fmt: skip
+    return {
+        "apiVersion": "elastic.rose.io/v1alpha1",
+        "kind": "ElasticRLJob",
+        "metadata": {"name": name},
+        "spec": {"minGPUs": 1, "maxGPUs": 1, "template": template},
+    }
 
 
 HOSTILE: dict[str, Any] = {
@@ -592,10 +657,16 @@ def test_an_elasticrljob_template_is_held_to_baseline_pod_security(
     """Finding 10: the template became a pod as written (privileged, hostPath /, host namespaces, any
     node). Refused at apply time, the message naming each field; a plain template is accepted."""
     msg = refused(tenant, _jobs_path(env.ns), _job("sec-hostile", HOSTILE), "application/json", method="POST")
-    for field in ("spec.template.spec.hostNetwork", "spec.template.spec.hostPID",
-                  "spec.template.spec.volumes[root].hostPath", "container trainer securityContext.privileged",
-                  "container trainer securityContext.capabilities.add SYS_ADMIN", "container trainer ports[].hostPort",
-                  "sysctls kernel.msgmax", "seccompProfile Unconfined"):  # fmt: skip
+    for field in (
+        "spec.template.spec.hostNetwork",
+        "spec.template.spec.hostPID",
+        "spec.template.spec.volumes[root].hostPath",
+        "container trainer securityContext.privileged",
+        "container trainer securityContext.capabilities.add SYS_ADMIN",
+        "container trainer ports[].hostPort",
+        "sysctls kernel.msgmax",
+        "seccompProfile Unconfined",
+    ):
         assert field in msg, (field, msg)
     assert "held to Pod Security baseline" in msg and "pod-security.kubernetes.io/enforce=privileged" in msg, msg
     assert "CHOWN" not in msg.split("capabilities.add")[1].split(";")[0], msg  # a baseline capability is fine
@@ -619,10 +690,28 @@ def test_an_elasticrljob_template_is_held_to_baseline_pod_security(
         jobs_only.json("POST", _jobs_path(env.ns) + "?dryRun=All", body=_job("sec-default", {}))
     finally:
         jobs_only.api.close()
-    ok(env, "create", "-n", env.ns, "--dry-run=server", "-f", "-", f"--as={TENANT}",  # edit may create pods
-       stdin=json.dumps(_job("sec-sa-edit", {"serviceAccountName": "builder"})))  # fmt: skip
-    ok(env, "create", "-n", env.ns, "--dry-run=server", "-f", "-", f"--as={TENANT}",
-       stdin=json.dumps(_job("sec-plain", {"securityContext": {"runAsNonRoot": True}})))  # fmt: skip
+    ok(
+        env,
+        "create",
+        "-n",
+        env.ns,
+        "--dry-run=server",
+        "-f",
+        "-",
+        f"--as={TENANT}",  # edit may create pods
+        stdin=json.dumps(_job("sec-sa-edit", {"serviceAccountName": "builder"})),
+    )
+    ok(
+        env,
+        "create",
+        "-n",
+        env.ns,
+        "--dry-run=server",
+        "-f",
+        "-",
+        f"--as={TENANT}",
+        stdin=json.dumps(_job("sec-plain", {"securityContext": {"runAsNonRoot": True}})),
+    )
 
 
 def test_a_privileged_namespace_opts_out_of_the_template_rules(cluster: ClusterHandle, env: Env) -> None:
@@ -647,8 +736,14 @@ def test_the_controllers_pods_are_held_to_baseline_pod_security(env: Env) -> Non
     role = f"rose-sec-test-controller-psa-{env.install_ns}"
     ok(env, "create", "clusterrole", role, "--verb=create", "--resource=pods")
     try:
-        ok(env, "create", "clusterrolebinding", role, f"--clusterrole={role}",
-           f"--serviceaccount={env.install_ns}:rose-elastic-controller")  # fmt: skip
+        ok(
+            env,
+            "create",
+            "clusterrolebinding",
+            role,
+            f"--clusterrole={role}",
+            f"--serviceaccount={env.install_ns}:rose-elastic-controller",
+        )
         pod = workers.worker_pod(_example_job(env.ns), 0)
         hostile = json.loads(json.dumps(pod))
         hostile["spec"]["hostPID"] = True
@@ -663,10 +758,16 @@ def _roles_job(name: str, trainer: dict[str, Any], rollout: dict[str, Any]) -> d
     def template(extra: dict[str, Any]) -> dict[str, Any]:
         return {"spec": {"containers": [{"name": "c", "image": "registry.invalid/rose/fake:1"}], **extra}}
 
-    roles = {"trainer": {"workers": 1, "template": template(trainer)},
-             "rollout": {"maxWorkers": 2, "template": template(rollout)}}  # fmt: skip
-    return {"apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob", "metadata": {"name": name},
-            "spec": {"roles": roles}}  # fmt: skip
+    roles = {
+        "trainer": {"workers": 1, "template": template(trainer)},
+        "rollout": {"maxWorkers": 2, "template": template(rollout)},
+    }
+    return {
+        "apiVersion": "elastic.rose.io/v1alpha1",
+        "kind": "ElasticRLJob",
+        "metadata": {"name": name},
+        "spec": {"roles": roles},
+    }
 
 
 def test_the_role_templates_of_a_job_with_roles_are_checked_at_apply_time(
@@ -675,18 +776,29 @@ def test_the_role_templates_of_a_job_with_roles_are_checked_at_apply_time(
     """Issue 23 §3: a role template may not place its pods (nodeName) nor lend the requester the
     namespace's other accounts; the baseline holds for the pods the controller creates from it."""
     path = _jobs_path(env.ns)
-    msg = refused(tenant, path, _roles_job("sec-roles-node", {"nodeName": env.node0}, {}), "application/json",
-                  method="POST")  # fmt: skip
+    msg = refused(
+        tenant, path, _roles_job("sec-roles-node", {"nodeName": env.node0}, {}), "application/json", method="POST"
+    )
     assert "spec.roles.trainer.template.spec.nodeName is not allowed: the scheduler (rose-scheduler)" in msg, msg
-    ok(env, "create", "rolebinding", "sec-roles-jobs-only", "-n", env.ns, "--role=sec-tenant-jobs",
-       f"--user={JOBS_ONLY}")  # fmt: skip
+    ok(
+        env,
+        "create",
+        "rolebinding",
+        "sec-roles-jobs-only",
+        "-n",
+        env.ns,
+        "--role=sec-tenant-jobs",
+        f"--user={JOBS_ONLY}",
+    )
     wait_can(env, [f"--as={JOBS_ONLY}"], "create", "elasticrljobs.elastic.rose.io")
     jobs_only = impersonating(cluster, JOBS_ONLY)
     try:
         sa = _roles_job("sec-roles-sa", {}, {"serviceAccountName": "builder"})
         msg = refused(jobs_only, path, sa, "application/json", method="POST")
-        assert f"spec.roles.rollout.template.spec.serviceAccountName 'builder' needs the right to create pods in " \
-               f"namespace '{env.ns}'" in msg, msg  # fmt: skip
+        assert (
+            f"spec.roles.rollout.template.spec.serviceAccountName 'builder' needs the right to create pods in "
+            f"namespace '{env.ns}'" in msg
+        ), msg
         jobs_only.json("POST", path + "?dryRun=All", body=_roles_job("sec-roles-ok", {}, {}))
     finally:
         jobs_only.api.close()
@@ -697,8 +809,14 @@ def test_the_role_templates_of_a_job_with_roles_are_checked_at_apply_time(
     role = f"rose-sec-test-roles-psa-{env.install_ns}"
     ok(env, "create", "clusterrole", role, "--verb=create", "--resource=pods")
     try:
-        ok(env, "create", "clusterrolebinding", role, f"--clusterrole={role}",
-           f"--serviceaccount={env.install_ns}:rose-elastic-controller")  # fmt: skip
+        ok(
+            env,
+            "create",
+            "clusterrolebinding",
+            role,
+            f"--clusterrole={role}",
+            f"--serviceaccount={env.install_ns}:rose-elastic-controller",
+        )
         pod = workers.worker_pod(job, 0, None, None, "trainer")
         msg = denied(env, "create", "-n", env.ns, "-f", "-", f"--as={user}", stdin=json.dumps(pod))
         assert "of an ElasticRLJob is held to Pod Security baseline and may not set spec.hostPID" in msg, msg

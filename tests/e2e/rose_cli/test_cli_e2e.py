@@ -15,8 +15,11 @@ from local_cluster import ClusterHandle
 def test_rose_version_shows_the_api_servers_version(cluster: ClusterHandle, api: Any) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "rose_cli", "version", "--kubeconfig", str(cluster.kubeconfig), "-o", "json"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     want = client.VersionApi(api).get_code()

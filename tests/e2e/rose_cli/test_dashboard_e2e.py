@@ -99,22 +99,49 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
 
 def _prometheus_config(targets: dict[str, list[str]], serving_pool: str, vllm_port: int) -> dict[str, Any]:
     # honor_labels as manifests/prometheus/scrape-configs.yaml: the RL job's `job` label is kept
-    jobs = [{"job_name": job, "honor_labels": True, "static_configs": [{"targets": addrs}]}
-            for job, addrs in targets.items()]  # fmt: skip
+    jobs = [
+        {"job_name": job, "honor_labels": True, "static_configs": [{"targets": addrs}]}
+        for job, addrs in targets.items()
+    ]
     vllm = {"targets": [f"127.0.0.1:{vllm_port}"], "labels": {"pool": serving_pool}}
     jobs.append({"job_name": "serving-vllm", "static_configs": [vllm]})
-    return {"global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
-            "rule_files": [str(RULES)],
-            "scrape_configs": jobs}  # fmt: skip
+    return {
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": jobs,
+    }
 
 
 def _predictor(tmp: Path, prom_url: str, pool: str, port: int) -> list[str]:
     pools = tmp / "pools.yaml"
-    pools.write_text(yaml.safe_dump({"pools": [{"name": pool, "query": f'sum(rose_serving_busy_gpus{{pool="{pool}"}})',
-                                                "unit": "gpus", "capacity": 4}]}))  # fmt: skip
-    return ["predictor", "serve", f"--pools={pools}", f"--listen=127.0.0.1:{port}", f"--prometheus-url={prom_url}",
-            "--step=1s", "--history=1h", "--horizons=10s,30s", "--quantiles=0.9", "--refresh-interval=1s",
-            "--season-day=144s", "--season-week=1008s"]  # fmt: skip
+    pools.write_text(
+        yaml.safe_dump(
+            {
+                "pools": [
+                    {
+                        "name": pool,
+                        "query": f'sum(rose_serving_busy_gpus{{pool="{pool}"}})',
+                        "unit": "gpus",
+                        "capacity": 4,
+                    }
+                ]
+            }
+        )
+    )
+    return [
+        "predictor",
+        "serve",
+        f"--pools={pools}",
+        f"--listen=127.0.0.1:{port}",
+        f"--prometheus-url={prom_url}",
+        "--step=1s",
+        "--history=1h",
+        "--horizons=10s,30s",
+        "--quantiles=0.9",
+        "--refresh-interval=1s",
+        "--season-day=144s",
+        "--season-week=1008s",
+    ]
 
 
 @contextlib.contextmanager
@@ -144,8 +171,10 @@ def timeslice_jobs(port: int, metrics_port: int, tmp: Path) -> Iterator[None]:
                     stub.Yield(pb.YieldRequest(group="dash", job=job, fencing_token=r.fencing_token), timeout=10)
                 stop.wait(0.5)
 
-        threads = [threading.Thread(target=turns, args=a, daemon=True) for a in (("sampler", "sampler"),
-                                                                                  ("trainer", "trainer"))]  # fmt: skip
+        threads = [
+            threading.Thread(target=turns, args=a, daemon=True)
+            for a in (("sampler", "sampler"), ("trainer", "trainer"))
+        ]
         for t in threads:
             t.start()
         try:
@@ -198,8 +227,9 @@ def test_every_dashboard_panel_has_data_from_the_scenario(cluster: ClusterHandle
             stack.enter_context(timeslice_jobs(ts_port, ts_metrics, tmp_path))
             prom_cfg = yaml.safe_dump(_prometheus_config(targets, s.quiet, vllm.port))
             prom_url = stack.enter_context(prometheus(prom_cfg, tmp_path)).url
-            stack.enter_context(module_process(_predictor(tmp_path, prom_url, s.quiet, predictor_port),
-                                               tmp_path / "predictor.log"))  # fmt: skip
+            stack.enter_context(
+                module_process(_predictor(tmp_path, prom_url, s.quiet, predictor_port), tmp_path / "predictor.log")
+            )
             # every process scraped before the story starts: the counters' first increase is seen
             wait_for("Prometheus scraping every process", lambda: not _targets_down(prom_url), timeout=60)
             s.ns = new_namespace(api, "dash")
@@ -246,9 +276,21 @@ def _roles_job(ns: str) -> dict[str, Any]:
     """A small ElasticRLJob with roles (trainer 1, rollouts 0-1), as examples/02_grpo_tiny_llm's."""
     pod = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "w", "image": "rose/grpo"}]}}
     return {
-        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": ROLES_JOB, "namespace": ns},
-        "spec": {"gracefulShutdownPeriod": 5, "minUsefulRunSeconds": 60, "roles": {
-            "trainer": {"workers": 1, "gpusPerWorker": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
-            "rollout": {"minWorkers": 0, "maxWorkers": 1, "gpusPerWorker": 1, "stateBytesPerWorker": 1 << 28,
-                        "template": pod}}},
-    }  # fmt: skip
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": ROLES_JOB, "namespace": ns},
+        "spec": {
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+            "roles": {
+                "trainer": {"workers": 1, "gpusPerWorker": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
+                "rollout": {
+                    "minWorkers": 0,
+                    "maxWorkers": 1,
+                    "gpusPerWorker": 1,
+                    "stateBytesPerWorker": 1 << 28,
+                    "template": pod,
+                },
+            },
+        },
+    }

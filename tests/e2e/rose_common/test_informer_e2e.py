@@ -19,16 +19,15 @@ import pytest
 from rose_common.informer import BOOKMARK, Informer, InformerSettings
 from rose_common.kube import objects
 from rose_common.kube.client import Raw
-from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.support.k8s_helpers import scratch_namespace, wait_for
 
 LABEL = "rose.io/informer-e2e"
 
 
 @pytest.fixture
 def ns(api: Any) -> Iterator[str]:
-    name = new_namespace(api, "informer")
-    yield name
-    delete_namespace(api, name)
+    with scratch_namespace(api, "informer") as name:
+        yield name
 
 
 class Tap:

@@ -57,8 +57,9 @@ def url(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def bucket_view(s3: S3Server) -> Any:
     """The test's own view of the server (s3fs directly, not through the code under test)."""
-    return s3fs.S3FileSystem(endpoint_url=s3.endpoint, key=s3.access_key, secret=s3.secret_key,
-                             skip_instance_cache=True)  # fmt: skip
+    return s3fs.S3FileSystem(
+        endpoint_url=s3.endpoint, key=s3.access_key, secret=s3.secret_key, skip_instance_cache=True
+    )
 
 
 def objects(s3: S3Server, url: str) -> list[str]:

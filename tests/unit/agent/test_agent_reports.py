@@ -106,8 +106,15 @@ def test_observe_pod_versions_world_changes_only() -> None:
     book = ReportBook()
 
     def pod(world: str) -> dict[str, object]:
-        return {"metadata": {"uid": "u", "name": "w", "namespace": "rl", "labels": {names.LABEL_JOB: "j"},
-                             "annotations": {names.ANNOTATION_WORLD: world}}}  # fmt: skip
+        return {
+            "metadata": {
+                "uid": "u",
+                "name": "w",
+                "namespace": "rl",
+                "labels": {names.LABEL_JOB: "j"},
+                "annotations": {names.ANNOTATION_WORLD: world},
+            }
+        }
 
     book.observe_pod(pod("2/2"))
     w1, v1 = book.world("u")

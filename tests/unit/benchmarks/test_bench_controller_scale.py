@@ -46,15 +46,17 @@ def test_worker_names_map_back_to_their_job() -> None:
 
 def test_apiserver_writes_by_kind_and_the_window_between_two_scrapes() -> None:
     def page(patch_pods: int, leases: int) -> str:
-        return "\n".join([
-            "# TYPE apiserver_request_total counter",
-            f'apiserver_request_total{{code="200",resource="pods",subresource="",verb="PATCH"}} {patch_pods}',
-            'apiserver_request_total{code="409",resource="pods",subresource="",verb="PATCH"} 1',
-            f'apiserver_request_total{{code="200",resource="leases",subresource="",verb="PUT"}} {leases}',
-            'apiserver_request_total{code="200",resource="pods",subresource="status",verb="PUT"} 7',
-            'apiserver_request_total{code="200",resource="pods",subresource="",verb="LIST"} 99',
-            'apiserver_request_duration_seconds_count{verb="PATCH"} 5',
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                "# TYPE apiserver_request_total counter",
+                f'apiserver_request_total{{code="200",resource="pods",subresource="",verb="PATCH"}} {patch_pods}',
+                'apiserver_request_total{code="409",resource="pods",subresource="",verb="PATCH"} 1',
+                f'apiserver_request_total{{code="200",resource="leases",subresource="",verb="PUT"}} {leases}',
+                'apiserver_request_total{code="200",resource="pods",subresource="status",verb="PUT"} 7',
+                'apiserver_request_total{code="200",resource="pods",subresource="",verb="LIST"} 99',
+                'apiserver_request_duration_seconds_count{verb="PATCH"} 5',
+            ]
+        )
 
     before, after = cs.apiserver_writes(page(10, 5)), cs.apiserver_writes(page(410, 25))
     assert before == {"PATCH pods": 11.0, "PUT leases": 5.0, "PUT pods/status": 7.0}  # reads are not writes

@@ -15,8 +15,12 @@ JOBS = ("a", "b")
 def test_tick_series_takes_the_last_sample_within_each_tick_and_carries_it_over_a_gap() -> None:
     samples = [(-3.0, {"a": 1}), (0.5, {"a": 2}), (4.9, {"a": 3, "b": 1}), (11.0, {"a": 0, "b": 2})]
     # tick 0 = [0, 5): the last sample is 3+1; tick 1 = [5, 10) has none: it carries; tick 2 sees 0+2
-    assert tick_series(samples, 4, 5.0, JOBS) == [{"a": 3, "b": 1}, {"a": 3, "b": 1}, {"a": 0, "b": 2},
-                                                  {"a": 0, "b": 2}]  # fmt: skip
+    assert tick_series(samples, 4, 5.0, JOBS) == [
+        {"a": 3, "b": 1},
+        {"a": 3, "b": 1},
+        {"a": 0, "b": 2},
+        {"a": 0, "b": 2},
+    ]
     # a real system a little late: the state reached at 5.2 s belongs to tick 1, not tick 0
     assert tick_series([(5.2, {"a": 4})], 2, 5.0, JOBS) == [{"a": 0, "b": 0}, {"a": 4, "b": 0}]
 
@@ -29,8 +33,15 @@ def test_series_figures_counts_gpus_grown_and_dropped_per_job_and_the_lent_hours
 
 
 def _side(**kw: float) -> dict[str, float]:
-    base = {"lent_gpu_hours": 10.0, "grows": 6, "drops": 2, "suspends": 2, "planned_reclaims": 2,
-            "unplanned_reclaims": 0, "serving_waits": 0}  # fmt: skip
+    base = {
+        "lent_gpu_hours": 10.0,
+        "grows": 6,
+        "drops": 2,
+        "suspends": 2,
+        "planned_reclaims": 2,
+        "unplanned_reclaims": 0,
+        "serving_waits": 0,
+    }
     return {**base, **kw}
 
 

@@ -83,8 +83,12 @@ def test_demand_is_a_reserved_serving_allocation_here_not_yet_reported() -> None
 def test_status_patch_keeps_other_entries_and_conditions_and_guards_the_version() -> None:
     claim = copy.deepcopy(S0)
     other = {"driver": "net.example.com", "pool": NODE, "device": "nic-0", "conditions": []}
-    mine = {"driver": names.DRIVER_NAME, "pool": NODE, "device": "gpu-0-serving",
-            "conditions": [{"type": "Ready", "status": "True"}]}  # fmt: skip
+    mine = {
+        "driver": names.DRIVER_NAME,
+        "pool": NODE,
+        "device": "gpu-0-serving",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
     claim["status"]["devices"] = [other, mine]
     patch = binding.status_patch(
         claim, names.DRIVER_NAME, NODE, ("gpu-0-serving",), binding.Outcome(False, "NotFreed", "x" * 5000), NOW
@@ -107,8 +111,10 @@ def test_the_serving_wait_mode_follows_the_api_and_says_why() -> None:
     assert binding.resolve_mode("auto", True)[0] == "prebind"
     mode, why = binding.resolve_mode("auto", False)
     assert mode == "prepare" and "drops device bindingConditions" in why and "DRADeviceBindingConditions" in why
-    assert binding.resolve_mode("auto", None) == ("prepare", "serving waits in NodePrepareResources: probing the"
-                                                  " API server for device bindingConditions failed")  # fmt: skip
+    assert binding.resolve_mode("auto", None) == (
+        "prepare",
+        "serving waits in NodePrepareResources: probing the API server for device bindingConditions failed",
+    )
     assert binding.resolve_mode("prepare", None)[0] == "prepare"
     assert binding.resolve_mode("prebind", True)[0] == "prebind"
     with pytest.raises(ValueError, match="--serving-wait=prebind: the API server drops device bindingConditions"):

@@ -135,8 +135,11 @@ def test_a_failure_is_reported_as_the_failure_condition_with_a_warning() -> None
     w.on_event("ADDED", copy.deepcopy(store.claim))
     _drain(w)
     cond = store.patches[0]["status"]["devices"][0]["conditions"][0]
-    assert (cond["type"], cond["reason"], cond["message"]) == (names.BINDING_CONDITION_FREE_FAILED, "NotFreed",
-                                                               "4096 B resident")  # fmt: skip
+    assert (cond["type"], cond["reason"], cond["message"]) == (
+        names.BINDING_CONDITION_FREE_FAILED,
+        "NotFreed",
+        "4096 B resident",
+    )
     assert ("serve-0", names.EVENT_DEVICE_NOT_FREED, True) in events
     assert w.metrics.binding_total.labels("failed")._value.get() == 1
 

@@ -32,8 +32,14 @@ from rose_common import names
 from rose_common.kube.errors import ApiError, Conflict, Status, Unprocessable
 
 
-def container(name: str = "main", cpu: str | None = "60", limit: str | None = None, mem: str | None = None,
-              mem_limit: str | None = None, policy: str | None = None) -> dict[str, Any]:  # fmt: skip
+def container(
+    name: str = "main",
+    cpu: str | None = "60",
+    limit: str | None = None,
+    mem: str | None = None,
+    mem_limit: str | None = None,
+    policy: str | None = None,
+) -> dict[str, Any]:
     req: dict[str, str] = {}
     lim: dict[str, str] = {}
     if cpu is not None:
@@ -57,8 +63,12 @@ def container(name: str = "main", cpu: str | None = "60", limit: str | None = No
     return c
 
 
-def pod(*containers: dict[str, Any], ann: dict[str, str] | None = None, qos: str | None = None,
-        init: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+def pod(
+    *containers: dict[str, Any],
+    ann: dict[str, str] | None = None,
+    qos: str | None = None,
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     p: dict[str, Any] = {
         "metadata": {"namespace": "ml", "name": "rl-0", "uid": "u-1", "resourceVersion": "7", "annotations": ann or {}},
         "spec": {"containers": list(containers)},
@@ -346,8 +356,9 @@ def test_resizer_failure_is_counted_and_reported_never_raised() -> None:
         "main": {"request": "4"}
     }
     # a malformed annotation on restore: a clear error Event, no exception
-    fake.pod["metadata"]["annotations"].update({names.ANNOTATION_SUSPEND_STATE: "Running",
-                                                names.ANNOTATION_SUSPENDED_CPU: "{oops"})  # fmt: skip
+    fake.pod["metadata"]["annotations"].update(
+        {names.ANNOTATION_SUSPEND_STATE: "Running", names.ANNOTATION_SUSPENDED_CPU: "{oops"}
+    )
     assert r.sync(REF) == "restore/error"
     assert "ml/rl-0" in events[-1][1] and "not JSON" in events[-1][1]
 

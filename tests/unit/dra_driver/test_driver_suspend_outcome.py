@@ -84,9 +84,14 @@ def _suspend_outcome(tmp: Path, answer: SuspendResult) -> tuple[float, float]:
 def test_outcome_label_comes_from_the_reason_not_the_message(tmp_path: Path) -> None:
     # A failure whose *message* happens to say "within" is a failure, not a timeout ...
     failed = SuspendResult(
-        False, "cooperative", 0, 0.1, "checkpoint-evict",
-        "durable checkpoint not confirmed (no acknowledgement within 60.0s)", SuspendReason.FAILED,
-    )  # fmt: skip
+        False,
+        "cooperative",
+        0,
+        0.1,
+        "checkpoint-evict",
+        "durable checkpoint not confirmed (no acknowledgement within 60.0s)",
+        SuspendReason.FAILED,
+    )
     timeouts, failures = _suspend_outcome(tmp_path / "a", failed)
     assert (timeouts, failures) == (0, 1)
     # ... and a lock that timed out (CUDA_ERROR_NOT_READY) is a timeout, whatever the text says.

@@ -18,8 +18,14 @@ HOUR = 3600.0
 
 
 def view(name: str, **kw: object) -> PoolView:
-    base: dict[str, object] = {"has_series": True, "has_model": True, "model_age": 0.0, "loaded": False,
-                               "needs_risks": False, "answered": True}  # fmt: skip
+    base: dict[str, object] = {
+        "has_series": True,
+        "has_model": True,
+        "model_age": 0.0,
+        "loaded": False,
+        "needs_risks": False,
+        "answered": True,
+    }
     base.update(kw)
     return PoolView(name=name, **base)  # type: ignore[arg-type]
 

@@ -27,8 +27,13 @@ def _pytest_device(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[st
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", CUDA_VISIBLE_DEVICES="")
     return subprocess.run(
         [sys.executable, "-m", "pytest", "tests/device", "-p", "no:cacheprovider", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_device_tier_collects_without_the_cluster_dependencies(tmp_path: Path) -> None:
@@ -38,6 +43,10 @@ def test_device_tier_collects_without_the_cluster_dependencies(tmp_path: Path) -
 
 
 def test_device_tier_without_a_gpu_fails_saying_so(tmp_path: Path) -> None:
-    r = _pytest_device(tmp_path, "-q", "-x", "tests/device/suspend/test_gpu_training.py::"
-                       "test_cooperative_suspend_resume_of_adam_training_is_bit_exact")  # fmt: skip
+    r = _pytest_device(
+        tmp_path,
+        "-q",
+        "-x",
+        "tests/device/suspend/test_gpu_training.py::test_cooperative_suspend_resume_of_adam_training_is_bit_exact",
+    )
     assert r.returncode == 1 and "no CUDA GPU visible" in r.stdout, r.stdout[-3000:]

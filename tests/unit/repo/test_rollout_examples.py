@@ -37,8 +37,11 @@ def test_kuberay_worker_group_runs_on_lent_gpus() -> None:
     (c,) = spec["containers"]
     assert c["resources"]["claims"] == [{"name": claim["name"]}]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
-    assert env == {"ROSE_POD_UID": "metadata.uid", "ROSE_POD_NAMESPACE": "metadata.namespace",
-                   "ROSE_POD_NAME": "metadata.name"}  # fmt: skip
+    assert env == {
+        "ROSE_POD_UID": "metadata.uid",
+        "ROSE_POD_NAMESPACE": "metadata.namespace",
+        "ROSE_POD_NAME": "metadata.name",
+    }
     head = rc["spec"]["headGroupSpec"]["template"]["spec"]
     assert "resourceClaims" not in head and "schedulerName" not in head  # the head holds no GPU
 

@@ -69,9 +69,11 @@ def test_dashboard_is_provisionable() -> None:
     assert "__inputs" not in dash and "${DS_" not in DASHBOARD.read_text()
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
-    for name, default in [("ttft_metric", "vllm:time_to_first_token_seconds"),
-                          ("e2e_metric", "vllm:e2e_request_latency_seconds"),
-                          ("queue_metric", "vllm:num_requests_waiting")]:  # fmt: skip
+    for name, default in [
+        ("ttft_metric", "vllm:time_to_first_token_seconds"),
+        ("e2e_metric", "vllm:e2e_request_latency_seconds"),
+        ("queue_metric", "vllm:num_requests_waiting"),
+    ]:
         assert variables[name]["current"]["value"] == default
 
 
@@ -79,11 +81,15 @@ def test_every_query_parses_with_prometheus_parser(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package prometheus)")
-    rules = [{"record": f"dashboard:q{i}", "expr": dashboard_spec.interpolate(expr)}
-             for i, (_, expr) in enumerate(dashboard_spec.all_queries())]  # fmt: skip
+    rules = [
+        {"record": f"dashboard:q{i}", "expr": dashboard_spec.interpolate(expr)}
+        for i, (_, expr) in enumerate(dashboard_spec.all_queries())
+    ]
     # the pool variable with two values selected, as Grafana sends it
-    rules += [{"record": f"dashboard:pools{i}", "expr": dashboard_spec.interpolate(expr, {"pool": "(pool-a|pool-b)"})}
-              for i, (_, expr) in enumerate(dashboard_spec.all_queries())]  # fmt: skip
+    rules += [
+        {"record": f"dashboard:pools{i}", "expr": dashboard_spec.interpolate(expr, {"pool": "(pool-a|pool-b)"})}
+        for i, (_, expr) in enumerate(dashboard_spec.all_queries())
+    ]
     f = tmp_path / "dashboard-rules.yaml"
     f.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     r = subprocess.run([promtool, "check", "rules", str(f), str(RULES)], capture_output=True, text=True, check=False)

@@ -26,7 +26,12 @@ def test_a_bad_act_list_is_refused(text: str, says: str) -> None:
 
 
 def test_rose_demo_refuses_a_bad_act_list_in_one_line() -> None:
-    r = subprocess.run([sys.executable, "-m", "rose_cli", "demo", "--acts", "0"], capture_output=True, text=True,
-                       timeout=60, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "rose_cli", "demo", "--acts", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("rose demo: error: --acts: no act [0]"), r.stderr

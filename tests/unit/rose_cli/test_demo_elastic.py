@@ -23,8 +23,14 @@ def _plan(quiet_need: float, states: list[str]) -> Any:
     doc = demo_elastic.forecast_doc({"pool-b": quiet_need, "pool-a": float(CAP)}, NOW)
     fc = {f["pool"]: to_forecast(ForecastResponse.model_validate(f), "0.9") for f in doc["forecasts"]}
     spec = demo_elastic.job_manifest("ns")["spec"]
-    job = Job("ns/j", spec["minGPUs"], spec["maxGPUs"], grace_s=spec["gracefulShutdownPeriod"],
-              min_useful_run_s=spec["minUsefulRunSeconds"], state_bytes=spec["stateBytesPerWorker"])  # fmt: skip
+    job = Job(
+        "ns/j",
+        spec["minGPUs"],
+        spec["maxGPUs"],
+        grace_s=spec["gracefulShutdownPeriod"],
+        min_useful_run_s=spec["minUsefulRunSeconds"],
+        state_bytes=spec["stateBytesPerWorker"],
+    )
     workers = tuple(Worker(f"w{i}", "ns/j", s, "pool-b") for i, s in enumerate(states))  # type: ignore[arg-type]
     pools = tuple(Pool(p, CAP, fc[p]) for p in ("pool-a", "pool-b"))
     return plan(PlanInput(NOW.timestamp() + 1, pools, (job,), workers, Settings(dwell_s=0, interval_s=1)))
@@ -47,9 +53,12 @@ def _pod(name: str, phase: str, **ann: str) -> Any:
 
 def test_the_timeline_shows_each_worker_its_suspend_state_and_the_controllers_request() -> None:
     req = {names.ANNOTATION_SUSPEND_REQUEST: "{}"}
-    pods = [_pod("j-w0", "Pending"), _pod("j-w1", "Running"),
-            _pod("j-w2", "Running", **req, **{names.ANNOTATION_SUSPEND_STATE: "Suspended"}),
-            _pod("j-w3", "Running", **req)]  # fmt: skip
+    pods = [
+        _pod("j-w0", "Pending"),
+        _pod("j-w1", "Running"),
+        _pod("j-w2", "Running", **req, **{names.ANNOTATION_SUSPEND_STATE: "Suspended"}),
+        _pod("j-w3", "Running", **req),
+    ]
     line = demo_elastic.summary({"phase": "Scaling", "activeGPUs": 2, "suspendedGPUs": 1}, pods)
     assert line == "job Scaling: 2 active, 1 suspended GPUs | w0:Pending w1:Running w2:Suspended+req w3:Running+req"
     assert demo_elastic._count(pods, "Suspended") == 1
@@ -70,5 +79,11 @@ def test_the_trainer_gets_its_claims_socket_and_pod_and_no_other_rose_setting() 
     pod = SimpleNamespace(metadata=SimpleNamespace(uid="u-1", namespace="ns", name="grpo-elastic-w0"))
     base = {"PATH": "/bin", "ROSE_AGENT_SOCKET": "/stale.sock", "ROSE_RESTORE": "latest"}
     env = demo_elastic.trainer_env(base, Path("/tmp/c/workload.sock"), pod, Path("/repo"))
-    assert env == {"PATH": "/bin", "PYTHONPATH": "/repo", "ROSE_AGENT_SOCKET": "/tmp/c/workload.sock",
-                   "ROSE_POD_UID": "u-1", "ROSE_POD_NAMESPACE": "ns", "ROSE_POD_NAME": "grpo-elastic-w0"}  # fmt: skip
+    assert env == {
+        "PATH": "/bin",
+        "PYTHONPATH": "/repo",
+        "ROSE_AGENT_SOCKET": "/tmp/c/workload.sock",
+        "ROSE_POD_UID": "u-1",
+        "ROSE_POD_NAMESPACE": "ns",
+        "ROSE_POD_NAME": "grpo-elastic-w0",
+    }

@@ -23,8 +23,9 @@ def test_complementary_phases_double_the_duty_cycle() -> None:
 
 
 def test_switch_split_counts_only_grants_that_moved_state() -> None:
-    moved = [{"was_resident": False, "suspend_s": 0.1 * i, "restore_s": 0.2, "grant_overhead_s": 0.01}
-             for i in range(1, 21)]  # fmt: skip
+    moved = [
+        {"was_resident": False, "suspend_s": 0.1 * i, "restore_s": 0.2, "grant_overhead_s": 0.01} for i in range(1, 21)
+    ]
     resident = {"was_resident": True, "suspend_s": 9.0, "restore_s": 9.0, "grant_overhead_s": 9.0}
     split = switch_split([{"grants": [*moved[:10], resident]}, {"grants": moved[10:]}])
     assert split["suspend"] == (pytest.approx(1.0), pytest.approx(1.9))

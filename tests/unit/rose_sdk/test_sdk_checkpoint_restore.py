@@ -46,9 +46,13 @@ def test_endpoint_prefers_rose_then_the_s3_specific_aws_variable() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"not json", b"[]", b'{"format": 2}', b'{"format": 1, "object": "../etc/passwd", "sha256": "' + b"0" * 64
-     + b'", "nbytes": 1, "step": 1}'],
-)  # fmt: skip
+    [
+        b"not json",
+        b"[]",
+        b'{"format": 2}',
+        b'{"format": 1, "object": "../etc/passwd", "sha256": "' + b"0" * 64 + b'", "nbytes": 1, "step": 1}',
+    ],
+)
 def test_a_malformed_pointer_is_a_checkpoint_error(raw: bytes) -> None:
     with pytest.raises(CheckpointError, match="LATEST is"):
         ck._checked_pointer(raw, "s3://b/p")
@@ -123,12 +127,20 @@ def test_workload_keeps_an_s3_url_whole(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_workers_with_a_checkpoint_path_are_told_to_restore_from_it() -> None:
     def env(**spec: object) -> dict[str, str]:
-        job = ElasticRLJob.model_validate({
-            "apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob",
-            "metadata": {"name": "grpo", "namespace": "rl", "uid": "u1"},
-            "spec": {"minGPUs": 1, "maxGPUs": 2, "gpusPerWorker": 1, **spec,
-                     "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}},
-        })  # fmt: skip
+        job = ElasticRLJob.model_validate(
+            {
+                "apiVersion": "elastic.rose.io/v1alpha1",
+                "kind": "ElasticRLJob",
+                "metadata": {"name": "grpo", "namespace": "rl", "uid": "u1"},
+                "spec": {
+                    "minGPUs": 1,
+                    "maxGPUs": 2,
+                    "gpusPerWorker": 1,
+                    **spec,
+                    "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
+                },
+            }
+        )
         (c,) = workers.worker_pod(job, 0)["spec"]["containers"]
         return {e["name"]: e.get("value", "") for e in c["env"]}
 

@@ -60,8 +60,13 @@ def test_world_change_keeps_the_global_batch_through_gradient_accumulation(
     for k in ("ROSE_AGENT_SOCKET", "ROSE_CHECKPOINT_PATH", "ROSE_CHECKPOINT_EVERY", "ROSE_RESTORE"):
         monkeypatch.delenv(k, raising=False)
     # one prompt (4 completions) per micro-batch, generated at every micro-batch
-    trainer = tiny_grpo.trainer(str(tmp_path / "out"), max_steps=9, per_device_train_batch_size=4,
-                               gradient_accumulation_steps=2, steps_per_generation=1)  # fmt: skip
+    trainer = tiny_grpo.trainer(
+        str(tmp_path / "out"),
+        max_steps=9,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=1,
+    )
     rose = attach(trainer)
     # worlds as the agent would deliver them at the safe point of these steps; 0/2 (every worker
     # suspended, as the controller says to a parked one) changes nothing
@@ -97,9 +102,22 @@ def test_example_02_runs_standalone(tmp_path: Path) -> None:
     """examples/02_grpo_tiny_llm/train.py without a node agent: trains, no warning escapes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
     r = subprocess.run(
-        [sys.executable, "-W", "error", str(ROOT / "examples" / "02_grpo_tiny_llm" / "train.py"),
-         "--max-steps", "2", "--out", str(tmp_path / "out")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-W",
+            "error",
+            str(ROOT / "examples" / "02_grpo_tiny_llm" / "train.py"),
+            "--max-steps",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "steps=2 reward" in r.stdout and "suspends=0 resumes=0" in r.stdout, r.stdout[-2000:]
