@@ -329,6 +329,7 @@ class Wiring:
     agent_server: Any = None
     health: DriverHealth = field(default_factory=DriverHealth)
     binder: Any = None  # the binding watch (--serving-wait=prebind)
+    reclaim_watch: Any = None  # the planner's reclaim DeviceTaintRules, onto share devices (--gpu-shares)
     serving_wait: str = "prepare"
 
 
@@ -482,6 +483,8 @@ def build(args: argparse.Namespace) -> Wiring:
     wiring = Wiring(gpus, metrics, notifier, engine, driver, publisher, facts, watcher)
     wiring.agent_server = agent_server
     wiring.serving_wait = serving_wait
+    if args.publish_slices and args.gpu_shares:  # the planner's reclaim taint onto share devices too
+        wiring.reclaim_watch = _reclaim_watch(api, args.node_name, publisher, metrics)
     if serving_wait == "prebind":
         from dra_driver.bindwatch import BindingWatcher
 
@@ -489,6 +492,17 @@ def build(args: argparse.Namespace) -> Wiring:
     if agent_server is not None:  # one fencing book for both paths, kept in the node checkpoint
         agent_server.control.fence = lambda raw: driver.admit_fence(raw, [], "agent")
     return wiring
+
+
+def _reclaim_watch(api: Any, node: str, publisher: Any, metrics: Any) -> Any:
+    """The watch of the planner's reclaim DeviceTaintRules, feeding ``publisher`` (rulewatch.py)."""
+    from dra_driver import kube
+    from dra_driver.rulewatch import ReclaimTaintWatch
+
+    restarts = metrics.watch_restarts_total
+    return ReclaimTaintWatch(
+        kube.Raw(api), node, publisher.set_reclaim_planned, on_restart=lambda kind: restarts.labels(kind).inc()
+    )
 
 
 def _disk_tier(engine: Any) -> tuple[int, int] | None:
@@ -584,6 +598,8 @@ def start(args: argparse.Namespace, w: Wiring) -> None:
         w.watcher.start()
     if w.binder is not None:
         w.binder.start()
+    if w.reclaim_watch is not None:
+        w.reclaim_watch.start()
 
 
 def run(args: argparse.Namespace, w: Wiring, stop: threading.Event) -> int:
@@ -600,6 +616,8 @@ def run(args: argparse.Namespace, w: Wiring, stop: threading.Event) -> int:
     w.watcher.stop()
     if w.binder is not None:
         w.binder.stop()
+    if w.reclaim_watch is not None:
+        w.reclaim_watch.stop()
     w.notifier.close()
     w.facts.stop()
     w.servers.stop()

@@ -211,7 +211,15 @@ class DriverMetrics:
         )
         self.lendable_tainted = Gauge(
             "rose_driver_lendable_devices_tainted",
-            "Lendable devices published with the NoSchedule taint rose.io/serving-holds (serving holds their GPU)",
+            "Lent devices (lendable and share) last published with the NoSchedule taint rose.io/serving-holds "
+            "(serving holds their GPU)",
+            registry=r,
+        )
+        self.gpus_tainted = Gauge(
+            "rose_driver_gpus_tainted",
+            "GPUs whose lent devices are tainted NoSchedule, by taint: rose.io/serving-holds (serving holds the GPU) "
+            "and rose.io/reclaim-planned (the planner's DeviceTaintRule, carried onto its share devices)",
+            ["taint"],
             registry=r,
         )
         self.registration_total = Counter(

@@ -10,6 +10,9 @@ While serving holds a GPU on this node (a serving claim prepared, or allocated a
 ``NodeDriver.on_serving_holds``), that GPU's *lendable* device is published with the ``NoSchedule``
 taint ``rose.io/serving-holds`` (:func:`rose_common.slices.taint_serving_held`), so the scheduler
 allocates no new lendable claim there; :meth:`SlicePublisher.set_serving_holds` republishes at once.
+With GPU shares, a GPU the planner's DeviceTaintRule ``rose.io/reclaim-planned`` taints (on its
+lendable device) is published with the same taint on its share devices
+(:mod:`dra_driver.reclaimtaints`, :mod:`dra_driver.rulewatch`, :meth:`SlicePublisher.set_reclaim_planned`).
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dra_driver.metrics import DriverMetrics
+from rose_common import names
 from rose_common.informer import Informer, InformerSettings, ListWatch
 from rose_common.kube import objects
-from rose_common.slices import taint_lent_held, taint_serving_held
+from rose_common.slices import taint_lent_held, taint_reclaim_planned, taint_serving_held
 
 log = logging.getLogger("rose.driver.slices")
 
@@ -78,15 +83,35 @@ class LentHolds:
     whole: frozenset[int] = frozenset()
 
 
+@dataclass(frozen=True)
+class ReclaimPlanned:
+    """The planner's reclaim taints on this node as the driver sees its DeviceTaintRules
+    (:func:`dra_driver.reclaimtaints.planned_reclaims`): GPU index → taint, and the devices a rule
+    names (tainted by the rule itself, not the slice)."""
+
+    taints: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    ruled: frozenset[str] = frozenset()
+
+
 def with_serving_holds(
-    desired: dict[str, Any], serving_holds: frozenset[int], lent: LentHolds = LentHolds()
+    desired: dict[str, Any],
+    serving_holds: frozenset[int],
+    lent: LentHolds = LentHolds(),
+    reclaim: ReclaimPlanned = ReclaimPlanned(),
 ) -> dict[str, Any]:
     """``desired`` with the lendable (and share) device of each GPU index in ``serving_holds``
-    tainted, and a GPU lent in shares or whole tainted against the other kind (``lent``). Pure."""
+    tainted, a GPU lent in shares or whole tainted against the other kind (``lent``), and the lent
+    devices no rule names of a GPU with a reclaim taint carrying it (``reclaim``). Pure."""
     body = copy.deepcopy(desired)
     devices = taint_serving_held(body["spec"]["devices"], serving_holds)
-    body["spec"]["devices"] = taint_lent_held(devices, lent.shared, lent.whole)
+    devices = taint_lent_held(devices, lent.shared, lent.whole)
+    body["spec"]["devices"] = taint_reclaim_planned(devices, reclaim.taints, reclaim.ruled)
     return body
+
+
+def devices_tainted(body: dict[str, Any], key: str) -> int:
+    """How many devices of the slice ``body`` carry a taint with ``key``. Pure."""
+    return sum(1 for d in body["spec"]["devices"] if any(t.get("key") == key for t in d.get("taints") or []))
 
 
 def plan_slices(
@@ -95,14 +120,16 @@ def plan_slices(
     min_generation: int = 0,
     serving_holds: frozenset[int] = frozenset(),
     lent: LentHolds = LentHolds(),
+    reclaim: ReclaimPlanned = ReclaimPlanned(),
 ) -> SlicePlan:
     """What to write so the node's pool is exactly ``desired``, with the lendable devices of the
-    GPUs ``serving_holds`` names tainted ``rose.io/serving-holds`` (NoSchedule).
+    GPUs ``serving_holds`` names tainted ``rose.io/serving-holds`` (NoSchedule), and the other
+    taints :func:`with_serving_holds` adds.
 
     Slices of this driver and node other than ``desired``'s name are deleted. The generation of
     a rewritten pool is above every generation seen (so consumers take the new one).
     """
-    desired = with_serving_holds(desired, serving_holds, lent)
+    desired = with_serving_holds(desired, serving_holds, lent, reclaim)
     name = desired["metadata"]["name"]
     plan = SlicePlan(delete=sorted(str(s["metadata"]["name"]) for s in existing if s["metadata"]["name"] != name))
     mine = [s for s in existing if s["metadata"]["name"] == name]
@@ -143,6 +170,7 @@ class SlicePublisher:
         # of the thread that republishes when they change (the caller holds the node lock: no I/O there)
         self.serving_holds: frozenset[int] = frozenset()
         self.lent_holds = LentHolds()  # GPU shares: lent in shares / whole (rose_common.slices.taint_lent_held)
+        self.reclaim = ReclaimPlanned()  # the planner's reclaim taints, onto share devices (rulewatch.py)
         self._hmu = threading.Lock()
         self._kick = threading.Event()
         self._kicker: threading.Thread | None = None
@@ -165,6 +193,16 @@ class SlicePublisher:
             self.lent_holds = holds
         self._kick.set()
 
+    def set_reclaim_planned(self, taints: Mapping[int, Mapping[str, str]], ruled: frozenset[str]) -> None:
+        """The planner's DeviceTaintRules now taint these GPUs (index → taint) through the devices
+        ``ruled``: republish soon (non-blocking; called by the rule watch)."""
+        planned = ReclaimPlanned({i: dict(t) for i, t in taints.items()}, frozenset(ruled))
+        with self._hmu:
+            if planned == self.reclaim:
+                return
+            self.reclaim = planned
+        self._kick.set()
+
     def _republish_loop(self) -> None:
         while not self._stop.is_set():
             self._kick.wait(timeout=1.0)
@@ -183,8 +221,8 @@ class SlicePublisher:
             if self._stop.is_set():  # shutting down: never re-create what remove() deletes
                 return SlicePlan()
             existing, _ = self.api.list()
-            holds, lent = self.serving_holds, self.lent_holds
-            plan = plan_slices(existing, self.desired, self.generation, holds, lent)
+            holds, lent, reclaim = self.serving_holds, self.lent_holds, self.reclaim
+            plan = plan_slices(existing, self.desired, self.generation, holds, lent, reclaim)
             try:
                 for name in plan.delete:
                     self.api.delete(name)
@@ -197,7 +235,7 @@ class SlicePublisher:
             except Exception:
                 self.metrics.slice_publish_total.labels("error").inc()
                 raise
-            self.metrics.lendable_tainted.set(len(holds))
+            self._count_tainted(holds, lent, reclaim)
             if not plan.empty():
                 self.metrics.slice_publish_total.labels("ok").inc()
                 log.info(
@@ -208,16 +246,26 @@ class SlicePublisher:
                         "servingHolds": sorted(holds),
                         "sharesHold": sorted(lent.shared),
                         "lentWhole": sorted(lent.whole),
+                        "reclaimPlanned": sorted(reclaim.taints),
                     },
                 )
             return plan
+
+    def _count_tainted(self, holds: frozenset[int], lent: LentHolds, reclaim: ReclaimPlanned) -> None:
+        """The taint gauges: devices published with the serving-holds taint, GPUs by taint."""
+        body = with_serving_holds(self.desired, holds, lent, reclaim)
+        self.metrics.lendable_tainted.set(devices_tainted(body, names.TAINT_SERVING_HOLDS))
+        self.metrics.gpus_tainted.labels(names.TAINT_SERVING_HOLDS).set(len(holds))
+        self.metrics.gpus_tainted.labels(names.TAINT_RECLAIM_PLANNED).set(len(reclaim.taints))
 
     # ------------------------------------------------------------------ informer handler
     def on_list(self, items: list[dict[str, Any]]) -> None:
         self.reconcile()
 
     def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
-        if needs_reconcile(event_type, obj, with_serving_holds(self.desired, self.serving_holds, self.lent_holds)):
+        if needs_reconcile(
+            event_type, obj, with_serving_holds(self.desired, self.serving_holds, self.lent_holds, self.reclaim)
+        ):
             self.reconcile()
 
     # ------------------------------------------------------------------ lifecycle

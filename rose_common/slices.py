@@ -8,6 +8,7 @@ driver's publisher and the local cluster's seed slices.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,49 @@ def taint_lent_held(
             taints.append({"key": names.TAINT_SHARES_HOLD, "value": str(index), "effect": "NoSchedule"})
         if role == names.ROLE_SHARE and index in whole:
             taints.append({"key": names.TAINT_LENT_WHOLE, "value": str(index), "effect": "NoSchedule"})
+        if taints:
+            d["taints"] = taints
+        else:
+            d.pop("taints", None)
+        out.append(d)
+    return out
+
+
+def taint_covers(devices: list[dict[str, Any]], index: int) -> list[str]:
+    """The devices a reclaim taint on GPU ``index`` covers: its lendable device and every share
+    device of it (however many), found by each device's own ``role`` and ``index`` attributes; never
+    a serving device (serving is what a reclaim makes room for). In ``devices``' order. Pure."""
+    out: list[str] = []
+    for d in devices:
+        attrs = d.get("attributes") or {}
+        role = (attrs.get(names.ATTR_ROLE) or {}).get("string")
+        if role in names.LENT_ROLES and (attrs.get(names.ATTR_INDEX) or {}).get("int") == index:
+            out.append(str(d["name"]))
+    return out
+
+
+def taint_reclaim_planned(
+    devices: list[dict[str, Any]], planned: Mapping[int, Mapping[str, str]], ruled: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """A copy of ``devices`` where every device :func:`taint_covers` gives for a GPU index in
+    ``planned`` carries that GPU's reclaim taint (``planned[index]``: key
+    :data:`names.TAINT_RECLAIM_PLANNED`, value, effect), except the devices in ``ruled`` (a
+    DeviceTaintRule already taints those). Earlier ``rose.io/reclaim-planned`` taints in the slice
+    are dropped, a device's other taints kept: a GPU gains and loses it on all its lent devices
+    together. Pure."""
+    covered: dict[str, dict[str, str]] = {}
+    for index, taint in planned.items():
+        if taint.get("key") != names.TAINT_RECLAIM_PLANNED:
+            raise ValueError(f"GPU {index}: not a {names.TAINT_RECLAIM_PLANNED} taint: {dict(taint)!r}")
+        for name in taint_covers(devices, index):
+            if name not in ruled:
+                covered[name] = {"key": taint["key"], "value": taint.get("value", ""), "effect": taint["effect"]}
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        d = dict(d)
+        taints = [t for t in d.get("taints") or [] if t.get("key") != names.TAINT_RECLAIM_PLANNED]
+        if d["name"] in covered:
+            taints.append(covered[d["name"]])
         if taints:
             d["taints"] = taints
         else:

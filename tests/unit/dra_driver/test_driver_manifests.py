@@ -31,6 +31,8 @@ def test_rbac_is_least_privilege() -> None:
         # the binding conditions (issue 27 §1): status.devices of claims allocated on its node
         ("resource.k8s.io", "resourceclaims/status"): {"patch"},
         ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
+        # the planner's reclaim taint carried onto share devices (issue 27 §2/§3): read only
+        ("resource.k8s.io", "devicetaintrules"): {"list", "watch"},
         ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "pods/eviction"): {"create"},
         ("", "pods/resize"): {"patch"},
