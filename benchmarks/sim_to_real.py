@@ -388,7 +388,7 @@ def run(series: Path, hours: float, speed: float, workdir: Path, start_row: int 
         )
     p = Params(series, hours=hours, speed=speed, faults=0, seed=0, workdir=workdir, start_row=start_row,
                simulate=False, plan_interval_s=PLAN_INTERVAL_S, forecast_max_age_s=max(20.0, 4 * row_s),
-               cluster=cluster)  # fmt: skip
+               cluster=cluster, timeslice=False, gpus_per_node=2)  # fmt: skip
     s = SimToReal(p, say)
     t0 = time.monotonic()
     dwell = float(max(1, round(300 / speed)))

@@ -4,8 +4,8 @@
         --hours 24 --speed 96 --json OUT.json [--faults 3] [--seed 1] [--workdir DIR]
 
 On a real local cluster (``local_cluster``: etcd, kube-apiserver, kube-controller-manager, the
-two kube-schedulers, KWOK; 4 nodes of 2 simulated GPUs in 2 pools), time-compressed ``--speed``
-times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
+two kube-schedulers, KWOK; 4 nodes of 3 simulated GPUs (``Params.gpus_per_node``) in 2 pools),
+time-compressed ``--speed`` times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
 
 * Serving as it arrives. The trace (requests per 10 min) is turned into busy serving GPUs per
   pool (``busy_gpus``: the week before the played slice sizes one GPU, its peak using 90 % of
@@ -23,12 +23,18 @@ times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
   driver's simulated occupants. KWOK has no kubelet, so the harness plays the kubelet's DRA
   manager (NodePrepareResources / NodeUnprepareResources over the real gRPC sockets) for every
   pod bound to a node, as ``rose demo`` does.
+* A time-slice group (``TS_GROUP``): two more ElasticRLJobs (``TS_JOBS``, one shared claim) under
+  the real ``rose timeslice serve`` (TLS, TokenReview, group Leases, leader election, the hand-over
+  through the drivers, as demo act 5 runs it); each member's workload is an SDK client in the
+  harness that takes turns (Acquire, hold, Yield).
 * Faults, seeded and logged (``fault_plan``): SIGKILL of the controller, the extender, the
   predictor and a driver; a restart (SIGKILL, start) of the kube-apiserver and of etcd; a driver
   SIGKILLed in the middle of a suspend (while a serving prepare waits for it); the predictor
   down for longer than the consumers' ``--forecast-max-age``; a node's host-memory budget full
   (its driver restarted with a budget of what it holds, for ``host_full_s``; ``--host-full-force``
-  also pins a serving burst onto a lent occupant there).
+  also pins a serving burst onto a lent occupant there); SIGKILL of the orchestrator; the trainer
+  job's checkpoint directory full (a small tmpfs filled, with its node's host-memory budget full
+  and a serving burst on its GPU, so the driver's fallback checkpoint is refused).
 * ``--serving-wait prepare|prebind``: the drivers' mode; with prebind a check runs before each
   serving prepare (its GPU's lent claims already suspended in the driver's node state).
 * Invariants, each a hard failure (the run stops, exit 1): a serving prepare never returns while
@@ -36,8 +42,9 @@ times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
   GPU suspended, and the trainer's device-memory file holds 0 bytes); no device is allocated to
   two claims; no job's suspend count goes back, no driver evicts a lent worker without a verified
   durable checkpoint (its log), and the real trainer ends bit-identical to an uninterrupted run of
-  the same seed; after every fault every job is at its planned target
-  (``converged``) within ``--converge-bound`` wall seconds.
+  the same seed; no two members of the time-slice group are un-suspended by their drivers at once
+  (after a hand-over); after every fault every job is at its planned target (``converged``; the
+  group: its Lease settled with a grant since the fault) within ``--converge-bound`` wall seconds.
 
 Figures (JSON and a printed summary): faults injected and survived, time to converge per kind
 (p50 / p99), serving prepares and their waits, RL useful GPU-hours (active GPUs x sim time) and
@@ -239,11 +246,11 @@ def prepare_error_summary(errors: Sequence[str]) -> dict[str, Any]:
     return {"count": len(errors), "by_pod": by_pod, "top_messages": dict(top), "last": list(errors[-5:])}
 
 
-JOBS = (("trainer", 1, 1, 10), ("elastic-a", 1, 4, 0), ("elastic-b", 2, 4, 0))
+JOBS = (("trainer", 1, 1, 30), ("elastic-a", 1, 4, 0), ("elastic-b", 2, 4, 0))
 TS_GROUP = "tsg"  # the time-slice group: its members share one claim per worker index and take turns
 TS_JOBS = ("ts-a", "ts-b")  # its members (1 GPU each; the orchestrator's clients run in the harness)
-TS_PRIORITY = 20  # above the others: the planner counts each member's worker as a GPU of its own, so
-# both members are placed (and hand-overs happen) only when the group comes first
+TS_PRIORITY = 20  # above the elastic jobs, below the trainer (30, the bit-exact witness: it runs
+# first); the planner counts each member's worker as a GPU of its own (elastic_controller README)
 TS_LEASE_NS = "default"  # the controller's --lease-namespace: the orchestrator writes its group Leases there
 TS_HOLD_S, TS_OFF_S = 2.0, 1.0  # each member's phase on the group, and off it, per turn
 HOLDING_STATES_NOT = ("Suspended", "CheckpointedEvicted")  # a worker in one of these holds no device state
@@ -279,6 +286,16 @@ def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -
     if unbound:
         return f"workers not bound: {', '.join(unbound)}"
     return ""
+
+
+def shared_claim_complete(claim: dict[str, Any], bound_pods: set[str]) -> bool:
+    """Whether every bound pod that references ``claim`` by name is in its ``reservedFor`` (pure).
+    The driver learns a claim's pods at its first prepare only (a later prepare is idempotent), so
+    the played kubelet prepares a time-slice group's shared claim once all its bound members are
+    reserved: a member's worker missing from the driver's record would have its hand-over refused
+    (``fencing token refused``, reason ``no-claim``)."""
+    reserved = {r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []}
+    return bound_pods <= reserved
 
 
 def group_converged(lease: dict[str, Any] | None, token_before: int, members_placed: int) -> str:
@@ -389,6 +406,8 @@ class Params:
     # driver has suspended it; the prepare is then immediate)
     host_full_s: float = 60.0  # how long the host-memory-full fault holds a node's budget full
     host_full_force: bool = False  # and a serving burst pinned onto a running lent occupant there
+    timeslice: bool = True  # the time-slice group and its orchestrator (benchmarks.sim_to_real: off)
+    gpus_per_node: int = 3  # 4 nodes in 2 pools; 3 GPUs a node leaves the group room for both members
     ckpt_full_s: float = 30.0  # how long the checkpoint-dir-full fault holds the trainer's checkpoint directory full
 
     def __post_init__(self) -> None:
@@ -488,7 +507,7 @@ class Soak:
         if s.step != ROW_S:
             raise SoakFailure(f"{p.series}: step {s.step}s; the soak plays 10-minute series")
         self.series_values = s.values
-        self.say(f"cluster: 4 KWOK nodes x 2 simulated GPUs, 2 pools (workdir {p.workdir})")
+        self.say(f"cluster: 4 KWOK nodes x {p.gpus_per_node} simulated GPUs, 2 pools (workdir {p.workdir})")
         if p.cluster is not None:  # a running cluster of the same shape (no faults: it is not restarted)
             from urllib.parse import urlparse
 
@@ -500,7 +519,7 @@ class Soak:
             self.stack.callback(self._delete_namespace)  # leave the cluster as it was found
         else:
             self.extender_port = free_port()
-            cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=p.workdir / "cluster",
+            cfg = ClusterConfig(nodes=4, gpus_per_node=p.gpus_per_node, pools=2, workdir=p.workdir / "cluster",
                                 seed_slices=False, extender_url=f"http://127.0.0.1:{self.extender_port}",
                                 die_with_parent=True)  # fmt: skip
             self.lc = LocalCluster(cfg)
@@ -521,7 +540,8 @@ class Soak:
         self._drivers()
         self._services()
         self._namespace()
-        self._orchestrator()
+        if p.timeslice:
+            self._orchestrator()
 
     def _checkpoint_dir(self) -> None:
         """The trainer job's checkpoint directory on a filesystem of its own that can be filled: a
@@ -793,8 +813,12 @@ class Soak:
     def _claims_of(self, pod: Any, claims: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         """The pod's claims once allocated and reserved for it (``claims``: this round's list, by name)."""
         out = []
-        for st in pod.status.resource_claim_statuses or []:
-            c = claims.get(st.resource_claim_name or "")
+        # a claim made from a template is named in the pod's status; a shared claim (a time-slice
+        # group's) is referenced by name in its spec
+        named = [st.resource_claim_name for st in pod.status.resource_claim_statuses or []]
+        named += [rc.resource_claim_name for rc in pod.spec.resource_claims or [] if rc.resource_claim_name]
+        for name in dict.fromkeys(named):
+            c = claims.get(name or "")
             status = (c or {}).get("status") or {}
             if (
                 c
@@ -813,14 +837,20 @@ class Soak:
         claims = {c["metadata"]["name"]: c for c in client.CustomObjectsApi(self.api).list_namespaced_custom_object(
             "resource.k8s.io", "v1", NS, "resourceclaims", _request_timeout=10)["items"]}  # fmt: skip
         self.round_claims = list(claims.values())
+        bound = [p for p in pods if p.spec.node_name and not p.metadata.deletion_timestamp]
+        sharers: dict[str, set[str]] = {}  # a claim referenced by name (shared) -> the bound pods using it
+        for pod in bound:
+            for rc in pod.spec.resource_claims or []:
+                if rc.resource_claim_name:
+                    sharers.setdefault(rc.resource_claim_name, set()).add(pod.metadata.uid)
         live: set[str] = set()
-        for pod in pods:
-            if not pod.spec.node_name or pod.metadata.deletion_timestamp:
-                continue
+        for pod in bound:
             role = (pod.metadata.labels or {}).get(names.LABEL_ROLE, "")
             for c in self._claims_of(pod, claims):
                 uid = c["metadata"]["uid"]
                 live.add(uid)
+                if not shared_claim_complete(c, sharers.get(c["metadata"]["name"], set())):
+                    continue  # prepared once every pod bound to it is reserved (see shared_claim_complete)
                 with self.mu:
                     if uid in self.prepared or uid in self.inflight:
                         continue
@@ -1037,9 +1067,9 @@ class Soak:
     def not_converged(self) -> str:
         """ "" once every job is at its planned target, the controller alive, and the kubelet's work done."""
         for name in ("controller", "extender", "predictor", "orchestrator"):
-            if not self.procs[name].alive():
+            if name in self.procs and not self.procs[name].alive():
                 return f"{name} not running"
-        if not self._orchestrator_leads():
+        if self.p.timeslice and not self._orchestrator_leads():
             return "orchestrator not the leader (yet)"
         from rose_common import promtext
 
@@ -1066,7 +1096,7 @@ class Soak:
             if why:
                 return f"{name}: {why}"
         placed = sum(1 for n in TS_JOBS if any(w["node"] for w in view.get(n, ({}, []))[1]))
-        why = group_converged(self.group_lease(), self.ts_token_before, placed)
+        why = group_converged(self.group_lease(), self.ts_token_before, placed) if self.p.timeslice else ""
         if why:
             return f"time-slice group {TS_GROUP}: {why}"
         with self.mu:
@@ -1133,7 +1163,7 @@ class Soak:
             if drv.restart_if_dead():
                 self.note(f"rose driver of {node} started again")
         for name in ("controller", "extender", "orchestrator"):
-            if not self.procs[name].alive():
+            if name in self.procs and not self.procs[name].alive():
                 self.procs[name].start()
                 self.note(f"{name} started again")
         if not self.procs["predictor"].alive() and not self.predictor_held_down:
@@ -1431,7 +1461,7 @@ class Soak:
                     body["spec"]["checkpointPath"] = str(self.ckpt_dir / "trainer.ckpt")
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
                     names.GROUP, names.VERSION, NS, names.PLURAL, body)  # fmt: skip
-            for name in TS_JOBS:
+            for name in TS_JOBS if p.timeslice else ():
                 body = job_manifest(name, 1, 1, TS_PRIORITY, TS_GROUP)
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
                     names.GROUP, names.VERSION, NS, names.PLURAL, body)  # fmt: skip
@@ -1442,7 +1472,7 @@ class Soak:
                 + ", ".join(f"{n} (1 GPU, shared)" for n in TS_JOBS)
             )
             ts_threads = [threading.Thread(target=self._ts_client, args=(n,), daemon=True, name=f"ts-{n}")
-                          for n in TS_JOBS]  # fmt: skip
+                          for n in (TS_JOBS if p.timeslice else ())]  # fmt: skip
             for t in ts_threads:
                 t.start()
             pending = list(plan)
@@ -1603,7 +1633,7 @@ class Soak:
             "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
             "host_memory_full": self.host_full,
             "checkpoint_dir_full": self.ckpt_full,
-            "timeslice": self._timeslice_figures(),
+            "timeslice": self._timeslice_figures() if self.p.timeslice else None,
             "api_errors": self.api_errors,
             "timeline": self.events,
         }
@@ -1693,11 +1723,12 @@ def run_soak(p: Params, say: Callable[[str], None] = log) -> dict[str, Any]:
                 "suspends", "suspends_per_day", "evictions_per_day", "planned_reclaims", "unplanned_reclaims",
                 "rl_lent_gpu_hours_by_pool")  # fmt: skip
         try:
-            r = simulate_slice(p, 4)
+            r = simulate_slice(p, 2 * p.gpus_per_node)
             sim: dict[str, Any] = {k: {f: v.get(f) for f in keep} for k, v in r["results"].items()}
         except Exception as e:  # reported, the soak's own verdict stands
             sim = {"error": f"{type(e).__name__}: {e}"}
-        report["simulate"] = {"note": "rose_sim.report.simulate on the same slice: both pools (4 GPUs each) in "
+        report["simulate"] = {"note": "rose_sim.report.simulate on the same slice: both pools "
+                                      f"({2 * p.gpus_per_node} GPUs each) in "
                                       "one simulation, the soak's three jobs; its own cost model and forecasters, "
                                       "not the soak's faults (benchmarks.sim_to_real compares like for like)",
                               "policies": sim}  # fmt: skip
@@ -1751,7 +1782,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"| played kubelet's failed prepares (retried) | {r['prepare_errors']['count']} |"]  # fmt: skip
     sim = (r.get("simulate") or {}).get("policies") or {}
     if sim:
-        out += ["", "The same slice through `rose simulate` (both pools, 4 GPUs each, the three jobs; faults "
+        out += ["", "The same slice through `rose simulate` (both pools, the three jobs; faults "
                 "not modelled), beside the soak's own figures:", "",
                 "| run | RL GPU-hours | serving waits | serving wait p99 s | suspends |",
                 "| --- | --- | --- | --- | --- |",
@@ -1771,7 +1802,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--series", type=Path, required=True, help="a 10-minute series CSV (t_seconds,value)")
     ap.add_argument("--hours", type=float, default=24.0, help="simulated hours to play (24)")
     ap.add_argument("--speed", type=float, default=96.0, help="time compression (96: a day in 15 minutes)")
-    ap.add_argument("--faults", type=int, default=len(FAULT_KINDS), help="faults to inject (one of each kind: 8)")
+    ap.add_argument("--faults", type=int, default=len(FAULT_KINDS), help="faults to inject (one of each kind)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--converge-bound", type=float, default=90.0, help="wall seconds to converge after a fault (90)")
     ap.add_argument("--trainer-updates", type=int, default=400, help="updates of the real trainer (400)")

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.soak import FAULT_KINDS, group_converged, group_holders, group_member_ready
+from benchmarks.soak import (
+    FAULT_KINDS,
+    group_converged,
+    group_holders,
+    group_member_ready,
+    shared_claim_complete,
+)
 from rose_common import timeslice_lease as tl
 
 
@@ -65,3 +71,10 @@ def test_group_member_ready_follows_its_target_not_which_member_runs() -> None:
 
 def test_the_new_fault_kinds_are_known() -> None:
     assert {"kill-orchestrator", "checkpoint-dir-full"} <= set(FAULT_KINDS)
+
+
+def test_a_shared_claim_is_prepared_once_every_bound_member_is_reserved() -> None:
+    claim = {"status": {"reservedFor": [{"resource": "pods", "name": "ts-a-w0", "uid": "a"}]}}
+    assert shared_claim_complete(claim, {"a"})
+    assert not shared_claim_complete(claim, {"a", "b"})  # ts-b's worker bound, not reserved yet: wait
+    assert shared_claim_complete({"status": {}}, set())  # a template's claim: nobody references it by name
