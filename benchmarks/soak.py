@@ -253,18 +253,18 @@ TS_PRIORITY = 20  # above the elastic jobs, below the trainer (30, the bit-exact
 # first); the planner counts each member's worker as a GPU of its own (elastic_controller README)
 TS_LEASE_NS = "default"  # the controller's --lease-namespace: the orchestrator writes its group Leases there
 TS_HOLD_S, TS_OFF_S = 2.0, 1.0  # each member's phase on the group, and off it, per turn
-HOLDING_STATES_NOT = ("Suspended", "CheckpointedEvicted")  # a worker in one of these holds no device state
+HOLDING_STATES = ("Running", "Requested")  # a bound worker in one of these holds its device state
 
 
 def group_holders(workers: dict[str, Sequence[dict[str, Any]]]) -> list[str]:
     """The group members that hold the group's devices by the driver's own word (pure): a member
-    holds when one of its workers took part in a hand-over (the orchestrator wrote its
-    ``rose.io/fencing-token``) and the driver does not report it suspended
-    (``rose.io/suspend-state``; a pending ``rose.io/suspend-request`` the driver has not yet acted
-    on still holds). Workers never handed over are left out: before its first grant a member has
-    no fencing token and the driver has never been asked to move it."""
+    holds when one of its workers, bound to a node, took part in a hand-over (the orchestrator
+    wrote its ``rose.io/fencing-token``) and runs by the driver's ``rose.io/suspend-state`` (a
+    ``rose.io/suspend-request`` the driver has not yet acted on still holds: ``Requested``).
+    Workers never handed over are left out: before its first grant a member has no fencing token
+    and the driver has never been asked to move it; a worker not bound (``Pending``) holds nothing."""
     return sorted(job for job, ws in workers.items()
-                  if any(w.get("fenced") and w["state"] not in HOLDING_STATES_NOT for w in ws))  # fmt: skip
+                  if any(w.get("fenced") and w["node"] and w["state"] in HOLDING_STATES for w in ws))  # fmt: skip
 
 
 def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str:

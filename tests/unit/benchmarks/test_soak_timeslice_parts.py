@@ -36,6 +36,8 @@ def test_a_hand_over_seen_step_by_step_never_has_two_holders() -> None:
     # a broken hand-over: B resumed while A still runs -> both named
     assert group_holders({"a": [_w("Running")], "b": [_w("Requested"), _w("Suspended", name="w1")]}) == ["a", "b"]
     assert group_holders({"a": [_w("CheckpointedEvicted")], "b": []}) == []
+    # a member's worker recreated and not bound yet (Pending, the fencing token kept) holds nothing
+    assert group_holders({"a": [_w("Requested")], "b": [_w("Pending", node="")]}) == ["a"]
 
 
 def _lease(token: int, switching: bool = False, holder: str = "soak/ts-a") -> dict[str, Any]:
