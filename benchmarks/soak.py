@@ -258,13 +258,15 @@ HOLDING_STATES = ("Running", "Requested")  # a bound worker in one of these hold
 
 def group_holders(workers: dict[str, Sequence[dict[str, Any]]]) -> list[str]:
     """The group members that hold the group's devices by the driver's own word (pure): a member
-    holds when one of its workers, bound to a node, took part in a hand-over (the orchestrator
-    wrote its ``rose.io/fencing-token``) and runs by the driver's ``rose.io/suspend-state`` (a
-    ``rose.io/suspend-request`` the driver has not yet acted on still holds: ``Requested``).
-    Workers never handed over are left out: before its first grant a member has no fencing token
-    and the driver has never been asked to move it; a worker not bound (``Pending``) holds nothing."""
+    holds when one of its workers has its claim prepared by its node's driver (``prepared``), took
+    part in a hand-over (the orchestrator wrote its ``rose.io/fencing-token``) and runs by the
+    driver's ``rose.io/suspend-state`` (a ``rose.io/suspend-request`` the driver has not yet acted
+    on still holds: ``Requested``). Workers never handed over are left out: before its first grant
+    a member has no fencing token and the driver has never been asked to move it; a worker not
+    bound, or whose claim no driver prepared (e.g. refused: serving holds that GPU), holds nothing."""
     return sorted(job for job, ws in workers.items()
-                  if any(w.get("fenced") and w["node"] and w["state"] in HOLDING_STATES for w in ws))  # fmt: skip
+                  if any(w.get("fenced") and w.get("prepared") and w["node"] and w["state"] in HOLDING_STATES
+                         for w in ws))  # fmt: skip
 
 
 def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str:
@@ -1048,6 +1050,8 @@ class Soak:
         pods = client.CoreV1Api(self.api).list_namespaced_pod(
             NS, label_selector=names.LABEL_JOB, _request_timeout=10).items  # fmt: skip
         out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        with self.mu:  # the claims a driver has prepared (the played kubelet's record of its answers)
+            prepared = {(r["node"], r["claim"]["metadata"]["name"]) for r in self.prepared.values()}
         for j in objs:
             ws = []
             for p in pods:
@@ -1059,8 +1063,11 @@ class Soak:
                 state = ann.get(names.ANNOTATION_SUSPEND_STATE, "Running") if p.status.phase == "Running" else "Pending"
                 if state == "Running" and names.ANNOTATION_SUSPEND_REQUEST in ann:
                     state = "Requested"
+                used = [st.resource_claim_name for st in p.status.resource_claim_statuses or []]
+                used += [rc.resource_claim_name for rc in p.spec.resource_claims or [] if rc.resource_claim_name]
                 ws.append({"name": p.metadata.name, "node": p.spec.node_name or "", "state": state,
-                           "uid": p.metadata.uid, "fenced": names.ANNOTATION_FENCING_TOKEN in ann})  # fmt: skip
+                           "uid": p.metadata.uid, "fenced": names.ANNOTATION_FENCING_TOKEN in ann,
+                           "prepared": any((p.spec.node_name, c) in prepared for c in used)})  # fmt: skip
             out[j["metadata"]["name"]] = (j, ws)
         return out
 

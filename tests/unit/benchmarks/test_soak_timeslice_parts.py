@@ -16,8 +16,8 @@ from benchmarks.soak import (
 from rose_common import timeslice_lease as tl
 
 
-def _w(state: str, fenced: bool = True, node: str = "n0", name: str = "w0") -> dict[str, Any]:
-    return {"name": name, "state": state, "node": node, "fenced": fenced}
+def _w(state: str, fenced: bool = True, node: str = "n0", name: str = "w0", prepared: bool = True) -> dict[str, Any]:
+    return {"name": name, "state": state, "node": node, "fenced": fenced, "prepared": prepared}
 
 
 def test_a_hand_over_seen_step_by_step_never_has_two_holders() -> None:
@@ -38,6 +38,9 @@ def test_a_hand_over_seen_step_by_step_never_has_two_holders() -> None:
     assert group_holders({"a": [_w("CheckpointedEvicted")], "b": []}) == []
     # a member's worker recreated and not bound yet (Pending, the fencing token kept) holds nothing
     assert group_holders({"a": [_w("Requested")], "b": [_w("Pending", node="")]}) == ["a"]
+    # the shared claim not prepared on the node (the driver refused it: serving holds that GPU): nobody
+    # holds the device, whatever the fencing tokens say
+    assert group_holders({"a": [_w("Requested", prepared=False)], "b": [_w("Running", prepared=False)]}) == []
 
 
 def _lease(token: int, switching: bool = False, holder: str = "soak/ts-a") -> dict[str, Any]:
