@@ -300,6 +300,23 @@ def shared_claim_complete(claim: dict[str, Any], bound_pods: set[str]) -> bool:
     return bound_pods <= reserved
 
 
+def registered_since(log_path: Path, offset: int, pod_uid: str) -> bool:
+    """Whether the driver's log (JSON lines) past ``offset`` says the workload of ``pod_uid``
+    registered with the cooperative backend (its SDK checkpoint channel)."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    for line in chunk.splitlines():
+        if '"workload registered"' in line and pod_uid in line:
+            with contextlib.suppress(ValueError):
+                if "cooperative" in json.loads(line).get("backends", []):
+                    return True
+    return False
+
+
 def group_converged(lease: dict[str, Any] | None, token_before: int, members_placed: int) -> str:
     """Why the time-slice group has not converged ("" when it has; pure): its Lease (the
     orchestrator's record, a ``coordination.k8s.io/v1`` Lease as a dict) settled, no hand-over in
@@ -1338,6 +1355,8 @@ class Soak:
         with contextlib.suppress(Exception):
             held = promtext.value("\n".join(self.drivers[node].metrics()), "rose_suspend_host_memory_held_bytes", {},
                                   default=0.0)  # fmt: skip
+        log_path = self.driver_root / f"{node}.log"
+        since = log_path.stat().st_size if log_path.exists() else 0
         self._set_budget(node, str(int(held)))
         self.note(f"fault: checkpoint directory of trainer full ({rec['free_bytes']} B free) for "
                   f"{self.p.ckpt_full_s:g}s; host-memory budget of {node} full; reclaim of its GPU forced")  # fmt: skip
@@ -1346,7 +1365,9 @@ class Soak:
         forced = False
         while time.monotonic() < end and not self.stop.is_set():
             self.tick()
-            if not forced and time.monotonic() > end - self.p.ckpt_full_s + 5:  # the driver back up
+            # once the trainer registered again with its restarted driver (its checkpoint channel: a
+            # reclaim before that finds none and is enforced, the loss the eviction check catches)
+            if not forced and registered_since(log_path, since, uid):
                 forced = self._force_serving_onto_lent(node, quiet=True, kill=False, only=True, pod="trainer-w0")
                 rec["forced_reclaim"] = forced
         rec["fallbacks"], rec["fallback_failed_events"] = self._fallback_refusals(node, uid)

@@ -4,6 +4,8 @@ group has converged after a fault by the orchestrator's Lease, and when a member
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from benchmarks.soak import (
@@ -11,6 +13,7 @@ from benchmarks.soak import (
     group_converged,
     group_holders,
     group_member_ready,
+    registered_since,
     shared_claim_complete,
 )
 from rose_common import timeslice_lease as tl
@@ -83,3 +86,19 @@ def test_a_shared_claim_is_prepared_once_every_bound_member_is_reserved() -> Non
     assert shared_claim_complete(claim, {"a"})
     assert not shared_claim_complete(claim, {"a", "b"})  # ts-b's worker bound, not reserved yet: wait
     assert shared_claim_complete({"status": {}}, set())  # a template's claim: nobody references it by name
+
+
+def test_registered_since_reads_the_drivers_log_past_the_restart(tmp_path: Path) -> None:
+    log = tmp_path / "driver.log"
+    before = {"msg": "workload registered", "podUID": "u1", "backends": ["cooperative"]}
+    log.write_text(json.dumps(before) + "\n")
+    offset = log.stat().st_size  # the driver restarted here: what it said before does not count
+    assert not registered_since(log, offset, "u1")
+    with log.open("a") as f:
+        f.write(json.dumps({"msg": "workload registered", "podUID": "u2", "backends": ["cooperative"]}) + "\n")
+        f.write(json.dumps({"msg": "workload registered", "podUID": "u1", "backends": ["simulated"]}) + "\n")
+    assert not registered_since(log, offset, "u1")  # another pod; no checkpoint channel
+    with log.open("a") as f:
+        f.write(json.dumps({"msg": "workload registered", "podUID": "u1", "backends": ["cooperative"]}) + "\n")
+    assert registered_since(log, offset, "u1")
+    assert not registered_since(tmp_path / "missing.log", 0, "u1")
