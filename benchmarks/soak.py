@@ -322,7 +322,7 @@ def group_converged(lease: dict[str, Any] | None, token_before: int, members_pla
     orchestrator's record, a ``coordination.k8s.io/v1`` Lease as a dict) settled, no hand-over in
     flight, and a grant since the fault (the fencing token, +1 on every grant, past
     ``token_before``). With no member placed (``members_placed`` 0: the planner gave the group no
-    GPU) nobody can be granted, and the group is idle: converged."""
+    GPU, or no driver prepared its claim) nobody can be granted, and the group is idle: converged."""
     from rose_common import timeslice_lease
 
     if members_placed == 0:
@@ -1119,7 +1119,9 @@ class Soak:
             why = group_member_ready(j, ws) if name in TS_JOBS else job_converged(j, ws)
             if why:
                 return f"{name}: {why}"
-        placed = sum(1 for n in TS_JOBS if any(w["node"] for w in view.get(n, ({}, []))[1]))
+        # a member counts once a driver prepared its worker's claim: the shared claim refused on a GPU
+        # serving holds leaves the group nothing to grant on (its hand-overs fail and roll back)
+        placed = sum(1 for n in TS_JOBS if any(w["node"] and w["prepared"] for w in view.get(n, ({}, []))[1]))
         why = group_converged(self.group_lease(), self.ts_token_before, placed) if self.p.timeslice else ""
         if why:
             return f"time-slice group {TS_GROUP}: {why}"
