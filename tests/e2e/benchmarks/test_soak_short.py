@@ -5,10 +5,10 @@ through the whole system with a few faults, so CI keeps the invariants the full 
 the session cluster's other tests must not see), Prometheus, the predictor, the controller, the
 extender, one driver per node and the real example trainer; every invariant is a hard failure
 inside the run, and its report says which broke. Here: 3.5 simulated hours at 96x (131 s played,
-plus about 2 minutes of start-up), four faults 30 s apart of the kinds most likely to leave state
-behind; the time-slice group and its invariant run all along (its own faults, kill-orchestrator
-and checkpoint-dir-full, are judged in the benchmark's runs and by the unit tests of
-tests/unit/benchmarks/test_soak_timeslice_parts.py, to keep this test near 3 minutes).
+plus about 2 minutes of start-up), three faults 30 s apart of the kinds most likely to leave state
+behind. The soak's shape as before the time-slice group (4 nodes x 2 GPUs, no group): the group,
+kill-orchestrator and checkpoint-dir-full are judged by the benchmark's runs (docs/bench/soak.md)
+and by tests/unit/benchmarks/test_soak_timeslice_parts.py, to keep this test near 3 minutes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ KINDS = ("kill-controller", "kill-driver-mid-suspend", "restart-apiserver", "hos
 def test_short_soak_keeps_every_invariant_through_faults(tmp_path: Path) -> None:
     series = traces_dir() / "derived" / "servegen_m-large_10min.csv"
     p = Params(series, hours=4.0, speed=96, faults=4, seed=3, workdir=tmp_path / "soak", kinds=KINDS,
-               trainer_updates=100, drain_s=240, simulate=False, fault_spacing_s=30, host_full_s=20)  # fmt: skip
+               trainer_updates=100, drain_s=240, simulate=False, fault_spacing_s=30, host_full_s=20,
+               timeslice=False, gpus_per_node=2)  # fmt: skip
     r = run_soak(p, say=print)
     (tmp_path / "soak.json").write_text(json.dumps(r, indent=1, default=str))
     assert r["ok"], f"{r['failure']}\n" + "\n".join(r.get("timeline", [])[-30:])
@@ -35,11 +36,8 @@ def test_short_soak_keeps_every_invariant_through_faults(tmp_path: Path) -> None
     assert [h["node"] for h in r["host_memory_full"]], r["host_memory_full"]  # the budget was set, and put back
     # every invariant was checked, not only declared
     for name in ("no device allocated twice", "no job's suspend count goes back",
-                 "the real trainer's resumes are bit-exact",
-                 "no two members of the time-slice group hold its devices at once"):  # fmt: skip
+                 "the real trainer's resumes are bit-exact"):  # fmt: skip
         assert r["checks"].get(name, 0) >= 1, r["checks"]
     # the serving pods arrived and were prepared on their GPUs, and RL used the rest
     assert r["serving"]["prepares"] >= 2 and r["rl"]["useful_gpu_hours"] > 0
     assert r["rl"]["trainer"]["identical"] and r["rl"]["trainer"]["steps"] == 100
-    # the time-slice group took turns through the real orchestrator (its fencing token counts the grants)
-    assert (r["timeslice"]["fencing_token_end"] or 0) >= 1, r["timeslice"]
