@@ -432,6 +432,8 @@ class Params:
     def __post_init__(self) -> None:
         if self.serving_wait not in SERVING_WAITS:
             raise ValueError(f"serving_wait {self.serving_wait!r}: one of {', '.join(SERVING_WAITS)}")
+        if self.faults and "kill-orchestrator" in self.kinds and not self.timeslice:
+            raise ValueError("fault kill-orchestrator needs the time-slice group and its orchestrator (timeslice on)")
 
 
 @dataclass
@@ -1842,6 +1844,9 @@ def main(argv: list[str] | None = None) -> int:
                          "the occupant) or prebind (the scheduler holds the pod until its GPU is freed)")  # fmt: skip
     ap.add_argument("--host-full-force", action="store_true",
                     help="host-memory-full: also pin a serving burst onto a lent occupant of that node")  # fmt: skip
+    ap.add_argument("--no-timeslice", action="store_true",
+                    help="the soak's shape before the time-slice group: 4 nodes x 2 GPUs, no group, no orchestrator "
+                         "(and no kill-orchestrator among the default kinds)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")
@@ -1851,6 +1856,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.hours <= 0 or a.speed <= 0 or a.faults < 0:
         ap.error("--hours and --speed must be > 0, --faults >= 0")
     kinds = tuple(k.strip() for k in a.fault_kinds.split(",") if k.strip())
+    if a.no_timeslice and a.fault_kinds == ",".join(FAULT_KINDS):
+        kinds = tuple(k for k in kinds if k != "kill-orchestrator")
     unknown = [k for k in kinds if k not in FAULT_KINDS]
     if unknown or not kinds:
         ap.error(f"--fault-kinds: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(FAULT_KINDS)}")
@@ -1868,6 +1875,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer_updates=a.trainer_updates,
         serving_wait=a.serving_wait,
         host_full_force=a.host_full_force,
+        timeslice=not a.no_timeslice,
+        gpus_per_node=2 if a.no_timeslice else 3,
     )
     r = run_soak(p)
     print(summary(r))

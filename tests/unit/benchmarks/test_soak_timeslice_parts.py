@@ -8,8 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks.soak import (
     FAULT_KINDS,
+    Params,
     group_converged,
     group_holders,
     group_member_ready,
@@ -77,8 +80,11 @@ def test_group_member_ready_follows_its_target_not_which_member_runs() -> None:
     assert group_member_ready(job(1), [_w("Running", node="")]) == "workers not bound: w0"
 
 
-def test_the_new_fault_kinds_are_known() -> None:
+def test_the_new_fault_kinds_are_known_and_kill_orchestrator_needs_the_group(tmp_path: Path) -> None:
     assert {"kill-orchestrator", "checkpoint-dir-full"} <= set(FAULT_KINDS)
+    with pytest.raises(ValueError, match="kill-orchestrator needs the time-slice group"):
+        Params(tmp_path / "s.csv", 1, 96, 1, 1, tmp_path, kinds=("kill-orchestrator",), timeslice=False)
+    Params(tmp_path / "s.csv", 1, 96, 0, 1, tmp_path, timeslice=False)  # no faults: nothing to refuse
 
 
 def test_a_shared_claim_is_prepared_once_every_bound_member_is_reserved() -> None:
