@@ -471,6 +471,8 @@ def run(
         plan_interval_s=PLAN_INTERVAL_S,
         forecast_max_age_s=max(20.0, 4 * row_s),
         cluster=cluster,
+        timeslice=False,
+        gpus_per_node=2,
     )
     s = SimToReal(p, say)
     t0 = time.monotonic()

@@ -4,8 +4,8 @@
         --hours 24 --speed 96 --json OUT.json [--faults 3] [--seed 1] [--workdir DIR]
 
 On a real local cluster (``local_cluster``: etcd, kube-apiserver, kube-controller-manager, the
-two kube-schedulers, KWOK; 4 nodes of 2 simulated GPUs in 2 pools), time-compressed ``--speed``
-times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
+two kube-schedulers, KWOK; 4 nodes of 3 simulated GPUs (``Params.gpus_per_node``) in 2 pools),
+time-compressed ``--speed`` times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
 
 * Serving as it arrives. The trace (requests per 10 min) is turned into busy serving GPUs per
   pool (``busy_gpus``: the week before the played slice sizes one GPU, its peak using 90 % of
@@ -23,12 +23,18 @@ times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
   driver's simulated occupants. KWOK has no kubelet, so the harness plays the kubelet's DRA
   manager (NodePrepareResources / NodeUnprepareResources over the real gRPC sockets) for every
   pod bound to a node, as ``rose demo`` does.
+* A time-slice group (``TS_GROUP``): two more ElasticRLJobs (``TS_JOBS``, one shared claim) under
+  the real ``rose timeslice serve`` (TLS, TokenReview, group Leases, leader election, the hand-over
+  through the drivers, as demo act 5 runs it); each member's workload is an SDK client in the
+  harness that takes turns (Acquire, hold, Yield).
 * Faults, seeded and logged (``fault_plan``): SIGKILL of the controller, the extender, the
   predictor and a driver; a restart (SIGKILL, start) of the kube-apiserver and of etcd; a driver
   SIGKILLed in the middle of a suspend (while a serving prepare waits for it); the predictor
   down for longer than the consumers' ``--forecast-max-age``; a node's host-memory budget full
   (its driver restarted with a budget of what it holds, for ``host_full_s``; ``--host-full-force``
-  also pins a serving burst onto a lent occupant there).
+  also pins a serving burst onto a lent occupant there); SIGKILL of the orchestrator; the trainer
+  job's checkpoint directory full (a small tmpfs filled, with its node's host-memory budget full
+  and a serving burst on its GPU, so the driver's fallback checkpoint is refused).
 * ``--serving-wait prepare|prebind``: the drivers' mode; with prebind a check runs before each
   serving prepare (its GPU's lent claims already suspended in the driver's node state).
 * Invariants, each a hard failure (the run stops, exit 1): a serving prepare never returns while
@@ -36,8 +42,9 @@ times (one 10-minute row of the trace lasts ``600 / speed`` wall seconds):
   GPU suspended, and the trainer's device-memory file holds 0 bytes); no device is allocated to
   two claims; no job's suspend count goes back, no driver evicts a lent worker without a verified
   durable checkpoint (its log), and the real trainer ends bit-identical to an uninterrupted run of
-  the same seed; after every fault every job is at its planned target
-  (``converged``) within ``--converge-bound`` wall seconds.
+  the same seed; no two members of the time-slice group are un-suspended by their drivers at once
+  (after a hand-over); after every fault every job is at its planned target (``converged``; the
+  group: its Lease settled with a grant since the fault) within ``--converge-bound`` wall seconds.
 
 Figures (JSON and a printed summary): faults injected and survived, time to converge per kind
 (p50 / p99), serving prepares and their waits, RL useful GPU-hours (active GPUs x sim time) and
@@ -88,6 +95,8 @@ FAULT_KINDS = (
     "restart-etcd",
     "predictor-down",
     "host-memory-full",
+    "kill-orchestrator",
+    "checkpoint-dir-full",
 )
 SERVING_WAITS = ("prepare", "prebind")
 PREBIND_KILL_AFTER_S = 1.0  # prebind: the mid-suspend kill this long after the burst pod is created
@@ -208,16 +217,19 @@ def job_converged(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str
     return ""
 
 
-def job_manifest(name: str, min_gpus: int, max_gpus: int, priority: int = 0) -> dict[str, Any]:
+def job_manifest(name: str, min_gpus: int, max_gpus: int, priority: int = 0, group: str = "") -> dict[str, Any]:
     from rose_common import names
 
-    return {
+    body: dict[str, Any] = {
         "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": NS},
         "spec": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
                  "minUsefulRunSeconds": 10, "stateBytesPerWorker": OCCUPANT_GIB << 30, "priority": priority,
                  "template": {"spec": {"priorityClassName": "rose-rl", "terminationGracePeriodSeconds": 0,
                                        "containers": [{"name": "trainer", "image": "rose/soak"}]}}},
     }  # fmt: skip
+    if group:
+        body["spec"]["timesliceGroup"] = group
+    return body
 
 
 def prepare_error_summary(errors: Sequence[str]) -> dict[str, Any]:
@@ -234,7 +246,97 @@ def prepare_error_summary(errors: Sequence[str]) -> dict[str, Any]:
     return {"count": len(errors), "by_pod": by_pod, "top_messages": dict(top), "last": list(errors[-5:])}
 
 
-JOBS = (("trainer", 1, 1, 10), ("elastic-a", 1, 4, 0), ("elastic-b", 2, 4, 0))
+JOBS = (("trainer", 1, 1, 30), ("elastic-a", 1, 4, 0), ("elastic-b", 2, 4, 0))
+TS_GROUP = "tsg"  # the time-slice group: its members share one claim per worker index and take turns
+TS_JOBS = ("ts-a", "ts-b")  # its members (1 GPU each; the orchestrator's clients run in the harness)
+TS_PRIORITY = 20  # above the elastic jobs, below the trainer (30, the bit-exact witness: it runs
+# first); the planner counts each member's worker as a GPU of its own (elastic_controller README)
+TS_LEASE_NS = "default"  # the controller's --lease-namespace: the orchestrator writes its group Leases there
+TS_HOLD_S, TS_OFF_S = 2.0, 1.0  # each member's phase on the group, and off it, per turn
+HOLDING_STATES = ("Running", "Requested")  # a bound worker in one of these holds its device state
+
+
+def group_holders(workers: dict[str, Sequence[dict[str, Any]]]) -> list[str]:
+    """The group members that hold the group's devices by the driver's own word (pure): a member
+    holds when one of its workers has its claim prepared by its node's driver (``prepared``), took
+    part in a hand-over (the orchestrator wrote its ``rose.io/fencing-token``) and runs by the
+    driver's ``rose.io/suspend-state`` (a ``rose.io/suspend-request`` the driver has not yet acted
+    on still holds: ``Requested``). Workers never handed over are left out: before its first grant
+    a member has no fencing token and the driver has never been asked to move it; a worker not
+    bound, or whose claim no driver prepared (e.g. refused: serving holds that GPU), holds nothing."""
+    return sorted(job for job, ws in workers.items()
+                  if any(w.get("fenced") and w.get("prepared") and w["node"] and w["state"] in HOLDING_STATES
+                         for w in ws))  # fmt: skip
+
+
+def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str:
+    """Why a time-slice group member is not settled ("" when it is; pure): the controller has seen
+    the last spec, and as many workers as its planned target (``targetGPUs / gpusPerWorker``)
+    exist, every one bound. Which member's state is on the devices is the orchestrator's
+    (:func:`group_converged`): a member waiting for the group is suspended at its target."""
+    st = job.get("status") or {}
+    gen = job["metadata"].get("generation")
+    if st.get("observedGeneration") != gen:
+        return f"status at generation {st.get('observedGeneration')}, spec at {gen}"
+    target = st.get("targetGPUs")
+    if target is None:
+        return "no target yet"
+    want = int(target) // max(1, int(job["spec"].get("gpusPerWorker", 1)))
+    if len(workers) != want:
+        return f"{len(workers)} workers, target {want}"
+    unbound = [w["name"] for w in workers if not w["node"]]
+    if unbound:
+        return f"workers not bound: {', '.join(unbound)}"
+    return ""
+
+
+def shared_claim_complete(claim: dict[str, Any], bound_pods: set[str]) -> bool:
+    """Whether every bound pod that references ``claim`` by name is in its ``reservedFor`` (pure).
+    The driver learns a claim's pods at its first prepare only (a later prepare is idempotent), so
+    the played kubelet prepares a time-slice group's shared claim once all its bound members are
+    reserved: a member's worker missing from the driver's record would have its hand-over refused
+    (``fencing token refused``, reason ``no-claim``)."""
+    reserved = {r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []}
+    return bound_pods <= reserved
+
+
+def registered_since(log_path: Path, offset: int, pod_uid: str) -> bool:
+    """Whether the driver's log (JSON lines) past ``offset`` says the workload of ``pod_uid``
+    registered with the cooperative backend (its SDK checkpoint channel)."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    for line in chunk.splitlines():
+        if '"workload registered"' in line and pod_uid in line:
+            with contextlib.suppress(ValueError):
+                if "cooperative" in json.loads(line).get("backends", []):
+                    return True
+    return False
+
+
+def group_converged(lease: dict[str, Any] | None, token_before: int, members_placed: int) -> str:
+    """Why the time-slice group has not converged ("" when it has; pure): its Lease (the
+    orchestrator's record, a ``coordination.k8s.io/v1`` Lease as a dict) settled, no hand-over in
+    flight, and a grant since the fault (the fencing token, +1 on every grant, past
+    ``token_before``). With no member placed (``members_placed`` 0: the planner gave the group no
+    GPU, or no driver prepared its claim) nobody can be granted, and the group is idle: converged."""
+    from rose_common import timeslice_lease
+
+    if members_placed == 0:
+        return ""
+    if lease is None:
+        return "no Lease of the group yet"
+    g = timeslice_lease.read(lease)
+    if g is None:
+        return "the group's Lease carries no group"
+    if g.switching:
+        return f"hand-over to {g.holder} in flight (token {g.token})"
+    if g.token <= token_before:
+        return f"no grant since the fault (fencing token {g.token})"
+    return ""
 
 
 # ----------------------------------------------------------------------------- I/O: processes
@@ -323,10 +425,15 @@ class Params:
     # driver has suspended it; the prepare is then immediate)
     host_full_s: float = 60.0  # how long the host-memory-full fault holds a node's budget full
     host_full_force: bool = False  # and a serving burst pinned onto a running lent occupant there
+    timeslice: bool = True  # the time-slice group and its orchestrator (benchmarks.sim_to_real: off)
+    gpus_per_node: int = 3  # 4 nodes in 2 pools; 3 GPUs a node leaves the group room for both members
+    ckpt_full_s: float = 30.0  # how long the checkpoint-dir-full fault holds the trainer's checkpoint directory full
 
     def __post_init__(self) -> None:
         if self.serving_wait not in SERVING_WAITS:
             raise ValueError(f"serving_wait {self.serving_wait!r}: one of {', '.join(SERVING_WAITS)}")
+        if self.faults and "kill-orchestrator" in self.kinds and not self.timeslice:
+            raise ValueError("fault kill-orchestrator needs the time-slice group and its orchestrator (timeslice on)")
 
 
 @dataclass
@@ -340,6 +447,7 @@ class Figures:
     checks: dict[str, int] = field(default_factory=dict)
     suspends: int = 0
     serving_on_lent_gpu: int = 0  # serving prepares on a GPU lent to a prepared RL claim
+    serving_over_failed_suspend: int = 0  # of them over the real trainer's refused suspend (device free)
     samples: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -363,6 +471,7 @@ class Soak:
         self.kill_mid_suspend: str | None = None  # node whose driver dies inside the next serving wait
         self.suspend_counts: dict[str, int] = {}
         self.trainer: subprocess.Popen[bytes] | None = None
+        self.trainer_claim = ""  # the UID of the claim the real trainer runs on
         self.t_start = 0.0
         self.events: list[str] = []
         self.bursts: list[str] = []
@@ -370,7 +479,14 @@ class Soak:
         self.replicas: dict[str, int] = {}
         self.api_errors = 0
         self.host_full: list[dict[str, Any]] = []  # what each host-memory-full fault saw
+        self.ckpt_full: list[dict[str, Any]] = []  # what each checkpoint-dir-full fault saw
+        self.ckpt_dir: Path | None = None  # the trainer job's checkpointPath lives here (a small tmpfs)
         self.log_offsets: dict[str, int] = {}  # node -> bytes of its driver log already read
+        self.ts_token_before = -1  # the group's fencing token when the fault under judgement began
+        self.ts_turns: dict[str, int] = dict.fromkeys(TS_JOBS, 0)  # grants each member's client got
+        self.ts_errors: list[str] = []  # its clients' last failed calls (retried)
+        self.ts_error_count = 0
+        self.ts_max_holders = 0
 
     # -------------------------------------------------------------- helpers
     def note(self, what: str) -> None:
@@ -412,7 +528,7 @@ class Soak:
         if s.step != ROW_S:
             raise SoakFailure(f"{p.series}: step {s.step}s; the soak plays 10-minute series")
         self.series_values = s.values
-        self.say(f"cluster: 4 KWOK nodes x 2 simulated GPUs, 2 pools (workdir {p.workdir})")
+        self.say(f"cluster: 4 KWOK nodes x {p.gpus_per_node} simulated GPUs, 2 pools (workdir {p.workdir})")
         if p.cluster is not None:  # a running cluster of the same shape (no faults: it is not restarted)
             from urllib.parse import urlparse
 
@@ -424,7 +540,7 @@ class Soak:
             self.stack.callback(self._delete_namespace)  # leave the cluster as it was found
         else:
             self.extender_port = free_port()
-            cfg = ClusterConfig(nodes=4, gpus_per_node=2, pools=2, workdir=p.workdir / "cluster",
+            cfg = ClusterConfig(nodes=4, gpus_per_node=p.gpus_per_node, pools=2, workdir=p.workdir / "cluster",
                                 seed_slices=False, extender_url=f"http://127.0.0.1:{self.extender_port}",
                                 die_with_parent=True)  # fmt: skip
             self.lc = LocalCluster(cfg)
@@ -438,11 +554,29 @@ class Soak:
             shift = i * POOL_SHIFT_ROWS
             vals = self.series_values[shift + p.start_row - HISTORY_ROWS : shift + p.start_row + self.rows]
             self.busy[pl] = busy_gpus(vals, HISTORY_ROWS, self.cap[pl])
+        if "checkpoint-dir-full" in p.kinds and p.faults:
+            self._checkpoint_dir()
         self._serving_metrics()
         self._predictor()
         self._drivers()
         self._services()
         self._namespace()
+        if p.timeslice:
+            self._orchestrator()
+
+    def _checkpoint_dir(self) -> None:
+        """The trainer job's checkpoint directory on a filesystem of its own that can be filled: a
+        4 MiB tmpfs mounted here (needs root, as this harness runs; the real trainer's checkpoint
+        is ~20 KiB)."""
+        d = self.tmp / "ckpt"
+        d.mkdir(exist_ok=True)
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "rose-soak-ckpt", str(d)],
+                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        if out.returncode != 0:
+            raise SoakFailure(f"checkpoint-dir-full needs a small tmpfs (mount as root): {out.stderr.strip()}")
+        self.stack.callback(lambda: subprocess.run(["umount", "-l", str(d)], capture_output=True, check=False))
+        self.ckpt_dir = d
+        self.say(f"checkpoint directory of the trainer job: {d} (a 4 MiB tmpfs, filled by checkpoint-dir-full)")
 
     def _delete_namespace(self) -> None:
         """Delete the soak's namespace and wait (at most 60 s) until it is gone."""
@@ -620,12 +754,92 @@ class Soak:
                                                            "claims": [{"name": "gpu"}]}}]}}},
             })  # fmt: skip
 
+    def _orchestrator(self) -> None:
+        """``rose timeslice serve`` as in a cluster (as demo act 5 runs it): TLS, callers' ServiceAccount
+        tokens reviewed, a job admitted only with worker pods of the group, group Leases in the
+        controller's lease namespace, leader election, the hand-over through the nodes' drivers."""
+        from kubernetes import client
+
+        from local_cluster import free_port
+        from rose_common import names
+        from timeslice import certs
+
+        files = certs.generate(self.tmp / "tls", ("localhost", "127.0.0.1"))
+        core = client.CoreV1Api(self.api)
+        core.create_namespaced_service_account(NS, {"metadata": {"name": "soak-jobs"}})
+        req = {"spec": {"audiences": [names.TIMESLICE_TOKEN_AUDIENCE], "expirationSeconds": 86400}}
+        token = core.create_namespaced_service_account_token("soak-jobs", NS, req).status.token
+        self.ts_token_file = self.tmp / "ts-token"
+        self.ts_token_file.write_text(token)
+        self.ts_token_file.chmod(0o600)
+        self.ts_ca = files.ca
+        self.ts_port, self.ts_mport = free_port(), free_port()
+        self.procs["orchestrator"] = Proc("orchestrator", [
+            sys.executable, "-m", "timeslice", "serve", "--store", "kubernetes", "--kubeconfig", str(self.h.kubeconfig),
+            "--namespace", TS_LEASE_NS, "--lease-name", "rose-soak-timeslice", "--handover", "kube",
+            "--switch-timeout", "30s", "--identity", "soak-orchestrator", "--listen", f"127.0.0.1:{self.ts_port}",
+            "--metrics-listen", f"127.0.0.1:{self.ts_mport}", "--tls-cert", str(files.cert), "--tls-key",
+            str(files.key), "--token-audience", names.TIMESLICE_TOKEN_AUDIENCE],
+            self.tmp / "orchestrator.log")  # fmt: skip
+        self.stack.callback(self.procs["orchestrator"].stop)
+        wait_until("the orchestrator elected leader (/readyz 200)", self._orchestrator_leads, 90)
+        self.say(f"orchestrator: `rose timeslice serve` (TLS, TokenReview, Leases in {TS_LEASE_NS}, hand-over "
+                 f"through the drivers) for group {TS_GROUP} of {', '.join(TS_JOBS)}")  # fmt: skip
+
+    def _orchestrator_leads(self) -> bool:
+        return _get(f"http://127.0.0.1:{self.ts_mport}/readyz")[0] == 200
+
+    def _ts_client(self, job: str) -> None:
+        """A member's workload: Acquire the group, hold it ``TS_HOLD_S``, Yield, ``TS_OFF_S`` off;
+        failed calls (the orchestrator down, the job not admitted yet) are counted and retried."""
+        from rose_sdk.timeslice import TimeSliceOrchestratorClient
+
+        cl = TimeSliceOrchestratorClient(f"127.0.0.1:{self.ts_port}", f"{NS}/{job}", role="trainer",
+                                         min_phase_ratio=0, token_file=str(self.ts_token_file),
+                                         ca_file=str(self.ts_ca), retry_timeout_s=30)  # fmt: skip
+        try:
+            while not self.stop.is_set() and not self.ended:
+                try:
+                    cl.acquire(TS_GROUP, timeout_s=60)
+                    self.ts_turns[job] += 1
+                    self.stop.wait(TS_HOLD_S)
+                    cl.release(TS_GROUP)
+                except Exception as e:
+                    self.ts_errors.append(f"{job}: {type(e).__name__}: {str(e)[:160]}")
+                    del self.ts_errors[:-50]  # the last 50 (counted in ts_error_count)
+                    self.ts_error_count += 1
+                    self.stop.wait(1.0)
+                    continue
+                self.stop.wait(TS_OFF_S)
+        finally:
+            with contextlib.suppress(Exception):
+                cl.close()
+
+    def group_lease(self) -> dict[str, Any] | None:
+        from kubernetes import client
+
+        from rose_common import names
+
+        items = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+            "coordination.k8s.io", "v1", TS_LEASE_NS, "leases",
+            label_selector=f"{names.LABEL_TIMESLICE_GROUP}={TS_GROUP}", _request_timeout=10)["items"]  # fmt: skip
+        mine = [i for i in items if (i["metadata"].get("annotations") or {}).get("rose.io/timeslice-namespace") == NS]
+        return mine[0] if mine else None
+
+    def group_token(self) -> int:
+        lease = self.group_lease()
+        return int((lease or {}).get("spec", {}).get("leaseTransitions") or 0)
+
     # -------------------------------------------------------------- the played kubelet
     def _claims_of(self, pod: Any, claims: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         """The pod's claims once allocated and reserved for it (``claims``: this round's list, by name)."""
         out = []
-        for st in pod.status.resource_claim_statuses or []:
-            c = claims.get(st.resource_claim_name or "")
+        # a claim made from a template is named in the pod's status; a shared claim (a time-slice
+        # group's) is referenced by name in its spec
+        named = [st.resource_claim_name for st in pod.status.resource_claim_statuses or []]
+        named += [rc.resource_claim_name for rc in pod.spec.resource_claims or [] if rc.resource_claim_name]
+        for name in dict.fromkeys(named):
+            c = claims.get(name or "")
             status = (c or {}).get("status") or {}
             if (
                 c
@@ -644,14 +858,20 @@ class Soak:
         claims = {c["metadata"]["name"]: c for c in client.CustomObjectsApi(self.api).list_namespaced_custom_object(
             "resource.k8s.io", "v1", NS, "resourceclaims", _request_timeout=10)["items"]}  # fmt: skip
         self.round_claims = list(claims.values())
+        bound = [p for p in pods if p.spec.node_name and not p.metadata.deletion_timestamp]
+        sharers: dict[str, set[str]] = {}  # a claim referenced by name (shared) -> the bound pods using it
+        for pod in bound:
+            for rc in pod.spec.resource_claims or []:
+                if rc.resource_claim_name:
+                    sharers.setdefault(rc.resource_claim_name, set()).add(pod.metadata.uid)
         live: set[str] = set()
-        for pod in pods:
-            if not pod.spec.node_name or pod.metadata.deletion_timestamp:
-                continue
+        for pod in bound:
             role = (pod.metadata.labels or {}).get(names.LABEL_ROLE, "")
             for c in self._claims_of(pod, claims):
                 uid = c["metadata"]["uid"]
                 live.add(uid)
+                if not shared_claim_complete(c, sharers.get(c["metadata"]["name"], set())):
+                    continue  # prepared once every pod bound to it is reserved (see shared_claim_complete)
                 with self.mu:
                     if uid in self.prepared or uid in self.inflight:
                         continue
@@ -753,7 +973,7 @@ class Soak:
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
         """Invariant: the serving prepare returned → every lent claim on its GPU is suspended in
         the driver's own crash-safe node state, and the trainer's device-memory file is empty."""
-        from dra_driver.state import CHECKPOINTED_EVICTED, ENFORCED_EVICTED, SUSPENDED, decode
+        from dra_driver.state import CHECKPOINTED_EVICTED, ENFORCED_EVICTED, SUSPEND_FAILED, SUSPENDED, decode
 
         index = self._gpu_index(serving)
         drv = self.drivers[node]
@@ -768,6 +988,15 @@ class Soak:
                 self.fail(f"lent claim {uid} on {node} was enforced on (killed): its RL state is lost")
             mem = drv.plugin_dir / "claims" / uid / "device-memory"
             resident = mem.stat().st_blocks * 512 if mem.exists() else 0
+            if sus is not None and sus.state == SUSPEND_FAILED and resident == 0 and uid == self.trainer_claim:
+                # the real trainer's suspend refused (its fallback checkpoint could not be written) and
+                # its device observed free: the driver serves (its contract); the trainer keeps its state
+                # in its own process on the host (it holds no simulated device memory: on a GPU this
+                # would be an enforcement). Counted, not a loss: its pod and bit-exactness are judged.
+                self.fig.serving_over_failed_suspend += 1
+                self.note(f"serving claim {serving['metadata']['name']} prepared over the trainer's failed suspend "
+                          f"({node} GPU {index}, 0 B resident)")  # fmt: skip
+                ok = True
             self.check("serving never on a lent occupant's state", ok and resident == 0,
                        f"serving claim {serving['metadata']['name']} prepared on {node} GPU {index} while lent claim "
                        f"{uid} is {sus.state if sus else 'not suspended'} ({resident} B resident)")  # fmt: skip
@@ -776,6 +1005,7 @@ class Soak:
     def _start_trainer(self, node: str, claim_uid: str, pod: Any) -> None:
         from dra_driver import cdi
 
+        self.trainer_claim = claim_uid
         drv = self.drivers[node]
         edits = json.loads((drv.cdi_dir / cdi.spec_filename(claim_uid)).read_text())["containerEdits"]
         env_c = dict(e.split("=", 1) for e in edits.get("env", []))
@@ -783,6 +1013,8 @@ class Soak:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
         env.update(PYTHONPATH=str(REPO), ROSE_AGENT_SOCKET=str(sock), ROSE_POD_UID=pod.metadata.uid,
                    ROSE_POD_NAMESPACE=NS, ROSE_POD_NAME=pod.metadata.name)  # fmt: skip
+        if self.ckpt_dir is not None:  # the job's checkpointPath, as the controller sets it on the pod
+            env["ROSE_CHECKPOINT_PATH"] = str(self.ckpt_dir / "trainer.ckpt")
         # it lingers (at safe points) until 80 % of the slice is played, then saves and exits; a wall
         # time, since its own linger starts when its updates end (a linger in seconds from its start
         # outlasted the drain once its updates ran unhindered)
@@ -837,6 +1069,8 @@ class Soak:
         pods = client.CoreV1Api(self.api).list_namespaced_pod(
             NS, label_selector=names.LABEL_JOB, _request_timeout=10).items  # fmt: skip
         out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        with self.mu:  # the claims a driver has prepared (the played kubelet's record of its answers)
+            prepared = {(r["node"], r["claim"]["metadata"]["name"]) for r in self.prepared.values()}
         for j in objs:
             ws = []
             for p in pods:
@@ -848,16 +1082,21 @@ class Soak:
                 state = ann.get(names.ANNOTATION_SUSPEND_STATE, "Running") if p.status.phase == "Running" else "Pending"
                 if state == "Running" and names.ANNOTATION_SUSPEND_REQUEST in ann:
                     state = "Requested"
+                used = [st.resource_claim_name for st in p.status.resource_claim_statuses or []]
+                used += [rc.resource_claim_name for rc in p.spec.resource_claims or [] if rc.resource_claim_name]
                 ws.append({"name": p.metadata.name, "node": p.spec.node_name or "", "state": state,
-                           "uid": p.metadata.uid})  # fmt: skip
+                           "uid": p.metadata.uid, "fenced": names.ANNOTATION_FENCING_TOKEN in ann,
+                           "prepared": any((p.spec.node_name, c) in prepared for c in used)})  # fmt: skip
             out[j["metadata"]["name"]] = (j, ws)
         return out
 
     def not_converged(self) -> str:
         """ "" once every job is at its planned target, the controller alive, and the kubelet's work done."""
-        for name in ("controller", "extender", "predictor"):
-            if not self.procs[name].alive():
+        for name in ("controller", "extender", "predictor", "orchestrator"):
+            if name in self.procs and not self.procs[name].alive():
                 return f"{name} not running"
+        if self.p.timeslice and not self._orchestrator_leads():
+            return "orchestrator not the leader (yet)"
         from rose_common import promtext
 
         for node, drv in self.drivers.items():
@@ -878,9 +1117,16 @@ class Soak:
                 return f"no fresh forecast for {pl} (HTTP {code})"
         view = self.jobs_view()
         for name, (j, ws) in sorted(view.items()):
-            why = job_converged(j, ws)
+            # a group member's devices are the orchestrator's to give: it is judged as the group
+            why = group_member_ready(j, ws) if name in TS_JOBS else job_converged(j, ws)
             if why:
                 return f"{name}: {why}"
+        # a member counts once a driver prepared its worker's claim: the shared claim refused on a GPU
+        # serving holds leaves the group nothing to grant on (its hand-overs fail and roll back)
+        placed = sum(1 for n in TS_JOBS if any(w["node"] and w["prepared"] for w in view.get(n, ({}, []))[1]))
+        why = group_converged(self.group_lease(), self.ts_token_before, placed) if self.p.timeslice else ""
+        if why:
+            return f"time-slice group {TS_GROUP}: {why}"
         with self.mu:
             if self.inflight:
                 return f"{len(self.inflight)} kubelet prepares in flight"
@@ -900,6 +1146,10 @@ class Soak:
             self.check("no job's suspend count goes back", n >= prev, f"{name}: suspendCount {prev} -> {n}")
             self.suspend_counts[name] = max(n, prev)
             active += int(st.get("activeGPUs") or 0)
+        holders = group_holders({n: ws for n, (_j, ws) in view.items() if n in TS_JOBS})
+        self.ts_max_holders = max(self.ts_max_holders, len(holders))
+        self.check("no two members of the time-slice group hold its devices at once", len(holders) <= 1,
+                   f"group {TS_GROUP}: {holders} un-suspended by their drivers after a hand-over")  # fmt: skip
         self._check_driver_evictions()
         if self.trainer is not None and self.trainer.poll() not in (None, 0):
             self.fail(f"the trainer exited with {self.trainer.returncode}: {self.tmp / 'trainer.log'}")
@@ -940,8 +1190,8 @@ class Soak:
         for node, drv in self.drivers.items():
             if drv.restart_if_dead():
                 self.note(f"rose driver of {node} started again")
-        for name in ("controller", "extender"):
-            if not self.procs[name].alive():
+        for name in ("controller", "extender", "orchestrator"):
+            if name in self.procs and not self.procs[name].alive():
                 self.procs[name].start()
                 self.note(f"{name} started again")
         if not self.procs["predictor"].alive() and not self.predictor_held_down:
@@ -952,7 +1202,7 @@ class Soak:
         """Carry out one fault; returns the monotonic time from which convergence is measured
         (None: the fault could not be set up at this moment, e.g. nothing to kill a suspend of)."""
         kind = f.kind
-        if kind in ("kill-controller", "kill-extender", "kill-predictor"):
+        if kind in ("kill-controller", "kill-extender", "kill-predictor", "kill-orchestrator"):
             comp = kind.removeprefix("kill-")
             self.procs[comp].kill9()
             self.note(f"fault: SIGKILL {comp}")
@@ -971,6 +1221,9 @@ class Soak:
             self.note(f"fault: SIGKILL {comp}, started again (healthy after {took:.1f}s)")
         elif kind == "host-memory-full":
             self._host_memory_full(f)
+        elif kind == "checkpoint-dir-full":
+            if not self._checkpoint_dir_full():
+                return None
         elif kind == "predictor-down":
             self.predictor_held_down = True
             self.procs["predictor"].kill9()
@@ -1043,8 +1296,101 @@ class Soak:
         self._set_budget(node, HOST_BUDGET)
         self.note(f"host-memory budget of {node} back to {HOST_BUDGET} ({rec})")
 
+    def _trainer_running(self) -> tuple[str, str] | None:
+        """(node, pod UID) of the trainer's worker when it runs un-suspended on a prepared claim."""
+        view = self.jobs_view()
+        ws = [w for w in view.get("trainer", ({}, []))[1] if w["state"] == "Running" and w["node"]]
+        with self.mu:
+            prepared = {r["pod"] for r in self.prepared.values()}
+        return next(((w["node"], w["uid"]) for w in ws if w["name"] in prepared), None)
+
+    def _fallback_refusals(self, node: str, pod_uid: str) -> tuple[float, int]:
+        """What the driver exposes of refused fallbacks: its ``rose_suspend_fallbacks_total`` (all
+        reasons, since it started) and the ``SuspendFallbackCheckpointFailed`` Events on the pod."""
+        from kubernetes import client
+
+        from rose_common import promtext
+
+        text = ""
+        with contextlib.suppress(Exception):
+            text = "\n".join(self.drivers[node].metrics())
+        fallbacks = promtext.value(text, "rose_suspend_fallbacks_total", {}, default=0.0)
+        events = client.CoreV1Api(self.api).list_namespaced_event(NS, _request_timeout=10).items
+        failed = sum((e.count or 1) for e in events
+                     if e.reason == "SuspendFallbackCheckpointFailed" and e.involved_object.uid == pod_uid)  # fmt: skip
+        return fallbacks, failed
+
+    def _checkpoint_dir_full(self) -> bool:
+        """The trainer job's checkpoint directory full for ``ckpt_full_s``; False: not set up (the
+        trainer's worker not running within 60 s). To make the driver ask for a checkpoint, the
+        trainer's node's host-memory budget is made full as well (as ``host-memory-full`` does) and
+        a serving burst is pinned onto its GPU: the reclaim's suspend is refused by the budget, the
+        checkpoint-and-evict fallback asks the trainer for a durable checkpoint, which cannot be
+        written. Expected: the driver does not evict (a ``SuspendFallbackCheckpointFailed`` Event
+        and ``rose_suspend_fallbacks_total``: the refusal visible), the trainer keeps its pod and
+        its state; once the directory has room and the budget is back, the system converges."""
+        import errno
+
+        from rose_common import promtext
+
+        if self.ckpt_dir is None:
+            raise SoakFailure("checkpoint-dir-full without a checkpoint directory")
+        give_up = time.monotonic() + 60.0
+        where = self._trainer_running()
+        while where is None:
+            if time.monotonic() >= give_up or self.stop.is_set():
+                self.note("fault skipped: the trainer's worker not running within 60 s (checkpoint-dir-full)")
+                return False
+            self.tick()
+            where = self._trainer_running()
+        node, uid = where
+        filler = self.ckpt_dir / "filler"
+        with filler.open("wb") as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * (64 << 10))
+                    fh.flush()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+        st = os.statvfs(self.ckpt_dir)
+        rec: dict[str, Any] = {"node": node, "pod_uid": uid, "free_bytes": st.f_bavail * st.f_frsize}
+        held = 0.0
+        with contextlib.suppress(Exception):
+            held = promtext.value("\n".join(self.drivers[node].metrics()), "rose_suspend_host_memory_held_bytes", {},
+                                  default=0.0)  # fmt: skip
+        log_path = self.driver_root / f"{node}.log"
+        since = log_path.stat().st_size if log_path.exists() else 0
+        self._set_budget(node, str(int(held)))
+        self.note(f"fault: checkpoint directory of trainer full ({rec['free_bytes']} B free) for "
+                  f"{self.p.ckpt_full_s:g}s; host-memory budget of {node} full; reclaim of its GPU forced")  # fmt: skip
+        self.ckpt_full.append(rec)
+        end = time.monotonic() + self.p.ckpt_full_s
+        forced = False
+        while time.monotonic() < end and not self.stop.is_set():
+            self.tick()
+            # once the trainer registered again with its restarted driver (its checkpoint channel: a
+            # reclaim before that finds none and is enforced, the loss the eviction check catches)
+            if not forced and registered_since(log_path, since, uid):
+                forced = self._force_serving_onto_lent(node, quiet=True, kill=False, only=True, pod="trainer-w0")
+                rec["forced_reclaim"] = forced
+        rec["fallbacks"], rec["fallback_failed_events"] = self._fallback_refusals(node, uid)
+        view = self.jobs_view()
+        uids = [w["uid"] for w in view.get("trainer", ({}, []))[1]]
+        rec["trainer_pod_kept"] = uid in uids
+        filler.unlink()
+        self._end_bursts()
+        self._set_budget(node, HOST_BUDGET)
+        self.note(f"checkpoint directory has room again, budget of {node} back to {HOST_BUDGET} ({rec})")
+        self.check("checkpoint dir full: the trainer keeps its worker (no eviction without a checkpoint)",
+                   rec["trainer_pod_kept"], f"trainer's worker {uid} gone: {uids}")  # fmt: skip
+        if forced:
+            self.check("checkpoint dir full: the refused checkpoint is visible (Event or metric)",
+                       rec["fallbacks"] > 0 or rec["fallback_failed_events"] > 0, json.dumps(rec))  # fmt: skip
+        return True
+
     def _force_serving_onto_lent(self, prefer: str, quiet: bool = False, kill: bool = True,
-                                 only: bool = False) -> bool:  # fmt: skip
+                                 only: bool = False, pod: str = "") -> bool:  # fmt: skip
         """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
         lent occupant, so its prepare must suspend it (and the driver dies 0.4 s into that)."""
         from kubernetes import client
@@ -1058,7 +1404,8 @@ class Soak:
         lent.sort(key=lambda r: (r["node"] != prefer, r["pod"] == "trainer-w0"))  # the planned node first
         pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, label_selector=names.LABEL_JOB).items
         uid_of = {p.metadata.name: p.metadata.uid for p in pods}
-        target = next((r for r in lent if uid_of.get(r["pod"]) in running and (not only or r["node"] == prefer)), None)
+        target = next((r for r in lent if uid_of.get(r["pod"]) in running and (not only or r["node"] == prefer)
+                       and (not pod or r["pod"] == pod)), None)  # fmt: skip
         if target is None:
             if not quiet:
                 self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill within 60 s")
@@ -1141,11 +1488,25 @@ class Soak:
         with ThreadPoolExecutor(max_workers=8) as self.pool:
             self.t_start = time.monotonic()
             for name, lo, hi, prio in JOBS:
+                body = job_manifest(name, lo, hi, prio)
+                if name == "trainer" and self.ckpt_dir is not None:
+                    body["spec"]["checkpointPath"] = str(self.ckpt_dir / "trainer.ckpt")
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-                    names.GROUP, names.VERSION, NS, names.PLURAL, job_manifest(name, lo, hi, prio))  # fmt: skip
+                    names.GROUP, names.VERSION, NS, names.PLURAL, body)  # fmt: skip
+            for name in TS_JOBS if p.timeslice else ():
+                body = job_manifest(name, 1, 1, TS_PRIORITY, TS_GROUP)
+                client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+                    names.GROUP, names.VERSION, NS, names.PLURAL, body)  # fmt: skip
             self.note(
-                f"applied {len(JOBS)} ElasticRLJobs: " + ", ".join(f"{n} ({lo}-{hi} GPUs)" for n, lo, hi, _ in JOBS)
+                f"applied {len(JOBS) + len(TS_JOBS)} ElasticRLJobs: "
+                + ", ".join(f"{n} ({lo}-{hi} GPUs)" for n, lo, hi, _ in JOBS)
+                + f", time-slice group {TS_GROUP}: "
+                + ", ".join(f"{n} (1 GPU, shared)" for n in TS_JOBS)
             )
+            ts_threads = [threading.Thread(target=self._ts_client, args=(n,), daemon=True, name=f"ts-{n}")
+                          for n in (TS_JOBS if p.timeslice else ())]  # fmt: skip
+            for t in ts_threads:
+                t.start()
             pending = list(plan)
             while time.monotonic() - self.t_start < self.duration_s and not self.stop.is_set():
                 if pending and time.monotonic() - self.t_start >= pending[0].at_s:
@@ -1176,6 +1537,10 @@ class Soak:
     def _fault(self, f: Fault) -> None:
         t_fault = time.monotonic()
         sim_h = (t_fault - self.t_start) * self.p.speed / 3600
+        try:  # convergence asks for a grant of the group after the fault
+            self.ts_token_before = self.group_token()
+        except Exception:
+            self.ts_token_before = -1
         try:
             t_from = self.inject(f)
         except Exception as e:
@@ -1208,6 +1573,15 @@ class Soak:
                                         "converged_s": None, "survived": False, "last": why})  # fmt: skip
                 self.fail(f"not converged within {self.p.converge_bound_s:g}s after {f.kind}: {why}")
                 return
+
+    def _timeslice_figures(self) -> dict[str, Any]:
+        token = None
+        with contextlib.suppress(Exception):
+            token = self.group_token()
+        return {"group": TS_GROUP, "members": list(TS_JOBS), "fencing_token_end": token,
+                "turns_by_member": dict(self.ts_turns), "most_holders_seen": self.ts_max_holders,
+                "fencing_rejections": self._metric_sum("rose_driver_fencing_rejections_total"),
+                "client_errors": self.ts_error_count, "client_errors_last": self.ts_errors[-5:]}  # fmt: skip
 
     def _metric_sum(self, name: str, labels: dict[str, str] | None = None) -> float:
         from rose_common import promtext
@@ -1276,6 +1650,7 @@ class Soak:
                 "prepare_p99_s": percentile(w, 0.99),
                 "waits_over_0_5s": len(self.fig.serving_waits),
                 "prepares_on_a_lent_gpu": self.fig.serving_on_lent_gpu,
+                "prepares_over_the_trainers_failed_suspend": self.fig.serving_over_failed_suspend,
                 "wait_p99_s": percentile(self.fig.serving_waits, 0.99),
                 "pod_created_to_prepared_p99_s": percentile(self.fig.serving_pending_s, 0.99),
                 "driver_serving_wait_seconds_sum": self._metric_sum("rose_driver_serving_wait_seconds_sum"),
@@ -1289,6 +1664,8 @@ class Soak:
             "checks": self.fig.checks,
             "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
             "host_memory_full": self.host_full,
+            "checkpoint_dir_full": self.ckpt_full,
+            "timeslice": self._timeslice_figures() if self.p.timeslice else None,
             "api_errors": self.api_errors,
             "timeline": self.events,
         }
@@ -1378,11 +1755,12 @@ def run_soak(p: Params, say: Callable[[str], None] = log) -> dict[str, Any]:
                 "suspends", "suspends_per_day", "evictions_per_day", "planned_reclaims", "unplanned_reclaims",
                 "rl_lent_gpu_hours_by_pool")  # fmt: skip
         try:
-            r = simulate_slice(p, 4)
+            r = simulate_slice(p, 2 * p.gpus_per_node)
             sim: dict[str, Any] = {k: {f: v.get(f) for f in keep} for k, v in r["results"].items()}
         except Exception as e:  # reported, the soak's own verdict stands
             sim = {"error": f"{type(e).__name__}: {e}"}
-        report["simulate"] = {"note": "rose_sim.report.simulate on the same slice: both pools (4 GPUs each) in "
+        report["simulate"] = {"note": "rose_sim.report.simulate on the same slice: both pools "
+                                      f"({2 * p.gpus_per_node} GPUs each) in "
                                       "one simulation, the soak's three jobs; its own cost model and forecasters, "
                                       "not the soak's faults (benchmarks.sim_to_real compares like for like)",
                               "policies": sim}  # fmt: skip
@@ -1436,7 +1814,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"| played kubelet's failed prepares (retried) | {r['prepare_errors']['count']} |"]  # fmt: skip
     sim = (r.get("simulate") or {}).get("policies") or {}
     if sim:
-        out += ["", "The same slice through `rose simulate` (both pools, 4 GPUs each, the three jobs; faults "
+        out += ["", "The same slice through `rose simulate` (both pools, the three jobs; faults "
                 "not modelled), beside the soak's own figures:", "",
                 "| run | RL GPU-hours | serving waits | serving wait p99 s | suspends |",
                 "| --- | --- | --- | --- | --- |",
@@ -1456,7 +1834,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--series", type=Path, required=True, help="a 10-minute series CSV (t_seconds,value)")
     ap.add_argument("--hours", type=float, default=24.0, help="simulated hours to play (24)")
     ap.add_argument("--speed", type=float, default=96.0, help="time compression (96: a day in 15 minutes)")
-    ap.add_argument("--faults", type=int, default=len(FAULT_KINDS), help="faults to inject (one of each kind: 8)")
+    ap.add_argument("--faults", type=int, default=len(FAULT_KINDS), help="faults to inject (one of each kind)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--converge-bound", type=float, default=90.0, help="wall seconds to converge after a fault (90)")
     ap.add_argument("--trainer-updates", type=int, default=400, help="updates of the real trainer (400)")
@@ -1466,6 +1844,9 @@ def main(argv: list[str] | None = None) -> int:
                          "the occupant) or prebind (the scheduler holds the pod until its GPU is freed)")  # fmt: skip
     ap.add_argument("--host-full-force", action="store_true",
                     help="host-memory-full: also pin a serving burst onto a lent occupant of that node")  # fmt: skip
+    ap.add_argument("--no-timeslice", action="store_true",
+                    help="the soak's shape before the time-slice group: 4 nodes x 2 GPUs, no group, no orchestrator "
+                         "(and no kill-orchestrator among the default kinds)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")
@@ -1475,6 +1856,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.hours <= 0 or a.speed <= 0 or a.faults < 0:
         ap.error("--hours and --speed must be > 0, --faults >= 0")
     kinds = tuple(k.strip() for k in a.fault_kinds.split(",") if k.strip())
+    if a.no_timeslice and a.fault_kinds == ",".join(FAULT_KINDS):
+        kinds = tuple(k for k in kinds if k != "kill-orchestrator")
     unknown = [k for k in kinds if k not in FAULT_KINDS]
     if unknown or not kinds:
         ap.error(f"--fault-kinds: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(FAULT_KINDS)}")
@@ -1492,6 +1875,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer_updates=a.trainer_updates,
         serving_wait=a.serving_wait,
         host_full_force=a.host_full_force,
+        timeslice=not a.no_timeslice,
+        gpus_per_node=2 if a.no_timeslice else 3,
     )
     r = run_soak(p)
     print(summary(r))

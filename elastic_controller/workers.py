@@ -283,7 +283,10 @@ def worker_pod(
         claims = [c for c in spec.get("resourceClaims", []) if c.get("name") != CLAIM_NAME]
         spec["resourceClaims"] = [*claims, _pod_claim(job, index, role)]
     spec.setdefault("restartPolicy", "Never")
-    if pool is not None:
+    if pool is not None and not timesliced:
+        # a group member's worker is not pinned to the planner's pool: the group's shared claim,
+        # once allocated, holds it to its node; a pin to another pool than the claim's left the
+        # member unschedulable for good (found by the soak, issue 25 §2)
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), names.LABEL_POOL: pool}
     name = worker_name(job.name, index, role)
     if role == "trainer":

@@ -110,6 +110,13 @@ def test_grouped_workers_reference_the_groups_shared_claim_and_ungrouped_their_t
         shared_claim(solo, 0)
 
 
+def test_a_grouped_worker_is_not_pinned_to_the_planners_pool() -> None:
+    # the shared claim holds every member's worker i to its node: a pool pin could name another pool
+    pinned = [worker_pod(j, 0, pool="pool-b")["spec"].get("nodeSelector", {}) for j in (job("a"), job("s", group=None))]
+    assert names.LABEL_POOL not in pinned[0]
+    assert pinned[1][names.LABEL_POOL] == "pool-b"
+
+
 def test_desired_ensures_the_shared_claims_of_new_grouped_workers_and_no_template() -> None:
     d = desired(job("a"), [], JobTarget("rl/a", active_gpus=2, add=("pool-a", "pool-a")), NOW)
     assert d.claim_template is None
