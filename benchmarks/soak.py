@@ -127,8 +127,15 @@ class Fault:
     target: str = ""
 
 
-def fault_plan(seed: int, duration_s: float, count: int, nodes: Sequence[str], kinds: Sequence[str] = FAULT_KINDS,
-               first_s: float = 30.0, spacing_s: float = 40.0) -> list[Fault]:  # fmt: skip
+def fault_plan(
+    seed: int,
+    duration_s: float,
+    count: int,
+    nodes: Sequence[str],
+    kinds: Sequence[str] = FAULT_KINDS,
+    first_s: float = 30.0,
+    spacing_s: float = 40.0,
+) -> list[Fault]:
     """``count`` faults at seeded random times, at least ``spacing_s`` apart (time to converge in
     between), every kind before any repeats, in a seeded order (pure)."""
     rng = random.Random(seed)
@@ -221,12 +228,26 @@ def job_manifest(name: str, min_gpus: int, max_gpus: int, priority: int = 0, gro
     from rose_common import names
 
     body: dict[str, Any] = {
-        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": NS},
-        "spec": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
-                 "minUsefulRunSeconds": 10, "stateBytesPerWorker": OCCUPANT_GIB << 30, "priority": priority,
-                 "template": {"spec": {"priorityClassName": "rose-rl", "terminationGracePeriodSeconds": 0,
-                                       "containers": [{"name": "trainer", "image": "rose/soak"}]}}},
-    }  # fmt: skip
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "minGPUs": min_gpus,
+            "maxGPUs": max_gpus,
+            "gpusPerWorker": 1,
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 10,
+            "stateBytesPerWorker": OCCUPANT_GIB << 30,
+            "priority": priority,
+            "template": {
+                "spec": {
+                    "priorityClassName": "rose-rl",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "trainer", "image": "rose/soak"}],
+                }
+            },
+        },
+    }
     if group:
         body["spec"]["timesliceGroup"] = group
     return body
@@ -264,9 +285,11 @@ def group_holders(workers: dict[str, Sequence[dict[str, Any]]]) -> list[str]:
     on still holds: ``Requested``). Workers never handed over are left out: before its first grant
     a member has no fencing token and the driver has never been asked to move it; a worker not
     bound, or whose claim no driver prepared (e.g. refused: serving holds that GPU), holds nothing."""
-    return sorted(job for job, ws in workers.items()
-                  if any(w.get("fenced") and w.get("prepared") and w["node"] and w["state"] in HOLDING_STATES
-                         for w in ws))  # fmt: skip
+    return sorted(
+        job
+        for job, ws in workers.items()
+        if any(w.get("fenced") and w.get("prepared") and w["node"] and w["state"] in HOLDING_STATES for w in ws)
+    )
 
 
 def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str:
@@ -540,9 +563,15 @@ class Soak:
             self.stack.callback(self._delete_namespace)  # leave the cluster as it was found
         else:
             self.extender_port = free_port()
-            cfg = ClusterConfig(nodes=4, gpus_per_node=p.gpus_per_node, pools=2, workdir=p.workdir / "cluster",
-                                seed_slices=False, extender_url=f"http://127.0.0.1:{self.extender_port}",
-                                die_with_parent=True)  # fmt: skip
+            cfg = ClusterConfig(
+                nodes=4,
+                gpus_per_node=p.gpus_per_node,
+                pools=2,
+                workdir=p.workdir / "cluster",
+                seed_slices=False,
+                extender_url=f"http://127.0.0.1:{self.extender_port}",
+                die_with_parent=True,
+            )
             self.lc = LocalCluster(cfg)
             self.h = self.lc.up()
             self.stack.callback(self.lc.down)
@@ -570,8 +599,13 @@ class Soak:
         is ~20 KiB)."""
         d = self.tmp / "ckpt"
         d.mkdir(exist_ok=True)
-        out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "rose-soak-ckpt", str(d)],
-                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        out = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "rose-soak-ckpt", str(d)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if out.returncode != 0:
             raise SoakFailure(f"checkpoint-dir-full needs a small tmpfs (mount as root): {out.stderr.strip()}")
         self.stack.callback(lambda: subprocess.run(["umount", "-l", str(d)], capture_output=True, check=False))
@@ -601,10 +635,14 @@ class Soak:
 
         def render() -> str:
             k = HISTORY_ROWS + (self.row_now() if self.t_start else 0)
-            lines = ["# HELP rose_serving_busy_gpus Busy serving GPUs (the trace, replayed).",
-                     "# TYPE rose_serving_busy_gpus gauge"]  # fmt: skip
-            lines += [f'rose_serving_busy_gpus{{pool="{pl}"}} {0.0 if self.ended else self.busy[pl][k]:.1f}'
-                      for pl in self.pools]  # fmt: skip
+            lines = [
+                "# HELP rose_serving_busy_gpus Busy serving GPUs (the trace, replayed).",
+                "# TYPE rose_serving_busy_gpus gauge",
+            ]
+            lines += [
+                f'rose_serving_busy_gpus{{pool="{pl}"}} {0.0 if self.ended else self.busy[pl][k]:.1f}'
+                for pl in self.pools
+            ]
             return "\n".join(lines) + "\n"
 
         self.exporter = MetricsStandIn(render)
@@ -613,8 +651,10 @@ class Soak:
         t0 = time.time()
         self.t_backfill_end = t0
         labels = f'job="replay",instance="127.0.0.1:{self.exporter.port}"'
-        om = ["# HELP rose_serving_busy_gpus Busy serving GPUs (the trace, replayed).",
-              "# TYPE rose_serving_busy_gpus gauge"]  # fmt: skip
+        om = [
+            "# HELP rose_serving_busy_gpus Busy serving GPUs (the trace, replayed).",
+            "# TYPE rose_serving_busy_gpus gauge",
+        ]
         for k in range(HISTORY_ROWS):
             ts = t0 - (HISTORY_ROWS - k) * self.row_s
             # a sample per wall second within the row, as the scrape would have taken
@@ -625,14 +665,27 @@ class Soak:
         head, body = om[:2], om[2:]
         body.sort(key=lambda ln: (ln.split("}")[0], float(ln.rsplit(" ", 1)[1])))
         (self.tmp / "history.om").write_text("\n".join([*head, *body, "# EOF"]) + "\n")
-        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(self.tmp / "history.om"),
-                        str(self.tmp / "tsdb")], check=True, capture_output=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            [
+                PROMTOOL,
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                str(self.tmp / "history.om"),
+                str(self.tmp / "tsdb"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
 
     def _prom_start(self) -> None:
         from local_cluster import free_port
 
-        cfg = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: replay\n"
-               f"    static_configs:\n      - targets: ['127.0.0.1:{self.exporter.port}']\n")  # fmt: skip
+        cfg = (
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: replay\n"
+            f"    static_configs:\n      - targets: ['127.0.0.1:{self.exporter.port}']\n"
+        )
         (self.tmp / "prometheus.yml").write_text(cfg)
         self.prom_port = getattr(self, "prom_port", 0) or free_port()
         self.procs["prometheus"] = Proc("prometheus", [PROMETHEUS, f"--config.file={self.tmp / 'prometheus.yml'}",
@@ -694,8 +747,15 @@ class Soak:
                     # the serving pod in PreBind until the driver freed the GPU (--serving-wait)
                     "--serving-wait", self.p.serving_wait,
                     "--agent-control-socket", str(root / node / "a" / "control.sock")]  # fmt: skip
-            drv = DriverProcess(self.h.kubeconfig, node, root, gpus=self.h.gpus_per_node, metrics_port=free_port(),
-                                extra_args=args, die_with_parent=True)  # fmt: skip
+            drv = DriverProcess(
+                self.h.kubeconfig,
+                node,
+                root,
+                gpus=self.h.gpus_per_node,
+                metrics_port=free_port(),
+                extra_args=args,
+                die_with_parent=True,
+            )
             self.drivers[node] = drv
             self.stack.callback(drv.stop)
         for node in self.h.node_names:
@@ -726,9 +786,11 @@ class Soak:
         self.stack.callback(self.procs["extender"].stop)
         wait_until("controller /metrics", lambda: _get(f"http://127.0.0.1:{self.ctl_port}/metrics")[0] == 200, 60)
         wait_until("extender /readyz", lambda: _get(f"http://127.0.0.1:{self.extender_port}/readyz")[0] == 200, 60)
-        self.say(f"controller (plan every {self.p.plan_interval_s:g} s, dwell {dwell} s, "
-                 f"forecast max age {self.p.forecast_max_age_s:g} s) "
-                 "and extender on the predictor's forecasts")  # fmt: skip
+        self.say(
+            f"controller (plan every {self.p.plan_interval_s:g} s, dwell {dwell} s, "
+            f"forecast max age {self.p.forecast_max_age_s:g} s) "
+            "and extender on the predictor's forecasts"
+        )
 
     def _namespace(self) -> None:
         from kubernetes import client
@@ -742,17 +804,32 @@ class Soak:
         apps = client.AppsV1Api(self.api)
         for pl in self.pools:
             labels = {"app": f"serve-{pl}", names.LABEL_ROLE: "serving"}
-            apps.create_namespaced_deployment(NS, {
-                "metadata": {"name": f"serve-{pl}"},
-                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": f"serve-{pl}"}},
-                         "strategy": {"type": "Recreate"},
-                         "template": {"metadata": {"labels": labels}, "spec": {
-                             "nodeSelector": {names.LABEL_POOL: pl}, "terminationGracePeriodSeconds": 0,
-                             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "serving-gpu"}],
-                             "containers": [{"name": "llm", "image": "rose/serving",
-                                             "resources": {"requests": {"cpu": "100m"},
-                                                           "claims": [{"name": "gpu"}]}}]}}},
-            })  # fmt: skip
+            apps.create_namespaced_deployment(
+                NS,
+                {
+                    "metadata": {"name": f"serve-{pl}"},
+                    "spec": {
+                        "replicas": 0,
+                        "selector": {"matchLabels": {"app": f"serve-{pl}"}},
+                        "strategy": {"type": "Recreate"},
+                        "template": {
+                            "metadata": {"labels": labels},
+                            "spec": {
+                                "nodeSelector": {names.LABEL_POOL: pl},
+                                "terminationGracePeriodSeconds": 0,
+                                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "serving-gpu"}],
+                                "containers": [
+                                    {
+                                        "name": "llm",
+                                        "image": "rose/serving",
+                                        "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpu"}]},
+                                    }
+                                ],
+                            },
+                        },
+                    },
+                },
+            )
 
     def _orchestrator(self) -> None:
         """``rose timeslice serve`` as in a cluster (as demo act 5 runs it): TLS, callers' ServiceAccount
@@ -783,8 +860,10 @@ class Soak:
             self.tmp / "orchestrator.log")  # fmt: skip
         self.stack.callback(self.procs["orchestrator"].stop)
         wait_until("the orchestrator elected leader (/readyz 200)", self._orchestrator_leads, 90)
-        self.say(f"orchestrator: `rose timeslice serve` (TLS, TokenReview, Leases in {TS_LEASE_NS}, hand-over "
-                 f"through the drivers) for group {TS_GROUP} of {', '.join(TS_JOBS)}")  # fmt: skip
+        self.say(
+            f"orchestrator: `rose timeslice serve` (TLS, TokenReview, Leases in {TS_LEASE_NS}, hand-over "
+            f"through the drivers) for group {TS_GROUP} of {', '.join(TS_JOBS)}"
+        )
 
     def _orchestrator_leads(self) -> bool:
         return _get(f"http://127.0.0.1:{self.ts_mport}/readyz")[0] == 200
@@ -794,9 +873,15 @@ class Soak:
         failed calls (the orchestrator down, the job not admitted yet) are counted and retried."""
         from rose_sdk.timeslice import TimeSliceOrchestratorClient
 
-        cl = TimeSliceOrchestratorClient(f"127.0.0.1:{self.ts_port}", f"{NS}/{job}", role="trainer",
-                                         min_phase_ratio=0, token_file=str(self.ts_token_file),
-                                         ca_file=str(self.ts_ca), retry_timeout_s=30)  # fmt: skip
+        cl = TimeSliceOrchestratorClient(
+            f"127.0.0.1:{self.ts_port}",
+            f"{NS}/{job}",
+            role="trainer",
+            min_phase_ratio=0,
+            token_file=str(self.ts_token_file),
+            ca_file=str(self.ts_ca),
+            retry_timeout_s=30,
+        )
         try:
             while not self.stop.is_set() and not self.ended:
                 try:
@@ -821,8 +906,13 @@ class Soak:
         from rose_common import names
 
         items = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
-            "coordination.k8s.io", "v1", TS_LEASE_NS, "leases",
-            label_selector=f"{names.LABEL_TIMESLICE_GROUP}={TS_GROUP}", _request_timeout=10)["items"]  # fmt: skip
+            "coordination.k8s.io",
+            "v1",
+            TS_LEASE_NS,
+            "leases",
+            label_selector=f"{names.LABEL_TIMESLICE_GROUP}={TS_GROUP}",
+            _request_timeout=10,
+        )["items"]
         mine = [i for i in items if (i["metadata"].get("annotations") or {}).get("rose.io/timeslice-namespace") == NS]
         return mine[0] if mine else None
 
@@ -855,8 +945,12 @@ class Soak:
         from rose_common import names
 
         pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, _request_timeout=10).items
-        claims = {c["metadata"]["name"]: c for c in client.CustomObjectsApi(self.api).list_namespaced_custom_object(
-            "resource.k8s.io", "v1", NS, "resourceclaims", _request_timeout=10)["items"]}  # fmt: skip
+        claims = {
+            c["metadata"]["name"]: c
+            for c in client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                "resource.k8s.io", "v1", NS, "resourceclaims", _request_timeout=10
+            )["items"]
+        }
         self.round_claims = list(claims.values())
         bound = [p for p in pods if p.spec.node_name and not p.metadata.deletion_timestamp]
         sharers: dict[str, set[str]] = {}  # a claim referenced by name (shared) -> the bound pods using it
@@ -945,9 +1039,11 @@ class Soak:
 
     def _lent_on(self, node: str, index: int) -> list[str]:
         with self.mu:
-            return [u for u, r in self.prepared.items()
-                    if r["node"] == node and r["role"] != "serving"
-                    and self._gpu_index(r["claim"]) == index]  # fmt: skip
+            return [
+                u
+                for u, r in self.prepared.items()
+                if r["node"] == node and r["role"] != "serving" and self._gpu_index(r["claim"]) == index
+            ]
 
     def _occupied(self, node: str, claim: dict[str, Any]) -> bool:
         return bool(self._lent_on(node, self._gpu_index(claim)))
@@ -965,10 +1061,12 @@ class Soak:
         data = decode((self.drivers[node].plugin_dir / "checkpoint.json").read_bytes())
         for uid in lent:
             sus = data.suspensions.get(uid)
-            self.check("prebind: a serving pod reaches its prepare with its GPU freed",
-                       sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED),
-                       f"serving claim {serving['metadata']['name']} bound to {node} GPU {index} while lent claim "
-                       f"{uid} is {sus.state if sus else 'not suspended'}")  # fmt: skip
+            self.check(
+                "prebind: a serving pod reaches its prepare with its GPU freed",
+                sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED),
+                f"serving claim {serving['metadata']['name']} bound to {node} GPU {index} while lent claim "
+                f"{uid} is {sus.state if sus else 'not suspended'}",
+            )
 
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
         """Invariant: the serving prepare returned → every lent claim on its GPU is suspended in
@@ -994,12 +1092,17 @@ class Soak:
                 # in its own process on the host (it holds no simulated device memory: on a GPU this
                 # would be an enforcement). Counted, not a loss: its pod and bit-exactness are judged.
                 self.fig.serving_over_failed_suspend += 1
-                self.note(f"serving claim {serving['metadata']['name']} prepared over the trainer's failed suspend "
-                          f"({node} GPU {index}, 0 B resident)")  # fmt: skip
+                self.note(
+                    f"serving claim {serving['metadata']['name']} prepared over the trainer's failed suspend "
+                    f"({node} GPU {index}, 0 B resident)"
+                )
                 ok = True
-            self.check("serving never on a lent occupant's state", ok and resident == 0,
-                       f"serving claim {serving['metadata']['name']} prepared on {node} GPU {index} while lent claim "
-                       f"{uid} is {sus.state if sus else 'not suspended'} ({resident} B resident)")  # fmt: skip
+            self.check(
+                "serving never on a lent occupant's state",
+                ok and resident == 0,
+                f"serving claim {serving['metadata']['name']} prepared on {node} GPU {index} while lent claim "
+                f"{uid} is {sus.state if sus else 'not suspended'} ({resident} B resident)",
+            )
 
     # -------------------------------------------------------------- the trainer
     def _start_trainer(self, node: str, claim_uid: str, pod: Any) -> None:
@@ -1011,8 +1114,13 @@ class Soak:
         env_c = dict(e.split("=", 1) for e in edits.get("env", []))
         sock = Path(edits["mounts"][0]["hostPath"]) / Path(env_c[cdi.ENV_AGENT_SOCKET]).name
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
-        env.update(PYTHONPATH=str(REPO), ROSE_AGENT_SOCKET=str(sock), ROSE_POD_UID=pod.metadata.uid,
-                   ROSE_POD_NAMESPACE=NS, ROSE_POD_NAME=pod.metadata.name)  # fmt: skip
+        env.update(
+            PYTHONPATH=str(REPO),
+            ROSE_AGENT_SOCKET=str(sock),
+            ROSE_POD_UID=pod.metadata.uid,
+            ROSE_POD_NAMESPACE=NS,
+            ROSE_POD_NAME=pod.metadata.name,
+        )
         if self.ckpt_dir is not None:  # the job's checkpointPath, as the controller sets it on the pod
             env["ROSE_CHECKPOINT_PATH"] = str(self.ckpt_dir / "trainer.ckpt")
         # it lingers (at safe points) until 80 % of the slice is played, then saves and exits; a wall
@@ -1055,8 +1163,13 @@ class Soak:
             return bool(x == y)
 
         same = {k: eq(a[k], b[k]) for k in ("model", "optimizer", "replay", "lengths", "rng", "per_update")}
-        return {"identical": all(same.values()), "fields": same, "suspends": a["suspends"], "resumes": a["resumes"],
-                "steps": len(a["lengths"])}  # fmt: skip
+        return {
+            "identical": all(same.values()),
+            "fields": same,
+            "suspends": a["suspends"],
+            "resumes": a["resumes"],
+            "steps": len(a["lengths"]),
+        }
 
     # -------------------------------------------------------------- observing
     def jobs_view(self) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
@@ -1065,9 +1178,13 @@ class Soak:
         from rose_common import names
 
         objs = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
-            names.GROUP, names.VERSION, NS, names.PLURAL, _request_timeout=10)["items"]  # fmt: skip
-        pods = client.CoreV1Api(self.api).list_namespaced_pod(
-            NS, label_selector=names.LABEL_JOB, _request_timeout=10).items  # fmt: skip
+            names.GROUP, names.VERSION, NS, names.PLURAL, _request_timeout=10
+        )["items"]
+        pods = (
+            client.CoreV1Api(self.api)
+            .list_namespaced_pod(NS, label_selector=names.LABEL_JOB, _request_timeout=10)
+            .items
+        )
         out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
         with self.mu:  # the claims a driver has prepared (the played kubelet's record of its answers)
             prepared = {(r["node"], r["claim"]["metadata"]["name"]) for r in self.prepared.values()}
@@ -1084,9 +1201,16 @@ class Soak:
                     state = "Requested"
                 used = [st.resource_claim_name for st in p.status.resource_claim_statuses or []]
                 used += [rc.resource_claim_name for rc in p.spec.resource_claims or [] if rc.resource_claim_name]
-                ws.append({"name": p.metadata.name, "node": p.spec.node_name or "", "state": state,
-                           "uid": p.metadata.uid, "fenced": names.ANNOTATION_FENCING_TOKEN in ann,
-                           "prepared": any((p.spec.node_name, c) in prepared for c in used)})  # fmt: skip
+                ws.append(
+                    {
+                        "name": p.metadata.name,
+                        "node": p.spec.node_name or "",
+                        "state": state,
+                        "uid": p.metadata.uid,
+                        "fenced": names.ANNOTATION_FENCING_TOKEN in ann,
+                        "prepared": any((p.spec.node_name, c) in prepared for c in used),
+                    }
+                )
             out[j["metadata"]["name"]] = (j, ws)
         return out
 
@@ -1148,8 +1272,11 @@ class Soak:
             active += int(st.get("activeGPUs") or 0)
         holders = group_holders({n: ws for n, (_j, ws) in view.items() if n in TS_JOBS})
         self.ts_max_holders = max(self.ts_max_holders, len(holders))
-        self.check("no two members of the time-slice group hold its devices at once", len(holders) <= 1,
-                   f"group {TS_GROUP}: {holders} un-suspended by their drivers after a hand-over")  # fmt: skip
+        self.check(
+            "no two members of the time-slice group hold its devices at once",
+            len(holders) <= 1,
+            f"group {TS_GROUP}: {holders} un-suspended by their drivers after a hand-over",
+        )
         self._check_driver_evictions()
         if self.trainer is not None and self.trainer.poll() not in (None, 0):
             self.fail(f"the trainer exited with {self.trainer.returncode}: {self.tmp / 'trainer.log'}")
@@ -1268,12 +1395,15 @@ class Soak:
         node = busiest_node(per, self.h.node_names)
         held = 0.0
         with contextlib.suppress(Exception):
-            held = promtext.value("\n".join(self.drivers[node].metrics()),
-                                  "rose_suspend_host_memory_held_bytes", {}, default=0.0)  # fmt: skip
+            held = promtext.value(
+                "\n".join(self.drivers[node].metrics()), "rose_suspend_host_memory_held_bytes", {}, default=0.0
+            )
         self._set_budget(node, str(int(held)))
         rec: dict[str, Any] = {"node": node, "running_lent_there": per.get(node, 0), "budget_bytes": int(held)}
-        self.note(f"fault: host-memory budget of {node} full ({int(held)} B, what it holds) for "
-                  f"{self.p.host_full_s:g}s; {per.get(node, 0)} running lent occupants there")  # fmt: skip
+        self.note(
+            f"fault: host-memory budget of {node} full ({int(held)} B, what it holds) for "
+            f"{self.p.host_full_s:g}s; {per.get(node, 0)} running lent occupants there"
+        )
         self.host_full.append(rec)
         end = time.monotonic() + self.p.host_full_s
         forced = not self.p.host_full_force
@@ -1316,8 +1446,11 @@ class Soak:
             text = "\n".join(self.drivers[node].metrics())
         fallbacks = promtext.value(text, "rose_suspend_fallbacks_total", {}, default=0.0)
         events = client.CoreV1Api(self.api).list_namespaced_event(NS, _request_timeout=10).items
-        failed = sum((e.count or 1) for e in events
-                     if e.reason == "SuspendFallbackCheckpointFailed" and e.involved_object.uid == pod_uid)  # fmt: skip
+        failed = sum(
+            (e.count or 1)
+            for e in events
+            if e.reason == "SuspendFallbackCheckpointFailed" and e.involved_object.uid == pod_uid
+        )
         return fallbacks, failed
 
     def _checkpoint_dir_full(self) -> bool:
@@ -1357,13 +1490,16 @@ class Soak:
         rec: dict[str, Any] = {"node": node, "pod_uid": uid, "free_bytes": st.f_bavail * st.f_frsize}
         held = 0.0
         with contextlib.suppress(Exception):
-            held = promtext.value("\n".join(self.drivers[node].metrics()), "rose_suspend_host_memory_held_bytes", {},
-                                  default=0.0)  # fmt: skip
+            held = promtext.value(
+                "\n".join(self.drivers[node].metrics()), "rose_suspend_host_memory_held_bytes", {}, default=0.0
+            )
         log_path = self.driver_root / f"{node}.log"
         since = log_path.stat().st_size if log_path.exists() else 0
         self._set_budget(node, str(int(held)))
-        self.note(f"fault: checkpoint directory of trainer full ({rec['free_bytes']} B free) for "
-                  f"{self.p.ckpt_full_s:g}s; host-memory budget of {node} full; reclaim of its GPU forced")  # fmt: skip
+        self.note(
+            f"fault: checkpoint directory of trainer full ({rec['free_bytes']} B free) for "
+            f"{self.p.ckpt_full_s:g}s; host-memory budget of {node} full; reclaim of its GPU forced"
+        )
         self.ckpt_full.append(rec)
         end = time.monotonic() + self.p.ckpt_full_s
         forced = False
@@ -1382,15 +1518,22 @@ class Soak:
         self._end_bursts()
         self._set_budget(node, HOST_BUDGET)
         self.note(f"checkpoint directory has room again, budget of {node} back to {HOST_BUDGET} ({rec})")
-        self.check("checkpoint dir full: the trainer keeps its worker (no eviction without a checkpoint)",
-                   rec["trainer_pod_kept"], f"trainer's worker {uid} gone: {uids}")  # fmt: skip
+        self.check(
+            "checkpoint dir full: the trainer keeps its worker (no eviction without a checkpoint)",
+            rec["trainer_pod_kept"],
+            f"trainer's worker {uid} gone: {uids}",
+        )
         if forced:
-            self.check("checkpoint dir full: the refused checkpoint is visible (Event or metric)",
-                       rec["fallbacks"] > 0 or rec["fallback_failed_events"] > 0, json.dumps(rec))  # fmt: skip
+            self.check(
+                "checkpoint dir full: the refused checkpoint is visible (Event or metric)",
+                rec["fallbacks"] > 0 or rec["fallback_failed_events"] > 0,
+                json.dumps(rec),
+            )
         return True
 
-    def _force_serving_onto_lent(self, prefer: str, quiet: bool = False, kill: bool = True,
-                                 only: bool = False, pod: str = "") -> bool:  # fmt: skip
+    def _force_serving_onto_lent(
+        self, prefer: str, quiet: bool = False, kill: bool = True, only: bool = False, pod: str = ""
+    ) -> bool:
         """For the mid-suspend kill: a serving pod pinned to a GPU of ``node`` that holds a running
         lent occupant, so its prepare must suspend it (and the driver dies 0.4 s into that)."""
         from kubernetes import client
@@ -1404,8 +1547,16 @@ class Soak:
         lent.sort(key=lambda r: (r["node"] != prefer, r["pod"] == "trainer-w0"))  # the planned node first
         pods = client.CoreV1Api(self.api).list_namespaced_pod(NS, label_selector=names.LABEL_JOB).items
         uid_of = {p.metadata.name: p.metadata.uid for p in pods}
-        target = next((r for r in lent if uid_of.get(r["pod"]) in running and (not only or r["node"] == prefer)
-                       and (not pod or r["pod"] == pod)), None)  # fmt: skip
+        target = next(
+            (
+                r
+                for r in lent
+                if uid_of.get(r["pod"]) in running
+                and (not only or r["node"] == prefer)
+                and (not pod or r["pod"] == pod)
+            ),
+            None,
+        )
         if target is None:
             if not quiet:
                 self.note("fault skipped: no running lent occupant anywhere for a mid-suspend kill within 60 s")
@@ -1426,8 +1577,10 @@ class Soak:
         if kill and self.p.serving_wait == "prebind":  # the driver suspends once the scheduler allocated the claim
             threading.Timer(PREBIND_KILL_AFTER_S, self._kill_driver, (node, "mid-suspend (prebind)")).start()
         self.bursts.append(name)
-        self.note(f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']})"
-                  + ("; its driver dies inside the suspend" if kill else ""))  # fmt: skip
+        self.note(
+            f"fault: serving burst {name} onto {node} GPU {index} (lent to {target['pod']})"
+            + ("; its driver dies inside the suspend" if kill else "")
+        )
         return True
 
     def _end_bursts(self) -> None:
@@ -1449,7 +1602,8 @@ class Soak:
             want = 0 if self.ended else int(min(self.busy[pl][k], self.cap[pl]))
             if self.replicas.get(pl) != want:
                 client.AppsV1Api(self.api).patch_namespaced_deployment_scale(
-                    f"serve-{pl}", NS, {"spec": {"replicas": want}}, _request_timeout=10)  # fmt: skip
+                    f"serve-{pl}", NS, {"spec": {"replicas": want}}, _request_timeout=10
+                )
                 self.replicas[pl] = want
 
     def tick(self) -> None:
@@ -1476,10 +1630,11 @@ class Soak:
         self.replicas = {}
         self.api_errors = 0
         plan = fault_plan(p.seed, self.duration_s, p.faults, self.h.node_names, p.kinds, spacing_s=p.fault_spacing_s)
-        self.say(f"played: rows {p.start_row}..{p.start_row + self.rows} of {p.series.name} ({p.hours:g} h at "
-                 f"{p.speed:g}x = {self.duration_s:.0f} s); faults (seed {p.seed}): "
-                 + ", ".join(f"{f.kind}{'@' + f.target if f.target else ''} at {f.at_s:.0f}s"
-                             for f in plan))  # fmt: skip
+        self.say(
+            f"played: rows {p.start_row}..{p.start_row + self.rows} of {p.series.name} ({p.hours:g} h at "
+            f"{p.speed:g}x = {self.duration_s:.0f} s); faults (seed {p.seed}): "
+            + ", ".join(f"{f.kind}{'@' + f.target if f.target else ''} at {f.at_s:.0f}s" for f in plan)
+        )
         ref = self._reference()
         from kubernetes import client
 
@@ -1492,19 +1647,23 @@ class Soak:
                 if name == "trainer" and self.ckpt_dir is not None:
                     body["spec"]["checkpointPath"] = str(self.ckpt_dir / "trainer.ckpt")
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-                    names.GROUP, names.VERSION, NS, names.PLURAL, body)  # fmt: skip
+                    names.GROUP, names.VERSION, NS, names.PLURAL, body
+                )
             for name in TS_JOBS if p.timeslice else ():
                 body = job_manifest(name, 1, 1, TS_PRIORITY, TS_GROUP)
                 client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-                    names.GROUP, names.VERSION, NS, names.PLURAL, body)  # fmt: skip
+                    names.GROUP, names.VERSION, NS, names.PLURAL, body
+                )
             self.note(
                 f"applied {len(JOBS) + len(TS_JOBS)} ElasticRLJobs: "
                 + ", ".join(f"{n} ({lo}-{hi} GPUs)" for n, lo, hi, _ in JOBS)
                 + f", time-slice group {TS_GROUP}: "
                 + ", ".join(f"{n} (1 GPU, shared)" for n in TS_JOBS)
             )
-            ts_threads = [threading.Thread(target=self._ts_client, args=(n,), daemon=True, name=f"ts-{n}")
-                          for n in (TS_JOBS if p.timeslice else ())]  # fmt: skip
+            ts_threads = [
+                threading.Thread(target=self._ts_client, args=(n,), daemon=True, name=f"ts-{n}")
+                for n in (TS_JOBS if p.timeslice else ())
+            ]
             for t in ts_threads:
                 t.start()
             pending = list(plan)
@@ -1547,8 +1706,16 @@ class Soak:
             self.fail(f"fault {f.kind} could not be injected: {type(e).__name__}: {e}")
             return
         if t_from is None:
-            self.fig.faults.append({"kind": f.kind, "target": f.target, "at_sim_h": round(sim_h, 2),
-                                    "converged_s": None, "survived": None, "skipped": True})  # fmt: skip
+            self.fig.faults.append(
+                {
+                    "kind": f.kind,
+                    "target": f.target,
+                    "at_sim_h": round(sim_h, 2),
+                    "converged_s": None,
+                    "survived": None,
+                    "skipped": True,
+                }
+            )
             return
         why = "?"
         settle = time.monotonic() + 2.0  # let the fault's effect be seen before judging convergence
@@ -1564,13 +1731,28 @@ class Soak:
                 why = f"API: {type(e).__name__}"
             if not why and not self.bursts:
                 took = time.monotonic() - t_from
-                self.fig.faults.append({"kind": f.kind, "target": f.target, "at_sim_h": round(sim_h, 2),
-                                        "converged_s": round(took, 2), "survived": True})  # fmt: skip
+                self.fig.faults.append(
+                    {
+                        "kind": f.kind,
+                        "target": f.target,
+                        "at_sim_h": round(sim_h, 2),
+                        "converged_s": round(took, 2),
+                        "survived": True,
+                    }
+                )
                 self.note(f"converged after {f.kind}: {took:.1f}s")
                 return
             if time.monotonic() - t_from > self.p.converge_bound_s:
-                self.fig.faults.append({"kind": f.kind, "target": f.target, "at_sim_h": round(sim_h, 2),
-                                        "converged_s": None, "survived": False, "last": why})  # fmt: skip
+                self.fig.faults.append(
+                    {
+                        "kind": f.kind,
+                        "target": f.target,
+                        "at_sim_h": round(sim_h, 2),
+                        "converged_s": None,
+                        "survived": False,
+                        "last": why,
+                    }
+                )
                 self.fail(f"not converged within {self.p.converge_bound_s:g}s after {f.kind}: {why}")
                 return
 
@@ -1578,10 +1760,16 @@ class Soak:
         token = None
         with contextlib.suppress(Exception):
             token = self.group_token()
-        return {"group": TS_GROUP, "members": list(TS_JOBS), "fencing_token_end": token,
-                "turns_by_member": dict(self.ts_turns), "most_holders_seen": self.ts_max_holders,
-                "fencing_rejections": self._metric_sum("rose_driver_fencing_rejections_total"),
-                "client_errors": self.ts_error_count, "client_errors_last": self.ts_errors[-5:]}  # fmt: skip
+        return {
+            "group": TS_GROUP,
+            "members": list(TS_JOBS),
+            "fencing_token_end": token,
+            "turns_by_member": dict(self.ts_turns),
+            "most_holders_seen": self.ts_max_holders,
+            "fencing_rejections": self._metric_sum("rose_driver_fencing_rejections_total"),
+            "client_errors": self.ts_error_count,
+            "client_errors_last": self.ts_errors[-5:],
+        }
 
     def _metric_sum(self, name: str, labels: dict[str, str] | None = None) -> float:
         from rose_common import promtext
@@ -1608,9 +1796,10 @@ class Soak:
         for f in self.fig.faults:
             if f["converged_s"] is not None:
                 kinds.setdefault(f["kind"], []).append(f["converged_s"])
-        conv = {k: {"n": len(v), "p50_s": round(percentile(v, 0.5) or 0, 2),
-                    "p99_s": round(percentile(v, 0.99) or 0, 2)}
-                for k, v in sorted(kinds.items())}  # fmt: skip
+        conv = {
+            k: {"n": len(v), "p50_s": round(percentile(v, 0.5) or 0, 2), "p99_s": round(percentile(v, 0.99) or 0, 2)}
+            for k, v in sorted(kinds.items())
+        }
         w = self.fig.serving_prepares
         return {
             "ok": self.failure is None,
@@ -1682,20 +1871,32 @@ class Soak:
         out: dict[str, Any] = {"failure": self.failure}
         with contextlib.suppress(Exception):
             core = client.CoreV1Api(self.api)
-            out["pods"] = [{"name": p.metadata.name, "uid": p.metadata.uid, "phase": p.status.phase,
-                            "node": p.spec.node_name, "annotations": p.metadata.annotations,
-                            "conditions": [(c.type, c.status, c.reason, c.message) for c in p.status.conditions or []],
-                            "claims": [(c.name, c.resource_claim_name) for c in p.status.resource_claim_statuses or []]}
-                           for p in core.list_namespaced_pod(NS).items]  # fmt: skip
+            out["pods"] = [
+                {
+                    "name": p.metadata.name,
+                    "uid": p.metadata.uid,
+                    "phase": p.status.phase,
+                    "node": p.spec.node_name,
+                    "annotations": p.metadata.annotations,
+                    "conditions": [(c.type, c.status, c.reason, c.message) for c in p.status.conditions or []],
+                    "claims": [(c.name, c.resource_claim_name) for c in p.status.resource_claim_statuses or []],
+                }
+                for p in core.list_namespaced_pod(NS).items
+            ]
             out["jobs"] = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
-                names.GROUP, names.VERSION, NS, names.PLURAL)["items"]  # fmt: skip
-            out["claims"] = [{"name": c["metadata"]["name"], "status": c.get("status")} for c in
-                             client.CustomObjectsApi(self.api).list_namespaced_custom_object(
-                                 "resource.k8s.io", "v1", NS, "resourceclaims")["items"]]  # fmt: skip
+                names.GROUP, names.VERSION, NS, names.PLURAL
+            )["items"]
+            out["claims"] = [
+                {"name": c["metadata"]["name"], "status": c.get("status")}
+                for c in client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                    "resource.k8s.io", "v1", NS, "resourceclaims"
+                )["items"]
+            ]
             evs = core.list_namespaced_event(NS).items
             evs.sort(key=lambda e: str(e.last_timestamp or e.event_time))
-            out["events"] = [f"{e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason}: {e.message}"
-                             for e in evs][-300:]  # fmt: skip
+            out["events"] = [
+                f"{e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason}: {e.message}" for e in evs
+            ][-300:]
         with self.mu:
             out["prepared"] = {u: {k: v for k, v in r.items() if k != "claim"} for u, r in self.prepared.items()}
         (self.tmp / "diagnose.json").write_text(json.dumps(out, indent=1, default=str))
@@ -1730,9 +1931,17 @@ def simulate_slice(p: Params, pool_gpus: int, pools: Sequence[str] = ("pool-a", 
         first = i * POOL_SHIFT_ROWS + p.start_row - HISTORY_ROWS
         vals = s.values[first : first + HISTORY_ROWS + rows]
         # every pool on the first pool's clock (the simulation's pools share one time axis)
-        demands.append(demand_from_values(s.start + (p.start_row - HISTORY_ROWS) * ROW_S, vals, ROW_S, tick_s=60,
-                                          history_s=HISTORY_ROWS * ROW_S, pool_gpus=pool_gpus,
-                                          min_evaluated_s=rows * ROW_S))  # fmt: skip
+        demands.append(
+            demand_from_values(
+                s.start + (p.start_row - HISTORY_ROWS) * ROW_S,
+                vals,
+                ROW_S,
+                tick_s=60,
+                history_s=HISTORY_ROWS * ROW_S,
+                pool_gpus=pool_gpus,
+                min_evaluated_s=rows * ROW_S,
+            )
+        )
     jobs = parse_jobs([(f"soak job {n}", job_manifest(n, lo, hi, pr)) for n, lo, hi, pr in JOBS])
     wanted = ("oracle", "baseline", "model")
     cfg = SimConfig(pool_gpus=pool_gpus, risk="0.05", dwell_s=300.0, pool_name=pools[0])
@@ -1751,19 +1960,31 @@ def run_soak(p: Params, say: Callable[[str], None] = log) -> dict[str, Any]:
     finally:
         s.close()
     if p.simulate:
-        keep = ("rl_useful_gpu_hours", "rl_lent_gpu_hours", "rl_steps", "serving_waits", "serving_wait_p99_s",
-                "suspends", "suspends_per_day", "evictions_per_day", "planned_reclaims", "unplanned_reclaims",
-                "rl_lent_gpu_hours_by_pool")  # fmt: skip
+        keep = (
+            "rl_useful_gpu_hours",
+            "rl_lent_gpu_hours",
+            "rl_steps",
+            "serving_waits",
+            "serving_wait_p99_s",
+            "suspends",
+            "suspends_per_day",
+            "evictions_per_day",
+            "planned_reclaims",
+            "unplanned_reclaims",
+            "rl_lent_gpu_hours_by_pool",
+        )
         try:
             r = simulate_slice(p, 2 * p.gpus_per_node)
             sim: dict[str, Any] = {k: {f: v.get(f) for f in keep} for k, v in r["results"].items()}
         except Exception as e:  # reported, the soak's own verdict stands
             sim = {"error": f"{type(e).__name__}: {e}"}
-        report["simulate"] = {"note": "rose_sim.report.simulate on the same slice: both pools "
-                                      f"({2 * p.gpus_per_node} GPUs each) in "
-                                      "one simulation, the soak's three jobs; its own cost model and forecasters, "
-                                      "not the soak's faults (benchmarks.sim_to_real compares like for like)",
-                              "policies": sim}  # fmt: skip
+        report["simulate"] = {
+            "note": "rose_sim.report.simulate on the same slice: both pools "
+            f"({2 * p.gpus_per_node} GPUs each) in "
+            "one simulation, the soak's three jobs; its own cost model and forecasters, "
+            "not the soak's faults (benchmarks.sim_to_real compares like for like)",
+            "policies": sim,
+        }
     return report
 
 
@@ -1775,11 +1996,15 @@ def summary(r: dict[str, Any]) -> str:
         for k, v in f["converge_by_kind"].items():
             lines.append(f"  {k}: converged n={v['n']} p50 {v['p50_s']}s p99 {v['p99_s']}s")
         sv = r["serving"]
-        lines.append(f"serving prepares {sv['prepares']} (p50 {sv['prepare_p50_s']}, p99 {sv['prepare_p99_s']} s); "
-                     f"waits > 0.5 s: {sv['waits_over_0_5s']} (p99 {sv['wait_p99_s']} s)")  # fmt: skip
+        lines.append(
+            f"serving prepares {sv['prepares']} (p50 {sv['prepare_p50_s']}, p99 {sv['prepare_p99_s']} s); "
+            f"waits > 0.5 s: {sv['waits_over_0_5s']} (p99 {sv['wait_p99_s']} s)"
+        )
         rl = r["rl"]
-        lines.append(f"RL useful GPU-hours {rl['useful_gpu_hours']}; trainer {rl['trainer']}; "
-                     f"suspendCount by job {rl['suspend_count_by_job']}")  # fmt: skip
+        lines.append(
+            f"RL useful GPU-hours {rl['useful_gpu_hours']}; trainer {rl['trainer']}; "
+            f"suspendCount by job {rl['suspend_count_by_job']}"
+        )
         lines.append(f"checks: {r['checks']}")
     return "\n".join(lines)
 
@@ -1794,38 +2019,53 @@ def markdown(r: dict[str, Any]) -> str:
     if "faults" not in r:
         return "\n".join(out)
     f = r["faults"]
-    out += [f"Faults: {f['injected']} injected, {f['survived']} survived, {f.get('skipped', 0)} skipped "
-            f"(bound {r['params']['converge_bound_s']:g} s wall).", "",
-            "| fault | n | converged p50 s | p99 s |", "| --- | --- | --- | --- |"]  # fmt: skip
+    out += [
+        f"Faults: {f['injected']} injected, {f['survived']} survived, {f.get('skipped', 0)} skipped "
+        f"(bound {r['params']['converge_bound_s']:g} s wall).",
+        "",
+        "| fault | n | converged p50 s | p99 s |",
+        "| --- | --- | --- | --- |",
+    ]
     out += [f"| {k} | {v['n']} | {v['p50_s']:.1f} | {v['p99_s']:.1f} |" for k, v in f["converge_by_kind"].items()]
     sv, rl = r["serving"], r["rl"]
     tr = rl.get("trainer") or {}
-    out += ["", "| figure | value |", "| --- | --- |",
-            f"| serving prepares (pods that got a GPU) | {sv['prepares']} |",
-            f"| of them on a GPU lent to a prepared RL claim | {sv.get('prepares_on_a_lent_gpu', '-')} |",
-            f"| serving prepare p50 / p99 s | {_n(sv['prepare_p50_s'])} / {_n(sv['prepare_p99_s'])} |",
-            f"| serving waits (prepare > 0.5 s), count / p99 s | {sv['waits_over_0_5s']} / {_n(sv['wait_p99_s'])} |",
-            f"| serving pod created → prepared p99 s | {_n(sv['pod_created_to_prepared_p99_s'])} |",
-            f"| RL useful GPU-hours (active GPUs x simulated time) | {rl['useful_gpu_hours']} |",
-            f"| trainer steps / suspends / resumes / bit-identical | {tr.get('steps')} / {tr.get('suspends')} / "
-            f"{tr.get('resumes')} / {tr.get('identical')} |",
-            f"| suspendCount by job (end) | {rl['suspend_count_by_job']} |",
-            f"| invariant checks made | {r['checks']} |",
-            f"| played kubelet's failed prepares (retried) | {r['prepare_errors']['count']} |"]  # fmt: skip
+    out += [
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+        f"| serving prepares (pods that got a GPU) | {sv['prepares']} |",
+        f"| of them on a GPU lent to a prepared RL claim | {sv.get('prepares_on_a_lent_gpu', '-')} |",
+        f"| serving prepare p50 / p99 s | {_n(sv['prepare_p50_s'])} / {_n(sv['prepare_p99_s'])} |",
+        f"| serving waits (prepare > 0.5 s), count / p99 s | {sv['waits_over_0_5s']} / {_n(sv['wait_p99_s'])} |",
+        f"| serving pod created → prepared p99 s | {_n(sv['pod_created_to_prepared_p99_s'])} |",
+        f"| RL useful GPU-hours (active GPUs x simulated time) | {rl['useful_gpu_hours']} |",
+        f"| trainer steps / suspends / resumes / bit-identical | {tr.get('steps')} / {tr.get('suspends')} / "
+        f"{tr.get('resumes')} / {tr.get('identical')} |",
+        f"| suspendCount by job (end) | {rl['suspend_count_by_job']} |",
+        f"| invariant checks made | {r['checks']} |",
+        f"| played kubelet's failed prepares (retried) | {r['prepare_errors']['count']} |",
+    ]
     sim = (r.get("simulate") or {}).get("policies") or {}
     if sim:
-        out += ["", "The same slice through `rose simulate` (both pools, the three jobs; faults "
-                "not modelled), beside the soak's own figures:", "",
-                "| run | RL GPU-hours | serving waits | serving wait p99 s | suspends |",
-                "| --- | --- | --- | --- | --- |",
-                f"| soak (real system; active GPUs x time) | {rl['useful_gpu_hours']} | {sv['waits_over_0_5s']} | "
-                f"{_n(sv['wait_p99_s'])} | {sum((rl.get('suspend_count_by_job') or {}).values())} |"]  # fmt: skip
+        out += [
+            "",
+            "The same slice through `rose simulate` (both pools, the three jobs; faults "
+            "not modelled), beside the soak's own figures:",
+            "",
+            "| run | RL GPU-hours | serving waits | serving wait p99 s | suspends |",
+            "| --- | --- | --- | --- | --- |",
+            f"| soak (real system; active GPUs x time) | {rl['useful_gpu_hours']} | {sv['waits_over_0_5s']} | "
+            f"{_n(sv['wait_p99_s'])} | {sum((rl.get('suspend_count_by_job') or {}).values())} |",
+        ]
         if "error" in sim:
             out.append(f"| simulate | error: {sim['error']} | | | |")
         else:
-            out += [f"| simulate `{pol}` (lent / useful) | {_n(v.get('rl_lent_gpu_hours'), 1)} / "
-                    f"{_n(v.get('rl_useful_gpu_hours'), 1)} | {v.get('serving_waits')} | "
-                    f"{_n(v.get('serving_wait_p99_s'))} | {v.get('suspends')} |" for pol, v in sim.items()]  # fmt: skip
+            out += [
+                f"| simulate `{pol}` (lent / useful) | {_n(v.get('rl_lent_gpu_hours'), 1)} / "
+                f"{_n(v.get('rl_useful_gpu_hours'), 1)} | {v.get('serving_waits')} | "
+                f"{_n(v.get('serving_wait_p99_s'))} | {v.get('suspends')} |"
+                for pol, v in sim.items()
+            ]
     return "\n".join(out)
 
 
@@ -1839,14 +2079,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--converge-bound", type=float, default=90.0, help="wall seconds to converge after a fault (90)")
     ap.add_argument("--trainer-updates", type=int, default=400, help="updates of the real trainer (400)")
     ap.add_argument("--fault-kinds", default=",".join(FAULT_KINDS), help="the kinds to draw from (all)")
-    ap.add_argument("--serving-wait", choices=SERVING_WAITS, default="prepare",
-                    help="the drivers' --serving-wait: prepare (the played kubelet's prepare suspends "
-                         "the occupant) or prebind (the scheduler holds the pod until its GPU is freed)")  # fmt: skip
-    ap.add_argument("--host-full-force", action="store_true",
-                    help="host-memory-full: also pin a serving burst onto a lent occupant of that node")  # fmt: skip
-    ap.add_argument("--no-timeslice", action="store_true",
-                    help="the soak's shape before the time-slice group: 4 nodes x 2 GPUs, no group, no orchestrator "
-                         "(and no kill-orchestrator among the default kinds)")  # fmt: skip
+    ap.add_argument(
+        "--serving-wait",
+        choices=SERVING_WAITS,
+        default="prepare",
+        help="the drivers' --serving-wait: prepare (the played kubelet's prepare suspends "
+        "the occupant) or prebind (the scheduler holds the pod until its GPU is freed)",
+    )
+    ap.add_argument(
+        "--host-full-force",
+        action="store_true",
+        help="host-memory-full: also pin a serving burst onto a lent occupant of that node",
+    )
+    ap.add_argument(
+        "--no-timeslice",
+        action="store_true",
+        help="the soak's shape before the time-slice group: 4 nodes x 2 GPUs, no group, no orchestrator "
+        "(and no kill-orchestrator among the default kinds)",
+    )
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     ap.add_argument("--workdir", type=Path, help="where the cluster and logs live (default: a new temp dir)")

@@ -96,9 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rose simulate", description=__doc__.split("\n")[0])
     src = ap.add_argument_group("serving demand: --series, or the Prometheus range query")
     src.add_argument("--series", type=Path, help="serving demand, a CSV in the traces' format (time,value)")
-    src.add_argument("--pools", type=Path, metavar="FILE.yaml",
-                     help="several pools: 'pools:' a list of {name, gpus, series[, capacity_per_gpu | peak_util | "
-                          "busy_gpus]} (instead of --series and --pool-gpus)")  # fmt: skip
+    src.add_argument(
+        "--pools",
+        type=Path,
+        metavar="FILE.yaml",
+        help="several pools: 'pools:' a list of {name, gpus, series[, capacity_per_gpu | peak_util | "
+        "busy_gpus]} (instead of --series and --pool-gpus)",
+    )
     src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (instead of --series)")
     src.add_argument("--query", help="PromQL returning one series: the serving demand (with --prometheus)")
     src.add_argument("--start", help="range start: epoch seconds, ISO-8601, now or now-<duration> (now-21d)")
@@ -109,35 +113,67 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--markdown", type=Path, help="write the markdown table here (it is printed anyway)")
     ap.add_argument("--report", type=Path, help="write one PNG here")
     ap.add_argument("--pool-gpus", type=_positive_int, help="GPUs of the pool (64)")
-    ap.add_argument("--peak-util", type=_fraction, default=0.9,
-                    help="the history's peak uses this share of the pool (0.9); sizes what one GPU serves")  # fmt: skip
+    ap.add_argument(
+        "--peak-util",
+        type=_fraction,
+        default=0.9,
+        help="the history's peak uses this share of the pool (0.9); sizes what one GPU serves",
+    )
     ap.add_argument("--capacity-per-gpu", type=float, help="demand one GPU serves (instead of --peak-util)")
     ap.add_argument("--busy-gpus", action="store_true", help="the series already counts busy serving GPUs")
-    ap.add_argument("--history", type=_duration, default=7 * 86400,
-                    help="the start of the series used only to size and tune, never evaluated (7d)")  # fmt: skip
+    ap.add_argument(
+        "--history",
+        type=_duration,
+        default=7 * 86400,
+        help="the start of the series used only to size and tune, never evaluated (7d)",
+    )
     ap.add_argument("--tick", type=_duration, default=60, help="decision and accounting step (60s)")
     ap.add_argument("--risk", default="0.01", help="the operator's risk for the forecasts in the loop (0.01)")
-    ap.add_argument("--refit-every", type=_duration, default=86400,
-                    help="refit the predictor's model this often (1d; the service refits hourly)")  # fmt: skip
-    ap.add_argument("--host-memory", type=_gib, metavar="GIB",
-                    help="GiB of host memory suspended state may hold, the pool's nodes together (no limit); "
-                         "a suspend that does not fit is checkpointed and evicted, as the driver does")  # fmt: skip
+    ap.add_argument(
+        "--refit-every",
+        type=_duration,
+        default=86400,
+        help="refit the predictor's model this often (1d; the service refits hourly)",
+    )
+    ap.add_argument(
+        "--host-memory",
+        type=_gib,
+        metavar="GIB",
+        help="GiB of host memory suspended state may hold, the pool's nodes together (no limit); "
+        "a suspend that does not fit is checkpointed and evicted, as the driver does",
+    )
     ap.add_argument("--dwell", type=_duration, default=300, help="the controller's --dwell (5m)")
-    ap.add_argument("--gpu-shares", type=_shares, metavar="N",
-                    help="also report what lending serving's forecast idle fraction of its partly used GPUs, in "
-                         f"shares of 1/N GPU, adds (1..{MAX_SHARES_PER_GPU}; issue 27 §3)")  # fmt: skip
-    ap.add_argument("--forecasters", default=",".join(FORECASTERS),
-                    help=f"planned policies, one per forecaster: {', '.join(KNOWN_FORECASTERS)}")  # fmt: skip
+    ap.add_argument(
+        "--gpu-shares",
+        type=_shares,
+        metavar="N",
+        help="also report what lending serving's forecast idle fraction of its partly used GPUs, in "
+        f"shares of 1/N GPU, adds (1..{MAX_SHARES_PER_GPU}; issue 27 §3)",
+    )
+    ap.add_argument(
+        "--forecasters",
+        default=",".join(FORECASTERS),
+        help=f"planned policies, one per forecaster: {', '.join(KNOWN_FORECASTERS)}",
+    )
     for f in fields(CostModel):
-        ap.add_argument(f"--cost-{f.name.replace('_', '-')}", type=float, default=f.default,
-                        help=f"{COST_HELP[f.name]} ({f.default:g})")  # fmt: skip
+        ap.add_argument(
+            f"--cost-{f.name.replace('_', '-')}",
+            type=float,
+            default=f.default,
+            help=f"{COST_HELP[f.name]} ({f.default:g})",
+        )
     return ap
 
 
 def _demand(a: argparse.Namespace) -> tuple[Demand, str]:
     """The demand from ``--series`` or from the Prometheus range query (exactly one), and what it was."""
-    kw = {"tick_s": a.tick, "history_s": a.history, "pool_gpus": a.pool_gpus, "peak_util": a.peak_util,
-          "capacity_per_gpu": 1.0 if a.busy_gpus else a.capacity_per_gpu}  # fmt: skip
+    kw = {
+        "tick_s": a.tick,
+        "history_s": a.history,
+        "pool_gpus": a.pool_gpus,
+        "peak_util": a.peak_util,
+        "capacity_per_gpu": 1.0 if a.busy_gpus else a.capacity_per_gpu,
+    }
     if (a.series is None) == (a.prometheus is None):
         raise SimInputError(
             "give the demand as --series FILE.csv, as --prometheus URL --query Q --start T, or --pools FILE.yaml (one)"
@@ -193,8 +229,10 @@ def run(a: argparse.Namespace) -> int:
     report = simulate(demand, jobs, cost, cfg, wanted, default_policies(wanted), tuple(more), a.gpu_shares)
     report["series"] = source
     name = a.series.name if a.series is not None else a.query if a.pools is None else a.pools.name
-    title = (f"{name}: {report['pool_gpus']} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
-             f"after {format_duration(a.history)} of history")  # fmt: skip
+    title = (
+        f"{name}: {report['pool_gpus']} GPUs, {len(jobs)} jobs, {report['evaluated_days']} days evaluated "
+        f"after {format_duration(a.history)} of history"
+    )
     table = markdown(report, title)
     print(table)
     if a.json is not None:

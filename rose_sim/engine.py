@@ -196,20 +196,40 @@ def forecast_reply(bounds: Bounds, i: int, now: float, risk: str, pool_gpus: int
     at = datetime.fromtimestamp(now, UTC)
     row = bounds.values[i]
     points = [
-        ForecastPoint(horizon_seconds=h, timestamp=datetime.fromtimestamp(now + h, UTC),
-                      quantiles={QUANTILE: float(v)}, gpus_needed={risk: int(min(v, 1e9))})
+        ForecastPoint(
+            horizon_seconds=h,
+            timestamp=datetime.fromtimestamp(now + h, UTC),
+            quantiles={QUANTILE: float(v)},
+            gpus_needed={risk: int(min(v, 1e9))},
+        )
         for h, v in zip(bounds.horizons_s, row, strict=True)
-    ]  # fmt: skip
-    return ForecastResponse(pool=pool, model_version=bounds.name, generated_at=at, last_observation_at=at,
-                            data_age_seconds=0.0, stale=False, current=None, points=points)  # fmt: skip
+    ]
+    return ForecastResponse(
+        pool=pool,
+        model_version=bounds.name,
+        generated_at=at,
+        last_observation_at=at,
+        data_age_seconds=0.0,
+        stale=False,
+        current=None,
+        points=points,
+    )
 
 
 class Simulation:
     """One policy over the evaluated ticks of one demand series."""
 
-    def __init__(self, demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig, policy: Policy,
-                 bounds: dict[str, Bounds], record: bool = False,
-                 more_pools: tuple[PoolInput, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        demand: Demand,
+        jobs: list[SimJob],
+        cost: CostModel,
+        cfg: SimConfig,
+        policy: Policy,
+        bounds: dict[str, Bounds],
+        record: bool = False,
+        more_pools: tuple[PoolInput, ...] = (),
+    ) -> None:
         self.record = record  # keep every decision (the leak test compares them)
         self.decisions: list[tuple[float, str, dict[str, JobTarget]]] = []
         self.d, self.cost, self.cfg, self.policy = demand, cost, cfg, policy
@@ -250,13 +270,19 @@ class Simulation:
         """The controller's view of each job (``observe.planner_job``): the seconds to a safe point
         are what its running workers report (at worst the safe-point period), 0 with none running."""
         running = {w.job for w in self.workers if w.state == "active"}
-        return tuple(replace(self.base[k], last_shrink_at=self.last_shrink[k],
-                             seconds_to_safe_point=self.sims[k].safe_wait_s if k in running else 0.0)
-                     for k in sorted(self.base))  # fmt: skip
+        return tuple(
+            replace(
+                self.base[k],
+                last_shrink_at=self.last_shrink[k],
+                seconds_to_safe_point=self.sims[k].safe_wait_s if k in running else 0.0,
+            )
+            for k in sorted(self.base)
+        )
 
     def planner_workers(self) -> tuple[Worker, ...]:
-        return tuple(Worker(w.name, w.job, w.state, w.pool) for w in sorted(self.workers, key=lambda w: w.name)
-                     if not w.evicted)  # fmt: skip
+        return tuple(
+            Worker(w.name, w.job, w.state, w.pool) for w in sorted(self.workers, key=lambda w: w.name) if not w.evicted
+        )
 
     def new_name(self, key: str) -> str:
         """``<job>-w<lowest free index>`` (a role's ``<job>-<role>-<index>``), as the controller names a
@@ -297,8 +323,11 @@ class Simulation:
         if lane.bounds is None:
             return False
         g = self.base[key].gpus_per_worker
-        lent = added + sum(self.base[w.job].gpus_per_worker for w in self.workers
-                           if w.pool == pool and w.state != "suspended" and not w.evicted)  # fmt: skip
+        lent = added + sum(
+            self.base[w.job].gpus_per_worker
+            for w in self.workers
+            if w.pool == pool and w.state != "suspended" and not w.evicted
+        )
         serving = int(min(lane.gpus, lane.demand.busy[i - 1]))
         node = NodeState(pool, pool, lane.gpus, serving, lent, max(0, lane.gpus - serving - lent), None, 0.0)
         cfg = PolicyConfig()
@@ -306,9 +335,17 @@ class Simulation:
         reply = forecast_reply(lane.bounds, i, now, self.cfg.risk, lane.gpus, pool)
         outlooks, _ = pool_outlooks(snapshot, {pool: extender_forecast(reply, QUANTILE, self.cfg.risk)}, g, cfg)
         j = self.sims[key]
-        pod = PodInfo(j.job.namespace, key, key, PodKind.RL, job=j.job.name, gpus=g, state_bytes=j.state_bytes,
-                      grace_s=float(j.job.spec.graceful_shutdown_period),
-                      min_run_s=float(j.job.spec.min_useful_run_seconds))  # fmt: skip
+        pod = PodInfo(
+            j.job.namespace,
+            key,
+            key,
+            PodKind.RL,
+            job=j.job.name,
+            gpus=g,
+            state_bytes=j.state_bytes,
+            grace_s=float(j.job.spec.graceful_shutdown_period),
+            min_run_s=float(j.job.spec.min_useful_run_seconds),
+        )
         return not filter_nodes(pod, [pool], snapshot, outlooks, cfg).passed
 
     def decide(self, i: int, now: float) -> Plan | None:
@@ -361,8 +398,11 @@ class Simulation:
 
     def host_bytes(self) -> int:
         """Host memory suspended state holds now (a suspend under way has reserved its share)."""
-        return sum(self.sims[w.job].state_bytes for w in self.workers
-                   if w.state == "suspended" or (w.state == "suspending" and not w.evicted))  # fmt: skip
+        return sum(
+            self.sims[w.job].state_bytes
+            for w in self.workers
+            if w.state == "suspended" or (w.state == "suspending" and not w.evicted)
+        )
 
     def _restart(self, job: str, now: float) -> None:
         """An eviction: the job's work since its last checkpoint is lost; who remains reloads it
@@ -405,8 +445,16 @@ class Simulation:
                 start = now + self.cost.pod_start_s
                 restore = self.cost.checkpoint_s(sim.state_bytes) if self.evict or self.restores[key] else 0.0
                 self.restores[key] = max(0, self.restores[key] - 1)
-                self.workers.append(_W(self.new_name(key), key, "pending", start + restore + self.pull_s(key),
-                                       pod_ready_at=start, pool=pool_name))  # fmt: skip
+                self.workers.append(
+                    _W(
+                        self.new_name(key),
+                        key,
+                        "pending",
+                        start + restore + self.pull_s(key),
+                        pod_ready_at=start,
+                        pool=pool_name,
+                    )
+                )
                 self.count_role(key, "adds")
             if changed:
                 for w in self.workers:
@@ -448,8 +496,10 @@ class Simulation:
             return
         actual = Forecast(now, float(self.d.tick_s), (need, need), "actual")
         # the other pools frozen: the planner picks this pool's victims and decides nothing elsewhere
-        pools = tuple(Pool(lane.name, pool, actual) if x is lane else replace(self.pool(x, i, now), frozen=True)
-                      for x in self.lanes)  # fmt: skip
+        pools = tuple(
+            Pool(lane.name, pool, actual) if x is lane else replace(self.pool(x, i, now), frozen=True)
+            for x in self.lanes
+        )
         p = self.run_plan(PlanInput(now, pools, self.jobs(), self.planner_workers(), self.settings), "unplanned")
         for key, t in p.targets.items():
             names = set(t.suspend) | set(t.remove)

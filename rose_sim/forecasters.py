@@ -60,8 +60,18 @@ class ModelUnavailable(ValueError):
     """The predictor's model cannot be fitted on this history (too few windows for the risk)."""
 
 
-def model(observed: FloatArray, capacity_per_gpu: float, horizons_s: tuple[int, ...], tick_s: int, history: int,
-          t0: int, risk: float, refit_every: int, pool_gpus: int, whole: bool = True) -> Bounds:  # fmt: skip
+def model(
+    observed: FloatArray,
+    capacity_per_gpu: float,
+    horizons_s: tuple[int, ...],
+    tick_s: int,
+    history: int,
+    t0: int,
+    risk: float,
+    refit_every: int,
+    pool_gpus: int,
+    whole: bool = True,
+) -> Bounds:
     """The predictor's model in the loop (see the module docstring); reads ``observed[:i]`` at tick ``i``.
     In whole GPUs (the predictor's ``gpus_needed``), or with ``whole=False`` the fraction of GPUs
     (``rose simulate --gpu-shares``)."""

@@ -339,9 +339,15 @@ def _load_pool(
     name, gpus = _check_pool_item(where, item, out)
     cap = 1.0 if item.get("busy_gpus") else item.get("capacity_per_gpu")
     try:
-        d = load_demand(path.parent / str(item["series"]), **{**kw, "pool_gpus": gpus,
-                        "peak_util": float(item.get("peak_util", kw.get("peak_util", 0.9))),
-                        "capacity_per_gpu": None if cap is None else float(cap)})  # fmt: skip
+        d = load_demand(
+            path.parent / str(item["series"]),
+            **{
+                **kw,
+                "pool_gpus": gpus,
+                "peak_util": float(item.get("peak_util", kw.get("peak_util", 0.9))),
+                "capacity_per_gpu": None if cap is None else float(cap),
+            },
+        )
     except SimInputError as e:
         raise SimInputError(f"pool {name}: {e}") from None
     except (TypeError, ValueError) as e:

@@ -45,14 +45,24 @@ def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> 
     if "oracle" in forecasters:
         out["oracle"] = fc.oracle(demand.busy, HORIZONS_S, demand.tick_s)
     if "baseline" in forecasters:
-        out["baseline"] = fc.baseline(demand.busy, HORIZONS_S, demand.tick_s, demand.history, cfg.pool_gpus,
-                                      float(cfg.risk))  # fmt: skip
+        out["baseline"] = fc.baseline(
+            demand.busy, HORIZONS_S, demand.tick_s, demand.history, cfg.pool_gpus, float(cfg.risk)
+        )
     if "model" in forecasters:
         obs = demand.busy if demand.observed is None else demand.observed
         every = max(1, cfg.refit_every_s // demand.tick_s)
         try:
-            out["model"] = fc.model(obs, demand.capacity_per_gpu, HORIZONS_S, demand.tick_s, demand.history,
-                                    demand.start, float(cfg.risk), every, cfg.pool_gpus)  # fmt: skip
+            out["model"] = fc.model(
+                obs,
+                demand.capacity_per_gpu,
+                HORIZONS_S,
+                demand.tick_s,
+                demand.history,
+                demand.start,
+                float(cfg.risk),
+                every,
+                cfg.pool_gpus,
+            )
         except fc.ModelUnavailable as e:
             raise SimInputError(f"{e} (a longer --history, or a larger --risk)") from None
     return out
@@ -79,13 +89,23 @@ def timeslice_groups(jobs: list[SimJob], cost: CostModel) -> dict[str, dict[str,
         switch = max(cost.suspend_s(j.state_bytes, j.safe_wait_s) + cost.transfer_s(j.state_bytes) for j in members)
         keys = [j.key for j in members]
         if len(members) < 2:
-            out[name] = {"jobs": keys, "switch_s": round(switch, 2), "pays": False,
-                         "reason": "one job in the group: nothing to share its GPUs with"}  # fmt: skip
+            out[name] = {
+                "jobs": keys,
+                "switch_s": round(switch, 2),
+                "pays": False,
+                "reason": "one job in the group: nothing to share its GPUs with",
+            }
             continue
         a = advise({j.key: [j.cycle_s] for j in members if j.cycle_s is not None}, switch)
-        out[name] = {"jobs": keys, "switch_s": round(a.switch_s, 2), "round_s": round(a.round_s, 2),
-                     "shared_duty": round(a.shared_duty, 4), "best_solo_duty": round(a.best_solo_duty, 4),
-                     "pays": a.pays, "reason": a.reason}  # fmt: skip
+        out[name] = {
+            "jobs": keys,
+            "switch_s": round(a.switch_s, 2),
+            "round_s": round(a.round_s, 2),
+            "shared_duty": round(a.shared_duty, 4),
+            "best_solo_duty": round(a.best_solo_duty, 4),
+            "pays": a.pays,
+            "reason": a.reason,
+        }
     return out
 
 
@@ -105,29 +125,47 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     equal_waits = ev["serving_waits_per_day"] <= max(1.25 * r["serving_waits_per_day"], GOAL_WAITS_PER_DAY)
     return {
         "judged": name,
-        "waits_per_day": {"goal": GOAL_WAITS_PER_DAY, "value": r["serving_waits_per_day"],
-                          "met": r["serving_waits_per_day"] <= GOAL_WAITS_PER_DAY},
-        "duty_cycle": {"goal": GOAL_DUTY_CYCLE, "value": r["pool_duty_cycle"],
-                       "met": r["pool_duty_cycle"] >= GOAL_DUTY_CYCLE},
-        "useful_vs_evict_restart": {"goal": GOAL_VS_EVICT, "value": round(ratio, 2), "against": against,
-                                    "their_waits_per_day": ev["serving_waits_per_day"],
-                                    "at_equal_waits": equal_waits,
-                                    "met": ratio >= GOAL_VS_EVICT and equal_waits},
-    }  # fmt: skip
+        "waits_per_day": {
+            "goal": GOAL_WAITS_PER_DAY,
+            "value": r["serving_waits_per_day"],
+            "met": r["serving_waits_per_day"] <= GOAL_WAITS_PER_DAY,
+        },
+        "duty_cycle": {
+            "goal": GOAL_DUTY_CYCLE,
+            "value": r["pool_duty_cycle"],
+            "met": r["pool_duty_cycle"] >= GOAL_DUTY_CYCLE,
+        },
+        "useful_vs_evict_restart": {
+            "goal": GOAL_VS_EVICT,
+            "value": round(ratio, 2),
+            "against": against,
+            "their_waits_per_day": ev["serving_waits_per_day"],
+            "at_equal_waits": equal_waits,
+            "met": ratio >= GOAL_VS_EVICT and equal_waits,
+        },
+    }
 
 
-def simulate(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig,
-             forecasters: tuple[str, ...] = FORECASTERS, policies: tuple[Policy, ...] | None = None,
-             more_pools: tuple[tuple[str, int, Demand], ...] = (),
-             gpu_shares: int | None = None) -> dict[str, Any]:  # fmt: skip
+def simulate(
+    demand: Demand,
+    jobs: list[SimJob],
+    cost: CostModel,
+    cfg: SimConfig,
+    forecasters: tuple[str, ...] = FORECASTERS,
+    policies: tuple[Policy, ...] | None = None,
+    more_pools: tuple[tuple[str, int, Demand], ...] = (),
+    gpu_shares: int | None = None,
+) -> dict[str, Any]:
     """Every policy on the evaluated period; the report as plain data (JSON-able). ``more_pools``:
     ``(name, GPUs, demand)`` of pools beside the primary one (``cfg.pool_name``, ``cfg.pool_gpus``).
     ``gpu_shares``: also what lending serving's forecast idle fractions in shares of ``1/N`` GPU
     would add on the primary pool, per forecaster (``rose_sim.shares``)."""
     started, cpu = time.perf_counter(), time.process_time()
     bounds = bounds_for(demand, cfg, forecasters)
-    more = tuple(PoolInput(name, gpus, d, bounds_for(d, replace(cfg, pool_gpus=gpus), forecasters))
-                 for name, gpus, d in more_pools)  # fmt: skip
+    more = tuple(
+        PoolInput(name, gpus, d, bounds_for(d, replace(cfg, pool_gpus=gpus), forecasters))
+        for name, gpus, d in more_pools
+    )
     total_gpus = cfg.pool_gpus + sum(m.gpus for m in more)
     seconds = (demand.ticks - demand.history) * demand.tick_s
     results: dict[str, dict[str, Any]] = {}
@@ -187,12 +225,29 @@ def share_bounds(demand: Demand, cfg: SimConfig, name: str) -> fc.Bounds:
         return fc.oracle(frac, HORIZONS_S, demand.tick_s)
     obs = demand.busy if demand.observed is None else demand.observed
     every = max(1, cfg.refit_every_s // demand.tick_s)
-    return fc.model(obs, demand.capacity_per_gpu, HORIZONS_S, demand.tick_s, demand.history, demand.start,
-                    float(cfg.risk), every, cfg.pool_gpus, whole=False)  # fmt: skip
+    return fc.model(
+        obs,
+        demand.capacity_per_gpu,
+        HORIZONS_S,
+        demand.tick_s,
+        demand.history,
+        demand.start,
+        float(cfg.risk),
+        every,
+        cfg.pool_gpus,
+        whole=False,
+    )
 
 
-def share_report(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimConfig, forecasters: tuple[str, ...],
-                 results: dict[str, dict[str, Any]], n: int) -> dict[str, dict[str, Any]]:  # fmt: skip
+def share_report(
+    demand: Demand,
+    jobs: list[SimJob],
+    cost: CostModel,
+    cfg: SimConfig,
+    forecasters: tuple[str, ...],
+    results: dict[str, dict[str, Any]],
+    n: int,
+) -> dict[str, dict[str, Any]]:
     """Per planned forecaster (oracle, model): the share lending of the primary pool, planned on the
     forecaster's fractional bounds against serving's fractional demand, beside its whole-GPU
     policy's useful GPU-hours per day."""
@@ -202,8 +257,16 @@ def share_report(demand: Demand, jobs: list[SimJob], cost: CostModel, cfg: SimCo
     out: dict[str, dict[str, Any]] = {}
     for name in (f for f in SHARE_FORECASTERS if f in forecasters):
         bounds = share_bounds(demand, cfg, name)
-        r = share_lending(serving, bounds, history=demand.history, tick_s=demand.tick_s, pool_gpus=cfg.pool_gpus,
-                          shares_per_gpu=n, window_s=window, start_s=cost.pod_start_s).report()  # fmt: skip
+        r = share_lending(
+            serving,
+            bounds,
+            history=demand.history,
+            tick_s=demand.tick_s,
+            pool_gpus=cfg.pool_gpus,
+            shares_per_gpu=n,
+            window_s=window,
+            start_s=cost.pod_start_s,
+        ).report()
         whole = results.get(f"planned-{name}", {}).get("rl_useful_gpu_hours")
         out[name] = r | {"whole_gpu_useful_gpu_hours_per_day": None if whole is None else round(whole / days, 1)}
     return out
@@ -216,27 +279,39 @@ def markdown(report: dict[str, Any], title: str = "") -> str:
     for name, r in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{r[k]:,}" for k, _ in COLUMNS) + " |")
     for name, t in (report.get("timeslice_groups") or {}).items():
-        lines += ["", f"Time-slice group {name} ({', '.join(t['jobs'])}): {'pays' if t['pays'] else 'does not pay'}: "
-                  f"{t['reason']} (timeslice.advise's round model; advice, not simulated)"]  # fmt: skip
+        lines += [
+            "",
+            f"Time-slice group {name} ({', '.join(t['jobs'])}): {'pays' if t['pays'] else 'does not pay'}: "
+            f"{t['reason']} (timeslice.advise's round model; advice, not simulated)",
+        ]
     shares = report.get("gpu_shares") or {}
     if shares:
         n = next(iter(shares.values()))["shares_per_gpu"]
-        lines += ["", f"GPU shares of 1/{n} GPU lent from serving's forecast idle fraction (rose_sim.shares; an "
-                  "upper bound: today's driver reclaims a share on any GPU serving claims):", "",
-                  "| forecaster | whole-GPU planned useful GPU-h/day | + shares lent GPU-h/day | + shares useful "
-                  "GPU-h/day | share reclaims/day (serving waits) |",
-                  "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        lines += [
+            "",
+            f"GPU shares of 1/{n} GPU lent from serving's forecast idle fraction (rose_sim.shares; an "
+            "upper bound: today's driver reclaims a share on any GPU serving claims):",
+            "",
+            "| forecaster | whole-GPU planned useful GPU-h/day | + shares lent GPU-h/day | + shares useful "
+            "GPU-h/day | share reclaims/day (serving waits) |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
         for name, v in shares.items():
-            lines.append(f"| {name} | {v['whole_gpu_useful_gpu_hours_per_day']} | {v['lent_gpu_hours_per_day']} | "
-                         f"{v['useful_gpu_hours_per_day']} | {v['unplanned_reclaims_per_day']} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {v['whole_gpu_useful_gpu_hours_per_day']} | {v['lent_gpu_hours_per_day']} | "
+                f"{v['useful_gpu_hours_per_day']} | {v['unplanned_reclaims_per_day']} |"
+            )
     g = report.get("goals") or {}
     if g:
         lines += ["", f"Goals (judged on {g['judged']}):"]
         for key, v in g.items():
             if isinstance(v, dict):
-                extra = ("" if "against" not in v else
-                         f", against {v['against']} at {v['their_waits_per_day']} waits/day: equal waits "
-                         f"{v['at_equal_waits']}")  # fmt: skip
+                extra = (
+                    ""
+                    if "against" not in v
+                    else f", against {v['against']} at {v['their_waits_per_day']} waits/day: equal waits "
+                    f"{v['at_equal_waits']}"
+                )
                 lines.append(f"- {key}: {v['value']} (goal {v['goal']}{extra}): {'met' if v['met'] else 'not met'}")
     return "\n".join(lines)
 

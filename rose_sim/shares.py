@@ -104,5 +104,6 @@ def share_lending(
         useful += (kept * tick_s + (k - kept) * fresh) / shares_per_gpu
         held = k
     days = (len(busy) - history) * tick_s / 86400
-    return ShareLending(bounds.name, shares_per_gpu, bounds.horizons_s[col], lent / 3600, useful / 3600, reclaims,
-                        shrinks, days)  # fmt: skip
+    return ShareLending(
+        bounds.name, shares_per_gpu, bounds.horizons_s[col], lent / 3600, useful / 3600, reclaims, shrinks, days
+    )

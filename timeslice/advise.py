@@ -54,8 +54,9 @@ def advise(cycles: dict[str, list[tuple[float, float]]], switch_s: float, min_ga
         per[job] = (statistics.fmean(g for g, _ in rows), statistics.fmean(o for _, o in rows), len(rows))
     gpu_total = sum(g for g, _, _ in per.values())
     round_s = max(*(g + o + switch_s for g, o, _ in per.values()), gpu_total + switch_s * len(per))
-    jobs = tuple(JobAdvice(j, n, g, o, g / (g + o), round_s / (g + o), o > switch_s)
-                 for j, (g, o, n) in sorted(per.items()))  # fmt: skip
+    jobs = tuple(
+        JobAdvice(j, n, g, o, g / (g + o), round_s / (g + o), o > switch_s) for j, (g, o, n) in sorted(per.items())
+    )
     shared = gpu_total / round_s
     best = max(j.solo_duty for j in jobs)
     short = [j.job for j in jobs if not j.window_ok]
@@ -63,10 +64,24 @@ def advise(cycles: dict[str, list[tuple[float, float]]], switch_s: float, min_ga
         why = f"off-group windows of {', '.join(short)} are not longer than one switch ({switch_s:.3f} s)"
         return Advice(jobs, switch_s, round_s, shared, best, False, why)
     if shared < best * min_gain:
-        return Advice(jobs, switch_s, round_s, shared, best, False,
-                      f"shared duty cycle {shared:.0%} is under {min_gain}x the best solo {best:.0%}")  # fmt: skip
-    return Advice(jobs, switch_s, round_s, shared, best, True,
-                  f"shared duty cycle {shared:.0%} vs best solo {best:.0%} ({shared / best:.2f}x)")  # fmt: skip
+        return Advice(
+            jobs,
+            switch_s,
+            round_s,
+            shared,
+            best,
+            False,
+            f"shared duty cycle {shared:.0%} is under {min_gain}x the best solo {best:.0%}",
+        )
+    return Advice(
+        jobs,
+        switch_s,
+        round_s,
+        shared,
+        best,
+        True,
+        f"shared duty cycle {shared:.0%} vs best solo {best:.0%} ({shared / best:.2f}x)",
+    )
 
 
 def _row(r: dict[str, Any], where: str) -> tuple[str, float, float]:
@@ -95,9 +110,13 @@ def load(path: Path) -> dict[str, list[tuple[float, float]]]:
 
 def render(a: Advice) -> str:
     lines = [f"{'job':<24} {'cycles':>6} {'gpu s':>8} {'off s':>8} {'solo':>6} {'slowdown':>8}"]
-    lines += [f"{j.job:<24} {j.cycles:>6} {j.gpu_s:>8.3f} {j.off_s:>8.3f} {j.solo_duty:>6.0%} {j.slowdown:>7.2f}x"
-              for j in a.jobs]  # fmt: skip
-    lines.append(f"switch cost {a.switch_s:.3f} s; shared round {a.round_s:.3f} s; "
-                 f"group duty cycle shared {a.shared_duty:.0%} vs best solo {a.best_solo_duty:.0%}")  # fmt: skip
+    lines += [
+        f"{j.job:<24} {j.cycles:>6} {j.gpu_s:>8.3f} {j.off_s:>8.3f} {j.solo_duty:>6.0%} {j.slowdown:>7.2f}x"
+        for j in a.jobs
+    ]
+    lines.append(
+        f"switch cost {a.switch_s:.3f} s; shared round {a.round_s:.3f} s; "
+        f"group duty cycle shared {a.shared_duty:.0%} vs best solo {a.best_solo_duty:.0%}"
+    )
     lines.append(("PAYS: " if a.pays else "DOES NOT PAY: ") + a.reason)
     return "\n".join(lines)

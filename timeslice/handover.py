@@ -235,8 +235,13 @@ class KubeHandover:
             if not missing:
                 out_b = state_bytes(workers_of(items, out_job)) if out_job else 0
                 in_b = state_bytes(workers_of(items, in_job))
-                return HandoverResult(True, suspend_s=t1 - t0, restore_s=self.clock() - t1, bytes_moved=out_b + in_b,
-                                      suspended_bytes=out_b)  # fmt: skip
+                return HandoverResult(
+                    True,
+                    suspend_s=t1 - t0,
+                    restore_s=self.clock() - t1,
+                    bytes_moved=out_b + in_b,
+                    suspended_bytes=out_b,
+                )
         return self._roll_back(group, token, steps, missing, t1 - t0)
 
     def _roll_back(self, group: str, token: int, steps: Plan, missing: list[str], suspend_s: float) -> HandoverResult:

@@ -74,8 +74,14 @@ class Flights(Generic[K, V]):
     with one computation per key at a time (single flight): callers of the same key wait for the one
     computing it, callers of other keys never wait for it (no lock is held while computing)."""
 
-    def __init__(self, compute: Callable[[K], V], clock: Callable[[], float], ttl_s: float, size: int,
-                 keep: tuple[type[Exception], ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        compute: Callable[[K], V],
+        clock: Callable[[], float],
+        ttl_s: float,
+        size: int,
+        keep: tuple[type[Exception], ...] = (),
+    ) -> None:
         self.compute = compute
         self.clock = clock
         self.ttl_s = ttl_s
@@ -123,11 +129,13 @@ class ReviewCache:
     """token → namespace verdicts (and refusals) for ``ttl_s``, at most ``size`` entries; a TokenReview
     per token at a time, and none holds up a lookup of another token (:class:`Flights`)."""
 
-    def __init__(self, review: Callable[[str], str], clock: Callable[[], float], ttl_s: float = 60.0,
-                 size: int = 1024) -> None:  # fmt: skip
+    def __init__(
+        self, review: Callable[[str], str], clock: Callable[[], float], ttl_s: float = 60.0, size: int = 1024
+    ) -> None:
         self.review = review
-        self._flights: Flights[str, str] = Flights(lambda t: namespace_of(self.review(t)), clock, ttl_s, size,
-                                                   keep=(Unauthenticated,))  # fmt: skip
+        self._flights: Flights[str, str] = Flights(
+            lambda t: namespace_of(self.review(t)), clock, ttl_s, size, keep=(Unauthenticated,)
+        )
 
     def namespace(self, token: str) -> str:
         return self._flights.get(token)

@@ -82,9 +82,12 @@ class LeaseLock:
         return LeaseRecord.from_spec(dict(objects.spec(doc))), objects.resource_version(doc)
 
     def write(self, record: LeaseRecord, resource_version: str) -> bool:
-        body: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                "metadata": {"name": self.name, "namespace": self.namespace},
-                                "spec": record.to_spec()}  # fmt: skip
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": record.to_spec(),
+        }
         try:
             if resource_version:
                 body["metadata"]["resourceVersion"] = resource_version
@@ -123,6 +126,7 @@ class PodMembers:
 
     def priority(self, namespace: str, job: str, group: str, hint: int) -> int:
         selector = f"{names.LABEL_JOB}={job},{names.LABEL_TIMESLICE_GROUP}={group}"
-        doc = self.raw.json("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods",
-                            query={"labelSelector": selector})  # fmt: skip
+        doc = self.raw.json(
+            "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods", query={"labelSelector": selector}
+        )
         return pod_priority(list(objects.items(doc)), namespace, job, group)

@@ -32,28 +32,50 @@ class TimesliceMetrics:
 
     def __post_init__(self) -> None:
         r = self.registry
-        self.duty_cycle = Gauge("rose_timeslice_duty_cycle", "held time / time since the first grant", ["group"],
-                                registry=r)  # fmt: skip
+        self.duty_cycle = Gauge(
+            "rose_timeslice_duty_cycle", "held time / time since the first grant", ["group"], registry=r
+        )
         self.held_seconds = Counter("rose_timeslice_held_seconds", "seconds the group was held", ["group"], registry=r)
-        self.wait = Histogram("rose_timeslice_wait_seconds", "Acquire queueing time until the grant",
-                              ["group", "job", "role"], buckets=WAIT_BUCKETS, registry=r)  # fmt: skip
-        self.switch = Histogram("rose_timeslice_switch_seconds", "hand-over latency by part",
-                                ["group", "part"], buckets=SWITCH_BUCKETS, registry=r)  # fmt: skip
+        self.wait = Histogram(
+            "rose_timeslice_wait_seconds",
+            "Acquire queueing time until the grant",
+            ["group", "job", "role"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.switch = Histogram(
+            "rose_timeslice_switch_seconds",
+            "hand-over latency by part",
+            ["group", "part"],
+            buckets=SWITCH_BUCKETS,
+            registry=r,
+        )
         self.bytes_moved = Counter("rose_timeslice_bytes_moved", "bytes suspended and restored", ["group"], registry=r)
         self.grants = Counter("rose_timeslice_grants", "grants", ["group", "kind"], registry=r)
-        self.fencing_rejections = Counter("rose_timeslice_fencing_rejections", "commands refused by fencing",
-                                          ["group", "command"], registry=r)  # fmt: skip
-        self.lease_expiries = Counter("rose_timeslice_lease_expiries", "holders whose lease expired", ["group"],
-                                      registry=r)  # fmt: skip
-        self.max_hold_reached = Counter("rose_timeslice_max_hold_reached", "holders that lost the group to --max-hold",
-                                        ["group"], registry=r)  # fmt: skip
-        self.refusals = Counter("rose_timeslice_refusals", "calls refused before they reached a group, by reason",
-                                ["namespace", "reason"], registry=r)  # fmt: skip
-        self.handover_failures = Counter("rose_timeslice_handover_failures", "hand-overs rolled back", ["group"],
-                                         registry=r)  # fmt: skip
-        self.host_state_bytes = Gauge("rose_timeslice_host_state_bytes",
-                                      "device state of a suspended group member held in host memory by its nodes",
-                                      ["group", "job"], registry=r)  # fmt: skip
+        self.fencing_rejections = Counter(
+            "rose_timeslice_fencing_rejections", "commands refused by fencing", ["group", "command"], registry=r
+        )
+        self.lease_expiries = Counter(
+            "rose_timeslice_lease_expiries", "holders whose lease expired", ["group"], registry=r
+        )
+        self.max_hold_reached = Counter(
+            "rose_timeslice_max_hold_reached", "holders that lost the group to --max-hold", ["group"], registry=r
+        )
+        self.refusals = Counter(
+            "rose_timeslice_refusals",
+            "calls refused before they reached a group, by reason",
+            ["namespace", "reason"],
+            registry=r,
+        )
+        self.handover_failures = Counter(
+            "rose_timeslice_handover_failures", "hand-overs rolled back", ["group"], registry=r
+        )
+        self.host_state_bytes = Gauge(
+            "rose_timeslice_host_state_bytes",
+            "device state of a suspended group member held in host memory by its nodes",
+            ["group", "job"],
+            registry=r,
+        )
         self.waiters = Gauge("rose_timeslice_waiters", "Acquire calls waiting", ["group"], registry=r)
         self.leader = Gauge("rose_timeslice_leader", "1 while this replica is the active one", registry=r)
         self._duty: dict[str, _Duty] = {}

@@ -267,8 +267,10 @@ class Orchestrator:
         if out is not g and out.holder != g.holder:
             if g.held_too_long(now):
                 self.metrics.max_hold_reached.labels(g.name).inc()
-                log.info("maximum hold reached", extra={"group": g.name, "job": g.holder, "token": g.token,
-                                                        "maxHoldS": g.max_hold_s})  # fmt: skip
+                log.info(
+                    "maximum hold reached",
+                    extra={"group": g.name, "job": g.holder, "token": g.token, "maxHoldS": g.max_hold_s},
+                )
             else:
                 self.metrics.lease_expiries.labels(g.name).inc()
                 log.info("lease expired", extra={"group": g.name, "job": g.holder, "token": g.token})
@@ -322,13 +324,22 @@ class Orchestrator:
             self._mutate(s, lambda g: (state.fail_switch(g, grant.job, grant.token), None))
             s.freed_at = self.clock()
             s.cond.notify_all()
-        raise HandoverFailed(f"hand-over of group {group} to {grant.job} (token {grant.token}) failed and was "
-                             f"rolled back: {outcome.error}")  # fmt: skip
+        raise HandoverFailed(
+            f"hand-over of group {group} to {grant.job} (token {grant.token}) failed and was "
+            f"rolled back: {outcome.error}"
+        )
 
     # ------------------------------------------------------------------ the API
 
-    def acquire(self, group: str, job: str, role: str = "", priority: int = 0, deadline: float | None = None,
-                alive: Callable[[], bool] = lambda: True) -> AcquireResult:  # fmt: skip
+    def acquire(
+        self,
+        group: str,
+        job: str,
+        role: str = "",
+        priority: int = 0,
+        deadline: float | None = None,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> AcquireResult:
         """Block until ``job`` holds ``group`` (DeadlineExceeded at ``deadline``, epoch seconds; Cancelled
         once ``alive()`` turns false)."""
         state.validate_name("group", group)
@@ -348,8 +359,9 @@ class Orchestrator:
         outcome = self.finish(group, grant, end)
         return self._delivered(group, job, role, grant, outcome, t0, ready)
 
-    def _wait_for_grant(self, group: str, job: str, role: str, priority: int, end: float,
-                        alive: Callable[[], bool]) -> tuple[Grant, float]:  # fmt: skip
+    def _wait_for_grant(
+        self, group: str, job: str, role: str, priority: int, end: float, alive: Callable[[], bool]
+    ) -> tuple[Grant, float]:
         t0 = self.clock()
         while True:
             self.check_leader()
@@ -367,8 +379,9 @@ class Orchestrator:
                     raise DeadlineExceeded(f"{job} was not granted group {group} before its deadline")
                 s.cond.wait(timeout=max(0.0, min(end, s.g.expiry()) - now) + 0.001)
 
-    def _delivered(self, group: str, job: str, role: str, grant: Grant, outcome: HandoverOutcome, t0: float,
-                   ready: float) -> AcquireResult:  # fmt: skip
+    def _delivered(
+        self, group: str, job: str, role: str, grant: Grant, outcome: HandoverOutcome, t0: float, ready: float
+    ) -> AcquireResult:
         now = self.clock()
         moved = int(getattr(outcome, "bytes_moved", 0) or 0)
         overhead = max(0.0, now - ready - outcome.suspend_s - outcome.restore_s)
@@ -380,10 +393,27 @@ class Orchestrator:
         m.bytes_moved.labels(group).inc(moved)
         m.grants.labels(group, "resident" if grant.was_resident else "switch").inc()
         m.held(group, now)
-        log.info("granted", extra={"group": group, "job": job, "token": grant.token, "outJob": grant.out_job,
-                                   "wasResident": grant.was_resident, "waitS": round(now - t0, 4)})  # fmt: skip
-        return AcquireResult(grant.token, self._slot(group).g.lease_ttl_s, grant.was_resident, now - t0,
-                             outcome.suspend_s, outcome.restore_s, overhead, moved)  # fmt: skip
+        log.info(
+            "granted",
+            extra={
+                "group": group,
+                "job": job,
+                "token": grant.token,
+                "outJob": grant.out_job,
+                "wasResident": grant.was_resident,
+                "waitS": round(now - t0, 4),
+            },
+        )
+        return AcquireResult(
+            grant.token,
+            self._slot(group).g.lease_ttl_s,
+            grant.was_resident,
+            now - t0,
+            outcome.suspend_s,
+            outcome.restore_s,
+            overhead,
+            moved,
+        )
 
     def yield_(self, group: str, job: str, token: int) -> None:
         """Give the group up; the next live waiter's grant is written in the same compare-and-swap."""

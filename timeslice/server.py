@@ -58,8 +58,9 @@ from timeslice.state import Group, Refused, group_key, split_key, validate_label
 log = logging.getLogger("timeslice")
 
 # what ``role`` may be (a metric label): a fixed set, so a caller cannot mint label values
-ROLES = frozenset({"", "trainer", "sampler", "rollout", "learner", "actor", "critic", "reward", "reference",
-                   "evaluator"})  # fmt: skip
+ROLES = frozenset(
+    {"", "trainer", "sampler", "rollout", "learner", "actor", "critic", "reward", "reference", "evaluator"}
+)
 RESERVED_THREADS = 32  # gRPC threads no Acquire may take: Yield, Renew and Status always find one
 
 
@@ -85,8 +86,7 @@ class Limits:
 
 def _status(g: Group, now: float) -> pb.StatusResponse:
     waiters = [pb.Waiter(job=w.job, role=w.role, waited_s=max(0.0, now - w.since)) for w in g.waiters if w.live]
-    return pb.StatusResponse(group=g.name, holder=g.holder, fencing_token=g.token, waiters=waiters,
-                             resident=g.resident)  # fmt: skip
+    return pb.StatusResponse(group=g.name, holder=g.holder, fencing_token=g.token, waiters=waiters, resident=g.resident)
 
 
 @contextmanager
@@ -123,17 +123,25 @@ def _codes(context: grpc.ServicerContext) -> Iterator[None]:
 
 
 class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
-    def __init__(self, orch: Orchestrator, auth: ReviewCache | None = None, members: Members | None = None,
-                 limits: Limits | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        orch: Orchestrator,
+        auth: ReviewCache | None = None,
+        members: Members | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.orch = orch
         self.auth = auth
         self.limits = limits or Limits()
         self._raw_members: Members = members or RequestPriority()
         # a lookup that ignores the request's priority is cached per (namespace, job, group)
         self._members: Flights[tuple[str, str, str], int] = Flights(
-            lambda k: self._raw_members.priority(*k, 0), time.monotonic, self.limits.member_cache_s, 4096,
+            lambda k: self._raw_members.priority(*k, 0),
+            time.monotonic,
+            self.limits.member_cache_s,
+            4096,
             keep=(NotMember,),
-        )  # fmt: skip
+        )
         self._inflight: Counter[str] = Counter()
         self._mu = threading.Lock()
 
@@ -167,8 +175,10 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
         with self._mu:
             if self._inflight[ns] >= lim.max_acquires_per_namespace:
                 self._refused(ns, "namespace-cap")
-                raise Busy(f"namespace {ns or '(none)'!r} has {lim.max_acquires_per_namespace} Acquire calls in flight"
-                           " (--max-acquires-per-namespace): let some be granted or withdrawn, then retry")  # fmt: skip
+                raise Busy(
+                    f"namespace {ns or '(none)'!r} has {lim.max_acquires_per_namespace} Acquire calls in flight"
+                    " (--max-acquires-per-namespace): let some be granted or withdrawn, then retry"
+                )
             if sum(self._inflight.values()) >= lim.max_acquires:
                 self._refused(ns, "total-cap")
                 raise Busy(f"the orchestrator has {lim.max_acquires} Acquire calls in flight (--max-acquires); retry")
@@ -189,8 +199,9 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
             ns = self._job(request.job, context)
             if request.role not in ROLES:
                 self._refused(ns, "role")
-                raise ValueError(f"role {request.role!r} is not one of {', '.join(sorted(r for r in ROLES if r))}"
-                                 " (or empty)")  # fmt: skip
+                raise ValueError(
+                    f"role {request.role!r} is not one of {', '.join(sorted(r for r in ROLES if r))} (or empty)"
+                )
             key = group_key(request.group, ns)
             with self._slot(ns):
                 name, group = request.job.partition("/")[2] or request.job, split_key(key)[1]
@@ -203,11 +214,23 @@ class Servicer(pb_grpc.TimeSliceOrchestratorServicer):
                     self._refused(ns, "not-member")
                     raise
                 context.add_callback(lambda: self.orch.wake(key))
-                r = self.orch.acquire(key, request.job, request.role, clamp(prio, self.limits.max_priority), deadline,
-                                      alive=context.is_active)  # fmt: skip
-            return pb.AcquireResponse(fencing_token=r.token, lease_ttl_s=r.lease_ttl_s, was_resident=r.was_resident,
-                                      wait_s=r.wait_s, suspend_s=r.suspend_s, restore_s=r.restore_s,
-                                      grant_overhead_s=r.grant_overhead_s)  # fmt: skip
+                r = self.orch.acquire(
+                    key,
+                    request.job,
+                    request.role,
+                    clamp(prio, self.limits.max_priority),
+                    deadline,
+                    alive=context.is_active,
+                )
+            return pb.AcquireResponse(
+                fencing_token=r.token,
+                lease_ttl_s=r.lease_ttl_s,
+                was_resident=r.was_resident,
+                wait_s=r.wait_s,
+                suspend_s=r.suspend_s,
+                restore_s=r.restore_s,
+                grant_overhead_s=r.grant_overhead_s,
+            )
         raise AssertionError("unreachable")
 
     def Yield(self, request: pb.YieldRequest, context: grpc.ServicerContext) -> pb.YieldResponse:
@@ -288,9 +311,15 @@ class Tls:
             return (0.0, 0.0)
 
 
-def grpc_server(orch: Orchestrator, address: str, max_rpcs: int | None = None, auth: ReviewCache | None = None,
-                members: Members | None = None, limits: Limits | None = None,
-                tls: Tls | None = None) -> tuple[grpc.Server, int]:  # fmt: skip
+def grpc_server(
+    orch: Orchestrator,
+    address: str,
+    max_rpcs: int | None = None,
+    auth: ReviewCache | None = None,
+    members: Members | None = None,
+    limits: Limits | None = None,
+    tls: Tls | None = None,
+) -> tuple[grpc.Server, int]:
     """A started gRPC server on ``address`` (``HOST:PORT``, port 0 = ephemeral) and its port; TLS with
     ``tls``, plaintext without (the caller decided: ``--insecure``). ``max_rpcs`` (default: the
     Acquire cap plus the reserved threads) sizes the thread pool and the concurrent-call limit."""
@@ -301,8 +330,9 @@ def grpc_server(orch: Orchestrator, address: str, max_rpcs: int | None = None, a
     if limits.max_acquires > cap:
         per_ns = min(limits.max_acquires_per_namespace, cap)
         limits = dataclasses.replace(limits, max_acquires=cap, max_acquires_per_namespace=per_ns)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="ts-grpc"),
-                         maximum_concurrent_rpcs=max_rpcs)  # fmt: skip
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="ts-grpc"), maximum_concurrent_rpcs=max_rpcs
+    )
     servicer = Servicer(orch, auth, members, limits)
     pb_grpc.add_TimeSliceOrchestratorServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
@@ -323,8 +353,14 @@ class Lock(Protocol):
 class Elector:
     """Holds the leader Lease; ``leading()`` is true only within a lease duration of the last renewal."""
 
-    def __init__(self, lock: Lock | None, identity: str, duration_s: int, renew_s: float,
-                 on_change: Callable[[bool], None] = lambda lead: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lock: Lock | None,
+        identity: str,
+        duration_s: int,
+        renew_s: float,
+        on_change: Callable[[bool], None] = lambda lead: None,
+    ) -> None:
         if lock is not None and renew_s >= duration_s:
             raise ValueError(f"lease-renew ({renew_s}s) must be shorter than lease-duration ({duration_s}s)")
         self.lock = lock

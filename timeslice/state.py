@@ -114,15 +114,19 @@ def validate_name(kind: str, value: str) -> None:
 def validate_label(kind: str, value: str) -> None:
     """A DNS-1123 label: lower-case letters, digits and '-', 1-63 characters (a Kubernetes name)."""
     if len(value) > 63 or not _LABEL.match(value):
-        raise ValueError(f"{kind} must be a DNS-1123 label (1-63 characters of a-z, 0-9 and '-', starting and "
-                         f"ending with a letter or digit), got {value!r}")  # fmt: skip
+        raise ValueError(
+            f"{kind} must be a DNS-1123 label (1-63 characters of a-z, 0-9 and '-', starting and "
+            f"ending with a letter or digit), got {value!r}"
+        )
 
 
 def validate_label_value(kind: str, value: str) -> None:
     """A Kubernetes label value, not empty (a job's name is its workers' rose.io/elastic-rl-job label)."""
     if len(value) > 63 or not _LABEL_VALUE.match(value):
-        raise ValueError(f"{kind} must be 1-63 characters of letters, digits, '-', '_' and '.', starting and "
-                         f"ending with a letter or digit, got {value!r}")  # fmt: skip
+        raise ValueError(
+            f"{kind} must be 1-63 characters of letters, digits, '-', '_' and '.', starting and "
+            f"ending with a letter or digit, got {value!r}"
+        )
 
 
 def group_key(group: str, namespace: str) -> str:
@@ -131,8 +135,10 @@ def group_key(group: str, namespace: str) -> str:
     ``namespace`` is refused (a group belongs to one namespace). ValueError naming what to fix."""
     ns, sep, name = group.rpartition("/")
     if sep and ns != namespace:
-        raise PermissionError(f"group {group!r} belongs to namespace {ns!r}, not the caller's namespace "
-                              f"{namespace or '(none)'!r}: a job acquires only its own namespace's groups")  # fmt: skip
+        raise PermissionError(
+            f"group {group!r} belongs to namespace {ns!r}, not the caller's namespace "
+            f"{namespace or '(none)'!r}: a job acquires only its own namespace's groups"
+        )
     validate_label("group", name)
     if not namespace:
         return name
@@ -174,16 +180,20 @@ def expire(g: Group, now: float) -> Group:
 
 def check_token(g: Group, job: str, token: int, now: float, what: str) -> None:
     if g.hold_ended == f"{job}:{token}" and (token != g.token or g.holder != job):
-        raise Refused(f"{what} by {job} with fencing token {token} refused: its grant of {g.name} reached the "
-                      f"maximum hold of {g.max_hold_s:g}s (--max-hold) and the group went on; Yield at the end of "
-                      "each phase and Acquire again")  # fmt: skip
+        raise Refused(
+            f"{what} by {job} with fencing token {token} refused: its grant of {g.name} reached the "
+            f"maximum hold of {g.max_hold_s:g}s (--max-hold) and the group went on; Yield at the end of "
+            "each phase and Acquire again"
+        )
     if token != g.token or g.holder != job:
         holder = f"{g.holder} with token {g.token}" if g.holder else f"nobody (token {g.token})"
         raise Refused(f"{what} by {job} with fencing token {token} refused: group {g.name} is held by {holder}")
     if g.held_too_long(now):
-        raise Refused(f"{what} by {job} with fencing token {token} refused: its grant of {g.name} reached the "
-                      f"maximum hold of {g.max_hold_s:g}s (--max-hold); Yield at the end of each phase and Acquire "
-                      "again (the state stays resident when nobody waits)")  # fmt: skip
+        raise Refused(
+            f"{what} by {job} with fencing token {token} refused: its grant of {g.name} reached the "
+            f"maximum hold of {g.max_hold_s:g}s (--max-hold); Yield at the end of each phase and Acquire "
+            "again (the state stays resident when nobody waits)"
+        )
     if g.expired(now):
         raise Refused(f"{what} by {job} with fencing token {token} refused: its lease on {g.name} expired")
 
@@ -222,9 +232,19 @@ def grant(g: Group, job: str, now: float, switch_deadline: float = 0.0) -> tuple
         was_resident = False
     waiter = g.waiting(job)
     waiters = tuple(w for w in g.waiters if w.job != job and (w.live or w.orphan_until >= now))
-    new = replace(g, holder=job, holder_role=waiter.role if waiter else g.holder_role, token=token, renewed=now,
-                  granted=now, previous=g.resident, resident=job, switching=not was_resident,
-                  switch_deadline=switch_deadline, waiters=waiters)  # fmt: skip
+    new = replace(
+        g,
+        holder=job,
+        holder_role=waiter.role if waiter else g.holder_role,
+        token=token,
+        renewed=now,
+        granted=now,
+        previous=g.resident,
+        resident=job,
+        switching=not was_resident,
+        switch_deadline=switch_deadline,
+        waiters=waiters,
+    )
     return new, Grant(job, token, out, was_resident)
 
 

@@ -101,8 +101,17 @@ def from_lease(doc: dict[str, Any]) -> Group:
         raise ValueError(f"Lease {meta.get('name')!r} has no {A_GROUP} annotation: not a timeslice group")
     try:
         queue = json.loads(ann.get(A_QUEUE) or "[]")
-        waiters = tuple(Waiter(str(w["job"]), str(w.get("role", "")), float(w["since"]), int(w.get("priority", 0)),
-                               True, float(w.get("orphanUntil", 0.0))) for w in queue)  # fmt: skip
+        waiters = tuple(
+            Waiter(
+                str(w["job"]),
+                str(w.get("role", "")),
+                float(w["since"]),
+                int(w.get("priority", 0)),
+                True,
+                float(w.get("orphanUntil", 0.0)),
+            )
+            for w in queue
+        )
         ttl = float(ann.get(A_TTL) or spec.get("leaseDurationSeconds") or 10)
         renewed = parse_rfc3339(spec["renewTime"]).timestamp() if spec.get("renewTime") else 0.0
         switch_deadline = float(ann.get(A_SWITCH_DEADLINE) or 0.0)
@@ -110,12 +119,22 @@ def from_lease(doc: dict[str, Any]) -> Group:
         granted = float(ann.get(A_GRANTED) or renewed)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"Lease {meta.get('name')!r} of group {name!r} is unreadable: {e}") from None
-    return Group(name=str(name), lease_ttl_s=ttl, holder=str(spec.get("holderIdentity") or ""),
-                 holder_role=str(ann.get(A_ROLE) or ""), token=int(spec.get("leaseTransitions") or 0),
-                 renewed=renewed, resident=str(ann.get(A_RESIDENT) or ""), previous=str(ann.get(A_PREVIOUS) or ""),
-                 switching=ann.get(A_SWITCHING) == "true", switch_deadline=switch_deadline,
-                 waiters=waiters, max_hold_s=max_hold, granted=granted,
-                 hold_ended=str(ann.get(A_HOLD_ENDED) or ""))  # fmt: skip
+    return Group(
+        name=str(name),
+        lease_ttl_s=ttl,
+        holder=str(spec.get("holderIdentity") or ""),
+        holder_role=str(ann.get(A_ROLE) or ""),
+        token=int(spec.get("leaseTransitions") or 0),
+        renewed=renewed,
+        resident=str(ann.get(A_RESIDENT) or ""),
+        previous=str(ann.get(A_PREVIOUS) or ""),
+        switching=ann.get(A_SWITCHING) == "true",
+        switch_deadline=switch_deadline,
+        waiters=waiters,
+        max_hold_s=max_hold,
+        granted=granted,
+        hold_ended=str(ann.get(A_HOLD_ENDED) or ""),
+    )
 
 
 class MemoryStore:

@@ -182,8 +182,9 @@ def test_the_client_sends_its_serviceaccount_token(tmp_path: Path) -> None:
         return users[token]
 
     orch = Orchestrator(MemoryStore(), None, settings=Settings(lease_ttl_s=30.0))
-    server, port = grpc_server(orch, "127.0.0.1:0", 8, auth=ReviewCache(review, lambda: 0.0, ttl_s=0.0),
-                               tls=Tls(CERTS[-1].cert, CERTS[-1].key))  # fmt: skip
+    server, port = grpc_server(
+        orch, "127.0.0.1:0", 8, auth=ReviewCache(review, lambda: 0.0, ttl_s=0.0), tls=Tls(CERTS[-1].cert, CERTS[-1].key)
+    )
     token, target = tmp_path / "token", f"127.0.0.1:{port}"
     clients: list[TimeSliceOrchestratorClient] = []
 

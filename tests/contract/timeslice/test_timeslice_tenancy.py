@@ -68,12 +68,18 @@ def _review(token: str) -> str:
 
 
 class Served:
-    def __init__(self, settings: Settings | None = None, limits: Limits | None = None, max_rpcs: int | None = None,
-                 review: Any = _review) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        limits: Limits | None = None,
+        max_rpcs: int | None = None,
+        review: Any = _review,
+    ) -> None:
         self.orch = Orchestrator(MemoryStore(), NoopHandover(), settings=settings or Settings(lease_ttl_s=30.0))
         self.members = TablePods()
-        self.server, port = grpc_server(self.orch, "127.0.0.1:0", max_rpcs, ReviewCache(review, time.monotonic),
-                                        self.members, limits)  # fmt: skip
+        self.server, port = grpc_server(
+            self.orch, "127.0.0.1:0", max_rpcs, ReviewCache(review, time.monotonic), self.members, limits
+        )
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = pb_grpc.TimeSliceOrchestratorStub(self.channel)  # type: ignore[no-untyped-call]
 
@@ -177,8 +183,10 @@ def test_a_grant_has_a_maximum_hold(served: Served) -> None:
             raise AssertionError("the holder renewed past its maximum hold")
         t.join(10)
         assert got and got[0].fencing_token == a.fencing_token + 1
-        assert s.orch.metrics.registry.get_sample_value("rose_timeslice_max_hold_reached_total",
-                                                        {"group": "team-a/g"}) == 1  # fmt: skip
+        assert (
+            s.orch.metrics.registry.get_sample_value("rose_timeslice_max_hold_reached_total", {"group": "team-a/g"})
+            == 1
+        )
     finally:
         s.close()
 
@@ -214,16 +222,19 @@ def test_one_namespace_cannot_exhaust_the_orchestrator() -> None:
         flood = [pool.submit(_refused, _acquire, s.stub, "b", f"team-b/w{i}", B, timeout=3) for i in range(40)]
         time.sleep(0.5)  # the flood is in flight
         for _ in range(3):  # the holder of another namespace renews while team-b floods
-            s.stub.Renew(pb.RenewRequest(group="h", job="team-a/holder", fencing_token=a.fencing_token), timeout=2,
-                         metadata=A)  # fmt: skip
-        s.stub.Yield(pb.YieldRequest(group="h", job="team-a/holder", fencing_token=a.fencing_token), timeout=2,
-                     metadata=A)  # fmt: skip
+            s.stub.Renew(
+                pb.RenewRequest(group="h", job="team-a/holder", fencing_token=a.fencing_token), timeout=2, metadata=A
+            )
+        s.stub.Yield(
+            pb.YieldRequest(group="h", job="team-a/holder", fencing_token=a.fencing_token), timeout=2, metadata=A
+        )
         assert _acquire(s.stub, "g", "team-a/grpo", A, timeout=2).fencing_token == 1
         codes = [f.result(10) for f in flood]
         exhausted = [d for c, d in codes if c == grpc.StatusCode.RESOURCE_EXHAUSTED]
         assert len(exhausted) >= 40 - 8, codes
-        assert any("namespace 'team-b' has 8 Acquire calls in flight (--max-acquires-per-namespace)" in d
-                   for d in exhausted), exhausted  # fmt: skip
+        assert any(
+            "namespace 'team-b' has 8 Acquire calls in flight (--max-acquires-per-namespace)" in d for d in exhausted
+        ), exhausted
     finally:
         pool.shutdown(wait=True)
         s.close()
@@ -235,8 +246,9 @@ def test_status_of_an_unknown_group_creates_nothing(served: Served) -> None:
     for i in range(50):
         code, details = _refused(served.stub.Status, pb.StatusRequest(group=f"nobody-{i}"), timeout=5, metadata=B)
         assert code == grpc.StatusCode.NOT_FOUND and f"group team-b/nobody-{i} has no record" in details
-    code, _ = _refused(served.stub.Renew, pb.RenewRequest(group="nobody", job="team-b/ppo", fencing_token=1),
-                       timeout=5, metadata=B)  # fmt: skip
+    code, _ = _refused(
+        served.stub.Renew, pb.RenewRequest(group="nobody", job="team-b/ppo", fencing_token=1), timeout=5, metadata=B
+    )
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert served.orch._slots == {} and served.orch.store.groups() == []
 
@@ -267,8 +279,16 @@ def test_a_slow_token_review_holds_up_no_other_caller() -> None:
     pool = ThreadPoolExecutor(4)
     try:
         _acquire(s.stub, "g", "team-a/grpo", A)  # tok-a's verdict is cached now
-        slow = [pool.submit(_refused, s.stub.Status, pb.StatusRequest(group="g"), timeout=20,
-                            metadata=[("authorization", "Bearer tok-slow")]) for _ in range(3)]  # fmt: skip
+        slow = [
+            pool.submit(
+                _refused,
+                s.stub.Status,
+                pb.StatusRequest(group="g"),
+                timeout=20,
+                metadata=[("authorization", "Bearer tok-slow")],
+            )
+            for _ in range(3)
+        ]
         _until(lambda: "tok-slow" in reviews, "the slow review started")
         t0 = time.monotonic()
         assert s.stub.Status(pb.StatusRequest(group="g"), timeout=5, metadata=A).holder == "team-a/grpo"
@@ -321,8 +341,12 @@ def test_serve_refuses_to_start_plaintext_or_unauthenticated(tmp_path: Path) -> 
     from timeslice.cli import build_parser
 
     args = build_parser().parse_args(["serve"])
-    assert (args.listen, args.authenticate, args.job_check, args.insecure) == (("127.0.0.1", 50051), "tokenreview",
-                                                                                "pods", False)  # fmt: skip
+    assert (args.listen, args.authenticate, args.job_check, args.insecure) == (
+        ("127.0.0.1", 50051),
+        "tokenreview",
+        "pods",
+        False,
+    )
     kc = tmp_path / "kubeconfig"
     kc.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
     r = _serve_exit("--store", "kubernetes", "--kubeconfig", str(kc))

@@ -42,9 +42,11 @@ def test_serving_wins_against_every_adversary(cluster: ClusterHandle, api: Any) 
         finally:
             if not driver_slices(api, node):  # the session's seed slice back for the other tests
                 client.CustomObjectsApi(api).create_cluster_custom_object(
-                    "resource.k8s.io", "v1", "resourceslices",
+                    "resource.k8s.io",
+                    "v1",
+                    "resourceslices",
                     resource_slice(node, simulated_gpus(node, cluster.gpus_per_node), 1),
-                )  # fmt: skip
+                )
             if os.environ.get("ROSE_E2E_KEEP_DRIVER_LOGS") != "1":
                 shutil.rmtree(root, ignore_errors=True)
     print(table(report))

@@ -24,9 +24,22 @@ KINDS = ("kill-controller", "kill-driver-mid-suspend", "restart-apiserver", "hos
 
 def test_short_soak_keeps_every_invariant_through_faults(tmp_path: Path) -> None:
     series = traces_dir() / "derived" / "servegen_m-large_10min.csv"
-    p = Params(series, hours=4.0, speed=96, faults=4, seed=3, workdir=tmp_path / "soak", kinds=KINDS,
-               trainer_updates=100, drain_s=240, simulate=False, fault_spacing_s=30, host_full_s=20,
-               timeslice=False, gpus_per_node=2)  # fmt: skip
+    p = Params(
+        series,
+        hours=4.0,
+        speed=96,
+        faults=4,
+        seed=3,
+        workdir=tmp_path / "soak",
+        kinds=KINDS,
+        trainer_updates=100,
+        drain_s=240,
+        simulate=False,
+        fault_spacing_s=30,
+        host_full_s=20,
+        timeslice=False,
+        gpus_per_node=2,
+    )
     r = run_soak(p, say=print)
     (tmp_path / "soak.json").write_text(json.dumps(r, indent=1, default=str))
     assert r["ok"], f"{r['failure']}\n" + "\n".join(r.get("timeline", [])[-30:])
@@ -35,8 +48,11 @@ def test_short_soak_keeps_every_invariant_through_faults(tmp_path: Path) -> None
     assert {x["kind"] for x in f["each"]} == set(KINDS)
     assert [h["node"] for h in r["host_memory_full"]], r["host_memory_full"]  # the budget was set, and put back
     # every invariant was checked, not only declared
-    for name in ("no device allocated twice", "no job's suspend count goes back",
-                 "the real trainer's resumes are bit-exact"):  # fmt: skip
+    for name in (
+        "no device allocated twice",
+        "no job's suspend count goes back",
+        "the real trainer's resumes are bit-exact",
+    ):
         assert r["checks"].get(name, 0) >= 1, r["checks"]
     # the serving pods arrived and were prepared on their GPUs, and RL used the rest
     assert r["serving"]["prepares"] >= 2 and r["rl"]["useful_gpu_hours"] > 0

@@ -55,8 +55,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     values = read_series_csv(traces_dir() / "derived" / "servegen_m-large_10min.csv").values[:ROWS].copy()
     values[list(GAPS)] = np.nan
     csv = tmp / "m-large-3d.csv"
-    csv.write_text("t_seconds,requests_per_10min\n" + "".join(
-        f"{BASE + i * STEP},{'' if math.isnan(v) else repr(float(v))}\n" for i, v in enumerate(values)))  # fmt: skip
+    csv.write_text(
+        "t_seconds,requests_per_10min\n"
+        + "".join(f"{BASE + i * STEP},{'' if math.isnan(v) else repr(float(v))}\n" for i, v in enumerate(values))
+    )
     lines = ["# HELP rose_serving_demand Serving demand (requests per 10 min).", "# TYPE rose_serving_demand gauge"]
     for i, v in enumerate(values):
         if not math.isnan(v):
@@ -64,8 +66,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             lines.append(f'rose_serving_demand{{pool="b"}} {float(v) / 2!r} {BASE + i * STEP}')
     lines.append("# EOF")
     (tmp / "history.om").write_text("\n".join(lines) + "\n")
-    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"), str(tmp / "tsdb")],
-                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"), str(tmp / "tsdb")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     cfg = "global:\n  scrape_interval: 1m\nscrape_configs: []\n"
     with prometheus(cfg, tmp, tsdb=tmp / "tsdb", extra=["--storage.tsdb.retention.time=3650d"]) as prom:
         deadline = time.monotonic() + 120

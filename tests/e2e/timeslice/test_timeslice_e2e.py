@@ -137,30 +137,41 @@ def _lease(api: Any, group: str, ns: str) -> dict[str, Any]:
     from kubernetes import client
 
     lease = client.CoordinationV1Api(api).read_namespaced_lease(lease_name(group, ns), "default")
-    return {"holder": lease.spec.holder_identity or "", "token": lease.spec.lease_transitions or 0,
-            "switching": (lease.metadata.annotations or {}).get("rose.io/timeslice-switching")}  # fmt: skip
+    return {
+        "holder": lease.spec.holder_identity or "",
+        "token": lease.spec.lease_transitions or 0,
+        "switching": (lease.metadata.annotations or {}).get("rose.io/timeslice-switching"),
+    }
 
 
 def _group() -> str:
     return f"e2e-{uuid.uuid4().hex[:8]}"
 
 
-def test_sigkilled_holder_is_fenced_and_the_waiter_granted(cluster: ClusterHandle, api: Any, tmp_path: Path,
-                                                            tenant: Tenant, tls: Any) -> None:  # fmt: skip
+def test_sigkilled_holder_is_fenced_and_the_waiter_granted(
+    cluster: ClusterHandle, api: Any, tmp_path: Path, tenant: Tenant, tls: Any
+) -> None:
     orch = Orch(cluster, tmp_path, "orch-a", f"ts-leader-{uuid.uuid4().hex[:6]}", tls=tls).start()
     group = _group()
     dead, nxt, md = tenant.job("dead", group), tenant.job("next", group), tenant.md
     with orchestrators(orch):
         orch.wait_ready()
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, orch.target, group, dead, str(tls.ca), tenant.token],
-                                  cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE)  # fmt: skip
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, orch.target, group, dead, str(tls.ca), tenant.token],
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         assert holder.stdout is not None
         dead_token = int(holder.stdout.readline())
         stub = orch.stub()
         got: list[Any] = []
-        waiter = threading.Thread(target=lambda: got.append(stub.Acquire(
-            pb.AcquireRequest(group=group, job=nxt, role="sampler"), timeout=2 * TTL, metadata=md)))  # fmt: skip
+        waiter = threading.Thread(
+            target=lambda: got.append(
+                stub.Acquire(pb.AcquireRequest(group=group, job=nxt, role="sampler"), timeout=2 * TTL, metadata=md)
+            )
+        )
         waiter.start()
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
@@ -208,9 +219,9 @@ def _until(check: Any, what: str, tries: int = 400) -> Any:
     raise AssertionError(f"never: {what}")
 
 
-def test_orchestrator_killed_mid_hand_over_restarts_with_one_holder(cluster: ClusterHandle, api: Any,
-                                                                   tmp_path: Path, tenant: Tenant,
-                                                                   tls: Any) -> None:  # fmt: skip
+def test_orchestrator_killed_mid_hand_over_restarts_with_one_holder(
+    cluster: ClusterHandle, api: Any, tmp_path: Path, tenant: Tenant, tls: Any
+) -> None:
     orch = Orch(cluster, tmp_path, "orch-1", f"ts-leader-{uuid.uuid4().hex[:6]}", "--handover", "delay",
                 "--handover-delay", "2s", tls=tls).start()  # fmt: skip
     group = _group()
@@ -240,8 +251,9 @@ def test_orchestrator_killed_mid_hand_over_restarts_with_one_holder(cluster: Clu
         assert final == {"holder": jb, "token": got_b[0].fencing_token, "switching": "false"}
 
 
-def test_two_replicas_only_the_leader_grants(cluster: ClusterHandle, api: Any, tmp_path: Path, tenant: Tenant,
-                                             tls: Any) -> None:  # fmt: skip
+def test_two_replicas_only_the_leader_grants(
+    cluster: ClusterHandle, api: Any, tmp_path: Path, tenant: Tenant, tls: Any
+) -> None:
     lease = f"ts-leader-{uuid.uuid4().hex[:6]}"
     one = Orch(cluster, tmp_path, "replica-1", lease, tls=tls).start()
     two = Orch(cluster, tmp_path, "replica-2", lease, tls=tls)
@@ -272,8 +284,9 @@ def _metrics_up(o: Orch) -> bool:
         return False
 
 
-def test_callers_are_checked_by_token_review(cluster: ClusterHandle, api: Any, tmp_path: Path, tenant: Tenant,
-                                             tls: Any) -> None:  # fmt: skip
+def test_callers_are_checked_by_token_review(
+    cluster: ClusterHandle, api: Any, tmp_path: Path, tenant: Tenant, tls: Any
+) -> None:
     orch = Orch(cluster, tmp_path, "orch-auth", f"ts-leader-{uuid.uuid4().hex[:6]}", tls=tls).start()
     group = _group()
     jx, ok = tenant.job("x", group), tenant.md
@@ -282,10 +295,11 @@ def test_callers_are_checked_by_token_review(cluster: ClusterHandle, api: Any, t
         stub = orch.stub()
         r = stub.Acquire(pb.AcquireRequest(group=group, job=jx), timeout=30, metadata=ok)
         stub.Yield(pb.YieldRequest(group=group, job=jx, fencing_token=r.fencing_token), metadata=ok)
-        for job, metadata, code in (("other/x", ok, grpc.StatusCode.PERMISSION_DENIED),
-                                    (jx, [], grpc.StatusCode.UNAUTHENTICATED),
-                                    (jx, [("authorization", "Bearer forged")],
-                                     grpc.StatusCode.UNAUTHENTICATED)):  # fmt: skip
+        for job, metadata, code in (
+            ("other/x", ok, grpc.StatusCode.PERMISSION_DENIED),
+            (jx, [], grpc.StatusCode.UNAUTHENTICATED),
+            (jx, [("authorization", "Bearer forged")], grpc.StatusCode.UNAUTHENTICATED),
+        ):
             with pytest.raises(grpc.RpcError) as e:
                 stub.Acquire(pb.AcquireRequest(group=group, job=job), timeout=30, metadata=metadata)
             assert e.value.code() == code, e.value.details()
@@ -301,8 +315,9 @@ def test_callers_are_checked_by_token_review(cluster: ClusterHandle, api: Any, t
         assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value.details()
 
 
-def test_tenants_are_isolated_by_namespace_pods_and_priority_class(cluster: ClusterHandle, api: Any, tmp_path: Path,
-                                                                   tls: Any) -> None:  # fmt: skip
+def test_tenants_are_isolated_by_namespace_pods_and_priority_class(
+    cluster: ClusterHandle, api: Any, tmp_path: Path, tls: Any
+) -> None:
     """Issue 22, finding 3 and 7 on the real API server: team-b's job in a group named like team-a's
     gets a group (and a Lease) of its own and cannot name team-a's; a job without worker pods is
     refused before it takes a place; a waiter's priority is its pods' spec.priority, from their
@@ -346,8 +361,10 @@ def test_tenants_are_isolated_by_namespace_pods_and_priority_class(cluster: Clus
             ]
             for t in threads:
                 t.start()
-            _until(lambda: len(stub.Status(pb.StatusRequest(group=group), timeout=10, metadata=team_a.md).waiters) == 2,
-                   "both team-a waiters queued")  # fmt: skip
+            _until(
+                lambda: len(stub.Status(pb.StatusRequest(group=group), timeout=10, metadata=team_a.md).waiters) == 2,
+                "both team-a waiters queued",
+            )
             stub.Yield(pb.YieldRequest(group=group, job=holder, fencing_token=a.fencing_token), metadata=team_a.md)
             _until(lambda: got, "a grant")
             assert got == [high], "the PriorityClass decides, not the request's priority"
@@ -356,8 +373,9 @@ def test_tenants_are_isolated_by_namespace_pods_and_priority_class(cluster: Clus
             for t in threads:
                 t.join(30)
             with grpc.insecure_channel(orch.target) as plain, pytest.raises(grpc.RpcError) as e:
-                pb_grpc.TimeSliceOrchestratorStub(plain).Status(pb.StatusRequest(group=group), timeout=5,
-                                                                metadata=team_a.md)  # fmt: skip
+                pb_grpc.TimeSliceOrchestratorStub(plain).Status(
+                    pb.StatusRequest(group=group), timeout=5, metadata=team_a.md
+                )
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         team_a.close()

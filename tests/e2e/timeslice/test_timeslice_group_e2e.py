@@ -67,8 +67,12 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
             wait_for("controller metrics up", lambda: _ready(cport, "/metrics"), 30)
             wait_for("orchestrator ready (leader)", lambda: _ready(omport, "/readyz"), 60)
             with sec.channel(f"127.0.0.1:{oport}", tls) as ch:
-                yield {"ns": ns, "stub": pb_grpc.TimeSliceOrchestratorStub(ch), "tmp": tmp_path,
-                       "md": sec.bearer(sec.sa_token(api, ns))}  # fmt: skip
+                yield {
+                    "ns": ns,
+                    "stub": pb_grpc.TimeSliceOrchestratorStub(ch),
+                    "tmp": tmp_path,
+                    "md": sec.bearer(sec.sa_token(api, ns)),
+                }
     finally:
         for log in ("controller.log", "orchestrator.log"):
             with contextlib.suppress(OSError):
@@ -77,15 +81,30 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
 
 
 def _apply(cluster: ClusterHandle, ns: str, name: str) -> None:
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": ns},
-            "spec": {"minGPUs": 2, "maxGPUs": 2, "gpusPerWorker": 1, "timesliceGroup": GROUP,
-                     "minUsefulRunSeconds": 60,
-                     "template": {"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}}}}  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "minGPUs": 2,
+            "maxGPUs": 2,
+            "gpusPerWorker": 1,
+            "timesliceGroup": GROUP,
+            "minUsefulRunSeconds": 60,
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}},
+        },
+    }
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.fail("kubectl is not on PATH: the test applies the jobs as a user would")
-    out = subprocess.run([kubectl, f"--kubeconfig={cluster.kubeconfig}", "apply", "-f", "-"], input=json.dumps(body),
-                         text=True, capture_output=True, timeout=60, check=False)  # fmt: skip
+    out = subprocess.run(
+        [kubectl, f"--kubeconfig={cluster.kubeconfig}", "apply", "-f", "-"],
+        input=json.dumps(body),
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
 
 

@@ -48,14 +48,26 @@ def _docs(install_ns: str) -> list[dict[str, Any]]:
 
 
 def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KUBECTL, f"--kubeconfig={kubeconfig}", *args], check=False, input=stdin,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={kubeconfig}", *args],
+        check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _pod(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "tenant", **labels}},
-            "spec": {"nodeSelector": {"rose.io/none": "nowhere"},
-                     "containers": [{"name": "main", "image": "registry.invalid/rose/fake:1"}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "tenant", **labels}},
+        "spec": {
+            "nodeSelector": {"rose.io/none": "nowhere"},
+            "containers": [{"name": "main", "image": "registry.invalid/rose/fake:1"}],
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +134,14 @@ def test_the_orchestrator_may_write_only_its_hand_over_annotations(world: dict[s
     body = _ann(rose_io_suspend_request=_request("timeslice"), rose_io_fencing_token=f"{key}:1")
     out = raw.json("PATCH", worker, body=body, content_type=MERGE)
     assert out["metadata"]["annotations"]["rose.io/fencing-token"] == f"{key}:1"
-    out = raw.json("PATCH", worker, body=_ann(rose_io_suspend_request=None, rose_io_fencing_token=f"{key}:2"),
-                   content_type=MERGE)  # fmt: skip
+    out = raw.json(
+        "PATCH", worker, body=_ann(rose_io_suspend_request=None, rose_io_fencing_token=f"{key}:2"), content_type=MERGE
+    )
     assert "rose.io/suspend-request" not in out["metadata"]["annotations"]
     # another owner's request is not its to withdraw
-    r = _kubectl(world["kubeconfig"], "annotate", "pod/worker-0", "-n", ns,
-                 "rose.io/suspend-request=" + _request("planner"))  # fmt: skip
+    r = _kubectl(
+        world["kubeconfig"], "annotate", "pod/worker-0", "-n", ns, "rose.io/suspend-request=" + _request("planner")
+    )
     assert r.returncode == 0, r.stderr
     assert "only its own suspend requests" in _refused(raw, worker, _ann(rose_io_suspend_request=None))
 
@@ -142,12 +156,17 @@ def _helm_template(tmp: Path, *sets: str) -> subprocess.CompletedProcess[str]:
     helm = cache_dir() / "bin" / f"helm-{os.environ.get('ROSE_HELM_VERSION', pins['HELM_VERSION'])}" / "helm"
     if not helm.is_file():
         pytest.fail(f"{helm} is missing: run hack/build-binaries.sh (it builds helm from helm.sh/helm/v3)")
-    env = dict(os.environ, HELM_CONFIG_HOME=str(tmp / "cfg"), HELM_CACHE_HOME=str(tmp / "cache"),
-               HELM_DATA_HOME=str(tmp / "data"))  # fmt: skip
+    env = dict(
+        os.environ,
+        HELM_CONFIG_HOME=str(tmp / "cfg"),
+        HELM_CACHE_HOME=str(tmp / "cache"),
+        HELM_DATA_HOME=str(tmp / "data"),
+    )
     args = [a for s in sets for a in ("--set", s)]
     cmd = [str(helm), "template", "r", "charts/rose", "-n", "ai-infra", "--kube-version", "v1.37.2", *args]
-    return subprocess.run(cmd, text=True,
-                          capture_output=True, cwd=MANIFESTS.parents[1], env=env, timeout=300, check=False)  # fmt: skip
+    return subprocess.run(
+        cmd, text=True, capture_output=True, cwd=MANIFESTS.parents[1], env=env, timeout=300, check=False
+    )
 
 
 def test_chart_values_cannot_switch_the_orchestrators_protections_off(tmp_path: Path) -> None:

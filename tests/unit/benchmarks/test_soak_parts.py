@@ -49,8 +49,10 @@ def test_fault_plan_is_seeded_spaced_and_draws_every_kind_before_repeating() -> 
 
 def _claim(name: str, *devices: str) -> dict[str, Any]:
     results = [{"pool": "rose-node-0", "device": d} for d in devices]
-    return {"metadata": {"namespace": "soak", "name": name},
-            "status": {"allocation": {"devices": {"results": results}}} if devices else {}}  # fmt: skip
+    return {
+        "metadata": {"namespace": "soak", "name": name},
+        "status": {"allocation": {"devices": {"results": results}}} if devices else {},
+    }
 
 
 def test_devices_allocated_twice_names_the_device_and_its_claims() -> None:
@@ -61,8 +63,11 @@ def test_devices_allocated_twice_names_the_device_and_its_claims() -> None:
 
 
 def _job(active: int, target: int | None, gen: int = 2, seen: int = 2) -> dict[str, Any]:
-    return {"metadata": {"generation": gen}, "spec": {"gpusPerWorker": 1},
-            "status": {"observedGeneration": seen, "activeGPUs": active, "targetGPUs": target}}  # fmt: skip
+    return {
+        "metadata": {"generation": gen},
+        "spec": {"gpusPerWorker": 1},
+        "status": {"observedGeneration": seen, "activeGPUs": active, "targetGPUs": target},
+    }
 
 
 def _w(name: str, state: str = "Running", node: str = "n0") -> dict[str, str]:
@@ -103,13 +108,19 @@ def test_params_refuse_an_unknown_serving_wait(tmp_path: Path) -> None:
 
 def test_evictions_losing_state_are_those_without_a_verified_durable_checkpoint() -> None:
     # the line a driver logged in a soak run (host-memory budget full, a simulated occupant)
-    lost = ('{"ts": "2026-12-01T22:18:13.267Z", "level": "info", "logger": "rose.driver.kube", "msg": '
-            '"evicting lent workload", "pod": "soak/elastic-a-w0", "reason": "cooperative suspend failed '
-            '(failed): suspend refused: 68719476736 B of state does not fit the host-memory budget"}')  # fmt: skip
-    kept = ('{"msg": "evicting lent workload", "pod": "soak/t-w0", "reason": "suspend refused: ...; fallback: durable '
-            'checkpoint /ckpt/t/3.pt (sha256 ab12… verified) written in 0.2s; evicting pod soak/t-w0"}')  # fmt: skip
+    lost = (
+        '{"ts": "2026-12-01T22:18:13.267Z", "level": "info", "logger": "rose.driver.kube", "msg": '
+        '"evicting lent workload", "pod": "soak/elastic-a-w0", "reason": "cooperative suspend failed '
+        '(failed): suspend refused: 68719476736 B of state does not fit the host-memory budget"}'
+    )
+    kept = (
+        '{"msg": "evicting lent workload", "pod": "soak/t-w0", "reason": "suspend refused: ...; fallback: durable '
+        'checkpoint /ckpt/t/3.pt (sha256 ab12… verified) written in 0.2s; evicting pod soak/t-w0"}'
+    )
     other = '{"msg": "claim prepared", "pod": "soak/x"}'
     out = evictions_losing_state([other, lost, kept, "not json evicting lent workload", ""])
-    assert out == ["soak/elastic-a-w0: cooperative suspend failed (failed): suspend refused: 68719476736 B of state "
-                   "does not fit the host-memory budget"]  # fmt: skip
+    assert out == [
+        "soak/elastic-a-w0: cooperative suspend failed (failed): suspend refused: 68719476736 B of state "
+        "does not fit the host-memory budget"
+    ]
     assert evictions_losing_state([kept, other]) == []

@@ -50,11 +50,19 @@ def test_a_hand_over_seen_step_by_step_never_has_two_holders() -> None:
 
 
 def _lease(token: int, switching: bool = False, holder: str = "soak/ts-a") -> dict[str, Any]:
-    return {"metadata": {"name": "ts-soak-tsg-x", "annotations": {
-                tl.A_GROUP: "tsg", tl.A_NAMESPACE: "soak", tl.A_RESIDENT: holder,
-                tl.A_SWITCHING: "true" if switching else "false", tl.A_TTL: "10"}},
-            "spec": {"holderIdentity": holder, "leaseTransitions": token,
-                     "renewTime": "2026-12-02T01:00:00.000000Z"}}  # fmt: skip
+    return {
+        "metadata": {
+            "name": "ts-soak-tsg-x",
+            "annotations": {
+                tl.A_GROUP: "tsg",
+                tl.A_NAMESPACE: "soak",
+                tl.A_RESIDENT: holder,
+                tl.A_SWITCHING: "true" if switching else "false",
+                tl.A_TTL: "10",
+            },
+        },
+        "spec": {"holderIdentity": holder, "leaseTransitions": token, "renewTime": "2026-12-02T01:00:00.000000Z"},
+    }
 
 
 def test_group_converged_needs_a_settled_grant_after_the_fault() -> None:
@@ -69,8 +77,11 @@ def test_group_converged_needs_a_settled_grant_after_the_fault() -> None:
 
 def test_group_member_ready_follows_its_target_not_which_member_runs() -> None:
     def job(target: int | None, gen: int = 2, seen: int = 2) -> dict[str, Any]:
-        return {"metadata": {"generation": gen}, "spec": {"gpusPerWorker": 1, "maxGPUs": 1},
-                "status": {"observedGeneration": seen, "targetGPUs": target, "activeGPUs": 0}}  # fmt: skip
+        return {
+            "metadata": {"generation": gen},
+            "spec": {"gpusPerWorker": 1, "maxGPUs": 1},
+            "status": {"observedGeneration": seen, "targetGPUs": target, "activeGPUs": 0},
+        }
 
     assert group_member_ready(job(1), [_w("Suspended")]) == ""  # waiting for the group: suspended at its target
     assert group_member_ready(job(0), []) == ""

@@ -46,22 +46,36 @@ STEP = 600
 
 def raw_job(name: str = "grpo", lo: int = 2, hi: int = 4, **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob",
+        "apiVersion": "elastic.rose.io/v1alpha1",
+        "kind": "ElasticRLJob",
         "metadata": {"name": name, "namespace": "rl", "uid": f"u-{name}", "generation": 1, "resourceVersion": "1"},
-        "spec": {"minGPUs": lo, "maxGPUs": hi, "gpusPerWorker": 1, "stateBytesPerWorker": GIB16,
-                 "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}}, **spec},
-    }  # fmt: skip
+        "spec": {
+            "minGPUs": lo,
+            "maxGPUs": hi,
+            "gpusPerWorker": 1,
+            "stateBytesPerWorker": GIB16,
+            "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
+            **spec,
+        },
+    }
 
 
 def burst_demand(pool: int = 8) -> Demand:
     """1 day of history at 2 GPUs, then 2 h 10 min at 2, 1 h at all 8, the rest of 5 h at 2 (10-minute points)."""
     values = np.array([2.0] * 144 + [2.0] * 13 + [8.0] * 6 + [2.0] * 11)
-    return demand_from_values(0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=pool, capacity_per_gpu=1.0,
-                              min_evaluated_s=3600)  # fmt: skip
+    return demand_from_values(
+        0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=pool, capacity_per_gpu=1.0, min_evaluated_s=3600
+    )
 
 
-def run_policy(policy: Policy, demand: Demand, jobs: list[dict[str, Any]] | None = None, pool: int = 8,
-               record: bool = False, host_memory: int | None = None) -> Simulation:  # fmt: skip
+def run_policy(
+    policy: Policy,
+    demand: Demand,
+    jobs: list[dict[str, Any]] | None = None,
+    pool: int = 8,
+    record: bool = False,
+    host_memory: int | None = None,
+) -> Simulation:
     sims = parse_jobs([("t", j) for j in (jobs or [raw_job()])])
     cfg = SimConfig(pool_gpus=pool, host_memory_bytes=host_memory)
     bounds = bounds_for(demand, cfg, (policy.forecaster,) if policy.forecaster else ())
@@ -194,8 +208,16 @@ def test_timeslice_groups_are_judged_by_timeslices_own_round_model() -> None:
 def _two_pools(pool: int = 8) -> tuple[Demand, PoolInput, SimConfig]:
     """Pool a: the burst of :func:`burst_demand`; pool b: 2 GPUs busy throughout."""
     a = burst_demand(pool)
-    b = demand_from_values(0, np.full(len(a.busy) // 10, 2.0), STEP, tick_s=60, history_s=DAY, pool_gpus=pool,
-                           capacity_per_gpu=1.0, min_evaluated_s=3600)  # fmt: skip
+    b = demand_from_values(
+        0,
+        np.full(len(a.busy) // 10, 2.0),
+        STEP,
+        tick_s=60,
+        history_s=DAY,
+        pool_gpus=pool,
+        capacity_per_gpu=1.0,
+        min_evaluated_s=3600,
+    )
     cfg = SimConfig(pool_gpus=pool, pool_name="a")
     return a, PoolInput("b", pool, b, {}), cfg
 
@@ -204,8 +226,9 @@ def run_two_pools(policy: Policy, job: dict[str, Any]) -> Simulation:
     a, b, cfg = _two_pools()
     fs = (policy.forecaster,) if policy.forecaster else ()
     b = replace(b, bounds=bounds_for(b.demand, replace(cfg, pool_gpus=b.gpus), fs))
-    s = Simulation(a, parse_jobs([("t", job)]), CostModel(), cfg, policy, bounds_for(a, cfg, fs), record=True,
-                   more_pools=(b,))  # fmt: skip
+    s = Simulation(
+        a, parse_jobs([("t", job)]), CostModel(), cfg, policy, bounds_for(a, cfg, fs), record=True, more_pools=(b,)
+    )
     s.run()
     return s
 
@@ -230,8 +253,15 @@ def test_several_pools_the_planner_places_and_serving_reclaims_only_its_own_pool
     assert dedicated.waits == pytest.approx([3600.0] * 6)  # pool a's serving partition (2) is short by 6
     a, b, cfg = _two_pools()
     with pytest.raises(SimInputError, match="must span the same time"):
-        Simulation(a, parse_jobs([("t", job)]), CostModel(), cfg, Policy("reactive", "reactive"), {},
-                   more_pools=(replace(b, demand=replace(b.demand, history=1)),))  # fmt: skip
+        Simulation(
+            a,
+            parse_jobs([("t", job)]),
+            CostModel(),
+            cfg,
+            Policy("reactive", "reactive"),
+            {},
+            more_pools=(replace(b, demand=replace(b.demand, history=1)),),
+        )
 
 
 def test_the_extenders_filter_is_asked_about_every_new_worker() -> None:
@@ -239,8 +269,9 @@ def test_the_extenders_filter_is_asked_about_every_new_worker() -> None:
     planner grows the job at the tick the demand falls (it knows); the extender, seeing serving's GPUs
     as last observed (all 8), would refuse those 4 workers. Persistence grows a tick later: no refusal."""
     values = np.array([8.0] * 144 + [8.0] * 3 + [2.0] * 27)
-    d = demand_from_values(0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0,
-                           min_evaluated_s=3600)  # fmt: skip
+    d = demand_from_values(
+        0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0, min_evaluated_s=3600
+    )
     oracle = run_policy(Policy("planned-oracle", "planned", "oracle"), d).r
     assert oracle.extender_checked == 4 and oracle.extender_refusals == 4
     reactive = run_policy(Policy("reactive", "reactive"), d).r
@@ -271,9 +302,11 @@ def _decisions(s: Simulation, before: float) -> list[tuple[float, str, dict[str,
     return [x for x in s.decisions if x[0] < before]
 
 
-@pytest.mark.parametrize("policy", [p for p in default_policies(("oracle", "baseline", "model"))
-                                    if p.name not in ("planned-oracle", "no-lending")],
-                         ids=lambda p: p.name)  # fmt: skip
+@pytest.mark.parametrize(
+    "policy",
+    [p for p in default_policies(("oracle", "baseline", "model")) if p.name not in ("planned-oracle", "no-lending")],
+    ids=lambda p: p.name,
+)
 def test_leak_changing_demand_after_t_changes_no_decision_before_t(policy: Policy) -> None:
     values = _wavy(3, 1)
     changed = values.copy()
@@ -345,12 +378,14 @@ def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> 
     raw = raw_job()
     t0 = int(NOW.timestamp()) - DAY
     values = np.array([2.0] * 144 + [2.0] * 6 + [7.0] * 6 + [2.0] * 6)
-    d = demand_from_values(t0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0,
-                           min_evaluated_s=3600)  # fmt: skip
+    d = demand_from_values(
+        t0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0, min_evaluated_s=3600
+    )
     cfg = SimConfig(pool_gpus=8, pool_name="pool-a")
     bounds = bounds_for(d, cfg, ("oracle",))
-    sim = Simulation(d, parse_jobs([("t", raw)]), CostModel(), cfg, Policy("planned-oracle", "planned", "oracle"),
-                     bounds)  # fmt: skip
+    sim = Simulation(
+        d, parse_jobs([("t", raw)]), CostModel(), cfg, Policy("planned-oracle", "planned", "oracle"), bounds
+    )
     cache = _Fixed()
     api = Recorder()
     settings = ControllerSettings(plan_interval_s=60.0, dwell_s=300.0)
@@ -413,8 +448,16 @@ def test_cli_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.Capture
                     "--json", str(out), "--markdown", str(md), "--report", str(png)])  # fmt: skip
     assert rc == 0
     report = json.loads(out.read_text())
-    assert list(report["results"]) == ["no-lending", "dedicated", "evict-restart", "reactive", "planned-oracle",
-                                       "planned-baseline", "planned-model", "evict-planned-model"]  # fmt: skip
+    assert list(report["results"]) == [
+        "no-lending",
+        "dedicated",
+        "evict-restart",
+        "reactive",
+        "planned-oracle",
+        "planned-baseline",
+        "planned-model",
+        "evict-planned-model",
+    ]
     assert report["cost_model"]["pin_s"] == 0.5 and report["evaluated_days"] == 1.0
     assert "| planned-oracle |" in md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
     assert "RL useful GPU-h" in capsys.readouterr().out
@@ -458,8 +501,11 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     _one_line_error(capsys, [*prom, "--start", "last tuesday"], "--start 'last tuesday': give epoch seconds")
     _one_line_error(capsys, [*prom, "--start", "now-3x"], "--start 'now-3x'")
     _one_line_error(capsys, [*prom, "--start", "now", "--end", "now-1d"], "must be after --start")
-    _one_line_error(capsys, ["--prometheus", "127.0.0.1:9090", "--query", "up", "--start", "now-3d", "--jobs",
-                             str(jobs)], "give the server's base URL")  # fmt: skip
+    _one_line_error(
+        capsys,
+        ["--prometheus", "127.0.0.1:9090", "--query", "up", "--start", "now-3d", "--jobs", str(jobs)],
+        "give the server's base URL",
+    )
 
 
 def test_prometheus_range_times() -> None:
@@ -479,8 +525,9 @@ def test_cli_several_pools_from_a_yaml(tmp_path: Path, capsys: pytest.CaptureFix
     _series_csv(tmp_path / "b.csv", [float(x) for x in _wavy(2, 4) / 2])
     jobs = _jobs_dir(tmp_path / "jobs", raw_job("w", 2, 12))
     pools = tmp_path / "pools.yaml"
-    pools.write_text("pools:\n- {name: a, gpus: 16, series: a.csv}\n"
-                     "- {name: b, gpus: 8, series: b.csv, peak_util: 0.5}\n")  # fmt: skip
+    pools.write_text(
+        "pools:\n- {name: a, gpus: 16, series: a.csv}\n- {name: b, gpus: 8, series: b.csv, peak_util: 0.5}\n"
+    )
     out = tmp_path / "o.json"
     argv = ["--pools", str(pools), "--jobs", str(jobs), "--history", "1d", "--forecasters", "oracle"]
     argv += ["--json", str(out)]

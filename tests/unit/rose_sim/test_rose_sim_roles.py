@@ -53,8 +53,9 @@ def roles_job(name: str = "grpo-tiny", placement: str = "Lent", **rollout: Any) 
 def burst(peak: float, pool: int = 8) -> Demand:
     """1 day of history at 2 busy GPUs, then 2 h 10 min at 2, 1 h at ``peak``, the rest of 5 h at 2."""
     values = np.array([2.0] * 144 + [2.0] * 13 + [peak] * 6 + [2.0] * 11)
-    return demand_from_values(0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=pool, capacity_per_gpu=1.0,
-                              min_evaluated_s=3600)  # fmt: skip
+    return demand_from_values(
+        0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=pool, capacity_per_gpu=1.0, min_evaluated_s=3600
+    )
 
 
 def simulation(policy: Policy, demand: Demand, jobs: list[dict[str, Any]], pool: int = 8) -> Simulation:
@@ -155,8 +156,13 @@ def test_rollout_workers_are_named_and_pay_pod_start_and_weight_pull() -> None:
     now = float(s.d.start + s.d.history * 60)
     s.carry_out(s.decide(s.d.history, now), now)
     by = {w.name: w for w in s.workers}
-    assert sorted(by) == ["grpo-tiny-rollout-0", "grpo-tiny-rollout-1", "grpo-tiny-rollout-2",
-                          "grpo-tiny-rollout-3", "grpo-tiny-trainer-0"]  # fmt: skip
+    assert sorted(by) == [
+        "grpo-tiny-rollout-0",
+        "grpo-tiny-rollout-1",
+        "grpo-tiny-rollout-2",
+        "grpo-tiny-rollout-3",
+        "grpo-tiny-trainer-0",
+    ]
     cost = CostModel()
     assert by["grpo-tiny-trainer-0"].ready_at == now + cost.pod_start_s
     assert by["grpo-tiny-rollout-0"].ready_at == now + cost.pod_start_s + cost.weight_pull_s
@@ -169,8 +175,12 @@ def test_bad_roles_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     with_group = roles_job()
     with_group["spec"]["timesliceGroup"] = "g"
     long_name = roles_job("a" * 51)
-    for raw, msg in ((bad_range, MSG_ROLLOUT_MIN_LE_MAX), (with_size, MSG_ROLES_EXCLUSIVE),
-                     (with_group, MSG_ROLES_TIMESLICE), (long_name, "must be a DNS label of at most 50")):  # fmt: skip
+    for raw, msg in (
+        (bad_range, MSG_ROLLOUT_MIN_LE_MAX),
+        (with_size, MSG_ROLES_EXCLUSIVE),
+        (with_group, MSG_ROLES_TIMESLICE),
+        (long_name, "must be a DNS label of at most 50"),
+    ):
         with pytest.raises(SimInputError, match=msg) as e:
             parse_jobs([("jobs/x.yaml", raw)])
         assert "\n" not in str(e.value) and str(e.value).startswith("jobs/x.yaml: ")
@@ -195,8 +205,13 @@ def test_cli_reports_a_roles_job(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert planned["steps_by_job"]["rl/grpo-tiny"] > 0 and planned["role_actions"]["rollout_adds"] >= 4
     assert "role_actions" not in report["results"]["no-lending"]
     assert report["cost_model"]["weight_pull_s"] == CostModel().weight_pull_s
-    assert report["jobs"][0]["roles"]["rollout"] == {"minWorkers": 2, "maxWorkers": 4, "gpusPerWorker": 1,
-                                                     "stateBytesPerWorker": 2**28, "reclaim": "Remove"}  # fmt: skip
+    assert report["jobs"][0]["roles"]["rollout"] == {
+        "minWorkers": 2,
+        "maxWorkers": 4,
+        "gpusPerWorker": 1,
+        "stateBytesPerWorker": 2**28,
+        "reclaim": "Remove",
+    }
 
 
 @pytest.mark.parametrize("policy", POLICIES[::2], ids=lambda p: p.name)
@@ -235,17 +250,25 @@ def test_drift_roles_the_simulator_and_the_controllers_plan_loop_decide_the_same
     raw = roles_job()
     t0 = int(NOW.timestamp()) - DAY
     values = np.array([2.0] * 144 + [2.0] * 6 + [5.0] * 6 + [2.0] * 6)
-    d = demand_from_values(t0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0,
-                           min_evaluated_s=3600)  # fmt: skip
+    d = demand_from_values(
+        t0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=8, capacity_per_gpu=1.0, min_evaluated_s=3600
+    )
     cfg = SimConfig(pool_gpus=8, pool_name="pool-a")
     bounds = bounds_for(d, cfg, ("oracle",))
-    sim = Simulation(d, parse_jobs([("t", raw)]), CostModel(), cfg, Policy("planned-oracle", "planned", "oracle"),
-                     bounds)  # fmt: skip
+    sim = Simulation(
+        d, parse_jobs([("t", raw)]), CostModel(), cfg, Policy("planned-oracle", "planned", "oracle"), bounds
+    )
     cache = _Fixed()
     api = RolesRecorder()
     clock = {"now": NOW}
-    ctl = Controller(api, cache, _inventory, ControllerMetrics(), ControllerSettings(plan_interval_s=60.0),
-                     clock=lambda: clock["now"])  # fmt: skip
+    ctl = Controller(
+        api,
+        cache,
+        _inventory,
+        ControllerMetrics(),
+        ControllerSettings(plan_interval_s=60.0),
+        clock=lambda: clock["now"],
+    )
     ctl.on_job_list([copy.deepcopy(raw)])
     seen = 0
     grew = reclaimed = False

@@ -39,8 +39,16 @@ def _bounds(values: list[float]) -> Bounds:
 def test_share_lending_counts_useful_time_reclaims_and_shrinks() -> None:
     """Quarter shares, 60 s ticks, a start-up of 30 s. Bounds 5.5, 5.75, 5.5, 5.5, 5.75: shares 2, 1,
     2, 2, 1. Serving 5.0, 5.0, 5.8 (over 6 - 0.5: the shares are reclaimed), 5.0, 5.0."""
-    r = share_lending(np.array([5.0, 5.0, 5.8, 5.0, 5.0]), _bounds([5.5, 5.75, 5.5, 5.5, 5.75]), history=0,
-                      tick_s=TICK, pool_gpus=8, shares_per_gpu=4, window_s=600, start_s=30.0)  # fmt: skip
+    r = share_lending(
+        np.array([5.0, 5.0, 5.8, 5.0, 5.0]),
+        _bounds([5.5, 5.75, 5.5, 5.5, 5.75]),
+        history=0,
+        tick_s=TICK,
+        pool_gpus=8,
+        shares_per_gpu=4,
+        window_s=600,
+        start_s=30.0,
+    )
     lent_s = (2 + 1 + 2 + 2 + 1) * TICK / 4
     # tick 0: 2 new (30 s each); 1: 1 kept (planned shrink); 2: reclaimed; 3: 2 new; 4: 1 kept (shrink)
     useful_s = (2 * 30 + 60 + 0 + 2 * 30 + 60) / 4
@@ -62,12 +70,22 @@ def test_share_lending_skips_the_history_and_refuses_bad_n() -> None:
 def _job(tmp_path: Path) -> Path:
     d = tmp_path / "jobs"
     d.mkdir()
-    (d / "a.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob",
-        "metadata": {"name": "a", "namespace": "rl", "uid": "u-a", "generation": 1, "resourceVersion": "1"},
-        "spec": {"minGPUs": 1, "maxGPUs": 4, "gpusPerWorker": 1, "stateBytesPerWorker": 2**30,
-                 "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}}},
-    }))  # fmt: skip
+    (d / "a.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "elastic.rose.io/v1alpha1",
+                "kind": "ElasticRLJob",
+                "metadata": {"name": "a", "namespace": "rl", "uid": "u-a", "generation": 1, "resourceVersion": "1"},
+                "spec": {
+                    "minGPUs": 1,
+                    "maxGPUs": 4,
+                    "gpusPerWorker": 1,
+                    "stateBytesPerWorker": 2**30,
+                    "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
+                },
+            }
+        )
+    )
     return d
 
 

@@ -73,10 +73,18 @@ def test_host_dram_held_follows_each_hand_over_per_group_and_job() -> None:
 def test_the_dashboard_has_a_time_slice_row_over_every_issue_13_metric() -> None:
     row = next(r for r in dashboard_spec.ROWS if r.title.startswith("Time-slicing"))
     exprs = " ".join(t.expr for p in row.panels for t in p.targets)
-    for metric in ("rose_timeslice_duty_cycle", "rose_timeslice_wait_seconds_bucket", "rose_timeslice_switch_seconds",
-                   "rose_timeslice_host_state_bytes", "rose_timeslice_bytes_moved_total", "rose_timeslice_grants_total",
-                   "rose_timeslice_fencing_rejections_total", "rose_timeslice_lease_expiries_total",
-                   "rose_rl_steps_per_hour", "rose_rl_samples_per_hour"):  # fmt: skip
+    for metric in (
+        "rose_timeslice_duty_cycle",
+        "rose_timeslice_wait_seconds_bucket",
+        "rose_timeslice_switch_seconds",
+        "rose_timeslice_host_state_bytes",
+        "rose_timeslice_bytes_moved_total",
+        "rose_timeslice_grants_total",
+        "rose_timeslice_fencing_rejections_total",
+        "rose_timeslice_lease_expiries_total",
+        "rose_rl_steps_per_hour",
+        "rose_rl_samples_per_hour",
+    ):
         assert metric in exprs, metric
     rules = {
         r["record"]: r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r

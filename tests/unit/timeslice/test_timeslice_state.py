@@ -62,10 +62,21 @@ def test_rollback_restores_the_previous_resident() -> None:
 
 
 def test_lease_codec_round_trip() -> None:
-    g = Group("ns/trainer-group", lease_ttl_s=2.5, holder="ns/a", holder_role="trainer", token=9,
-              renewed=1.7e9 + 0.25, resident="ns/a", previous="ns/b", switching=True, switch_deadline=1.7e9 + 60,
-              waiters=(state.Waiter("ns/c", "sampler", 1.7e9, 1),), max_hold_s=600.0,
-              granted=1.7e9)  # fmt: skip
+    g = Group(
+        "ns/trainer-group",
+        lease_ttl_s=2.5,
+        holder="ns/a",
+        holder_role="trainer",
+        token=9,
+        renewed=1.7e9 + 0.25,
+        resident="ns/a",
+        previous="ns/b",
+        switching=True,
+        switch_deadline=1.7e9 + 60,
+        waiters=(state.Waiter("ns/c", "sampler", 1.7e9, 1),),
+        max_hold_s=600.0,
+        granted=1.7e9,
+    )
     doc = to_lease(g, "rose-system")
     assert doc["spec"]["leaseTransitions"] == 9 and doc["spec"]["leaseDurationSeconds"] == 3
     assert doc["metadata"]["name"] == lease_name("trainer-group", "ns") == lease_of("ns/trainer-group")
