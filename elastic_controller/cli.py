@@ -119,6 +119,7 @@ def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),
                      inventory, metrics, settings, lease)  # fmt: skip
     ctl.device_memory = inventory.device_memory
+    ctl.share_memory = inventory.smallest_device_memory
     ctl.taint_rules, ctl.lendable_devices = kube.KubeTaintRules(raw), inventory.lendable_devices
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
     listed = Listed(("ElasticRLJobs", "Pods"))  # readiness: both listed once

@@ -247,6 +247,8 @@ class Controller:
         self._stale: set[str] = set()  # pools planned frozen last round (no fresh forecast)
         self._role_series: set[tuple[str, str]] = set()  # (job, role) with rose_controller_role_workers series
         self.device_memory: Callable[[], int | None] = lambda: None  # kube.InventoryStore.device_memory
+        # kube.InventoryStore.smallest_device_memory: a GPU share's memory fraction is of it
+        self.share_memory: Callable[[], int | None] = lambda: None
         # the planner's intent as device taints (issue 27 §2): None, or settings.taint_lead_s < 0: off
         self.taint_rules: TaintRuleApi | None = None
         self.lendable_devices: Callable[[], dict[str, list[tuple[str, str]]]] = dict  # kube.InventoryStore's
@@ -515,6 +517,7 @@ class Controller:
             waiting = {k for k, e in self._expect.items() if e.deadline > mono}
         pj, workers = [], []
         memory = self.device_memory()  # the largest lendable GPU's memory: bounds reported state bytes
+        share_memory = self.share_memory()
         for key, raw in sorted(jobs.items()):
             job = None if objects.deleting(raw) else self._parse(key, raw)
             if job is None:
@@ -528,7 +531,7 @@ class Controller:
                 continue
             rep = workload_report(observed, job.spec, memory)  # the workers' own reports, bounded
             pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority(observed),
-                                  memory))  # fmt: skip
+                                  memory, share_memory))  # fmt: skip
             workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None]
         settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
         return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting
@@ -540,7 +543,8 @@ class Controller:
         start = time.monotonic()
         result = plan(inp)
         if not self.settings.planned:
-            result = without_reclaims(result, {j.key: j.gpus_per_worker for j in inp.jobs})
+            result = without_reclaims(result, {j.key: j.gpus_per_worker for j in inp.jobs},
+                                      {j.key: j.share for j in inp.jobs if j.share > 0})  # fmt: skip
         self.metrics.plan_latency.observe(time.monotonic() - start)
         for r in result.reclaims:
             self.metrics.reclaims.labels("planned").inc(len(r.workers))

@@ -125,10 +125,8 @@ def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget
     removed = tuple(PodRef(w.name, w.uid) for w in (by_name[n] for n in target.remove if n in by_name)
                     if not w.deleting)  # fmt: skip
     state_bytes = job.spec.state_bytes_per_worker
-    create = tuple(
-        worker_pod(job, i, pool, state_bytes) for i, pool in zip(_free_indexes(observed, len(target.add)),
-                                                                  target.add, strict=True)
-    )  # fmt: skip
+    slots = zip(_free_indexes(observed, len(target.add)), target.add, strict=True)
+    create = tuple(worker_pod(job, i, pool, state_bytes, share=target.share) for i, pool in slots)
     sets, clears = _requests(job, by_name, target, now) if owns_suspend_requests(job) else ((), ())
     delete = tuple(dict.fromkeys(lost + removed))
     events = tuple(transitions) + tuple(_event(r) for r in target.reasons) + _left_to_orchestrator(job, target)

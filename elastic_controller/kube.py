@@ -330,6 +330,13 @@ class InventoryStore:
         with self._lock:
             return max(self._memory.values(), default=0) or None
 
+    def smallest_device_memory(self) -> int | None:
+        """The least memory one lendable GPU of the cluster has (bytes; each slice's largest, the
+        smallest of those), None when no slice publishes it: a GPU share's memory fraction is taken
+        of it, so a share's size is never understated."""
+        with self._lock:
+            return min((m for m in self._memory.values() if m > 0), default=0) or None
+
 
 def inventory_informers(
     raw: Raw, store: InventoryStore, on_restart: Callable[[str], None], stop: threading.Event

@@ -23,12 +23,12 @@ import datetime as dt
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from elastic_controller.planner import Job, Worker, WorkerState, role_key
 from elastic_controller.workers import CONTROLLER, dedicated, worker_role_index
-from rose_common import names
+from rose_common import names, slices
 from rose_common.elasticrljob import DEVICE_MEMORY_MAX_BYTES as DEVICE_MEMORY_MAX
 from rose_common.elasticrljob import MAX_GPUS_PER_WORKER, ElasticRLJob, ElasticRLJobSpec, Role
 from rose_common.timefmt import parse_rfc3339
@@ -191,14 +191,35 @@ def role_world_updates(observed: list[ObservedWorker]) -> list[tuple[ObservedWor
     return out
 
 
+# A share as large as a whole GPU (compute 100, or memory of the whole GPU) is planned just below
+# one: the planner's shares are fractions below 1, and such a share still holds its GPU alone.
+MAX_PLANNED_SHARE: Final = 0.999
+
+
+def job_share(spec: ElasticRLJobSpec, gpu_memory: int | None) -> float:
+    """The fraction of one GPU each worker of a job with ``spec.gpuShare`` holds (0: whole GPUs):
+    the request rounded up to the driver's steps, then the larger of memory ÷ ``gpu_memory`` (the
+    smallest lendable GPU's; unknown: the memory is not counted) and compute ÷ 100
+    (``rose_common.slices.share_fraction``, the extender's definition), at most
+    :data:`MAX_PLANNED_SHARE`."""
+    if spec.gpu_share is None:
+        return 0.0
+    memory, compute = slices.share_step_up(spec.gpu_share.memory_bytes, spec.gpu_share.compute)
+    return round(min(MAX_PLANNED_SHARE, slices.share_fraction(memory, compute, gpu_memory or 0)), 6)
+
+
 def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0,
-                class_priority: int = 0, device_memory: int | None = None) -> Job:  # fmt: skip
+                class_priority: int = 0, device_memory: int | None = None,
+                share_memory: int | None = None) -> Job:  # fmt: skip
     """The planner's view of a job: bounds from the spec, costs from the workload's reports
     (``state_bytes`` overrides ``spec.stateBytesPerWorker``; both bounded by the worker's device
     memory, the seconds to a safe point by the grace period), dwell from ``lastShrinkTime``;
     ``class_priority`` from its pods (:func:`class_priority`), ``spec.priority`` only as the
-    tenant's hint among its own namespace's jobs."""
-    return _planner_job(job, None, state_bytes, seconds_to_safe_point, class_priority, device_memory)
+    tenant's hint among its own namespace's jobs; with ``spec.gpuShare`` each worker's fraction of
+    a GPU (:func:`job_share` of ``share_memory``, the smallest lendable GPU's memory)."""
+    out = _planner_job(job, None, state_bytes, seconds_to_safe_point, class_priority, device_memory)
+    share = job_share(job.spec, share_memory)
+    return replace(out, share=share) if share > 0 else out
 
 
 def role_planner_jobs(job: ElasticRLJob, observed: list[ObservedWorker], class_priority: int = 0,

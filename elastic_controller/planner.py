@@ -202,6 +202,7 @@ class JobTarget:
     add_roles: tuple[str, ...] = ()  # a job with roles (merge_roles): the role of each new worker in ``add``
     role_workers: tuple[tuple[str, int], ...] = ()  # a job with roles: (role, workers the plan holds)
     active_share: float = 0.0  # a job of GPU shares: the fraction of GPUs its workers hold (active_gpus is 0)
+    share: float = 0.0  # a job of GPU shares: the fraction of one GPU each worker holds (Job.share)
 
     @property
     def shrinks(self) -> bool:
@@ -249,7 +250,7 @@ class _JobBook:
         whole = 0 if self.job.share > 0 else self.job.gpus_per_worker * len(self.holding)
         share = self.active if self.job.share > 0 else 0.0
         return JobTarget(self.job.key, whole, tuple(self.suspend), tuple(self.resume), tuple(self.remove),
-                         tuple(self.add), tuple(self.reasons), active_share=share)  # fmt: skip
+                         tuple(self.add), tuple(self.reasons), active_share=share, share=self.job.share)  # fmt: skip
 
 
 class _Book:
@@ -495,7 +496,8 @@ def _grow(book: _Book, b: _JobBook) -> None:
         pass
     grown = len(b.resume) - before[2] + len(b.add) - before[3]
     if grown:
-        b.reasons.append(f"Grow: {len(before[0])} -> {len(b.holding)} workers; the forecast leaves room for "
+        each = f" (a {b.job.share:g} GPU share each)" if b.job.share > 0 else ""
+        b.reasons.append(f"Grow: {len(before[0])} -> {len(b.holding)} workers{each}; the forecast leaves room for "
                          f"{b.job.min_useful_run_s:g}s")  # fmt: skip
 
 

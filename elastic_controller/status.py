@@ -86,10 +86,19 @@ def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int, active_gpus: int) ->
     return "Running" if active_gpus == target_gpus else "Scaling"
 
 
-def _wanted(c: _Counts, phase: Phase, target_gpus: int, active: int) -> dict[ConditionType, tuple[bool, str]]:
+def _wanted(c: _Counts, phase: Phase, target_gpus: int, active: int,
+            share: float = 0.0) -> dict[ConditionType, tuple[bool, str]]:  # fmt: skip
+    if share > 0:  # a job of GPU shares: counted in workers, each holding a share
+        each = f"workers with a {share:g} GPU share each"
+        ready, scaling = (
+            f"{active} of {target_gpus} target {each} active",
+            f"{active} {each} active, target {target_gpus}",
+        )
+    else:
+        ready, scaling = f"{active} of {target_gpus} target GPUs active", f"{active} GPUs active, target {target_gpus}"
     return {
-        "Ready": (phase == "Running", f"{active} of {target_gpus} target GPUs active"),
-        "Scaling": (active != target_gpus, f"{active} GPUs active, target {target_gpus}"),
+        "Ready": (phase == "Running", ready),
+        "Scaling": (active != target_gpus, scaling),
         "Suspended": (c.active == 0 and c.suspended > 0, f"{c.suspended} workers suspended in host memory"),
         "Degraded": (c.lost > 0, f"{c.lost} workers lost (failed, evicted or deleted); they are recreated"),
     }
@@ -114,6 +123,31 @@ def _conditions(prev: list[Condition], wanted: dict[ConditionType, tuple[bool, s
     return out, events
 
 
+@dataclass(frozen=True)
+class _Shares:
+    share: float  # each worker's fraction of a GPU, as planned (0: not planned yet)
+    active: float  # the fractions the active workers hold
+    target: float  # the fractions the plan wants active
+
+    @property
+    def target_workers(self) -> int:
+        return round(self.target / self.share) if self.share > 0 else 0
+
+    def fields(self) -> dict[str, float]:
+        return {"gpuShare": self.share, "activeShareGPUs": self.active, "targetShareGPUs": self.target}
+
+
+def _share_status(job: ElasticRLJob, c: _Counts, target: JobTarget | None,
+                  prev: ElasticRLJobStatus) -> _Shares | None:  # fmt: skip
+    """A job with ``spec.gpuShare``: its share per worker and the fractions held and wanted (the
+    planner's; before its first target, the last status's)."""
+    if job.spec.gpu_share is None:
+        return None
+    share = target.share if target is not None and target.share > 0 else (prev.gpu_share or 0.0)
+    wanted = target.active_share if target is not None else (prev.target_share_gpus or 0.0)
+    return _Shares(share, round(share * c.active, 6), round(wanted, 6))
+
+
 def _was(prev: ElasticRLJobStatus, kind: ConditionType) -> Condition | None:
     return next((c for c in prev.conditions or [] if c.type == kind and c.status == "True"), None)
 
@@ -132,9 +166,14 @@ def compute_status(
     # a dedicated trainer is not planned: its GPUs are wanted whatever the plan says
     target_gpus = target.active_gpus + _dedicated_gpus(job) if target is not None else (prev.target_gpus or 0)
     roles = _roles_status(job, observed, target, prev)
-    phase = _phase(job, c, target_gpus, active_gpus)
-    conditions, events = _conditions(prev.conditions or [], _wanted(c, phase, target_gpus, active_gpus),
-                                     job.generation, now)  # fmt: skip
+    shares = _share_status(job, c, target, prev)
+    # a job of GPU shares holds no whole GPU: its phase and conditions count workers
+    active, wanted = (c.active, shares.target_workers) if shares is not None else (active_gpus, target_gpus)
+    if shares is not None:
+        active_gpus = suspended_gpus = target_gpus = 0
+    phase = _phase(job, c, wanted, active)
+    conditions, events = _conditions(prev.conditions or [], _wanted(c, phase, wanted, active,
+                                     shares.share if shares is not None else 0.0), job.generation, now)  # fmt: skip
     was_suspended = _was(prev, "Suspended")
     is_suspended = any(x.type == "Suspended" and x.status == "True" for x in conditions)
     total = prev.total_suspended_seconds or 0.0
@@ -152,5 +191,6 @@ def compute_status(
         "observedGeneration": job.generation, "conditions": conditions, "workloadPhase": rep.phase,
         "secondsToSafePoint": rep.seconds_to_safe_point, "stateBytes": rep.state_bytes,
         "minGPUsPerWorker": rep.min_gpus, "minHostMemoryBytes": rep.min_host_memory_bytes, "roles": roles,
+        **(shares.fields() if shares is not None else {}),
     })  # fmt: skip
     return status, events

@@ -19,6 +19,7 @@ dicts that ``kube.py`` will create; no client, no clock. What the other componen
 from __future__ import annotations
 
 import copy
+import math
 import re
 from typing import Any, Final
 
@@ -103,11 +104,22 @@ def owner_reference(job: ElasticRLJob) -> dict[str, Any]:
             "controller": True, "blockOwnerDeletion": True}  # fmt: skip
 
 
+def _claim_request(job: ElasticRLJob, role: Role | None) -> dict[str, Any]:
+    """The template's one request: ``gpusPerWorker`` lendable devices, or with ``spec.gpuShare`` one
+    share device (DeviceClass ``share.gpu.rose.io``) with the share's capacities requested."""
+    share = job.spec.gpu_share
+    if share is None:
+        return {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
+                "allocationMode": "ExactCount", "count": job.spec.role_gpus_per_worker(role)}}  # fmt: skip
+    requests = {names.CAPACITY_MEMORY: share.memory, names.CAPACITY_COMPUTE: str(share.compute)}
+    return {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_SHARE,
+            "allocationMode": "ExactCount", "count": 1, "capacity": {"requests": requests}}}  # fmt: skip
+
+
 def claim_template(job: ElasticRLJob, role: Role | None = None) -> dict[str, Any]:
     """One ResourceClaimTemplate per job (per lent role of a job with roles, ``<job>-<role>-gpus``):
-    ``gpusPerWorker`` lendable devices per worker."""
-    request = {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
-               "allocationMode": "ExactCount", "count": job.spec.role_gpus_per_worker(role)}}  # fmt: skip
+    ``gpusPerWorker`` lendable devices per worker, or one GPU share (``spec.gpuShare``)."""
+    request = _claim_request(job, role)
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceClaimTemplate",
@@ -191,7 +203,17 @@ def _role_env(job: ElasticRLJob, index: int, role: Role | None) -> list[dict[str
     return [*env, {"name": "ROSE_MIN_WORKERS", "value": str(lo)}, {"name": "ROSE_MAX_WORKERS", "value": str(hi)}]
 
 
-def _env(job: ElasticRLJob, index: int, role: Role | None = None) -> list[dict[str, Any]]:
+def worker_bounds(job: ElasticRLJob, share: float = 0.0) -> tuple[int, int]:
+    """(least, most) workers of a job without roles: ``minGPUs``/``maxGPUs`` over ``gpusPerWorker``,
+    or for a job of GPU shares (``share``: each worker's fraction of a GPU, as planned) the workers
+    whose shares reach ``minGPUs`` and those that fit ``maxGPUs`` (as the planner counts them)."""
+    if share <= 0:
+        return job.spec.min_workers, job.spec.max_workers
+    lo, hi = job.spec.min_gpus or 0, job.spec.max_gpus or 0
+    return math.ceil(round(lo / share, 9)), math.floor(round(hi / share, 9))
+
+
+def _env(job: ElasticRLJob, index: int, role: Role | None = None, share: float = 0.0) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"fieldRef": {"fieldPath": path}}
 
@@ -203,8 +225,8 @@ def _env(job: ElasticRLJob, index: int, role: Role | None = None) -> list[dict[s
         {"name": "ROSE_WORKER_INDEX", "value": str(index)},
     ]
     if role is None:
-        env += [{"name": "ROSE_MIN_WORKERS", "value": str(job.spec.min_workers)},
-                {"name": "ROSE_MAX_WORKERS", "value": str(job.spec.max_workers)}]  # fmt: skip
+        lo, hi = worker_bounds(job, share)
+        env += [{"name": "ROSE_MIN_WORKERS", "value": str(lo)}, {"name": "ROSE_MAX_WORKERS", "value": str(hi)}]
     env += _role_env(job, index, role)
     if job.spec.checkpoint_path is not None:
         env.append({"name": "ROSE_CHECKPOINT_PATH", "value": job.spec.checkpoint_path})
@@ -256,13 +278,19 @@ def _tenant_keys(m: Any) -> dict[str, Any]:
 
 
 def worker_pod(
-    job: ElasticRLJob, index: int, pool: str | None = None, state_bytes: int | None = None, role: Role | None = None
+    job: ElasticRLJob,
+    index: int,
+    pool: str | None = None,
+    state_bytes: int | None = None,
+    role: Role | None = None,
+    share: float = 0.0,
 ) -> dict[str, Any]:
     """Worker ``index`` of the job (of its ``role``, for a job with roles), from its template; ``pool``
     pins it to the pool the planner chose. The template's ``rose.io/`` labels and annotations are
     dropped (the controller writes its own) and so is ``spec.nodeName`` (the scheduler places
     workers; the admission policy refuses it). A dedicated trainer keeps its template's scheduler
-    and GPUs (no lendable claim); trainer workers get ``hostname``/``subdomain`` for their Service."""
+    and GPUs (no lendable claim); trainer workers get ``hostname``/``subdomain`` for their Service.
+    ``share``: a job of GPU shares, each worker's planned fraction of a GPU (its worker bounds)."""
     template = copy.deepcopy(job.spec.role_template(role))
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template.get("spec") or {}
@@ -271,7 +299,7 @@ def worker_pod(
         where = "spec.template" if role is None else f"spec.roles.{role}.template"
         raise ValueError(f"ElasticRLJob {job.namespace}/{job.name}: {where}.spec.containers is empty; "
                          "give the worker Pod template at least one container")  # fmt: skip
-    env = _env(job, index, role)
+    env = _env(job, index, role, share)
     timesliced = job.spec.timeslice_group is not None
     lent = not dedicated(job, role)
     spec["containers"] = [_container(c, env, timesliced, lent) for c in spec["containers"]]

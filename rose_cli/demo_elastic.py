@@ -20,7 +20,9 @@ the drivers, acting on the controller's ``rose.io/suspend-request``.
 
 I/O: the cluster's API (kubectl and the Python client), the processes it starts, their
 ``/metrics``, a temporary directory. :func:`forecast_doc`, :func:`job_manifest`,
-:func:`summary`, :func:`side_by_side`, :func:`progress_rate` and :func:`trainer_env` are pure.
+:func:`summary`, :func:`side_by_side`, :func:`progress_rate`, :func:`trainer_env` and
+:func:`share_job_manifest` are pure. The drivers run with ``--gpu-shares``: last, a job of GPU
+shares (``examples/elasticrljob-gpu-share.yaml``, 0.5 GPU each) runs two workers on one GPU.
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ DRIVER_ARGS = [
     "--host-memory-budget", "128Gi", "--default-grace-seconds", "5", "--node-facts-seconds", "1",
     "--suspended-cpu=", "--reconcile-seconds", "2",
     "--serving-wait", "prepare",  # the prepare-time serving wait (prebind has its own e2e test)
+    "--gpu-shares", "true",  # each GPU also as gpu-N-share: the act's last step runs a job of GPU shares
 ]  # fmt: skip
+SHARE_JOB = "grpo-share"  # examples/elasticrljob-gpu-share.yaml with a 0.5 GPU share: two workers on one GPU
+SHARE = {"memory": "60Gi", "compute": 50}
 PLANNER_EVENTS = frozenset({"Grow", "Shrink", "PlannedShrink", "PlannedGangSuspend"})  # the planner's decisions
 SPEC_HASH_ANNOTATION = "gpu.rose.io/spec-hash"  # a slice the driver (not the cluster's seed) published
 TRAINER = Path(__file__).resolve().parents[1] / "examples" / "01_cartpole_reinforce.py"
@@ -645,6 +650,61 @@ def _delete(s: Stage, c: Checks, claims: dict[str, dict[str, Any]]) -> None:
     c.add("kubectl delete leaves no pods, claims or claim templates", not left)
 
 
+def share_job_manifest(ns: str, example: Mapping[str, Any], node: str) -> dict[str, Any]:
+    """``examples/elasticrljob-gpu-share.yaml`` in ``ns`` with a 0.5 GPU share (60 GiB of 141, 50 %)
+    and minGPUs = maxGPUs = 1: the planner wants two workers, whose shares fill one GPU. The
+    template pins them to ``node`` (else the scheduler may spread them over two nodes' GPUs)."""
+    body: dict[str, Any] = json.loads(json.dumps(example))
+    body["metadata"] = {"name": SHARE_JOB, "namespace": ns}
+    body["spec"].update({"minGPUs": 1, "maxGPUs": 1, "gpuShare": dict(SHARE), "gracefulShutdownPeriod": 5,
+                         "minUsefulRunSeconds": 60})  # fmt: skip
+    body["spec"]["template"]["spec"]["priorityClassName"] = "rose-rl"
+    body["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
+def _share_job(s: Stage, c: Checks) -> None:
+    """One line's worth of GPU shares (issue 27 §3): a job of 0.5 GPU shares gets two workers, both
+    allocated on one GPU's share device and prepared there by its driver; then deleted."""
+    import yaml
+    from kubernetes import client
+
+    example = yaml.safe_load((TRAINER.parents[0] / "elasticrljob-gpu-share.yaml").read_text())
+    node = sorted(s.drivers)[0]
+    kubectl(s.h, "apply", "-f", "-", stdin=json.dumps(share_job_manifest(s.ns, example, node)))
+    core = client.CoreV1Api(s.api)
+    s.mark(f"kubectl apply: ElasticRLJob {SHARE_JOB} with gpuShare {SHARE['memory']} + {SHARE['compute']} % (min = "
+           f"max 1 GPU), its template pinned to {node}")  # fmt: skip
+
+    def allocated() -> list[tuple[Any, dict[str, Any]]] | None:
+        pods = core.list_namespaced_pod(s.ns, label_selector=f"{names.LABEL_JOB}={SHARE_JOB}").items
+        got = [(p, _gpus_claim(s.api, s.ns, p)) for p in pods if p.status.phase == "Running"]
+        return [(p, cl) for p, cl in got if cl is not None] if len(got) == 2 and all(cl for _, cl in got) else None
+
+    pairs = wait_for("2 share workers running", allocated, timeout=30, interval=0.3)
+    devices = {(p.spec.node_name, cl["status"]["allocation"]["devices"]["results"][0]["device"]) for p, cl in pairs}
+    errors = [s.drivers[p.spec.node_name].kubelet.prepare(cl).error for p, cl in pairs]
+    for p, cl in pairs:
+        s.drivers[p.spec.node_name].kubelet.unprepare(cl)
+
+    def share_status() -> dict[str, Any] | None:
+        obj = client.CustomObjectsApi(s.api).get_namespaced_custom_object(
+            names.GROUP, names.VERSION, s.ns, names.PLURAL, SHARE_JOB)  # fmt: skip
+        st: dict[str, Any] = obj.get("status") or {}
+        return st if st.get("activeShareGPUs") == 1.0 else None
+
+    st = wait_for("the share job's status", share_status, timeout=15, interval=0.3)
+    where = ", ".join(f"{d} of {n}" for n, d in sorted(devices))
+    s.mark(f"2 workers running on {where}, prepared there by its driver "
+           f"({'ok' if not any(errors) else errors}); status gpuShare {st.get('gpuShare')}, "
+           f"activeShareGPUs {st.get('activeShareGPUs')}")  # fmt: skip
+    c.add("a job of 0.5 GPU shares: two workers on one GPU's share device, both prepared there",
+          len(devices) == 1 and next(iter(devices))[1].endswith("-share") and not any(errors)
+          and st.get("gpuShare") == 0.5)  # fmt: skip
+    kubectl(s.h, "delete", "elasticrljob", SHARE_JOB, "-n", s.ns, "--wait=true")
+    s.mark(f"kubectl delete elasticrljob {SHARE_JOB}")
+
+
 def _report(s: Stage, c: Checks) -> None:
     text = _get(s.metrics_port, "/metrics")[1]
     planned = promtext.value(text, "rose_controller_reclaims_total", {"kind": "planned"}, default=0.0)
@@ -693,6 +753,7 @@ def run_act(h: ClusterHandle, api: Any, say: Callable[[str], None]) -> tuple[boo
                 _events(s)
                 _report(s, c)
                 _delete(s, c, claims)
+                _share_job(s, c)
             _planner_off(s, c)
     except AssertionError as e:
         say(f"   · FAILED: {e}")

@@ -14,6 +14,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rose_common.quantity import QuantityError, parse_quantity, to_int
+
 SuspendPolicy = Literal["HostMemoryFirst", "CheckpointAndEvict"]
 Role = Literal["trainer", "rollout"]
 ROLES: Final[tuple[Role, ...]] = ("trainer", "rollout")
@@ -42,6 +44,10 @@ MSG_ROLES_TIMESLICE: Final = (
     "spec.roles and timesliceGroup do not combine yet: a time-slice group shares one claim per worker index"
 )
 MSG_ROLLOUT_MIN_LE_MAX: Final = "rollout minWorkers must be less than or equal to maxWorkers"
+MSG_SHARE_GPW: Final = "gpuShare gives each worker a fraction of one GPU: gpusPerWorker must be 1"
+MSG_SHARE_EXCLUSIVE: Final = "gpuShare does not combine with spec.roles or timesliceGroup yet"
+MSG_SHARE_MEMORY: Final = "gpuShare.memory must be a quantity above 0, such as 20Gi"
+MSG_SHARE_MEMORY_MAX: Final = "gpuShare.memory must be at most 256Gi, the most memory one GPU has"
 DEFAULT_TRAINER_PORT: Final = 50051
 MAX_ROLES_NAME: Final = 50  # <name>-rollout-<4 digits> fits a pod name's 63
 _DNS_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -54,6 +60,31 @@ class _Model(BaseModel):
 def _check_state_bytes(state_bytes: int | None, gpus_per_worker: int) -> None:
     if state_bytes is not None and state_bytes > gpus_per_worker * DEVICE_MEMORY_MAX_BYTES:
         raise ValueError(MSG_STATE_BYTES)
+
+
+class GpuShare(_Model):
+    """A worker's share of one GPU (issue 27 §3): the capacities its claim against DeviceClass
+    ``share.gpu.rose.io`` requests (``memory``, ``compute``: the device's consumable capacities)."""
+
+    memory: str = Field(max_length=32)
+    compute: int = Field(ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _cel_rules(self) -> GpuShare:
+        try:
+            value = parse_quantity(self.memory)
+        except QuantityError:
+            raise ValueError(MSG_SHARE_MEMORY) from None
+        if value <= 0:
+            raise ValueError(MSG_SHARE_MEMORY)
+        if value > DEVICE_MEMORY_MAX_BYTES:
+            raise ValueError(MSG_SHARE_MEMORY_MAX)
+        return self
+
+    @property
+    def memory_bytes(self) -> int:
+        """The memory request in bytes (a fraction of a byte rounded up, as Kubernetes does)."""
+        return to_int(self.memory)
 
 
 class TrainerRole(_Model):
@@ -111,6 +142,7 @@ class ElasticRLJobSpec(_Model):
     state_bytes_per_worker: int | None = Field(default=None, alias="stateBytesPerWorker", ge=0, le=MAX_STATE_BYTES)
     template: dict[str, Any] | None = None
     roles: Roles | None = None
+    gpu_share: GpuShare | None = Field(default=None, alias="gpuShare")
 
     @model_validator(mode="after")
     def _cel_rules(self) -> ElasticRLJobSpec:
@@ -130,6 +162,10 @@ class ElasticRLJobSpec(_Model):
         if self.suspend_policy == "CheckpointAndEvict" and self.checkpoint_path is None:
             raise ValueError(MSG_CHECKPOINT)
         _check_state_bytes(self.state_bytes_per_worker, self.gpus_per_worker)
+        if self.gpu_share is not None and self.gpus_per_worker != 1:
+            raise ValueError(MSG_SHARE_GPW)
+        if self.gpu_share is not None and (self.roles is not None or self.timeslice_group is not None):
+            raise ValueError(MSG_SHARE_EXCLUSIVE)
         return self
 
     @property
@@ -214,6 +250,9 @@ class ElasticRLJobStatus(_Model):
     min_gpus_per_worker: int | None = Field(default=None, alias="minGPUsPerWorker", ge=0)
     min_host_memory_bytes: int | None = Field(default=None, alias="minHostMemoryBytes", ge=0)
     fencing_token: int | None = Field(default=None, alias="fencingToken", ge=0)
+    gpu_share: float | None = Field(default=None, alias="gpuShare", ge=0, le=1)
+    active_share_gpus: float | None = Field(default=None, alias="activeShareGPUs", ge=0)
+    target_share_gpus: float | None = Field(default=None, alias="targetShareGPUs", ge=0)
     observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
     roles: RolesStatus | None = None
     conditions: list[Condition] | None = None

@@ -51,6 +51,22 @@ SHARE_COMPUTE_STEP = 5
 SHARE_COMPUTE_TOTAL = 100
 
 
+def share_step_up(memory_bytes: int, compute_percent: int) -> tuple[int, int]:
+    """A share's request rounded up to the request policy, as the scheduler rounds it: memory to a
+    whole number of 1 GiB steps, compute to 5 % steps (at least one step each, compute at most 100)."""
+    memory = max(1, -(-memory_bytes // SHARE_MEMORY_STEP)) * SHARE_MEMORY_STEP
+    compute = max(1, -(-compute_percent // SHARE_COMPUTE_STEP)) * SHARE_COMPUTE_STEP
+    return memory, min(SHARE_COMPUTE_TOTAL, compute)
+
+
+def share_fraction(memory_bytes: int, compute_percent: int, gpu_memory: int) -> float:
+    """The fraction of one GPU a share takes: the larger of its memory fraction (of ``gpu_memory``
+    bytes; 0 when that is unknown) and its compute fraction. The one definition the extender, the
+    controller and the planner's callers share (issue 27 §3)."""
+    memory = memory_bytes / gpu_memory if gpu_memory > 0 else 0.0
+    return max(memory, compute_percent / SHARE_COMPUTE_TOTAL)
+
+
 def share_device(gpu: GpuInfo) -> dict[str, Any]:
     """The shareable device ``gpu-N-share`` of one GPU: ``allowMultipleAllocations`` with the
     consumable capacities ``memory`` (bytes, the GPU's memory) and ``compute`` (percent, 100). Pure."""

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from rose_common import names
+from rose_common import names, slices
 from rose_common.quantity import QuantityError, parse_quantity
 from rose_common.slices import SHARE_COMPUTE_STEP, SHARE_COMPUTE_TOTAL, SHARE_MEMORY_STEP
 from scheduler_extender.model import NodeState, PodInfo, PoolForecast, PoolState, ShareRequest, Snapshot
@@ -115,8 +115,7 @@ def consumed(result: Mapping[str, Any]) -> tuple[int, int]:
 
 def share_fraction(req: ShareRequest, gpu_memory: int) -> float:
     """The fraction of a GPU a share takes: the larger of its memory and compute fractions."""
-    memory = req.memory_bytes / gpu_memory if gpu_memory > 0 else 0.0
-    return max(memory, req.compute_percent / SHARE_COMPUTE_TOTAL)
+    return slices.share_fraction(req.memory_bytes, req.compute_percent, gpu_memory)
 
 
 def used_fraction(memory_bytes: int, compute_percent: int, gpu_memory: int) -> float:

@@ -24,6 +24,7 @@ _NO_SIZE: dict[str, Any] = {"minGPUs": None, "maxGPUs": None, "template": None} 
 _TRAINER: dict[str, Any] = {"workers": 1, "template": {"spec": {}}}
 _ROLLOUT: dict[str, Any] = {"minWorkers": 1, "maxWorkers": 2, "template": {"spec": {}}}
 _BIG = (256 << 30) + 1
+_SHARE: dict[str, Any] = {"memory": "20Gi", "compute": 25}
 
 CASES: tuple[CelCase, ...] = (
     CelCase(".spec", "minGPUs must be less than or equal to maxGPUs", {"minGPUs": 9, "maxGPUs": 8}),
@@ -62,6 +63,26 @@ CASES: tuple[CelCase, ...] = (
         "stateBytesPerWorker must be at most gpusPerWorker x 274877906944 bytes, 256 GiB per GPU: "
         "a worker's device state fits its GPUs' memory",
         {**_NO_SIZE, "roles": {"trainer": _TRAINER, "rollout": {**_ROLLOUT, "stateBytesPerWorker": _BIG}}},
+    ),
+    CelCase(
+        ".spec",
+        "gpuShare gives each worker a fraction of one GPU: gpusPerWorker must be 1",
+        {"gpuShare": _SHARE, "gpusPerWorker": 2},
+    ),
+    CelCase(
+        ".spec",
+        "gpuShare does not combine with spec.roles or timesliceGroup yet",
+        {"gpuShare": _SHARE, "timesliceGroup": "g"},
+    ),
+    CelCase(
+        ".spec.gpuShare",
+        "gpuShare.memory must be a quantity above 0, such as 20Gi",
+        {"gpuShare": {**_SHARE, "memory": "0"}},
+    ),
+    CelCase(
+        ".spec.gpuShare",
+        "gpuShare.memory must be at most 256Gi, the most memory one GPU has",
+        {"gpuShare": {**_SHARE, "memory": "257Gi"}},
     ),
 )
 

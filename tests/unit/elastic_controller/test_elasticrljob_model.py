@@ -149,6 +149,13 @@ _CEL_VIOLATIONS = {
         "timesliceGroup": "g",
         "roles": {"trainer": {"workers": 1, "template": {}}, "rollout": {"maxWorkers": 2, "template": {}}},
     },
+    erj.MSG_SHARE_GPW: {"minGPUs": 2, "maxGPUs": 2, "gpusPerWorker": 2, "gpuShare": {"memory": "1Gi", "compute": 5}},
+    erj.MSG_SHARE_EXCLUSIVE: {
+        "minGPUs": 1,
+        "maxGPUs": 2,
+        "timesliceGroup": "g",
+        "gpuShare": {"memory": "1Gi", "compute": 5},
+    },
 }
 
 

@@ -87,3 +87,21 @@ def test_the_trainer_gets_its_claims_socket_and_pod_and_no_other_rose_setting() 
         "ROSE_POD_NAMESPACE": "ns",
         "ROSE_POD_NAME": "grpo-elastic-w0",
     }
+
+
+def test_the_share_step_asks_for_two_half_gpu_workers_pinned_to_one_node() -> None:
+    """The act's share job, read by the CRD's model and the controller's planner-job view: a 0.5 GPU
+    share of 141 GiB GPUs, so minGPUs = maxGPUs = 1 is two workers, pinned to the node given."""
+    import yaml
+
+    from elastic_controller.observe import planner_job
+    from elastic_controller.workers import worker_bounds
+    from rose_common.elasticrljob import ElasticRLJob
+
+    example = yaml.safe_load((Path(demo_elastic.TRAINER).parent / "elasticrljob-gpu-share.yaml").read_text())
+    body = demo_elastic.share_job_manifest("ns", example, "rose-node-1")
+    job = ElasticRLJob.model_validate(body)
+    share = planner_job(job, share_memory=141 * 2**30).share
+    assert share == 0.5 and worker_bounds(job, share) == (2, 2)
+    assert body["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "rose-node-1"}
+    assert example["spec"]["gpuShare"] == {"memory": "20Gi", "compute": 25}, "the example itself is untouched"
