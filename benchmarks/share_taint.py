@@ -95,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     from local_cluster.cluster import ClusterConfig, LocalCluster
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="rose-sharetaint-"))
-    lc = LocalCluster(ClusterConfig(nodes=1, gpus_per_node=2, pools=1, workdir=work / "cluster", extender_url=None,
-                                    die_with_parent=True))  # fmt: skip
+    lc = LocalCluster(
+        ClusterConfig(
+            nodes=1, gpus_per_node=2, pools=1, workdir=work / "cluster", extender_url=None, die_with_parent=True
+        )
+    )
     handle = lc.up()
     api = handle.api_client()
     try:

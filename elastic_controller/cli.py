@@ -28,45 +28,75 @@ ENV_PREFIX = "ROSE_CONTROLLER_"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = EnvArgumentParser(env_prefix=ENV_PREFIX, prog="rose controller", description=__doc__,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = EnvArgumentParser(
+        env_prefix=ENV_PREFIX,
+        prog="rose controller",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.flag("--kubeconfig", default="", help="kubeconfig file; empty = in-cluster service account")
     p.flag("--metrics-listen", default="0.0.0.0:9090", type=host_port, help="HOST:PORT of /metrics (port 0: off)")
     forecast_client.add_flags(p, without="pools lend nothing")
     p.flag("--quantile", default="0.9", help="forecast quantile treated as what serving may need")
     p.flag("--plan-interval", default=10.0, type=duration, help="seconds between plans over all jobs")
     p.flag("--dwell", default=300.0, type=duration, help="seconds a job that shrank waits before it may grow again")
-    p.flag("--planner", default="on", choices=["on", "off"],
-           help="off: reactive only, no planned reclaims (serving waits for the suspend on arrival)")  # fmt: skip
+    p.flag(
+        "--planner",
+        default="on",
+        choices=["on", "off"],
+        help="off: reactive only, no planned reclaims (serving waits for the suspend on arrival)",
+    )
     p.flag("--workers", default=16, type=int, help="reconcile worker threads (one key is never on two at once)")
-    p.flag("--write-concurrency", default=8, type=int,
-           help="API writes of a reconcile (suspend requests, pods, world annotations) in flight together, "
-                "over all workers")  # fmt: skip
+    p.flag(
+        "--write-concurrency",
+        default=8,
+        type=int,
+        help="API writes of a reconcile (suspend requests, pods, world annotations) in flight together, "
+        "over all workers",
+    )
     p.flag("--leader-elect", default=True, type=boolean, help="hold a coordination.k8s.io Lease before acting")
-    p.flag("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "rose-system"),
-           help="namespace of the leader Lease (default: $POD_NAMESPACE, else rose-system)")  # fmt: skip
+    p.flag(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "rose-system"),
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, else rose-system)",
+    )
     p.flag("--lease-name", default="rose-elastic-controller", help="name of the leader Lease")
     p.flag("--lease-duration", default=15, type=int, help="seconds a lease lasts without renewal")
     p.flag("--lease-renew", default=5.0, type=duration, help="seconds between lease renewals")
     p.flag("--identity", default="", help="this replica's lease identity (default: hostname-pid)")
-    p.flag("--taint-lead", default=60.0, type=float,
-           help="seconds ahead a pool's forecast must leave a GPU to lend, else its lendable devices get the "
-                "rose.io/reclaim-planned NoSchedule DeviceTaintRules (with the occupants' own reclaim lead); "
-                "< 0: no taints")  # fmt: skip
-    p.flag("--schedule-retry", default=15.0, type=duration,
-           help="seconds a worker pod may stay Unschedulable before the controller nudges kube-scheduler to "
-                "try it again (an extender's refusal on a forecast since changed is not a cluster event)")  # fmt: skip
+    p.flag(
+        "--taint-lead",
+        default=60.0,
+        type=float,
+        help="seconds ahead a pool's forecast must leave a GPU to lend, else its lendable devices get the "
+        "rose.io/reclaim-planned NoSchedule DeviceTaintRules (with the occupants' own reclaim lead); "
+        "< 0: no taints",
+    )
+    p.flag(
+        "--schedule-retry",
+        default=15.0,
+        type=duration,
+        help="seconds a worker pod may stay Unschedulable before the controller nudges kube-scheduler to "
+        "try it again (an extender's refusal on a forecast since changed is not a cluster event)",
+    )
     p.flag("--log-level", default="info", help="debug, info, warning or error")
     return p
 
 
 def _forecasts(args: argparse.Namespace, metrics: ControllerMetrics) -> ForecastCache[Forecast] | None:
     try:
-        source = make_source(args.forecast_backend, url=args.predictor_url, path=args.forecast_file,
-                             timeout_s=args.forecast_timeout, horizons=args.forecast_horizons)  # fmt: skip
+        source = make_source(
+            args.forecast_backend,
+            url=args.predictor_url,
+            path=args.forecast_file,
+            timeout_s=args.forecast_timeout,
+            horizons=args.forecast_horizons,
+        )
     except ValueError as e:
-        raise SystemExit(f"rose controller: {e}: set --predictor-url / --forecast-file "
-                         f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)") from None  # fmt: skip
+        raise SystemExit(
+            f"rose controller: {e}: set --predictor-url / --forecast-file "
+            f"(or {ENV_PREFIX}PREDICTOR_URL / {ENV_PREFIX}FORECAST_FILE)"
+        ) from None
     if source is None:
         return None
     if isinstance(source, StaticFileForecastSource):
@@ -75,9 +105,13 @@ def _forecasts(args: argparse.Namespace, metrics: ControllerMetrics) -> Forecast
         except ForecastError as e:
             raise SystemExit(f"rose controller: --forecast-file: {' '.join(str(e).split())}") from None
     quantile, risk = args.quantile, args.risk
-    return ForecastCache(source, reduce=lambda r: metrics.on_forecast(pools.to_forecast(r, quantile, risk=risk)),
-                         refresh_s=args.forecast_refresh, max_age_s=args.forecast_max_age,
-                         on_fetch=metrics.on_forecast_fetch)  # fmt: skip
+    return ForecastCache(
+        source,
+        reduce=lambda r: metrics.on_forecast(pools.to_forecast(r, quantile, risk=risk)),
+        refresh_s=args.forecast_refresh,
+        max_age_s=args.forecast_max_age,
+        on_fetch=metrics.on_forecast_fetch,
+    )
 
 
 class _NoForecasts:
@@ -87,12 +121,17 @@ class _NoForecasts:
 
 def settings_from(args: argparse.Namespace) -> ControllerSettings:
     try:
-        return ControllerSettings(plan_interval_s=args.plan_interval, dwell_s=args.dwell,
-                                  identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",
-                                  lease_duration_s=args.lease_duration, lease_renew_s=args.lease_renew,
-                                  planned=args.planner == "on",
-                                  write_concurrency=args.write_concurrency,
-                                  taint_lead_s=args.taint_lead, schedule_retry_s=args.schedule_retry)  # fmt: skip
+        return ControllerSettings(
+            plan_interval_s=args.plan_interval,
+            dwell_s=args.dwell,
+            identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",
+            lease_duration_s=args.lease_duration,
+            lease_renew_s=args.lease_renew,
+            planned=args.planner == "on",
+            write_concurrency=args.write_concurrency,
+            taint_lead_s=args.taint_lead,
+            schedule_retry_s=args.schedule_retry,
+        )
     except ValueError as e:
         raise SystemExit(f"rose controller: {e}") from None
 
@@ -116,8 +155,14 @@ def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     raw = Raw(runner.kube_client(args.kubeconfig, env=f"{ENV_PREFIX}KUBECONFIG", connections=connections))
     lease = kube.LeaseLock(raw, args.lease_namespace, args.lease_name) if args.leader_elect else None
     inventory = kube.InventoryStore()
-    ctl = Controller(kube.KubeJobApi(raw, host=settings.identity, background_events=True), cache or _NoForecasts(),
-                     inventory, metrics, settings, lease)  # fmt: skip
+    ctl = Controller(
+        kube.KubeJobApi(raw, host=settings.identity, background_events=True),
+        cache or _NoForecasts(),
+        inventory,
+        metrics,
+        settings,
+        lease,
+    )
     ctl.device_memory = inventory.device_memory
     ctl.share_memory = inventory.smallest_device_memory
     ctl.taint_rules, ctl.lendable_devices = kube.KubeTaintRules(raw), inventory.lendable_devices
@@ -147,9 +192,15 @@ def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     r.thread(lambda _: ctl.elect_loop(), "leader")
     r.thread(lambda _: ctl.plan_loop(), "plan")
     r.on_stop(ctl.stop.set)
-    log.info("controller running", extra={"identity": settings.identity, "leaderElect": args.leader_elect,
-                                          "forecastBackend": args.forecast_backend,
-                                          "planner": args.planner})  # fmt: skip
+    log.info(
+        "controller running",
+        extra={
+            "identity": settings.identity,
+            "leaderElect": args.leader_elect,
+            "forecastBackend": args.forecast_backend,
+            "planner": args.planner,
+        },
+    )
     ctl.stop.wait()
     ctl.queue.shutdown()
     if cache is not None:

@@ -142,8 +142,10 @@ class ControllerSettings:
         if self.resync_s <= 0:
             raise ValueError(f"resync period must be > 0 seconds, got {self.resync_s}")
         if not 0 < self.lease_renew_s < self.lease_duration_s:
-            raise ValueError("lease renew period must be > 0 and shorter than the lease duration "
-                             f"({self.lease_renew_s} vs {self.lease_duration_s} s)")  # fmt: skip
+            raise ValueError(
+                "lease renew period must be > 0 and shorter than the lease duration "
+                f"({self.lease_renew_s} vs {self.lease_duration_s} s)"
+            )
 
 
 @dataclass
@@ -401,9 +403,14 @@ class Controller:
         if failures:
             self.metrics.reconciles.labels("error").inc()
             delay = self.queue.requeue(key)
-            log.warning("reconcile failed", extra={"job": key, "retryInSeconds": delay,
-                                                   "err": "; ".join(f"{f.action} {f.target}: {f.error}"
-                                                                    for f in failures)[:1000]})  # fmt: skip
+            log.warning(
+                "reconcile failed",
+                extra={
+                    "job": key,
+                    "retryInSeconds": delay,
+                    "err": "; ".join(f"{f.action} {f.target}: {f.error}" for f in failures)[:1000],
+                },
+            )
             return
         self.metrics.reconciles.labels("ok").inc()
         self.queue.forget(key)
@@ -412,11 +419,16 @@ class Controller:
         """``rose.io/world`` ("active/total") on each live worker whose value is stale: the node
         agent pushes it to the workload (rose_sdk ``on_world_change``)."""
         stale = role_world_updates(observed)  # per role: a job without roles has one
-        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid),
-                                    {names.ANNOTATION_WORLD: value}) for w, value in stale])  # fmt: skip
+        errors = self._run(
+            [
+                partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid), {names.ANNOTATION_WORLD: value})
+                for w, value in stale
+            ]
+        )
         # a failure is retried with the reconcile
-        return [Failure("annotate_world", w.name, repr(e)) for (w, _), e in zip(stale, errors, strict=True)
-                if e is not None]  # fmt: skip
+        return [
+            Failure("annotate_world", w.name, repr(e)) for (w, _), e in zip(stale, errors, strict=True) if e is not None
+        ]
 
     def _retry_unschedulable(self, job: ElasticRLJob, observed: list[ObservedWorker]) -> list[Failure]:
         """Workers the scheduler left Unschedulable for ``schedule_retry_s`` get ``rose.io/schedule-retry``
@@ -426,13 +438,24 @@ class Controller:
         now = self._clock()
         due = schedule_retries(observed, now, self.settings.schedule_retry_s)
         stamp = rfc3339(now)
-        errors = self._run([partial(self.api.annotate_pod, job.namespace, PodRef(w.name, w.uid),
-                                    {names.ANNOTATION_SCHEDULE_RETRY: stamp}) for w in due])  # fmt: skip
+        errors = self._run(
+            [
+                partial(
+                    self.api.annotate_pod,
+                    job.namespace,
+                    PodRef(w.name, w.uid),
+                    {names.ANNOTATION_SCHEDULE_RETRY: stamp},
+                )
+                for w in due
+            ]
+        )
         for w, e in zip(due, errors, strict=True):
             self.metrics.schedule_retries.labels("error" if e else "ok").inc()
             if e is None:
-                log.info("unschedulable worker requeued", extra={"job": f"{job.namespace}/{job.name}", "pod": w.name,
-                                                                 "since": w.unschedulable_since})  # fmt: skip
+                log.info(
+                    "unschedulable worker requeued",
+                    extra={"job": f"{job.namespace}/{job.name}", "pod": w.name, "since": w.unschedulable_since},
+                )
         return [Failure("schedule_retry", w.name, repr(e)) for w, e in zip(due, errors, strict=True) if e is not None]
 
     def _clean_up(self, key: str, pods: list[dict[str, Any]]) -> None:
@@ -491,11 +514,24 @@ class Controller:
         for w in inp.workers:
             if w.pool is not None:
                 by_pool.setdefault(w.pool, set()).add(w.job)
-        events = [(k, EventSpec("ForecastStale", f"pool {p} has no fresh forecast: lending there is frozen (no "
-                                "grants, no planned reclaims); serving still wins at the driver", "Warning"))
-                  for p in sorted(froze) for k in sorted(by_pool.get(p, ()))]  # fmt: skip
-        events += [(k, EventSpec("ForecastFresh", f"pool {p} has a fresh forecast again: planning resumed"))
-                   for p in sorted(thawed) for k in sorted(by_pool.get(p, ()))]  # fmt: skip
+        events = [
+            (
+                k,
+                EventSpec(
+                    "ForecastStale",
+                    f"pool {p} has no fresh forecast: lending there is frozen (no "
+                    "grants, no planned reclaims); serving still wins at the driver",
+                    "Warning",
+                ),
+            )
+            for p in sorted(froze)
+            for k in sorted(by_pool.get(p, ()))
+        ]
+        events += [
+            (k, EventSpec("ForecastFresh", f"pool {p} has a fresh forecast again: planning resumed"))
+            for p in sorted(thawed)
+            for k in sorted(by_pool.get(p, ()))
+        ]
         for key, event in events:
             with self._lock:
                 raw = self._jobs.get(key)
@@ -530,8 +566,16 @@ class Controller:
                 workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None and pw.job in planned]
                 continue
             rep = workload_report(observed, job.spec, memory)  # the workers' own reports, bounded
-            pj.append(planner_job(job, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority(observed),
-                                  memory, share_memory))  # fmt: skip
+            pj.append(
+                planner_job(
+                    job,
+                    rep.state_bytes,
+                    rep.seconds_to_safe_point or 0.0,
+                    class_priority(observed),
+                    memory,
+                    share_memory,
+                )
+            )
             workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None]
         settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
         return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting
@@ -543,8 +587,9 @@ class Controller:
         start = time.monotonic()
         result = plan(inp)
         if not self.settings.planned:
-            result = without_reclaims(result, {j.key: j.gpus_per_worker for j in inp.jobs},
-                                      {j.key: j.share for j in inp.jobs if j.share > 0})  # fmt: skip
+            result = without_reclaims(
+                result, {j.key: j.gpus_per_worker for j in inp.jobs}, {j.key: j.share for j in inp.jobs if j.share > 0}
+            )
         self.metrics.plan_latency.observe(time.monotonic() - start)
         for r in result.reclaims:
             self.metrics.reclaims.labels("planned").inc(len(r.workers))
@@ -649,8 +694,11 @@ class Controller:
             states = [planner_state(w) for w in mine]
             t = result.targets.get(j.key)
             desired_n = t.active_gpus // j.gpus_per_worker if t is not None else 0
-            for state, n in (("active", states.count("active")), ("suspended", states.count("suspended")),
-                             ("desired", desired_n)):  # fmt: skip
+            for state, n in (
+                ("active", states.count("active")),
+                ("suspended", states.count("suspended")),
+                ("desired", desired_n),
+            ):
                 self.metrics.role_workers.labels(j.owner, j.role, state).set(n)
             seen.add((j.owner, j.role))
         for job, role in self._role_series - seen:  # a job deleted or its roles changed: its series go
@@ -705,8 +753,7 @@ class Controller:
         self.metrics.leader.set(1 if lead else 0)
         if lead != was:
             reason = d.reason if d is not None else "lease unreachable"
-            log.info("leadership changed", extra={"leader": lead, "identity": self.settings.identity,
-                                                  "reason": reason})  # fmt: skip
+            log.info("leadership changed", extra={"leader": lead, "identity": self.settings.identity, "reason": reason})
             if lead:
                 with self._lock:
                     keys = list(self._jobs)

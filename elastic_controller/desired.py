@@ -87,8 +87,9 @@ def _event(reason_text: str) -> EventSpec:
     return EventSpec(reason, message or reason_text)
 
 
-def _requests(job: ElasticRLJob, by_name: dict[str, ObservedWorker], target: JobTarget,
-              now: datetime) -> tuple[tuple[SuspendRequest, ...], tuple[PodRef, ...]]:  # fmt: skip
+def _requests(
+    job: ElasticRLJob, by_name: dict[str, ObservedWorker], target: JobTarget, now: datetime
+) -> tuple[tuple[SuspendRequest, ...], tuple[PodRef, ...]]:
     grace = job.spec.graceful_shutdown_period
     sets = tuple(
         SuspendRequest(PodRef(w.name, w.uid), suspend_request(f"planned reclaim of {w.name}", grace, now))
@@ -103,13 +104,20 @@ def _left_to_orchestrator(job: ElasticRLJob, target: JobTarget) -> tuple[EventSp
     n = len(target.suspend) + len(target.resume)
     if owns_suspend_requests(job) or n == 0:
         return ()
-    message = (f"{n} planned suspend/resume of workers in time-slice group {job.spec.timeslice_group} not "
-               "written: its orchestrator owns their rose.io/suspend-request")  # fmt: skip
+    message = (
+        f"{n} planned suspend/resume of workers in time-slice group {job.spec.timeslice_group} not "
+        "written: its orchestrator owns their rose.io/suspend-request"
+    )
     return (EventSpec("SuspendLeftToOrchestrator", message),)
 
 
-def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None, now: datetime,
-            lease: GroupLease | None = None) -> Desired:  # fmt: skip
+def desired(
+    job: ElasticRLJob,
+    observed: list[ObservedWorker],
+    target: JobTarget | None,
+    now: datetime,
+    lease: GroupLease | None = None,
+) -> Desired:
     """What to change so the job's pods match ``target`` (None: the planner has not spoken; keep);
     ``lease``: the orchestrator's Lease of the job's time-slice group, when it has one."""
     status, transitions = compute_status(job, observed, target, job.status, now)
@@ -122,8 +130,9 @@ def desired(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget
     if target is None:
         return Desired(template, status, delete=lost, events=tuple(transitions))
     by_name = {w.name: w for w in observed}
-    removed = tuple(PodRef(w.name, w.uid) for w in (by_name[n] for n in target.remove if n in by_name)
-                    if not w.deleting)  # fmt: skip
+    removed = tuple(
+        PodRef(w.name, w.uid) for w in (by_name[n] for n in target.remove if n in by_name) if not w.deleting
+    )
     state_bytes = job.spec.state_bytes_per_worker
     slots = zip(_free_indexes(observed, len(target.add)), target.add, strict=True)
     create = tuple(worker_pod(job, i, pool, state_bytes, share=target.share) for i, pool in slots)
@@ -139,13 +148,20 @@ def _dedicated_trainers(job: ElasticRLJob, observed: list[ObservedWorker]) -> tu
     if job.spec.roles is None or not dedicated(job, "trainer"):
         return ()
     have = {w.index for w in observed if w.role == "trainer"}
-    return tuple(worker_pod(job, i, None, None, "trainer") for i in range(job.spec.roles.trainer.workers)
-                 if i not in have)  # fmt: skip
+    return tuple(
+        worker_pod(job, i, None, None, "trainer") for i in range(job.spec.roles.trainer.workers) if i not in have
+    )
 
 
-def _desired_roles(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None, now: datetime,
-                   status: ElasticRLJobStatus, transitions: tuple[EventSpec, ...],
-                   lost: tuple[PodRef, ...]) -> Desired:  # fmt: skip
+def _desired_roles(
+    job: ElasticRLJob,
+    observed: list[ObservedWorker],
+    target: JobTarget | None,
+    now: datetime,
+    status: ElasticRLJobStatus,
+    transitions: tuple[EventSpec, ...],
+    lost: tuple[PodRef, ...],
+) -> Desired:
     """A job with ``spec.roles``: ``target`` is the roles' targets joined (``planner.merge_roles``);
     each new worker is created in its role (``add_roles``), with its role's template, claim
     template, index and environment; the trainer's headless Service is kept in place."""
@@ -153,20 +169,33 @@ def _desired_roles(job: ElasticRLJob, observed: list[ObservedWorker], target: Jo
     service = trainer_service(job)
     trainers = _dedicated_trainers(job, observed)
     if target is None:
-        return Desired(None, status, create=trainers, delete=lost, events=transitions, templates=templates,
-                       service=service)  # fmt: skip
+        return Desired(
+            None, status, create=trainers, delete=lost, events=transitions, templates=templates, service=service
+        )
     by_name = {w.name: w for w in observed}
-    removed = tuple(PodRef(w.name, w.uid) for w in (by_name[n] for n in target.remove if n in by_name)
-                    if not w.deleting)  # fmt: skip
+    removed = tuple(
+        PodRef(w.name, w.uid) for w in (by_name[n] for n in target.remove if n in by_name) if not w.deleting
+    )
     create = list(trainers)
     for role in ("trainer", "rollout"):
         pools = [p for p, r in zip(target.add, target.add_roles, strict=True) if r == role]
-        create += [worker_pod(job, i, pool, None, role)
-                   for i, pool in zip(_free_indexes(observed, len(pools), role), pools, strict=True)]  # fmt: skip
+        create += [
+            worker_pod(job, i, pool, None, role)
+            for i, pool in zip(_free_indexes(observed, len(pools), role), pools, strict=True)
+        ]
     sets, clears = _requests(job, by_name, target, now)
     events = transitions + tuple(_event(r) for r in target.reasons)
-    return Desired(None, status, tuple(create), tuple(dict.fromkeys(lost + removed)), sets, clears, events,
-                   templates=templates, service=service)  # fmt: skip
+    return Desired(
+        None,
+        status,
+        tuple(create),
+        tuple(dict.fromkeys(lost + removed)),
+        sets,
+        clears,
+        events,
+        templates=templates,
+        service=service,
+    )
 
 
 def _index(job: ElasticRLJob, pod: dict[str, Any]) -> int:

@@ -45,14 +45,23 @@ def member_state(job_key: str, group: str, lease: GroupLease | None, now: float)
         return Membership("NoGrant", f"group {group}: no job has acquired it yet", None)
     holds = "holds the group" if lease.holds(job_key, now) else "yielded; nobody took over (lazy eviction)"
     if lease.switching and lease.holder == job_key:
-        return Membership("Switching", f"group {group}: hand-over to {job_key} in flight (fencing token "
-                                       f"{lease.token}, from {lease.resident or 'nobody'})", lease.token)  # fmt: skip
+        return Membership(
+            "Switching",
+            f"group {group}: hand-over to {job_key} in flight (fencing token "
+            f"{lease.token}, from {lease.resident or 'nobody'})",
+            lease.token,
+        )
     if lease.resident == job_key and not lease.switching:
-        return Membership("Resident", f"group {group}: {job_key} is resident and {holds} (fencing token "
-                                      f"{lease.token})", lease.token)  # fmt: skip
+        return Membership(
+            "Resident", f"group {group}: {job_key} is resident and {holds} (fencing token {lease.token})", lease.token
+        )
     who = lease.holder if lease.switching else lease.resident
-    return Membership("Waiting", f"group {group}: {who or 'nobody'} is resident (fencing token {lease.token}); "
-                                 f"{job_key} is suspended or waits for its Acquire", lease.token)  # fmt: skip
+    return Membership(
+        "Waiting",
+        f"group {group}: {who or 'nobody'} is resident (fencing token {lease.token}); "
+        f"{job_key} is suspended or waits for its Acquire",
+        lease.token,
+    )
 
 
 def _condition(prev: list[Condition], m: Membership, gen: int, now: datetime) -> tuple[Condition, EventSpec | None]:
@@ -60,14 +69,23 @@ def _condition(prev: list[Condition], m: Membership, gen: int, now: datetime) ->
     status = "True" if m.state == "Resident" else "False"
     changed = before is None or before.status != status or before.reason != m.state
     since = now if changed or before is None else before.last_transition_time
-    cond = Condition.model_validate({"type": CONDITION, "status": status, "reason": m.state, "message": m.message,
-                                     "lastTransitionTime": since, "observedGeneration": gen})  # fmt: skip
+    cond = Condition.model_validate(
+        {
+            "type": CONDITION,
+            "status": status,
+            "reason": m.state,
+            "message": m.message,
+            "lastTransitionTime": since,
+            "observedGeneration": gen,
+        }
+    )
     event = EventSpec(f"Timeslice{m.state}", m.message) if changed else None
     return cond, event
 
 
-def reflect(job: ElasticRLJob, status: ElasticRLJobStatus, lease: GroupLease | None,
-            now: datetime) -> tuple[ElasticRLJobStatus, list[EventSpec]]:  # fmt: skip
+def reflect(
+    job: ElasticRLJob, status: ElasticRLJobStatus, lease: GroupLease | None, now: datetime
+) -> tuple[ElasticRLJobStatus, list[EventSpec]]:
     """``status`` with the job's ``Resident`` condition and ``fencingToken`` (unchanged for a job in no group)."""
     group = job.spec.timeslice_group
     if group is None:

@@ -136,8 +136,9 @@ class KubeJobApi:
     """The reconciler's ``JobApi`` against the API server (Events through an :class:`EventQueue`
     when ``background_events``)."""
 
-    def __init__(self, raw: Raw, host: str = "", clock: Callable[[], dt.datetime] | None = None,
-                 background_events: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, raw: Raw, host: str = "", clock: Callable[[], dt.datetime] | None = None, background_events: bool = False
+    ) -> None:
         self.raw = raw
         self.host = host
         self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
@@ -170,15 +171,19 @@ class KubeJobApi:
             owners = objects.meta(doc).get("ownerReferences") or []
             if any(isinstance(o, dict) and o.get("uid") == mine["uid"] for o in owners):
                 return
-            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": objects.resource_version(doc)},
-                   {"op": "add", "path": "/metadata/ownerReferences", "value": [*owners, mine]}]  # fmt: skip
+            ops = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": objects.resource_version(doc)},
+                {"op": "add", "path": "/metadata/ownerReferences", "value": [*owners, mine]},
+            ]
             try:
                 self.raw.json("PATCH", f"{path}/{_q(objects.name(body))}", body=ops, content_type=JSON_PATCH)
                 return
             except (Conflict, Unprocessable, NotFound):  # changed or deleted since the read: again
                 continue
-        raise RuntimeError(f"ResourceClaim {objects.name(body)}: owner reference of {mine['name']} not added after "
-                           f"{attempts} attempts: the claim kept changing")  # fmt: skip
+        raise RuntimeError(
+            f"ResourceClaim {objects.name(body)}: owner reference of {mine['name']} not added after "
+            f"{attempts} attempts: the claim kept changing"
+        )
 
     def create_pod(self, body: dict[str, Any]) -> None:
         with contextlib.suppress(Conflict):  # created before a crash or a lost reply: the fixed name is idempotent
@@ -342,12 +347,19 @@ def inventory_informers(
     raw: Raw, store: InventoryStore, on_restart: Callable[[str], None], stop: threading.Event
 ) -> list[Informer]:
     """The nodes of GPU pools and the ROSE driver's ResourceSlices (both selected server-side), into ``store``."""
-    nodes = InformerSettings(kind="Node", path="/api/v1/nodes", label_selector=names.LABEL_POOL,
-                             watch_timeout_seconds=300)  # fmt: skip
-    slices = InformerSettings(kind="ResourceSlice", path=f"{RCT_API}/resourceslices",
-                              field_selector=f"spec.driver={names.DRIVER_NAME}", watch_timeout_seconds=300)  # fmt: skip
-    return [Informer(raw, nodes, store.handler("Node"), on_restart, stop),
-            Informer(raw, slices, store.handler("ResourceSlice"), on_restart, stop)]  # fmt: skip
+    nodes = InformerSettings(
+        kind="Node", path="/api/v1/nodes", label_selector=names.LABEL_POOL, watch_timeout_seconds=300
+    )
+    slices = InformerSettings(
+        kind="ResourceSlice",
+        path=f"{RCT_API}/resourceslices",
+        field_selector=f"spec.driver={names.DRIVER_NAME}",
+        watch_timeout_seconds=300,
+    )
+    return [
+        Informer(raw, nodes, store.handler("Node"), on_restart, stop),
+        Informer(raw, slices, store.handler("ResourceSlice"), on_restart, stop),
+    ]
 
 
 # ---------------------------------------------------------------------- leader election
@@ -402,8 +414,13 @@ def informers(
 ) -> list[Informer]:
     """ElasticRLJobs in every namespace, and only the worker Pods (label selected by the server)."""
     jobs = InformerSettings(kind=names.KIND, path=JOBS_PATH, watch_timeout_seconds=60, resync_seconds=resync_seconds)
-    pods = InformerSettings(kind="Pod", path="/api/v1/pods", label_selector=names.LABEL_JOB,
-                            watch_timeout_seconds=60, resync_seconds=resync_seconds)  # fmt: skip
+    pods = InformerSettings(
+        kind="Pod",
+        path="/api/v1/pods",
+        label_selector=names.LABEL_JOB,
+        watch_timeout_seconds=60,
+        resync_seconds=resync_seconds,
+    )
     return [Informer(raw, jobs, on_job, on_restart, stop), Informer(raw, pods, on_pod, on_restart, stop)]
 
 
@@ -456,11 +473,16 @@ class GroupLeases:
         return next((g for g in mine if g.namespace == namespace), mine[0] if mine else None)
 
 
-def group_informers(raw: Raw, namespace: str, leases: GroupLeases, on_restart: Callable[[str], None],
-                    stop: threading.Event) -> list[Informer]:  # fmt: skip
+def group_informers(
+    raw: Raw, namespace: str, leases: GroupLeases, on_restart: Callable[[str], None], stop: threading.Event
+) -> list[Informer]:
     """The time-slice orchestrator's group Leases in ``namespace`` (label selected by the server)."""
-    settings = InformerSettings(kind="Lease", path=f"{LEASE_API}/namespaces/{_q(namespace)}/leases",
-                                label_selector=LABEL_GROUP, watch_timeout_seconds=300)  # fmt: skip
+    settings = InformerSettings(
+        kind="Lease",
+        path=f"{LEASE_API}/namespaces/{_q(namespace)}/leases",
+        label_selector=LABEL_GROUP,
+        watch_timeout_seconds=300,
+    )
     return [Informer(raw, settings, leases.handler(), on_restart, stop)]
 
 

@@ -116,8 +116,9 @@ def _capped(value: float | None, cap: float) -> float | None:
     return None if value is None else min(value, cap)
 
 
-def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | None = None,
-                    device_memory: int | None = None) -> WorkloadReport:  # fmt: skip
+def workload_report(
+    observed: list[ObservedWorker], spec: ElasticRLJobSpec | None = None, device_memory: int | None = None
+) -> WorkloadReport:
     """The phase of the lowest-index active worker that reports one; the most seconds to a safe
     point among active workers (the gang reaches its safe point with its slowest); the largest
     state bytes among live workers (the planner's cost is per worker); the largest minimum
@@ -134,9 +135,13 @@ def workload_report(observed: list[ObservedWorker], spec: ElasticRLJobSpec | Non
     phase = next((w.workload_phase for w in active if w.workload_phase), None)
     secs = [w.seconds_to_safe_point for w in active if w.seconds_to_safe_point is not None]
     sizes = [w.reported_state_bytes for w in live if w.reported_state_bytes is not None]
-    rep = WorkloadReport(phase, max(secs) if secs else None, max(sizes) if sizes else None,
-                         _largest([w.reported_min_gpus for w in live]),
-                         _largest([w.reported_min_host_memory for w in live]))  # fmt: skip
+    rep = WorkloadReport(
+        phase,
+        max(secs) if secs else None,
+        max(sizes) if sizes else None,
+        _largest([w.reported_min_gpus for w in live]),
+        _largest([w.reported_min_host_memory for w in live]),
+    )
     if spec is None:
         return rep
     roles = {w.role for w in live} or {None}
@@ -175,8 +180,9 @@ def world_updates(observed: list[ObservedWorker]) -> list[ObservedWorker]:
     intermediate world on pods still starting doubled the annotation writes of a job's grow
     (``benchmarks/controller_scale.py``)."""
     value = world_value(observed)
-    return [w for w in observed if not w.lost and value is not None and w.world != value
-            and planner_state(w) != "pending"]  # fmt: skip
+    return [
+        w for w in observed if not w.lost and value is not None and w.world != value and planner_state(w) != "pending"
+    ]
 
 
 def role_world_updates(observed: list[ObservedWorker]) -> list[tuple[ObservedWorker, str]]:
@@ -208,9 +214,14 @@ def job_share(spec: ElasticRLJobSpec, gpu_memory: int | None) -> float:
     return round(min(MAX_PLANNED_SHARE, slices.share_fraction(memory, compute, gpu_memory or 0)), 6)
 
 
-def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_safe_point: float = 0.0,
-                class_priority: int = 0, device_memory: int | None = None,
-                share_memory: int | None = None) -> Job:  # fmt: skip
+def planner_job(
+    job: ElasticRLJob,
+    state_bytes: int | None = None,
+    seconds_to_safe_point: float = 0.0,
+    class_priority: int = 0,
+    device_memory: int | None = None,
+    share_memory: int | None = None,
+) -> Job:
     """The planner's view of a job: bounds from the spec, costs from the workload's reports
     (``state_bytes`` overrides ``spec.stateBytesPerWorker``; both bounded by the worker's device
     memory, the seconds to a safe point by the grace period), dwell from ``lastShrinkTime``;
@@ -222,8 +233,9 @@ def planner_job(job: ElasticRLJob, state_bytes: int | None = None, seconds_to_sa
     return replace(out, share=share) if share > 0 else out
 
 
-def role_planner_jobs(job: ElasticRLJob, observed: list[ObservedWorker], class_priority: int = 0,
-                      device_memory: int | None = None) -> list[Job]:  # fmt: skip
+def role_planner_jobs(
+    job: ElasticRLJob, observed: list[ObservedWorker], class_priority: int = 0, device_memory: int | None = None
+) -> list[Job]:
     """The planner's jobs of an ElasticRLJob with ``spec.roles``: ``<key>#trainer`` (min = max, a
     fixed gang; left out when its placement is Dedicated: never planned) and ``<key>#rollout``
     (requires the lent trainer; its reclaim by removal when ``reclaim: Remove``). Each role's
@@ -234,16 +246,25 @@ def role_planner_jobs(job: ElasticRLJob, observed: list[ObservedWorker], class_p
         if dedicated(job, role):
             continue
         rep = workload_report([w for w in observed if w.role == role], job.spec, device_memory)
-        out.append(_planner_job(job, role, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority,
-                                device_memory))  # fmt: skip
+        out.append(
+            _planner_job(job, role, rep.state_bytes, rep.seconds_to_safe_point or 0.0, class_priority, device_memory)
+        )
     return out
 
 
-def _planner_job(job: ElasticRLJob, role: Role | None, state_bytes: int | None, seconds_to_safe_point: float,
-                 class_priority: int, device_memory: int | None) -> Job:  # fmt: skip
+def _planner_job(
+    job: ElasticRLJob,
+    role: Role | None,
+    state_bytes: int | None,
+    seconds_to_safe_point: float,
+    class_priority: int,
+    device_memory: int | None,
+) -> Job:
     s = job.spec
-    size = min(state_bytes if state_bytes is not None else (s.role_state_bytes(role) or 0),
-               state_bytes_bound(s, device_memory, role))  # fmt: skip
+    size = min(
+        state_bytes if state_bytes is not None else (s.role_state_bytes(role) or 0),
+        state_bytes_bound(s, device_memory, role),
+    )
     seconds_to_safe_point = min(max(0.0, seconds_to_safe_point), float(s.graceful_shutdown_period))
     shrunk = job.status.last_shrink_time if job.status is not None else None
     gpw = s.role_gpus_per_worker(role)

@@ -158,8 +158,16 @@ class Job:
         anything else (they hold only weights and in-flight generations), state size, then the
         tenant's ``spec.priority`` only against jobs of the same namespace (the namespace comes
         before it, so a big number never jumps another tenant's job), time to the next safe point."""
-        return (self.class_priority, 0 if self.share > 0 else 1, 0 if self.role == ROLE_ROLLOUT else 1,
-                self.state_bytes, self.namespace, self.priority, self.seconds_to_safe_point, self.key)  # fmt: skip
+        return (
+            self.class_priority,
+            0 if self.share > 0 else 1,
+            0 if self.role == ROLE_ROLLOUT else 1,
+            self.state_bytes,
+            self.namespace,
+            self.priority,
+            self.seconds_to_safe_point,
+            self.key,
+        )
 
     def grow_order(self) -> tuple[int, str, int, str, int, str]:
         """Who grows first: higher class priority, then, inside one namespace, higher ``spec.priority``;
@@ -249,8 +257,17 @@ class _JobBook:
     def target(self) -> JobTarget:
         whole = 0 if self.job.share > 0 else self.job.gpus_per_worker * len(self.holding)
         share = self.active if self.job.share > 0 else 0.0
-        return JobTarget(self.job.key, whole, tuple(self.suspend), tuple(self.resume), tuple(self.remove),
-                         tuple(self.add), tuple(self.reasons), active_share=share, share=self.job.share)  # fmt: skip
+        return JobTarget(
+            self.job.key,
+            whole,
+            tuple(self.suspend),
+            tuple(self.resume),
+            tuple(self.remove),
+            tuple(self.add),
+            tuple(self.reasons),
+            active_share=share,
+            share=self.job.share,
+        )
 
 
 class _Book:
@@ -426,8 +443,10 @@ def _overreach(book: _Book, pool: str) -> None:
     for b in [b for b in book.occupants(pool) if not book.fits(pool, b)]:
         mine = tuple(w.name for w in b.holding if w.pool == pool)
         end = horizon.start + horizon.step * len(horizon.upper) - book.now
-        why = (f"its lead {book.interval + b.job.lead_s:.0f}s (grace + suspend + plan interval) reaches past "
-               f"the forecast horizon of {pool} ({end:.0f}s)")  # fmt: skip
+        why = (
+            f"its lead {book.interval + b.job.lead_s:.0f}s (grace + suspend + plan interval) reaches past "
+            f"the forecast horizon of {pool} ({end:.0f}s)"
+        )
         for w in [w for w in b.holding if w.pool == pool]:
             book.drop(b, w, f"PlannedShrink: {w.name} in {pool}; {why}")
         book.reclaims.append(Reclaim(pool, b.job.key, "gang-suspend" if not b.holding else "shrink", mine))
@@ -444,8 +463,10 @@ def _reclaim(book: _Book) -> None:
             q = book.pools[pool].forecast.quantile
             shared = book.shares(pool)
             in_shares = f" ({shared:g} GPU in shares counts {math.ceil(shared - 1e-9)})" if shared else ""
-            why = (f"serving {q} needs {book.need(pool, lead):g} of {book.pools[pool].capacity} GPUs within "
-                   f"{lead:.0f}s, {book.lent(pool)} lent{in_shares}")  # fmt: skip
+            why = (
+                f"serving {q} needs {book.need(pool, lead):g} of {book.pools[pool].capacity} GPUs within "
+                f"{lead:.0f}s, {book.lent(pool)} lent{in_shares}"
+            )
             _reclaim_one(book, pool, why, cheapest)
 
 
@@ -497,8 +518,10 @@ def _grow(book: _Book, b: _JobBook) -> None:
     grown = len(b.resume) - before[2] + len(b.add) - before[3]
     if grown:
         each = f" (a {b.job.share:g} GPU share each)" if b.job.share > 0 else ""
-        b.reasons.append(f"Grow: {len(before[0])} -> {len(b.holding)} workers{each}; the forecast leaves room for "
-                         f"{b.job.min_useful_run_s:g}s")  # fmt: skip
+        b.reasons.append(
+            f"Grow: {len(before[0])} -> {len(b.holding)} workers{each}; the forecast leaves room for "
+            f"{b.job.min_useful_run_s:g}s"
+        )
 
 
 def _partial_gangs(book: _Book) -> None:
@@ -540,9 +563,13 @@ def plan(inp: PlanInput) -> Plan:
             _grow(book, b)
     _partial_gangs(book)
     _orphans(book)
-    return Plan(inp.now, {k: b.target() for k, b in book.jobs.items()}, tuple(book.reclaims),
-                {p: book.lent(p) for p in sorted(book.pools)},
-                {p: book.shares(p) for p in sorted(book.pools) if book.shares(p)})  # fmt: skip
+    return Plan(
+        inp.now,
+        {k: b.target() for k, b in book.jobs.items()},
+        tuple(book.reclaims),
+        {p: book.lent(p) for p in sorted(book.pools)},
+        {p: book.shares(p) for p in sorted(book.pools) if book.shares(p)},
+    )
 
 
 def merge_roles(targets: dict[str, JobTarget], jobs: tuple[Job, ...]) -> dict[str, JobTarget]:
@@ -558,10 +585,16 @@ def merge_roles(targets: dict[str, JobTarget], jobs: tuple[Job, ...]) -> dict[st
             continue
         m = out.get(job.owner, JobTarget(job.owner, 0))
         out[job.owner] = JobTarget(
-            job.owner, m.active_gpus + t.active_gpus, m.suspend + t.suspend, m.resume + t.resume,
-            m.remove + t.remove, m.add + t.add, m.reasons + t.reasons, m.add_roles + (job.role,) * len(t.add),
+            job.owner,
+            m.active_gpus + t.active_gpus,
+            m.suspend + t.suspend,
+            m.resume + t.resume,
+            m.remove + t.remove,
+            m.add + t.add,
+            m.reasons + t.reasons,
+            m.add_roles + (job.role,) * len(t.add),
             (*m.role_workers, (job.role, t.active_gpus // job.gpus_per_worker)),
-        )  # fmt: skip
+        )
     return out
 
 

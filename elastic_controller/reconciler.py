@@ -65,17 +65,24 @@ def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[list[Step]]:
     if d.create and d.claim_template is not None:  # the template is only read when a pod is created
         groups.append([("ensure_claim_template", job.name, partial(api.ensure_claim_template, d.claim_template))])
     if d.create:  # a job with roles: each lent role's template
-        groups.append([("ensure_claim_template", t["metadata"]["name"], partial(api.ensure_claim_template, t))
-                       for t in d.templates])  # fmt: skip
+        groups.append(
+            [
+                ("ensure_claim_template", t["metadata"]["name"], partial(api.ensure_claim_template, t))
+                for t in d.templates
+            ]
+        )
     if d.create and d.service is not None:  # the trainer's headless Service, before its pods
         groups.append([("ensure_service", d.service["metadata"]["name"], partial(api.ensure_service, d.service))])
     groups.append([("ensure_claim", c["metadata"]["name"], partial(api.ensure_claim, c)) for c in d.claims])
     groups.append([("create_pod", b["metadata"]["name"], partial(api.create_pod, b)) for b in d.create])
     groups.append([("delete_pod", p.name, partial(api.delete_pod, ns, p)) for p in d.delete])
-    requests: list[Step] = [("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))
-                            for r in d.set_requests]  # fmt: skip
-    requests += [("clear_suspend_request", p.name, partial(api.set_suspend_request, ns, p, None))
-                 for p in d.clear_requests]  # fmt: skip
+    requests: list[Step] = [
+        ("set_suspend_request", r.pod.name, partial(api.set_suspend_request, ns, r.pod, r.value))
+        for r in d.set_requests
+    ]
+    requests += [
+        ("clear_suspend_request", p.name, partial(api.set_suspend_request, ns, p, None)) for p in d.clear_requests
+    ]
     groups.append(requests)
     groups.append([("record_event", e.reason, partial(api.record_event, job, e)) for e in d.events])
     return [g for g in groups if g]
@@ -92,6 +99,9 @@ def converge(api: JobApi, job: ElasticRLJob, d: Desired, run: RunAll = run_seria
     failures: list[Failure] = []
     for group in _steps(api, job, d):
         errors = run([call for _, _, call in group])
-        failures += [Failure(action, target, repr(e)) for (action, target, _), e in zip(group, errors, strict=True)
-                     if e is not None]  # fmt: skip
+        failures += [
+            Failure(action, target, repr(e))
+            for (action, target, _), e in zip(group, errors, strict=True)
+            if e is not None
+        ]
     return failures

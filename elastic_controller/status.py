@@ -46,8 +46,9 @@ def _dedicated_gpus(job: ElasticRLJob) -> int:
     return r.trainer.workers * r.trainer.gpus_per_worker if r is not None and r.trainer.placement == "Dedicated" else 0
 
 
-def _roles_status(job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None,
-                  prev: ElasticRLJobStatus) -> dict[str, Any] | None:  # fmt: skip
+def _roles_status(
+    job: ElasticRLJob, observed: list[ObservedWorker], target: JobTarget | None, prev: ElasticRLJobStatus
+) -> dict[str, Any] | None:
     """``status.roles`` of a job with roles: per role, the workers the plan holds (a dedicated
     trainer: all of them), the active and the suspended ones."""
     roles = job.spec.roles
@@ -62,16 +63,24 @@ def _roles_status(job: ElasticRLJob, observed: list[ObservedWorker], target: Job
             desired_workers = roles.trainer.workers
         else:
             desired_workers = wanted.get(role, before.desired_workers if before is not None else None) or 0
-        out[role] = {"desiredWorkers": desired_workers, "activeWorkers": mine.count("active"),
-                     "suspendedWorkers": mine.count("suspended")}  # fmt: skip
+        out[role] = {
+            "desiredWorkers": desired_workers,
+            "activeWorkers": mine.count("active"),
+            "suspendedWorkers": mine.count("suspended"),
+        }
     return out
 
 
 def _count(observed: list[ObservedWorker]) -> _Counts:
     live = [w for w in observed if not w.lost]
     states = [planner_state(w) for w in live]
-    return _Counts(states.count("active"), states.count("suspended"), states.count("suspending"),
-                   states.count("resuming"), len(observed) - len(live))  # fmt: skip
+    return _Counts(
+        states.count("active"),
+        states.count("suspended"),
+        states.count("suspending"),
+        states.count("resuming"),
+        len(observed) - len(live),
+    )
 
 
 def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int, active_gpus: int) -> Phase:
@@ -86,8 +95,9 @@ def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int, active_gpus: int) ->
     return "Running" if active_gpus == target_gpus else "Scaling"
 
 
-def _wanted(c: _Counts, phase: Phase, target_gpus: int, active: int,
-            share: float = 0.0) -> dict[ConditionType, tuple[bool, str]]:  # fmt: skip
+def _wanted(
+    c: _Counts, phase: Phase, target_gpus: int, active: int, share: float = 0.0
+) -> dict[ConditionType, tuple[bool, str]]:
     if share > 0:  # a job of GPU shares: counted in workers, each holding a share
         each = f"workers with a {share:g} GPU share each"
         ready, scaling = (
@@ -104,8 +114,9 @@ def _wanted(c: _Counts, phase: Phase, target_gpus: int, active: int,
     }
 
 
-def _conditions(prev: list[Condition], wanted: dict[ConditionType, tuple[bool, str]], gen: int,
-                now: datetime) -> tuple[list[Condition], list[EventSpec]]:  # fmt: skip
+def _conditions(
+    prev: list[Condition], wanted: dict[ConditionType, tuple[bool, str]], gen: int, now: datetime
+) -> tuple[list[Condition], list[EventSpec]]:
     old = {c.type: c for c in prev}
     out: list[Condition] = []
     events: list[EventSpec] = []
@@ -114,9 +125,18 @@ def _conditions(prev: list[Condition], wanted: dict[ConditionType, tuple[bool, s
         before = old.get(kind)
         changed = before is None or before.status != status
         since = now if changed or before is None else before.last_transition_time
-        out.append(Condition.model_validate({"type": kind, "status": status, "reason": kind if true else f"Not{kind}",
-                                             "message": message, "lastTransitionTime": since,
-                                             "observedGeneration": gen}))  # fmt: skip
+        out.append(
+            Condition.model_validate(
+                {
+                    "type": kind,
+                    "status": status,
+                    "reason": kind if true else f"Not{kind}",
+                    "message": message,
+                    "lastTransitionTime": since,
+                    "observedGeneration": gen,
+                }
+            )
+        )
         if changed and (before is not None or true):
             warn = kind == "Degraded" and true
             events.append(EventSpec(kind if true else f"Not{kind}", message, "Warning" if warn else "Normal"))
@@ -137,8 +157,7 @@ class _Shares:
         return {"gpuShare": self.share, "activeShareGPUs": self.active, "targetShareGPUs": self.target}
 
 
-def _share_status(job: ElasticRLJob, c: _Counts, target: JobTarget | None,
-                  prev: ElasticRLJobStatus) -> _Shares | None:  # fmt: skip
+def _share_status(job: ElasticRLJob, c: _Counts, target: JobTarget | None, prev: ElasticRLJobStatus) -> _Shares | None:
     """A job with ``spec.gpuShare``: its share per worker and the fractions held and wanted (the
     planner's; before its first target, the last status's)."""
     if job.spec.gpu_share is None:
@@ -172,8 +191,12 @@ def compute_status(
     if shares is not None:
         active_gpus = suspended_gpus = target_gpus = 0
     phase = _phase(job, c, wanted, active)
-    conditions, events = _conditions(prev.conditions or [], _wanted(c, phase, wanted, active,
-                                     shares.share if shares is not None else 0.0), job.generation, now)  # fmt: skip
+    conditions, events = _conditions(
+        prev.conditions or [],
+        _wanted(c, phase, wanted, active, shares.share if shares is not None else 0.0),
+        job.generation,
+        now,
+    )
     was_suspended = _was(prev, "Suspended")
     is_suspended = any(x.type == "Suspended" and x.status == "True" for x in conditions)
     total = prev.total_suspended_seconds or 0.0
@@ -184,13 +207,27 @@ def compute_status(
         events.insert(0, EventSpec(phase, f"phase {prev.phase or 'None'} -> {phase}"))
     shrink = now if target is not None and target.shrinks else prev.last_shrink_time
     rep = workload_report(observed, job.spec)  # bounded by what the spec justifies
-    status = ElasticRLJobStatus.model_validate({
-        "phase": phase, "activeWorkers": c.active, "suspendedWorkers": c.suspended, "activeGPUs": active_gpus,
-        "suspendedGPUs": suspended_gpus, "targetGPUs": target_gpus, "lastSafePoint": prev.last_safe_point,
-        "lastShrinkTime": shrink, "suspendCount": count, "totalSuspendedSeconds": total,
-        "observedGeneration": job.generation, "conditions": conditions, "workloadPhase": rep.phase,
-        "secondsToSafePoint": rep.seconds_to_safe_point, "stateBytes": rep.state_bytes,
-        "minGPUsPerWorker": rep.min_gpus, "minHostMemoryBytes": rep.min_host_memory_bytes, "roles": roles,
-        **(shares.fields() if shares is not None else {}),
-    })  # fmt: skip
+    status = ElasticRLJobStatus.model_validate(
+        {
+            "phase": phase,
+            "activeWorkers": c.active,
+            "suspendedWorkers": c.suspended,
+            "activeGPUs": active_gpus,
+            "suspendedGPUs": suspended_gpus,
+            "targetGPUs": target_gpus,
+            "lastSafePoint": prev.last_safe_point,
+            "lastShrinkTime": shrink,
+            "suspendCount": count,
+            "totalSuspendedSeconds": total,
+            "observedGeneration": job.generation,
+            "conditions": conditions,
+            "workloadPhase": rep.phase,
+            "secondsToSafePoint": rep.seconds_to_safe_point,
+            "stateBytes": rep.state_bytes,
+            "minGPUsPerWorker": rep.min_gpus,
+            "minHostMemoryBytes": rep.min_host_memory_bytes,
+            "roles": roles,
+            **(shares.fields() if shares is not None else {}),
+        }
+    )
     return status, events

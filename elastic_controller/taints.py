@@ -69,8 +69,10 @@ def decide(inp: PlanInput, result: Plan, lead_s: float) -> dict[str, Decision]:
         # The planner's own new workers (added now, or pending from an earlier plan) are lent claims
         # still to be allocated: a NoSchedule taint would keep them off the GPUs the plan gave them.
         room = p.capacity - need - (lent - new)
-        why = (f"serving may need {need} of {p.capacity} GPUs within {window:.0f}s "
-               f"({lent} lent after this plan, {new} of them being placed): {max(room, 0)} left to lend")  # fmt: skip
+        why = (
+            f"serving may need {need} of {p.capacity} GPUs within {window:.0f}s "
+            f"({lent} lent after this plan, {new} of them being placed): {max(room, 0)} left to lend"
+        )
         out[p.name] = Decision(p.name, room <= 0, why)
     return out
 

@@ -87,12 +87,22 @@ def trainer_service(job: ElasticRLJob) -> dict[str, Any]:
     if job.spec.roles is None:
         raise ValueError(f"ElasticRLJob {job.namespace}/{job.name} has no spec.roles; it has no trainer Service")
     port = job.spec.roles.trainer.port
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": trainer_service_name(job.name), "namespace": job.namespace,
-                         "labels": {names.LABEL_JOB: job.name}, "ownerReferences": [owner_reference(job)]},
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": {names.LABEL_JOB: job.name, LABEL_RL_ROLE: "trainer"},
-                     "ports": [{"name": "trainer", "port": port, "targetPort": port}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": trainer_service_name(job.name),
+            "namespace": job.namespace,
+            "labels": {names.LABEL_JOB: job.name},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {names.LABEL_JOB: job.name, LABEL_RL_ROLE: "trainer"},
+            "ports": [{"name": "trainer", "port": port, "targetPort": port}],
+        },
+    }
 
 
 def claim_template_name(job: str, role: Role | None = None) -> str:
@@ -100,8 +110,14 @@ def claim_template_name(job: str, role: Role | None = None) -> str:
 
 
 def owner_reference(job: ElasticRLJob) -> dict[str, Any]:
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": job.name, "uid": job.uid,
-            "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _claim_request(job: ElasticRLJob, role: Role | None) -> dict[str, Any]:
@@ -109,11 +125,24 @@ def _claim_request(job: ElasticRLJob, role: Role | None) -> dict[str, Any]:
     share device (DeviceClass ``share.gpu.rose.io``) with the share's capacities requested."""
     share = job.spec.gpu_share
     if share is None:
-        return {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
-                "allocationMode": "ExactCount", "count": job.spec.role_gpus_per_worker(role)}}  # fmt: skip
+        return {
+            "name": CLAIM_NAME,
+            "exactly": {
+                "deviceClassName": names.DEVICE_CLASS_LENDABLE,
+                "allocationMode": "ExactCount",
+                "count": job.spec.role_gpus_per_worker(role),
+            },
+        }
     requests = {names.CAPACITY_MEMORY: share.memory, names.CAPACITY_COMPUTE: str(share.compute)}
-    return {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_SHARE,
-            "allocationMode": "ExactCount", "count": 1, "capacity": {"requests": requests}}}  # fmt: skip
+    return {
+        "name": CLAIM_NAME,
+        "exactly": {
+            "deviceClassName": names.DEVICE_CLASS_SHARE,
+            "allocationMode": "ExactCount",
+            "count": 1,
+            "capacity": {"requests": requests},
+        },
+    }
 
 
 def claim_template(job: ElasticRLJob, role: Role | None = None) -> dict[str, Any]:
@@ -147,14 +176,27 @@ def shared_claim(job: ElasticRLJob, index: int) -> dict[str, Any]:
     group = job.spec.timeslice_group
     if group is None:
         raise ValueError(f"ElasticRLJob {job.namespace}/{job.name} has no spec.timesliceGroup; it has no shared claim")
-    request = {"name": CLAIM_NAME, "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
-               "allocationMode": "ExactCount", "count": job.spec.gpus_per_worker}}  # fmt: skip
+    request = {
+        "name": CLAIM_NAME,
+        "exactly": {
+            "deviceClassName": names.DEVICE_CLASS_LENDABLE,
+            "allocationMode": "ExactCount",
+            "count": job.spec.gpus_per_worker,
+        },
+    }
     owner = {**owner_reference(job), "controller": False, "blockOwnerDeletion": False}
-    meta = {"name": shared_claim_name(group, index), "namespace": job.namespace,
-            "labels": {names.LABEL_TIMESLICE_GROUP: group, LABEL_WORKER_INDEX: str(index)},
-            "ownerReferences": [owner]}  # fmt: skip
-    return {"apiVersion": RESOURCE_API, "kind": "ResourceClaim", "metadata": meta,
-            "spec": {"devices": {"requests": [request]}}}  # fmt: skip
+    meta = {
+        "name": shared_claim_name(group, index),
+        "namespace": job.namespace,
+        "labels": {names.LABEL_TIMESLICE_GROUP: group, LABEL_WORKER_INDEX: str(index)},
+        "ownerReferences": [owner],
+    }
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaim",
+        "metadata": meta,
+        "spec": {"devices": {"requests": [request]}},
+    }
 
 
 def _pod_claim(job: ElasticRLJob, index: int, role: Role | None = None) -> dict[str, Any]:
@@ -193,13 +235,17 @@ def _role_env(job: ElasticRLJob, index: int, role: Role | None) -> list[dict[str
     """``ROSE_ROLE``, ``ROSE_ROLE_INDEX``, ``ROSE_TRAINER_ADDR``, ``ROSE_POD_IP`` and the role's size."""
     if role is None or job.spec.roles is None:
         return []
-    env: list[dict[str, Any]] = [{"name": ENV_ROLE, "value": role}, {"name": ENV_ROLE_INDEX, "value": str(index)},
-           {"name": ENV_TRAINER_ADDR, "value": trainer_addr(job)},
-           # the address a trainer's rollout service binds (reachable from the rollout pods)
-           {"name": "ROSE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]  # fmt: skip
+    env: list[dict[str, Any]] = [
+        {"name": ENV_ROLE, "value": role},
+        {"name": ENV_ROLE_INDEX, "value": str(index)},
+        {"name": ENV_TRAINER_ADDR, "value": trainer_addr(job)},
+        # the address a trainer's rollout service binds (reachable from the rollout pods)
+        {"name": "ROSE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
     r = job.spec.roles
-    lo, hi = (r.trainer.workers, r.trainer.workers) if role == "trainer" else (r.rollout.min_workers,
-                                                                               r.rollout.max_workers)  # fmt: skip
+    lo, hi = (
+        (r.trainer.workers, r.trainer.workers) if role == "trainer" else (r.rollout.min_workers, r.rollout.max_workers)
+    )
     return [*env, {"name": "ROSE_MIN_WORKERS", "value": str(lo)}, {"name": "ROSE_MAX_WORKERS", "value": str(hi)}]
 
 
@@ -248,14 +294,17 @@ def timeslice_token_volume() -> dict[str, Any]:
     return {"name": TIMESLICE_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
 
 
-def _container(c: dict[str, Any], env: list[dict[str, Any]], timesliced: bool = False,
-               claim: bool = True) -> dict[str, Any]:  # fmt: skip
+def _container(
+    c: dict[str, Any], env: list[dict[str, Any]], timesliced: bool = False, claim: bool = True
+) -> dict[str, Any]:
     ours = {e["name"] for e in env}
     c["env"] = [e for e in c.get("env", []) if e.get("name") not in ours] + env
     if timesliced:
         mounts = [m for m in c.get("volumeMounts", []) if m.get("name") != TIMESLICE_TOKEN_VOLUME]
-        c["volumeMounts"] = [*mounts, {"name": TIMESLICE_TOKEN_VOLUME, "mountPath": names.TIMESLICE_TOKEN_DIR,
-                                       "readOnly": True}]  # fmt: skip
+        c["volumeMounts"] = [
+            *mounts,
+            {"name": TIMESLICE_TOKEN_VOLUME, "mountPath": names.TIMESLICE_TOKEN_DIR, "readOnly": True},
+        ]
     if not claim:
         return c
     resources = c.setdefault("resources", {})
@@ -297,8 +346,10 @@ def worker_pod(
     spec.pop("nodeName", None)
     if not spec.get("containers"):
         where = "spec.template" if role is None else f"spec.roles.{role}.template"
-        raise ValueError(f"ElasticRLJob {job.namespace}/{job.name}: {where}.spec.containers is empty; "
-                         "give the worker Pod template at least one container")  # fmt: skip
+        raise ValueError(
+            f"ElasticRLJob {job.namespace}/{job.name}: {where}.spec.containers is empty; "
+            "give the worker Pod template at least one container"
+        )
     env = _env(job, index, role, share)
     timesliced = job.spec.timeslice_group is not None
     lent = not dedicated(job, role)
@@ -319,13 +370,21 @@ def worker_pod(
     name = worker_name(job.name, index, role)
     if role == "trainer":
         spec["hostname"], spec["subdomain"] = name, trainer_service_name(job.name)
-    labels = {**_tenant_keys(meta.get("labels")), names.LABEL_JOB: job.name, names.LABEL_ROLE: ROLE_RL_WORKER,
-              LABEL_WORKER_INDEX: str(index)}  # fmt: skip
+    labels = {
+        **_tenant_keys(meta.get("labels")),
+        names.LABEL_JOB: job.name,
+        names.LABEL_ROLE: ROLE_RL_WORKER,
+        LABEL_WORKER_INDEX: str(index),
+    }
     if role is not None:
         labels[LABEL_RL_ROLE] = role
     if job.spec.timeslice_group is not None:  # the time-slice hand-over finds the group's workers by it
         labels[names.LABEL_TIMESLICE_GROUP] = job.spec.timeslice_group
-    metadata = {"name": name, "namespace": job.namespace, "labels": labels,
-                "annotations": {**_tenant_keys(meta.get("annotations")), **_annotations(job, state_bytes, role)},
-                "ownerReferences": [owner_reference(job)]}  # fmt: skip
+    metadata = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "annotations": {**_tenant_keys(meta.get("annotations")), **_annotations(job, state_bytes, role)},
+        "ownerReferences": [owner_reference(job)],
+    }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

@@ -48,16 +48,40 @@ class Variable:
 
 
 VARIABLES: tuple[Variable, ...] = (
-    Variable("pool", "Pool", "$__all", "query", "label_values(rose_driver_lent_gpus, pool)",
-             "serving pools (the nodes' rose.io/gpu-pool label)"),
+    Variable(
+        "pool",
+        "Pool",
+        "$__all",
+        "query",
+        "label_values(rose_driver_lent_gpus, pool)",
+        "serving pools (the nodes' rose.io/gpu-pool label)",
+    ),
     Variable("slo_quantile", "SLO quantile", "0.99", "custom", "0.99,0.95,0.9,0.5", "the latency quantile shown"),
-    Variable("ttft_metric", "TTFT histogram", "vllm:time_to_first_token_seconds", "textbox", "",
-             "serving engine histogram of time to first token (without _bucket)"),
-    Variable("e2e_metric", "Request latency histogram", "vllm:e2e_request_latency_seconds", "textbox", "",
-             "serving engine histogram of whole-request latency (without _bucket)"),
-    Variable("queue_metric", "Queue gauge", "vllm:num_requests_waiting", "textbox", "",
-             "serving engine gauge of requests waiting to be scheduled"),
-)  # fmt: skip
+    Variable(
+        "ttft_metric",
+        "TTFT histogram",
+        "vllm:time_to_first_token_seconds",
+        "textbox",
+        "",
+        "serving engine histogram of time to first token (without _bucket)",
+    ),
+    Variable(
+        "e2e_metric",
+        "Request latency histogram",
+        "vllm:e2e_request_latency_seconds",
+        "textbox",
+        "",
+        "serving engine histogram of whole-request latency (without _bucket)",
+    ),
+    Variable(
+        "queue_metric",
+        "Queue gauge",
+        "vllm:num_requests_waiting",
+        "textbox",
+        "",
+        "serving engine gauge of requests waiting to be scheduled",
+    ),
+)
 DEFAULTS: dict[str, str] = {v.name: v.default for v in VARIABLES} | {"__rate_interval": "2m"}
 
 P = 'pool=~"$pool"'

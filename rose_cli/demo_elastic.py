@@ -656,8 +656,9 @@ def share_job_manifest(ns: str, example: Mapping[str, Any], node: str) -> dict[s
     template pins them to ``node`` (else the scheduler may spread them over two nodes' GPUs)."""
     body: dict[str, Any] = json.loads(json.dumps(example))
     body["metadata"] = {"name": SHARE_JOB, "namespace": ns}
-    body["spec"].update({"minGPUs": 1, "maxGPUs": 1, "gpuShare": dict(SHARE), "gracefulShutdownPeriod": 5,
-                         "minUsefulRunSeconds": 60})  # fmt: skip
+    body["spec"].update(
+        {"minGPUs": 1, "maxGPUs": 1, "gpuShare": dict(SHARE), "gracefulShutdownPeriod": 5, "minUsefulRunSeconds": 60}
+    )
     body["spec"]["template"]["spec"]["priorityClassName"] = "rose-rl"
     body["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
     return body
@@ -673,8 +674,10 @@ def _share_job(s: Stage, c: Checks) -> None:
     node = sorted(s.drivers)[0]
     kubectl(s.h, "apply", "-f", "-", stdin=json.dumps(share_job_manifest(s.ns, example, node)))
     core = client.CoreV1Api(s.api)
-    s.mark(f"kubectl apply: ElasticRLJob {SHARE_JOB} with gpuShare {SHARE['memory']} + {SHARE['compute']} % (min = "
-           f"max 1 GPU), its template pinned to {node}")  # fmt: skip
+    s.mark(
+        f"kubectl apply: ElasticRLJob {SHARE_JOB} with gpuShare {SHARE['memory']} + {SHARE['compute']} % (min = "
+        f"max 1 GPU), its template pinned to {node}"
+    )
 
     def allocated() -> list[tuple[Any, dict[str, Any]]] | None:
         pods = core.list_namespaced_pod(s.ns, label_selector=f"{names.LABEL_JOB}={SHARE_JOB}").items
@@ -689,18 +692,25 @@ def _share_job(s: Stage, c: Checks) -> None:
 
     def share_status() -> dict[str, Any] | None:
         obj = client.CustomObjectsApi(s.api).get_namespaced_custom_object(
-            names.GROUP, names.VERSION, s.ns, names.PLURAL, SHARE_JOB)  # fmt: skip
+            names.GROUP, names.VERSION, s.ns, names.PLURAL, SHARE_JOB
+        )
         st: dict[str, Any] = obj.get("status") or {}
         return st if st.get("activeShareGPUs") == 1.0 else None
 
     st = wait_for("the share job's status", share_status, timeout=15, interval=0.3)
     where = ", ".join(f"{d} of {n}" for n, d in sorted(devices))
-    s.mark(f"2 workers running on {where}, prepared there by its driver "
-           f"({'ok' if not any(errors) else errors}); status gpuShare {st.get('gpuShare')}, "
-           f"activeShareGPUs {st.get('activeShareGPUs')}")  # fmt: skip
-    c.add("a job of 0.5 GPU shares: two workers on one GPU's share device, both prepared there",
-          len(devices) == 1 and next(iter(devices))[1].endswith("-share") and not any(errors)
-          and st.get("gpuShare") == 0.5)  # fmt: skip
+    s.mark(
+        f"2 workers running on {where}, prepared there by its driver "
+        f"({'ok' if not any(errors) else errors}); status gpuShare {st.get('gpuShare')}, "
+        f"activeShareGPUs {st.get('activeShareGPUs')}"
+    )
+    c.add(
+        "a job of 0.5 GPU shares: two workers on one GPU's share device, both prepared there",
+        len(devices) == 1
+        and next(iter(devices))[1].endswith("-share")
+        and not any(errors)
+        and st.get("gpuShare") == 0.5,
+    )
     kubectl(s.h, "delete", "elasticrljob", SHARE_JOB, "-n", s.ns, "--wait=true")
     s.mark(f"kubectl delete elasticrljob {SHARE_JOB}")
 

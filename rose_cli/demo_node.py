@@ -49,10 +49,24 @@ def _start_training(out: Path, env_extra: dict[str, str]) -> subprocess.Popen[st
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
     env.update(env_extra)
     return subprocess.Popen(
-        [sys.executable, "-m", "rose_cli.demo_grpo", "--out", str(out), "--max-steps", str(GRPO_STEPS),
-         "--seed", str(GRPO_SEED), "--wait-step", str(GRPO_WAIT_STEP)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rose_cli.demo_grpo",
+            "--out",
+            str(out),
+            "--max-steps",
+            str(GRPO_STEPS),
+            "--seed",
+            str(GRPO_SEED),
+            "--wait-step",
+            str(GRPO_WAIT_STEP),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_ready(proc: subprocess.Popen[str]) -> None:

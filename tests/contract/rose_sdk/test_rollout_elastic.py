@@ -222,9 +222,28 @@ def test_world_changes_lose_nothing_and_train_bit_identical_weights(tmp_path: Pa
     import torch
 
     # the reference: one rollout worker (a thread of the trainer) for the whole run
-    ref = subprocess.run([sys.executable, str(WORKLOAD), "--out", str(tmp_path / "ref.pt"), "--max-steps", str(STEPS),
-                          "--beta", "0", "--num-iterations", "1", "--rollout-service", "--rollout-threads", "1"],
-                         env=_env(), capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    ref = subprocess.run(
+        [
+            sys.executable,
+            str(WORKLOAD),
+            "--out",
+            str(tmp_path / "ref.pt"),
+            "--max-steps",
+            str(STEPS),
+            "--beta",
+            "0",
+            "--num-iterations",
+            "1",
+            "--rollout-service",
+            "--rollout-threads",
+            "1",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
 
     # the elastic run: worker processes, 1 → 3 → 2 (one SIGKILLed holding a lease) → 1 (one leaves on SIGTERM)

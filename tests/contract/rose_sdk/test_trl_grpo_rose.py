@@ -85,10 +85,19 @@ def _suspended_run(
             socket=agent.claim_socket("claim-grpo", "uid-grpo"),
             pod_uid="uid-grpo",
             script=WORKLOAD,
-            extra=["--max-steps", str(STEPS), "--gate-dir", str(tmp), "--gates", ",".join(map(str, GATES)),
-                   "--next-tenant", str(report), *extra],
+            extra=[
+                "--max-steps",
+                str(STEPS),
+                "--gate-dir",
+                str(tmp),
+                "--gates",
+                ",".join(map(str, GATES)),
+                "--next-tenant",
+                str(report),
+                *extra,
+            ],
             env_extra=env,
-        )  # fmt: skip
+        )
         seen: list[str] = []
         with reaped(w):
             w.wait_ready(timeout=120)

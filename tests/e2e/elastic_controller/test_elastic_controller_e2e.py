@@ -64,8 +64,16 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
             module_process(ctl_args, tmp_path / "controller.log") as ctl,
         ):
             wait_for("controller metrics up", lambda: _metrics(metrics_port) or None, 30)
-            yield {"ns": ns, "forecasts": forecasts, "quiet": quiet, "busy": busy, "capacity": capacity,
-                   "metrics": metrics_port, "controller": ctl, "log": tmp_path / "controller.log"}  # fmt: skip
+            yield {
+                "ns": ns,
+                "forecasts": forecasts,
+                "quiet": quiet,
+                "busy": busy,
+                "capacity": capacity,
+                "metrics": metrics_port,
+                "controller": ctl,
+                "log": tmp_path / "controller.log",
+            }
     finally:
         delete_namespace(api, ns)
 
@@ -85,18 +93,35 @@ def _kubectl(cluster: ClusterHandle, *args: str, stdin: str | None = None) -> st
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.fail("kubectl is not on PATH: the test applies and deletes the job as a user would")
-    out = subprocess.run([kubectl, f"--kubeconfig={cluster.kubeconfig}", *args], input=stdin, text=True,
-                         capture_output=True, timeout=60, check=False)  # fmt: skip
+    out = subprocess.run(
+        [kubectl, f"--kubeconfig={cluster.kubeconfig}", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
     return out.stdout
 
 
 def _job_manifest(ns: str, lo: int = 2, hi: int = 4) -> str:
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": JOB, "namespace": ns},
-            "spec": {"minGPUs": lo, "maxGPUs": hi, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
-                     "minUsefulRunSeconds": 60, "stateBytesPerWorker": 1 << 30,
-                     "template": {"spec": {"priorityClassName": "rose-rl",
-                                           "containers": [{"name": "trainer", "image": "rose/grpo"}]}}}}  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {
+            "minGPUs": lo,
+            "maxGPUs": hi,
+            "gpusPerWorker": 1,
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+            "stateBytesPerWorker": 1 << 30,
+            "template": {
+                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
+            },
+        },
+    }
     return json.dumps(body)
 
 
@@ -134,9 +159,11 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
         assert p.spec.resource_claims[0].resource_claim_template_name == f"{JOB}-gpus"
     rct = client.ResourceV1Api(api).read_namespaced_resource_claim_template(f"{JOB}-gpus", ns)
     assert rct.spec.spec.devices.requests[0].exactly.device_class_name == names.DEVICE_CLASS_LENDABLE
-    status = wait_for("status Running at 4 GPUs",
-                      lambda: (s := _status(api, ns)).get("phase") == "Running" and s.get("activeGPUs") == 4 and s,
-                      20)  # fmt: skip
+    status = wait_for(
+        "status Running at 4 GPUs",
+        lambda: (s := _status(api, ns)).get("phase") == "Running" and s.get("activeGPUs") == 4 and s,
+        20,
+    )
     assert status["targetGPUs"] == 4 and status["observedGeneration"] == 1
     printed = _kubectl(cluster, "get", "elasticrljob", JOB, "-n", ns)
     assert "Running" in printed, printed
@@ -188,8 +215,10 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
     def gone() -> bool | None:
         rcts = client.ResourceV1Api(api).list_namespaced_resource_claim_template(ns).items
         claims = client.ResourceV1Api(api).list_namespaced_resource_claim(ns).items
-        left[:] = [f"{type(o).__name__} {o.metadata.name} deleting={o.metadata.deletion_timestamp is not None}"
-                   for o in (*_workers(api, ns), *rcts, *claims)]  # fmt: skip
+        left[:] = [
+            f"{type(o).__name__} {o.metadata.name} deleting={o.metadata.deletion_timestamp is not None}"
+            for o in (*_workers(api, ns), *rcts, *claims)
+        ]
         return not left or None
 
     with contextlib.suppress(AssertionError):
@@ -199,8 +228,10 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
     text = _metrics(world["metrics"])
     reconciles = promtext.value(text, "rose_controller_reconciles_total")
     errors = promtext.value(text, "rose_controller_reconciles_total", {"result": "error"})
-    print(f"controller e2e: {time.monotonic() - t0:.1f} s from apply to nothing left; "
-          f"{reconciles:.0f} reconciles ({errors:.0f} with a failed action)")  # fmt: skip
+    print(
+        f"controller e2e: {time.monotonic() - t0:.1f} s from apply to nothing left; "
+        f"{reconciles:.0f} reconciles ({errors:.0f} with a failed action)"
+    )
     assert reconciles < 200, "the reconcile loops on its own writes"
 
 
@@ -240,8 +271,7 @@ def test_a_suspended_worker_waits_for_its_pool_and_is_never_moved_to_another(
     ns, quiet, busy, cap = world["ns"], world["quiet"], world["busy"], float(world["capacity"])
     core = client.CoreV1Api(api)
     _kubectl(cluster, "apply", "-f", "-", stdin=_job_manifest(ns, 1, 1))
-    pod = wait_for("1 worker running", lambda: (p := _workers(api, ns)) and p[0].status.phase == "Running" and p[0],
-                   45)  # fmt: skip
+    pod = wait_for("1 worker running", lambda: (p := _workers(api, ns)) and p[0].status.phase == "Running" and p[0], 45)
     name, uid = pod.metadata.name, pod.metadata.uid
     assert pod.spec.node_selector == {names.LABEL_POOL: quiet}
 
@@ -263,9 +293,11 @@ def test_a_suspended_worker_waits_for_its_pool_and_is_never_moved_to_another(
 
     wait_for("the controller plans with the freed pool (its reclaim taint withdrawn)", busy_untainted, 20)
     plans = promtext.value(_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count")
-    wait_for("3 more plans",
-             lambda: promtext.value(_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count")
-             >= plans + 3, 20)  # fmt: skip
+    wait_for(
+        "3 more plans",
+        lambda: promtext.value(_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count") >= plans + 3,
+        20,
+    )
     pods = _workers(api, ns)
     assert [(p.metadata.name, p.metadata.uid, p.metadata.deletion_timestamp) for p in pods] == [(name, uid, None)], (
         "the suspended worker was removed or replaced",

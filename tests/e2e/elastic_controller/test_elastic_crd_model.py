@@ -33,29 +33,45 @@ def _crd(api: Any) -> Any:
 
 def test_server_defaults_equal_the_model_defaults(api: Any, ns: str) -> None:
     spec = ElasticRLJobSpec.model_validate({"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE})
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "d"},
-            "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE}}  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": "d"},
+        "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE},
+    }
     obj = _crd(api).create_namespaced_custom_object(names.GROUP, names.VERSION, ns, names.PLURAL, body)
     assert obj["spec"] == spec.model_dump(mode="json", exclude_none=True)
     assert ElasticRLJob.model_validate(obj).spec == spec
 
 
 def test_status_from_the_controller_is_accepted_and_printed(api: Any, ns: str) -> None:
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "s"},
-            "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE}}  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": "s"},
+        "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE},
+    }
     obj = _crd(api).create_namespaced_custom_object(names.GROUP, names.VERSION, ns, names.PLURAL, body)
     job = ElasticRLJob.model_validate(obj)
-    pods = [{"metadata": {"name": f"s-w{i}", "uid": f"u{i}", "labels": {names.LABEL_JOB: "s"}}, "spec": {},
-             "status": {"phase": "Running"}} for i in range(2)]  # fmt: skip
+    pods = [
+        {
+            "metadata": {"name": f"s-w{i}", "uid": f"u{i}", "labels": {names.LABEL_JOB: "s"}},
+            "spec": {},
+            "status": {"phase": "Running"},
+        }
+        for i in range(2)
+    ]
     workers = [w for w in (observe("s", p) for p in pods) if w is not None]
     status, _ = compute_status(job, workers, JobTarget(f"{ns}/s", 2), None, datetime.now(UTC).replace(microsecond=0))
     patch = {"status": status.model_dump(mode="json", exclude_none=True)}
     out = _crd(api).patch_namespaced_custom_object_status(names.GROUP, names.VERSION, ns, names.PLURAL, "s", patch)
     assert ElasticRLJob.model_validate(out).status == status
     m, url, headers, _, _ = api.param_serialize(
-        method="GET", resource_path=f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{ns}/{names.PLURAL}/s",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"],
-    )  # fmt: skip
+        method="GET",
+        resource_path=f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{ns}/{names.PLURAL}/s",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+    )
     resp = api.call_api(m, url, header_params=headers)
     table = json.loads(resp.read())
     columns = [c["name"] for c in table["columnDefinitions"]]

@@ -56,8 +56,17 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
             # its probes (rose_common.httpserver): alive, and ready once its informers listed
             assert _status(metrics_port, "/healthz") == 200
             wait_for("controller ready", lambda: _status(metrics_port, "/readyz") == 200 or None, 30)
-            yield {"a": a, "b": b, "forecasts": forecasts, "quiet": quiet, "busy": busy, "capacity": capacity,
-                   "metrics": metrics_port, "controller": ctl, "log": tmp_path / "controller.log"}  # fmt: skip
+            yield {
+                "a": a,
+                "b": b,
+                "forecasts": forecasts,
+                "quiet": quiet,
+                "busy": busy,
+                "capacity": capacity,
+                "metrics": metrics_port,
+                "controller": ctl,
+                "log": tmp_path / "controller.log",
+            }
     finally:
         delete_namespace(api, a)
         delete_namespace(api, b)
@@ -75,11 +84,23 @@ def _status(port: int, path: str) -> int:
 
 
 def _apply(cluster: ClusterHandle, ns: str, name: str, gpus: int, **spec: Any) -> None:
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": ns},
-            "spec": {"minGPUs": 1, "maxGPUs": gpus, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
-                     "minUsefulRunSeconds": 60, "stateBytesPerWorker": 1 << 30, **spec,
-                     "template": {"spec": {"priorityClassName": "rose-rl",
-                                           "containers": [{"name": "trainer", "image": "rose/grpo"}]}}}}  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "minGPUs": 1,
+            "maxGPUs": gpus,
+            "gpusPerWorker": 1,
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+            "stateBytesPerWorker": 1 << 30,
+            **spec,
+            "template": {
+                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
+            },
+        },
+    }
     _kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(body))
 
 
@@ -98,8 +119,11 @@ def _running(api: Any, ns: str, job: str, n: int) -> list[Any]:
 
 
 def _requested(api: Any, ns: str, job: str) -> list[str]:
-    return [p.metadata.name for p in _workers(api, ns, job)
-            if names.ANNOTATION_SUSPEND_REQUEST in (p.metadata.annotations or {})]  # fmt: skip
+    return [
+        p.metadata.name
+        for p in _workers(api, ns, job)
+        if names.ANNOTATION_SUSPEND_REQUEST in (p.metadata.annotations or {})
+    ]
 
 
 def _annotate(api: Any, ns: str, pod: str, ann: dict[str, str]) -> None:

@@ -69,8 +69,9 @@ class ControllerProc:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "elastic_controller", *self.args], cwd=REPO,
-                                         stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "elastic_controller", *self.args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
         self.starts += 1
 
     def kill(self) -> None:
@@ -135,10 +136,21 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[World]:
 
 # ----------------------------------------------------------------------------- the job
 def job_body(ns: str, name: str, min_gpus: int, max_gpus: int, priority: int = 0) -> dict[str, Any]:
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": ns},
-            "spec": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
-                     "minUsefulRunSeconds": 60, "stateBytesPerWorker": 1 << 30, "priority": priority,
-                     "template": {"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}}}}  # fmt: skip
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "minGPUs": min_gpus,
+            "maxGPUs": max_gpus,
+            "gpusPerWorker": 1,
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+            "stateBytesPerWorker": 1 << 30,
+            "priority": priority,
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}},
+        },
+    }
 
 
 def _crd(api: Any) -> client.CustomObjectsApi:
@@ -146,8 +158,9 @@ def _crd(api: Any) -> client.CustomObjectsApi:
 
 
 def create_job(w: World, name: str, min_gpus: int, max_gpus: int, priority: int = 0) -> None:
-    _crd(w.api).create_namespaced_custom_object(names.GROUP, names.VERSION, w.ns, names.PLURAL,
-                                                job_body(w.ns, name, min_gpus, max_gpus, priority))  # fmt: skip
+    _crd(w.api).create_namespaced_custom_object(
+        names.GROUP, names.VERSION, w.ns, names.PLURAL, job_body(w.ns, name, min_gpus, max_gpus, priority)
+    )
 
 
 def patch_spec(w: World, name: str, **spec: int) -> None:
@@ -155,8 +168,7 @@ def patch_spec(w: World, name: str, **spec: int) -> None:
 
 
 def get_job(w: World, name: str) -> dict[str, Any]:
-    out: dict[str, Any] = _crd(w.api).get_namespaced_custom_object(names.GROUP, names.VERSION, w.ns, names.PLURAL,
-                                                                   name)  # fmt: skip
+    out: dict[str, Any] = _crd(w.api).get_namespaced_custom_object(names.GROUP, names.VERSION, w.ns, names.PLURAL, name)
     return out
 
 
@@ -180,8 +192,11 @@ def requested(p: Any) -> bool:
 
 def active(p: Any) -> bool:
     """A worker running: phase Running, no suspend request, not suspended."""
-    return p.status.phase == "Running" and not requested(p) and _ann(p).get(names.ANNOTATION_SUSPEND_STATE) in (
-        None, "Running")  # fmt: skip
+    return (
+        p.status.phase == "Running"
+        and not requested(p)
+        and _ann(p).get(names.ANNOTATION_SUSPEND_STATE) in (None, "Running")
+    )
 
 
 # ----------------------------------------------------------------------------- the played driver + invariants
@@ -226,9 +241,13 @@ class Watch:
                 self._check()
                 for pod in listed.items:  # changed while no watch was open: seen only here (issue 25 §1)
                     self._play_driver(core, pod, "LISTED")
-                for ev in watch.Watch().stream(core.list_namespaced_pod, self.w.ns, label_selector=names.LABEL_JOB,
-                                               resource_version=listed.metadata.resource_version,
-                                               timeout_seconds=5):  # fmt: skip
+                for ev in watch.Watch().stream(
+                    core.list_namespaced_pod,
+                    self.w.ns,
+                    label_selector=names.LABEL_JOB,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=5,
+                ):
                     pod = ev["object"]
                     self.events += 1
                     if ev["type"] == "DELETED":
@@ -250,8 +269,11 @@ class Watch:
         if want is None or want == state:
             return
         with contextlib.suppress(Exception):
-            core.patch_namespaced_pod(pod.metadata.name, self.w.ns, {"metadata": {
-                "uid": pod.metadata.uid, "annotations": {names.ANNOTATION_SUSPEND_STATE: want}}})  # fmt: skip
+            core.patch_namespaced_pod(
+                pod.metadata.name,
+                self.w.ns,
+                {"metadata": {"uid": pod.metadata.uid, "annotations": {names.ANNOTATION_SUSPEND_STATE: want}}},
+            )
 
     def _check(self) -> None:
         for job, (lo, hi) in self.bounds.items():
@@ -303,8 +325,15 @@ def test_live_edits_of_max_and_min_take_effect_on_a_running_job(world: World) ->
     patch_spec(w, "edit", maxGPUs=2)  # max down: workers above it go
     ps = _wait_pods(w, "edit", "2 workers after maxGPUs=2", lambda ps: len(ps) == 2 and all(active(p) for p in ps))
     assert {p.metadata.name: p.metadata.uid for p in ps}.items() <= uids.items()  # kept workers are the same pods
-    st = wait_for("status observes generation 2", lambda: (s := get_job(w, "edit").get("status") or {}).get(
-        "observedGeneration") == 2 and s.get("activeGPUs") == 2 and s, 20)  # fmt: skip
+    st = wait_for(
+        "status observes generation 2",
+        lambda: (
+            (s := get_job(w, "edit").get("status") or {}).get("observedGeneration") == 2
+            and s.get("activeGPUs") == 2
+            and s
+        ),
+        20,
+    )
     assert st["phase"] == "Running"
 
     patch_spec(w, "edit", maxGPUs=4)  # max up: regrows
@@ -313,8 +342,11 @@ def test_live_edits_of_max_and_min_take_effect_on_a_running_job(world: World) ->
     # min up to 4, then serving is forecast to need 2 of the pool's GPUs: at min 2 the job would
     # shrink to 2; at min 4 it cannot, so the whole gang is suspended
     patch_spec(w, "edit", minGPUs=4)
-    wait_for("status observes generation 4", lambda: (get_job(w, "edit").get("status") or {}).get(
-        "observedGeneration") == 4, 20)  # fmt: skip
+    wait_for(
+        "status observes generation 4",
+        lambda: (get_job(w, "edit").get("status") or {}).get("observedGeneration") == 4,
+        20,
+    )
     w.forecast(float(w.capacity - 2))
     ps = _wait_pods(w, "edit", "gang suspend at minGPUs 4", lambda ps: len(ps) == 4 and all(requested(p) for p in ps))
     assert all(json.loads(_ann(p)[names.ANNOTATION_SUSPEND_REQUEST])["by"] == CONTROLLER for p in ps)
@@ -334,8 +366,9 @@ def test_a_live_priority_edit_changes_which_gang_is_suspended(world: World) -> N
     for name in ("low", "high"):
         _wait_pods(w, name, "2 running", lambda ps: len(ps) == 2 and all(active(p) for p in ps))
     patch_spec(w, "low", priority=10)  # "low" is now the more expensive to suspend
-    wait_for("status observes the edit", lambda: (get_job(w, "low").get("status") or {}).get(
-        "observedGeneration") == 2, 20)  # fmt: skip
+    wait_for(
+        "status observes the edit", lambda: (get_job(w, "low").get("status") or {}).get("observedGeneration") == 2, 20
+    )
     w.forecast(float(w.capacity - 2))
     _wait_pods(w, "high", "gang suspended", lambda ps: len(ps) == 2 and all(requested(p) for p in ps))
     assert not any(requested(p) for p in pods_of(w, "low")), "the edited (now more expensive) job was suspended"
@@ -373,9 +406,11 @@ def converged(w: World, name: str, level: str, max_gpus: int = 4) -> str | None:
 
 def _pod_states(w: World, name: str) -> str:
     """One line per live worker: phase, suspend request and suspend state (a failed trial's evidence)."""
-    return "\n".join(f"  {p.metadata.name}: phase {p.status.phase}, request "
-                     f"{_ann(p).get(names.ANNOTATION_SUSPEND_REQUEST)}, state {_state(p)}"
-                     for p in pods_of(w, name))  # fmt: skip
+    return "\n".join(
+        f"  {p.metadata.name}: phase {p.status.phase}, request "
+        f"{_ann(p).get(names.ANNOTATION_SUSPEND_REQUEST)}, state {_state(p)}"
+        for p in pods_of(w, name)
+    )
 
 
 def _converge(w: World, name: str, level: str, what: str, max_gpus: int = 4) -> None:
@@ -423,11 +458,13 @@ def test_controller_sigkilled_at_random_points_of_transitions_converges(world: W
     w.watch.finish()
     cut = [s for _, s, c in w.watch.episodes if c]
     batch = [s for _, s, c in w.watch.episodes if not c]
-    print(f"SIGKILL trials: {TRIALS} (seed {SEED}) in {wall:.0f} s, {w.ctl.starts} controller starts, "
-          f"{mid} kills before the transition was done, {w.watch.events} pod events watched, "
-          f"{len(w.watch.uids)} worker pods ever; below-min episodes: "
-          f"{len(batch)} inside a batch (longest {max(batch, default=0):.2f} s), {len(cut)} cut by a kill "
-          f"(longest {max(cut, default=0):.2f} s)")  # fmt: skip
+    print(
+        f"SIGKILL trials: {TRIALS} (seed {SEED}) in {wall:.0f} s, {w.ctl.starts} controller starts, "
+        f"{mid} kills before the transition was done, {w.watch.events} pod events watched, "
+        f"{len(w.watch.uids)} worker pods ever; below-min episodes: "
+        f"{len(batch)} inside a batch (longest {max(batch, default=0):.2f} s), {len(cut)} cut by a kill "
+        f"(longest {max(cut, default=0):.2f} s)"
+    )
     assert not w.watch.violations, w.watch.violations
     _crd(w.api).delete_namespaced_custom_object(names.GROUP, names.VERSION, w.ns, names.PLURAL, name)
     wait_for("no worker left after delete", lambda: not pods_of(w, name) or None, 60)

@@ -32,10 +32,19 @@ RL_ROLE = f"{names.LABEL_PREFIX}/rl-role"
 
 def _manifest(ns: str) -> str:
     pod = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "c", "image": "rose/grpo"}]}}
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": JOB, "namespace": ns},
-            "spec": {"gracefulShutdownPeriod": 5, "minUsefulRunSeconds": 60,
-                     "roles": {"trainer": {"workers": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
-                               "rollout": {"minWorkers": 1, "maxWorkers": 3, "template": pod}}}}  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+            "roles": {
+                "trainer": {"workers": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
+                "rollout": {"minWorkers": 1, "maxWorkers": 3, "template": pod},
+            },
+        },
+    }
     return json.dumps(body)
 
 
@@ -70,8 +79,10 @@ def test_rollouts_are_reclaimed_before_the_trainer(cluster: ClusterHandle, api: 
     svc = client.CoreV1Api(api).read_namespaced_service(f"{JOB}-trainer", ns)
     assert svc.spec.cluster_ip == "None" and svc.spec.selector[RL_ROLE] == "trainer"
     assert {p.spec.node_selector[names.LABEL_POOL] for p in pods.values()} == {quiet}
-    want = {"trainer": {"desiredWorkers": 1, "activeWorkers": 1, "suspendedWorkers": 0},
-            "rollout": {"desiredWorkers": 3, "activeWorkers": 3, "suspendedWorkers": 0}}  # fmt: skip
+    want = {
+        "trainer": {"desiredWorkers": 1, "activeWorkers": 1, "suspendedWorkers": 0},
+        "rollout": {"desiredWorkers": 3, "activeWorkers": 3, "suspendedWorkers": 0},
+    }
     wait_for("status per role", lambda: _roles(api, ns) == want, 20)
     trainer_uid = trainer.metadata.uid
 
@@ -98,8 +109,9 @@ def test_rollouts_are_reclaimed_before_the_trainer(cluster: ClusterHandle, api: 
 
     wait_for("suspend request on the last rollout", rollout_requested, 30)
     core = client.CoreV1Api(api)  # the test plays the driver: the rollout's state is in host memory now
-    core.patch_namespaced_pod(f"{JOB}-rollout-0", ns,
-                              {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_STATE: "Suspended"}}})  # fmt: skip
+    core.patch_namespaced_pod(
+        f"{JOB}-rollout-0", ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_STATE: "Suspended"}}}
+    )
     roles = wait_for("rollout suspended", lambda: (r := _roles(api, ns))["rollout"]["suspendedWorkers"] == 1 and r, 20)
     assert roles["trainer"] == {"desiredWorkers": 1, "activeWorkers": 1, "suspendedWorkers": 0}
     t = _pods(api, ns)[f"{JOB}-trainer-0"]
@@ -112,7 +124,10 @@ def test_rollouts_are_reclaimed_before_the_trainer(cluster: ClusterHandle, api: 
 
     wait_for("the role metric shows the suspended rollout", lambda: role_metric("rollout", "suspended") == 1, 10)
     assert (role_metric("trainer", "active"), role_metric("rollout", "active"), role_metric("rollout", "desired")) == (
-        1, 0, 0)  # fmt: skip
+        1,
+        0,
+        0,
+    )
     reasons = [e.reason for e in core.list_namespaced_event(ns, field_selector=f"involvedObject.name={JOB}").items]
     assert "PlannedShrink" in reasons and "PlannedGangSuspend" in reasons, reasons
     _kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")

@@ -73,8 +73,15 @@ def _job(ns: str) -> dict[str, Any]:
     """The example, in ``ns``, with a share of 0.5 GPU: 60 GiB of 141 and 50 % compute."""
     body: dict[str, Any] = copy.deepcopy(yaml.safe_load((REPO / "examples/elasticrljob-gpu-share.yaml").read_text()))
     body["metadata"]["namespace"] = ns
-    body["spec"].update({"minGPUs": 1, "maxGPUs": 1, "gpuShare": {"memory": "60Gi", "compute": 50},
-                         "gracefulShutdownPeriod": 5, "minUsefulRunSeconds": 60})  # fmt: skip
+    body["spec"].update(
+        {
+            "minGPUs": 1,
+            "maxGPUs": 1,
+            "gpuShare": {"memory": "60Gi", "compute": 50},
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+        }
+    )
     body["spec"]["template"]["spec"]["priorityClassName"] = "rose-rl"
     return body
 

@@ -32,10 +32,15 @@ def ns(api: Any) -> Iterator[str]:
 
 
 def _job(api: Any, ns: str) -> ElasticRLJob:
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "r"},
-            "spec": {"minGPUs": 1, "maxGPUs": 2, "template": TEMPLATE}}  # fmt: skip
-    obj = client.CustomObjectsApi(api).create_namespaced_custom_object(names.GROUP, names.VERSION, ns, names.PLURAL,
-                                                                        body)  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": "r"},
+        "spec": {"minGPUs": 1, "maxGPUs": 2, "template": TEMPLATE},
+    }
+    obj = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        names.GROUP, names.VERSION, ns, names.PLURAL, body
+    )
     return ElasticRLJob.model_validate(obj)
 
 
@@ -49,10 +54,16 @@ def _patch(api: Any, ns: str, status: dict[str, Any]) -> dict[str, Any]:
 
 def test_reported_status_is_accepted_printed_and_a_bad_phase_refused(api: Any, ns: str) -> None:
     job = _job(api, ns)
-    ann = {names.ANNOTATION_WORKLOAD_PHASE: "rollout", names.ANNOTATION_SECONDS_TO_SAFE_POINT: "7.5",
-           names.ANNOTATION_REPORTED_STATE_BYTES: str(3 << 30)}  # fmt: skip
-    pod = {"metadata": {"name": "r-w0", "uid": "u0", "labels": {names.LABEL_JOB: "r"}, "annotations": ann},
-           "spec": {}, "status": {"phase": "Running"}}  # fmt: skip
+    ann = {
+        names.ANNOTATION_WORKLOAD_PHASE: "rollout",
+        names.ANNOTATION_SECONDS_TO_SAFE_POINT: "7.5",
+        names.ANNOTATION_REPORTED_STATE_BYTES: str(3 << 30),
+    }
+    pod = {
+        "metadata": {"name": "r-w0", "uid": "u0", "labels": {names.LABEL_JOB: "r"}, "annotations": ann},
+        "spec": {},
+        "status": {"phase": "Running"},
+    }
     workers = [w for w in [observe("r", pod)] if w is not None]
     status, _ = compute_status(job, workers, JobTarget(f"{ns}/r", 1), None, datetime.now(UTC).replace(microsecond=0))
     out = _patch(api, ns, status.model_dump(mode="json", exclude_none=True))
@@ -61,10 +72,12 @@ def test_reported_status_is_accepted_printed_and_a_bad_phase_refused(api: Any, n
     assert (back.workload_phase, back.seconds_to_safe_point, back.state_bytes) == ("rollout", 7.5, 3 << 30)
 
     m, url, headers, _, _ = api.param_serialize(
-        method="GET", resource_path=f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{ns}/{names.PLURAL}/r",
+        method="GET",
+        resource_path=f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{ns}/{names.PLURAL}/r",
         query_params=[("includeObject", "None")],
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"],
-    )  # fmt: skip
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+    )
     table = json.loads(api.call_api(m, url, header_params=headers).read())
     columns = [c["name"] for c in table["columnDefinitions"]]
     assert dict(zip(columns, table["rows"][0]["cells"], strict=True))["Workload"] == "rollout"

@@ -94,9 +94,11 @@ def test_a_planned_reclaim_taints_the_pools_lendable_devices_until_the_forecast_
     wait_for("the busy pool's lendable devices tainted", tainted, timeout=30)
     for r in _rules(api):
         assert r["spec"]["taint"] == {
-            "key": names.TAINT_RECLAIM_PLANNED, "value": busy, "effect": "NoSchedule",
+            "key": names.TAINT_RECLAIM_PLANNED,
+            "value": busy,
+            "effect": "NoSchedule",
             "timeAdded": r["spec"]["taint"]["timeAdded"],
-        }  # fmt: skip
+        }
         assert r["metadata"]["labels"] == {names.LABEL_TAINT_POOL: busy}
     text = _metrics(world["port"])
     assert promtext.value(text, "rose_controller_pool_reclaim_tainted", {"pool": busy}) == 1

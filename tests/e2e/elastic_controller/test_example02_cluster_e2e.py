@@ -55,8 +55,16 @@ def test_example02_runs_elastic_on_the_cluster_losing_nothing(
     quiet, cap = world["quiet"], world["capacity"]
     assert cap == 4, f"the scenario is sized for 4 GPUs in a pool, got {cap}"
     assert world["forecasts"] == tmp_path / "forecasts.json"  # the file the stage writes
-    s = demo_elastic.Stage(cluster, api, print, tmp_path, ns=world["ns"], quiet=quiet, busy=world["busy"],
-                           capacity={quiet: cap, world["busy"]: cap})  # fmt: skip
+    s = demo_elastic.Stage(
+        cluster,
+        api,
+        print,
+        tmp_path,
+        ns=world["ns"],
+        quiet=quiet,
+        busy=world["busy"],
+        capacity={quiet: cap, world["busy"]: cap},
+    )
     nodes = sorted(n for n, p in cluster.pools.items() if p == quiet)
     t1 = time.monotonic()
     try:
@@ -81,6 +89,8 @@ def test_example02_runs_elastic_on_the_cluster_losing_nothing(
     assert ref_counters["accepted"] == total and ref_counters["duplicate"] == 0, ref_counters
     assert ref_counters["suspends"] == 0, ref_counters
     assert weights_identical(ref_weights, o.weights)
-    print(f"constant-world run {t_ref:.1f} s; cluster run {t_run:.1f} s (serving prepare {o.serving_prepare_s:.2f} s);"
-          f" worlds {o.worlds}; counters {got}")  # fmt: skip
+    print(
+        f"constant-world run {t_ref:.1f} s; cluster run {t_run:.1f} s (serving prepare {o.serving_prepare_s:.2f} s);"
+        f" worlds {o.worlds}; counters {got}"
+    )
     assert world["controller"].poll() is None, world["log"].read_text()[-2000:]

@@ -52,10 +52,21 @@ def _job(ns: str, url: str, out: Path) -> str:
                            "--suspend-points", "1", "--out", str(out)],
                "env": [{"name": "ROSE_CHECKPOINT_EVERY", "value": str(PARK_AT)}],
                "envFrom": [{"secretRef": {"name": SECRET}}]}  # fmt: skip
-    body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": JOB, "namespace": ns},
-            "spec": {"minGPUs": 1, "maxGPUs": 1, "gpusPerWorker": 1, "gracefulShutdownPeriod": 5,
-                     "minUsefulRunSeconds": 60, "suspendPolicy": "CheckpointAndEvict", "checkpointPath": url,
-                     "template": {"spec": {"containers": [trainer]}}}}  # fmt: skip
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {
+            "minGPUs": 1,
+            "maxGPUs": 1,
+            "gpusPerWorker": 1,
+            "gracefulShutdownPeriod": 5,
+            "minUsefulRunSeconds": 60,
+            "suspendPolicy": "CheckpointAndEvict",
+            "checkpointPath": url,
+            "template": {"spec": {"containers": [trainer]}},
+        },
+    }
     return json.dumps(body)
 
 
@@ -74,8 +85,11 @@ def _kubelet_env(core: Any, pod: Any) -> dict[str, str]:
     for src in c.env_from or []:
         secret = core.read_namespaced_secret(src.secret_ref.name, pod.metadata.namespace)
         env.update({k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()})
-    fields = {"metadata.uid": pod.metadata.uid, "metadata.name": pod.metadata.name,
-              "metadata.namespace": pod.metadata.namespace}  # fmt: skip
+    fields = {
+        "metadata.uid": pod.metadata.uid,
+        "metadata.name": pod.metadata.name,
+        "metadata.namespace": pod.metadata.namespace,
+    }
     for e in c.env or []:
         env[e.name] = e.value if e.value is not None else fields[e.value_from.field_ref.field_path]
     return env

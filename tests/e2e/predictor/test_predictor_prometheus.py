@@ -123,12 +123,41 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             env = {**os.environ, "ROSE_PREDICTOR_PROMETHEUS_URL": prom.url, "PYTHONPATH": str(REPO)}
             with (tmp_path / "predictor.log").open("w") as pred_log:
                 pred = subprocess.Popen(
-                    [sys.executable, "-m", "predictor", "serve", "--pools", str(pools), "--listen", f"127.0.0.1:{port}",
-                     "--step", "1s", "--history", "1h", "--horizons", "10s,30s,60s", "--quantiles", "0.9",
-                     "--risks", "0.05", "--refresh-interval", "1s", "--max-data-age", "8s", "--season-day", "144s",
-                     "--season-week", "1008s", "--model-dir", str(tmp_path / "models")],
-                    env=env, cwd=REPO, stdout=pred_log, stderr=subprocess.STDOUT,
-                )  # fmt: skip
+                    [
+                        sys.executable,
+                        "-m",
+                        "predictor",
+                        "serve",
+                        "--pools",
+                        str(pools),
+                        "--listen",
+                        f"127.0.0.1:{port}",
+                        "--step",
+                        "1s",
+                        "--history",
+                        "1h",
+                        "--horizons",
+                        "10s,30s,60s",
+                        "--quantiles",
+                        "0.9",
+                        "--risks",
+                        "0.05",
+                        "--refresh-interval",
+                        "1s",
+                        "--max-data-age",
+                        "8s",
+                        "--season-day",
+                        "144s",
+                        "--season-week",
+                        "1008s",
+                        "--model-dir",
+                        str(tmp_path / "models"),
+                    ],
+                    env=env,
+                    cwd=REPO,
+                    stdout=pred_log,
+                    stderr=subprocess.STDOUT,
+                )
                 try:
                     yield {
                         "prom": prom.proc,

@@ -67,11 +67,21 @@ def extender(
     metrics_port = free_port()
     log = (tmp / "extender.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler_extender", f"--listen={url.hostname}:{url.port}",
-         f"--metrics-listen=127.0.0.1:{metrics_port}", f"--kubeconfig={cluster.kubeconfig}",
-         "--forecast-backend=static-file", f"--forecast-file={path}", "--forecast-refresh=1"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scheduler_extender",
+            f"--listen={url.hostname}:{url.port}",
+            f"--metrics-listen=127.0.0.1:{metrics_port}",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--forecast-backend=static-file",
+            f"--forecast-file={path}",
+            "--forecast-refresh=1",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
     def ready() -> bool:
         try:

@@ -23,14 +23,23 @@ WHOLE_ONLY = resource_slice(NODE, simulated_gpus(NODE, 2), 1)
 RECLAIM = {"key": names.TAINT_RECLAIM_PLANNED, "value": "pool-a", "effect": "NoSchedule"}
 
 
-def _rule(name: str, device: str | None, *, node: str | None = NODE, key: str = names.TAINT_RECLAIM_PLANNED,
-          driver: str | None = names.DRIVER_NAME, value: str = "pool-a") -> dict[str, Any]:  # fmt: skip
+def _rule(
+    name: str,
+    device: str | None,
+    *,
+    node: str | None = NODE,
+    key: str = names.TAINT_RECLAIM_PLANNED,
+    driver: str | None = names.DRIVER_NAME,
+    value: str = "pool-a",
+) -> dict[str, Any]:
     sel = {k: v for k, v in (("driver", driver), ("pool", node), ("device", device)) if v is not None}
     return {
         "metadata": {"name": name, "labels": {names.LABEL_TAINT_POOL: value}},
-        "spec": {"deviceSelector": sel, "taint": {"key": key, "value": value, "effect": "NoSchedule",
-                                                   "timeAdded": "2026-12-02T01:00:00Z"}},
-    }  # fmt: skip
+        "spec": {
+            "deviceSelector": sel,
+            "taint": {"key": key, "value": value, "effect": "NoSchedule", "timeAdded": "2026-12-02T01:00:00Z"},
+        },
+    }
 
 
 def _taints(body_or_devices: Any) -> dict[str, list[tuple[str, str]]]:
@@ -67,8 +76,11 @@ def test_share_devices_gain_and_lose_the_taint_with_their_gpu_and_keep_other_tai
     assert _taints(out) == {"gpu-0-share": [("example.com/x", "1"), (RECLAIM["key"], "pool-a")]}
     assert taint_reclaim_planned(out, {0: RECLAIM}, frozenset({"gpu-0-lendable"})) == out  # idempotent
     # no rule names the lendable device (say, one named the share device): the slice taints it
-    assert set(_taints(taint_reclaim_planned(devices, {1: RECLAIM}))) == {"gpu-0-share", "gpu-1-lendable",
-                                                                            "gpu-1-share"}  # fmt: skip
+    assert set(_taints(taint_reclaim_planned(devices, {1: RECLAIM}))) == {
+        "gpu-0-share",
+        "gpu-1-lendable",
+        "gpu-1-share",
+    }
     assert taint_reclaim_planned(out, {}) == devices  # the rule gone: only the other taint left
     assert devices[0].get("taints") is None  # the input is not changed
 

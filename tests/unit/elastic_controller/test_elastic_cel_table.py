@@ -24,8 +24,10 @@ def _schema() -> dict[str, Any]:
 
 def cel_rules(node: dict[str, Any], path: str = "") -> list[tuple[str, str]]:
     """(schema path, message) of every CEL rule under ``node`` (properties, items, additionalProperties)."""
-    out = [(path or ".", str(r.get("message") or r.get("messageExpression") or r["rule"]))
-           for r in node.get("x-kubernetes-validations") or []]  # fmt: skip
+    out = [
+        (path or ".", str(r.get("message") or r.get("messageExpression") or r["rule"]))
+        for r in node.get("x-kubernetes-validations") or []
+    ]
     for name, child in (node.get("properties") or {}).items():
         out += cel_rules(child, f"{path}.{name}")
     for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):

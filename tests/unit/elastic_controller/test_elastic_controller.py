@@ -22,11 +22,16 @@ from rose_common.slices import GpuInfo, resource_slice
 
 NOW = dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.UTC)
 RAW_JOB: dict[str, Any] = {
-    "apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob",
+    "apiVersion": "elastic.rose.io/v1alpha1",
+    "kind": "ElasticRLJob",
     "metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1, "resourceVersion": "1"},
-    "spec": {"minGPUs": 2, "maxGPUs": 4, "gpusPerWorker": 1,
-             "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}}},
-}  # fmt: skip
+    "spec": {
+        "minGPUs": 2,
+        "maxGPUs": 4,
+        "gpusPerWorker": 1,
+        "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
+    },
+}
 
 
 class Recorder:
@@ -148,8 +153,13 @@ def test_a_deleted_job_has_its_workers_and_template_deleted_by_uid() -> None:
     _drain(ctl)
     for i, body in enumerate(api.created):
         ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    stranger = _running({**api.created[0], "metadata": {**api.created[0]["metadata"], "name": "grpo-w9",
-                                                        "ownerReferences": [{"uid": "other"}]}}, "uid-9")  # fmt: skip
+    stranger = _running(
+        {
+            **api.created[0],
+            "metadata": {**api.created[0]["metadata"], "name": "grpo-w9", "ownerReferences": [{"uid": "other"}]},
+        },
+        "uid-9",
+    )
     ctl.on_pod_event(ADDED, stranger)
     _drain(ctl)
     api.calls.clear()
@@ -193,8 +203,13 @@ def test_annotation_patch_is_guarded_by_the_pod_uid() -> None:
 def test_job_event_names_the_job() -> None:
     job = ElasticRLJob.model_validate(RAW_JOB)
     ev = job_event(job, EventSpec("Running", "phase Pending -> Running"), NOW)
-    assert ev["involvedObject"] == {"apiVersion": "elastic.rose.io/v1alpha1", "kind": "ElasticRLJob",
-                                   "name": "grpo", "namespace": "rl", "uid": "u-1"}  # fmt: skip
+    assert ev["involvedObject"] == {
+        "apiVersion": "elastic.rose.io/v1alpha1",
+        "kind": "ElasticRLJob",
+        "name": "grpo",
+        "namespace": "rl",
+        "uid": "u-1",
+    }
     assert ev["metadata"]["namespace"] == "rl" and ev["type"] == "Normal"
 
 

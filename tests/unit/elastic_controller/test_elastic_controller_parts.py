@@ -35,9 +35,11 @@ def test_lease_record_round_trips_through_the_lease_spec() -> None:
 
 
 def test_capacities_count_physical_gpus_of_each_pools_nodes() -> None:
-    nodes = [{"metadata": {"name": "n0", "labels": {names.LABEL_POOL: "a"}}},
-             {"metadata": {"name": "n1", "labels": {names.LABEL_POOL: "b"}}},
-             {"metadata": {"name": "n2", "labels": {names.LABEL_POOL: "b"}}}]  # fmt: skip
+    nodes = [
+        {"metadata": {"name": "n0", "labels": {names.LABEL_POOL: "a"}}},
+        {"metadata": {"name": "n1", "labels": {names.LABEL_POOL: "b"}}},
+        {"metadata": {"name": "n2", "labels": {names.LABEL_POOL: "b"}}},
+    ]
     gpus = [GpuInfo(i, f"G{i}", "sim", 1) for i in range(2)]
     slices = [resource_slice(n, gpus, 1) for n in ("n0", "n1", "n2", "elsewhere")]
     assert pools.capacities(nodes, slices) == {"a": 2, "b": 4}
@@ -45,11 +47,17 @@ def test_capacities_count_physical_gpus_of_each_pools_nodes() -> None:
 
 def _resp(points: dict[int, float], current: float | None = None) -> ForecastResponse:
     return ForecastResponse(
-        pool="a", model_version="t", generated_at=NOW, last_observation_at=NOW, data_age_seconds=0.0, stale=False,
+        pool="a",
+        model_version="t",
+        generated_at=NOW,
+        last_observation_at=NOW,
+        data_age_seconds=0.0,
+        stale=False,
         current=current,
-        points=[ForecastPoint(horizon_seconds=h, timestamp=NOW, quantiles={"0.5": 0.0, "0.9": v})
-                for h, v in points.items()],
-    )  # fmt: skip
+        points=[
+            ForecastPoint(horizon_seconds=h, timestamp=NOW, quantiles={"0.5": 0.0, "0.9": v}) for h, v in points.items()
+        ],
+    )
 
 
 def test_to_forecast_holds_the_larger_neighbour_and_ends_at_the_horizon() -> None:

@@ -139,10 +139,14 @@ def test_the_client_keeps_as_many_connections_as_asked(tmp_path: Path) -> None:
     """Regression: the client's default pool (5 per CPU: 10 here) had 16 reconcile workers, 8
     concurrent writes and 4 watches to serve; urllib3 opened and dropped a connection for each
     request beyond it."""
-    cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
-           "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
-           "users": [{"name": "u", "user": {"token": "t"}}],
-           "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}  # fmt: skip
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(cfg))
     api = api_client(path, connections=30)

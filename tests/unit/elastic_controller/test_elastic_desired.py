@@ -19,24 +19,34 @@ TEMPLATE = {"spec": {"containers": [{"name": "t", "image": "t:1"}]}}
 
 
 def make_job(status: dict[str, Any] | None = None, generation: int = 2) -> ElasticRLJob:
-    return ElasticRLJob.model_validate({
-        "metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": generation},
-        "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE, "gracefulShutdownPeriod": 45},
-        "status": status,
-    })  # fmt: skip
+    return ElasticRLJob.model_validate(
+        {
+            "metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": generation},
+            "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE, "gracefulShutdownPeriod": 45},
+            "status": status,
+        }
+    )
 
 
-def pod(i: int, phase: str = "Running", request_by: str | None = None, state: str | None = None,
-        **meta: Any) -> dict[str, Any]:  # fmt: skip
+def pod(
+    i: int, phase: str = "Running", request_by: str | None = None, state: str | None = None, **meta: Any
+) -> dict[str, Any]:
     ann: dict[str, str] = {}
     if request_by is not None:
         ann[names.ANNOTATION_SUSPEND_REQUEST] = json.dumps({"by": request_by, "reason": "r"})
     if state is not None:
         ann[names.ANNOTATION_SUSPEND_STATE] = state
-    return {"metadata": {"name": f"grpo-w{i}", "uid": f"uid-{i}", "labels": {names.LABEL_JOB: "grpo"},
-                         "annotations": ann, **meta},
-            "spec": {"nodeName": "n1", "nodeSelector": {names.LABEL_POOL: "pool-a"}},
-            "status": {"phase": phase}}  # fmt: skip
+    return {
+        "metadata": {
+            "name": f"grpo-w{i}",
+            "uid": f"uid-{i}",
+            "labels": {names.LABEL_JOB: "grpo"},
+            "annotations": ann,
+            **meta,
+        },
+        "spec": {"nodeName": "n1", "nodeSelector": {names.LABEL_POOL: "pool-a"}},
+        "status": {"phase": phase},
+    }
 
 
 def observed(*pods: dict[str, Any]) -> list[obs.ObservedWorker]:
@@ -67,15 +77,28 @@ def test_desired_creates_new_workers_at_free_indexes_pinned_to_the_planned_pool(
 
 
 def test_desired_sets_suspend_requests_in_the_drivers_format_and_clears_only_its_own() -> None:
-    ws = observed(pod(0), pod(1, request_by="rose-scheduler-extender"), pod(2, request_by=CONTROLLER),
-                  pod(3, request_by="rose-scheduler-extender", state="Suspended"))  # fmt: skip
-    t = JobTarget("rl/grpo", 2, suspend=("grpo-w0", "grpo-w1"), resume=("grpo-w2", "grpo-w3"),
-                  reasons=("PlannedShrink: grpo-w0 in pool-a; serving p90 needs 7",))  # fmt: skip
+    ws = observed(
+        pod(0),
+        pod(1, request_by="rose-scheduler-extender"),
+        pod(2, request_by=CONTROLLER),
+        pod(3, request_by="rose-scheduler-extender", state="Suspended"),
+    )
+    t = JobTarget(
+        "rl/grpo",
+        2,
+        suspend=("grpo-w0", "grpo-w1"),
+        resume=("grpo-w2", "grpo-w3"),
+        reasons=("PlannedShrink: grpo-w0 in pool-a; serving p90 needs 7",),
+    )
     d = desired(make_job(), ws, t, NOW)
     (req,) = d.set_requests
     assert req.pod == PodRef("grpo-w0", "uid-0")
-    assert json.loads(req.value) == {"by": CONTROLLER, "reason": "planned reclaim of grpo-w0", "graceSeconds": 45,
-                                     "at": "2026-11-30T14:00:00Z"}  # fmt: skip
+    assert json.loads(req.value) == {
+        "by": CONTROLLER,
+        "reason": "planned reclaim of grpo-w0",
+        "graceSeconds": 45,
+        "at": "2026-11-30T14:00:00Z",
+    }
     assert d.clear_requests == (PodRef("grpo-w2", "uid-2"),), "the extender's request is the extender's to clear"
     assert any(e.reason == "PlannedShrink" and "serving p90" in e.message for e in d.events)
 
@@ -91,7 +114,12 @@ def test_status_counts_phase_and_conditions() -> None:
     ws = observed(pod(0), pod(1), pod(2, request_by=CONTROLLER, state="Suspended"))
     st, events = compute_status(make_job(), ws, JobTarget("rl/grpo", 2), None, NOW)
     assert (st.phase, st.active_gpus, st.suspended_gpus, st.target_gpus, st.observed_generation) == (
-        "Running", 2, 1, 2, 2)  # fmt: skip
+        "Running",
+        2,
+        1,
+        2,
+        2,
+    )
     cond = {c.type: c.status for c in st.conditions or []}
     assert cond == {"Ready": "True", "Scaling": "False", "Suspended": "False", "Degraded": "False"}
     assert [e.reason for e in events] == ["Running", "Ready"]
@@ -123,8 +151,9 @@ def test_gang_suspend_counts_once_and_adds_its_time_when_it_ends() -> None:
 
 
 def test_a_lost_worker_marks_the_job_degraded_with_a_warning() -> None:
-    st, events = compute_status(make_job(), observed(pod(0), pod(1, phase="Failed")), JobTarget("rl/grpo", 2),
-                                None, NOW)  # fmt: skip
+    st, events = compute_status(
+        make_job(), observed(pod(0), pod(1, phase="Failed")), JobTarget("rl/grpo", 2), None, NOW
+    )
     assert any(c.type == "Degraded" and c.status == "True" for c in st.conditions or [])
     assert any(e.reason == "Degraded" and e.type == "Warning" for e in events)
 

@@ -43,8 +43,9 @@ def test_a_plan_reads_the_capacities_without_walking_the_devices_again(monkeypat
     monkeypatch.setattr(pools, "_role", lambda d: walked.append(d) or role(d))
     store = InventoryStore()
     store.handler("Node").on_list([_node(f"n{i}", "pool-a" if i % 2 else "pool-b") for i in range(4)])
-    store.handler("ResourceSlice").on_list([slices.resource_slice(f"n{i}", slices.simulated_gpus(f"n{i}", 8), 1)
-                                            for i in range(4)])  # fmt: skip
+    store.handler("ResourceSlice").on_list(
+        [slices.resource_slice(f"n{i}", slices.simulated_gpus(f"n{i}", 8), 1) for i in range(4)]
+    )
     counted = len(walked)
     assert store() == {"pool-a": 16, "pool-b": 16}
     assert store() == {"pool-a": 16, "pool-b": 16}

@@ -115,8 +115,9 @@ def test_a_suspended_worker_is_never_removed_to_grow_elsewhere() -> None:
     parked = (Worker("trainer-w0", j.key, "suspended", "full"),)
     t = plan(_two_pools(parked, j)).targets[j.key]
     assert (t.remove, t.add, t.resume, t.active_gpus) == ((), (), (), 0), t
-    freed = PlanInput(NOW, (Pool("full", 4, flat(*[0] * 20)), Pool("idle", 4, flat(*[0] * 20))), (j,), parked,
-                      Settings(dwell_s=3.0))  # fmt: skip
+    freed = PlanInput(
+        NOW, (Pool("full", 4, flat(*[0] * 20)), Pool("idle", 4, flat(*[0] * 20))), (j,), parked, Settings(dwell_s=3.0)
+    )
     t = plan(freed).targets[j.key]
     assert (t.remove, t.add, t.resume, t.active_gpus) == ((), (), ("trainer-w0",), 1), t
 

@@ -82,8 +82,11 @@ def _pod(name: str, ann: dict[str, str], phase: str = "Running", priority: int |
     spec: dict[str, Any] = {"nodeSelector": {names.LABEL_POOL: "p"}}
     if priority is not None:
         spec["priority"] = priority
-    return {"metadata": {"name": name, "uid": f"u-{name}", "labels": {names.LABEL_JOB: "grpo"}, "annotations": ann},
-            "spec": spec, "status": {"phase": phase}}  # fmt: skip
+    return {
+        "metadata": {"name": name, "uid": f"u-{name}", "labels": {names.LABEL_JOB: "grpo"}, "annotations": ann},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
 
 
 def test_reported_state_bytes_and_seconds_to_safe_point_are_bounded_by_the_spec() -> None:
@@ -117,8 +120,10 @@ def test_a_forged_state_report_no_longer_reclaims_the_pool() -> None:
         ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
     _drain(ctl)
     forged = _running(api.created[0], "uid-0")
-    forged["metadata"]["annotations"] = {**forged["metadata"]["annotations"],
-                                         names.ANNOTATION_REPORTED_STATE_BYTES: str(10**18)}  # fmt: skip
+    forged["metadata"]["annotations"] = {
+        **forged["metadata"]["annotations"],
+        names.ANNOTATION_REPORTED_STATE_BYTES: str(10**18),
+    }
     ctl.on_pod_event(MODIFIED, forged)
     ctl.plan_once()
     _drain(ctl)
@@ -172,8 +177,9 @@ def test_a_stale_forecast_freezes_lending_with_a_gauge_and_an_event() -> None:
 def test_suspend_state_without_a_request_does_not_release_the_gpu() -> None:
     forged = observe("grpo", _pod("grpo-w0", {names.ANNOTATION_SUSPEND_STATE: "Suspended"}))
     ours = '{"by": "rose-elastic-controller"}'
-    asked = observe("grpo", _pod("grpo-w1", {names.ANNOTATION_SUSPEND_STATE: "Suspended",
-                                              names.ANNOTATION_SUSPEND_REQUEST: ours}))  # fmt: skip
+    asked = observe(
+        "grpo", _pod("grpo-w1", {names.ANNOTATION_SUSPEND_STATE: "Suspended", names.ANNOTATION_SUSPEND_REQUEST: ours})
+    )
     assert forged is not None and asked is not None
     assert holding_state(forged) == "active" and holding_state(asked) == "suspended"
 
@@ -234,8 +240,10 @@ def test_plan_input_carries_class_priority_and_bounded_reports() -> None:
     for i, body in enumerate(api.created):
         pod = _running(body, f"uid-{i}")
         pod["spec"] = {**pod["spec"], "priority": 7}
-        pod["metadata"]["annotations"] = {**pod["metadata"]["annotations"],
-                                          names.ANNOTATION_REPORTED_STATE_BYTES: str(10**18)}  # fmt: skip
+        pod["metadata"]["annotations"] = {
+            **pod["metadata"]["annotations"],
+            names.ANNOTATION_REPORTED_STATE_BYTES: str(10**18),
+        }
         ctl.on_pod_event(MODIFIED, pod)
     inp, _ = ctl.plan_input(NOW + dt.timedelta(seconds=1))
     (job,) = inp.jobs

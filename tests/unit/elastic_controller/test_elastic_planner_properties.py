@@ -180,8 +180,11 @@ def test_a_job_whose_lead_overreaches_is_reclaimed_alone(inp: PlanInput) -> None
 
 def _shrinkable_at_end(inp: PlanInput, p: Plan, job: Job) -> bool:
     t = p.targets[job.key]
-    removed = sum(1 for w in inp.workers if w.job == job.key and w.state in HOLDING
-                  and (w.name in t.suspend or w.name in t.remove))  # fmt: skip
+    removed = sum(
+        1
+        for w in inp.workers
+        if w.job == job.key and w.state in HOLDING and (w.name in t.suspend or w.name in t.remove)
+    )
     gang = any(r.job == job.key and r.kind == "gang-suspend" for r in p.reclaims)
     left = active_before(inp, job.key) - removed * job.gpus_per_worker
     return not gang and left - job.gpus_per_worker >= job.min_gpus
@@ -190,8 +193,11 @@ def _shrinkable_at_end(inp: PlanInput, p: Plan, job: Job) -> bool:
 def _kept_in(inp: PlanInput, p: Plan, pool: str) -> set[str]:
     """Jobs with a worker in ``pool`` that held a GPU before the plan and still does."""
     t = p.targets
-    return {w.job for w in inp.workers if w.pool == pool and w.state in HOLDING
-            and w.name not in t[w.job].suspend and w.name not in t[w.job].remove}  # fmt: skip
+    return {
+        w.job
+        for w in inp.workers
+        if w.pool == pool and w.state in HOLDING and w.name not in t[w.job].suspend and w.name not in t[w.job].remove
+    }
 
 
 @settings(max_examples=150, deadline=None)

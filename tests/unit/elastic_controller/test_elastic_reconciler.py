@@ -14,10 +14,12 @@ from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
 
 NOW = datetime(2026, 11, 30, 14, 0, tzinfo=UTC)
-JOB = ElasticRLJob.model_validate({
-    "metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1},
-    "spec": {"minGPUs": 1, "maxGPUs": 4, "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}}},
-})  # fmt: skip
+JOB = ElasticRLJob.model_validate(
+    {
+        "metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1},
+        "spec": {"minGPUs": 1, "maxGPUs": 4, "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}}},
+    }
+)
 
 
 class Recorder:
@@ -52,8 +54,11 @@ class Recorder:
 
 
 def _pod(i: int, phase: str = "Running") -> dict[str, Any]:
-    return {"metadata": {"name": f"grpo-w{i}", "uid": f"uid-{i}", "labels": {names.LABEL_JOB: "grpo"}},
-            "spec": {}, "status": {"phase": phase}}  # fmt: skip
+    return {
+        "metadata": {"name": f"grpo-w{i}", "uid": f"uid-{i}", "labels": {names.LABEL_JOB: "grpo"}},
+        "spec": {},
+        "status": {"phase": phase},
+    }
 
 
 def test_converge_acts_in_order_status_pods_requests_events() -> None:

@@ -12,9 +12,13 @@ from tests.unit.elastic_controller.test_elastic_controller import _controller as
 POD = {"spec": {"containers": [{"name": "t", "image": "t"}]}}
 ROLES_JOB: dict[str, Any] = {
     **RAW_JOB,
-    "spec": {"roles": {"trainer": {"workers": 2, "template": POD},
-                       "rollout": {"minWorkers": 1, "maxWorkers": 4, "template": POD}}},
-}  # fmt: skip
+    "spec": {
+        "roles": {
+            "trainer": {"workers": 2, "template": POD},
+            "rollout": {"minWorkers": 1, "maxWorkers": 4, "template": POD},
+        }
+    },
+}
 
 
 class RolesRecorder(Recorder):
@@ -34,8 +38,14 @@ def test_trainer_first_then_rollouts_and_a_forecast_rise_removes_rollouts_not_th
     ctl.on_job_list([ROLES_JOB])
     ctl.plan_once()
     _drain(ctl)
-    assert api.names("create") == ["grpo-trainer-0", "grpo-trainer-1", "grpo-rollout-0", "grpo-rollout-1",
-                                   "grpo-rollout-2", "grpo-rollout-3"]  # fmt: skip
+    assert api.names("create") == [
+        "grpo-trainer-0",
+        "grpo-trainer-1",
+        "grpo-rollout-0",
+        "grpo-rollout-1",
+        "grpo-rollout-2",
+        "grpo-rollout-3",
+    ]
     assert api.names("template") == ["grpo-trainer-gpus", "grpo-rollout-gpus"]
     assert api.names("service") == ["grpo-trainer"]
     assert api.names("status")[-1] == 6
@@ -43,8 +53,14 @@ def test_trainer_first_then_rollouts_and_a_forecast_rise_removes_rollouts_not_th
         ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
     _drain(ctl)
     worlds = {name: ann["rose.io/world"] for name, ann in api.names("annotate")}
-    assert worlds == {"grpo-trainer-0": "2/2", "grpo-trainer-1": "2/2", "grpo-rollout-0": "4/4",
-                      "grpo-rollout-1": "4/4", "grpo-rollout-2": "4/4", "grpo-rollout-3": "4/4"}  # fmt: skip
+    assert worlds == {
+        "grpo-trainer-0": "2/2",
+        "grpo-trainer-1": "2/2",
+        "grpo-rollout-0": "4/4",
+        "grpo-rollout-1": "4/4",
+        "grpo-rollout-2": "4/4",
+        "grpo-rollout-3": "4/4",
+    }
     ctl.plan_once()
     gauge = ctl.metrics.role_workers
     assert gauge.labels("rl/grpo", "trainer", "active")._value.get() == 2

@@ -35,8 +35,17 @@ def flat(need: float) -> Forecast:
 
 def role_jobs(trainer: int = 2, lo: int = 1, hi: int = 4, remove: bool = True, gpw: int = 1) -> tuple[Job, Job]:
     t = Job(TRAINER, trainer * gpw, trainer * gpw, gpw, state_bytes=40 << 30, min_useful_run_s=0.0, role="trainer")
-    r = Job(ROLLOUT, lo, hi, 1, state_bytes=2 << 30, min_useful_run_s=0.0, role="rollout", requires=TRAINER,
-            remove_on_shrink=remove)  # fmt: skip
+    r = Job(
+        ROLLOUT,
+        lo,
+        hi,
+        1,
+        state_bytes=2 << 30,
+        min_useful_run_s=0.0,
+        role="rollout",
+        requires=TRAINER,
+        remove_on_shrink=remove,
+    )
     return t, r
 
 
@@ -46,10 +55,16 @@ def running(trainer: int = 2, rollouts: int = 4, pool: str = "p") -> tuple[Worke
     )
 
 
-def plan_at(need: float, workers: tuple[Worker, ...], jobs: tuple[Job, ...] | None = None, capacity: int = 8,
-            remove: bool = True) -> Plan:  # fmt: skip
-    inp = PlanInput(NOW, (Pool("p", capacity, flat(need)),), jobs or role_jobs(remove=remove), workers,
-                    Settings(dwell_s=0.0))  # fmt: skip
+def plan_at(
+    need: float,
+    workers: tuple[Worker, ...],
+    jobs: tuple[Job, ...] | None = None,
+    capacity: int = 8,
+    remove: bool = True,
+) -> Plan:
+    inp = PlanInput(
+        NOW, (Pool("p", capacity, flat(need)),), jobs or role_jobs(remove=remove), workers, Settings(dwell_s=0.0)
+    )
     return plan(inp)
 
 
@@ -130,8 +145,9 @@ def fleets(draw: st.DrawFn) -> PlanInput:
     t, r = role_jobs(trainer_n, lo, hi, draw(st.booleans()), gpw=draw(st.sampled_from([1, 2])))
     states = st.sampled_from(("active", "active", "pending", "resuming", "suspended", "suspending"))
     trainer_state = draw(states)  # the trainer moves as a gang
-    workers = [Worker(f"grpo-trainer-{i}", TRAINER, trainer_state, "p") for i in range(draw(st.sampled_from(
-        [0, trainer_n])))]  # fmt: skip
+    workers = [
+        Worker(f"grpo-trainer-{i}", TRAINER, trainer_state, "p") for i in range(draw(st.sampled_from([0, trainer_n])))
+    ]
     workers += [Worker(f"grpo-rollout-{i}", ROLLOUT, draw(states), "p") for i in range(draw(st.integers(0, hi)))]
     other = Job("rl/plain", 1, 3, state_bytes=draw(st.sampled_from([0, 80 << 30])), min_useful_run_s=0.0)
     workers += [Worker(f"plain-w{i}", other.key, "active", "p") for i in range(draw(st.integers(0, 3)))]
@@ -168,8 +184,9 @@ def test_roles_reclaim_and_grow_order(inp: PlanInput) -> None:
     # a rollout worker reclaimed above the minimum is removed when the job asks for it
     was = sum(1 for w in inp.workers if w.job == ROLLOUT and w.state in HOLDING)
     if r.remove_on_shrink and was > r.min_gpus:
-        running_suspended = [n for n in p.targets[ROLLOUT].suspend
-                             if any(w.name == n and w.state != "pending" for w in inp.workers)]  # fmt: skip
+        running_suspended = [
+            n for n in p.targets[ROLLOUT].suspend if any(w.name == n and w.state != "pending" for w in inp.workers)
+        ]
         assert not running_suspended or rollouts == 0 or trainer == 0
     # the pool is never planned past its capacity by the grants
     pool = inp.pools[0]

@@ -21,11 +21,19 @@ POD = {"spec": {"containers": [{"name": "c", "image": "i"}]}}
 
 
 def make_job(placement: str = "Lent", **rollout: Any) -> ElasticRLJob:
-    roles = {"trainer": {"workers": 2, "gpusPerWorker": 2, "placement": placement, "template": POD,
-                         "stateBytesPerWorker": 1 << 30},
-             "rollout": {"minWorkers": 1, "maxWorkers": 4, "template": POD, **rollout}}  # fmt: skip
-    return ElasticRLJob.model_validate({"metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1},
-                                        "spec": {"roles": roles}})  # fmt: skip
+    roles = {
+        "trainer": {
+            "workers": 2,
+            "gpusPerWorker": 2,
+            "placement": placement,
+            "template": POD,
+            "stateBytesPerWorker": 1 << 30,
+        },
+        "rollout": {"minWorkers": 1, "maxWorkers": 4, "template": POD, **rollout},
+    }
+    return ElasticRLJob.model_validate(
+        {"metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1}, "spec": {"roles": roles}}
+    )
 
 
 def env(pod: dict[str, Any]) -> dict[str, str]:
@@ -72,11 +80,20 @@ def test_a_dedicated_trainer_keeps_its_own_gpus_and_is_not_planned() -> None:
 
 def test_desired_creates_each_new_worker_in_its_role_and_reports_per_role() -> None:
     job = make_job(reclaim="Suspend")
-    target = JobTarget("rl/grpo", 6, add=("a", "a", "b", "b"), add_roles=("trainer", "trainer", "rollout", "rollout"),
-                       role_workers=(("trainer", 2), ("rollout", 2)))  # fmt: skip
+    target = JobTarget(
+        "rl/grpo",
+        6,
+        add=("a", "a", "b", "b"),
+        add_roles=("trainer", "trainer", "rollout", "rollout"),
+        role_workers=(("trainer", 2), ("rollout", 2)),
+    )
     d = desired(job, [], target, NOW)
-    assert [p["metadata"]["name"] for p in d.create] == ["grpo-trainer-0", "grpo-trainer-1", "grpo-rollout-0",
-                                                         "grpo-rollout-1"]  # fmt: skip
+    assert [p["metadata"]["name"] for p in d.create] == [
+        "grpo-trainer-0",
+        "grpo-trainer-1",
+        "grpo-rollout-0",
+        "grpo-rollout-1",
+    ]
     assert [t["metadata"]["name"] for t in d.templates] == ["grpo-trainer-gpus", "grpo-rollout-gpus"]
     assert d.service is not None and d.claim_template is None
     assert d.status.roles is not None and d.status.roles.trainer is not None
@@ -89,7 +106,9 @@ def test_desired_creates_each_new_worker_in_its_role_and_reports_per_role() -> N
     assert [w.role for w in seen] == ["trainer", "trainer", "rollout", "rollout"]
     planned = obs.role_planner_jobs(job, seen)
     assert [(j.key, j.min_gpus, j.max_gpus, j.remove_on_shrink) for j in planned] == [
-        ("rl/grpo#trainer", 4, 4, False), ("rl/grpo#rollout", 1, 4, False)]  # fmt: skip
+        ("rl/grpo#trainer", 4, 4, False),
+        ("rl/grpo#rollout", 1, 4, False),
+    ]
     again = desired(job.model_copy(update={"status": d.status}), seen, target, NOW)
     assert again.status.active_gpus == 6 and again.status.phase == "Running"
     assert again.status.roles is not None and again.status.roles.rollout is not None
@@ -107,10 +126,16 @@ def test_rose_simulate_plans_a_job_with_roles_per_lent_role() -> None:
     trainer is not lent, so not planned."""
     from rose_sim.inputs import parse_jobs, role_views
 
-    for placement, want in (("Lent", [("default/grpo#trainer", 1 << 30), ("default/grpo#rollout", 0)]),
-                            ("Dedicated", [("default/grpo#rollout", 0)])):  # fmt: skip
-        doc = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "grpo"},
-               "spec": make_job(placement).spec.model_dump(exclude_none=True)}  # fmt: skip
+    for placement, want in (
+        ("Lent", [("default/grpo#trainer", 1 << 30), ("default/grpo#rollout", 0)]),
+        ("Dedicated", [("default/grpo#rollout", 0)]),
+    ):
+        doc = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": "grpo"},
+            "spec": make_job(placement).spec.model_dump(exclude_none=True),
+        }
         (job,) = parse_jobs([("jobs.yaml", doc)])
         assert [(v.key, v.state_bytes) for v in role_views(job)] == want
 

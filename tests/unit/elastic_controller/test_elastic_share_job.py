@@ -61,8 +61,11 @@ def test_a_share_does_not_combine_with_several_gpus_roles_or_a_timeslice_group()
 
 def test_without_a_share_the_claim_is_the_whole_gpu_one() -> None:
     (req,) = workers.claim_template(make_job())["spec"]["spec"]["devices"]["requests"]
-    assert req["exactly"] == {"deviceClassName": names.DEVICE_CLASS_LENDABLE, "allocationMode": "ExactCount",
-                              "count": 1}  # fmt: skip
+    assert req["exactly"] == {
+        "deviceClassName": names.DEVICE_CLASS_LENDABLE,
+        "allocationMode": "ExactCount",
+        "count": 1,
+    }
     assert observe.job_share(make_job().spec, 80 * GIB) == 0.0
     assert observe.planner_job(make_job(), share_memory=80 * GIB).share == 0.0
 

@@ -21,16 +21,19 @@ TEMPLATE = {
 def make_job(**spec: Any) -> ElasticRLJob:
     base: dict[str, Any] = {"minGPUs": 2, "maxGPUs": 8, "gpusPerWorker": 2, "template": TEMPLATE}
     base.update(spec)
-    return ElasticRLJob.model_validate({"metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1},
-                                        "spec": base})  # fmt: skip
+    return ElasticRLJob.model_validate(
+        {"metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1}, "spec": base}
+    )
 
 
 def test_claim_template_asks_for_gpus_per_worker_lendable_devices() -> None:
     t = workers.claim_template(make_job())
     assert t["apiVersion"] == "resource.k8s.io/v1" and t["metadata"]["name"] == "grpo-gpus"
     (req,) = t["spec"]["spec"]["devices"]["requests"]
-    assert req == {"name": "gpus", "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE,
-                                              "allocationMode": "ExactCount", "count": 2}}  # fmt: skip
+    assert req == {
+        "name": "gpus",
+        "exactly": {"deviceClassName": names.DEVICE_CLASS_LENDABLE, "allocationMode": "ExactCount", "count": 2},
+    }
     assert t["metadata"]["ownerReferences"][0]["uid"] == "u-1"
 
 
@@ -38,8 +41,12 @@ def test_worker_pod_carries_what_the_extender_driver_and_sdk_read() -> None:
     pod = workers.worker_pod(make_job(stateBytesPerWorker=4096, checkpointPath="s3://b/ck"), 3, pool="pool-a")
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "grpo-w3" and meta["namespace"] == "rl"
-    assert meta["labels"] == {"team": "rl", names.LABEL_JOB: "grpo", names.LABEL_ROLE: "rl-worker",
-                              workers.LABEL_WORKER_INDEX: "3"}  # fmt: skip
+    assert meta["labels"] == {
+        "team": "rl",
+        names.LABEL_JOB: "grpo",
+        names.LABEL_ROLE: "rl-worker",
+        workers.LABEL_WORKER_INDEX: "3",
+    }
     ann = meta["annotations"]
     assert ann[names.ANNOTATION_GRACE] == "30" and ann[extender_names.ANNOTATION_MIN_RUN] == "600"
     assert ann[extender_names.ANNOTATION_GPUS] == "2" and ann[names.ANNOTATION_STATE_BYTES] == "4096"
@@ -82,8 +89,12 @@ def test_the_template_cannot_forge_roses_control_annotations_labels_or_node() ->
         make_job(template={"metadata": {"labels": labels, "annotations": forged}, "spec": spec}), 0
     )
     ann, got = pod["metadata"]["annotations"], pod["metadata"]["labels"]
-    assert not {names.ANNOTATION_FENCING_TOKEN, names.ANNOTATION_SUSPEND_STATE, names.ANNOTATION_SUSPEND_REQUEST,
-                "x.rose.io/anything"} & set(ann)  # fmt: skip
+    assert not {
+        names.ANNOTATION_FENCING_TOKEN,
+        names.ANNOTATION_SUSPEND_STATE,
+        names.ANNOTATION_SUSPEND_REQUEST,
+        "x.rose.io/anything",
+    } & set(ann)
     assert ann[names.ANNOTATION_GRACE] == "30" and ann["note"] == "x"
     assert names.LABEL_TIMESLICE_GROUP not in got and names.LABEL_POOL not in got and got["team"] == "rl"
     assert "nodeName" not in pod["spec"]

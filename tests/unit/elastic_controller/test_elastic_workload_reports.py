@@ -26,15 +26,28 @@ JOB = ElasticRLJob.model_validate(RAW_JOB)
 
 def _pod(i: int, phase: str = "Running", **ann: str) -> dict[str, Any]:
     return {
-        "metadata": {"name": f"grpo-w{i}", "namespace": "rl", "uid": f"uid-{i}",
-                     "labels": {names.LABEL_JOB: "grpo"}, "annotations": ann},
-        "spec": {}, "status": {"phase": phase},
-    }  # fmt: skip
+        "metadata": {
+            "name": f"grpo-w{i}",
+            "namespace": "rl",
+            "uid": f"uid-{i}",
+            "labels": {names.LABEL_JOB: "grpo"},
+            "annotations": ann,
+        },
+        "spec": {},
+        "status": {"phase": phase},
+    }
 
 
 def _reported(i: int, phase: str, secs: str, size: str, **extra: str) -> dict[str, Any]:
-    return _pod(i, **{names.ANNOTATION_WORKLOAD_PHASE: phase, names.ANNOTATION_SECONDS_TO_SAFE_POINT: secs,
-                      names.ANNOTATION_REPORTED_STATE_BYTES: size}, **extra)  # fmt: skip
+    return _pod(
+        i,
+        **{
+            names.ANNOTATION_WORKLOAD_PHASE: phase,
+            names.ANNOTATION_SECONDS_TO_SAFE_POINT: secs,
+            names.ANNOTATION_REPORTED_STATE_BYTES: size,
+        },
+        **extra,
+    )
 
 
 def _observed(*pods: dict[str, Any]) -> list[ObservedWorker]:
@@ -150,8 +163,14 @@ def test_a_pending_worker_gets_no_world_until_it_runs() -> None:
 
 def _unschedulable(i: int, since: dt.datetime, **ann: str) -> dict[str, Any]:
     pod = _pod(i, phase="Pending", **ann)
-    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                    "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ")}]  # fmt: skip
+    pod["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    ]
     return pod
 
 
@@ -180,8 +199,12 @@ def test_reconcile_nudges_an_unschedulable_worker_and_counts_it() -> None:
     _drain(ctl)
     body = copy.deepcopy(api.created[0])
     body["metadata"]["uid"] = "uid-0"
-    refused = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-               "lastTransitionTime": "2026-11-30T13:59:00Z"}  # fmt: skip
+    refused = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "lastTransitionTime": "2026-11-30T13:59:00Z",
+    }
     body["status"] = {"phase": "Pending", "conditions": [refused]}
     ctl.on_pod_event(ADDED, body)
     _drain(ctl)

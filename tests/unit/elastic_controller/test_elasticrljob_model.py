@@ -48,8 +48,9 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def flatten_model(node: dict[str, Any], defs: dict[str, Any], path: str = "", required: bool = False,
-                  out: Flat | None = None) -> Flat:  # fmt: skip
+def flatten_model(
+    node: dict[str, Any], defs: dict[str, Any], path: str = "", required: bool = False, out: Flat | None = None
+) -> Flat:
     """path -> facets of a pydantic JSON schema, in the same shape as :func:`flatten_crd`."""
     out = {} if out is None else out
     node = _resolve(node, defs)
@@ -181,10 +182,12 @@ def test_whole_object_and_status_parse() -> None:
             "kind": "ElasticRLJob",
             "metadata": {"name": "j", "namespace": "ns", "uid": "u1", "generation": 3},
             "spec": {"minGPUs": 2, "maxGPUs": 4, "template": {}},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True",
-                                                          "lastTransitionTime": "2026-11-30T14:00:00Z"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-30T14:00:00Z"}],
+            },
         }
-    )  # fmt: skip
+    )
     assert (job.name, job.namespace, job.uid, job.generation) == ("j", "ns", "u1", 3)
     assert (job.api_version, job.kind) == (names.API_VERSION, names.KIND)
     assert job.status is not None and job.status.conditions is not None

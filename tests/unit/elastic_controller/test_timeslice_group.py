@@ -42,8 +42,9 @@ def job(name: str = "a", group: str | None = "g1", status: dict[str, Any] | None
     return ElasticRLJob.model_validate(raw_job(name, group, status))
 
 
-def lease(holder: str = "", resident: str = "", token: int = 1, switching: bool = False,
-          expires: float = T + 10) -> GroupLease:  # fmt: skip
+def lease(
+    holder: str = "", resident: str = "", token: int = 1, switching: bool = False, expires: float = T + 10
+) -> GroupLease:
     return GroupLease("g1", holder, resident, token, switching, expires if holder else 0.0)
 
 
@@ -63,16 +64,18 @@ MEMBER_CASES = [
 
 
 @pytest.mark.parametrize(("gl", "member", "state", "token"), MEMBER_CASES)
-def test_member_state_follows_the_orchestrators_lease(gl: GroupLease | None, member: str, state: str,
-                                                      token: int | None) -> None:  # fmt: skip
+def test_member_state_follows_the_orchestrators_lease(
+    gl: GroupLease | None, member: str, state: str, token: int | None
+) -> None:
     m = groups.member_state(member, "g1", gl, T)
     assert (m.state, m.token) == (state, token)
     assert "g1" in m.message
 
 
 def test_the_lease_reader_reads_what_the_orchestrator_writes() -> None:
-    g = Group("g1", lease_ttl_s=2.5, holder="rl/b", token=7, renewed=T, resident="rl/a", previous="rl/a",
-              switching=True)  # fmt: skip
+    g = Group(
+        "g1", lease_ttl_s=2.5, holder="rl/b", token=7, renewed=T, resident="rl/a", previous="rl/a", switching=True
+    )
     doc = to_lease(g, "rose-system")
     assert read(doc) == GroupLease("g1", "rl/b", "rl/a", 7, True, T + 2.5)
     assert doc["metadata"]["labels"][names.LABEL_TIMESLICE_GROUP] == "g1"
@@ -143,9 +146,16 @@ def test_converge_ensures_the_shared_claims_before_creating_the_pods() -> None:
 
 def _pod(name: str, i: int, request_by: str | None = None) -> dict[str, Any]:
     ann = {names.ANNOTATION_SUSPEND_REQUEST: json.dumps({"by": request_by})} if request_by else {}
-    return {"metadata": {"name": f"{name}-w{i}", "uid": f"{name}-{i}", "labels": {names.LABEL_JOB: name},
-                         "annotations": ann},
-            "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}  # fmt: skip
+    return {
+        "metadata": {
+            "name": f"{name}-w{i}",
+            "uid": f"{name}-{i}",
+            "labels": {names.LABEL_JOB: name},
+            "annotations": ann,
+        },
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": "Running"},
+    }
 
 
 OWNER_CASES = [
@@ -169,8 +179,13 @@ def test_the_controller_writes_no_suspend_request_on_a_grouped_worker(
 ) -> None:
     j = job("a", group)
     observed = [w for w in (obs.observe("a", _pod("a", 0, by)),) if w is not None]
-    d = desired(j, observed, JobTarget("rl/a", active_gpus=0, suspend=suspend, resume=resume), NOW,
-                lease("rl/a", "rl/a") if group else None)  # fmt: skip
+    d = desired(
+        j,
+        observed,
+        JobTarget("rl/a", active_gpus=0, suspend=suspend, resume=resume),
+        NOW,
+        lease("rl/a", "rl/a") if group else None,
+    )
     assert [r.pod.name for r in d.set_requests] == sets
     assert [p.name for p in d.clear_requests] == clears
     left = [e for e in d.events if e.reason == "SuspendLeftToOrchestrator"]
@@ -190,12 +205,22 @@ def test_status_carries_resident_and_the_token_and_transitions_once() -> None:
     assert _resident(d.status) == ("True", "Resident", NOW) and d.status.fencing_token == 5
     assert [e.reason for e in d.events if e.reason.startswith("Timeslice")] == ["TimesliceResident"]
     later = NOW + dt.timedelta(seconds=30)
-    again = desired(job("a", status=d.status.model_dump(mode="json", by_alias=True, exclude_none=True)), [], None,
-                    later, lease("", "rl/a", 5))  # fmt: skip
+    again = desired(
+        job("a", status=d.status.model_dump(mode="json", by_alias=True, exclude_none=True)),
+        [],
+        None,
+        later,
+        lease("", "rl/a", 5),
+    )
     assert _resident(again.status) == ("True", "Resident", NOW), "unchanged: lastTransitionTime kept"
     assert not [e for e in again.events if e.reason.startswith("Timeslice")]
-    flipped = desired(job("a", status=d.status.model_dump(mode="json", by_alias=True, exclude_none=True)), [], None,
-                      later, lease("rl/b", "rl/b", 6))  # fmt: skip
+    flipped = desired(
+        job("a", status=d.status.model_dump(mode="json", by_alias=True, exclude_none=True)),
+        [],
+        None,
+        later,
+        lease("rl/b", "rl/b", 6),
+    )
     assert _resident(flipped.status) == ("False", "Waiting", later) and flipped.status.fencing_token == 6
     assert [e.reason for e in flipped.events if e.reason.startswith("Timeslice")] == ["TimesliceWaiting"]
     solo = desired(job("solo", group=None), [], None, NOW)
@@ -301,8 +326,13 @@ class ClaimServer:
 
     def __init__(self, races: int) -> None:
         self.races = races
-        self.doc: dict[str, Any] = {"metadata": {"name": "ts-g1-w0-gpus", "resourceVersion": "1",
-                                                 "ownerReferences": [{"uid": "uid-a", "name": "a"}]}}  # fmt: skip
+        self.doc: dict[str, Any] = {
+            "metadata": {
+                "name": "ts-g1-w0-gpus",
+                "resourceVersion": "1",
+                "ownerReferences": [{"uid": "uid-a", "name": "a"}],
+            }
+        }
 
     def json(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
         if method == "POST":

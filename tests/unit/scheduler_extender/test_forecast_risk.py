@@ -32,8 +32,17 @@ def response(needed: dict[int, int] | None = NEEDED, unit: str = "gpus", window_
             key = "window_max" if window_max else "gpus_needed"
             extra[key] = {"0.01": needed[h], "0.05": needed[h] - 1}
         points.append(ForecastPoint(horizon_seconds=h, timestamp=T0, quantiles={"0.5": q / 2, "0.9": q}, **extra))  # type: ignore[arg-type]
-    return ForecastResponse(pool="pool-a", unit=unit, model_version="t", generated_at=T0, last_observation_at=T0,
-                            data_age_seconds=0.0, stale=False, current=2.0, points=points)  # fmt: skip
+    return ForecastResponse(
+        pool="pool-a",
+        unit=unit,
+        model_version="t",
+        generated_at=T0,
+        last_observation_at=T0,
+        data_age_seconds=0.0,
+        stale=False,
+        current=2.0,
+        points=points,
+    )
 
 
 def test_risk_key_normalizes_and_refuses_what_is_not_a_risk() -> None:
