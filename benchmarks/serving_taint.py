@@ -22,6 +22,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,14 @@ def _runs(handle: Any, api: Any, runs: int, root: Path) -> list[dict[str, float]
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.serving_taint", description=__doc__.split("\n")[0])
+Runs = Callable[[Any, Any, int, Path], list[dict[str, float]]]
+
+
+def taint_bench_main(prog: str, description: str, runs: Runs, prefixes: tuple[str, str], argv: list[str] | None) -> int:
+    """The taint benchmarks' one entry point: a one-node local cluster, ``runs(handle, api, n,
+    scratch)`` timed rows of ``taint_s`` / ``untaint_s``, their summary to ``--json``
+    (``prefixes``: of the work folder and of the scratch folder)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--json", required=True, type=Path)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--workdir", type=Path, default=None)
@@ -105,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--runs must be >= 1")
     from local_cluster.cluster import ClusterConfig, LocalCluster
 
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="rose-taint-"))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix=prefixes[0]))
     lc = LocalCluster(
         ClusterConfig(
             nodes=1, gpus_per_node=2, pools=1, workdir=work / "cluster", extender_url=None, die_with_parent=True
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     handle = lc.up()
     api = handle.api_client()
     try:
-        rows = _runs(handle, api, args.runs, Path(tempfile.mkdtemp(prefix="rose-td-", dir="/tmp")))
+        rows = runs(handle, api, args.runs, Path(tempfile.mkdtemp(prefix=prefixes[1], dir="/tmp")))
     finally:
         api.close()
         lc.down()
@@ -128,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         v = result[k]
         print(f"{k:10s} p50 {v['p50']:.3f} p90 {v['p90']:.3f} max {v['max']:.3f}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return taint_bench_main(
+        "python -m benchmarks.serving_taint", (__doc__ or "").split("\n")[0], _runs, ("rose-taint-", "rose-td-"), argv
+    )
 
 
 if __name__ == "__main__":

@@ -18,15 +18,12 @@ p50 / p90 / max.
 
 from __future__ import annotations
 
-import argparse
-import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import log, own_slice_devices, simulated_driver
-from benchmarks.serving_taint import _summary
+from benchmarks.serving_taint import taint_bench_main
 
 RULES = ("resource.k8s.io", "v1", "devicetaintrules")
 
@@ -85,38 +82,13 @@ def _runs(handle: Any, api: Any, runs: int, root: Path) -> list[dict[str, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.share_taint", description=__doc__.split("\n")[0])
-    p.add_argument("--json", required=True, type=Path)
-    p.add_argument("--runs", type=int, default=10)
-    p.add_argument("--workdir", type=Path, default=None)
-    args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs must be >= 1")
-    from local_cluster.cluster import ClusterConfig, LocalCluster
-
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="rose-sharetaint-"))
-    lc = LocalCluster(
-        ClusterConfig(
-            nodes=1, gpus_per_node=2, pools=1, workdir=work / "cluster", extender_url=None, die_with_parent=True
-        )
+    return taint_bench_main(
+        "python -m benchmarks.share_taint",
+        (__doc__ or "").split("\n")[0],
+        _runs,
+        ("rose-sharetaint-", "rose-st-"),
+        argv,
     )
-    handle = lc.up()
-    api = handle.api_client()
-    try:
-        rows = _runs(handle, api, args.runs, Path(tempfile.mkdtemp(prefix="rose-st-", dir="/tmp")))
-    finally:
-        api.close()
-        lc.down()
-    result: dict[str, Any] = {
-        "runs": args.runs,
-        **{k: _summary([r[k] for r in rows]) for k in ("taint_s", "untaint_s")},
-    }
-    result["samples"] = rows
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    for k in ("taint_s", "untaint_s"):
-        v = result[k]
-        print(f"{k:10s} p50 {v['p50']:.3f} p90 {v['p90']:.3f} max {v['max']:.3f}")
-    return 0
 
 
 if __name__ == "__main__":
