@@ -8,7 +8,7 @@ driver's publisher and the local cluster's seed slices.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,25 +132,38 @@ def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False, shares: b
     return devices
 
 
-def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> list[dict[str, Any]]:
-    """A copy of ``devices`` where the *lendable* and *share* devices of every GPU index in ``held``
-    carry the ``NoSchedule`` taint :data:`names.TAINT_SERVING_HOLDS` (value: the GPU index), so the
-    scheduler allocates no new lent claim on a GPU serving holds. Serving devices are never tainted; a
-    device's other taints are kept. Pure."""
+def _retaint(
+    devices: list[dict[str, Any]], keys: tuple[str, ...], added: Callable[[Mapping[str, Any]], list[dict[str, str]]]
+) -> list[dict[str, Any]]:
+    """A copy of ``devices`` whose taints with a key in ``keys`` are replaced by ``added(device)``;
+    a device's other taints are kept, and a device left with none has no ``taints`` field. Pure."""
     out: list[dict[str, Any]] = []
     for d in devices:
         d = dict(d)
-        taints = [t for t in d.get("taints") or [] if t.get("key") != names.TAINT_SERVING_HOLDS]
-        if d["name"].endswith((f"-{names.ROLE_LENDABLE}", f"-{names.ROLE_SHARE}")):
-            index, _ = parse_device_name(d["name"])
-            if index in held:
-                taints.append({"key": names.TAINT_SERVING_HOLDS, "value": str(index), "effect": "NoSchedule"})
+        taints = [t for t in d.get("taints") or [] if t.get("key") not in keys] + added(d)
         if taints:
             d["taints"] = taints
         else:
             d.pop("taints", None)
         out.append(d)
     return out
+
+
+def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> list[dict[str, Any]]:
+    """A copy of ``devices`` where the *lendable* and *share* devices of every GPU index in ``held``
+    carry the ``NoSchedule`` taint :data:`names.TAINT_SERVING_HOLDS` (value: the GPU index), so the
+    scheduler allocates no new lent claim on a GPU serving holds. Serving devices are never tainted; a
+    device's other taints are kept. Pure."""
+
+    def added(d: Mapping[str, Any]) -> list[dict[str, str]]:
+        if not d["name"].endswith((f"-{names.ROLE_LENDABLE}", f"-{names.ROLE_SHARE}")):
+            return []
+        index, _ = parse_device_name(d["name"])
+        return (
+            [{"key": names.TAINT_SERVING_HOLDS, "value": str(index), "effect": "NoSchedule"}] if index in held else []
+        )
+
+    return _retaint(devices, (names.TAINT_SERVING_HOLDS,), added)
 
 
 def taint_lent_held(
@@ -161,22 +174,16 @@ def taint_lent_held(
     *share* device of every GPU index in ``whole`` (a whole lendable claim is prepared there)
     carries :data:`names.TAINT_LENT_WHOLE`: the scheduler then never books one GPU both whole and
     in shares. A device's other taints are kept. Pure."""
-    keys = (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE)
-    out: list[dict[str, Any]] = []
-    for d in devices:
-        d = dict(d)
-        taints = [t for t in d.get("taints") or [] if t.get("key") not in keys]
+
+    def added(d: Mapping[str, Any]) -> list[dict[str, str]]:
         index, role = parse_device_name(d["name"])
         if role == names.ROLE_LENDABLE and index in shared:
-            taints.append({"key": names.TAINT_SHARES_HOLD, "value": str(index), "effect": "NoSchedule"})
+            return [{"key": names.TAINT_SHARES_HOLD, "value": str(index), "effect": "NoSchedule"}]
         if role == names.ROLE_SHARE and index in whole:
-            taints.append({"key": names.TAINT_LENT_WHOLE, "value": str(index), "effect": "NoSchedule"})
-        if taints:
-            d["taints"] = taints
-        else:
-            d.pop("taints", None)
-        out.append(d)
-    return out
+            return [{"key": names.TAINT_LENT_WHOLE, "value": str(index), "effect": "NoSchedule"}]
+        return []
+
+    return _retaint(devices, (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE), added)
 
 
 def taint_covers(devices: list[dict[str, Any]], index: int) -> list[str]:
@@ -208,18 +215,9 @@ def taint_reclaim_planned(
         for name in taint_covers(devices, index):
             if name not in ruled:
                 covered[name] = {"key": taint["key"], "value": taint.get("value", ""), "effect": taint["effect"]}
-    out: list[dict[str, Any]] = []
-    for d in devices:
-        d = dict(d)
-        taints = [t for t in d.get("taints") or [] if t.get("key") != names.TAINT_RECLAIM_PLANNED]
-        if d["name"] in covered:
-            taints.append(covered[d["name"]])
-        if taints:
-            d["taints"] = taints
-        else:
-            d.pop("taints", None)
-        out.append(d)
-    return out
+    return _retaint(
+        devices, (names.TAINT_RECLAIM_PLANNED,), lambda d: [covered[d["name"]]] if d["name"] in covered else []
+    )
 
 
 def resource_slice(

@@ -49,23 +49,30 @@ def bounds_for(demand: Demand, cfg: SimConfig, forecasters: tuple[str, ...]) -> 
             demand.busy, HORIZONS_S, demand.tick_s, demand.history, cfg.pool_gpus, float(cfg.risk)
         )
     if "model" in forecasters:
-        obs = demand.busy if demand.observed is None else demand.observed
-        every = max(1, cfg.refit_every_s // demand.tick_s)
         try:
-            out["model"] = fc.model(
-                obs,
-                demand.capacity_per_gpu,
-                HORIZONS_S,
-                demand.tick_s,
-                demand.history,
-                demand.start,
-                float(cfg.risk),
-                every,
-                cfg.pool_gpus,
-            )
+            out["model"] = model_bounds(demand, cfg)
         except fc.ModelUnavailable as e:
             raise SimInputError(f"{e} (a longer --history, or a larger --risk)") from None
     return out
+
+
+def model_bounds(demand: Demand, cfg: SimConfig, whole: bool = True) -> fc.Bounds:
+    """The predictor's model's bounds over all ticks, refit every ``cfg.refit_every_s`` (``whole``:
+    rounded up to whole GPUs, as the whole-GPU policies use them)."""
+    obs = demand.busy if demand.observed is None else demand.observed
+    every = max(1, cfg.refit_every_s // demand.tick_s)
+    return fc.model(
+        obs,
+        demand.capacity_per_gpu,
+        HORIZONS_S,
+        demand.tick_s,
+        demand.history,
+        demand.start,
+        float(cfg.risk),
+        every,
+        cfg.pool_gpus,
+        whole=whole,
+    )
 
 
 def role_sizes(j: SimJob) -> dict[str, Any]:
@@ -223,20 +230,7 @@ def share_bounds(demand: Demand, cfg: SimConfig, name: str) -> fc.Bounds:
     frac = demand.busy if demand.observed is None else demand.observed / demand.capacity_per_gpu
     if name == "oracle":
         return fc.oracle(frac, HORIZONS_S, demand.tick_s)
-    obs = demand.busy if demand.observed is None else demand.observed
-    every = max(1, cfg.refit_every_s // demand.tick_s)
-    return fc.model(
-        obs,
-        demand.capacity_per_gpu,
-        HORIZONS_S,
-        demand.tick_s,
-        demand.history,
-        demand.start,
-        float(cfg.risk),
-        every,
-        cfg.pool_gpus,
-        whole=False,
-    )
+    return model_bounds(demand, cfg, whole=False)
 
 
 def share_report(
