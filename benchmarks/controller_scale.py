@@ -450,14 +450,14 @@ def _latencies(grown: str, reclaimed: str) -> dict[str, Any]:
 def run(nodes: int, pools: int, p: Params, workdir: Path) -> dict[str, Any]:
     """A fresh local cluster with ``nodes`` KWOK nodes, then :func:`measure`; the cluster is torn down."""
     from benchmarks.scheduler_throughput import register_nodes
-    from local_cluster import ClusterConfig, LocalCluster, free_port
+    from local_cluster import ClusterConfig, LocalCluster, reserved_port
 
     cfg = ClusterConfig(
         nodes=0,
         gpus_per_node=8,
         pools=pools,
         workdir=workdir / "cluster",
-        extender_url=f"http://127.0.0.1:{free_port()}",
+        extender_url=f"http://127.0.0.1:{reserved_port()}",
         die_with_parent=True,
     )
     lc = LocalCluster(cfg, progress=log)

@@ -535,7 +535,7 @@ class Soak:
 
     # -------------------------------------------------------------- set-up
     def setup(self) -> None:
-        from local_cluster import ClusterConfig, LocalCluster, free_port
+        from local_cluster import ClusterConfig, LocalCluster, reserved_port
 
         p = self.p
         p.workdir.mkdir(parents=True, exist_ok=True)
@@ -562,7 +562,7 @@ class Soak:
             self.api = self.h.api_client()
             self.stack.callback(self._delete_namespace)  # leave the cluster as it was found
         else:
-            self.extender_port = free_port()
+            self.extender_port = reserved_port()
             cfg = ClusterConfig(
                 nodes=4,
                 gpus_per_node=p.gpus_per_node,
@@ -680,14 +680,14 @@ class Soak:
         )
 
     def _prom_start(self) -> None:
-        from local_cluster import free_port
+        from local_cluster import reserved_port
 
         cfg = (
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: replay\n"
             f"    static_configs:\n      - targets: ['127.0.0.1:{self.exporter.port}']\n"
         )
         (self.tmp / "prometheus.yml").write_text(cfg)
-        self.prom_port = getattr(self, "prom_port", 0) or free_port()
+        self.prom_port = getattr(self, "prom_port", 0) or reserved_port()
         self.procs["prometheus"] = Proc("prometheus", [PROMETHEUS, f"--config.file={self.tmp / 'prometheus.yml'}",
                                         f"--storage.tsdb.path={self.tmp / 'tsdb'}", "--storage.tsdb.retention.time=30d",
                                         f"--web.listen-address=127.0.0.1:{self.prom_port}"],
@@ -695,7 +695,7 @@ class Soak:
         self.stack.callback(self.procs["prometheus"].stop)
 
     def _predictor(self) -> None:
-        from local_cluster import free_port
+        from local_cluster import reserved_port
 
         self._prom_start()
         sp = self.p.speed
@@ -705,7 +705,7 @@ class Soak:
             for pl in self.pools
         )
         (self.tmp / "pools.yaml").write_text(pools)
-        self.pred_port = free_port()
+        self.pred_port = reserved_port()
 
         def secs(sim_s: float) -> str:  # the compressed clock
             return f"{max(1, round(sim_s / sp))}s"
@@ -731,7 +731,7 @@ class Soak:
         wait_until("fresh forecasts from the predictor", fresh, timeout=300, interval=1.0)
 
     def _drivers(self) -> None:
-        from local_cluster import free_port
+        from local_cluster import reserved_port
         from local_cluster.kubelet import DriverProcess
         from local_cluster.objects import driver_slices
 
@@ -752,7 +752,7 @@ class Soak:
                 node,
                 root,
                 gpus=self.h.gpus_per_node,
-                metrics_port=free_port(),
+                metrics_port=reserved_port(),
                 extra_args=args,
                 die_with_parent=True,
             )
@@ -769,9 +769,9 @@ class Soak:
                 f"--kubeconfig={self.h.kubeconfig}"]  # fmt: skip
 
     def _services(self) -> None:
-        from local_cluster import free_port
+        from local_cluster import reserved_port
 
-        self.ctl_port = free_port()
+        self.ctl_port = reserved_port()
         dwell = max(1, round(300 / self.p.speed))
         self.procs["controller"] = Proc("controller", [sys.executable, "-m", "elastic_controller", *self._common(),
                                         f"--plan-interval={self.p.plan_interval_s:g}", f"--dwell={dwell}",
@@ -837,7 +837,7 @@ class Soak:
         controller's lease namespace, leader election, the hand-over through the nodes' drivers."""
         from kubernetes import client
 
-        from local_cluster import free_port
+        from local_cluster import reserved_port
         from rose_common import names
         from timeslice import certs
 
@@ -850,7 +850,7 @@ class Soak:
         self.ts_token_file.write_text(token)
         self.ts_token_file.chmod(0o600)
         self.ts_ca = files.ca
-        self.ts_port, self.ts_mport = free_port(), free_port()
+        self.ts_port, self.ts_mport = reserved_port(), reserved_port()
         self.procs["orchestrator"] = Proc("orchestrator", [
             sys.executable, "-m", "timeslice", "serve", "--store", "kubernetes", "--kubeconfig", str(self.h.kubeconfig),
             "--namespace", TS_LEASE_NS, "--lease-name", "rose-soak-timeslice", "--handover", "kube",

@@ -21,26 +21,39 @@ python hack/check-function-length.py
 if [ -x hack/gen-protos.sh ]; then bash hack/gen-protos.sh --check; fi
 
 echo "== tests: unit, contract, e2e"
-# With no arguments, two lanes at once: the e2e tier (one shared local cluster, mostly waiting on
-# its processes) in front, and the unit and contract tiers (no cluster) niced beside it, their
-# output shown when both are done. ROSE_TEST_LANES=1, or any pytest argument, runs one pytest.
+# With no arguments, three lanes at once: the e2e tier in two halves by folder (each with its own
+# local cluster; mostly waiting on their processes), and the unit and contract tiers (no cluster)
+# niced beside them; the second and third lanes' output is shown when all are done.
+# ROSE_TEST_LANES=1, or any pytest argument, runs one pytest over what is asked.
+E2E_A=(benchmarks elastic_controller rose_sdk rose_sim timeslice)  # the rest of tests/e2e: lane B
 set +e
-if [ $# -eq 0 ] && [ "${ROSE_TEST_LANES:-2}" != 1 ]; then
+if [ $# -eq 0 ] && [ "${ROSE_TEST_LANES:-3}" != 1 ]; then
   lane_dir="$(mktemp -d)"
-  nice -n 5 pytest -m "not device" -p no:cacheprovider --durations=15 --basetemp="$lane_dir/tmp" \
-    tests/unit tests/contract >"$lane_dir/log" 2>&1 &
-  lane=$!
-  pytest -m "not device" -p no:cacheprovider --durations=25 tests/e2e
-  rc_e2e=$?
-  wait "$lane"
+  a_paths=() b_ignores=()
+  for f in "${E2E_A[@]}"; do a_paths+=("tests/e2e/$f"); b_ignores+=("--ignore=tests/e2e/$f"); done
+  nice -n 5 pytest -m "not device" -p no:cacheprovider --durations=15 --basetemp="$lane_dir/uc" \
+    tests/unit tests/contract >"$lane_dir/uc.log" 2>&1 &
+  uc=$!
+  pytest -m "not device" -p no:cacheprovider --durations=15 --basetemp="$lane_dir/b" \
+    tests/e2e "${b_ignores[@]}" >"$lane_dir/b.log" 2>&1 &
+  b=$!
+  pytest -m "not device" -p no:cacheprovider --durations=15 "${a_paths[@]}"
+  rc_a=$?
+  wait "$b"
+  rc_b=$?
+  wait "$uc"
   rc_uc=$?
+  echo "== e2e tier, lane B (ran beside lane A)"
+  cat "$lane_dir/b.log"
   echo "== unit and contract tiers (ran beside the e2e tier)"
-  cat "$lane_dir/log"
+  cat "$lane_dir/uc.log"
   rm -rf "$lane_dir"
-  echo "== exit: e2e $rc_e2e, unit and contract $rc_uc"
-  if [ $rc_e2e -eq 5 ] || [ $rc_uc -eq 5 ]; then echo "error: a lane collected no tests" >&2; exit 1; fi
-  [ $rc_e2e -ne 0 ] && exit $rc_e2e
-  exit $rc_uc
+  echo "== exit: e2e lane A $rc_a, e2e lane B $rc_b, unit and contract $rc_uc"
+  for rc in $rc_a $rc_b $rc_uc; do
+    if [ "$rc" -eq 5 ]; then echo "error: a lane collected no tests" >&2; exit 1; fi
+  done
+  for rc in $rc_a $rc_b $rc_uc; do [ "$rc" -ne 0 ] && exit "$rc"; done
+  exit 0
 fi
 pytest -m "not device" -p no:cacheprovider --durations=25 "$@"
 rc=$?

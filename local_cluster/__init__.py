@@ -24,6 +24,7 @@ from local_cluster.cluster import (
     kwok_node,
     module_process,
     port_in_use,
+    reserved_port,
     stop_process,
 )
 
@@ -42,5 +43,6 @@ __all__ = [
     "kwok_node",
     "module_process",
     "port_in_use",
+    "reserved_port",
     "stop_process",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -177,6 +178,27 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def reserved_port(low: int = 20000) -> int:
+    """A free loopback port for a server that binds it only later (the extender behind a cluster's
+    rose-scheduler profile): drawn below the kernel's ephemeral range, where no ``bind(("", 0))``
+    and no outgoing connection's source port lands meanwhile, as one from :func:`free_port` may
+    when other test runs share the machine. :func:`free_port` where that range is too small."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return free_port()
+    draw = random.SystemRandom()
+    for _ in range(50 if ephemeral_low - low >= 1000 else 0):
+        port = draw.randrange(low, ephemeral_low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return free_port()
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

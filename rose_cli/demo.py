@@ -155,7 +155,7 @@ def _run_acts(h: ClusterHandle, acts: frozenset[int], figure: Path | None) -> bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    from local_cluster import ClusterConfig, ClusterError, LocalCluster, default_workdir, free_port
+    from local_cluster import ClusterConfig, ClusterError, LocalCluster, default_workdir, reserved_port
 
     p = EnvArgumentParser(prog="rose demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=int(os.environ.get("ROSE_DEMO_NODES", "4")))
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         pools=2,
         # the demo starts its own extender (act 2): any free port, so it never clashes with
         # another cluster's extender on the default one
-        extender_url=f"http://127.0.0.1:{free_port()}",
+        extender_url=f"http://127.0.0.1:{reserved_port()}",
         # a demo killed mid-way leaves no cluster behind, unless asked to keep it
         die_with_parent=not args.keep,
     )

@@ -12,14 +12,14 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from local_cluster import ClusterConfig, ClusterHandle, LocalCluster, free_port
+from local_cluster import ClusterConfig, ClusterHandle, LocalCluster, reserved_port
 
 
 @contextlib.contextmanager
 def session_shaped_cluster(workdir: Path, *, nodes: int = 4, extender: bool = True) -> Iterator[ClusterHandle]:
     """``nodes`` KWOK nodes with 2 simulated GPUs over 2 pools and, with ``extender``, an extender
-    URL at a free port (the rose-scheduler profile); down at the end."""
-    extender_url = f"http://127.0.0.1:{free_port()}" if extender else None
+    URL at a reserved port (the rose-scheduler profile; see :func:`local_cluster.reserved_port`); down at the end."""
+    extender_url = f"http://127.0.0.1:{reserved_port()}" if extender else None
     cfg = ClusterConfig(
         nodes=nodes, gpus_per_node=2, pools=2, workdir=workdir, extender_url=extender_url, die_with_parent=True
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from local_cluster import BinariesError, binaries, port_in_use
+from local_cluster import BinariesError, binaries, port_in_use, reserved_port
 from local_cluster.cluster import ClusterHandle, scheduler_config
 from local_cluster.pki import generate
 from rose_common import names, slices
@@ -107,3 +107,15 @@ def test_handle_round_trips_through_json(tmp_path: Path) -> None:
 def test_malformed_version_is_refused_before_any_build() -> None:
     with pytest.raises(BinariesError, match=r"not of the form v1\.MINOR\.PATCH"):
         binaries.ensure("1.37")
+
+
+def test_a_reserved_port_is_free_and_below_the_ephemeral_range() -> None:
+    """The port a cluster's extender binds only later comes from below the ephemeral range, so no
+    bind to port 0 or outgoing connection of another run on the machine can take it meanwhile."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {reserved_port() for _ in range(20)}
+    assert len(ports) > 1, "drawn at random"
+    for port in ports:
+        assert 20000 <= port < ephemeral_low
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))  # free now
