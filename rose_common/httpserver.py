@@ -495,7 +495,7 @@ class BoundedServer(ThreadingHTTPServer):
             msg = f"more than {lim.per_client} connections from {client}; reuse one (keep-alive) or retry"
             self._refuse_connection(request, "too_many_client_connections", msg)
             return
-        if not self._take_slot():
+        if not self._take_slot(request):
             self._forget(request)
             self._refuse_connection(
                 request, "too_many_connections", f"more than {lim.max_connections} connections; retry"
@@ -517,21 +517,23 @@ class BoundedServer(ThreadingHTTPServer):
             self._client_of[request] = client
             return True
 
-    def _take_slot(self) -> bool:
-        """A free slot, else a parked connection's, else one a closing connection is about to free."""
+    def _take_slot(self, request: Any) -> bool:
+        """A free slot for ``request``, else a parked connection's, else one a closing connection
+        (another than ``request``) is about to free."""
         if self._slots.acquire(blocking=False):
             return True
-        if self.evict_parked() or self._await_closing(None):
+        if self.evict_parked() or self._await_closing(None, skip=request):
             return self._slots.acquire(timeout=1.0)
         return False
 
-    def _await_closing(self, client: str | None) -> bool:
-        """Connections (of ``client``; None: any) whose peer has already closed hold their slot
+    def _await_closing(self, client: str | None, skip: Any = None) -> bool:
+        """Connections (of ``client``; None: any; never ``skip``, the new connection itself, whose
+        thread has not started) whose peer has already closed hold their slot
         until their thread notices: wait up to 1 s for those threads to end. A client that closes
         a connection and opens the next at once is not refused for the one it just closed; live
         connections are never waited for (False: none was closing)."""
         with self._conn_lock:
-            mine = [s for s, c in self._client_of.items() if client is None or c == client]
+            mine = [s for s, c in self._client_of.items() if s is not skip and (client is None or c == client)]
         closing = [s for s in mine if _peer_closed(s)]
         deadline = time.monotonic() + 1.0
         with self._conn_gone:
