@@ -213,13 +213,8 @@ class NodeDriver:
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
         # GPU shares: called with (GPUs lent in shares, GPUs lent whole) after every locked section
         self.on_lent_holds: Callable[[frozenset[int], frozenset[int]], None] | None = None
-        # Resumes that failed with nobody holding the occupant any more (its workload gone, or not
-        # registered again yet): occupant claim UID -> (failures, clock time of the repair loop's
-        # next try), the delays from ``resume_backoff``. Retrying every repair pass (2 s) flipped the
-        # pod's suspend state Resuming -> Suspended with a ResumeFailed Event each time, forever
-        # (docs/bench/soak.md, T5). In memory: a restarted driver tries again at once.
-        self.resume_backoff = resume_backoff or Backoff(initial_s=2.0, max_s=60.0)
-        self._clock = clock
+        # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
+        self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
         self._resume_retry: dict[str, tuple[int, float]] = {}
 
     # ------------------------------------------------------------------ plumbing
@@ -1334,7 +1329,11 @@ class NodeDriver:
         return retry is None or self._clock() >= retry[1]
 
     def _resume_failed(self, occupant_uid: str, message: str) -> str:
-        """Count a failed resume and schedule the repair loop's next try; the note for its Event."""
+        """Count a failed resume and schedule the repair loop's next try; the note for its Event.
+        The occupant stays recorded (nobody holds it: its workload gone, or not registered again
+        yet). Retrying on every repair pass (2 s) flipped the pod's suspend state Resuming ->
+        Suspended with a ResumeFailed Event each time, forever (docs/bench/soak.md, T5). In memory
+        only: a restarted driver tries again at once."""
         failures = self._resume_retry.get(occupant_uid, (0, 0.0))[0] + 1
         # the first retry at the next repair pass, as before; then the backoff's delays
         delay = self.resume_backoff.delay(failures - 1) if failures > 1 else 0.0
