@@ -64,6 +64,7 @@ from dra_driver.state import (
 from dra_driver.suspend.devicewatch import Observation, Target, resident_bytes
 from rose_common import names
 from rose_common.kube import objects
+from rose_common.workqueue import Backoff
 
 log = logging.getLogger("rose.driver")
 
@@ -156,6 +157,8 @@ class NodeDriver:
         workload_sockets: WorkloadSockets | None = None,
         enforcer: Enforcer | None = None,
         allow_serving_on_occupied_device: bool = False,
+        resume_backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -210,6 +213,9 @@ class NodeDriver:
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
         # GPU shares: called with (GPUs lent in shares, GPUs lent whole) after every locked section
         self.on_lent_holds: Callable[[frozenset[int], frozenset[int]], None] | None = None
+        # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
+        self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
+        self._resume_retry: dict[str, tuple[int, float]] = {}
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -420,18 +426,22 @@ class NodeDriver:
 
     def reconcile(self) -> None:
         """Periodic repair: retry resumes nobody holds any more (e.g. the engine did not know the
-        workload yet after a restart) and re-suspend held occupants the engine reports running, or
+        workload yet after a restart; after repeated failures with a growing delay, up to
+        ``resume_backoff.max_s``: ``_resume_due``) and re-suspend held occupants the engine reports running, or
         whose device the driver observes occupied again (then enforced if need be). Suspends that
         failed (``SuspendFailed``) are retried here only when the device is observed occupied: a
         blind retry would block the node's prepare calls for up to a grace period; the next serving
         prepare retries them."""
         with self._locked() as data:
+            for uid in set(self._resume_retry) - set(data.suspensions):
+                del self._resume_retry[uid]
             for s in list(data.suspensions.values()):
                 owner = data.claims.get(s.claim_uid)
                 if owner is None or owner.state != PREPARE_COMPLETED or s.claim_uid in self._reclaiming:
                     continue
                 if not s.held_by:
-                    self._resume(owner, s)
+                    if self._resume_due(s.claim_uid):
+                        self._resume(owner, s)
                 elif self._engine_disagrees(s) or (
                     s.state in (SUSPENDED, SUSPEND_FAILED, *_EVICTED) and self._observe(owner, s) is not None
                 ):
@@ -1304,14 +1314,36 @@ class NodeDriver:
     def _engine_resume(self, occupant: ClaimRecord, targets: list[str] | None) -> SuspendResult:
         return self._run_engine("resume", occupant.uid, occupant.grace_seconds + 60.0, pods=targets)
 
-    def _report_resume(self, pods: list[PodRef], res: SuspendResult) -> None:
-        """The resume's metric and Event (and the pods' suspend state)."""
+    def _report_resume(self, pods: list[PodRef], res: SuspendResult, note: str = "") -> None:
+        """The resume's metric and Event (and the pods' suspend state); ``note`` ends a failure's message."""
         if res.ok:
             self.metrics.occupant_resume_total.labels("ok").inc()
             self._notify(pods, POD_RUNNING, f"resumed via {res.backend} in {res.seconds:.3f}s", "Resumed")
         else:
             self.metrics.occupant_resume_total.labels("error").inc()
-            self._notify(pods, POD_SUSPENDED, f"resume failed: {res.message}", "ResumeFailed", warning=True)
+            self._notify(pods, POD_SUSPENDED, f"resume failed: {res.message}{note}", "ResumeFailed", warning=True)
+
+    def _resume_due(self, occupant_uid: str) -> bool:
+        """Whether the repair loop may try this occupant's failed resume again (its backoff passed)."""
+        retry = self._resume_retry.get(occupant_uid)
+        return retry is None or self._clock() >= retry[1]
+
+    def _resume_failed(self, occupant_uid: str, message: str) -> str:
+        """Count a failed resume and schedule the repair loop's next try; the note for its Event.
+        The occupant stays recorded (nobody holds it: its workload gone, or not registered again
+        yet). Retrying on every repair pass (2 s) flipped the pod's suspend state Resuming ->
+        Suspended with a ResumeFailed Event each time, forever (docs/bench/soak.md, T5). In memory
+        only: a restarted driver tries again at once."""
+        failures = self._resume_retry.get(occupant_uid, (0, 0.0))[0] + 1
+        # the first retry at the next repair pass, as before; then the backoff's delays
+        delay = self.resume_backoff.delay(failures - 1) if failures > 1 else 0.0
+        self._resume_retry[occupant_uid] = (failures, self._clock() + delay)
+        log.warning(
+            "resume failed: retry backed off",
+            extra={"claim": occupant_uid, "failures": failures, "retryInSeconds": delay, "err": message},
+        )
+        when = f"in {delay:g}s" if delay > 0 else "at the next repair pass"
+        return f"; retried {when} (failure {failures})"
 
     def _resume(self, occupant: ClaimRecord, s: Suspension, targets: list[str] | None = None) -> None:
         data = self._data
@@ -1331,11 +1363,14 @@ class NodeDriver:
         else:
             res = self._engine_resume(occupant, targets)
         crash_point("resume-engine-returned")
+        note = ""
         if res.ok:
             del data.suspensions[occupant.uid]
-        else:  # stays recorded (nobody holds it): the next recovery retries the resume
+            self._resume_retry.pop(occupant.uid, None)
+        else:  # stays recorded (nobody holds it): the repair loop retries the resume, backing off
             s.state, s.message = SUSPENDED, res.message
-        self._report_resume(pods, res)
+            note = self._resume_failed(occupant.uid, res.message)
+        self._report_resume(pods, res, note)
         self._save()
 
 

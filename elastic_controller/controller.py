@@ -12,7 +12,10 @@ the pure modules': ``planner.plan`` (targets), ``desired.desired`` (actions), ``
   once per object the informer delivers.
 - **Reconcile** (level-triggered, one worker per key at a time): observe the job's pods, take
   the planner's pending target for the job (once: a target is a set of one-shot actions), compute
-  the desired state and converge; a failed action requeues the key with backoff.
+  the desired state and converge; a failed action requeues the key with backoff. The status is
+  written under the resourceVersion of the job it was computed from; a refusal (the informer's
+  copy was stale) stops the pass, puts the target back, counts
+  ``rose_controller_status_conflicts_total`` and requeues the key.
 - **Plan loop** every ``plan_interval_s``: the pools' capacities and forecasts, every job and
   worker → :func:`elastic_controller.planner.plan`; each job's target is stored, its
   ``status.targetGPUs`` written through the reconcile; the job is queued when its target differs
@@ -396,8 +399,11 @@ class Controller:
             target = self._targets.pop(key, None)
         group = job.spec.timeslice_group
         d = desired(job, observed, target, self._clock(), self.group_lease(group, job.namespace) if group else None)
-        failures = converge(self.api, job, d, self._run) + self._write_world(job, observed)
-        failures += self._retry_unschedulable(job, observed)
+        failures = converge(self.api, job, d, self._run)
+        if any(f.conflict for f in failures):
+            self._on_status_conflict(key, job, target)
+            return
+        failures += self._write_world(job, observed) + self._retry_unschedulable(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)
         if failures:
@@ -414,6 +420,22 @@ class Controller:
             return
         self.metrics.reconciles.labels("ok").inc()
         self.queue.forget(key)
+
+    def _on_status_conflict(self, key: str, job: ElasticRLJob, target: JobTarget | None) -> None:
+        """The status was refused as computed from a stale view of the job (another write landed
+        since the informer's copy): nothing else was done; the planner's target goes back unless a
+        newer one came meanwhile, and the key is requeued with backoff (the informer's delivery
+        of the newer job queues it sooner)."""
+        if target is not None:
+            with self._lock:
+                self._targets.setdefault(key, target)
+        self.metrics.status_conflicts.inc()
+        self.metrics.reconciles.labels("conflict").inc()
+        delay = self.queue.requeue(key)
+        log.info(
+            "status write conflicted: requeued",
+            extra={"job": key, "resourceVersion": job.resource_version, "retryInSeconds": delay},
+        )
 
     def _write_world(self, job: ElasticRLJob, observed: list[ObservedWorker]) -> list[Failure]:
         """``rose.io/world`` ("active/total") on each live worker whose value is stale: the node

@@ -5,7 +5,8 @@ I/O boundary: HTTP requests to the API server through :class:`rose_common.kube.c
 Protocol: create and delete worker Pods and the job's ResourceClaimTemplate (a create that
 conflicts is success; a delete carries the pod's UID as a precondition, a pod recreated under
 the same name is never touched), patch the driver's ``rose.io/suspend-request`` annotation
-(with a UID test, so it never lands on a recreated pod), write the status subresource and
+(with a UID test, so it never lands on a recreated pod), write the status subresource (under
+the resourceVersion it was computed from: :func:`status_patch`) and
 record core/v1 Events on the job. :func:`informers` lists and watches ElasticRLJobs and the
 worker Pods by a **server-side** label selector (``rose.io/elastic-rl-job``), so the pods of
 the serving cluster never reach this process. :class:`LeaseLock` reads and writes the
@@ -33,6 +34,7 @@ from urllib.parse import quote
 from elastic_controller import pools
 from elastic_controller.desired import PodRef
 from elastic_controller.leader import LeaseRecord
+from elastic_controller.reconciler import StatusConflict
 from elastic_controller.status import EventSpec
 from elastic_controller.workers import CONTROLLER
 from rose_common import names
@@ -99,6 +101,16 @@ def annotation_patch(pod: PodRef, value: str | None) -> list[dict[str, Any]]:
     if value is None:
         return [*ops, {"op": "remove", "path": f"/metadata/annotations/{key}"}]
     return [*ops, {"op": "add", "path": f"/metadata/annotations/{key}", "value": value}]
+
+
+def status_patch(job: ElasticRLJob, status: ElasticRLJobStatus) -> dict[str, Any]:
+    """The merge patch of the status subresource (pure). It carries the ``resourceVersion`` the
+    status was computed from, when the job has one: the API server refuses it (409) once the job
+    has changed since, so a status computed from a stale view never overwrites a newer one."""
+    body: dict[str, Any] = {"status": status.model_dump(mode="json", exclude_none=True, by_alias=True)}
+    if job.resource_version:
+        body["metadata"] = {"resourceVersion": job.resource_version}
+    return body
 
 
 class EventQueue:
@@ -235,9 +247,17 @@ class KubeJobApi:
             self.raw.json("PATCH", _pod_path(namespace, pod.name), body=body, content_type=MERGE_PATCH)
 
     def patch_status(self, job: ElasticRLJob, status: ElasticRLJobStatus) -> None:
-        body = {"status": status.model_dump(mode="json", exclude_none=True, by_alias=True)}
-        with contextlib.suppress(NotFound):  # the job was deleted meanwhile
-            self.raw.json("PATCH", _job_path(job.namespace, job.name) + "/status", body=body, content_type=MERGE_PATCH)
+        """Write ``status`` under the job's resourceVersion (:func:`status_patch`); a job changed
+        since raises :class:`~elastic_controller.reconciler.StatusConflict`."""
+        path = _job_path(job.namespace, job.name) + "/status"
+        try:
+            self.raw.json("PATCH", path, body=status_patch(job, status), content_type=MERGE_PATCH)
+        except NotFound:  # the job was deleted meanwhile
+            return
+        except Conflict as e:
+            raise StatusConflict(
+                f"ElasticRLJob {job.namespace}/{job.name} changed since resourceVersion {job.resource_version}"
+            ) from e
 
     def record_event(self, job: ElasticRLJob, event: EventSpec) -> None:
         body = job_event(job, event, self._clock(), self.host)

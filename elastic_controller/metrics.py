@@ -48,8 +48,13 @@ class ControllerMetrics:
                                  registry=r)  # fmt: skip
         self.queue_idle = Gauge("rose_controller_queue_idle", "1 when no job key is queued or being reconciled.",
                                 registry=r)  # fmt: skip
-        self.reconciles = Counter("rose_controller_reconciles_total", "Job reconciles by result.", ["result"],
-                                  registry=r)  # fmt: skip
+        self.reconciles = Counter("rose_controller_reconciles_total",
+                                  "Job reconciles by result (ok, error, conflict: the status was computed from a "
+                                  "stale view of the job and refused).", ["result"], registry=r)  # fmt: skip
+        self.status_conflicts = Counter("rose_controller_status_conflicts_total",
+                                        "Status writes the API server refused (409): computed from a job that had "
+                                        "changed since; the reconcile stopped and runs again from a fresh view.",
+                                        registry=r)  # fmt: skip
         self.forecast_fetch = Counter("rose_controller_forecast_fetch_total", "Forecast fetches by backend and result.",
                                       ["backend", "result"], registry=r)  # fmt: skip
         self.forecast_basis = Counter("rose_controller_forecast_basis_total",
@@ -85,8 +90,9 @@ class ControllerMetrics:
             self.jobs.labels(phase)
         for kind in RECLAIM_KINDS:
             self.reclaims.labels(kind)
-        for res in OK_ERROR:
+        for res in (*OK_ERROR, "conflict"):
             self.reconciles.labels(res)
+        for res in OK_ERROR:
             self.forecast_fetch.labels(forecast_backend, res)
         for basis in ("risk", "quantile"):
             self.forecast_basis.labels(basis)

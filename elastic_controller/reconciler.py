@@ -8,6 +8,13 @@ reconcile; a failure of one action does not stop the others, and all failures ar
 The actions go in ordered groups (status, claim template, creates, deletes, suspend requests,
 Events); the calls of one group are handed to a :data:`RunAll` together, which the controller
 runs on a bounded thread pool (:func:`run_serially` by default).
+
+The status is written under the job's ``resourceVersion`` as the informer showed it (optimistic
+concurrency): a status computed from a stale view of the job (``suspendCount`` is the previous
+count plus this transition) is refused with :class:`StatusConflict`, and then nothing else of
+that :class:`Desired` is carried out: it was computed from the same stale view. The controller
+requeues the key and computes again from a fresh one. Without it, two writes computed from two
+views made ``status.suspendCount`` go back from 29 to 28 (docs/bench/soak.md, T5).
 """
 
 from __future__ import annotations
@@ -33,11 +40,16 @@ class JobApi(Protocol):
     def record_event(self, job: ElasticRLJob, event: EventSpec) -> None: ...
 
 
+class StatusConflict(Exception):
+    """The status write was refused: the job changed since the view the status was computed from."""
+
+
 @dataclass(frozen=True)
 class Failure:
     action: str
     target: str
     error: str
+    conflict: bool = False  # a StatusConflict: the rest of the reconcile was not tried
 
 
 Step = tuple[str, str, Callable[[], None]]
@@ -91,6 +103,9 @@ def _steps(api: JobApi, job: ElasticRLJob, d: Desired) -> list[list[Step]]:
 def converge(api: JobApi, job: ElasticRLJob, d: Desired, run: RunAll = run_serially) -> list[Failure]:
     """Status first, then pods, then requests, then Events; every action is tried once.
 
+    A status refused as stale (:class:`StatusConflict`) ends the pass: it returns that one
+    failure, marked ``conflict``, and the caller computes again from a fresh view.
+
     The status goes first because it carries what the next reconcile cannot see again: a
     shrink's ``lastShrinkTime`` (the dwell's start). A controller killed after writing its
     suspend requests but before the status would leave the dwell unstarted (the restarted
@@ -100,8 +115,10 @@ def converge(api: JobApi, job: ElasticRLJob, d: Desired, run: RunAll = run_seria
     for group in _steps(api, job, d):
         errors = run([call for _, _, call in group])
         failures += [
-            Failure(action, target, repr(e))
+            Failure(action, target, repr(e), isinstance(e, StatusConflict))
             for (action, target, _), e in zip(group, errors, strict=True)
             if e is not None
         ]
+        if any(f.conflict for f in failures):
+            return failures  # a stale view: the rest was computed from it too
     return failures

@@ -2,7 +2,8 @@
 
 I/O boundary: none. :func:`compute_status` is a pure function of the job, its observed workers,
 the planner's target, the previous status and ``now``. A condition keeps its
-``lastTransitionTime`` unless its status changes; ``suspendCount`` counts whole-gang suspends;
+``lastTransitionTime`` unless its status changes; ``suspendCount`` counts whole-gang suspends
+(a gang stays ``Suspended`` while it resumes, so a resume that fails is not counted as another);
 ``totalSuspendedSeconds`` grows by each suspended stretch when the job leaves ``Suspended``;
 ``workloadPhase``, ``secondsToSafePoint``, ``stateBytes``, ``minGPUsPerWorker`` and
 ``minHostMemoryBytes`` are the workers' reports combined
@@ -95,8 +96,21 @@ def _phase(job: ElasticRLJob, c: _Counts, target_gpus: int, active_gpus: int) ->
     return "Running" if active_gpus == target_gpus else "Scaling"
 
 
+def _suspended(c: _Counts, was_suspended: bool) -> tuple[bool, str]:
+    """The ``Suspended`` condition: no worker active and some suspended; a gang that was suspended
+    stays so while its workers are resuming, until one is active again. A resume the driver
+    attempts and fails (``ResumeFailed``: it writes ``Resuming``, then ``Suspended`` again; its repair
+    loop retries every few seconds) is not a new suspend: each such attempt counted one in
+    ``suspendCount`` and made a ``NotSuspended``/``Suspended`` Event pair (soak T5, 29 "suspends")."""
+    parked = c.suspended + (c.resuming if was_suspended else 0)
+    message = f"{c.suspended} workers suspended in host memory"
+    if was_suspended and c.resuming:
+        message += f", {c.resuming} resuming"
+    return c.active == 0 and parked > 0, message
+
+
 def _wanted(
-    c: _Counts, phase: Phase, target_gpus: int, active: int, share: float = 0.0
+    c: _Counts, phase: Phase, target_gpus: int, active: int, share: float = 0.0, was_suspended: bool = False
 ) -> dict[ConditionType, tuple[bool, str]]:
     if share > 0:  # a job of GPU shares: counted in workers, each holding a share
         each = f"workers with a {share:g} GPU share each"
@@ -109,7 +123,7 @@ def _wanted(
     return {
         "Ready": (phase == "Running", ready),
         "Scaling": (active != target_gpus, scaling),
-        "Suspended": (c.active == 0 and c.suspended > 0, f"{c.suspended} workers suspended in host memory"),
+        "Suspended": _suspended(c, was_suspended),
         "Degraded": (c.lost > 0, f"{c.lost} workers lost (failed, evicted or deleted); they are recreated"),
     }
 
@@ -191,13 +205,13 @@ def compute_status(
     if shares is not None:
         active_gpus = suspended_gpus = target_gpus = 0
     phase = _phase(job, c, wanted, active)
+    was_suspended = _was(prev, "Suspended")
     conditions, events = _conditions(
         prev.conditions or [],
-        _wanted(c, phase, wanted, active, shares.share if shares is not None else 0.0),
+        _wanted(c, phase, wanted, active, shares.share if shares is not None else 0.0, was_suspended is not None),
         job.generation,
         now,
     )
-    was_suspended = _was(prev, "Suspended")
     is_suspended = any(x.type == "Suspended" and x.status == "True" for x in conditions)
     total = prev.total_suspended_seconds or 0.0
     if was_suspended is not None and not is_suspended and was_suspended.last_transition_time is not None:

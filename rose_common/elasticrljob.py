@@ -297,3 +297,8 @@ class ElasticRLJob(BaseModel):
     @property
     def generation(self) -> int:
         return int(self.metadata.get("generation", 0))
+
+    @property
+    def resource_version(self) -> str:
+        """The ``metadata.resourceVersion`` this model was read at ("" when unknown)."""
+        return str(self.metadata.get("resourceVersion", "") or "")
