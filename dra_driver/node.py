@@ -250,7 +250,7 @@ class NodeDriver:
                 for dev in rec.devices:
                     if dev.gpu_index != idx:
                         continue
-                    if dev.role == names.ROLE_SERVING:
+                    if dev.role in names.SERVING_ROLES:
                         resident = "serving"
                     elif resident == "none" and rec.uid not in d.suspensions:
                         resident = "lent"
@@ -715,7 +715,7 @@ class NodeDriver:
                 self.metrics.share_refused_total.inc()
                 raise ClaimError(f"ResourceClaim {ref.key()}: {why}")
             for other in data.claims.values():
-                if dev.role == names.ROLE_SHARE:
+                if dev.role in names.SHARE_ROLES:
                     break  # a shareable device is prepared for many claims (accounted above)
                 if other.uid != ref.uid and any(d.device == dev.device for d in other.devices):
                     raise ClaimError(
@@ -787,8 +787,25 @@ class NodeDriver:
         return self._prepare_finish(ref, t0)
 
     def _occupants_of(self, rec: ClaimRecord) -> list[ClaimRecord]:
-        """The prepared lent claims on the GPUs of serving claim ``rec`` (none for a lent claim)."""
-        return self._lent_on({d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}, rec.uid)
+        """The prepared lent claims serving claim ``rec`` reclaims (none for a lent claim): all on
+        the GPUs of its whole serving devices; on a GPU where it takes a fraction, the whole-GPU lent
+        claims and the RL shares that do not fit beside serving's fractions there
+        (``shares.reclaim_for_serving``)."""
+        whole = {d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}
+        out = self._lent_on(whole, rec.uid)
+        for g in sorted({d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING_SHARE} - whole):
+            serving = [
+                d
+                for o in self._data.claims.values()
+                for d in o.devices
+                if d.gpu_index == g and d.role == names.ROLE_SERVING_SHARE
+            ]
+            lent = {o.uid: o for o in self._lent_on({g}, rec.uid)}
+            pairs = [(uid, d) for uid, o in lent.items() for d in o.devices if d.gpu_index == g]
+            gpu = self.gpus.get(g)
+            picked = shares.reclaim_for_serving(gpu.info.memory_bytes if gpu is not None else 0, serving, pairs)
+            out += [lent[uid] for uid in picked if lent[uid] not in out]
+        return out
 
     def _lent_on(self, gpus: Collection[int], but: str = "") -> list[ClaimRecord]:
         """The prepared lent claims (other than ``but``) on any of ``gpus``."""
@@ -820,7 +837,7 @@ class NodeDriver:
         if rec is None or rec.state != PREPARE_STARTED:
             raise ClaimError(f"ResourceClaim {ref.key()}: unprepared while its prepare waited; the kubelet retries")
         occupants = self._occupants_of(rec)
-        if any(d.role == names.ROLE_SERVING for d in rec.devices):
+        if any(d.role in names.SERVING_ROLES for d in rec.devices):
             self.metrics.serving_wait_seconds.observe(time.monotonic() - t0)
             self._gate_serving(ref, occupants)
         cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
@@ -1400,11 +1417,11 @@ class RanSuspend:
 
 
 def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int]]:
-    """Pure: the GPU indices lent in shares and those lent whole, by any recorded claim (being
-    prepared, prepared, being unprepared)."""
+    """Pure: the GPU indices in shares (RL's or serving's fractions: no whole lendable claim lands
+    there) and those lent whole, by any recorded claim (being prepared, prepared, being unprepared)."""
     roles = [(d.gpu_index, d.role) for rec in data.claims.values() for d in rec.devices]
     return (
-        frozenset(i for i, r in roles if r == names.ROLE_SHARE),
+        frozenset(i for i, r in roles if r in names.SHARE_ROLES),
         frozenset(i for i, r in roles if r == names.ROLE_LENDABLE),
     )
 

@@ -65,9 +65,9 @@ def test_shares_only_behind_the_flag_and_a_full_slice_is_refused() -> None:
     plain = resource_slice("n", [GPU], 1)["spec"]["devices"]
     assert [d["name"] for d in plain] == ["gpu-0-serving", "gpu-0-lendable"]
     shared = resource_slice("n", [GPU], 1, shares=True)["spec"]["devices"]
-    assert [d["name"] for d in shared] == ["gpu-0-serving", "gpu-0-lendable", "gpu-0-share"]
-    many = [GpuInfo(i, f"G{i}", "m", 80 * GiB) for i in range(43)]
-    with pytest.raises(ValueError, match="at most 42 fit one ResourceSlice"):
+    assert [d["name"] for d in shared] == ["gpu-0-serving", "gpu-0-lendable", "gpu-0-share", "gpu-0-servingshare"]
+    many = [GpuInfo(i, f"G{i}", "m", 80 * GiB) for i in range(33)]
+    with pytest.raises(ValueError, match="at most 32 fit one ResourceSlice"):
         resource_slice("n", many, 1, shares=True)
     with pytest.raises(ValueError, match="at least 2 GiB"):
         share_device(GpuInfo(0, "G", "m", GiB))
@@ -87,6 +87,7 @@ def test_a_gpu_lent_in_shares_or_whole_is_tainted_against_the_other_kind() -> No
     assert taints == {
         "gpu-0-lendable": [(names.TAINT_SHARES_HOLD, "0")],
         "gpu-1-share": [(names.TAINT_LENT_WHOLE, "1")],
+        "gpu-1-servingshare": [(names.TAINT_LENT_WHOLE, "1")],  # a serving fraction prefers other GPUs
     }
     # idempotent, keeps other taints, and goes when the holds go
     both = taint_serving_held(out, frozenset({0}))
