@@ -60,9 +60,7 @@ def ns(api: Any) -> Iterator[str]:
 
 def serving_template(name: str, memory: str, compute: str) -> dict[str, Any]:
     """examples/serving-share-claim-template.yaml, renamed, with these capacities (both choices)."""
-    t: dict[str, Any] = copy.deepcopy(
-        yaml.safe_load((REPO / "examples/serving-share-claim-template.yaml").read_text())
-    )
+    t: dict[str, Any] = copy.deepcopy(yaml.safe_load((REPO / "examples/serving-share-claim-template.yaml").read_text()))
     t["metadata"]["name"] = name
     for sub in t["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]:
         sub["capacity"]["requests"] = {"memory": memory, "compute": compute}
@@ -145,10 +143,8 @@ def test_serving_fraction_beside_an_rl_share_and_its_growth_reclaims_the_share_f
     res_a = _result(srv_a)
     assert res_a["device"] == "gpu-1-servingshare" and res_a["request"] == "gpu/beside-shares"
     assert {k: to_int(v) for k, v in res_a["consumedCapacity"].items()} == {"memory": 60 * GiB, "compute": 40}
-    assert _mps(drv, srv_a) == _mps(drv, share) == {
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=61440M",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40",
-    }
+    limits = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=61440M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"}
+    assert _mps(drv, srv_a) == limits and _mps(drv, share) == limits
     assert names.ANNOTATION_SUSPEND_STATE not in _ann(api, ns, "rl-share")  # never suspended
     assert names.ANNOTATION_SUSPEND_STATE not in _ann(api, ns, "rl-whole")
     m = "\n".join(drv.metrics())
