@@ -64,6 +64,7 @@ from dra_driver.state import (
 from dra_driver.suspend.devicewatch import Observation, Target, resident_bytes
 from rose_common import names
 from rose_common.kube import objects
+from rose_common.slices import share_fraction
 from rose_common.workqueue import Backoff
 
 log = logging.getLogger("rose.driver")
@@ -244,7 +245,7 @@ class NodeDriver:
 
     def _update_gauges(self) -> None:
         d = self._data
-        for idx in self.gpus:
+        for idx, gpu in self.gpus.items():
             resident = "none"
             for rec in d.claims.values():
                 for dev in rec.devices:
@@ -254,7 +255,7 @@ class NodeDriver:
                         resident = "serving"
                     elif resident == "none" and rec.uid not in d.suspensions:
                         resident = "lent"
-            self.metrics.set_residency(idx, resident)
+            self.metrics.set_residency(idx, resident, running_lent(d, idx, gpu.info.memory_bytes))
         usage = shares.share_usage(dev for rec in d.claims.values() for dev in rec.devices)
         for idx in self.gpus:
             n, mem, compute = usage.get(idx, (0, 0, 0))
@@ -1424,6 +1425,23 @@ def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int]]:
         frozenset(i for i, r in roles if r in names.SHARE_ROLES),
         frozenset(i for i, r in roles if r == names.ROLE_LENDABLE),
     )
+
+
+def running_lent(data: NodeStateData, gpu: int, gpu_memory: int) -> float:
+    """Pure: how much of GPU ``gpu`` running (not suspended) RL work holds: 1 when a lendable claim
+    runs there, else the fraction its running RL shares hold (``slices.share_fraction``, at most 1)."""
+    running = [
+        dev
+        for rec in data.claims.values()
+        if rec.uid not in data.suspensions
+        for dev in rec.devices
+        if dev.gpu_index == gpu and dev.role in names.LENT_ROLES
+    ]
+    if any(dev.role == names.ROLE_LENDABLE for dev in running):
+        return 1.0
+    memory = sum(dev.memory_bytes for dev in running)
+    compute = sum(dev.compute_percent for dev in running)
+    return min(1.0, share_fraction(memory, compute, gpu_memory)) if running else 0.0
 
 
 def serving_held(data: NodeStateData, binding: Mapping[str, frozenset[int]]) -> frozenset[int]:

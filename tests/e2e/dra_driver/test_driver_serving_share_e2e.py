@@ -150,6 +150,8 @@ def test_serving_fraction_beside_an_rl_share_and_its_growth_reclaims_the_share_f
     m = "\n".join(drv.metrics())
     assert promtext.value(m, "rose_driver_share_claims", {"gpu": "1"}) == 1
     assert promtext.value(m, "rose_driver_suspended_occupants", {}) == 0
+    # lent now: GPU 0 whole and the share's 60 of GPU 1's 141 GiB
+    assert promtext.value(m, "rose_driver_lent_gpus", {}) == pytest.approx(1 + 60 / 141)
 
     # the node facts: GPU 0 lent whole, GPU 1 only in a share (60 of 141 GiB, 40 %: 0.43)
     def facts() -> tuple[str, str] | None:
@@ -168,6 +170,7 @@ def test_serving_fraction_beside_an_rl_share_and_its_growth_reclaims_the_share_f
     m = "\n".join(drv.metrics())
     assert promtext.value(m, "rose_driver_suspended_occupants", {}) == 1  # the share's state, kept
     assert promtext.value(m, "rose_driver_suspended_state_bytes", {}) == GiB  # in host memory
+    assert promtext.value(m, "rose_driver_lent_gpus", {}) == 1  # GPU 0 only: the share is suspended
     assert not ({"LentWorkloadEvicted", "ReclaimEnforced"} & _reasons(api, ns, "rl-share"))
 
     # serving shrinks back: the share runs again

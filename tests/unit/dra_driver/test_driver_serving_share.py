@@ -14,7 +14,7 @@ import pytest
 
 from dra_driver import shares
 from dra_driver.claims import ClaimRef, PreparedDevice
-from dra_driver.node import lent_held
+from dra_driver.node import lent_held, running_lent
 from rose_common import names
 from rose_common.slices import GpuInfo, gpu_devices, parse_device_name, share_device, taint_lent_held
 from tests.support.driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
@@ -116,8 +116,13 @@ def test_serving_growth_reclaims_the_share_that_no_longer_fits(tmp_path: Path) -
         assert all(o.error == "" for o in out.values()), out
         assert [c for c in engine.calls if c[0] == "suspend"] == []  # serving and the share both fit
         assert lent_held(d.snapshot()) == (frozenset({0}), frozenset({1}))
+        assert running_lent(d.snapshot(), 0, GPU_MEM) == pytest.approx(60 / 141)  # the share's memory
+        assert d.metrics.lent._lent.count == pytest.approx(1 + 60 / 141)  # rose_driver_lent_gpus
         assert d.prepare([ClaimRef(NS, "srv-b", "srv-b")])["srv-b"].error == ""
         assert [c[1] for c in engine.calls if c[0] == "suspend"] == ["rl-s"]  # not the whole GPU 1
+        snap = d.snapshot()
+        assert running_lent(snap, 0, GPU_MEM) == 0.0 and running_lent(snap, 1, GPU_MEM) == 1.0
+        assert d.metrics.lent._lent.count == 1.0
         assert {u: s.held_by for u, s in d.snapshot().suspensions.items()} == {"rl-s": ["srv-b"]}
         assert d.unprepare([ClaimRef(NS, "srv-b", "srv-b")]) == {"srv-b": ""}
         assert [c[1] for c in engine.calls if c[0] == "resume"] == ["rl-s"]
