@@ -468,7 +468,7 @@ def build(args: argparse.Namespace) -> Wiring:
     if args.publish_slices:  # serving's GPUs: their lendable devices published tainted (publisher.py)
         driver.on_serving_holds = publisher.set_serving_holds
         if args.gpu_shares:  # a GPU lent in shares or whole: tainted against the other kind
-            driver.on_lent_holds = lambda shared, whole: publisher.set_lent_holds(LentHolds(shared, whole))
+            driver.on_lent_holds = lambda *holds: publisher.set_lent_holds(LentHolds(*holds))
         driver.snapshot()  # the holds the recovered state has, before the first publish
     gpu_memory = {g.info.index: g.info.memory_bytes for g in gpus}
     facts = NodeFactsPublisher(

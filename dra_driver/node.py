@@ -212,8 +212,8 @@ class NodeDriver:
         # Hears the GPUs serving holds here (serving_held) after every locked section, under the node
         # lock (so it must not block): the slice publisher taints their lendable devices.
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
-        # GPU shares: called with (GPUs lent in shares, GPUs lent whole) after every locked section
-        self.on_lent_holds: Callable[[frozenset[int], frozenset[int]], None] | None = None
+        # GPU shares: called with lent_held's (in shares, lent whole, serving fractions) after every locked section
+        self.on_lent_holds: Callable[[frozenset[int], frozenset[int], frozenset[int]], None] | None = None
         # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
         self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
         self._resume_retry: dict[str, tuple[int, float]] = {}
@@ -1417,13 +1417,15 @@ class RanSuspend:
     enforced: EnforceResult | None
 
 
-def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int]]:
+def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int], frozenset[int]]:
     """Pure: the GPU indices in shares (RL's or serving's fractions: no whole lendable claim lands
-    there) and those lent whole, by any recorded claim (being prepared, prepared, being unprepared)."""
+    there), those lent whole, and those with serving's fractions (no whole serving claim lands there),
+    by any recorded claim (being prepared, prepared, being unprepared)."""
     roles = [(d.gpu_index, d.role) for rec in data.claims.values() for d in rec.devices]
     return (
         frozenset(i for i, r in roles if r in names.SHARE_ROLES),
         frozenset(i for i, r in roles if r == names.ROLE_LENDABLE),
+        frozenset(i for i, r in roles if r == names.ROLE_SERVING_SHARE),
     )
 
 

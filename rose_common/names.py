@@ -172,6 +172,9 @@ TAINT_SERVING_HOLDS: Final = "rose.io/serving-holds"
 # share device carries TAINT_LENT_WHOLE (both NoSchedule, value: the GPU index)
 TAINT_SHARES_HOLD: Final = "rose.io/shares-hold"
 TAINT_LENT_WHOLE: Final = "rose.io/lent-whole"
+# While serving's fractions (gpu-N-servingshare) are prepared on a GPU, its whole serving device
+# carries this NoSchedule taint: serving's whole device and serving's fractions never share a GPU
+TAINT_SERVING_FRACTIONS: Final = "rose.io/serving-fractions"
 ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
 # The orchestrator (--authenticate tokenreview) takes the caller's identity from a projected
 # ServiceAccount token of this audience, mounted into time-sliced workers by the controller.

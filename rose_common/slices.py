@@ -174,7 +174,10 @@ def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> l
 
 
 def taint_lent_held(
-    devices: list[dict[str, Any]], shared: frozenset[int], whole: frozenset[int]
+    devices: list[dict[str, Any]],
+    shared: frozenset[int],
+    whole: frozenset[int],
+    fractions: frozenset[int] = frozenset(),
 ) -> list[dict[str, Any]]:
     """A copy of ``devices`` where the *lendable* device of every GPU index in ``shared`` (shares
     are prepared there) carries the ``NoSchedule`` taint :data:`names.TAINT_SHARES_HOLD` and the
@@ -183,7 +186,9 @@ def taint_lent_held(
     in shares. Serving's shareable device of a GPU lent whole carries :data:`names.TAINT_LENT_WHOLE`
     too: a serving fraction claim that asks first for an untainted device (its first subrequest,
     ``examples/serving-share-claim-template.yaml``) lands where it reclaims a share, not a whole-GPU
-    occupant. A device's other taints are kept. Pure."""
+    occupant. The *serving* device of every GPU index in ``fractions`` (serving's fractions are
+    prepared there) carries :data:`names.TAINT_SERVING_FRACTIONS`, so no whole serving claim is
+    allocated where the driver would refuse it. A device's other taints are kept. Pure."""
 
     def added(d: Mapping[str, Any]) -> list[dict[str, str]]:
         index, role = parse_device_name(d["name"])
@@ -191,9 +196,12 @@ def taint_lent_held(
             return [{"key": names.TAINT_SHARES_HOLD, "value": str(index), "effect": "NoSchedule"}]
         if role in names.SHARE_ROLES and index in whole:
             return [{"key": names.TAINT_LENT_WHOLE, "value": str(index), "effect": "NoSchedule"}]
+        if role == names.ROLE_SERVING and index in fractions:
+            return [{"key": names.TAINT_SERVING_FRACTIONS, "value": str(index), "effect": "NoSchedule"}]
         return []
 
-    return _retaint(devices, (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE), added)
+    keys = (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE, names.TAINT_SERVING_FRACTIONS)
+    return _retaint(devices, keys, added)
 
 
 def taint_covers(devices: list[dict[str, Any]], index: int) -> list[str]:

@@ -146,6 +146,12 @@ def test_serving_fraction_beside_an_rl_share_and_its_growth_reclaims_the_share_f
     limits = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=61440M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"}
     assert _mps(drv, srv_a) == limits and _mps(drv, share) == limits
     assert names.ANNOTATION_SUSPEND_STATE not in _ann(api, ns, "rl-share")  # never suspended
+    # no whole serving claim is allocated where serving's fractions are (the driver would refuse it)
+    wait_for(
+        "gpu-1-serving tainted serving-fractions",
+        lambda: _device_taints(api, node, "gpu-1-serving") == [names.TAINT_SERVING_FRACTIONS],
+        timeout=30,
+    )
     assert names.ANNOTATION_SUSPEND_STATE not in _ann(api, ns, "rl-whole")
     m = "\n".join(drv.metrics())
     assert promtext.value(m, "rose_driver_share_claims", {"gpu": "1"}) == 1

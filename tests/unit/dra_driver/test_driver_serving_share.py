@@ -16,7 +16,14 @@ from dra_driver import shares
 from dra_driver.claims import ClaimRef, PreparedDevice
 from dra_driver.node import lent_held, running_lent
 from rose_common import names
-from rose_common.slices import GpuInfo, gpu_devices, parse_device_name, share_device, taint_lent_held
+from rose_common.slices import (
+    GpuInfo,
+    gpu_devices,
+    parse_device_name,
+    share_device,
+    taint_lent_held,
+    taint_serving_held,
+)
 from tests.support.driver_fixtures import NS, RecordingEngine, RecordingNotifier, StaticClaims, make_claim, make_driver
 
 GiB = 1024**3
@@ -51,6 +58,16 @@ def test_serving_share_device_is_published_beside_the_rl_share_device() -> None:
     tainted = {d["name"]: d.get("taints") for d in taint_lent_held(list(devs.values()), frozenset(), frozenset({1}))}
     assert tainted["gpu-1-servingshare"] == [{"key": names.TAINT_LENT_WHOLE, "value": "1", "effect": "NoSchedule"}]
     assert tainted["gpu-0-servingshare"] is None and tainted["gpu-1-serving"] is None
+    # serving's fractions on GPU 0: its whole serving device is tainted (the driver would refuse it there)
+    tainted = {
+        d["name"]: d.get("taints")
+        for d in taint_lent_held(list(devs.values()), frozenset(), frozenset(), frozenset({0}))
+    }
+    assert tainted["gpu-0-serving"] == [{"key": names.TAINT_SERVING_FRACTIONS, "value": "0", "effect": "NoSchedule"}]
+    assert tainted["gpu-0-servingshare"] is None and tainted["gpu-1-serving"] is None
+    # serving's whole-GPU hold taints lent devices only, never serving's fraction device
+    held = {d["name"]: d.get("taints") for d in taint_serving_held(list(devs.values()), frozenset({1}))}
+    assert held["gpu-1-servingshare"] is None and held["gpu-1-serving"] is None
 
 
 @pytest.mark.parametrize(
@@ -115,7 +132,7 @@ def test_serving_growth_reclaims_the_share_that_no_longer_fits(tmp_path: Path) -
         out = d.prepare([ClaimRef(NS, u, u) for u in ("srv-a", "rl-s", "rl-w")])
         assert all(o.error == "" for o in out.values()), out
         assert [c for c in engine.calls if c[0] == "suspend"] == []  # serving and the share both fit
-        assert lent_held(d.snapshot()) == (frozenset({0}), frozenset({1}))
+        assert lent_held(d.snapshot()) == (frozenset({0}), frozenset({1}), frozenset({0}))
         assert running_lent(d.snapshot(), 0, GPU_MEM) == pytest.approx(60 / 141)  # the share's memory
         assert d.metrics.lent._lent.count == pytest.approx(1 + 60 / 141)  # rose_driver_lent_gpus
         assert d.prepare([ClaimRef(NS, "srv-b", "srv-b")])["srv-b"].error == ""

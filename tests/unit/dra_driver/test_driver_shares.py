@@ -186,7 +186,7 @@ def test_shares_prepare_side_by_side_within_the_gpu_and_serving_reclaims_them(no
     assert "over its memory" in d.prepare([ClaimRef(NS, "c", "c")])["c"].error
     assert "shared by share claims" in d.prepare([ClaimRef(NS, "l0", "l0")])["l0"].error
     assert d.metrics.share_refused_total._value.get() == 2
-    assert lent_held(d.snapshot()) == (frozenset({0}), frozenset())  # what the publisher taints
+    assert lent_held(d.snapshot()) == (frozenset({0}), frozenset(), frozenset())  # what the publisher taints
     # serving's growth onto GPU 0: both shares are suspended before serving is prepared
     assert d.prepare([ClaimRef(NS, "s0", "s0")])["s0"].error == ""
     assert sorted(c[1] for c in engine.calls if c[0] == "suspend") == ["a", "b"]
