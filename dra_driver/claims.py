@@ -50,7 +50,7 @@ class PreparedDevice:
     gpu_index: int
     gpu_uuid: str
     role: str
-    # A share (role "share"): what the scheduler's allocation consumed of the device
+    # A share (role "share" or "servingshare"): what the scheduler's allocation consumed of the device
     # (``consumedCapacity``): memory bytes and compute percent; 0 for whole-GPU devices
     memory_bytes: int = 0
     compute_percent: int = 0
@@ -65,7 +65,7 @@ class PreparedDevice:
             "gpuUUID": self.gpu_uuid,
             "role": self.role,
         }
-        if self.role == names.ROLE_SHARE:
+        if self.role in names.SHARE_ROLES:
             out["memoryBytes"] = self.memory_bytes
             out["computePercent"] = self.compute_percent
         return out
@@ -187,7 +187,7 @@ def validate_claim(
             continue
         seen.add(dev)
         reqs = tuple(sorted({base_request_name(x.get("request", "")) for x in ours if x.get("device") == dev}))
-        memory, compute = shares_consumed(ref, dev, ours) if role == names.ROLE_SHARE else (0, 0)
+        memory, compute = shares_consumed(ref, dev, ours) if role in names.SHARE_ROLES else (0, 0)
         devices.append(
             PreparedDevice(
                 request_names=reqs or (base_request_name(request),),

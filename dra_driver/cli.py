@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "node-facts-seconds",
-        "how often to publish rose.io/host-memory-free-bytes and rose.io/lent-gpus "
+        "how often to publish rose.io/host-memory-free-bytes, rose.io/lent-gpus, rose.io/lent-gpu-shares "
         "on the Node when they changed (<= 0: never)",
         type=float,
         default=5.0,
@@ -468,11 +468,12 @@ def build(args: argparse.Namespace) -> Wiring:
     if args.publish_slices:  # serving's GPUs: their lendable devices published tainted (publisher.py)
         driver.on_serving_holds = publisher.set_serving_holds
         if args.gpu_shares:  # a GPU lent in shares or whole: tainted against the other kind
-            driver.on_lent_holds = lambda shared, whole: publisher.set_lent_holds(LentHolds(shared, whole))
+            driver.on_lent_holds = lambda *holds: publisher.set_lent_holds(LentHolds(*holds))
         driver.snapshot()  # the holds the recovered state has, before the first publish
+    gpu_memory = {g.info.index: g.info.memory_bytes for g in gpus}
     facts = NodeFactsPublisher(
         kube.KubeNode(api, args.node_name),
-        lambda: node_facts(driver.snapshot(), int(args.host_memory_budget), _disk_tier(engine)),
+        lambda: node_facts(driver.snapshot(), int(args.host_memory_budget), _disk_tier(engine), gpu_memory),
         float(args.node_facts_seconds),
     )
     observers = [notifier.resizer.observe] if notifier.resizer is not None else []

@@ -1,8 +1,9 @@
 """The driver's Prometheus metrics (``rose_driver_`` prefix, base units, series pre-set to zero).
 
 Lending: ``rose_driver_lent_gpus{pool}`` (GPUs whose resident is an RL occupant that is not
-suspended) and ``rose_driver_lent_gpu_seconds_total{pool}`` (that number integrated over time, up
-to the moment of each scrape); ``pool`` is the node's ``rose.io/gpu-pool`` label.
+suspended; a GPU lent in RL shares counts the fraction its running shares hold) and
+``rose_driver_lent_gpu_seconds_total{pool}`` (that number integrated over time, up to the moment
+of each scrape); ``pool`` is the node's ``rose.io/gpu-pool`` label.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class LentClock:
     """GPUs lent now and GPU-seconds lent so far (pure arithmetic on the clock values it is given)."""
 
     def __init__(self, now: float) -> None:
-        self.count = 0
+        self.count = 0.0
         self.seconds = 0.0
         self._t = now
 
@@ -44,7 +45,7 @@ class LentClock:
         self._t = max(self._t, now)
         return self.seconds
 
-    def set(self, count: int, now: float) -> None:
+    def set(self, count: float, now: float) -> None:
         """From ``now`` on, ``count`` GPUs are lent."""
         self.advance(now)
         self.count = count
@@ -59,7 +60,7 @@ class LentCollector(Collector):
         self._lent = LentClock(clock())
         self._lock = threading.Lock()
 
-    def set(self, count: int) -> None:
+    def set(self, count: float) -> None:
         with self._lock:
             self._lent.set(count, self._clock())
 
@@ -87,6 +88,7 @@ class DriverMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._resident: dict[int, str] = {}
+        self._lent_of: dict[int, float] = {}
         self.lent = LentCollector(pool, clock)
         r.register(self.lent)
         self.prepare_total = Counter(
@@ -321,11 +323,14 @@ class DriverMetrics:
         for m in SERVING_WAIT_MODES:
             self.serving_wait_mode.labels(m).set(1 if m == mode else 0)
 
-    def set_residency(self, gpu: int, resident: str) -> None:
+    def set_residency(self, gpu: int, resident: str, lent: float | None = None) -> None:
+        """``lent``: how much of the GPU running RL work holds (1 when lent whole, the fraction of
+        its running shares); by default 1 when ``resident`` is ``lent``, else 0."""
         for r in RESIDENTS:
             self.residency.labels(str(gpu), r).set(1 if r == resident else 0)
         self._resident[gpu] = resident
-        self.lent.set(sum(1 for res in self._resident.values() if res == "lent"))
+        self._lent_of[gpu] = (1.0 if resident == "lent" else 0.0) if lent is None else lent
+        self.lent.set(sum(self._lent_of.values()))
 
     def count_lent_eviction(self, state: str) -> None:
         """One lent workload's pod evicted; ``state``: lost, or saved by its SDK durable checkpoint."""

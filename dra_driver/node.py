@@ -64,6 +64,7 @@ from dra_driver.state import (
 from dra_driver.suspend.devicewatch import Observation, Target, resident_bytes
 from rose_common import names
 from rose_common.kube import objects
+from rose_common.slices import share_fraction
 from rose_common.workqueue import Backoff
 
 log = logging.getLogger("rose.driver")
@@ -211,8 +212,8 @@ class NodeDriver:
         # Hears the GPUs serving holds here (serving_held) after every locked section, under the node
         # lock (so it must not block): the slice publisher taints their lendable devices.
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
-        # GPU shares: called with (GPUs lent in shares, GPUs lent whole) after every locked section
-        self.on_lent_holds: Callable[[frozenset[int], frozenset[int]], None] | None = None
+        # GPU shares: called with lent_held's (in shares, lent whole, serving fractions) after every locked section
+        self.on_lent_holds: Callable[[frozenset[int], frozenset[int], frozenset[int]], None] | None = None
         # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
         self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
         self._resume_retry: dict[str, tuple[int, float]] = {}
@@ -244,17 +245,17 @@ class NodeDriver:
 
     def _update_gauges(self) -> None:
         d = self._data
-        for idx in self.gpus:
+        for idx, gpu in self.gpus.items():
             resident = "none"
             for rec in d.claims.values():
                 for dev in rec.devices:
                     if dev.gpu_index != idx:
                         continue
-                    if dev.role == names.ROLE_SERVING:
+                    if dev.role in names.SERVING_ROLES:
                         resident = "serving"
                     elif resident == "none" and rec.uid not in d.suspensions:
                         resident = "lent"
-            self.metrics.set_residency(idx, resident)
+            self.metrics.set_residency(idx, resident, running_lent(d, idx, gpu.info.memory_bytes))
         usage = shares.share_usage(dev for rec in d.claims.values() for dev in rec.devices)
         for idx in self.gpus:
             n, mem, compute = usage.get(idx, (0, 0, 0))
@@ -715,7 +716,7 @@ class NodeDriver:
                 self.metrics.share_refused_total.inc()
                 raise ClaimError(f"ResourceClaim {ref.key()}: {why}")
             for other in data.claims.values():
-                if dev.role == names.ROLE_SHARE:
+                if dev.role in names.SHARE_ROLES:
                     break  # a shareable device is prepared for many claims (accounted above)
                 if other.uid != ref.uid and any(d.device == dev.device for d in other.devices):
                     raise ClaimError(
@@ -787,8 +788,25 @@ class NodeDriver:
         return self._prepare_finish(ref, t0)
 
     def _occupants_of(self, rec: ClaimRecord) -> list[ClaimRecord]:
-        """The prepared lent claims on the GPUs of serving claim ``rec`` (none for a lent claim)."""
-        return self._lent_on({d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}, rec.uid)
+        """The prepared lent claims serving claim ``rec`` reclaims (none for a lent claim): all on
+        the GPUs of its whole serving devices; on a GPU where it takes a fraction, the whole-GPU lent
+        claims and the RL shares that do not fit beside serving's fractions there
+        (``shares.reclaim_for_serving``)."""
+        whole = {d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}
+        out = self._lent_on(whole, rec.uid)
+        for g in sorted({d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING_SHARE} - whole):
+            serving = [
+                d
+                for o in self._data.claims.values()
+                for d in o.devices
+                if d.gpu_index == g and d.role == names.ROLE_SERVING_SHARE
+            ]
+            lent = {o.uid: o for o in self._lent_on({g}, rec.uid)}
+            pairs = [(uid, d) for uid, o in lent.items() for d in o.devices if d.gpu_index == g]
+            gpu = self.gpus.get(g)
+            picked = shares.reclaim_for_serving(gpu.info.memory_bytes if gpu is not None else 0, serving, pairs)
+            out += [lent[uid] for uid in picked if lent[uid] not in out]
+        return out
 
     def _lent_on(self, gpus: Collection[int], but: str = "") -> list[ClaimRecord]:
         """The prepared lent claims (other than ``but``) on any of ``gpus``."""
@@ -820,7 +838,7 @@ class NodeDriver:
         if rec is None or rec.state != PREPARE_STARTED:
             raise ClaimError(f"ResourceClaim {ref.key()}: unprepared while its prepare waited; the kubelet retries")
         occupants = self._occupants_of(rec)
-        if any(d.role == names.ROLE_SERVING for d in rec.devices):
+        if any(d.role in names.SERVING_ROLES for d in rec.devices):
             self.metrics.serving_wait_seconds.observe(time.monotonic() - t0)
             self._gate_serving(ref, occupants)
         cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
@@ -1399,14 +1417,33 @@ class RanSuspend:
     enforced: EnforceResult | None
 
 
-def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int]]:
-    """Pure: the GPU indices lent in shares and those lent whole, by any recorded claim (being
-    prepared, prepared, being unprepared)."""
+def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int], frozenset[int]]:
+    """Pure: the GPU indices in shares (RL's or serving's fractions: no whole lendable claim lands
+    there), those lent whole, and those with serving's fractions (no whole serving claim lands there),
+    by any recorded claim (being prepared, prepared, being unprepared)."""
     roles = [(d.gpu_index, d.role) for rec in data.claims.values() for d in rec.devices]
     return (
-        frozenset(i for i, r in roles if r == names.ROLE_SHARE),
+        frozenset(i for i, r in roles if r in names.SHARE_ROLES),
         frozenset(i for i, r in roles if r == names.ROLE_LENDABLE),
+        frozenset(i for i, r in roles if r == names.ROLE_SERVING_SHARE),
     )
+
+
+def running_lent(data: NodeStateData, gpu: int, gpu_memory: int) -> float:
+    """Pure: how much of GPU ``gpu`` running (not suspended) RL work holds: 1 when a lendable claim
+    runs there, else the fraction its running RL shares hold (``slices.share_fraction``, at most 1)."""
+    running = [
+        dev
+        for rec in data.claims.values()
+        if rec.uid not in data.suspensions
+        for dev in rec.devices
+        if dev.gpu_index == gpu and dev.role in names.LENT_ROLES
+    ]
+    if any(dev.role == names.ROLE_LENDABLE for dev in running):
+        return 1.0
+    memory = sum(dev.memory_bytes for dev in running)
+    compute = sum(dev.compute_percent for dev in running)
+    return min(1.0, share_fraction(memory, compute, gpu_memory)) if running else 0.0
 
 
 def serving_held(data: NodeStateData, binding: Mapping[str, frozenset[int]]) -> frozenset[int]:

@@ -77,10 +77,12 @@ def is_current(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class LentHolds:
-    """GPU indices lent in shares (``shared``) and lent whole (``whole``) on this node."""
+    """GPU indices lent in shares (``shared``), lent whole (``whole``), with serving's fractions
+    (``fractions``) on this node."""
 
     shared: frozenset[int] = frozenset()
     whole: frozenset[int] = frozenset()
+    fractions: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def with_serving_holds(
     devices no rule names of a GPU with a reclaim taint carrying it (``reclaim``). Pure."""
     body = copy.deepcopy(desired)
     devices = taint_serving_held(body["spec"]["devices"], serving_holds)
-    devices = taint_lent_held(devices, lent.shared, lent.whole)
+    devices = taint_lent_held(devices, lent.shared, lent.whole, lent.fractions)
     body["spec"]["devices"] = taint_reclaim_planned(devices, reclaim.taints, reclaim.ruled)
     return body
 

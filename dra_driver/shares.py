@@ -12,7 +12,11 @@ claims of that one device, but it does not know that ``gpu-N-share``, ``gpu-N-le
 * the shares prepared on one GPU never add up to more than its memory or 100 % compute (the
   scheduler's own accounting, checked again against what this node actually has);
 * serving wins over shares exactly as over lendable claims: a share is a lent role
-  (``names.LENT_ROLES``), so a serving prepare suspends the GPU's share occupants first.
+  (``names.LENT_ROLES``), so a serving prepare suspends the GPU's share occupants first;
+* serving may itself take a fraction of a GPU (``gpu-N-servingshare``, DeviceClass
+  ``serving-share.gpu.rose.io``): the scheduler sums serving's fractions on that device only, and
+  the driver makes room beside them by reclaiming the GPU's RL shares, largest first, until the rest
+  fit (:func:`reclaim_for_serving`), and every whole-GPU lent claim there.
 
 No I/O here.
 """
@@ -39,16 +43,19 @@ def share_conflict(
 ) -> str | None:
     """Why the device ``dev`` of a claim being prepared cannot join the devices already prepared
     on this node (``(claim key, device)`` pairs of *other* claims), or ``None``. Covers only the
-    share rules; serving against lent claims is the node's own check."""
+    share rules; serving against lent claims is the node's own check (a serving fraction is never
+    refused for the RL shares on its GPU: it reclaims them, :func:`reclaim_for_serving`)."""
     same_gpu = [(k, d) for k, d in prepared if d.gpu_index == dev.gpu_index]
     if dev.role == names.ROLE_LENDABLE:
-        shares = sorted(k for k, d in same_gpu if d.role == names.ROLE_SHARE)
+        shares = sorted(k for k, d in same_gpu if d.role in names.SHARE_ROLES)
         if shares:
             return (
                 f"GPU {dev.gpu_index} is shared by share claims {', '.join(shares)}; a whole-GPU lent claim "
                 "can be prepared only after they are unprepared (the kubelet retries)"
             )
         return None
+    if dev.role in names.SERVING_ROLES:
+        return _serving_conflict(dev, same_gpu, gpu_memory_bytes)
     if dev.role != names.ROLE_SHARE:
         return None
     lent = sorted(k for k, d in same_gpu if d.role == names.ROLE_LENDABLE)
@@ -57,20 +64,73 @@ def share_conflict(
             f"GPU {dev.gpu_index} is lent whole to claim {', '.join(lent)}; a share can be prepared only "
             "after it is unprepared (the kubelet retries)"
         )
-    others = [d for _, d in same_gpu if d.role == names.ROLE_SHARE]
+    # serving's fractions count too: a share is prepared only into what serving leaves free
+    others = [d for _, d in same_gpu if d.role in names.SHARE_ROLES]
+    return _over_capacity(dev, others, gpu_memory_bytes, "shares")
+
+
+def _serving_conflict(
+    dev: PreparedDevice, same_gpu: list[tuple[str, PreparedDevice]], gpu_memory_bytes: int
+) -> str | None:
+    """A serving device beside the other serving claims of its GPU: a whole serving device and a
+    serving fraction never share a GPU, and serving's fractions stay within the GPU."""
+    other = names.ROLE_SERVING_SHARE if dev.role == names.ROLE_SERVING else names.ROLE_SERVING
+    clash = sorted(k for k, d in same_gpu if d.role == other)
+    if clash:
+        return (
+            f"GPU {dev.gpu_index} is held by serving claim {', '.join(clash)} ({other}); serving's whole "
+            "device and serving's fractions never share a GPU (the kubelet retries)"
+        )
+    if dev.role != names.ROLE_SERVING_SHARE:
+        return None
+    return _over_capacity(dev, [d for _, d in same_gpu if d.role == dev.role], gpu_memory_bytes, "serving fractions")
+
+
+def _over_capacity(dev: PreparedDevice, others: list[PreparedDevice], gpu_memory_bytes: int, what: str) -> str | None:
     memory = dev.memory_bytes + sum(d.memory_bytes for d in others)
     compute = dev.compute_percent + sum(d.compute_percent for d in others)
     if memory > gpu_memory_bytes:
         return (
-            f"the shares of GPU {dev.gpu_index} would hold {memory} bytes of its {gpu_memory_bytes} "
+            f"the {what} of GPU {dev.gpu_index} would hold {memory} bytes of its {gpu_memory_bytes} "
             f"({len(others)} prepared + this one of {dev.memory_bytes}): over its memory"
         )
     if compute > SHARE_COMPUTE_TOTAL:
         return (
-            f"the shares of GPU {dev.gpu_index} would hold {compute} % compute ({len(others)} prepared + "
+            f"the {what} of GPU {dev.gpu_index} would hold {compute} % compute ({len(others)} prepared + "
             f"this one of {dev.compute_percent} %): over 100 %"
         )
     return None
+
+
+def reclaim_for_serving(
+    gpu_memory_bytes: int,
+    serving: Iterable[PreparedDevice],
+    lent: Iterable[tuple[str, PreparedDevice]],
+) -> list[str]:
+    """Which lent claims on one GPU serving's fractions there (``serving``: every ``servingshare``
+    device of the GPU, the one being prepared included) must reclaim: every whole-GPU lendable
+    claim, and of the RL shares (``(claim uid, device)``) the largest first — memory, then compute,
+    then uid — until the rest fit beside serving in the GPU's memory and 100 % compute. A share
+    already suspended counts like a running one: its claim still holds that capacity, and when a
+    serving fraction leaves, the shares it reclaimed resume into what it frees. Pure."""
+    srv = list(serving)
+    free_memory = gpu_memory_bytes - sum(d.memory_bytes for d in srv)
+    free_compute = SHARE_COMPUTE_TOTAL - sum(d.compute_percent for d in srv)
+    pairs = list(lent)
+    out = sorted({uid for uid, d in pairs if d.role == names.ROLE_LENDABLE})
+    shares = sorted(
+        ((uid, d) for uid, d in pairs if d.role == names.ROLE_SHARE),
+        key=lambda p: (-p[1].memory_bytes, -p[1].compute_percent, p[0]),
+    )
+    memory = sum(d.memory_bytes for _, d in shares)
+    compute = sum(d.compute_percent for _, d in shares)
+    for uid, d in shares:
+        if memory <= free_memory and compute <= free_compute:
+            break
+        out.append(uid)
+        memory -= d.memory_bytes
+        compute -= d.compute_percent
+    return list(dict.fromkeys(out))
 
 
 def share_usage(prepared: Iterable[PreparedDevice]) -> dict[int, tuple[int, int, int]]:
@@ -90,7 +150,7 @@ def mps_env(devices: Iterable[PreparedDevice]) -> dict[str, str]:
     (``NVIDIA_VISIBLE_DEVICES``), so the pinned memory limit names ordinals: ``0=20480M``.
     MiB, rounded down: MPS takes the limit as a ceiling the client may not exceed."""
     devs = list(devices)
-    shares = [(i, d) for i, d in enumerate(devs) if d.role == names.ROLE_SHARE]
+    shares = [(i, d) for i, d in enumerate(devs) if d.role in names.SHARE_ROLES]
     if not shares:
         return {}
     limits = ",".join(f"{i}={d.memory_bytes // 2**20}M" for i, d in shares)
@@ -107,7 +167,7 @@ def mps_env(devices: Iterable[PreparedDevice]) -> dict[str, str]:
 def mps_mounts(devices: Iterable[PreparedDevice]) -> list[dict[str, object]]:
     """The host directories of the MPS daemon of the (first) shared GPU, mounted where
     :func:`mps_env` points the client."""
-    gpus = sorted({d.gpu_index for d in devices if d.role == names.ROLE_SHARE})
+    gpus = sorted({d.gpu_index for d in devices if d.role in names.SHARE_ROLES})
     if not gpus:
         return []
     host = f"{MPS_HOST_ROOT}/gpu-{gpus[0]}"

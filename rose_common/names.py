@@ -20,19 +20,28 @@ DRIVER_NAME: Final = "gpu.rose.io"
 DEVICE_CLASS_SERVING: Final = "serving.gpu.rose.io"
 DEVICE_CLASS_LENDABLE: Final = "lendable.gpu.rose.io"
 DEVICE_CLASS_SHARE: Final = "share.gpu.rose.io"  # a fraction of a GPU (consumable capacity; --gpu-shares)
+# serving's own fraction of a GPU (--gpu-shares): consumable capacity counted among serving claims only
+DEVICE_CLASS_SERVING_SHARE: Final = "serving-share.gpu.rose.io"
 # Device attribute names (qualified by the driver's domain when unprefixed)
 ATTR_UUID: Final = "uuid"
 ATTR_INDEX: Final = "index"
 ATTR_MODEL: Final = "model"
-ATTR_ROLE: Final = "role"  # "serving", "lendable" or "share"
+ATTR_ROLE: Final = "role"  # "serving", "lendable", "share" or "servingshare"
 ATTR_PHYSICAL_GPU: Final = "physicalGPU"
 CAPACITY_MEMORY: Final = "memory"
 ROLE_SERVING: Final = "serving"
 ROLE_LENDABLE: Final = "lendable"
 ROLE_SHARE: Final = "share"  # a shareable device (allowMultipleAllocations): an RL share of one GPU
+# serving's shareable device (allowMultipleAllocations): a fraction of one GPU for serving; the
+# scheduler sums only serving claims on it, the driver reclaims the GPU's RL shares to fit it
+ROLE_SERVING_SHARE: Final = "servingshare"
 # Roles whose claims are lent: serving wins over them (suspended before serving takes the GPU)
 LENT_ROLES: Final = frozenset({ROLE_LENDABLE, ROLE_SHARE})
-ROLES: Final = (ROLE_SERVING, ROLE_LENDABLE, ROLE_SHARE)
+# Roles whose claims are serving: they reclaim lent occupants (whole GPU, or the fraction they need)
+SERVING_ROLES: Final = frozenset({ROLE_SERVING, ROLE_SERVING_SHARE})
+# Roles of consumable devices: a claim holds what its allocation consumed (memory, compute)
+SHARE_ROLES: Final = frozenset({ROLE_SHARE, ROLE_SERVING_SHARE})
+ROLES: Final = (ROLE_SERVING, ROLE_LENDABLE, ROLE_SHARE, ROLE_SERVING_SHARE)
 CAPACITY_COMPUTE: Final = "compute"  # a share's percent of the GPU's SMs (MPS active thread percentage)
 # CUDA MPS settings a GPU node gives a share's containers (written into the claim's CDI spec)
 ENV_MPS_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
@@ -52,7 +61,11 @@ ANNOTATION_HOST_MEM_FREE: Final = f"{LABEL_PREFIX}/host-memory-free-bytes"
 # The disk tier of suspended state (the driver's --spill-dir): bytes free under its budget; absent
 # without a disk tier. The extender's host-memory filter counts both tiers.
 ANNOTATION_SPILL_FREE: Final = f"{LABEL_PREFIX}/host-state-disk-free-bytes"
+# GPUs lent whole (a prepared lendable claim): comma-separated indexes
 ANNOTATION_LENT: Final = f"{LABEL_PREFIX}/lent-gpus"
+# GPUs lent in RL shares: "<index>=<fraction>" comma-separated, the fraction of the GPU its
+# prepared shares hold (rose_common.slices.share_fraction of their summed memory and compute)
+ANNOTATION_LENT_SHARES: Final = f"{LABEL_PREFIX}/lent-gpu-shares"
 
 # Container environment injected by the DRA driver's per-claim CDI spec (dra_driver/cdi.py) and
 # read by the SDK (rose_sdk/workload.py). A container may hold several claims and each claim has
@@ -159,6 +172,9 @@ TAINT_SERVING_HOLDS: Final = "rose.io/serving-holds"
 # share device carries TAINT_LENT_WHOLE (both NoSchedule, value: the GPU index)
 TAINT_SHARES_HOLD: Final = "rose.io/shares-hold"
 TAINT_LENT_WHOLE: Final = "rose.io/lent-whole"
+# While serving's fractions (gpu-N-servingshare) are prepared on a GPU, its whole serving device
+# carries this NoSchedule taint: serving's whole device and serving's fractions never share a GPU
+TAINT_SERVING_FRACTIONS: Final = "rose.io/serving-fractions"
 ENV_TIMESLICE_JOB: Final = "ROSE_TIMESLICE_JOB"  # "namespace/name": the job name the SDK's client sends
 # The orchestrator (--authenticate tokenreview) takes the caller's identity from a projected
 # ServiceAccount token of this audience, mounted into time-sliced workers by the controller.

@@ -67,20 +67,25 @@ def share_fraction(memory_bytes: int, compute_percent: int, gpu_memory: int) -> 
     return max(memory, compute_percent / SHARE_COMPUTE_TOTAL)
 
 
-def share_device(gpu: GpuInfo) -> dict[str, Any]:
+def share_device(gpu: GpuInfo, role: str = names.ROLE_SHARE) -> dict[str, Any]:
     """The shareable device ``gpu-N-share`` of one GPU: ``allowMultipleAllocations`` with the
-    consumable capacities ``memory`` (bytes, the GPU's memory) and ``compute`` (percent, 100). Pure."""
+    consumable capacities ``memory`` (bytes, the GPU's memory) and ``compute`` (percent, 100). With
+    ``role`` ``servingshare``: serving's own shareable device ``gpu-N-servingshare``, the same
+    capacities, summed by the scheduler over serving's claims only (the driver fits the GPU's RL
+    shares around them by reclaiming). Pure."""
+    if role not in names.SHARE_ROLES:
+        raise ValueError(f"a shareable device's role is one of {sorted(names.SHARE_ROLES)}, got {role!r}")
     memory = gpu.memory_bytes - gpu.memory_bytes % SHARE_MEMORY_STEP  # a whole number of steps
     if memory < 2 * SHARE_MEMORY_STEP:
         raise ValueError(f"GPU {gpu.index} has {gpu.memory_bytes} bytes: a shareable GPU needs at least 2 GiB")
     return {
-        "name": device_name(gpu.index, names.ROLE_SHARE),
+        "name": device_name(gpu.index, role),
         "allowMultipleAllocations": True,
         "attributes": {
-            names.ATTR_UUID: {"string": f"{gpu.uuid}-{names.ROLE_SHARE}"},
+            names.ATTR_UUID: {"string": f"{gpu.uuid}-{role}"},
             names.ATTR_INDEX: {"int": gpu.index},
             names.ATTR_MODEL: {"string": gpu.model[:64]},
-            names.ATTR_ROLE: {"string": names.ROLE_SHARE},
+            names.ATTR_ROLE: {"string": role},
             names.ATTR_PHYSICAL_GPU: {"string": gpu.uuid},
         },
         "capacity": {
@@ -108,7 +113,8 @@ def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False, shares: b
     With ``binding_conditions`` every *serving* device carries ROSE's binding condition (and its
     failure twin, which the API requires beside it): the scheduler then holds a serving pod in
     PreBind until the driver has freed the GPU of any lent occupant. With ``shares``
-    every GPU also gets its shareable device (:func:`share_device`), after the others."""
+    every GPU also gets its shareable devices (:func:`share_device`: the RL share device, then
+    serving's), after the others."""
     devices: list[dict[str, Any]] = []
     for role in (names.ROLE_SERVING, names.ROLE_LENDABLE):
         for gpu in sorted(gpus, key=lambda g: g.index):
@@ -128,7 +134,8 @@ def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False, shares: b
                 device["bindingFailureConditions"] = [names.BINDING_CONDITION_FREE_FAILED]
             devices.append(device)
     if shares:
-        devices += [share_device(g) for g in sorted(gpus, key=lambda g: g.index)]
+        for role in (names.ROLE_SHARE, names.ROLE_SERVING_SHARE):
+            devices += [share_device(g, role) for g in sorted(gpus, key=lambda g: g.index)]
     return devices
 
 
@@ -167,23 +174,34 @@ def taint_serving_held(devices: list[dict[str, Any]], held: frozenset[int]) -> l
 
 
 def taint_lent_held(
-    devices: list[dict[str, Any]], shared: frozenset[int], whole: frozenset[int]
+    devices: list[dict[str, Any]],
+    shared: frozenset[int],
+    whole: frozenset[int],
+    fractions: frozenset[int] = frozenset(),
 ) -> list[dict[str, Any]]:
     """A copy of ``devices`` where the *lendable* device of every GPU index in ``shared`` (shares
     are prepared there) carries the ``NoSchedule`` taint :data:`names.TAINT_SHARES_HOLD` and the
     *share* device of every GPU index in ``whole`` (a whole lendable claim is prepared there)
     carries :data:`names.TAINT_LENT_WHOLE`: the scheduler then never books one GPU both whole and
-    in shares. A device's other taints are kept. Pure."""
+    in shares. Serving's shareable device of a GPU lent whole carries :data:`names.TAINT_LENT_WHOLE`
+    too: a serving fraction claim that asks first for an untainted device (its first subrequest,
+    ``examples/serving-share-claim-template.yaml``) lands where it reclaims a share, not a whole-GPU
+    occupant. The *serving* device of every GPU index in ``fractions`` (serving's fractions are
+    prepared there) carries :data:`names.TAINT_SERVING_FRACTIONS`, so no whole serving claim is
+    allocated where the driver would refuse it. A device's other taints are kept. Pure."""
 
     def added(d: Mapping[str, Any]) -> list[dict[str, str]]:
         index, role = parse_device_name(d["name"])
         if role == names.ROLE_LENDABLE and index in shared:
             return [{"key": names.TAINT_SHARES_HOLD, "value": str(index), "effect": "NoSchedule"}]
-        if role == names.ROLE_SHARE and index in whole:
+        if role in names.SHARE_ROLES and index in whole:
             return [{"key": names.TAINT_LENT_WHOLE, "value": str(index), "effect": "NoSchedule"}]
+        if role == names.ROLE_SERVING and index in fractions:
+            return [{"key": names.TAINT_SERVING_FRACTIONS, "value": str(index), "effect": "NoSchedule"}]
         return []
 
-    return _retaint(devices, (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE), added)
+    keys = (names.TAINT_SHARES_HOLD, names.TAINT_LENT_WHOLE, names.TAINT_SERVING_FRACTIONS)
+    return _retaint(devices, keys, added)
 
 
 def taint_covers(devices: list[dict[str, Any]], index: int) -> list[str]:
@@ -225,10 +243,11 @@ def resource_slice(
 ) -> dict[str, Any]:
     """One ResourceSlice (resource.k8s.io/v1) holding a node's whole pool.
 
-    At most 128 devices fit a slice; two per GPU allows 64 GPUs per node (three with ``shares``:
-    42), far above any real node. Larger inputs are refused rather than silently split.
+    At most 128 devices fit a slice; two per GPU allows 64 GPUs per node (four with ``shares``, the
+    RL share and serving's fraction: 32), far above any real node. Larger inputs are refused rather
+    than silently split.
     """
-    per_gpu = 3 if shares else 2
+    per_gpu = 4 if shares else 2
     if len(gpus) > 128 // per_gpu:
         raise ValueError(f"{len(gpus)} GPUs on node {node_name}: at most {128 // per_gpu} fit one ResourceSlice")
     return {

@@ -120,11 +120,12 @@ def test_shares_fit_by_capacity_and_serving_reclaims_them_first(
     assert promtext.value(m, "rose_driver_share_memory_bytes", {"gpu": "0"}) == 120 * 2**30
     assert promtext.value(m, "rose_driver_share_compute_percent", {"gpu": "0"}) == 50
 
-    def lent() -> str | None:
+    def lent() -> tuple[str | None, str | None]:
         ann: dict[str, str] = client.CoreV1Api(api).read_node(node).metadata.annotations or {}
-        return ann.get(names.ANNOTATION_LENT)
+        return ann.get(names.ANNOTATION_LENT), ann.get(names.ANNOTATION_LENT_SHARES)
 
-    wait_for("node facts: GPU 0 lent (in shares)", lambda: lent() == "0", timeout=15)
+    # node facts: GPU 0 is lent in shares (120 of 141 GiB: 0.86 of it), not lent whole
+    wait_for("node facts: GPU 0 lent in shares", lambda: lent() == ("", "0=0.86"), timeout=15)
 
     # a GPU lent in shares is not lent whole: its lendable device is tainted, a whole claim waits
     def lendable_taints() -> list[str] | None:

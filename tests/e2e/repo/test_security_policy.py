@@ -457,9 +457,10 @@ def test_unlabelled_namespace_cannot_claim_serving_or_use_serving_priority(env: 
         _claim("ResourceClaim", "serving.gpu.rose.io"),
         _claim("ResourceClaimTemplate", "serving.gpu.rose.io"),
         _claim("ResourceClaim", "serving.gpu.rose.io", first_available=True),
+        _claim("ResourceClaimTemplate", "serving-share.gpu.rose.io", first_available=True),
     ):
         msg = denied(env, "create", "-n", env.ns, "-f", "-", stdin=body)
-        assert f"namespace '{env.ns}' may not claim serving.gpu.rose.io devices" in msg
+        assert f"namespace '{env.ns}' may not claim serving devices" in msg
         assert "rose.io/serving=allowed" in msg
     msg = denied(env, "create", "-n", env.ns, "-f", "-", stdin=_serving_pod())
     assert "may not use the rose-serving PriorityClass" in msg

@@ -65,9 +65,9 @@ def test_shares_only_behind_the_flag_and_a_full_slice_is_refused() -> None:
     plain = resource_slice("n", [GPU], 1)["spec"]["devices"]
     assert [d["name"] for d in plain] == ["gpu-0-serving", "gpu-0-lendable"]
     shared = resource_slice("n", [GPU], 1, shares=True)["spec"]["devices"]
-    assert [d["name"] for d in shared] == ["gpu-0-serving", "gpu-0-lendable", "gpu-0-share"]
-    many = [GpuInfo(i, f"G{i}", "m", 80 * GiB) for i in range(43)]
-    with pytest.raises(ValueError, match="at most 42 fit one ResourceSlice"):
+    assert [d["name"] for d in shared] == ["gpu-0-serving", "gpu-0-lendable", "gpu-0-share", "gpu-0-servingshare"]
+    many = [GpuInfo(i, f"G{i}", "m", 80 * GiB) for i in range(33)]
+    with pytest.raises(ValueError, match="at most 32 fit one ResourceSlice"):
         resource_slice("n", many, 1, shares=True)
     with pytest.raises(ValueError, match="at least 2 GiB"):
         share_device(GpuInfo(0, "G", "m", GiB))
@@ -87,6 +87,7 @@ def test_a_gpu_lent_in_shares_or_whole_is_tainted_against_the_other_kind() -> No
     assert taints == {
         "gpu-0-lendable": [(names.TAINT_SHARES_HOLD, "0")],
         "gpu-1-share": [(names.TAINT_LENT_WHOLE, "1")],
+        "gpu-1-servingshare": [(names.TAINT_LENT_WHOLE, "1")],  # a serving fraction prefers other GPUs
     }
     # idempotent, keeps other taints, and goes when the holds go
     both = taint_serving_held(out, frozenset({0}))
@@ -185,7 +186,7 @@ def test_shares_prepare_side_by_side_within_the_gpu_and_serving_reclaims_them(no
     assert "over its memory" in d.prepare([ClaimRef(NS, "c", "c")])["c"].error
     assert "shared by share claims" in d.prepare([ClaimRef(NS, "l0", "l0")])["l0"].error
     assert d.metrics.share_refused_total._value.get() == 2
-    assert lent_held(d.snapshot()) == (frozenset({0}), frozenset())  # what the publisher taints
+    assert lent_held(d.snapshot()) == (frozenset({0}), frozenset(), frozenset())  # what the publisher taints
     # serving's growth onto GPU 0: both shares are suspended before serving is prepared
     assert d.prepare([ClaimRef(NS, "s0", "s0")])["s0"].error == ""
     assert sorted(c[1] for c in engine.calls if c[0] == "suspend") == ["a", "b"]
