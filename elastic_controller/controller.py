@@ -162,6 +162,10 @@ def _job_key(obj: dict[str, Any]) -> str:
     return f"{objects.namespace(obj)}/{objects.name(obj)}"
 
 
+def _uids(observed: list[ObservedWorker]) -> frozenset[str]:
+    return frozenset(w.uid for w in observed)
+
+
 def _pod_job_key(pod: dict[str, Any]) -> str | None:
     job = objects.labels(pod).get(names.LABEL_JOB)
     return f"{objects.namespace(pod)}/{job}" if job else None
@@ -235,7 +239,8 @@ class Controller:
         self._lock = threading.Lock()
         self._jobs: dict[str, dict[str, Any]] = {}
         self._pods: dict[str, dict[str, dict[str, Any]]] = {}
-        self._targets: dict[str, JobTarget] = {}
+        # job key → (the planner's target, the UIDs of the workers it was planned for)
+        self._targets: dict[str, tuple[JobTarget, frozenset[str]]] = {}
         self._expect: dict[str, _Expect] = {}
         self._deleted: dict[str, str] = {}  # job key → UID of the job deleted, until its pods are gone
         self._bad: dict[str, str] = {}  # job key → the resourceVersion already reported invalid
@@ -349,7 +354,28 @@ class Controller:
     def _observed(self, key: str) -> list[ObservedWorker]:
         """The job's workers as the informer handlers observed them (each pod once per event)."""
         with self._lock:
-            return [w for w in self._workers.get(key, {}).values() if w is not None]
+            return self._observed_locked(key)
+
+    def _observed_locked(self, key: str) -> list[ObservedWorker]:
+        return [w for w in self._workers.get(key, {}).values() if w is not None]
+
+    def _take_target(self, key: str, observed: list[ObservedWorker]) -> JobTarget | None:
+        """The planner's pending target for the job, if it was planned for the workers observed now.
+        A plan reads a snapshot; a reconcile that created or deleted workers after that snapshot
+        (the planner and the work queue run in their own threads) left the target stale: applied,
+        its adds came on top of the workers just created (a job of 2 got workers w2 and w3, and a
+        time-slice group shared claims it never used). A stale target is dropped, counted and the
+        next plan round, a second later, plans for the workers as they are."""
+        with self._lock:
+            stored = self._targets.pop(key, None)
+        if stored is None:
+            return None
+        target, basis = stored
+        if basis == _uids(observed):
+            return target
+        self.metrics.stale_targets.inc()
+        log.info("planner target dropped: the workers changed since it was planned", extra={"job": key})
+        return None
 
     def _parse(self, key: str, raw: dict[str, Any]) -> ElasticRLJob | None:
         """The job's model; validated once per object the informer delivers (not per plan round)."""
@@ -395,8 +421,7 @@ class Controller:
             return
         start = time.monotonic()
         observed = self._observed(key)
-        with self._lock:
-            target = self._targets.pop(key, None)
+        target = self._take_target(key, observed)
         group = job.spec.timeslice_group
         d = desired(job, observed, target, self._clock(), self.group_lease(group, job.namespace) if group else None)
         failures = converge(self.api, job, d, self._run)
@@ -428,7 +453,7 @@ class Controller:
         of the newer job queues it sooner)."""
         if target is not None:
             with self._lock:
-                self._targets.setdefault(key, target)
+                self._targets.setdefault(key, (target, _uids(self._observed_locked(key))))
         self.metrics.status_conflicts.inc()
         self.metrics.reconciles.labels("conflict").inc()
         delay = self.queue.requeue(key)
@@ -605,6 +630,8 @@ class Controller:
     def plan_once(self) -> Plan | None:
         if not self.is_leader:
             return None
+        with self._lock:  # taken before the snapshot the plan reads: see _take_target
+            basis = {k: _uids(self._observed_locked(k)) for k in self._workers}
         inp, waiting = self.plan_input(self._clock())
         start = time.monotonic()
         result = plan(inp)
@@ -615,7 +642,7 @@ class Controller:
         self.metrics.plan_latency.observe(time.monotonic() - start)
         for r in result.reclaims:
             self.metrics.reclaims.labels("planned").inc(len(r.workers))
-        for key in self._store_targets(merge_roles(result.targets, inp.jobs), waiting):
+        for key in self._store_targets(merge_roles(result.targets, inp.jobs), waiting, basis):
             self.queue.add(key)
         self._gauges(inp.workers)
         self._role_gauges(inp.jobs, result)
@@ -656,7 +683,9 @@ class Controller:
                     self.metrics.taint_rules.labels(action, "error").inc()
                     log.warning("device taint rule write failed", extra={"action": action, "err": repr(e)})
 
-    def _store_targets(self, targets: dict[str, JobTarget], waiting: set[str]) -> list[str]:
+    def _store_targets(
+        self, targets: dict[str, JobTarget], waiting: set[str], basis: dict[str, frozenset[str]]
+    ) -> list[str]:
         """Store every target (a reconcile takes it), and return the keys to queue: those whose
         target differs from the one last queued, those waiting on their expectations, and every
         key once per ``resync_s``. Queueing all 200 jobs of a plan round made 200 no-op
@@ -672,7 +701,7 @@ class Controller:
                 if key in waiting:
                     out.append(key)
                     continue
-                self._targets[key] = target
+                self._targets[key] = (target, basis.get(key, frozenset()))
                 if resync or self._queued_targets.get(key) != target:
                     self._queued_targets[key] = target
                     out.append(key)
