@@ -1279,7 +1279,9 @@ class Soak:
         )
         self._check_driver_evictions()
         if self.trainer is not None and self.trainer.poll() not in (None, 0):
-            self.fail(f"the trainer exited with {self.trainer.returncode}: {self.tmp / 'trainer.log'}")
+            log = self.tmp / "trainer.log"
+            tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+            self.fail(f"the trainer exited with {self.trainer.returncode}: {log}; its last lines:\n" + "\n".join(tail))
         return None if active is None else self._account(active)
 
     def _check_driver_evictions(self) -> None:
