@@ -36,7 +36,7 @@ from rose_sim.prometheus import parse_time
 from rose_sim.report import HORIZONS_S, bounds_for, markdown, simulate, timeslice_groups
 from scheduler_extender import forecast as extender_forecast_module
 from scheduler_extender import policy as extender_policy
-from tests.unit.elastic_controller.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
+from tests.support.controller_fakes import NOW, Recorder, drain, inventory, running_pod
 from timeslice import advise as timeslice_advise
 from timeslice.advise import advise
 
@@ -390,9 +390,9 @@ def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> 
     api = Recorder()
     settings = ControllerSettings(plan_interval_s=60.0, dwell_s=300.0)
     clock = {"now": NOW}
-    ctl = Controller(api, cache, _inventory, ControllerMetrics(), settings, clock=lambda: clock["now"])
+    ctl = Controller(api, cache, inventory, ControllerMetrics(), settings, clock=lambda: clock["now"])
     ctl.on_job_list([copy.deepcopy(raw)])
-    assert _inventory() == {"pool-a": 8}
+    assert inventory() == {"pool-a": 8}
     seen = 0
     grew = reclaimed = False
     for i in range(d.history, d.ticks):
@@ -411,9 +411,9 @@ def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> 
         assert ctl_plan is not None and sim_plan is not None
         assert ctl_plan.targets == sim_plan.targets, i
         sim.carry_out(sim_plan, now)
-        _drain(ctl)
+        drain(ctl)
         for body in api.created[seen:]:  # the pods start (the simulator's pod start is 60 s: next tick)
-            pod = _running(body, f"uid-{body['metadata']['name']}")
+            pod = running_pod(body, f"uid-{body['metadata']['name']}")
             pod["metadata"]["annotations"][names.ANNOTATION_SECONDS_TO_SAFE_POINT] = "20"  # the worker's report
             ctl.on_pod_event(ADDED, pod)
         seen = len(api.created)
@@ -421,7 +421,7 @@ def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> 
         reclaimed |= bool(sim_plan.reclaims)
         if reclaimed:
             break
-        _drain(ctl)
+        drain(ctl)
     assert grew and reclaimed
 
 

@@ -27,7 +27,7 @@ from rose_sim.cli import main as sim_main
 from rose_sim.engine import Policy, SimConfig, Simulation
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, parse_jobs
 from rose_sim.report import bounds_for
-from tests.unit.elastic_controller.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
+from tests.support.controller_fakes import NOW, Recorder, drain, inventory, running_pod
 from tests.unit.rose_sim.test_rose_sim import STEP, _decisions, _Fixed, _series_csv, _wavy, raw_job, run_policy
 
 EXAMPLE02 = Path(__file__).resolve().parents[3] / "examples" / "02_grpo_tiny_llm" / "elasticrljob.yaml"
@@ -264,7 +264,7 @@ def test_drift_roles_the_simulator_and_the_controllers_plan_loop_decide_the_same
     ctl = Controller(
         api,
         cache,
-        _inventory,
+        inventory,
         ControllerMetrics(),
         ControllerSettings(plan_interval_s=60.0),
         clock=lambda: clock["now"],
@@ -288,9 +288,9 @@ def test_drift_roles_the_simulator_and_the_controllers_plan_loop_decide_the_same
         assert ctl_plan is not None and sim_plan is not None
         assert ctl_plan.targets == sim_plan.targets, i
         sim.carry_out(sim_plan, now)
-        _drain(ctl)
+        drain(ctl)
         for body in api.created[seen:]:  # pods only (the trainer's Service is ensured apart)
-            pod = _running(body, f"uid-{body['metadata']['name']}")
+            pod = running_pod(body, f"uid-{body['metadata']['name']}")
             pod["metadata"]["annotations"][names.ANNOTATION_SECONDS_TO_SAFE_POINT] = "20"
             ctl.on_pod_event(ADDED, pod)
         seen = len(api.created)
@@ -299,5 +299,5 @@ def test_drift_roles_the_simulator_and_the_controllers_plan_loop_decide_the_same
         if reclaimed:
             assert {r.job for r in sim_plan.reclaims} == {"rl/grpo-tiny#rollout"}
             break
-        _drain(ctl)
+        drain(ctl)
     assert grew and reclaimed
