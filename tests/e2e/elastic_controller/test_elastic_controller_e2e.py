@@ -24,8 +24,10 @@ from kubernetes import client
 from local_cluster import ClusterHandle, free_port
 from rose_common import names, promtext
 from tests.support.elastic_fixtures import write_forecasts
-from tests.support.erj_cluster import JOB, job_workers, kubectl, scrape_metrics
+from tests.support.erj_cluster import JOB, job_workers, kubectl, scrape_metrics, world
 from tests.support.k8s_helpers import wait_for
+
+__all__ = ["world"]  # the fixture: the extender and the controller, one static forecast file
 
 
 def _job_manifest(ns: str, lo: int = 2, hi: int = 4) -> str:

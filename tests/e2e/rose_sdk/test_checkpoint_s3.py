@@ -71,10 +71,6 @@ _CRASHING_SAVE = textwrap.dedent(
     """
     import os, sys, torch
     from rose_sdk import checkpoint as ck
-from tests.support.example01_runs import PARK_AT, REPO, assert_same_run, finish, ready_step, trainer, uninterrupted
-from tests.support.s3_fixtures import objects, s3, url, wait_checkpoint
-
-__all__ = ["s3", "url"]  # fixtures
     torch.manual_seed(3)
     m = torch.nn.Linear(6, 2)
     ck._write_pointer = lambda *a: os._exit(137)  # the process dies after the upload, before the pointer
