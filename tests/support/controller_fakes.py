@@ -21,19 +21,18 @@ from elastic_controller.status import EventSpec
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
 from rose_common.slices import GpuInfo, resource_slice
+from tests.support.erj_manifests import elastic_rl_job
 
 NOW = dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.UTC)
-RAW_JOB: dict[str, Any] = {
-    "apiVersion": "elastic.rose.io/v1alpha1",
-    "kind": "ElasticRLJob",
-    "metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1, "resourceVersion": "1"},
-    "spec": {
-        "minGPUs": 2,
-        "maxGPUs": 4,
-        "gpusPerWorker": 1,
-        "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
-    },
-}
+RAW_JOB: dict[str, Any] = elastic_rl_job(
+    "grpo",
+    "rl",
+    {"uid": "u-1", "generation": 1, "resourceVersion": "1"},
+    minGPUs=2,
+    maxGPUs=4,
+    gpusPerWorker=1,
+    template={"spec": {"containers": [{"name": "t", "image": "t"}]}},
+)
 # The reconciler's job, parsed: min 1, max 4 GPUs (the converge tests' Desired is built from it).
 JOB = ElasticRLJob.model_validate(
     {

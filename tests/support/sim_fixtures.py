@@ -14,6 +14,7 @@ from elastic_controller.planner import Forecast
 from rose_sim.engine import Policy, SimConfig, Simulation
 from rose_sim.inputs import CostModel, Demand, parse_jobs
 from rose_sim.report import bounds_for
+from tests.support.erj_manifests import elastic_rl_job
 
 GIB16 = 16 * 2**30
 STEP = 600  # the demand series' resolution, seconds
@@ -21,19 +22,15 @@ STEP = 600  # the demand series' resolution, seconds
 
 def raw_job(name: str = "grpo", lo: int = 2, hi: int = 4, **spec: Any) -> dict[str, Any]:
     """An ElasticRLJob in namespace ``rl``: ``lo``..``hi`` GPUs, one per worker, 16 GiB of state each."""
-    return {
-        "apiVersion": "elastic.rose.io/v1alpha1",
-        "kind": "ElasticRLJob",
-        "metadata": {"name": name, "namespace": "rl", "uid": f"u-{name}", "generation": 1, "resourceVersion": "1"},
-        "spec": {
-            "minGPUs": lo,
-            "maxGPUs": hi,
-            "gpusPerWorker": 1,
-            "stateBytesPerWorker": GIB16,
-            "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
-            **spec,
-        },
+    fields = {
+        "minGPUs": lo,
+        "maxGPUs": hi,
+        "gpusPerWorker": 1,
+        "stateBytesPerWorker": GIB16,
+        "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
+        **spec,
     }
+    return elastic_rl_job(name, "rl", {"uid": f"u-{name}", "generation": 1, "resourceVersion": "1"}, **fields)
 
 
 def run_policy(
