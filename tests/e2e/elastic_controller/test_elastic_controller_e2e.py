@@ -25,28 +25,25 @@ from local_cluster import ClusterHandle, free_port
 from rose_common import names, promtext
 from tests.support.elastic_fixtures import write_forecasts
 from tests.support.erj_cluster import JOB, job_workers, kubectl, scrape_metrics, world
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import wait_for
 
 __all__ = ["world"]  # the fixture: the extender and the controller, one static forecast file
 
 
 def _job_manifest(ns: str, lo: int = 2, hi: int = 4) -> str:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": JOB, "namespace": ns},
-        "spec": {
-            "minGPUs": lo,
-            "maxGPUs": hi,
-            "gpusPerWorker": 1,
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "stateBytesPerWorker": 1 << 30,
-            "template": {
-                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
-            },
-        },
-    }
+    template = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}}
+    body = elastic_rl_job(
+        JOB,
+        ns,
+        minGPUs=lo,
+        maxGPUs=hi,
+        gpusPerWorker=1,
+        gracefulShutdownPeriod=5,
+        minUsefulRunSeconds=60,
+        stateBytesPerWorker=1 << 30,
+        template=template,
+    )
     return json.dumps(body)
 
 

@@ -27,6 +27,7 @@ from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names, promtext
 from tests.support.elastic_fixtures import write_forecasts
 from tests.support.erj_cluster import kubectl, scrape_metrics, two_pools
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 
@@ -84,23 +85,18 @@ def _status(port: int, path: str) -> int:
 
 
 def _apply(cluster: ClusterHandle, ns: str, name: str, gpus: int, **spec: Any) -> None:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "minGPUs": 1,
-            "maxGPUs": gpus,
-            "gpusPerWorker": 1,
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "stateBytesPerWorker": 1 << 30,
-            **spec,
-            "template": {
-                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
-            },
-        },
+    template = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}}
+    fields = {
+        "minGPUs": 1,
+        "maxGPUs": gpus,
+        "gpusPerWorker": 1,
+        "gracefulShutdownPeriod": 5,
+        "minUsefulRunSeconds": 60,
+        "stateBytesPerWorker": 1 << 30,
+        **spec,
+        "template": template,
     }
+    body = elastic_rl_job(name, ns, **fields)
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(body))
 
 

@@ -22,6 +22,7 @@ from local_cluster import ClusterHandle
 from rose_common import names, promtext
 from tests.support.elastic_fixtures import write_forecasts
 from tests.support.erj_cluster import kubectl, scrape_metrics, world  # noqa: F401 (the fixture)
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import wait_for
 
 JOB = "grpo-roles"
@@ -32,19 +33,11 @@ RL_ROLE = f"{names.LABEL_PREFIX}/rl-role"
 
 def _manifest(ns: str) -> str:
     pod = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "c", "image": "rose/grpo"}]}}
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": JOB, "namespace": ns},
-        "spec": {
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "roles": {
-                "trainer": {"workers": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
-                "rollout": {"minWorkers": 1, "maxWorkers": 3, "template": pod},
-            },
-        },
+    roles = {
+        "trainer": {"workers": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
+        "rollout": {"minWorkers": 1, "maxWorkers": 3, "template": pod},
     }
+    body = elastic_rl_job(JOB, ns, gracefulShutdownPeriod=5, minUsefulRunSeconds=60, roles=roles)
     return json.dumps(body)
 
 

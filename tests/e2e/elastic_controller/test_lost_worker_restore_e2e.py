@@ -29,6 +29,7 @@ from local_cluster import ClusterHandle
 from local_cluster.s3 import S3Server
 from rose_common import names
 from tests.support.erj_cluster import JOB, job_workers, kubectl, world  # noqa: F401  # world: the fixture
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.example01_runs import PARK_AT, REPO, UPDATES, assert_same_run, finish, ready_step, uninterrupted
 from tests.support.k8s_helpers import wait_for
 from tests.support.s3_fixtures import bucket_view, s3, wait_checkpoint  # noqa: F401  # s3: the MinIO fixture
@@ -42,21 +43,18 @@ def _job(ns: str, url: str, out: Path) -> str:
                            "--suspend-points", "1", "--out", str(out)],
                "env": [{"name": "ROSE_CHECKPOINT_EVERY", "value": str(PARK_AT)}],
                "envFrom": [{"secretRef": {"name": SECRET}}]}  # fmt: skip
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": JOB, "namespace": ns},
-        "spec": {
-            "minGPUs": 1,
-            "maxGPUs": 1,
-            "gpusPerWorker": 1,
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "suspendPolicy": "CheckpointAndEvict",
-            "checkpointPath": url,
-            "template": {"spec": {"containers": [trainer]}},
-        },
-    }
+    body = elastic_rl_job(
+        JOB,
+        ns,
+        minGPUs=1,
+        maxGPUs=1,
+        gpusPerWorker=1,
+        gracefulShutdownPeriod=5,
+        minUsefulRunSeconds=60,
+        suspendPolicy="CheckpointAndEvict",
+        checkpointPath=url,
+        template={"spec": {"containers": [trainer]}},
+    )
     return json.dumps(body)
 
 
