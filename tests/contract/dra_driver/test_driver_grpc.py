@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from dra_driver.plugin import PluginServers, start_plugin
@@ -20,49 +19,13 @@ from rose_common.proto import k8s_dra_v1_pb2 as v1
 from rose_common.proto import k8s_dra_v1beta1_pb2 as v1beta1
 from rose_common.proto import k8s_pluginregistration_pb2 as reg
 from tests.support.driver_fixtures import NS, RecordingEngine, StaticClaims, make_claim, make_driver
-
-V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
-V1BETA1 = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/"
-REG = "/pluginregistration.Registration/"
+from tests.support.kubelet_grpc import REG, V1, V1BETA1, Kubelet
 
 L0 = make_claim("uid-l0", "l0", [("gpu", "gpu-0-lendable")], pod=("rl-0", "pod-rl-0"))
 S0 = make_claim("uid-s0", "s0", [("gpu", "gpu-0-serving")])
 S1 = make_claim("uid-s1", "s1", [("gpu", "gpu-1-serving")])
 OTHER = make_claim("uid-o", "o", [("gpu", "gpu-0")], driver="gpu.nvidia.com")
 UNALLOC = make_claim("uid-u", "u", [("gpu", "gpu-1-lendable")], allocated=False)
-
-
-class Kubelet:
-    """The kubelet's side: raw unary calls on the plugin's sockets."""
-
-    def __init__(self, dra_sock: Path, reg_sock: Path) -> None:
-        self.dra = grpc.insecure_channel(f"unix://{dra_sock}")
-        self.reg = grpc.insecure_channel(f"unix://{reg_sock}")
-
-    def call(self, channel: grpc.Channel, method: str, body: bytes) -> bytes:
-        fn = channel.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
-        out: bytes = fn(body, timeout=10)
-        return out
-
-    def prepare(self, claims: list[dict[str, Any]], version: Any = v1, prefix: str = V1) -> Any:
-        req = version.NodePrepareResourcesRequest()
-        for c in claims:
-            m = c["metadata"]
-            req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
-        raw = self.call(self.dra, prefix + "NodePrepareResources", req.SerializeToString())
-        return version.NodePrepareResourcesResponse.FromString(raw)
-
-    def unprepare(self, claims: list[dict[str, Any]], version: Any = v1, prefix: str = V1) -> Any:
-        req = version.NodeUnprepareResourcesRequest()
-        for c in claims:
-            m = c["metadata"]
-            req.claims.add(namespace=m["namespace"], uid=m["uid"], name=m["name"])
-        raw = self.call(self.dra, prefix + "NodeUnprepareResources", req.SerializeToString())
-        return version.NodeUnprepareResourcesResponse.FromString(raw)
-
-    def close(self) -> None:
-        self.dra.close()
-        self.reg.close()
 
 
 @pytest.fixture

@@ -27,9 +27,9 @@ from dra_driver.claims import PodRef
 from dra_driver.enforce import Enforcer
 from dra_driver.plugin import start_plugin
 from dra_driver.suspend.devicewatch import SimulatedDeviceMemory
-from tests.contract.dra_driver.test_driver_grpc import Kubelet
 from tests.support.agent_fixtures import REPO, reaped, running_agent, start_workload
 from tests.support.driver_fixtures import RecordingNotifier, StaticClaims, make_claim, make_driver
+from tests.support.kubelet_grpc import Kubelet
 
 L0 = make_claim("uid-l0", "l0", [("gpu", "gpu-0-lendable")], pod=("rl-0", "pod-rl-0"))
 S0 = make_claim("uid-s0", "s0", [("gpu", "gpu-0-serving")])

@@ -1,5 +1,5 @@
 """The driver's checkpoint-and-evict fallback verifies an ``s3://`` checkpoint (the object the SDK's
-ack names) against the real local S3 server (MinIO, the fixtures of ``test_checkpoint_s3``) before
+ack names) against the real local S3 server (MinIO, the fixtures of ``tests/support/s3_fixtures.py``) before
 it evicts anything, only under the job's own ``s3://`` checkpointPath: a good object passes; a
 wrong digest, a tampered object, a missing one, an object beside the prefix and one over the size
 cap are refused with a category that names no object; a driver without the bucket's credentials
@@ -12,7 +12,7 @@ import torch
 
 from dra_driver.suspend.verify import CheckpointVerifier, Problem, StaticCheckpointPaths, VerifyLimits, VerifyRequest
 from rose_sdk import save_checkpoint
-from tests.e2e.rose_sdk.test_checkpoint_s3 import bucket_view, s3, url
+from tests.support.s3_fixtures import bucket_view, s3, url
 
 __all__ = ["s3", "url"]  # fixtures
 

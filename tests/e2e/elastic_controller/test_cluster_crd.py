@@ -10,6 +10,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from rose_common import names
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace
 
 
@@ -21,9 +22,7 @@ def ns(api: Any) -> Iterator[str]:
 
 
 def _job(name: str, **spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"minGPUs": 2, "maxGPUs": 8, "gpusPerWorker": 1, "template": {"spec": {}}}
-    base.update(spec)
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name}, "spec": base}
+    return elastic_rl_job(name, **{"minGPUs": 2, "maxGPUs": 8, "gpusPerWorker": 1, "template": {"spec": {}}, **spec})
 
 
 def _create(api: Any, ns: str, body: dict[str, Any]) -> dict[str, Any]:

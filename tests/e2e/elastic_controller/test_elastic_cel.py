@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from rose_common import names
 from tests.support.elastic_cel_cases import CASES, VALID_SPEC, CelCase, violating_spec
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace
 
 
@@ -30,7 +31,7 @@ def ns(cluster: Any) -> Iterator[str]:
 
 
 def _body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name}, "spec": spec}
+    return elastic_rl_job(name, **spec)
 
 
 def _create(api: Any, ns: str, body: dict[str, Any]) -> None:

@@ -15,119 +15,36 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import http.client
 import json
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 
-from local_cluster import ClusterHandle, free_port, module_process
+from local_cluster import ClusterHandle, free_port
 from rose_common import names, promtext
 from tests.support.elastic_fixtures import write_forecasts
-from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
+from tests.support.erj_cluster import JOB, job_workers, kubectl, scrape_metrics, world
+from tests.support.erj_manifests import elastic_rl_job
+from tests.support.k8s_helpers import wait_for
 
-JOB = "grpo"
-
-
-def _pools(cluster: ClusterHandle) -> tuple[str, str, int]:
-    pools = sorted(set(cluster.pools.values()))
-    assert len(pools) >= 2, f"the e2e cluster needs two pools, got {cluster.pools}"
-    per_pool = sum(1 for p in cluster.pools.values() if p == pools[0]) * cluster.gpus_per_node
-    return pools[0], pools[1], per_pool
-
-
-@pytest.fixture
-def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The extender (so the rose-scheduler profile places the workers) and the controller, both
-    reading one forecast file: pool ``quiet`` forecast idle, pool ``busy`` forecast full."""
-    assert cluster.extender_url, "the cluster must run the rose-scheduler profile with an extender URL"
-    quiet, busy, capacity = _pools(cluster)
-    forecasts = tmp_path / "forecasts.json"
-    write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
-    ext_host, _, ext_port = cluster.extender_url.removeprefix("http://").partition(":")
-    metrics_port = free_port()
-    common = ["--forecast-backend=static-file", f"--forecast-file={forecasts}", "--forecast-refresh=1",
-              f"--kubeconfig={cluster.kubeconfig}"]  # fmt: skip
-    ext_args = ["scheduler_extender", f"--listen={ext_host}:{ext_port}", *common]
-    ctl_args = ["elastic_controller", *common, "--plan-interval=1", "--dwell=0", "--lease-namespace=default",
-                f"--lease-name=ctl-e2e-{metrics_port}", f"--metrics-listen=127.0.0.1:{metrics_port}"]  # fmt: skip
-    ns = new_namespace(api, "erj")
-    try:
-        with (
-            module_process(ext_args, tmp_path / "extender.log"),
-            module_process(ctl_args, tmp_path / "controller.log") as ctl,
-        ):
-            wait_for("controller metrics up", lambda: _metrics(metrics_port) or None, 30)
-            yield {
-                "ns": ns,
-                "forecasts": forecasts,
-                "quiet": quiet,
-                "busy": busy,
-                "capacity": capacity,
-                "metrics": metrics_port,
-                "controller": ctl,
-                "log": tmp_path / "controller.log",
-            }
-    finally:
-        delete_namespace(api, ns)
-
-
-def _metrics(port: int) -> str:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        conn.close()
-        return text
-    except OSError:
-        return ""
-
-
-def _kubectl(cluster: ClusterHandle, *args: str, stdin: str | None = None) -> str:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.fail("kubectl is not on PATH: the test applies and deletes the job as a user would")
-    out = subprocess.run(
-        [kubectl, f"--kubeconfig={cluster.kubeconfig}", *args],
-        input=stdin,
-        text=True,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
-    return out.stdout
+__all__ = ["world"]  # the fixture: the extender and the controller, one static forecast file
 
 
 def _job_manifest(ns: str, lo: int = 2, hi: int = 4) -> str:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": JOB, "namespace": ns},
-        "spec": {
-            "minGPUs": lo,
-            "maxGPUs": hi,
-            "gpusPerWorker": 1,
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "stateBytesPerWorker": 1 << 30,
-            "template": {
-                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
-            },
-        },
-    }
+    template = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}}
+    body = elastic_rl_job(
+        JOB,
+        ns,
+        minGPUs=lo,
+        maxGPUs=hi,
+        gpusPerWorker=1,
+        gracefulShutdownPeriod=5,
+        minUsefulRunSeconds=60,
+        stateBytesPerWorker=1 << 30,
+        template=template,
+    )
     return json.dumps(body)
-
-
-def _workers(api: Any, ns: str) -> list[Any]:
-    pods = client.CoreV1Api(api).list_namespaced_pod(ns, label_selector=f"{names.LABEL_JOB}={JOB}").items
-    return sorted(pods, key=lambda p: p.metadata.name)
 
 
 def _status(api: Any, ns: str) -> dict[str, Any]:
@@ -141,11 +58,11 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
 ) -> None:
     ns, quiet = world["ns"], world["quiet"]
     t0 = time.monotonic()
-    _kubectl(cluster, "apply", "-f", "-", stdin=_job_manifest(ns))
+    kubectl(cluster, "apply", "-f", "-", stdin=_job_manifest(ns))
 
     # 1. the forecast leaves the quiet pool idle: four workers, all pinned there, running
     def running() -> list[Any] | None:
-        pods = _workers(api, ns)
+        pods = job_workers(api, ns)
         return pods if len(pods) == 4 and all(p.status.phase == "Running" for p in pods) else None
 
     pods = wait_for("4 workers running", running, 45)
@@ -165,20 +82,20 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
         20,
     )
     assert status["targetGPUs"] == 4 and status["observedGeneration"] == 1
-    printed = _kubectl(cluster, "get", "elasticrljob", JOB, "-n", ns)
+    printed = kubectl(cluster, "get", "elasticrljob", JOB, "-n", ns)
     assert "Running" in printed, printed
 
     # 2. serving is forecast to need the whole quiet pool: planned suspend requests on every worker
     write_forecasts(world["forecasts"], {quiet: float(world["capacity"]), world["busy"]: float(world["capacity"])})
 
     def requested() -> list[dict[str, Any]] | None:
-        reqs = [(p.metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_REQUEST) for p in _workers(api, ns)]
+        reqs = [(p.metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_REQUEST) for p in job_workers(api, ns)]
         return [json.loads(r) for r in reqs] if len(reqs) == 4 and all(reqs) else None
 
     reqs = wait_for("suspend requests on all 4 workers", requested, 20)
     assert {r["by"] for r in reqs} == {"rose-elastic-controller"}
     assert {r["graceSeconds"] for r in reqs} == {5}
-    text = _metrics(world["metrics"])
+    text = scrape_metrics(world["metrics"])
     assert promtext.value(text, "rose_controller_reclaims_total", {"kind": "planned"}) >= 4
 
     # the test plays the driver: the state is in host memory now
@@ -189,7 +106,7 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
         )
     status = wait_for("status Suspended", lambda: (s := _status(api, ns)).get("phase") == "Suspended" and s, 20)
     assert status["suspendedGPUs"] == 4 and status["activeGPUs"] == 0 and status["suspendCount"] == 1
-    assert {p.metadata.name: p.metadata.uid for p in _workers(api, ns)} == uids  # suspended, not recreated
+    assert {p.metadata.name: p.metadata.uid for p in job_workers(api, ns)} == uids  # suspended, not recreated
     reasons = {e.reason for e in core.list_namespaced_event(ns, field_selector=f"involvedObject.name={JOB}").items}
     assert {"Running", "Suspended"} <= reasons, reasons
 
@@ -197,7 +114,7 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
     write_forecasts(world["forecasts"], {quiet: 0.0, world["busy"]: float(world["capacity"])})
 
     def withdrawn() -> bool | None:
-        pods = _workers(api, ns)
+        pods = job_workers(api, ns)
         return all(names.ANNOTATION_SUSPEND_REQUEST not in (p.metadata.annotations or {}) for p in pods) or None
 
     wait_for("suspend requests withdrawn", withdrawn, 20)
@@ -205,10 +122,10 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
         core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {names.ANNOTATION_SUSPEND_STATE: "Running"}}})
     status = wait_for("status Running again", lambda: (s := _status(api, ns)).get("phase") == "Running" and s, 20)
     assert status["activeGPUs"] == 4 and status["totalSuspendedSeconds"] > 0
-    assert {p.metadata.name: p.metadata.uid for p in _workers(api, ns)} == uids  # resumed, same pods
+    assert {p.metadata.name: p.metadata.uid for p in job_workers(api, ns)} == uids  # resumed, same pods
 
     # 4. kubectl delete: the garbage collector removes the workers and the claim template
-    _kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")
+    kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")
 
     left: list[str] = []
 
@@ -217,7 +134,7 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
         claims = client.ResourceV1Api(api).list_namespaced_resource_claim(ns).items
         left[:] = [
             f"{type(o).__name__} {o.metadata.name} deleting={o.metadata.deletion_timestamp is not None}"
-            for o in (*_workers(api, ns), *rcts, *claims)
+            for o in (*job_workers(api, ns), *rcts, *claims)
         ]
         return not left or None
 
@@ -225,7 +142,7 @@ def test_job_grows_on_idle_forecast_suspends_before_serving_and_delete_leaves_no
         wait_for("no pods, claim templates or claims left", gone, 30)
     assert not left, f"left after kubectl delete: {left}"
     assert world["controller"].poll() is None, world["log"].read_text()[-2000:]
-    text = _metrics(world["metrics"])
+    text = scrape_metrics(world["metrics"])
     reconciles = promtext.value(text, "rose_controller_reconciles_total")
     errors = promtext.value(text, "rose_controller_reconciles_total", {"result": "error"})
     print(
@@ -270,8 +187,10 @@ def test_a_suspended_worker_waits_for_its_pool_and_is_never_moved_to_another(
     resumes in its own pool. The test plays the driver (module docstring)."""
     ns, quiet, busy, cap = world["ns"], world["quiet"], world["busy"], float(world["capacity"])
     core = client.CoreV1Api(api)
-    _kubectl(cluster, "apply", "-f", "-", stdin=_job_manifest(ns, 1, 1))
-    pod = wait_for("1 worker running", lambda: (p := _workers(api, ns)) and p[0].status.phase == "Running" and p[0], 45)
+    kubectl(cluster, "apply", "-f", "-", stdin=_job_manifest(ns, 1, 1))
+    pod = wait_for(
+        "1 worker running", lambda: (p := job_workers(api, ns)) and p[0].status.phase == "Running" and p[0], 45
+    )
     name, uid = pod.metadata.name, pod.metadata.uid
     assert pod.spec.node_selector == {names.LABEL_POOL: quiet}
 
@@ -288,17 +207,19 @@ def test_a_suspended_worker_waits_for_its_pool_and_is_never_moved_to_another(
     write_forecasts(world["forecasts"], {quiet: cap, busy: 0.0})
 
     def busy_untainted() -> bool:
-        text = _metrics(world["metrics"])
+        text = scrape_metrics(world["metrics"])
         return bool(text) and promtext.value(text, "rose_controller_pool_reclaim_tainted", {"pool": busy}, -1) == 0
 
     wait_for("the controller plans with the freed pool (its reclaim taint withdrawn)", busy_untainted, 20)
-    plans = promtext.value(_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count")
+    plans = promtext.value(scrape_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count")
     wait_for(
         "3 more plans",
-        lambda: promtext.value(_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count") >= plans + 3,
+        lambda: (
+            promtext.value(scrape_metrics(world["metrics"]), "rose_controller_plan_duration_seconds_count") >= plans + 3
+        ),
         20,
     )
-    pods = _workers(api, ns)
+    pods = job_workers(api, ns)
     assert [(p.metadata.name, p.metadata.uid, p.metadata.deletion_timestamp) for p in pods] == [(name, uid, None)], (
         "the suspended worker was removed or replaced",
         [(p.metadata.name, p.spec.node_selector) for p in pods],
@@ -308,5 +229,5 @@ def test_a_suspended_worker_waits_for_its_pool_and_is_never_moved_to_another(
     # its own pool frees up: the same pod resumes there
     write_forecasts(world["forecasts"], {quiet: 0.0, busy: 0.0})
     wait_for("suspend request withdrawn", lambda: not requested(), 20)
-    assert [(p.metadata.name, p.metadata.uid) for p in _workers(api, ns)] == [(name, uid)]
+    assert [(p.metadata.name, p.metadata.uid) for p in job_workers(api, ns)] == [(name, uid)]
     assert world["controller"].poll() is None, world["log"].read_text()[-2000:]

@@ -15,6 +15,7 @@ from elastic_controller.planner import JobTarget
 from elastic_controller.status import compute_status
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobSpec
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace
 
 TEMPLATE = {"spec": {"containers": [{"name": "t", "image": "t:1"}]}}
@@ -33,24 +34,14 @@ def _crd(api: Any) -> Any:
 
 def test_server_defaults_equal_the_model_defaults(api: Any, ns: str) -> None:
     spec = ElasticRLJobSpec.model_validate({"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE})
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": "d"},
-        "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE},
-    }
+    body = elastic_rl_job("d", minGPUs=2, maxGPUs=4, template=TEMPLATE)
     obj = _crd(api).create_namespaced_custom_object(names.GROUP, names.VERSION, ns, names.PLURAL, body)
     assert obj["spec"] == spec.model_dump(mode="json", exclude_none=True)
     assert ElasticRLJob.model_validate(obj).spec == spec
 
 
 def test_status_from_the_controller_is_accepted_and_printed(api: Any, ns: str) -> None:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": "s"},
-        "spec": {"minGPUs": 2, "maxGPUs": 4, "template": TEMPLATE},
-    }
+    body = elastic_rl_job("s", minGPUs=2, maxGPUs=4, template=TEMPLATE)
     obj = _crd(api).create_namespaced_custom_object(names.GROUP, names.VERSION, ns, names.PLURAL, body)
     job = ElasticRLJob.model_validate(obj)
     pods = [

@@ -25,8 +25,9 @@ from kubernetes import client
 
 from local_cluster import ClusterHandle, free_port, module_process
 from rose_common import names, promtext
-from tests.e2e.elastic_controller.test_elastic_controller_e2e import _kubectl, _metrics, _pools
 from tests.support.elastic_fixtures import write_forecasts
+from tests.support.erj_cluster import kubectl, scrape_metrics, two_pools
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 
@@ -35,7 +36,7 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
     """The extender and the controller on one forecast file (pool ``quiet`` idle, ``busy`` full),
     a forecast older than 3 s counting as missing; two tenant namespaces."""
     assert cluster.extender_url, "the cluster must run the rose-scheduler profile with an extender URL"
-    quiet, busy, capacity = _pools(cluster)
+    quiet, busy, capacity = two_pools(cluster)
     forecasts = tmp_path / "forecasts.json"
     write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
     ext_host, _, ext_port = cluster.extender_url.removeprefix("http://").partition(":")
@@ -52,7 +53,7 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
             module_process(ext_args, tmp_path / "extender.log"),
             module_process(ctl_args, tmp_path / "controller.log") as ctl,
         ):
-            wait_for("controller metrics up", lambda: _metrics(metrics_port) or None, 30)
+            wait_for("controller metrics up", lambda: scrape_metrics(metrics_port) or None, 30)
             # its probes (rose_common.httpserver): alive, and ready once its informers listed
             assert _status(metrics_port, "/healthz") == 200
             wait_for("controller ready", lambda: _status(metrics_port, "/readyz") == 200 or None, 30)
@@ -84,24 +85,19 @@ def _status(port: int, path: str) -> int:
 
 
 def _apply(cluster: ClusterHandle, ns: str, name: str, gpus: int, **spec: Any) -> None:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "minGPUs": 1,
-            "maxGPUs": gpus,
-            "gpusPerWorker": 1,
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "stateBytesPerWorker": 1 << 30,
-            **spec,
-            "template": {
-                "spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}
-            },
-        },
+    template = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "trainer", "image": "rose/grpo"}]}}
+    fields = {
+        "minGPUs": 1,
+        "maxGPUs": gpus,
+        "gpusPerWorker": 1,
+        "gracefulShutdownPeriod": 5,
+        "minUsefulRunSeconds": 60,
+        "stateBytesPerWorker": 1 << 30,
+        **spec,
+        "template": template,
     }
-    _kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(body))
+    body = elastic_rl_job(name, ns, **fields)
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(body))
 
 
 def _workers(api: Any, ns: str, job: str) -> list[Any]:
@@ -153,7 +149,7 @@ def test_one_tenants_reported_state_and_grace_never_reclaim_another_tenant(
     _quiet_for(api, 6.0, (a, "alpha"), (b, "beta"))
 
     # a CRD-valid grace period past the forecast's hour: beta alone is given back
-    _kubectl(cluster, "patch", "elasticrljob", "beta", "-n", b, "--type=merge", "-p",
+    kubectl(cluster, "patch", "elasticrljob", "beta", "-n", b, "--type=merge", "-p",
              '{"spec": {"gracefulShutdownPeriod": 3600}}')  # fmt: skip
     wait_for("beta's workers reclaimed", lambda: len(_requested(api, b, "beta")) == half or None, 20)
     _quiet_for(api, 4.0, (a, "alpha"))
@@ -166,20 +162,20 @@ def test_a_stale_forecast_freezes_lending_instead_of_reclaiming_everything(
     a, quiet = world["a"], world["quiet"]
     _apply(cluster, a, "alpha", world["capacity"])
     _running(api, a, "alpha", world["capacity"])
-    before = promtext.value(_metrics(world["metrics"]), "rose_controller_forecast_missing_total", default=0)
+    before = promtext.value(scrape_metrics(world["metrics"]), "rose_controller_forecast_missing_total", default=0)
     write_forecasts(world["forecasts"], {world["busy"]: float(world["capacity"])})  # quiet: no forecast any more
 
     def missing() -> bool | None:  # past --forecast-max-age: plans without a fresh forecast for quiet
-        text = _metrics(world["metrics"])
+        text = scrape_metrics(world["metrics"])
         return promtext.value(text, "rose_controller_forecast_missing_total", default=0) > before or None
 
     wait_for("plans without a fresh forecast", missing, 20)
     _quiet_for(api, 5.0, (a, "alpha"))  # before: every lent GPU of the pool reclaimed here
-    text = _metrics(world["metrics"])
+    text = scrape_metrics(world["metrics"])
     assert promtext.value(text, "rose_controller_forecast_stale", {"pool": quiet}) == 1
     events = client.CoreV1Api(api).list_namespaced_event(a, field_selector="involvedObject.name=alpha").items
     assert "ForecastStale" in {e.reason for e in events}
-    assert promtext.value(_metrics(world["metrics"]), "rose_controller_reclaims_total", {"kind": "planned"}) == 0
+    assert promtext.value(scrape_metrics(world["metrics"]), "rose_controller_reclaims_total", {"kind": "planned"}) == 0
 
 
 def test_a_forged_suspended_state_does_not_skip_the_reclaim(

@@ -44,6 +44,7 @@ from elastic_controller.workers import LABEL_WORKER_INDEX
 from local_cluster import ClusterHandle, free_port, module_process, stop_process
 from rose_common import names
 from tests.support.elastic_fixtures import write_forecasts
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -136,21 +137,18 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[World]:
 
 # ----------------------------------------------------------------------------- the job
 def job_body(ns: str, name: str, min_gpus: int, max_gpus: int, priority: int = 0) -> dict[str, Any]:
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "minGPUs": min_gpus,
-            "maxGPUs": max_gpus,
-            "gpusPerWorker": 1,
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "stateBytesPerWorker": 1 << 30,
-            "priority": priority,
-            "template": {"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}},
-        },
-    }
+    return elastic_rl_job(
+        name,
+        ns,
+        minGPUs=min_gpus,
+        maxGPUs=max_gpus,
+        gpusPerWorker=1,
+        gracefulShutdownPeriod=5,
+        minUsefulRunSeconds=60,
+        stateBytesPerWorker=1 << 30,
+        priority=priority,
+        template={"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}},
+    )
 
 
 def _crd(api: Any) -> client.CustomObjectsApi:

@@ -1,6 +1,6 @@
 """An ElasticRLJob with roles end to end (issue 23 §3): ``python -m elastic_controller`` and the
-extender as processes on the session cluster (as in ``test_elastic_controller_e2e.py``, whose
-``world`` fixture this reuses), forecasts from the ``static-file`` backend.
+extender as processes on the session cluster (as in ``test_elastic_controller_e2e.py``: the
+``world`` fixture of ``tests/support/erj_cluster.py``), forecasts from the ``static-file`` backend.
 
 A trainer of 1 and rollouts of 1-3 in the quiet pool (4 GPUs): the trainer, its Service and three
 rollout workers are created; a forecast rise that leaves room for 2 removes two rollout workers
@@ -20,8 +20,9 @@ from kubernetes import client
 
 from local_cluster import ClusterHandle
 from rose_common import names, promtext
-from tests.e2e.elastic_controller.test_elastic_controller_e2e import _kubectl, _metrics, world  # noqa: F401 (the fixture)
 from tests.support.elastic_fixtures import write_forecasts
+from tests.support.erj_cluster import kubectl, scrape_metrics, world  # noqa: F401 (the fixture)
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import wait_for
 
 JOB = "grpo-roles"
@@ -32,19 +33,11 @@ RL_ROLE = f"{names.LABEL_PREFIX}/rl-role"
 
 def _manifest(ns: str) -> str:
     pod = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "c", "image": "rose/grpo"}]}}
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": JOB, "namespace": ns},
-        "spec": {
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "roles": {
-                "trainer": {"workers": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
-                "rollout": {"minWorkers": 1, "maxWorkers": 3, "template": pod},
-            },
-        },
+    roles = {
+        "trainer": {"workers": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
+        "rollout": {"minWorkers": 1, "maxWorkers": 3, "template": pod},
     }
+    body = elastic_rl_job(JOB, ns, gracefulShutdownPeriod=5, minUsefulRunSeconds=60, roles=roles)
     return json.dumps(body)
 
 
@@ -62,7 +55,7 @@ def _roles(api: Any, ns: str) -> dict[str, Any]:
 def test_rollouts_are_reclaimed_before_the_trainer(cluster: ClusterHandle, api: Any, world: dict[str, Any]) -> None:  # noqa: F811
     ns, quiet, busy, cap = world["ns"], world["quiet"], world["busy"], world["capacity"]
     assert cap == 4, f"the scenario is sized for 4 GPUs in a pool, got {cap}"
-    _kubectl(cluster, "apply", "-f", "-", stdin=_manifest(ns))
+    kubectl(cluster, "apply", "-f", "-", stdin=_manifest(ns))
 
     # 1. idle forecast: the trainer and three rollout workers, all running, each with its role
     def all_running() -> dict[str, Any] | None:
@@ -120,7 +113,7 @@ def test_rollouts_are_reclaimed_before_the_trainer(cluster: ClusterHandle, api: 
 
     def role_metric(role: str, state: str) -> float:
         labels = {"job": job_key, "role": role, "state": state}
-        return promtext.value(_metrics(world["metrics"]), "rose_controller_role_workers", labels)
+        return promtext.value(scrape_metrics(world["metrics"]), "rose_controller_role_workers", labels)
 
     wait_for("the role metric shows the suspended rollout", lambda: role_metric("rollout", "suspended") == 1, 10)
     assert (role_metric("trainer", "active"), role_metric("rollout", "active"), role_metric("rollout", "desired")) == (
@@ -130,13 +123,13 @@ def test_rollouts_are_reclaimed_before_the_trainer(cluster: ClusterHandle, api: 
     )
     reasons = [e.reason for e in core.list_namespaced_event(ns, field_selector=f"involvedObject.name={JOB}").items]
     assert "PlannedShrink" in reasons and "PlannedGangSuspend" in reasons, reasons
-    _kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")
+    kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")
     assert world["controller"].poll() is None, world["log"].read_text()[-2000:]
 
 
 def test_the_grpo_example_is_accepted(cluster: ClusterHandle) -> None:
     """The API server validates it (schema, CEL) and fills in its defaults; a server dry run stores nothing."""
-    out = _kubectl(cluster, "-n", "default", "apply", "--dry-run=server", "-o", "json", "-f", str(EXAMPLE))
+    out = kubectl(cluster, "-n", "default", "apply", "--dry-run=server", "-o", "json", "-f", str(EXAMPLE))
     spec = json.loads(out)["spec"]
     assert spec["roles"]["trainer"]["placement"] == "Lent" and spec["roles"]["rollout"]["reclaim"] == "Remove"
     assert "minGPUs" not in spec and spec["suspendPolicy"] == "HostMemoryFirst"

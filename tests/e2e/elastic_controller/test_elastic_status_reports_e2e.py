@@ -19,6 +19,7 @@ from elastic_controller.planner import JobTarget
 from elastic_controller.status import compute_status
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace
 
 TEMPLATE = {"spec": {"containers": [{"name": "t", "image": "t:1"}]}}
@@ -32,12 +33,7 @@ def ns(api: Any) -> Iterator[str]:
 
 
 def _job(api: Any, ns: str) -> ElasticRLJob:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": "r"},
-        "spec": {"minGPUs": 1, "maxGPUs": 2, "template": TEMPLATE},
-    }
+    body = elastic_rl_job("r", minGPUs=1, maxGPUs=2, template=TEMPLATE)
     obj = client.CustomObjectsApi(api).create_namespaced_custom_object(
         names.GROUP, names.VERSION, ns, names.PLURAL, body
     )

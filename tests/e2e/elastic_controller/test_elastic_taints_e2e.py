@@ -20,8 +20,8 @@ from kubernetes import client
 from local_cluster import ClusterHandle, free_port, module_process
 from local_cluster.objects import allocated_claim
 from rose_common import names, promtext
-from tests.e2e.elastic_controller.test_elastic_controller_e2e import _metrics, _pools
 from tests.support.elastic_fixtures import write_forecasts
+from tests.support.erj_cluster import scrape_metrics, two_pools
 from tests.support.k8s_helpers import (
     claim_template,
     create_claim_template,
@@ -56,7 +56,7 @@ def _controller(cluster: ClusterHandle, forecasts: Path, port: int) -> list[str]
 
 @pytest.fixture
 def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    quiet, busy, capacity = _pools(cluster)
+    quiet, busy, capacity = two_pools(cluster)
     forecasts = tmp_path / "forecasts.json"
     write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
     port = free_port()
@@ -64,7 +64,7 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
     ns = new_namespace(api, "taint")
     try:
         with module_process(args, tmp_path / "controller.log"):
-            wait_for("controller metrics up", lambda: _metrics(port) or None, 30)
+            wait_for("controller metrics up", lambda: scrape_metrics(port) or None, 30)
             yield {"ns": ns, "quiet": quiet, "busy": busy, "forecasts": forecasts, "port": port}
     finally:
         delete_namespace(api, ns)
@@ -100,7 +100,7 @@ def test_a_planned_reclaim_taints_the_pools_lendable_devices_until_the_forecast_
             "timeAdded": r["spec"]["taint"]["timeAdded"],
         }
         assert r["metadata"]["labels"] == {names.LABEL_TAINT_POOL: busy}
-    text = _metrics(world["port"])
+    text = scrape_metrics(world["port"])
     assert promtext.value(text, "rose_controller_pool_reclaim_tainted", {"pool": busy}) == 1
     assert promtext.value(text, "rose_controller_pool_reclaim_tainted", {"pool": quiet}) == 0
 
@@ -123,14 +123,14 @@ def test_a_planned_reclaim_taints_the_pools_lendable_devices_until_the_forecast_
     claim = wait_for("RL claim allocated once untainted", lambda: allocated_claim(api, ns, "rl-busy"), timeout=60)
     (res,) = claim["status"]["allocation"]["devices"]["results"]
     assert res["pool"] == busy_node and res["device"].endswith("-lendable")
-    assert promtext.value(_metrics(world["port"]), "rose_controller_pool_reclaim_tainted", {"pool": busy}) == 0
+    assert promtext.value(scrape_metrics(world["port"]), "rose_controller_pool_reclaim_tainted", {"pool": busy}) == 0
 
 
 def test_a_stopped_controller_withdraws_its_taints(cluster: ClusterHandle, api: Any, tmp_path: Path) -> None:
     """SIGTERM (an orderly stop): the leader deletes the rules it owns, so a stopped planner's intent
     does not keep new lent claims off those GPUs (rose demo's act 5 found it: act 4's controller had
     left the busy pool tainted)."""
-    quiet, busy, capacity = _pools(cluster)
+    quiet, busy, capacity = two_pools(cluster)
     forecasts = tmp_path / "forecasts.json"
     write_forecasts(forecasts, {quiet: 0.0, busy: float(capacity)})
     args = _controller(cluster, forecasts, free_port())

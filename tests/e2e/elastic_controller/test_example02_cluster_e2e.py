@@ -1,5 +1,5 @@
 """Example 02 as an ElasticRLJob on the local cluster (issue 23 §4): the real controller and
-extender (the ``world`` fixture of ``test_elastic_controller_e2e.py``, forecasts from the
+extender (the ``world`` fixture of ``tests/support/erj_cluster.py``, forecasts from the
 ``static-file`` backend) create the job's pods on KWOK nodes from
 ``examples/02_grpo_tiny_llm/elasticrljob.yaml`` (sized small: trainer 1, rollouts 1-3, 6 steps),
 and ``rose_cli.example02_pods.ProcessKubelet`` plays the kubelet: each Running pod's command
@@ -34,11 +34,11 @@ import pytest
 from local_cluster import ClusterHandle
 from rose_cli import demo_elastic
 from rose_cli.demo_rollouts import COMPLETIONS_PER_STEP, STEPS, run_job, weights_identical
-from tests.e2e.elastic_controller import test_elastic_controller_e2e as erj
 from tests.support.driver_fixtures import restore_seed_slices
+from tests.support.erj_cluster import world
 from tests.support.example02_fixtures import TOKEN, constant_world_run
 
-world = erj.world  # the fixture: the extender and the controller, one static forecast file
+__all__ = ["world"]  # the fixture: the extender and the controller, one static forecast file
 
 
 @pytest.mark.slow

@@ -28,20 +28,11 @@ from kubernetes import client
 from local_cluster import ClusterHandle
 from local_cluster.s3 import S3Server
 from rose_common import names
-from tests.e2e.elastic_controller.test_elastic_controller_e2e import JOB, _kubectl, _workers, world  # noqa: F401
-from tests.e2e.rose_sdk.test_checkpoint_s3 import (  # noqa: F401  # s3: the module's MinIO fixture
-    PARK_AT,
-    REPO,
-    UPDATES,
-    assert_same_run,
-    bucket_view,
-    finish,
-    ready_step,
-    s3,
-    uninterrupted,
-    wait_checkpoint,
-)
+from tests.support.erj_cluster import JOB, job_workers, kubectl, world  # noqa: F401  # world: the fixture
+from tests.support.erj_manifests import elastic_rl_job
+from tests.support.example01_runs import PARK_AT, REPO, UPDATES, assert_same_run, finish, ready_step, uninterrupted
 from tests.support.k8s_helpers import wait_for
+from tests.support.s3_fixtures import bucket_view, s3, wait_checkpoint  # noqa: F401  # s3: the MinIO fixture
 
 SECRET = "s3-credentials"
 
@@ -52,27 +43,24 @@ def _job(ns: str, url: str, out: Path) -> str:
                            "--suspend-points", "1", "--out", str(out)],
                "env": [{"name": "ROSE_CHECKPOINT_EVERY", "value": str(PARK_AT)}],
                "envFrom": [{"secretRef": {"name": SECRET}}]}  # fmt: skip
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": JOB, "namespace": ns},
-        "spec": {
-            "minGPUs": 1,
-            "maxGPUs": 1,
-            "gpusPerWorker": 1,
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "suspendPolicy": "CheckpointAndEvict",
-            "checkpointPath": url,
-            "template": {"spec": {"containers": [trainer]}},
-        },
-    }
+    body = elastic_rl_job(
+        JOB,
+        ns,
+        minGPUs=1,
+        maxGPUs=1,
+        gpusPerWorker=1,
+        gracefulShutdownPeriod=5,
+        minUsefulRunSeconds=60,
+        suspendPolicy="CheckpointAndEvict",
+        checkpointPath=url,
+        template={"spec": {"containers": [trainer]}},
+    )
     return json.dumps(body)
 
 
 def _running_worker(api: Any, ns: str, not_uid: str = "") -> Any:
     def one() -> Any:
-        pods = [p for p in _workers(api, ns) if p.metadata.deletion_timestamp is None and p.metadata.uid != not_uid]
+        pods = [p for p in job_workers(api, ns) if p.metadata.deletion_timestamp is None and p.metadata.uid != not_uid]
         return pods[0] if len(pods) == 1 and pods[0].status.phase == "Running" else None
 
     return wait_for("a running worker" + (" (recreated)" if not_uid else ""), one, 90)
@@ -119,8 +107,8 @@ def _fallback_evict(core: Any, pod: Any) -> None:
 def test_a_worker_evicted_by_the_fallback_is_recreated_and_resumes_from_s3_bit_exact(
     cluster: ClusterHandle,
     api: Any,
-    world: dict[str, Any],  # noqa: F811  # the controller e2e's fixture
-    s3: S3Server,  # noqa: F811  # test_checkpoint_s3's MinIO
+    world: dict[str, Any],  # noqa: F811  # tests/support/erj_cluster.py's fixture
+    s3: S3Server,  # noqa: F811  # tests/support/s3_fixtures.py's MinIO
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -132,7 +120,7 @@ def test_a_worker_evicted_by_the_fallback_is_recreated_and_resumes_from_s3_bit_e
     core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name=SECRET), string_data=s3.env()))
     bucket_view(s3).mkdir(bucket)
     out = tmp_path / "worker-out.pt"
-    _kubectl(cluster, "apply", "-f", "-", stdin=_job(ns, url, out))
+    kubectl(cluster, "apply", "-f", "-", stdin=_job(ns, url, out))
 
     first = _running_worker(api, ns)
     env = _kubelet_env(core, first)
@@ -154,4 +142,4 @@ def test_a_worker_evicted_by_the_fallback_is_recreated_and_resumes_from_s3_bit_e
     log = finish(_run_container(core, second))
     assert ready_step(log) == PARK_AT, f"the recreated worker did not restore: {log[:500]}"
     assert_same_run(torch.load(out, weights_only=False), uninterrupted(tmp_path / "whole.pt"))
-    _kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")
+    kubectl(cluster, "delete", "elasticrljob", JOB, "-n", ns, "--wait=true")

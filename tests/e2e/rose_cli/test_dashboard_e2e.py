@@ -46,8 +46,8 @@ from local_cluster.objects import delete_namespace, new_namespace, wait_for
 from rose_cli import dashboard
 from rose_cli import demo_elastic as act
 from rose_cli.demo_elastic import kubectl
-from rose_common import names
 from tests.support.cluster_fixtures import session_shaped_cluster
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.prometheus_fixtures import MetricsStandIn, prometheus
 
 RULES = Path(__file__).resolve().parents[3] / "manifests" / "prometheus" / "rules.yaml"
@@ -275,22 +275,14 @@ ROLES_JOB = "grpo-roles"
 def _roles_job(ns: str) -> dict[str, Any]:
     """A small ElasticRLJob with roles (trainer 1, rollouts 0-1), as examples/02_grpo_tiny_llm's."""
     pod = {"spec": {"priorityClassName": "rose-rl", "containers": [{"name": "w", "image": "rose/grpo"}]}}
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": ROLES_JOB, "namespace": ns},
-        "spec": {
-            "gracefulShutdownPeriod": 5,
-            "minUsefulRunSeconds": 60,
-            "roles": {
-                "trainer": {"workers": 1, "gpusPerWorker": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
-                "rollout": {
-                    "minWorkers": 0,
-                    "maxWorkers": 1,
-                    "gpusPerWorker": 1,
-                    "stateBytesPerWorker": 1 << 28,
-                    "template": pod,
-                },
-            },
+    roles = {
+        "trainer": {"workers": 1, "gpusPerWorker": 1, "stateBytesPerWorker": 1 << 30, "template": pod},
+        "rollout": {
+            "minWorkers": 0,
+            "maxWorkers": 1,
+            "gpusPerWorker": 1,
+            "stateBytesPerWorker": 1 << 28,
+            "template": pod,
         },
     }
+    return elastic_rl_job(ROLES_JOB, ns, gracefulShutdownPeriod=5, minUsefulRunSeconds=60, roles=roles)

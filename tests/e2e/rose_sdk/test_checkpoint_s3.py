@@ -13,65 +13,24 @@ worker). No mock: every byte goes through the server over HTTP.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import secrets
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import s3fs
 import torch
 
-from local_cluster.s3 import S3Server, s3_server
+from local_cluster.s3 import S3Server
 from rose_sdk import CheckpointError, load_checkpoint, save_checkpoint, tensors_equal
 from rose_sdk import checkpoint as ck
+from tests.support.example01_runs import PARK_AT, REPO, assert_same_run, finish, ready_step, trainer, uninterrupted
+from tests.support.s3_fixtures import objects, s3, url, wait_checkpoint
 
-REPO = Path(__file__).resolve().parents[3]
-EXAMPLE = REPO / "examples" / "01_cartpole_reinforce.py"
-UPDATES, PARK_AT = 40, 20  # --suspend-points 1 parks the example at update 20 (no agent: it waits there)
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
-
-
-@pytest.fixture
-def url(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh bucket; the process's environment points at the server as a worker's would."""
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    bucket = f"ckpt-{secrets.token_hex(4)}"
-    bucket_view(s3).mkdir(bucket)
-    return f"s3://{bucket}/jobs/grpo"
-
-
-def bucket_view(s3: S3Server) -> Any:
-    """The test's own view of the server (s3fs directly, not through the code under test)."""
-    return s3fs.S3FileSystem(
-        endpoint_url=s3.endpoint, key=s3.access_key, secret=s3.secret_key, skip_instance_cache=True
-    )
-
-
-def objects(s3: S3Server, url: str) -> list[str]:
-    return sorted(p.rsplit("/", 1)[-1] for p in bucket_view(s3).ls(url.removeprefix("s3://"), refresh=True))
-
-
-def pointer_step(s3: S3Server, url: str) -> int | None:
-    """The step ``LATEST`` names, read straight from the server (None: no pointer yet)."""
-    try:
-        return int(json.loads(bucket_view(s3).cat_file(f"{url.removeprefix('s3://')}/LATEST"))["step"])
-    except FileNotFoundError:
-        return None
+__all__ = ["s3", "url"]  # fixtures
 
 
 def model_and_opt(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -150,53 +109,6 @@ def test_missing_checkpoint_and_bad_credentials_say_what_to_fix(url: str, monkey
 
 
 # ---------------------------------------------------------------------- the example trainer as a process
-
-
-def trainer(out: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """The example trainer as a worker's process; ``env`` is what its Pod gives it."""
-    args = [sys.executable, str(EXAMPLE), "--updates", str(UPDATES), "--suspend-points", "1", "--out", str(out)]
-    full = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    full.pop("ROSE_AGENT_SOCKET", None)
-    return subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def uninterrupted(out: Path) -> dict[str, Any]:
-    """The same training with no checkpoint, no restore and no park."""
-    args = [sys.executable, str(EXAMPLE), "--updates", str(UPDATES), "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")} | {"PYTHONPATH": str(REPO)}
-    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    out_: dict[str, Any] = torch.load(out, weights_only=False)
-    return out_
-
-
-def wait_checkpoint(s3: S3Server, url: str, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pointer_step(s3, url) == step:
-            return
-        assert proc.poll() is None, f"the trainer exited ({proc.returncode}) before its checkpoint at {step}"
-        time.sleep(0.1)
-    raise AssertionError(f"no checkpoint at step {step} in {url} after {timeout:.0f} s")
-
-
-def finish(proc: subprocess.Popen[str]) -> str:
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    return out
-
-
-def ready_step(log: str) -> int:
-    """The step the trainer started at (its ``READY <pid> step=<n>`` line): > 0 after a restore."""
-    line = next((x for x in log.splitlines() if x.startswith("READY ")), "")
-    assert "step=" in line, f"the trainer printed no READY line: {log[:500]}"
-    return int(line.rsplit("step=", 1)[1])
-
-
-def assert_same_run(got: dict[str, Any], want: dict[str, Any]) -> None:
-    for key in ("model", "optimizer", "replay", "rng"):
-        assert tensors_equal({key: got[key]}, {key: want[key]}), f"{key} differs from the uninterrupted run"
-    assert got["lengths"] == want["lengths"]
 
 
 def test_the_example_killed_after_its_checkpoint_resumes_bit_exact(url: str, s3: S3Server, tmp_path: Path) -> None:

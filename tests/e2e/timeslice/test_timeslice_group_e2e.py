@@ -31,6 +31,7 @@ from rose_common.proto import rose_timeslice_v1_pb2 as pb
 from rose_common.proto import rose_timeslice_v1_pb2_grpc as pb_grpc
 from tests.support import timeslice_secure as sec
 from tests.support.elastic_fixtures import write_forecasts
+from tests.support.erj_manifests import elastic_rl_job
 from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 GROUP = "g1"
@@ -81,19 +82,16 @@ def world(cluster: ClusterHandle, api: Any, tmp_path: Path) -> Iterator[dict[str
 
 
 def _apply(cluster: ClusterHandle, ns: str, name: str) -> None:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "minGPUs": 2,
-            "maxGPUs": 2,
-            "gpusPerWorker": 1,
-            "timesliceGroup": GROUP,
-            "minUsefulRunSeconds": 60,
-            "template": {"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}},
-        },
-    }
+    body = elastic_rl_job(
+        name,
+        ns,
+        minGPUs=2,
+        maxGPUs=2,
+        gpusPerWorker=1,
+        timesliceGroup=GROUP,
+        minUsefulRunSeconds=60,
+        template={"spec": {"containers": [{"name": "trainer", "image": "rose/grpo"}]}},
+    )
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.fail("kubectl is not on PATH: the test applies the jobs as a user would")

@@ -11,7 +11,7 @@ import yaml
 
 from benchmarks import planner_replay as rp
 from rose_sim.inputs import DAY, demand_from_values, parse_jobs
-from tests.unit.rose_sim.test_rose_sim import raw_job
+from tests.support.sim_fixtures import raw_job
 
 STEP = 600
 

@@ -1,7 +1,7 @@
 """Serving wins, enforced: the observation decisions, the NVML watch and the enforcement sequence.
 
 Stand-ins, each named for what it replaces: ``FakeNvml`` for libnvidia-ml at its ctypes boundary
-(the recording fake of ``test_suspend_cuda_checkpoint``), ``ScriptedWatch`` for a device watch that
+(``tests/support/nvml_fakes.py``), ``ScriptedWatch`` for a device watch that
 returns the observations a test scripts, ``Signals`` for ``os.kill``, ``Checkpointer`` for
 cuda-checkpoint by PID, ``Evictions`` for the API's eviction.
 """
@@ -43,7 +43,7 @@ from dra_driver.suspend.devicewatch import (
     resident_bytes,
 )
 from dra_driver.suspend.nvml import NvmlMemoryProbe
-from tests.unit.suspend.test_suspend_cuda_checkpoint import FakeNvml
+from tests.support.nvml_fakes import FakeNvml
 
 T = Target("claim-1", (0,), ("pod-uid-1",))
 POD = PodRef("ml", "rl-0", "pod-uid-1")

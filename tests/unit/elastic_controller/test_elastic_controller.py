@@ -8,152 +8,79 @@ import datetime as dt
 import json
 from typing import Any
 
-from elastic_controller import leader, pools
+from elastic_controller import leader
 from elastic_controller.controller import Controller, ControllerSettings, reclaim_kind
 from elastic_controller.desired import PodRef
 from elastic_controller.kube import annotation_patch, job_event
 from elastic_controller.metrics import ControllerMetrics
-from elastic_controller.planner import Forecast
 from elastic_controller.status import EventSpec
 from rose_common import names
-from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
+from rose_common.elasticrljob import ElasticRLJob
 from rose_common.informer import ADDED, DELETED, MODIFIED
-from rose_common.slices import GpuInfo, resource_slice
-
-NOW = dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.UTC)
-RAW_JOB: dict[str, Any] = {
-    "apiVersion": "elastic.rose.io/v1alpha1",
-    "kind": "ElasticRLJob",
-    "metadata": {"name": "grpo", "namespace": "rl", "uid": "u-1", "generation": 1, "resourceVersion": "1"},
-    "spec": {
-        "minGPUs": 2,
-        "maxGPUs": 4,
-        "gpusPerWorker": 1,
-        "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
-    },
-}
-
-
-class Recorder:
-    """Records every JobApi call; created pods are kept so a test can feed them back as watch events."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self.created: list[dict[str, Any]] = []
-        self.messages: list[str] = []
-
-    def ensure_claim_template(self, body: dict[str, Any]) -> None:
-        self.calls.append(("template", body["metadata"]["name"]))
-
-    def create_pod(self, body: dict[str, Any]) -> None:
-        self.calls.append(("create", body["metadata"]["name"]))
-        self.created.append(body)
-
-    def delete_pod(self, namespace: str, pod: PodRef) -> None:
-        self.calls.append(("delete", pod.name))
-
-    def delete_claim_template(self, namespace: str, name: str, owner_uid: str) -> None:
-        self.calls.append(("delete-template", (name, owner_uid)))
-
-    def set_suspend_request(self, namespace: str, pod: PodRef, value: str | None) -> None:
-        self.calls.append(("request" if value else "clear", pod.name))
-
-    def annotate_pod(self, namespace: str, pod: PodRef, annotations: dict[str, str]) -> None:
-        self.calls.append(("annotate", (pod.name, annotations)))
-
-    def patch_status(self, job: ElasticRLJob, status: ElasticRLJobStatus) -> None:
-        self.calls.append(("status", status.target_gpus))
-
-    def record_event(self, job: ElasticRLJob, event: EventSpec) -> None:
-        self.calls.append(("event", event.reason))
-        self.messages.append(event.message)
-
-    def names(self, kind: str) -> list[Any]:
-        return [a for k, a in self.calls if k == kind]
-
-
-class Forecasts:
-    def __init__(self, need: float) -> None:
-        self.need = need
-
-    def get(self, pool: str) -> Forecast | None:
-        return Forecast(start=NOW.timestamp() - 60, step=60, upper=(self.need,) * 120)
-
-
-def _inventory() -> dict[str, int]:
-    nodes = [{"metadata": {"name": f"n{i}", "labels": {names.LABEL_POOL: "pool-a"}}} for i in range(2)]
-    gpus = [GpuInfo(i, f"GPU-{i}", "sim", 80 << 30) for i in range(4)]
-    return pools.capacities(nodes, [resource_slice(f"n{i}", gpus, 1) for i in range(2)])
-
-
-def _controller(need: float = 0.0) -> tuple[Controller, Recorder]:
-    api = Recorder()
-    ctl = Controller(api, Forecasts(need), _inventory, ControllerMetrics(), ControllerSettings(), clock=lambda: NOW)
-    return ctl, api
-
-
-def _running(body: dict[str, Any], uid: str) -> dict[str, Any]:
-    return {**body, "metadata": {**body["metadata"], "uid": uid}, "status": {"phase": "Running"}}
-
-
-def _drain(ctl: Controller) -> None:
-    while (key := ctl.queue.get(timeout=0)) is not None:
-        ctl.reconcile(key)
-        ctl.queue.done(key)
+from tests.support.controller_fakes import (
+    NOW,
+    RAW_JOB,
+    Forecasts,
+    Recorder,
+    drain,
+    inventory,
+    make_controller,
+    running_pod,
+)
 
 
 def test_a_new_job_grows_to_max_once_even_if_planned_again_before_the_pods_are_seen() -> None:
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert api.names("create") == ["grpo-w0", "grpo-w1", "grpo-w2", "grpo-w3"]
     assert api.names("status")[-1] == 4
     ctl.plan_once()  # the informer has not shown the pods yet: no second set of workers
-    _drain(ctl)
+    drain(ctl)
     assert len(api.names("create")) == 4
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert len(api.names("create")) == 4
 
 
 def test_forecast_rise_writes_planned_suspend_requests_and_counts_them() -> None:
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    _drain(ctl)
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
+    drain(ctl)
     ctl.forecasts = Forecasts(need=8.0)  # serving needs the whole pool
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert sorted(api.names("request")) == ["grpo-w0", "grpo-w1", "grpo-w2", "grpo-w3"]
     assert ctl.metrics.reclaims.labels("planned")._value.get() == 4
     assert "delete" not in dict(api.calls)  # suspended, not removed
 
 
 def test_a_pod_of_another_job_or_label_is_ignored_and_invalid_jobs_are_skipped() -> None:
-    ctl, api = _controller()
+    ctl, api = make_controller()
     bad = {**RAW_JOB, "metadata": {**RAW_JOB["metadata"], "name": "bad"}, "spec": {"minGPUs": 5, "maxGPUs": 1}}
     ctl.on_job_list([bad])
     ctl.on_pod_event(ADDED, {"metadata": {"name": "web", "namespace": "rl"}})
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert api.calls == [("event", "InvalidSpec")]  # once, though planned and reconciled
     assert api.messages[0].startswith("not reconciled until fixed: spec")
 
 
 def test_a_deleted_job_has_its_workers_and_template_deleted_by_uid() -> None:
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    stranger = _running(
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
+    stranger = running_pod(
         {
             **api.created[0],
             "metadata": {**api.created[0]["metadata"], "name": "grpo-w9", "ownerReferences": [{"uid": "other"}]},
@@ -161,10 +88,10 @@ def test_a_deleted_job_has_its_workers_and_template_deleted_by_uid() -> None:
         "uid-9",
     )
     ctl.on_pod_event(ADDED, stranger)
-    _drain(ctl)
+    drain(ctl)
     api.calls.clear()
     ctl.on_job_event(DELETED, RAW_JOB)
-    _drain(ctl)
+    drain(ctl)
     assert sorted(api.names("delete")) == ["grpo-w0", "grpo-w1", "grpo-w2", "grpo-w3"]
     assert api.names("delete-template") == [("grpo-gpus", "u-1")]
 
@@ -184,7 +111,7 @@ def test_reclaim_kind_tells_planned_unplanned_and_fallback_apart() -> None:
 
 
 def test_an_unplanned_request_is_counted_when_the_pod_event_shows_it() -> None:
-    ctl, _api = _controller()
+    ctl, _api = make_controller()
     ctl.on_job_list([RAW_JOB])
     pod = {"metadata": {"name": "grpo-w0", "namespace": "rl", "uid": "u", "labels": {names.LABEL_JOB: "grpo"}}}
     ctl.on_pod_event(ADDED, pod)
@@ -236,13 +163,13 @@ def test_two_replicas_never_both_lead_and_a_follower_does_nothing() -> None:
     replicas = []
     for ident in ("a", "b"):
         s = ControllerSettings(identity=ident, lease_duration_s=15, lease_renew_s=5)
-        ctl = Controller(Recorder(), Forecasts(0.0), _inventory, ControllerMetrics(), s, lease, clock=lambda: now[0])
+        ctl = Controller(Recorder(), Forecasts(0.0), inventory, ControllerMetrics(), s, lease, clock=lambda: now[0])
         replicas.append(ctl)
     a, b = replicas
     assert a.elect_once() and not b.elect_once()
     b.on_job_list([RAW_JOB])
     assert b.plan_once() is None
-    _drain(b)
+    drain(b)
     assert b.api.calls == []  # type: ignore[attr-defined]
     now[0] += dt.timedelta(seconds=10)
     assert a.elect_once() and not b.elect_once()  # renewed in time

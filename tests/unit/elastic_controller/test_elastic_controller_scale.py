@@ -20,17 +20,18 @@ from elastic_controller.planner import JobTarget
 from elastic_controller.reconciler import converge, run_serially
 from rose_common.informer import ADDED
 from rose_common.kube.client import api_client
-from tests.unit.elastic_controller.test_elastic_controller import (
+from tests.support.controller_fakes import (
+    JOB,
     NOW,
     RAW_JOB,
+    CallRecorder,
     Forecasts,
     Recorder,
-    _drain,
-    _inventory,
-    _running,
+    drain,
+    inventory,
+    job_pod,
+    running_pod,
 )
-from tests.unit.elastic_controller.test_elastic_reconciler import JOB, _pod
-from tests.unit.elastic_controller.test_elastic_reconciler import Recorder as CallRecorder
 
 PPO = {**RAW_JOB, "metadata": {**RAW_JOB["metadata"], "name": "ppo", "uid": "u-2"}}
 
@@ -46,15 +47,15 @@ def _queued(ctl: Controller) -> list[str]:
 def _grown(settings: ControllerSettings) -> tuple[Controller, Recorder]:
     """Two jobs (min 2, max 4) each running 4 workers on the 8 GPUs of pool-a."""
     api = Recorder()
-    ctl = Controller(api, Forecasts(0.0), _inventory, ControllerMetrics(), settings, clock=lambda: NOW)
+    ctl = Controller(api, Forecasts(0.0), inventory, ControllerMetrics(), settings, clock=lambda: NOW)
     ctl.on_job_list([RAW_JOB, PPO])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    _drain(ctl)
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
+    drain(ctl)
     ctl.plan_once()  # the targets of running jobs replace those that created the workers
-    _drain(ctl)
+    drain(ctl)
     return ctl, api
 
 
@@ -88,16 +89,16 @@ def test_a_worker_pod_is_observed_once_per_event_not_per_plan_or_reconcile(monke
     seen: list[str] = []
     monkeypatch.setattr(controller_mod, "observe", lambda job, pod: seen.append(job) or observe(job, pod))
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert seen == []
-    ctl.on_pod_event("MODIFIED", _running(_api.created[0], "uid-0") | {"spec": {"nodeName": "n1"}})
+    ctl.on_pod_event("MODIFIED", running_pod(_api.created[0], "uid-0") | {"spec": {"nodeName": "n1"}})
     assert len(seen) == 1  # that pod, once
     assert len(ctl.observed("rl/grpo")) == len(ctl.observed("rl/ppo")) == 4
 
 
 def test_converge_hands_the_requests_of_a_job_to_the_runner_together() -> None:
     """Regression: the suspend requests of one reconcile went one after another."""
-    ws = [w for w in (observe("grpo", _pod(i)) for i in range(4)) if w is not None]
+    ws = [w for w in (observe("grpo", job_pod(i)) for i in range(4)) if w is not None]
     target = JobTarget("rl/grpo", 1, suspend=("grpo-w1", "grpo-w2", "grpo-w3"), reasons=("PlannedShrink: x",))
     api = CallRecorder()
     groups: list[int] = []

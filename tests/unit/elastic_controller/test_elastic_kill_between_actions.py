@@ -14,7 +14,7 @@ from elastic_controller.planner import JobTarget
 from elastic_controller.reconciler import converge
 from elastic_controller.status import EventSpec
 from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
-from tests.unit.elastic_controller.test_elastic_reconciler import JOB, NOW, _pod
+from tests.support.controller_fakes import JOB, NOW, job_pod
 
 
 class Killed(BaseException):
@@ -49,7 +49,7 @@ class DiesAtFirstRequest:
 
 
 def test_a_kill_after_the_first_suspend_request_keeps_the_dwell_start() -> None:
-    workers = [w for w in (observe("grpo", _pod(i)) for i in range(2)) if w is not None]
+    workers = [w for w in (observe("grpo", job_pod(i)) for i in range(2)) if w is not None]
     shrink = JobTarget("rl/grpo", 1, suspend=("grpo-w1",), reasons=("PlannedShrink: grpo-w1 in pool-a",))
     api = DiesAtFirstRequest()
     with pytest.raises(Killed):

@@ -1,5 +1,5 @@
 """What one job's inputs may do to the other tenants (issue 22 §4, §5, §6 and the lows), on the
-pure planner and on the controller's loops (the recording ``JobApi`` of test_elastic_controller).
+pure planner and on the controller's loops (the recording ``JobApi`` of ``tests/support/controller_fakes.py``).
 
 - §4: a job whose lead reaches past the forecast horizon (a long grace period, huge state bytes,
   a forged ``rose.io/reported-state-bytes``) is reclaimed alone; the reports are bounded.
@@ -28,7 +28,7 @@ from elastic_controller.planner import Forecast, Job, PlanInput, Pool, Settings,
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
 from rose_common.informer import ADDED, MODIFIED
-from tests.unit.elastic_controller.test_elastic_controller import NOW, RAW_JOB, _controller, _drain, _running
+from tests.support.controller_fakes import NOW, RAW_JOB, drain, make_controller, running_pod
 
 T = 100_000.0
 HOUR = Forecast(start=T, step=60.0, upper=(0.0,) * 60)  # serving needs nothing for an hour, then unknown
@@ -110,23 +110,23 @@ def test_reported_state_bytes_and_seconds_to_safe_point_are_bounded_by_the_spec(
 def test_a_forged_state_report_no_longer_reclaims_the_pool() -> None:
     """The tenant writes rose.io/reported-state-bytes on its own pod: 10^18 bytes would be a
     40,000 s suspend; bounded, it is a few seconds, and nobody is reclaimed."""
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     other = {**RAW_JOB, "metadata": {**RAW_JOB["metadata"], "namespace": "other", "uid": "u-2"}}
     ctl.on_job_list([RAW_JOB, other])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert len(api.created) == 8  # 4 + 4 lent in the 8-GPU pool
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    _drain(ctl)
-    forged = _running(api.created[0], "uid-0")
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
+    drain(ctl)
+    forged = running_pod(api.created[0], "uid-0")
     forged["metadata"]["annotations"] = {
         **forged["metadata"]["annotations"],
         names.ANNOTATION_REPORTED_STATE_BYTES: str(10**18),
     }
     ctl.on_pod_event(MODIFIED, forged)
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert api.names("request") == []
 
 
@@ -149,21 +149,21 @@ class _NoForecast:
 def _grown(ctl: Controller, api: Any) -> None:
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    _drain(ctl)
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
+    drain(ctl)
 
 
 def test_a_stale_forecast_freezes_lending_with_a_gauge_and_an_event() -> None:
     """Before: a pool without a fresh forecast was infinite need; every lent GPU was reclaimed."""
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     _grown(ctl, api)
     fresh = ctl.forecasts
     ctl.forecasts = _NoForecast()  # the predictor starved: the cache's max age passed
     for _ in range(3):
         ctl.plan_once()
-        _drain(ctl)
+        drain(ctl)
     assert api.names("request") == [] and api.names("delete") == []
     assert ctl.metrics.forecast_stale.labels("pool-a")._value.get() == 1
     assert api.names("event").count("ForecastStale") == 1  # once per change, not per round
@@ -187,16 +187,16 @@ def test_suspend_state_without_a_request_does_not_release_the_gpu() -> None:
 def test_a_forged_suspended_annotation_does_not_skip_the_reclaim() -> None:
     """Before: the planner counted the worker as not holding a GPU and left it running when
     serving needed the pool."""
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     _grown(ctl, api)
     for i, body in enumerate(api.created):
-        pod = _running(body, f"uid-{i}")
+        pod = running_pod(body, f"uid-{i}")
         pod["metadata"]["annotations"] = {**pod["metadata"]["annotations"], names.ANNOTATION_SUSPEND_STATE: "Suspended"}
         ctl.on_pod_event(MODIFIED, pod)
-    _drain(ctl)
+    drain(ctl)
     ctl.forecasts = type(ctl.forecasts)(8.0)  # serving needs the whole pool
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert sorted(api.names("request")) == ["grpo-w0", "grpo-w1", "grpo-w2", "grpo-w3"]
 
 
@@ -235,10 +235,10 @@ def test_class_priority_comes_from_the_pods_priority() -> None:
 
 
 def test_plan_input_carries_class_priority_and_bounded_reports() -> None:
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     _grown(ctl, api)
     for i, body in enumerate(api.created):
-        pod = _running(body, f"uid-{i}")
+        pod = running_pod(body, f"uid-{i}")
         pod["spec"] = {**pod["spec"], "priority": 7}
         pod["metadata"]["annotations"] = {
             **pod["metadata"]["annotations"],
@@ -277,7 +277,7 @@ def test_state_bytes_are_bounded_by_the_device_memory_the_driver_publishes() -> 
     job = _erj({"gpusPerWorker": 2, "minGPUs": 2, "maxGPUs": 4})
     assert planner_job(job, 10**18, device_memory=store.device_memory()).state_bytes == 2 * (141 << 30)
     assert planner_job(job, 10**18, device_memory=1 << 50).state_bytes == 2 * DEVICE_MEMORY_MAX_BYTES
-    ctl, _ = _controller()
+    ctl, _ = make_controller()
     ctl.device_memory = store.device_memory
     ctl.on_job_list([RAW_JOB])
     inp, _ = ctl.plan_input(NOW)

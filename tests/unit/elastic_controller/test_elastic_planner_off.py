@@ -10,21 +10,13 @@ from elastic_controller.controller import Controller, ControllerSettings, withou
 from elastic_controller.metrics import ControllerMetrics
 from elastic_controller.planner import JobTarget, Plan, Reclaim
 from rose_common.informer import ADDED
-from tests.unit.elastic_controller.test_elastic_controller import (
-    NOW,
-    RAW_JOB,
-    Forecasts,
-    Recorder,
-    _drain,
-    _inventory,
-    _running,
-)
+from tests.support.controller_fakes import NOW, RAW_JOB, Forecasts, Recorder, drain, inventory, running_pod
 
 
 def _reactive(planned: bool) -> tuple[Controller, Recorder]:
     api = Recorder()
     settings = ControllerSettings(planned=planned)
-    return Controller(api, Forecasts(0.0), _inventory, ControllerMetrics(), settings, clock=lambda: NOW), api
+    return Controller(api, Forecasts(0.0), inventory, ControllerMetrics(), settings, clock=lambda: NOW), api
 
 
 @pytest.mark.parametrize("planned", [True, False])
@@ -32,14 +24,14 @@ def test_forecast_rise_suspends_only_with_the_planner_on(planned: bool) -> None:
     ctl, api = _reactive(planned)
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert len(api.names("create")) == 4  # grows either way
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    _drain(ctl)
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
+    drain(ctl)
     ctl.forecasts = Forecasts(need=8.0)
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert len(api.names("request")) == (4 if planned else 0)
     assert ctl.metrics.reclaims.labels("planned")._value.get() == (4 if planned else 0)
     assert api.names("status")[-1] == (0 if planned else 4)

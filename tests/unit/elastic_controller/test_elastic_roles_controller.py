@@ -1,13 +1,12 @@
 """A job with roles through the controller's loops without threads (informer handlers → plan →
-reconcile) and the recording ``JobApi`` of ``test_elastic_controller.py``, plus the trainer's Service."""
+reconcile) and the recording ``JobApi`` of ``tests/support/controller_fakes.py``, plus the trainer's Service."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rose_common.informer import ADDED
-from tests.unit.elastic_controller.test_elastic_controller import RAW_JOB, Forecasts, Recorder, _drain, _running
-from tests.unit.elastic_controller.test_elastic_controller import _controller as _plain_controller
+from tests.support.controller_fakes import RAW_JOB, Forecasts, Recorder, drain, make_controller, running_pod
 
 POD = {"spec": {"containers": [{"name": "t", "image": "t"}]}}
 ROLES_JOB: dict[str, Any] = {
@@ -27,7 +26,7 @@ class RolesRecorder(Recorder):
 
 
 def _controller(need: float) -> tuple[Any, RolesRecorder]:
-    ctl, _ = _plain_controller(need)
+    ctl, _ = make_controller(need)
     api = RolesRecorder()
     ctl.api = api
     return ctl, api
@@ -37,7 +36,7 @@ def test_trainer_first_then_rollouts_and_a_forecast_rise_removes_rollouts_not_th
     ctl, api = _controller(need=0.0)  # the pool: 8 GPUs
     ctl.on_job_list([ROLES_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert api.names("create") == [
         "grpo-trainer-0",
         "grpo-trainer-1",
@@ -50,8 +49,8 @@ def test_trainer_first_then_rollouts_and_a_forecast_rise_removes_rollouts_not_th
     assert api.names("service") == ["grpo-trainer"]
     assert api.names("status")[-1] == 6
     for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, _running(body, f"uid-{i}"))
-    _drain(ctl)
+        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
+    drain(ctl)
     worlds = {name: ann["rose.io/world"] for name, ann in api.names("annotate")}
     assert worlds == {
         "grpo-trainer-0": "2/2",
@@ -68,7 +67,7 @@ def test_trainer_first_then_rollouts_and_a_forecast_rise_removes_rollouts_not_th
     api.calls.clear()
     ctl.forecasts = Forecasts(need=4.0)  # room for 4 of 8: two rollouts go, the trainer stays
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     assert api.names("delete") == ["grpo-rollout-3", "grpo-rollout-2"]
     assert api.names("request") == []
     assert gauge.labels("rl/grpo", "rollout", "desired")._value.get() == 2

@@ -15,6 +15,7 @@ from elastic_controller.desired import desired
 from elastic_controller.planner import JobTarget
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
+from tests.support.erj_manifests import elastic_rl_job
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 POD = {"spec": {"containers": [{"name": "c", "image": "i"}]}}
@@ -130,12 +131,7 @@ def test_rose_simulate_plans_a_job_with_roles_per_lent_role() -> None:
         ("Lent", [("default/grpo#trainer", 1 << 30), ("default/grpo#rollout", 0)]),
         ("Dedicated", [("default/grpo#rollout", 0)]),
     ):
-        doc = {
-            "apiVersion": names.API_VERSION,
-            "kind": names.KIND,
-            "metadata": {"name": "grpo"},
-            "spec": make_job(placement).spec.model_dump(exclude_none=True),
-        }
+        doc = elastic_rl_job("grpo", **make_job(placement).spec.model_dump(exclude_none=True))
         (job,) = parse_jobs([("jobs.yaml", doc)])
         assert [(v.key, v.state_bytes) for v in role_views(job)] == want
 

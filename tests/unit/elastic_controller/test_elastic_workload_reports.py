@@ -19,7 +19,7 @@ from elastic_controller.status import compute_status
 from rose_common import names
 from rose_common.elasticrljob import ElasticRLJob
 from rose_common.informer import ADDED, MODIFIED
-from tests.unit.elastic_controller.test_elastic_controller import NOW, RAW_JOB, _controller, _drain, _running
+from tests.support.controller_fakes import NOW, RAW_JOB, drain, make_controller, running_pod
 
 JOB = ElasticRLJob.model_validate(RAW_JOB)
 
@@ -90,14 +90,14 @@ def test_status_shows_the_reports() -> None:
 
 
 def test_the_planner_gets_the_reported_seconds_to_safe_point_and_state_bytes() -> None:
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     # within the job's grace period (30 s): a longer report is bounded by it (issue 22 §4)
     ann = {names.ANNOTATION_SECONDS_TO_SAFE_POINT: "22.0", names.ANNOTATION_REPORTED_STATE_BYTES: str(7 << 30)}
     for i, body in enumerate(api.created):
-        pod = _running(body, f"uid-{i}")
+        pod = running_pod(body, f"uid-{i}")
         pod["metadata"]["annotations"] = {**pod["metadata"].get("annotations", {}), **ann}
         ctl.on_pod_event(ADDED, pod)
     inp, _ = ctl.plan_input(NOW)
@@ -106,14 +106,14 @@ def test_the_planner_gets_the_reported_seconds_to_safe_point_and_state_bytes() -
 
 
 def test_reconcile_writes_the_world_on_each_worker_then_stops() -> None:
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
-    pods = [_running(body, f"uid-{i}") for i, body in enumerate(api.created)]
+    drain(ctl)
+    pods = [running_pod(body, f"uid-{i}") for i, body in enumerate(api.created)]
     for pod in pods:
         ctl.on_pod_event(ADDED, pod)
-    _drain(ctl)
+    drain(ctl)
     written = dict(api.names("annotate"))
     assert written == {p["metadata"]["name"]: {names.ANNOTATION_WORLD: "4/4"} for p in pods}
     before = len(api.names("annotate"))
@@ -121,12 +121,12 @@ def test_reconcile_writes_the_world_on_each_worker_then_stops() -> None:
         pod = pods[i] = copy.deepcopy(pod)
         pod["metadata"]["annotations"] = {**pod["metadata"].get("annotations", {}), names.ANNOTATION_WORLD: "4/4"}
         ctl.on_pod_event(MODIFIED, pod)
-    _drain(ctl)
+    drain(ctl)
     assert len(api.names("annotate")) == before
     suspended = copy.deepcopy(pods[3])  # the informer delivers a new object
     suspended["metadata"]["annotations"][names.ANNOTATION_SUSPEND_STATE] = "Suspended"  # one worker suspended
     ctl.on_pod_event(MODIFIED, suspended)
-    _drain(ctl)
+    drain(ctl)
     assert dict(api.names("annotate")[before:]) == {f"grpo-w{i}": {names.ANNOTATION_WORLD: "3/4"} for i in range(4)}
 
 
@@ -193,10 +193,10 @@ def test_a_worker_left_unschedulable_is_nudged_once_per_period() -> None:
 
 
 def test_reconcile_nudges_an_unschedulable_worker_and_counts_it() -> None:
-    ctl, api = _controller(need=0.0)
+    ctl, api = make_controller(need=0.0)
     ctl.on_job_list([RAW_JOB])
     ctl.plan_once()
-    _drain(ctl)
+    drain(ctl)
     body = copy.deepcopy(api.created[0])
     body["metadata"]["uid"] = "uid-0"
     refused = {
@@ -207,7 +207,7 @@ def test_reconcile_nudges_an_unschedulable_worker_and_counts_it() -> None:
     }
     body["status"] = {"phase": "Pending", "conditions": [refused]}
     ctl.on_pod_event(ADDED, body)
-    _drain(ctl)
+    drain(ctl)
     nudges = [a for name, a in api.names("annotate") if names.ANNOTATION_SCHEDULE_RETRY in a and name == "grpo-w0"]
     assert nudges == [{names.ANNOTATION_SCHEDULE_RETRY: "2026-11-30T14:00:00Z"}]
     assert ctl.metrics.schedule_retries.labels("ok")._value.get() == 1

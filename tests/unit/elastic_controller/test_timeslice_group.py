@@ -24,7 +24,7 @@ from rose_common.elasticrljob import ElasticRLJob, ElasticRLJobStatus
 from rose_common.informer import ADDED, DELETED, MODIFIED
 from rose_common.kube.errors import Conflict, Status, Unprocessable
 from rose_common.timeslice_lease import GroupLease, read
-from tests.unit.elastic_controller.test_elastic_controller import RAW_JOB, Forecasts, Recorder, _inventory
+from tests.support.controller_fakes import RAW_JOB, Forecasts, Recorder, inventory
 from timeslice.state import Group
 from timeslice.store import to_lease
 
@@ -282,7 +282,7 @@ def _drain(ctl: Controller) -> None:
 
 def test_two_jobs_of_a_group_share_claims_and_their_status_follows_the_lease() -> None:
     api = StatusRecorder()
-    ctl = Controller(api, Forecasts(0.0), _inventory, ControllerMetrics(), ControllerSettings(), clock=lambda: NOW)
+    ctl = Controller(api, Forecasts(0.0), inventory, ControllerMetrics(), ControllerSettings(), clock=lambda: NOW)
     cache = GroupLeases(ctl.on_group_change)
     ctl.group_lease = cache.get
     ctl.on_job_list([raw_job("a"), raw_job("b")])

@@ -15,10 +15,10 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rose_cli import dashboard, dashboard_spec
+from tests.support.manifest_files import PROMETHEUS_RULES
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "manifests" / "grafana" / "slo-vs-rl-throughput.json"
-RULES = ROOT / "manifests" / "prometheus" / "rules.yaml"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 # vLLM's metrics: the serving engine's own, named by the dashboard's variables
 SERVING_ENGINE = re.compile(r"^vllm:")
@@ -46,7 +46,7 @@ def exported_metric_names() -> set[str]:
 
 
 def recorded_metric_names() -> set[str]:
-    rules = yaml.safe_load(RULES.read_text())
+    rules = yaml.safe_load(PROMETHEUS_RULES.read_text())
     return {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
 
 
@@ -92,7 +92,9 @@ def test_every_query_parses_with_prometheus_parser(tmp_path: Path) -> None:
     ]
     f = tmp_path / "dashboard-rules.yaml"
     f.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    r = subprocess.run([promtool, "check", "rules", str(f), str(RULES)], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [promtool, "check", "rules", str(f), str(PROMETHEUS_RULES)], capture_output=True, text=True, check=False
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -13,6 +13,7 @@ from elastic_controller import workers
 from rose_common.elasticrljob import ElasticRLJob
 from rose_sdk import CheckpointError, Workload, load_checkpoint, save_checkpoint, tensors_equal
 from rose_sdk import checkpoint as ck
+from tests.support.erj_manifests import elastic_rl_job
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -127,20 +128,9 @@ def test_workload_keeps_an_s3_url_whole(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_workers_with_a_checkpoint_path_are_told_to_restore_from_it() -> None:
     def env(**spec: object) -> dict[str, str]:
-        job = ElasticRLJob.model_validate(
-            {
-                "apiVersion": "elastic.rose.io/v1alpha1",
-                "kind": "ElasticRLJob",
-                "metadata": {"name": "grpo", "namespace": "rl", "uid": "u1"},
-                "spec": {
-                    "minGPUs": 1,
-                    "maxGPUs": 2,
-                    "gpusPerWorker": 1,
-                    **spec,
-                    "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
-                },
-            }
-        )
+        fields = {"minGPUs": 1, "maxGPUs": 2, "gpusPerWorker": 1, **spec}
+        template = {"spec": {"containers": [{"name": "t", "image": "i"}]}}
+        job = ElasticRLJob.model_validate(elastic_rl_job("grpo", "rl", {"uid": "u1"}, **fields, template=template))
         (c,) = workers.worker_pod(job, 0)["spec"]["containers"]
         return {e["name"]: e.get("value", "") for e in c["env"]}
 

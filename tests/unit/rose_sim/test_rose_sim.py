@@ -22,7 +22,6 @@ from elastic_controller import controller as ec_controller
 from elastic_controller import observe, planner, pools
 from elastic_controller.controller import Controller, ControllerSettings
 from elastic_controller.metrics import ControllerMetrics
-from elastic_controller.planner import Forecast
 from rose_cli.main import main as rose_main
 from rose_common import names
 from rose_common.informer import ADDED
@@ -36,28 +35,10 @@ from rose_sim.prometheus import parse_time
 from rose_sim.report import HORIZONS_S, bounds_for, markdown, simulate, timeslice_groups
 from scheduler_extender import forecast as extender_forecast_module
 from scheduler_extender import policy as extender_policy
-from tests.unit.elastic_controller.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
+from tests.support.controller_fakes import NOW, Recorder, drain, inventory, running_pod
+from tests.support.sim_fixtures import GIB16, STEP, FixedForecast, decisions, raw_job, run_policy, series_csv, wavy
 from timeslice import advise as timeslice_advise
 from timeslice.advise import advise
-
-GIB16 = 16 * 2**30
-STEP = 600
-
-
-def raw_job(name: str = "grpo", lo: int = 2, hi: int = 4, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "elastic.rose.io/v1alpha1",
-        "kind": "ElasticRLJob",
-        "metadata": {"name": name, "namespace": "rl", "uid": f"u-{name}", "generation": 1, "resourceVersion": "1"},
-        "spec": {
-            "minGPUs": lo,
-            "maxGPUs": hi,
-            "gpusPerWorker": 1,
-            "stateBytesPerWorker": GIB16,
-            "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
-            **spec,
-        },
-    }
 
 
 def burst_demand(pool: int = 8) -> Demand:
@@ -66,22 +47,6 @@ def burst_demand(pool: int = 8) -> Demand:
     return demand_from_values(
         0, values, STEP, tick_s=60, history_s=DAY, pool_gpus=pool, capacity_per_gpu=1.0, min_evaluated_s=3600
     )
-
-
-def run_policy(
-    policy: Policy,
-    demand: Demand,
-    jobs: list[dict[str, Any]] | None = None,
-    pool: int = 8,
-    record: bool = False,
-    host_memory: int | None = None,
-) -> Simulation:
-    sims = parse_jobs([("t", j) for j in (jobs or [raw_job()])])
-    cfg = SimConfig(pool_gpus=pool, host_memory_bytes=host_memory)
-    bounds = bounds_for(demand, cfg, (policy.forecaster,) if policy.forecaster else ())
-    s = Simulation(demand, sims, CostModel(), cfg, policy, bounds, record=record)
-    s.run()
-    return s
 
 
 # --------------------------------------------------------------------------- cost model and demand
@@ -291,24 +256,13 @@ def test_transitions_cost_time_useful_work_is_less_than_lent() -> None:
 # --------------------------------------------------------------------------- leak test
 
 
-def _wavy(days: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(days * 144)
-    base = 20 + 12 * np.sin(2 * np.pi * t / 144) + rng.normal(0, 2, len(t))
-    return np.clip(base, 0, None)
-
-
-def _decisions(s: Simulation, before: float) -> list[tuple[float, str, dict[str, planner.JobTarget]]]:
-    return [x for x in s.decisions if x[0] < before]
-
-
 @pytest.mark.parametrize(
     "policy",
     [p for p in default_policies(("oracle", "baseline", "model")) if p.name not in ("planned-oracle", "no-lending")],
     ids=lambda p: p.name,
 )
 def test_leak_changing_demand_after_t_changes_no_decision_before_t(policy: Policy) -> None:
-    values = _wavy(3, 1)
+    values = wavy(3, 1)
     changed = values.copy()
     cut = 2 * 144 + 60  # 10 h into the evaluated day
     changed[cut:] = changed[cut:] * 1.6 + 5
@@ -317,15 +271,15 @@ def test_leak_changing_demand_after_t_changes_no_decision_before_t(policy: Polic
     a = run_policy(policy, demand_from_values(0, values, STEP, **kw), jobs, 48, record=True)
     b = run_policy(policy, demand_from_values(0, changed, STEP, **kw), jobs, 48, record=True)
     t_cut = float(cut * STEP)
-    assert len(_decisions(a, t_cut)) > 100
-    assert _decisions(a, t_cut) == _decisions(b, t_cut)
+    assert len(decisions(a, t_cut)) > 100
+    assert decisions(a, t_cut) == decisions(b, t_cut)
     if policy.kind != "dedicated":  # (its decisions never read the demand)
         assert a.decisions != b.decisions  # the change itself is seen after T
 
 
 def test_leak_check_catches_a_forecaster_that_reads_the_future() -> None:
     """The same comparison fails for the oracle, which reads ahead by definition: the check can fail."""
-    values = _wavy(3, 1)
+    values = wavy(3, 1)
     changed = values.copy()
     cut = 2 * 144 + 60
     changed[cut:] = changed[cut:] * 1.6 + 5
@@ -333,7 +287,7 @@ def test_leak_check_catches_a_forecaster_that_reads_the_future() -> None:
     policy = Policy("planned-oracle", "planned", "oracle")
     a = run_policy(policy, demand_from_values(0, values, STEP, **kw), [raw_job("a", 2, 8)], 48, record=True)
     b = run_policy(policy, demand_from_values(0, changed, STEP, **kw), [raw_job("a", 2, 8)], 48, record=True)
-    assert _decisions(a, float(cut * STEP)) != _decisions(b, float(cut * STEP))
+    assert decisions(a, float(cut * STEP)) != decisions(b, float(cut * STEP))
 
 
 def test_forecasters_read_only_the_past() -> None:
@@ -362,14 +316,6 @@ def test_the_simulator_calls_the_controllers_own_functions() -> None:
     assert engine.extender_forecast is extender_forecast_module.reduce  # the reply reduced as the extender does
 
 
-class _Fixed:
-    def __init__(self) -> None:
-        self.forecast: Forecast | None = None
-
-    def get(self, pool: str) -> Forecast | None:
-        return self.forecast
-
-
 def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> None:
     """One job, the controller's own loops (a recording API) and the simulator, fed the same objects
     and the same predictor reply: equal planner inputs and equal targets, step after step (grow to
@@ -386,13 +332,13 @@ def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> 
     sim = Simulation(
         d, parse_jobs([("t", raw)]), CostModel(), cfg, Policy("planned-oracle", "planned", "oracle"), bounds
     )
-    cache = _Fixed()
+    cache = FixedForecast()
     api = Recorder()
     settings = ControllerSettings(plan_interval_s=60.0, dwell_s=300.0)
     clock = {"now": NOW}
-    ctl = Controller(api, cache, _inventory, ControllerMetrics(), settings, clock=lambda: clock["now"])
+    ctl = Controller(api, cache, inventory, ControllerMetrics(), settings, clock=lambda: clock["now"])
     ctl.on_job_list([copy.deepcopy(raw)])
-    assert _inventory() == {"pool-a": 8}
+    assert inventory() == {"pool-a": 8}
     seen = 0
     grew = reclaimed = False
     for i in range(d.history, d.ticks):
@@ -411,9 +357,9 @@ def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> 
         assert ctl_plan is not None and sim_plan is not None
         assert ctl_plan.targets == sim_plan.targets, i
         sim.carry_out(sim_plan, now)
-        _drain(ctl)
+        drain(ctl)
         for body in api.created[seen:]:  # the pods start (the simulator's pod start is 60 s: next tick)
-            pod = _running(body, f"uid-{body['metadata']['name']}")
+            pod = running_pod(body, f"uid-{body['metadata']['name']}")
             pod["metadata"]["annotations"][names.ANNOTATION_SECONDS_TO_SAFE_POINT] = "20"  # the worker's report
             ctl.on_pod_event(ADDED, pod)
         seen = len(api.created)
@@ -421,16 +367,11 @@ def test_drift_the_simulator_and_the_controllers_plan_loop_decide_the_same() -> 
         reclaimed |= bool(sim_plan.reclaims)
         if reclaimed:
             break
-        _drain(ctl)
+        drain(ctl)
     assert grew and reclaimed
 
 
 # --------------------------------------------------------------------------- CLI and bad input
-
-
-def _series_csv(path: Path, values: list[float]) -> Path:
-    path.write_text("t_seconds,value\n" + "".join(f"{i * STEP},{v}\n" for i, v in enumerate(values)))
-    return path
 
 
 def _jobs_dir(path: Path, *jobs: dict[str, Any]) -> Path:
@@ -441,7 +382,7 @@ def _jobs_dir(path: Path, *jobs: dict[str, Any]) -> Path:
 
 
 def test_cli_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    series = _series_csv(tmp_path / "s.csv", list(_wavy(2, 3)))
+    series = series_csv(tmp_path / "s.csv", list(wavy(2, 3)))
     jobs = _jobs_dir(tmp_path / "jobs", raw_job("a", 2, 8), raw_job("b", 2, 8))
     out, md, png = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.png"
     rc = rose_main(["simulate", "--series", str(series), "--jobs", str(jobs), "--history", "1d", "--pool-gpus", "32",
@@ -470,7 +411,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], match: 
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    good = _series_csv(tmp_path / "s.csv", list(_wavy(2, 3)))
+    good = series_csv(tmp_path / "s.csv", list(wavy(2, 3)))
     jobs = _jobs_dir(tmp_path / "jobs", raw_job())
     txt = tmp_path / "s.txt"
     txt.write_text("whatever")
@@ -478,7 +419,7 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     bad = _jobs_dir(tmp_path / "bad", raw_job("x", 4, 2))
     _one_line_error(capsys, ["--series", str(good), "--jobs", str(bad), "--history", "1d"],
                     "minGPUs must be less than or equal to maxGPUs")  # fmt: skip
-    short = _series_csv(tmp_path / "short.csv", [1.0] * 6)  # one hour, like the Azure 2023 trace
+    short = series_csv(tmp_path / "short.csv", [1.0] * 6)  # one hour, like the Azure 2023 trace
     _one_line_error(capsys, ["--series", str(short), "--jobs", str(jobs)], "the series spans 1.0 h")
     _one_line_error(capsys, ["--series", str(good), "--jobs", str(tmp_path / "nowhere")], "no such file or folder")
     _one_line_error(capsys, ["--series", str(good), "--jobs", str(jobs), "--forecasters", "crystal-ball"],
@@ -521,8 +462,8 @@ def test_prometheus_range_times() -> None:
 
 
 def test_cli_several_pools_from_a_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _series_csv(tmp_path / "a.csv", list(_wavy(2, 3)))
-    _series_csv(tmp_path / "b.csv", [float(x) for x in _wavy(2, 4) / 2])
+    series_csv(tmp_path / "a.csv", list(wavy(2, 3)))
+    series_csv(tmp_path / "b.csv", [float(x) for x in wavy(2, 4) / 2])
     jobs = _jobs_dir(tmp_path / "jobs", raw_job("w", 2, 12))
     pools = tmp_path / "pools.yaml"
     pools.write_text(
@@ -534,7 +475,7 @@ def test_cli_several_pools_from_a_yaml(tmp_path: Path, capsys: pytest.CaptureFix
     assert sim_main(argv) == 0
     report = json.loads(out.read_text())
     assert [p["name"] for p in report["pools"]] == ["a", "b"] and report["pool_gpus"] == 24
-    assert report["pools"][1]["capacity_per_gpu"] == pytest.approx(float(np.max(_wavy(2, 4)[:144] / 2)) / (8 * 0.5))
+    assert report["pools"][1]["capacity_per_gpu"] == pytest.approx(float(np.max(wavy(2, 4)[:144] / 2)) / (8 * 0.5))
     assert set(report["results"]["reactive"]["rl_lent_gpu_hours_by_pool"]) == {"a", "b"}
     assert report["series"] == f"pools {pools}: a (16 GPUs), b (8 GPUs)"
     capsys.readouterr()
@@ -552,7 +493,7 @@ def test_cli_several_pools_from_a_yaml(tmp_path: Path, capsys: pytest.CaptureFix
     ]:
         pools.write_text(text)
         _one_line_error(capsys, ["--pools", str(pools), *base], match)
-    _series_csv(tmp_path / "c.csv", list(_wavy(3, 4)))  # a day longer than a.csv
+    series_csv(tmp_path / "c.csv", list(wavy(3, 4)))  # a day longer than a.csv
     pools.write_text("pools:\n- {name: a, gpus: 4, series: a.csv}\n- {name: c, gpus: 4, series: c.csv}\n")
     _one_line_error(capsys, ["--pools", str(pools), *base], "must cover the same times as pool a's")
 

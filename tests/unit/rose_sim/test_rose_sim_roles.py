@@ -27,8 +27,8 @@ from rose_sim.cli import main as sim_main
 from rose_sim.engine import Policy, SimConfig, Simulation
 from rose_sim.inputs import DAY, CostModel, Demand, SimInputError, demand_from_values, parse_jobs
 from rose_sim.report import bounds_for
-from tests.unit.elastic_controller.test_elastic_controller import NOW, Recorder, _drain, _inventory, _running
-from tests.unit.rose_sim.test_rose_sim import STEP, _decisions, _Fixed, _series_csv, _wavy, raw_job, run_policy
+from tests.support.controller_fakes import NOW, Recorder, drain, inventory, running_pod
+from tests.support.sim_fixtures import STEP, FixedForecast, decisions, raw_job, run_policy, series_csv, wavy
 
 EXAMPLE02 = Path(__file__).resolve().parents[3] / "examples" / "02_grpo_tiny_llm" / "elasticrljob.yaml"
 HOLDS = ("pending", "active", "resuming")
@@ -184,7 +184,7 @@ def test_bad_roles_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
         with pytest.raises(SimInputError, match=msg) as e:
             parse_jobs([("jobs/x.yaml", raw)])
         assert "\n" not in str(e.value) and str(e.value).startswith("jobs/x.yaml: ")
-    series = _series_csv(tmp_path / "s.csv", list(_wavy(2, 3)))
+    series = series_csv(tmp_path / "s.csv", list(wavy(2, 3)))
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "bad.yaml").write_text(yaml.safe_dump(bad_range))
     assert sim_main(["--series", str(series), "--jobs", str(tmp_path / "jobs"), "--history", "1d"]) == 2
@@ -193,7 +193,7 @@ def test_bad_roles_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_cli_reports_a_roles_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    series = _series_csv(tmp_path / "s.csv", list(_wavy(2, 3)))
+    series = series_csv(tmp_path / "s.csv", list(wavy(2, 3)))
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "x.yaml").write_text(yaml.safe_dump(roles_job()))
     out = tmp_path / "r.json"
@@ -217,7 +217,7 @@ def test_cli_reports_a_roles_job(tmp_path: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize("policy", POLICIES[::2], ids=lambda p: p.name)
 def test_leak_with_a_roles_job_changing_demand_after_t_changes_no_decision_before_t(policy: Policy) -> None:
     """The leak test of test_rose_sim.py with example 02's job beside a plain one."""
-    values = _wavy(3, 1)
+    values = wavy(3, 1)
     changed = values.copy()
     cut = 2 * 144 + 60
     changed[cut:] = changed[cut:] * 1.6 + 5
@@ -226,8 +226,8 @@ def test_leak_with_a_roles_job_changing_demand_after_t_changes_no_decision_befor
     a = run_policy(policy, demand_from_values(0, values, STEP, **kw), jobs, 48, record=True)
     b = run_policy(policy, demand_from_values(0, changed, STEP, **kw), jobs, 48, record=True)
     t_cut = float(cut * STEP)
-    assert any("rl/grpo-tiny#rollout" in x[2] and x[2]["rl/grpo-tiny#rollout"].add for x in _decisions(a, t_cut))
-    assert _decisions(a, t_cut) == _decisions(b, t_cut)
+    assert any("rl/grpo-tiny#rollout" in x[2] and x[2]["rl/grpo-tiny#rollout"].add for x in decisions(a, t_cut))
+    assert decisions(a, t_cut) == decisions(b, t_cut)
     assert a.decisions != b.decisions
 
 
@@ -258,13 +258,13 @@ def test_drift_roles_the_simulator_and_the_controllers_plan_loop_decide_the_same
     sim = Simulation(
         d, parse_jobs([("t", raw)]), CostModel(), cfg, Policy("planned-oracle", "planned", "oracle"), bounds
     )
-    cache = _Fixed()
+    cache = FixedForecast()
     api = RolesRecorder()
     clock = {"now": NOW}
     ctl = Controller(
         api,
         cache,
-        _inventory,
+        inventory,
         ControllerMetrics(),
         ControllerSettings(plan_interval_s=60.0),
         clock=lambda: clock["now"],
@@ -288,9 +288,9 @@ def test_drift_roles_the_simulator_and_the_controllers_plan_loop_decide_the_same
         assert ctl_plan is not None and sim_plan is not None
         assert ctl_plan.targets == sim_plan.targets, i
         sim.carry_out(sim_plan, now)
-        _drain(ctl)
+        drain(ctl)
         for body in api.created[seen:]:  # pods only (the trainer's Service is ensured apart)
-            pod = _running(body, f"uid-{body['metadata']['name']}")
+            pod = running_pod(body, f"uid-{body['metadata']['name']}")
             pod["metadata"]["annotations"][names.ANNOTATION_SECONDS_TO_SAFE_POINT] = "20"
             ctl.on_pod_event(ADDED, pod)
         seen = len(api.created)
@@ -299,5 +299,5 @@ def test_drift_roles_the_simulator_and_the_controllers_plan_loop_decide_the_same
         if reclaimed:
             assert {r.job for r in sim_plan.reclaims} == {"rl/grpo-tiny#rollout"}
             break
-        _drain(ctl)
+        drain(ctl)
     assert grew and reclaimed

@@ -13,6 +13,7 @@ import yaml
 from rose_sim.cli import main as sim_main
 from rose_sim.forecasters import Bounds
 from rose_sim.shares import planned_shares, share_lending
+from tests.support.sim_fixtures import raw_job
 
 TICK = 60
 
@@ -72,18 +73,7 @@ def _job(tmp_path: Path) -> Path:
     d.mkdir()
     (d / "a.yaml").write_text(
         yaml.safe_dump(
-            {
-                "apiVersion": "elastic.rose.io/v1alpha1",
-                "kind": "ElasticRLJob",
-                "metadata": {"name": "a", "namespace": "rl", "uid": "u-a", "generation": 1, "resourceVersion": "1"},
-                "spec": {
-                    "minGPUs": 1,
-                    "maxGPUs": 4,
-                    "gpusPerWorker": 1,
-                    "stateBytesPerWorker": 2**30,
-                    "template": {"spec": {"containers": [{"name": "t", "image": "t"}]}},
-                },
-            }
+            raw_job("a", 1, 4, stateBytesPerWorker=2**30)  # 1 GiB of state per worker
         )
     )
     return d

@@ -26,6 +26,7 @@ from dra_driver.suspend.model import OpContext, Registration
 from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.registry import Workload
 from dra_driver.suspend.support import ProcessFacts
+from tests.support.nvml_fakes import FakeNvml
 
 NOT_READY = 600  # what cuCheckpointProcessLock returns when timeoutMs passes
 
@@ -250,38 +251,6 @@ def test_budget_is_charged_the_measured_size_not_the_registered_one() -> None:
     probe.nbytes = 9 << 30  # the process shrank (e.g. empty_cache): now it fits
     r = eng.suspend("c", 3.0)
     assert r.ok and r.bytes_moved == 9 << 30 and eng.budget.held_bytes("p") == 9 << 30
-
-
-class FakeNvml:
-    """libnvidia-ml at its ctypes boundary: two GPUs; pid 1234 holds 3 GiB on one and 1 GiB on the other."""
-
-    def __init__(self) -> None:
-        self.procs = {0: [(1234, 3 << 30), (99, 5 << 30)], 1: [(1234, 1 << 30)]}
-
-    def nvmlInit_v2(self) -> int:
-        return 0
-
-    def nvmlDeviceGetCount_v2(self, out: Any) -> int:
-        ctypes.cast(out, ctypes.POINTER(ctypes.c_uint))[0] = len(self.procs)
-        return 0
-
-    def nvmlDeviceGetHandleByIndex_v2(self, i: int, out: Any) -> int:
-        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = i + 1
-        return 0
-
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, buf: Any) -> int:
-        from dra_driver.suspend.nvml import NvmlProcessInfo
-
-        procs = self.procs[handle.value - 1]
-        n = ctypes.cast(count, ctypes.POINTER(ctypes.c_uint))
-        if buf is None or n[0] < len(procs):
-            n[0] = len(procs)
-            return 7  # NVML_ERROR_INSUFFICIENT_SIZE
-        arr = ctypes.cast(buf, ctypes.POINTER(NvmlProcessInfo))
-        for i, (pid, used) in enumerate(procs):
-            arr[i].pid, arr[i].usedGpuMemory = pid, used
-        n[0] = len(procs)
-        return 0
 
 
 def test_nvml_probe_sums_a_process_over_gpus() -> None:

@@ -8,8 +8,8 @@ from prometheus_client import generate_latest
 
 from rose_cli import dashboard_spec
 from rose_common import names, promtext
-from tests.unit.rose_cli.test_dashboard_metrics import RULES
-from tests.unit.timeslice.test_timeslice_handover import Cluster, G, group_pods
+from tests.support.handover_fakes import GROUP, HandoverCluster, group_pods
+from tests.support.manifest_files import PROMETHEUS_RULES
 from timeslice.handover import KubeHandover, state_bytes
 from timeslice.metrics import TimesliceMetrics
 from timeslice.orchestrator import NoopOutcome, Orchestrator
@@ -18,7 +18,7 @@ from timeslice.store import MemoryStore
 GIB = 1 << 30
 
 
-def _sized(reported: int | None, estimate: int | None) -> Cluster:
+def _sized(reported: int | None, estimate: int | None) -> HandoverCluster:
     pods = group_pods()
     for p in pods:
         ann = p["metadata"]["annotations"]
@@ -26,16 +26,16 @@ def _sized(reported: int | None, estimate: int | None) -> Cluster:
             ann[names.ANNOTATION_REPORTED_STATE_BYTES] = str(reported)
         if estimate is not None:
             ann[names.ANNOTATION_STATE_BYTES] = str(estimate)
-    return Cluster({f"ml/{w['metadata']['name']}": w for w in pods})
+    return HandoverCluster({f"ml/{w['metadata']['name']}": w for w in pods})
 
 
 def test_the_kube_handover_reports_the_state_it_suspended_and_moved() -> None:
     c = _sized(reported=3 * GIB, estimate=GIB)  # a's workers report 3 GiB each; b has only the estimate
-    res = KubeHandover(c, clock=c.clock).switch(G, 3, "ml/a", "ml/b", deadline=c.now + 30)
+    res = KubeHandover(c, clock=c.clock).switch(GROUP, 3, "ml/a", "ml/b", deadline=c.now + 30)
     assert res.ok, res.error
     assert (res.suspended_bytes, res.bytes_moved) == (6 * GIB, 6 * GIB + 2 * GIB)
     first = _sized(None, None)  # nothing resident before, and no size known: nothing counted
-    res = KubeHandover(first, clock=first.clock).switch(G, 1, None, "ml/b", deadline=first.now + 30)
+    res = KubeHandover(first, clock=first.clock).switch(GROUP, 1, None, "ml/b", deadline=first.now + 30)
     assert res.ok and (res.suspended_bytes, res.bytes_moved) == (0, 0)
     assert state_bytes([{"metadata": {"annotations": {names.ANNOTATION_STATE_BYTES: "x1"}}}]) == 0
 
@@ -87,7 +87,10 @@ def test_the_dashboard_has_a_time_slice_row_over_every_issue_13_metric() -> None
     ):
         assert metric in exprs, metric
     rules = {
-        r["record"]: r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r
+        r["record"]: r["expr"]
+        for g in yaml.safe_load(PROMETHEUS_RULES.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
     }
     assert rules["rose_rl_steps_per_hour"].startswith("3600 * sum by (namespace, job) (rate(rose_rl_steps_total")
     assert "rose_rl_samples_total" in rules["rose_rl_samples_per_hour"]

@@ -4,32 +4,15 @@ The real drivers on a local cluster are in tests/e2e/timeslice/test_timeslice_ha
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
-
 import pytest
 
 from rose_common import names
-from timeslice.handover import RUNNING, SUSPENDED, HandoverError, KubeHandover, PodPatch, plan, progress
-
-G = "grp"
-
-
-def worker(job: str, i: int, node: str, state: str | None = None) -> dict[str, Any]:
-    ann = {names.ANNOTATION_SUSPEND_STATE: state} if state else {}
-    labels = {names.LABEL_JOB: job, names.LABEL_TIMESLICE_GROUP: G}
-    meta = {"namespace": "ml", "name": f"{job}-{i}", "labels": labels, "annotations": ann, "resourceVersion": "1"}
-    return {"metadata": meta, "spec": {"nodeName": node}}
-
-
-def group_pods(b_state: str | None = SUSPENDED) -> list[dict[str, Any]]:
-    """Job a resident (running) on nodes n1 and n2; job b suspended there."""
-    return [worker("a", 0, "n1"), worker("a", 1, "n2"), worker("b", 0, "n1", b_state), worker("b", 1, "n2", b_state)]
+from tests.support.handover_fakes import GROUP, HandoverCluster, group_pods
+from timeslice.handover import RUNNING, SUSPENDED, HandoverError, KubeHandover, plan, progress
 
 
 def test_plan_suspends_out_then_restores_in_and_rolls_back_in_reverse() -> None:
-    p = plan(group_pods(), G, 7, "ml/a", "ml/b", "t")
+    p = plan(group_pods(), GROUP, 7, "ml/a", "ml/b", "t")
     assert [x.key() for x in p.suspend.patches] == ["ml/a-0", "ml/a-1"] and p.suspend.want == SUSPENDED
     assert [x.key() for x in p.restore.patches] == ["ml/b-0", "ml/b-1"] and p.restore.want == RUNNING
     assert all(x.annotations[names.ANNOTATION_FENCING_TOKEN] == "grp:7" for x in p.suspend.patches + p.restore.patches)
@@ -38,18 +21,18 @@ def test_plan_suspends_out_then_restores_in_and_rolls_back_in_reverse() -> None:
     back_in, back_out = p.rollback
     assert back_in.want == SUSPENDED and [x.key() for x in back_in.patches] == ["ml/b-0", "ml/b-1"]
     assert back_out.want == RUNNING and [x.key() for x in back_out.patches] == ["ml/a-0", "ml/a-1"]
-    lazy = plan(group_pods(), G, 1, None, "ml/b", "t")  # nothing resident: nothing to suspend
+    lazy = plan(group_pods(), GROUP, 1, None, "ml/b", "t")  # nothing resident: nothing to suspend
     assert lazy.suspend.patches == ()
 
 
 @pytest.mark.parametrize(("job", "frag"), [("b", "namespace/name"), ("ml/zz", "no worker pods of ml/zz")])
 def test_plan_refuses_what_it_cannot_switch_clearly(job: str, frag: str) -> None:
     with pytest.raises(HandoverError, match=frag):
-        plan(group_pods(), G, 1, None, job, "t")
+        plan(group_pods(), GROUP, 1, None, job, "t")
 
 
 def test_progress_names_the_pods_and_nodes_not_there_yet() -> None:
-    p = plan(group_pods(), G, 1, "ml/a", "ml/b", "t")
+    p = plan(group_pods(), GROUP, 1, "ml/a", "ml/b", "t")
     pods = {f"ml/{w['metadata']['name']}": w for w in group_pods()}
     assert progress(p.suspend, pods) == ["ml/a-0@n1", "ml/a-1@n2"]
     assert progress(p.restore, pods) == ["ml/b-0@n1", "ml/b-1@n2"]
@@ -57,57 +40,13 @@ def test_progress_names_the_pods_and_nodes_not_there_yet() -> None:
     assert progress(p.rollback[0], pods) == ["ml/b-1@?"]
 
 
-@dataclass
-class Cluster:
-    """Pods of one group as the API server holds them; each node acts on the suspend-request
-    annotation as its driver does, unless ``fail`` names the node and the state it cannot reach.
-    A watch with nothing to deliver lets its whole timeout pass on the test's clock."""
-
-    pods: dict[str, dict[str, Any]]
-    fail: dict[str, str] = field(default_factory=dict)  # node -> the state it never reaches
-    now: float = 1000.0
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    patches: list[PodPatch] = field(default_factory=list)
-
-    def clock(self) -> float:
-        return self.now
-
-    def list(self, group: str) -> tuple[list[dict[str, Any]], str]:
-        return [dict(p) for p in self.pods.values()], "1"
-
-    def watch(self, group: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        if not self.events:
-            self.now += timeout_s
-        while self.events:
-            yield self.events.pop(0)
-
-    def patch(self, patch: PodPatch) -> None:
-        self.patches.append(patch)
-        pod = self.pods[patch.key()]
-        ann = dict(pod["metadata"]["annotations"])
-        for k, v in patch.annotations.items():
-            if v is None:
-                ann.pop(k, None)
-            else:
-                ann[k] = v
-        want = SUSPENDED if names.ANNOTATION_SUSPEND_REQUEST in ann else RUNNING
-        if self.fail.get(pod["spec"]["nodeName"]) != want:
-            ann[names.ANNOTATION_SUSPEND_STATE] = want
-        pod = {"metadata": dict(pod["metadata"], annotations=ann), "spec": pod["spec"]}
-        self.pods[patch.key()] = pod
-        self.events.append(("MODIFIED", pod))
-
-    def state(self, key: str) -> str:
-        return str(self.pods[key]["metadata"]["annotations"].get(names.ANNOTATION_SUSPEND_STATE, RUNNING))
-
-
-def _cluster(fail: dict[str, str] | None = None) -> Cluster:
-    return Cluster({f"ml/{w['metadata']['name']}": w for w in group_pods()}, fail or {})
+def _cluster(fail: dict[str, str] | None = None) -> HandoverCluster:
+    return HandoverCluster({f"ml/{w['metadata']['name']}": w for w in group_pods()}, fail or {})
 
 
 def test_switch_moves_every_node_in_two_phases() -> None:
     c = _cluster()
-    res = KubeHandover(c, clock=c.clock).switch(G, 3, "ml/a", "ml/b", deadline=c.now + 30)
+    res = KubeHandover(c, clock=c.clock).switch(GROUP, 3, "ml/a", "ml/b", deadline=c.now + 30)
     assert res.ok and not res.error, res.error
     assert [c.state(k) for k in ("ml/a-0", "ml/a-1", "ml/b-0", "ml/b-1")] == [SUSPENDED, SUSPENDED, RUNNING, RUNNING]
     assert [p.key() for p in c.patches] == ["ml/a-0", "ml/a-1", "ml/b-0", "ml/b-1"]  # all suspends before restores
@@ -115,7 +54,7 @@ def test_switch_moves_every_node_in_two_phases() -> None:
 
 def test_a_node_that_fails_to_suspend_rolls_the_other_back() -> None:
     c = _cluster(fail={"n2": SUSPENDED})
-    res = KubeHandover(c, clock=c.clock, rollback_timeout_s=5).switch(G, 3, "ml/a", "ml/b", deadline=c.now + 30)
+    res = KubeHandover(c, clock=c.clock, rollback_timeout_s=5).switch(GROUP, 3, "ml/a", "ml/b", deadline=c.now + 30)
     assert not res.ok and res.failed_pods == ("ml/a-1@n2",)
     assert "missed its deadline on ml/a-1@n2" in res.error and "rolled back" in res.error
     assert c.state("ml/a-0") == RUNNING  # n1 resumed the job it had suspended: all or nothing
@@ -126,7 +65,7 @@ def test_a_node_that_fails_to_suspend_rolls_the_other_back() -> None:
 
 def test_a_node_that_fails_to_restore_rolls_back_both_jobs_everywhere() -> None:
     c = _cluster(fail={"n2": RUNNING})  # n2 suspends but cannot resume anything
-    res = KubeHandover(c, clock=c.clock, rollback_timeout_s=5).switch(G, 4, "ml/a", "ml/b", deadline=c.now + 30)
+    res = KubeHandover(c, clock=c.clock, rollback_timeout_s=5).switch(GROUP, 4, "ml/a", "ml/b", deadline=c.now + 30)
     assert not res.ok and res.failed_pods == ("ml/b-1@n2",)
     assert c.state("ml/b-0") == SUSPENDED  # the restored rank of b is suspended again
     assert c.state("ml/a-0") == RUNNING  # and a resumed where it could be
