@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import binding, cdi, evictions, fencing, shares
+from dra_driver import binding, cdi, evictions, fencing, refusals, shares
 from dra_driver.checkpoint import CheckpointFile, crash_point
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
 from dra_driver.discovery import GpuDevice
@@ -197,6 +197,9 @@ class NodeDriver:
         # asks for every claim event, and must not wait for the node lock (held through a suspend).
         self._bmu = threading.Lock()
         self._binding_uids: set[str] = set()
+        # Lent claims refused because serving holds their GPU, already told (refusals.py)
+        self._refused = refusals.RefusalBook()
+        self._rmu = threading.Lock()
         # Engine calls wait for workloads (a grace period, a fallback checkpoint): two per GPU, so a
         # hung occupant on one GPU never queues an honest occupant's suspend on another behind it;
         # the waits of an occupant the driver stopped end at once (engine_api.Abandoner).
@@ -318,9 +321,15 @@ class NodeDriver:
             try:
                 out[ref.uid] = PrepareOutcome(devices=self._prepare_claim(ref))
                 self.metrics.prepare_total.labels("ok").inc()
+                with self._rmu:
+                    self._refused.forget(ref.uid)
             except Timeout as e:
                 out[ref.uid] = PrepareOutcome(error=self._lock_busy("prepare", ref, e))
                 self.metrics.prepare_total.labels("error").inc()
+            except refusals.ServingHoldsError as e:
+                out[ref.uid] = PrepareOutcome(error=str(e))
+                self.metrics.prepare_total.labels("error").inc()
+                self._serving_holds_refusal(ref, e)
             except ClaimError as e:
                 out[ref.uid] = PrepareOutcome(error=str(e))
                 self.metrics.prepare_total.labels("error").inc()
@@ -332,8 +341,27 @@ class NodeDriver:
             self.metrics.prepare_seconds.observe(time.monotonic() - t0)
         return out
 
+    def _serving_holds_refusal(self, ref: ClaimRef, e: refusals.ServingHoldsError) -> None:
+        """A lent claim refused because serving holds its GPU: counted every time, logged, and told
+        on its pods once per serving claim (the kubelet's retries add no Events; refusals.py)."""
+        self.metrics.lent_prepare_refused_total.inc()
+        log.warning("prepare refused: serving holds the gpu", extra={"claim": ref.key(), "gpu": e.gpu, "err": str(e)})
+        with self._rmu:
+            first = self._refused.first(ref.uid, e.serving)
+        if not first:
+            return
+        msg = refusals.event_message(ref.key(), self.node_name, e)
+        for p in e.pods:
+            try:
+                self.notifier.event(p, refusals.EVENT_LENT_PREPARE_REFUSED, msg, True)
+            except Exception as err:  # the API being down must not block the kubelet's call
+                log.warning("notify failed", extra={"pod": f"{p.namespace}/{p.name}", "err": str(err)})
+
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
         """Per-claim errors ('' = done); never raises, like :meth:`prepare`."""
+        with self._rmu:
+            for r in refs:
+                self._refused.forget(r.uid)
         try:
             return self._unprepare_locked(refs)
         except Timeout as e:
@@ -693,9 +721,12 @@ class NodeDriver:
             self._preparing.discard(ref.uid)
             self._reclaiming.difference_update(p.occupant.uid for p in begun.pendings)
 
-    def _check_devices_free(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+    def _check_devices_free(
+        self, ref: ClaimRef, devices: Sequence[PreparedDevice], pods: Sequence[PodRef] = ()
+    ) -> None:
         """Under the lock: refuse (ClaimError, the kubelet retries) a device another claim has
-        prepared, and a lent claim on a GPU a serving claim holds or is being bound to."""
+        prepared, and a lent claim on a GPU a serving claim holds or is being bound to
+        (:class:`refusals.ServingHoldsError`, told on ``pods``, the lent claim's)."""
         data = self._data
         others = [(f"{o.namespace}/{o.name}", d) for o in data.claims.values() if o.uid != ref.uid for d in o.devices]
         for dev in devices:
@@ -717,18 +748,24 @@ class NodeDriver:
                     if other.uid != ref.uid and any(
                         d.gpu_index == dev.gpu_index and d.role == names.ROLE_SERVING for d in other.devices
                     ):
-                        raise ClaimError(
+                        raise refusals.ServingHoldsError(
                             f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is held by "
                             f"serving claim {other.namespace}/{other.name}; serving wins, so this lent "
                             "claim can be prepared only after the serving claim is unprepared (the kubelet "
-                            "retries)"
+                            "retries)",
+                            dev.gpu_index,
+                            f"{other.namespace}/{other.name}",
+                            pods,
                         )
                 for other_uid, gpus in self._binding.items():
                     if other_uid != ref.uid and dev.gpu_index in gpus:
-                        raise ClaimError(
+                        raise refusals.ServingHoldsError(
                             f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is allocated to serving"
                             f" claim {other_uid}, which the scheduler is binding; serving wins, so this lent claim"
-                            " can be prepared only after that claim is unprepared or deallocated (the kubelet retries)"
+                            " can be prepared only after that claim is unprepared or deallocated (the kubelet retries)",
+                            dev.gpu_index,
+                            other_uid,
+                            pods,
                         )
 
     def _prepare_begin(self, ref: ClaimRef) -> tuple[PreparedDevice, ...] | Reclaims:
@@ -751,7 +788,7 @@ class NodeDriver:
         except Exception as e:
             raise ClaimError(f"reading ResourceClaim {ref.key()} from the API failed: {e}") from e
         valid = validate_claim(claim, ref, self.driver_name, self.node_name, self.gpu_uuids)
-        self._check_devices_free(ref, valid.devices)
+        self._check_devices_free(ref, valid.devices, valid.pods)
         grace = (
             self._grace_of(list(valid.pods))
             if any(d.role in names.LENT_ROLES for d in valid.devices)
