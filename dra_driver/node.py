@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 
 from dra_driver import binding, cdi, evictions, fencing, refusals, shares
 from dra_driver.checkpoint import CheckpointFile, crash_point
-from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
+from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, reserved_pods, validate_claim
 from dra_driver.discovery import GpuDevice
 from dra_driver.enforce import (
     METHOD_CUDA_CHECKPOINT,
@@ -388,7 +388,7 @@ class NodeDriver:
         """Act on a pod's ``rose.io/suspend-request``: suspend its lent claims. Returns the pod state."""
         holder = REQUEST_HOLDER_PREFIX + pod.uid
         with self._locked() as data:
-            recs = self._lent_claims_of(pod.uid)
+            recs = self._lent_claims_of_member(pod)
             if not recs:
                 self.metrics.suspend_requests_total.labels("error").inc()
                 return ""
@@ -409,7 +409,7 @@ class NodeDriver:
         (also a group that is no time-slice group name, a token past 2^63-1). The book is bounded
         (``fencing.MAX_GROUPS``; groups with a pod on this node, ``fence_groups_in_use``, are kept)."""
         with self._locked() as data:
-            if pods and not any(self._lent_claims_of(p.uid) for p in pods):
+            if pods and not any(self._lent_claims_of_member(p) for p in pods):
                 # only a pod with a lent claim here is part of a hand-over on this node: another
                 # pod's annotation must not move the node's fence (it would refuse real hand-overs)
                 group, token = fencing.parse(raw)
@@ -673,6 +673,34 @@ class NodeDriver:
             and bool(names.LENT_ROLES & r.roles())
             and any(p.uid == pod_uid for p in r.pods)
         ]
+
+    def _lent_claims_of_member(self, pod: PodRef) -> list[ClaimRecord]:
+        """Under the lock: :meth:`_lent_claims_of`, and on a miss the prepared lent claims of the
+        pod's namespace read again from the API, their pods taken afresh from ``reservedFor``
+        (soak finding T6: a time-slice group member scheduled after its shared claim was prepared
+        is reserved in the claim, but the kubelet does not prepare a prepared claim again, so the
+        record from the first prepare never had it). Pods are added, never dropped; a claim that
+        cannot be read keeps its pods."""
+        recs = self._lent_claims_of(pod.uid)
+        if recs:
+            return recs
+        changed = False
+        for rec in list(self._data.claims.values()):
+            if rec.state != PREPARE_COMPLETED or rec.namespace != pod.namespace or not names.LENT_ROLES & rec.roles():
+                continue
+            key = f"{rec.namespace}/{rec.name}"
+            try:
+                claim = self.claims.get_claim(rec.namespace, rec.name)
+            except Exception as e:
+                log.warning("reading a prepared claim's pods failed", extra={"claim": key, "err": repr(e)})
+                continue
+            new = [p for p in reserved_pods(claim, rec.namespace) if p not in rec.pods]
+            if objects.uid(claim) == rec.uid and new:  # added, never dropped (a hold may name a pod)
+                log.info("prepared claim's pods added", extra={"claim": key, "pods": [p.name for p in new]})
+                rec.pods, changed = [*rec.pods, *new], True
+        if changed:
+            self._save()
+        return self._lent_claims_of(pod.uid)
 
     def _grace_of(self, pods: list[PodRef]) -> float:
         for p in pods:
