@@ -10,8 +10,8 @@ the prepare did); the run then plays NodePrepareResources, NodeUnprepareResource
 pod (the claim controller deletes its claim). Per run:
 
 * ``taint_s``: the pod seen bound → ``gpu-0-lendable`` carries ``rose.io/serving-holds`` in the
-  API (the driver's ResourceSlice, polled every 20 ms); the allocation precedes the bound pod, so
-  this is an upper bound of allocation → taint less the scheduler's bind;
+  API (the driver's ResourceSlice, polled every 20 ms); the scheduler writes the allocation before
+  it binds the pod, so the window from the allocation is longer by that bind (not measured here);
 * ``untaint_s``: the pod deleted and its claim unprepared → the taint gone from the API (through
   the claim controller's deletion of the claim).
 
