@@ -249,9 +249,14 @@ class Node:
         wait_for("the driver's ResourceSlice", published, timeout=60)
         for i in (0, 1):
             sel = [f'device.attributes["gpu.rose.io"].index == {i}']
-            create_claim_template(
-                self.api, self.ns, claim_template(f"lent-g{i}", names.DEVICE_CLASS_LENDABLE, selectors=sel)
-            )
+            lent = claim_template(f"lent-g{i}", names.DEVICE_CLASS_LENDABLE, selectors=sel)
+            # the serving claims stay allocated between runs (each run prepares them: serving's
+            # arrival), and the driver taints a GPU's lendable device from a serving allocation
+            # on: the lent claims tolerate that taint, standing for claims allocated before serving came
+            lent["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+                {"key": names.TAINT_SERVING_HOLDS, "operator": "Exists", "effect": "NoSchedule"}
+            ]
+            create_claim_template(self.api, self.ns, lent)
             create_claim_template(
                 self.api, self.ns, claim_template(f"serve-g{i}", names.DEVICE_CLASS_SERVING, selectors=sel)
             )
@@ -654,6 +659,8 @@ def _shared_claim(n: Node, name: str) -> None:
             "deviceClassName": names.DEVICE_CLASS_LENDABLE,
             "count": 1,
             "selectors": [{"cel": {"expression": 'device.attributes["gpu.rose.io"].index == 0'}}],
+            # allocated beside the standing serving claim on GPU 0, as the lent-g* templates (Node.setup)
+            "tolerations": [{"key": names.TAINT_SERVING_HOLDS, "operator": "Exists", "effect": "NoSchedule"}],
         },
     }
     body = {

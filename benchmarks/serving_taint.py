@@ -3,16 +3,21 @@
     python -m benchmarks.serving_taint --json OUT.json [--runs 10] [--workdir DIR]
 
 On a real local cluster (``local_cluster``: kube-apiserver, kube-scheduler's DynamicResources, one
-KWOK node with two simulated GPUs) with the real ``rose driver`` process (``--serving-wait=prepare``,
-so the taint follows the kubelet's prepare alone): each run creates a serving pod pinned to GPU 0,
-plays NodePrepareResources once the scheduler has bound it, then NodeUnprepareResources. Per run:
+KWOK node with two simulated GPUs) with the real ``rose driver`` process (``--serving-wait=prepare``):
+each run creates a serving pod pinned to GPU 0; once the scheduler has bound it (its claim
+allocated), the driver's claim watch taints GPU 0's lendable device (soak finding T2: before, only
+the prepare did); the run then plays NodePrepareResources, NodeUnprepareResources, and deletes the
+pod (the claim controller deletes its claim). Per run:
 
-* ``taint_s``: the prepare returned → ``gpu-0-lendable`` carries ``rose.io/serving-holds`` in the
-  API (the driver's ResourceSlice, polled every 20 ms);
-* ``untaint_s``: the unprepare returned → the taint gone from the API.
+* ``taint_s``: the pod seen bound → ``gpu-0-lendable`` carries ``rose.io/serving-holds`` in the
+  API (the driver's ResourceSlice, polled every 20 ms); the scheduler writes the allocation before
+  it binds the pod, so the window from the allocation is longer by that bind (not measured here);
+* ``untaint_s``: the pod deleted and its claim unprepared → the taint gone from the API (through
+  the claim controller's deletion of the claim).
 
-That is the window in which the scheduler can still allocate GPU 0's lendable device to a new RL
-claim (the driver's prepare-time refusal keeps it safe). Printed and in the JSON: p50 / p90 / max.
+``taint_s`` is the window in which the scheduler can still allocate GPU 0's lendable device to a
+new RL claim (the driver's prepare-time refusal keeps it safe, and tells it once). Printed and in
+the JSON: p50 / p90 / max.
 """
 
 from __future__ import annotations
@@ -76,19 +81,19 @@ def _runs(handle: Any, api: Any, runs: int, root: Path) -> list[dict[str, float]
             srv = f"serve-{i}"
             core.create_namespaced_pod(ns, gpu_pod(srv, "serve", node_name=node))
             wait_for("bound", lambda srv=srv: core.read_namespaced_pod(srv, ns).spec.node_name, 120, 0.02)  # type: ignore[misc]
-            claim = allocated_claim(api, ns, srv)
-            assert claim is not None
-            assert drv.prepare(claim).error == ""
             t0 = time.monotonic()
             wait_for("tainted", lambda: _tainted(api, node), 30, 0.02)
             taint = time.monotonic() - t0
+            claim = allocated_claim(api, ns, srv)
+            assert claim is not None
+            assert drv.prepare(claim).error == ""
+            core.delete_namespaced_pod(srv, ns, grace_period_seconds=0)
             assert drv.unprepare(claim).error == ""
             t1 = time.monotonic()
-            wait_for("untainted", lambda: _tainted(api, node) is False, 30, 0.02)
+            wait_for("untainted", lambda: _tainted(api, node) is False, 60, 0.02)
             untaint = time.monotonic() - t1
             out.append({"taint_s": taint, "untaint_s": untaint})
-            log(f"run {i}: tainted {taint:.3f}s after the prepare, untainted {untaint:.3f}s after the unprepare")
-            core.delete_namespaced_pod(srv, ns, grace_period_seconds=0)
+            log(f"run {i}: tainted {taint:.3f}s after the pod was bound, untainted {untaint:.3f}s after its deletion")
             wait_for("pod gone", lambda: not core.list_namespaced_pod(ns).items, timeout=60)
     finally:
         delete_namespace(api, ns)

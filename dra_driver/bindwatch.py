@@ -198,10 +198,13 @@ class BindingWatcher:
             self.api, self.api.settings, self, on_restart=lambda kind: restarts.labels(kind).inc(), stop=self._stop
         ).run()
 
-    def start(self) -> None:
+    def start(self, own_watch: bool = True) -> None:
+        """Start the workers, and this watch's own informer unless another hands it every claim
+        (``own_watch=False``: ``dra_driver.servingalloc.ServingAllocWatch``, one watch for both)."""
         start_workers(self.queue, self._work, count=self._workers)
-        self._thread = threading.Thread(target=self.run, name="binding-watch", daemon=True)
-        self._thread.start()
+        if own_watch:
+            self._thread = threading.Thread(target=self.run, name="binding-watch", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()

@@ -201,9 +201,13 @@ def validate_claim(
                 compute_percent=compute,
             )
         )
-    pods = tuple(
-        PodRef(namespace=ref.namespace, name=str(p.get("name", "")), uid=str(p.get("uid", "")))
-        for p in status.get("reservedFor") or []
+    return ValidClaim(ref=ref, devices=tuple(devices), pods=reserved_pods(claim, ref.namespace))
+
+
+def reserved_pods(claim: dict[str, Any], namespace: str) -> tuple[PodRef, ...]:
+    """The pods in the claim's ``status.reservedFor`` (of ``namespace``, the claim's), in order. Pure."""
+    return tuple(
+        PodRef(namespace=namespace, name=str(p.get("name", "")), uid=str(p.get("uid", "")))
+        for p in objects.status(claim).get("reservedFor") or []
         if p.get("resource") == "pods"
     )
-    return ValidClaim(ref=ref, devices=tuple(devices), pods=pods)

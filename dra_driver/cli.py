@@ -329,6 +329,7 @@ class Wiring:
     agent_server: Any = None
     health: DriverHealth = field(default_factory=DriverHealth)
     binder: Any = None  # the binding watch (--serving-wait=prebind)
+    claim_watch: Any = None  # serving claims allocated here (servingalloc.py); feeds the binder too
     reclaim_watch: Any = None  # the planner's reclaim DeviceTaintRules, onto share devices (--gpu-shares)
     serving_wait: str = "prepare"
 
@@ -486,10 +487,13 @@ def build(args: argparse.Namespace) -> Wiring:
     wiring.serving_wait = serving_wait
     if args.publish_slices and args.gpu_shares:  # the planner's reclaim taint onto share devices too
         wiring.reclaim_watch = _reclaim_watch(api, args.node_name, publisher, metrics)
+    claims_api = kube.KubeClaims(api)
     if serving_wait == "prebind":
         from dra_driver.bindwatch import BindingWatcher
 
-        wiring.binder = BindingWatcher(kube.KubeClaims(api), driver, args.node_name, metrics, notifier.event)
+        wiring.binder = BindingWatcher(claims_api, driver, args.node_name, metrics, notifier.event)
+    if args.publish_slices or wiring.binder is not None:  # one watch of every claim for both
+        wiring.claim_watch = _claim_watch(claims_api, args.node_name, publisher, wiring.binder, metrics, args)
     if agent_server is not None:  # one fencing book for both paths, kept in the node checkpoint
         agent_server.control.fence = lambda raw: driver.admit_fence(raw, [], "agent")
     return wiring
@@ -503,6 +507,23 @@ def _reclaim_watch(api: Any, node: str, publisher: Any, metrics: Any) -> Any:
     restarts = metrics.watch_restarts_total
     return ReclaimTaintWatch(
         kube.Raw(api), node, publisher.set_reclaim_planned, on_restart=lambda kind: restarts.labels(kind).inc()
+    )
+
+
+def _claim_watch(claims_api: Any, node: str, publisher: Any, binder: Any, metrics: Any, args: Any) -> Any:
+    """The watch of every ResourceClaim: serving claims allocated on this node taint their GPUs'
+    lent devices (with --publish-slices), and the binding watch hears every claim through it."""
+    from dra_driver.servingalloc import ServingAllocWatch
+
+    restarts = metrics.watch_restarts_total
+    publish = publisher.set_serving_allocated if args.publish_slices else lambda _: None
+    return ServingAllocWatch(
+        claims_api,
+        claims_api.settings,
+        node,
+        publish,
+        also=[binder] if binder is not None else [],
+        on_restart=lambda kind: restarts.labels(kind).inc(),
     )
 
 
@@ -598,7 +619,9 @@ def start(args: argparse.Namespace, w: Wiring) -> None:
     if args.watch_pods:
         w.watcher.start()
     if w.binder is not None:
-        w.binder.start()
+        w.binder.start(own_watch=w.claim_watch is None)
+    if w.claim_watch is not None:
+        w.claim_watch.start()
     if w.reclaim_watch is not None:
         w.reclaim_watch.start()
 
@@ -615,6 +638,8 @@ def run(args: argparse.Namespace, w: Wiring, stop: threading.Event) -> int:
         w.health.beat()
     log.info("driver stopping", extra={"node": args.node_name})
     w.watcher.stop()
+    if w.claim_watch is not None:
+        w.claim_watch.stop()
     if w.binder is not None:
         w.binder.stop()
     if w.reclaim_watch is not None:

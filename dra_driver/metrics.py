@@ -160,6 +160,11 @@ class DriverMetrics:
             "Serving prepares let onto a device still holding lent state (--allow-serving-on-occupied-device)",
             registry=r,
         )
+        self.lent_prepare_refused_total = Counter(
+            "rose_driver_lent_prepare_refused",
+            "Prepares of a lent claim refused because serving holds its GPU (serving wins; the kubelet retries)",
+            registry=r,
+        )
         self.share_refused_total = Counter(
             "rose_driver_share_refused",
             "Prepares refused by the GPU-share accounting (a share beside a whole lent claim, or over the GPU)",

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import binding, cdi, evictions, fencing, shares
+from dra_driver import binding, cdi, evictions, fencing, refusals, shares
 from dra_driver.checkpoint import CheckpointFile, crash_point
-from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, validate_claim
+from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, reserved_pods, validate_claim
 from dra_driver.discovery import GpuDevice
 from dra_driver.enforce import (
     METHOD_CUDA_CHECKPOINT,
@@ -166,12 +166,8 @@ class NodeDriver:
         self.gpus = {g.info.index: g for g in gpus}
         self.gpu_uuids = {g.info.index: g.info.uuid for g in gpus}
         self.simulated = all(g.simulated for g in gpus)
-        self.cdi_dir = cdi_dir
-        self.state_dir = state_dir
-        self.claims = claims
-        self.engine = engine
-        self.notifier = notifier
-        self.boot_id = boot_id
+        self.cdi_dir, self.state_dir, self.claims = cdi_dir, state_dir, claims
+        self.engine, self.notifier, self.boot_id = engine, notifier, boot_id
         self.metrics = metrics or DriverMetrics(sorted(self.gpus))
         self.default_grace = default_grace_seconds
         self.grace_slack = grace_slack_seconds
@@ -201,6 +197,9 @@ class NodeDriver:
         # asks for every claim event, and must not wait for the node lock (held through a suspend).
         self._bmu = threading.Lock()
         self._binding_uids: set[str] = set()
+        # Lent claims refused because serving holds their GPU, already told (refusals.py)
+        self._refused = refusals.RefusalBook()
+        self._rmu = threading.Lock()
         # Engine calls wait for workloads (a grace period, a fallback checkpoint): two per GPU, so a
         # hung occupant on one GPU never queues an honest occupant's suspend on another behind it;
         # the waits of an occupant the driver stopped end at once (engine_api.Abandoner).
@@ -325,9 +324,15 @@ class NodeDriver:
             try:
                 out[ref.uid] = PrepareOutcome(devices=self._prepare_claim(ref))
                 self.metrics.prepare_total.labels("ok").inc()
+                with self._rmu:
+                    self._refused.forget(ref.uid)
             except Timeout as e:
                 out[ref.uid] = PrepareOutcome(error=self._lock_busy("prepare", ref, e))
                 self.metrics.prepare_total.labels("error").inc()
+            except refusals.ServingHoldsError as e:
+                out[ref.uid] = PrepareOutcome(error=str(e))
+                self.metrics.prepare_total.labels("error").inc()
+                self._serving_holds_refusal(ref, e)
             except ClaimError as e:
                 out[ref.uid] = PrepareOutcome(error=str(e))
                 self.metrics.prepare_total.labels("error").inc()
@@ -339,8 +344,27 @@ class NodeDriver:
             self.metrics.prepare_seconds.observe(time.monotonic() - t0)
         return out
 
+    def _serving_holds_refusal(self, ref: ClaimRef, e: refusals.ServingHoldsError) -> None:
+        """A lent claim refused because serving holds its GPU: counted every time, logged, and told
+        on its pods once per serving claim (the kubelet's retries add no Events; refusals.py)."""
+        self.metrics.lent_prepare_refused_total.inc()
+        log.warning("prepare refused: serving holds the gpu", extra={"claim": ref.key(), "gpu": e.gpu, "err": str(e)})
+        with self._rmu:
+            first = self._refused.first(ref.uid, e.serving)
+        if not first:
+            return
+        msg = refusals.event_message(ref.key(), self.node_name, e)
+        for p in e.pods:
+            try:
+                self.notifier.event(p, refusals.EVENT_LENT_PREPARE_REFUSED, msg, True)
+            except Exception as err:  # the API being down must not block the kubelet's call
+                log.warning("notify failed", extra={"pod": f"{p.namespace}/{p.name}", "err": str(err)})
+
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
         """Per-claim errors ('' = done); never raises, like :meth:`prepare`."""
+        with self._rmu:
+            for r in refs:
+                self._refused.forget(r.uid)
         try:
             return self._unprepare_locked(refs)
         except Timeout as e:
@@ -367,7 +391,7 @@ class NodeDriver:
         """Act on a pod's ``rose.io/suspend-request``: suspend its lent claims. Returns the pod state."""
         holder = REQUEST_HOLDER_PREFIX + pod.uid
         with self._locked() as data:
-            recs = self._lent_claims_of(pod.uid)
+            recs = self._lent_claims_of_member(pod)
             if not recs:
                 self.metrics.suspend_requests_total.labels("error").inc()
                 return ""
@@ -388,7 +412,7 @@ class NodeDriver:
         (also a group that is no time-slice group name, a token past 2^63-1). The book is bounded
         (``fencing.MAX_GROUPS``; groups with a pod on this node, ``fence_groups_in_use``, are kept)."""
         with self._locked() as data:
-            if pods and not any(self._lent_claims_of(p.uid) for p in pods):
+            if pods and not any(self._lent_claims_of_member(p) for p in pods):
                 # only a pod with a lent claim here is part of a hand-over on this node: another
                 # pod's annotation must not move the node's fence (it would refuse real hand-overs)
                 group, token = fencing.parse(raw)
@@ -657,6 +681,34 @@ class NodeDriver:
             and any(p.uid == pod_uid for p in r.pods)
         ]
 
+    def _lent_claims_of_member(self, pod: PodRef) -> list[ClaimRecord]:
+        """Under the lock: :meth:`_lent_claims_of`, and on a miss the prepared lent claims of the
+        pod's namespace read again from the API, their pods taken afresh from ``reservedFor``
+        (soak finding T6: a time-slice group member scheduled after its shared claim was prepared
+        is reserved in the claim, but the kubelet does not prepare a prepared claim again, so the
+        record from the first prepare never had it). Pods are added, never dropped; a claim that
+        cannot be read keeps its pods."""
+        recs = self._lent_claims_of(pod.uid)
+        if recs:
+            return recs
+        changed = False
+        for rec in list(self._data.claims.values()):
+            if rec.state != PREPARE_COMPLETED or rec.namespace != pod.namespace or not names.LENT_ROLES & rec.roles():
+                continue
+            key = f"{rec.namespace}/{rec.name}"
+            try:
+                claim = self.claims.get_claim(rec.namespace, rec.name)
+            except Exception as e:
+                log.warning("reading a prepared claim's pods failed", extra={"claim": key, "err": repr(e)})
+                continue
+            new = [p for p in reserved_pods(claim, rec.namespace) if p not in rec.pods]
+            if objects.uid(claim) == rec.uid and new:  # added, never dropped (a hold may name a pod)
+                log.info("prepared claim's pods added", extra={"claim": key, "pods": [p.name for p in new]})
+                rec.pods, changed = [*rec.pods, *new], True
+        if changed:
+            self._save()
+        return self._lent_claims_of(pod.uid)
+
     def _grace_of(self, pods: list[PodRef]) -> float:
         for p in pods:
             try:
@@ -704,9 +756,12 @@ class NodeDriver:
             self._preparing.discard(ref.uid)
             self._reclaiming.difference_update(p.occupant.uid for p in begun.pendings)
 
-    def _check_devices_free(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+    def _check_devices_free(
+        self, ref: ClaimRef, devices: Sequence[PreparedDevice], pods: Sequence[PodRef] = ()
+    ) -> None:
         """Under the lock: refuse (ClaimError, the kubelet retries) a device another claim has
-        prepared, and a lent claim on a GPU a serving claim holds or is being bound to."""
+        prepared, and a lent claim on a GPU a serving claim holds or is being bound to
+        (:class:`refusals.ServingHoldsError`, told on ``pods``, the lent claim's)."""
         data = self._data
         others = [(f"{o.namespace}/{o.name}", d) for o in data.claims.values() if o.uid != ref.uid for d in o.devices]
         for dev in devices:
@@ -728,18 +783,24 @@ class NodeDriver:
                     if other.uid != ref.uid and any(
                         d.gpu_index == dev.gpu_index and d.role == names.ROLE_SERVING for d in other.devices
                     ):
-                        raise ClaimError(
+                        raise refusals.ServingHoldsError(
                             f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is held by "
                             f"serving claim {other.namespace}/{other.name}; serving wins, so this lent "
                             "claim can be prepared only after the serving claim is unprepared (the kubelet "
-                            "retries)"
+                            "retries)",
+                            dev.gpu_index,
+                            f"{other.namespace}/{other.name}",
+                            pods,
                         )
                 for other_uid, gpus in self._binding.items():
                     if other_uid != ref.uid and dev.gpu_index in gpus:
-                        raise ClaimError(
+                        raise refusals.ServingHoldsError(
                             f"ResourceClaim {ref.key()}: GPU {dev.gpu_index} ({dev.gpu_uuid}) is allocated to serving"
                             f" claim {other_uid}, which the scheduler is binding; serving wins, so this lent claim"
-                            " can be prepared only after that claim is unprepared or deallocated (the kubelet retries)"
+                            " can be prepared only after that claim is unprepared or deallocated (the kubelet retries)",
+                            dev.gpu_index,
+                            other_uid,
+                            pods,
                         )
 
     def _prepare_begin(self, ref: ClaimRef) -> tuple[PreparedDevice, ...] | Reclaims:
@@ -762,7 +823,7 @@ class NodeDriver:
         except Exception as e:
             raise ClaimError(f"reading ResourceClaim {ref.key()} from the API failed: {e}") from e
         valid = validate_claim(claim, ref, self.driver_name, self.node_name, self.gpu_uuids)
-        self._check_devices_free(ref, valid.devices)
+        self._check_devices_free(ref, valid.devices, valid.pods)
         grace = (
             self._grace_of(list(valid.pods))
             if any(d.role in names.LENT_ROLES for d in valid.devices)

@@ -7,9 +7,11 @@ deletes them on shutdown. A content hash in an annotation tells "ours and curren
 anything else without comparing server-normalised fields.
 
 While serving holds a GPU on this node (a serving claim prepared, or allocated and being bound:
-``NodeDriver.on_serving_holds``), that GPU's *lendable* device is published with the ``NoSchedule``
+``NodeDriver.on_serving_holds``; or a serving claim allocated there in the API, before any prepare:
+:mod:`dra_driver.servingalloc`), that GPU's *lendable* device is published with the ``NoSchedule``
 taint ``rose.io/serving-holds`` (:func:`rose_common.slices.taint_serving_held`), so the scheduler
-allocates no new lendable claim there; :meth:`SlicePublisher.set_serving_holds` republishes at once.
+allocates no new lendable claim there; :meth:`SlicePublisher.set_serving_holds` and
+:meth:`SlicePublisher.set_serving_allocated` republish at once.
 With GPU shares, a GPU the planner's DeviceTaintRule ``rose.io/reclaim-planned`` taints (on its
 lendable device) is published with the same taint on its share devices
 (:mod:`dra_driver.reclaimtaints`, :mod:`dra_driver.rulewatch`, :meth:`SlicePublisher.set_reclaim_planned`).
@@ -171,6 +173,9 @@ class SlicePublisher:
         # The GPU indices serving holds on this node (their lendable devices tainted), and the wake-up
         # of the thread that republishes when they change (the caller holds the node lock: no I/O there)
         self.serving_holds: frozenset[int] = frozenset()
+        # The GPUs whose serving device a claim is allocated in the API (servingalloc.py): tainted
+        # like serving_holds from the allocation on, before the kubelet's prepare
+        self.serving_allocated: frozenset[int] = frozenset()
         self.lent_holds = LentHolds()  # GPU shares: lent in shares / whole (rose_common.slices.taint_lent_held)
         self.reclaim = ReclaimPlanned()  # the planner's reclaim taints, onto share devices (rulewatch.py)
         self._hmu = threading.Lock()
@@ -185,6 +190,21 @@ class SlicePublisher:
                 return
             self.serving_holds = frozenset(gpus)
         self._kick.set()
+
+    def set_serving_allocated(self, gpus: frozenset[int]) -> None:
+        """Serving claims are now allocated on exactly ``gpus`` here (the claim watch,
+        :mod:`dra_driver.servingalloc`): republish soon (non-blocking)."""
+        with self._hmu:
+            if gpus == self.serving_allocated:
+                return
+            self.serving_allocated = frozenset(gpus)
+        self._kick.set()
+
+    def held(self) -> frozenset[int]:
+        """The GPUs whose lent devices carry ``rose.io/serving-holds``: serving prepared there (or
+        being bound) by the node's word, or allocated there by the API's."""
+        with self._hmu:
+            return self.serving_holds | self.serving_allocated
 
     def set_lent_holds(self, holds: LentHolds) -> None:
         """The GPUs now lent in shares and lent whole here: republish soon (non-blocking; called
@@ -223,7 +243,7 @@ class SlicePublisher:
             if self._stop.is_set():  # shutting down: never re-create what remove() deletes
                 return SlicePlan()
             existing, _ = self.api.list()
-            holds, lent, reclaim = self.serving_holds, self.lent_holds, self.reclaim
+            holds, lent, reclaim = self.held(), self.lent_holds, self.reclaim
             plan = plan_slices(existing, self.desired, self.generation, holds, lent, reclaim)
             try:
                 for name in plan.delete:
@@ -246,6 +266,7 @@ class SlicePublisher:
                         "generation": self.generation,
                         "deleted": plan.delete,
                         "servingHolds": sorted(holds),
+                        "servingAllocated": sorted(self.serving_allocated),
                         "sharesHold": sorted(lent.shared),
                         "lentWhole": sorted(lent.whole),
                         "reclaimPlanned": sorted(reclaim.taints),
@@ -266,7 +287,7 @@ class SlicePublisher:
 
     def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
         if needs_reconcile(
-            event_type, obj, with_serving_holds(self.desired, self.serving_holds, self.lent_holds, self.reclaim)
+            event_type, obj, with_serving_holds(self.desired, self.held(), self.lent_holds, self.reclaim)
         ):
             self.reconcile()
 

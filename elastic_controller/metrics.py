@@ -55,10 +55,8 @@ class ControllerMetrics:
                                         "Status writes the API server refused (409): computed from a job that had "
                                         "changed since; the reconcile stopped and runs again from a fresh view.",
                                         registry=r)  # fmt: skip
-        self.stale_targets = Counter("rose_controller_stale_targets_total",
-                                     "Planner targets dropped unapplied: the job's workers were created or "
-                                     "deleted after the snapshot the plan read; the next plan round replans.",
-                                     registry=r)  # fmt: skip
+        self.stale_targets = Counter("rose_controller_stale_targets_total", "Planner targets dropped unapplied: the "
+                                     "job's workers changed after the plan's snapshot.", registry=r)  # fmt: skip
         self.forecast_fetch = Counter("rose_controller_forecast_fetch_total", "Forecast fetches by backend and result.",
                                       ["backend", "result"], registry=r)  # fmt: skip
         self.forecast_basis = Counter("rose_controller_forecast_basis_total",
