@@ -7,8 +7,8 @@ claim's prepare), measured by the driver's ``rose_driver_serving_wait_seconds`` 
 
 The wait bound is a model figure, not a speed: the drivers' explicit ``simulated`` suspend
 backend sleeps ``state bytes / host-link bandwidth`` (16 GiB at 55 GB/s = 0.31 s) to move an
-occupant, so a prepare that suspended one waited at least that long, and one that suspended
-nothing did not.
+occupant, so a prepare that suspended one waited at least that long. A prepare that suspended
+nothing has no upper time bound here (its own work took 0.52 s on a loaded CI machine).
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def test_planned_serving_prepares_with_no_wait_and_reactive_waits_for_the_suspen
     assert ok, "\n".join(lines)
     on, off = waits["on"], waits["off"]
     print("\n".join(demo_elastic.side_by_side(on, off, 5)))
-    assert on.suspends == 0 and on.waited_s < MODELLED_SUSPEND_S, on  # ≈ 0: nothing left to suspend
+    # planner on: nothing left to suspend when serving came. Its wait is the prepare's own work, with
+    # no time bound here: at load average 10 it took 0.52 s, more than the modelled suspend (a speed,
+    # which benchmarks measure; the side-by-side line above prints it)
+    assert on.suspends == 0, on
     assert off.suspends == 1 and off.waited_s >= MODELLED_SUSPEND_S, off  # the unplanned suspend, waited out
     assert any("planner off: serving prepare" in line for line in lines), "the act did not print the comparison"
