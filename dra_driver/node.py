@@ -579,7 +579,7 @@ class NodeDriver:
         fraction_gpus = {f.gpu for f in d.fractions}
         out = self._lent_on(set(d.gpus) - fraction_gpus)
         for g in sorted(fraction_gpus):
-            out += [o for o in self._fraction_occupants(g, d.claim_uid) if o not in out]
+            out += [o for o in self._fraction_occupants(g, d.claim_uid, bound=True) if o not in out]
         return out
 
     def release_binding(self, claim_uid: str) -> None:
@@ -812,17 +812,20 @@ class NodeDriver:
             out += [o for o in self._fraction_occupants(g, rec.uid) if o not in out]
         return out
 
-    def _fraction_occupants(self, g: int, but: str) -> list[ClaimRecord]:
+    def _fraction_occupants(self, g: int, but: str, bound: bool = False) -> list[ClaimRecord]:
         """Under the lock: the lent claims on GPU ``g`` that serving's fractions there reclaim
-        (``shares.reclaim_for_serving``): the fractions of every recorded claim and of every claim
-        allocated there and being bound (binding conditions), the serving claim ``but`` included."""
+        (``shares.reclaim_for_serving``): those of every recorded claim, the serving claim ``but``
+        included, and with ``bound`` (a binding's reclaim) those of every claim allocated there and
+        being bound too. A prepare counts only recorded ones: it takes a hold only on what its own
+        fraction displaces, so a share resumes as soon as what remains fits again."""
         serving: list[shares.Capacity] = [
             d
             for o in self._data.claims.values()
             for d in o.devices
             if d.gpu_index == g and d.role == names.ROLE_SERVING_SHARE
         ]
-        serving += [f for fs in self._binding_fractions.values() for f in fs if f.gpu == g]
+        if bound:
+            serving += [f for fs in self._binding_fractions.values() for f in fs if f.gpu == g]
         lent = {o.uid: o for o in self._lent_on({g}, but)}
         pairs = [(uid, d) for uid, o in lent.items() for d in o.devices if d.gpu_index == g]
         gpu = self.gpus.get(g)
