@@ -1,7 +1,8 @@
 """Serving's fraction of a GPU waits in the scheduler too (issue 27 §1 with §3), on the real control
 plane: the session cluster's v1.37.2 kube-apiserver and kube-scheduler, and one real ``rose driver
 --gpu-shares --serving-wait=prebind`` (simulated GPUs of 141 GiB, the node suspend engine with its
-explicit ``simulated`` backend). KWOK has no kubelet: the test plays NodePrepareResources over the
+explicit ``simulated`` backend, the node agent serving each lent claim's socket and simulated
+device memory). KWOK has no kubelet: the test plays NodePrepareResources over the
 driver's real gRPC socket once the scheduler has bound a pod.
 
 An RL share of 60 GiB + 40 % runs on GPU 1. Serving's first fraction (60 GiB + 40 %) fits beside
@@ -40,9 +41,10 @@ ON_GPU1 = [{"cel": {"expression": 'device.attributes["gpu.rose.io"].index == 1'}
 def drv(cluster: ClusterHandle) -> Iterator[DriverProcess]:
     def args(root: Path) -> list[str]:
         return [
-            "--suspend-engine", "node", "--suspend-backends", "simulated",
+            "--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
             "--simulated-occupant-bytes", "1Gi", "--host-memory-budget", "8Gi",
             "--default-grace-seconds", f"{GRACE_S:g}", "--enforce-timeout-seconds", f"{ENFORCE_S:g}",
+            "--agent-control-socket", str(root / "a" / "control.sock"), "--suspended-cpu=",
             "--node-facts-seconds", "0", "--gpu-shares", "true", "--serving-wait", "prebind",
         ]  # fmt: skip
 
@@ -169,4 +171,51 @@ def test_a_serving_fraction_that_needs_a_share_reclaimed_waits_in_prebind_and_pr
     assert drv.unprepare(srv_b).error == ""
     wait_for("RL share resumed", lambda: _suspend_state(api, ns, "rl-share") == "Running", timeout=30)
     assert drv.unprepare(srv_a).error == ""
+    assert drv.unprepare(share).error == ""
+
+
+def test_a_serving_fraction_whose_share_cannot_be_freed_fails_the_binding_and_is_rescheduled(
+    cluster: ClusterHandle, drv: DriverProcess, api: Any, ns: str
+) -> None:
+    wait_for("driver slice: servingshare with binding conditions", lambda: _fraction_slice(api, drv.node), timeout=60)
+    create_claim_template(api, ns, _template("share-claim-template.yaml", "rl-share", "100Gi", "40"))
+    create_claim_template(api, ns, _template("serving-share-claim-template.yaml", "serve-60", "60Gi", "40"))
+    rl = gpu_pod("rl-share", "rl-share", labels={names.LABEL_JOB: "job-ssb"}, node_name=drv.node)
+    rl["metadata"]["annotations"] = {names.ANNOTATION_GRACE: f"{GRACE_S:g}"}
+    client.CoreV1Api(api).create_namespaced_pod(ns, rl)
+    share = wait_for("RL share allocated", lambda: allocated_claim(api, ns, "rl-share"), timeout=90)
+    wait_for("RL share bound", lambda: _bound(api, ns, "rl-share"), timeout=30)
+    assert drv.prepare(share).error == ""
+    # a share the driver cannot free: its simulated device memory is a directory, which observes as
+    # 4 KiB resident and cannot be truncated (what a stuck context leaves behind)
+    mem = drv.plugin_dir / "claims" / share["metadata"]["uid"] / "device-memory"
+    mem.unlink()
+    mem.mkdir()
+    client.CoreV1Api(api).create_namespaced_pod(
+        ns, gpu_pod("serve-a", "serve-60", labels={names.LABEL_ROLE: "serving"}, node_name=drv.node)
+    )
+    failed = wait_for(
+        "the scheduler fails the binding on the driver's failure condition",
+        lambda: [
+            e.message
+            for e in client.CoreV1Api(api).list_namespaced_event(ns, field_selector="involvedObject.name=serve-a").items
+            if e.reason == "FailedScheduling" and "device binding failed" in (e.message or "")
+        ],
+        timeout=BOUND_S + 30,
+    )
+    assert "reason=NotFreed" in failed[0], failed
+    assert names.EVENT_DEVICE_NOT_FREED in _reasons(api, ns, "serve-a")
+    assert _bound(api, ns, "serve-a") == ""  # never bound beside the share it could not free
+    assert _metric(drv, "rose_driver_binding_conditions_total", result="failed") >= 1
+    # rescheduled, not stuck: once the share can be freed the pod binds and prepares at once
+    mem.rmdir()
+    mem.touch(mode=0o666)
+    srv = wait_for(
+        "serving pod bound after the retry",
+        lambda: allocated_claim(api, ns, "serve-a") if _bound(api, ns, "serve-a") else None,
+        timeout=BOUND_S + 40,
+    )
+    assert _condition(srv)[2:] == (names.BINDING_CONDITION_FREED, "Freed")
+    assert drv.prepare(srv).error == ""
+    assert drv.unprepare(srv).error == ""  # (the unfreeable share's pod is gone by now: not resumed)
     assert drv.unprepare(share).error == ""
