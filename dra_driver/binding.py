@@ -1,6 +1,7 @@
 """Serving waits in the scheduler: the pure half of the driver's binding conditions.
 
-I/O boundary: none. The driver publishes every serving device with the binding condition
+I/O boundary: none. The driver publishes every serving device (whole, and with ``--gpu-shares``
+serving's fraction device ``gpu-N-servingshare``) with the binding condition
 ``rose.io/device-freed`` and its failure twin ``rose.io/device-free-failed``
 (:func:`rose_common.slices.gpu_devices`). The scheduler's DynamicResources plugin then writes a
 serving claim's allocation and waits in PreBind (at most its ``bindingTimeout``) until every
@@ -10,7 +11,7 @@ allocated device's condition is True in ``status.devices[].conditions``, or fail
 This module decides, from a claim as the API returns it:
 
 - :func:`demand`: what the driver still owes a claim allocated on this node (the serving
-  devices whose binding condition it has not reported yet);
+  devices whose binding condition it has not reported yet, and what its fractions consumed);
 - :func:`bound_here`: the GPUs a claim allocated on this node with ROSE's binding conditions
   holds, reported or not (a hold the driver keeps until the claim is prepared or deallocated);
 - :func:`status_patch`: the ``status`` merge patch that reports an outcome, keeping every other

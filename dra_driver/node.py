@@ -197,9 +197,7 @@ class NodeDriver:
         # UID -> its GPUs. No lent claim is prepared on those GPUs meanwhile. In memory only: the
         # claim watch rebuilds it from the API after a restart (sync_bindings).
         self._binding: dict[str, frozenset[int]] = {}
-        # Of those, serving's fractions (gpu-N-servingshare): what each allocation consumed there, so
-        # a fraction's reclaim counts every other serving fraction being bound on its GPU too
-        self._binding_fractions: dict[str, tuple[binding.Fraction, ...]] = {}
+        self._binding_fractions: dict[str, tuple[binding.Fraction, ...]] = {}  # their servingshare results
         # The claim UIDs with a binding hold or kept GPUs, behind a lock of its own: the claim watch
         # asks for every claim event, and must not wait for the node lock (held through a suspend).
         self._bmu = threading.Lock()
