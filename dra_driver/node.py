@@ -64,7 +64,7 @@ from dra_driver.state import (
 from dra_driver.suspend.devicewatch import Observation, Target, resident_bytes
 from rose_common import names
 from rose_common.kube import objects
-from rose_common.slices import share_fraction
+from rose_common.slices import parse_device_name, share_fraction
 from rose_common.workqueue import Backoff
 
 log = logging.getLogger("rose.driver")
@@ -574,7 +574,7 @@ class NodeDriver:
         """Under the lock: the lent claims serving claim ``d`` (allocated, being bound) reclaims,
         as its prepare would (:meth:`_occupants_of`): every one on the GPUs of its whole serving
         devices; where it takes a fraction, those that no longer fit beside serving's fractions."""
-        fraction_gpus = {f.gpu for f in d.fractions}
+        fraction_gpus = {i for i, role in map(parse_device_name, d.devices) if role == names.ROLE_SERVING_SHARE}
         out = self._lent_on(set(d.gpus) - fraction_gpus)
         for g in sorted(fraction_gpus):
             out += [o for o in self._fraction_occupants(g, d.claim_uid, bound=True) if o not in out]
