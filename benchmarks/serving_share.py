@@ -119,13 +119,6 @@ def _one_run(api: Any, drv: Any, node: str, ns: str, prebind: bool) -> dict[str,
     serving, rl = {names.LABEL_ROLE: "serving"}, {names.LABEL_JOB: "bench-share"}
     share, _ = _allocate(api, ns, node, "rl-share", "rl-share", rl)
     _timed(drv.prepare, share)
-    row: dict[str, float] = {}
-    a, t_a = _allocate(api, ns, node, "serve-a", "serve-60", serving)
-    if prebind:  # the kubelet prepares only a bound pod: wait for the scheduler, as it would
-        row["beside_bind_s"] = _bound_after(api, ns, "serve-a", t_a)
-    b, t_b = _allocate(api, ns, node, "serve-b", "serve-40", serving)
-    if prebind:
-        row["grow_bind_s"] = _bound_after(api, ns, "serve-b", t_b)
     core = client.CoreV1Api(api)
 
     def state() -> str:
@@ -133,9 +126,16 @@ def _one_run(api: Any, drv: Any, node: str, ns: str, prebind: bool) -> dict[str,
             (core.read_namespaced_pod("rl-share", ns).metadata.annotations or {}).get(names.ANNOTATION_SUSPEND_STATE)
         )
 
+    row: dict[str, float] = {}
+    a, t_a = _allocate(api, ns, node, "serve-a", "serve-60", serving)
+    if prebind:  # the kubelet prepares only a bound pod: wait for the scheduler, as it would
+        row["beside_bind_s"] = _bound_after(api, ns, "serve-a", t_a)
     row["beside_s"] = _timed(drv.prepare, a)
     if state() != "None":
         raise RuntimeError(f"the share was touched by a serving fraction that fits beside it: {state()}")
+    b, t_b = _allocate(api, ns, node, "serve-b", "serve-40", serving)
+    if prebind:
+        row["grow_bind_s"] = _bound_after(api, ns, "serve-b", t_b)
     row["grow_s"] = _timed(drv.prepare, b)
     if state() != "Suspended":
         raise RuntimeError(f"serving's growth did not suspend the share: {state()}")
