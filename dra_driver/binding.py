@@ -1,6 +1,7 @@
 """Serving waits in the scheduler: the pure half of the driver's binding conditions.
 
-I/O boundary: none. The driver publishes every serving device with the binding condition
+I/O boundary: none. The driver publishes every serving device (whole, and with ``--gpu-shares``
+serving's fraction device ``gpu-N-servingshare``) with the binding condition
 ``rose.io/device-freed`` and its failure twin ``rose.io/device-free-failed``
 (:func:`rose_common.slices.gpu_devices`). The scheduler's DynamicResources plugin then writes a
 serving claim's allocation and waits in PreBind (at most its ``bindingTimeout``) until every
@@ -10,7 +11,7 @@ allocated device's condition is True in ``status.devices[].conditions``, or fail
 This module decides, from a claim as the API returns it:
 
 - :func:`demand`: what the driver still owes a claim allocated on this node (the serving
-  devices whose binding condition it has not reported yet);
+  devices whose binding condition it has not reported yet, and what its fractions consumed);
 - :func:`bound_here`: the GPUs a claim allocated on this node with ROSE's binding conditions
   holds, reported or not (a hold the driver keeps until the claim is prepared or deallocated);
 - :func:`status_patch`: the ``status`` merge patch that reports an outcome, keeping every other
@@ -27,6 +28,7 @@ from typing import Any
 from dra_driver.claims import PodRef
 from rose_common import names
 from rose_common.kube import objects
+from rose_common.quantity import to_int
 from rose_common.slices import parse_device_name
 from rose_common.timefmt import rfc3339
 
@@ -42,6 +44,15 @@ MESSAGE_MAX = 1024  # of the 32 KiB a condition's message may hold: enough, and 
 
 
 @dataclass(frozen=True)
+class Fraction:
+    """Serving's fraction of one GPU in an allocation (``gpu-N-servingshare``): what it consumed."""
+
+    gpu: int
+    memory_bytes: int
+    compute_percent: int
+
+
+@dataclass(frozen=True)
 class Demand:
     """A serving claim allocated on this node whose binding condition the driver still owes."""
 
@@ -51,6 +62,9 @@ class Demand:
     devices: tuple[str, ...]  # the serving devices of this node's pool to report on
     gpus: tuple[int, ...]  # their physical GPU indexes
     pods: tuple[PodRef, ...]  # reservedFor: the pods waiting in PreBind
+    # serving's fractions among them (servingshare results, one per share): on their GPUs only the
+    # RL shares that no longer fit are reclaimed (``shares.reclaim_for_serving``), not every occupant
+    fractions: tuple[Fraction, ...] = ()
 
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -79,9 +93,24 @@ def _results(claim: dict[str, Any], driver: str, node: str) -> list[dict[str, An
             _, role = parse_device_name(str(r.get("device", "")))
         except ValueError:
             continue
-        if role == names.ROLE_SERVING:
+        if role in names.SERVING_ROLES:
             out.append(r)
     return out
+
+
+def fraction(result: dict[str, Any]) -> Fraction | None:
+    """A serving-fraction result's consumed capacity; None for a whole device, or one whose
+    ``consumedCapacity`` is missing or bad (the scheduler always writes it; the prepare refuses it)."""
+    try:
+        gpu, role = parse_device_name(str(result.get("device", "")))
+        consumed = result.get("consumedCapacity") or {}
+        memory = to_int(str(consumed[names.CAPACITY_MEMORY]))
+        compute = to_int(str(consumed[names.CAPACITY_COMPUTE]))
+    except (KeyError, ValueError):
+        return None
+    if role != names.ROLE_SERVING_SHARE or memory <= 0 or compute <= 0:
+        return None
+    return Fraction(gpu, memory, compute)
 
 
 def _reported(claim: dict[str, Any], driver: str, node: str, device: str) -> bool:
@@ -124,6 +153,7 @@ def demand(claim: dict[str, Any], driver: str, node: str) -> Demand | None:
         if r.get("resource") == "pods" and r.get("name")
     )
     devices = tuple(sorted({str(r["device"]) for r in results}))
+    fractions = tuple(f for r in results if (f := fraction(r)) is not None)
     return Demand(
         claim_uid=objects.uid(claim),
         namespace=ns,
@@ -131,6 +161,7 @@ def demand(claim: dict[str, Any], driver: str, node: str) -> Demand | None:
         devices=devices,
         gpus=tuple(sorted({parse_device_name(d)[0] for d in devices})),
         pods=pods,
+        fractions=fractions,
     )
 
 
@@ -153,21 +184,32 @@ def status_patch(
     A merge patch replaces the whole list, so every other entry (other drivers, other devices) and
     every other condition of ours is kept; ``metadata.resourceVersion`` makes the API server refuse
     it (409) when the claim changed since it was read. ValueError: a device not in the allocation."""
-    allocated = {str(r["device"]) for r in _results(claim, driver, node)}
+    results = _results(claim, driver, node)
+    allocated = {str(r["device"]) for r in results}
     missing = [d for d in devices if d not in allocated]
     if missing:
         raise ValueError(f"claim {objects.namespace(claim)}/{objects.name(claim)}: {missing} not allocated here")
     cond = condition(outcome, now)
     entries = [dict(d) for d in (claim.get("status") or {}).get("devices") or []]
-    for dev in devices:
-        key = (driver, node, dev)
-        entry = next((e for e in entries if (e.get("driver"), e.get("pool"), e.get("device")) == key), None)
+    for r in results:
+        if str(r["device"]) not in devices:
+            continue
+        # a serving fraction's result has a shareID: its status entry names the same share (the API
+        # server checks every entry against the allocation; the scheduler matches driver/pool/device)
+        key = (driver, node, str(r["device"]), r.get("shareID"))
+        entry = next((e for e in entries if _entry_key(e) == key), None)
         if entry is None:
-            entry = {"driver": driver, "pool": node, "device": dev}
+            entry = {"driver": driver, "pool": node, "device": key[2]}
+            if key[3]:
+                entry["shareID"] = key[3]
             entries.append(entry)
         kept = [c for c in entry.get("conditions") or [] if c.get("type") != cond["type"]]
         entry["conditions"] = [*kept, cond]
     return {"metadata": {"resourceVersion": objects.resource_version(claim)}, "status": {"devices": entries}}
+
+
+def _entry_key(e: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    return (e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID"))
 
 
 def resolve_mode(requested: str, api_keeps_binding_conditions: bool | None) -> tuple[str, str]:

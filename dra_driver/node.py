@@ -64,7 +64,7 @@ from dra_driver.state import (
 from dra_driver.suspend.devicewatch import Observation, Target, resident_bytes
 from rose_common import names
 from rose_common.kube import objects
-from rose_common.slices import share_fraction
+from rose_common.slices import parse_device_name, share_fraction
 from rose_common.workqueue import Backoff
 
 log = logging.getLogger("rose.driver")
@@ -193,6 +193,7 @@ class NodeDriver:
         # UID -> its GPUs. No lent claim is prepared on those GPUs meanwhile. In memory only: the
         # claim watch rebuilds it from the API after a restart (sync_bindings).
         self._binding: dict[str, frozenset[int]] = {}
+        self._binding_fractions: dict[str, tuple[binding.Fraction, ...]] = {}  # their servingshare results
         # The claim UIDs with a binding hold or kept GPUs, behind a lock of its own: the claim watch
         # asks for every claim event, and must not wait for the node lock (held through a suspend).
         self._bmu = threading.Lock()
@@ -544,11 +545,11 @@ class NodeDriver:
         with self._locked() as data:
             if d.claim_uid in data.claims:  # prepared already: its prepare gated it
                 return binding.Outcome(True, binding.REASON_FREED, "the claim is prepared on this node")
-            gpus = frozenset(d.gpus)
-            self._binding[d.claim_uid] = gpus
+            self._binding[d.claim_uid] = frozenset(d.gpus)
+            self._binding_fractions[d.claim_uid] = d.fractions
             with self._bmu:
                 self._binding_uids.add(d.claim_uid)
-            occupants = self._lent_on(gpus)
+            occupants = self._binding_occupants(d)
             pendings = [p for o in occupants if (p := self._hold_begin(o, holder, None, t0)) is not None]
         if not occupants:
             return binding.Outcome(True, binding.REASON_NO_OCCUPANT, "no lent occupant on the GPU", 0.0)
@@ -584,7 +585,7 @@ class NodeDriver:
         """Under the lock, after the reclaim: freed when no occupant's state is observed on the GPUs."""
         if d.claim_uid not in self._binding and d.claim_uid not in self._data.claims:
             return binding.Outcome(False, binding.REASON_NOT_FREED, "the claim was deallocated while its GPU was freed")
-        refused, overridden = self._occupied(d.key(), "bound to", self._lent_on(d.gpus))
+        refused, overridden = self._occupied(d.key(), "bound to", self._binding_occupants(d))
         if refused:
             return binding.Outcome(
                 False, binding.REASON_NOT_FREED, f"still occupied after the enforcement: {refused}", seconds
@@ -593,12 +594,23 @@ class NodeDriver:
             return binding.Outcome(True, binding.REASON_OVERRIDE, f"device still holds {overridden}", seconds)
         return binding.Outcome(True, binding.REASON_FREED, f"lent occupants reclaimed in {seconds:.3f}s", seconds)
 
+    def _binding_occupants(self, d: binding.Demand) -> list[ClaimRecord]:
+        """Under the lock: the lent claims serving claim ``d`` (allocated, being bound) reclaims,
+        as its prepare would (:meth:`_occupants_of`): every one on the GPUs of its whole serving
+        devices; where it takes a fraction, those that no longer fit beside serving's fractions."""
+        fraction_gpus = {i for i, role in map(parse_device_name, d.devices) if role == names.ROLE_SERVING_SHARE}
+        out = self._lent_on(set(d.gpus) - fraction_gpus)
+        for g in sorted(fraction_gpus):
+            out += [o for o in self._fraction_occupants(g, d.claim_uid, bound=True) if o not in out]
+        return out
+
     def release_binding(self, claim_uid: str) -> None:
         """The claim's allocation went away before a prepare (the scheduler failed the binding or
         timed out, the pod was deleted): release its holds, resuming occupants nobody else holds."""
         holder = BINDING_HOLDER_PREFIX + claim_uid
         with self._locked() as data:
             self._binding.pop(claim_uid, None)
+            self._binding_fractions.pop(claim_uid, None)
             with self._bmu:
                 self._binding_uids.discard(claim_uid)
             for s in list(data.suspensions.values()):
@@ -856,18 +868,28 @@ class NodeDriver:
         whole = {d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING}
         out = self._lent_on(whole, rec.uid)
         for g in sorted({d.gpu_index for d in rec.devices if d.role == names.ROLE_SERVING_SHARE} - whole):
-            serving = [
-                d
-                for o in self._data.claims.values()
-                for d in o.devices
-                if d.gpu_index == g and d.role == names.ROLE_SERVING_SHARE
-            ]
-            lent = {o.uid: o for o in self._lent_on({g}, rec.uid)}
-            pairs = [(uid, d) for uid, o in lent.items() for d in o.devices if d.gpu_index == g]
-            gpu = self.gpus.get(g)
-            picked = shares.reclaim_for_serving(gpu.info.memory_bytes if gpu is not None else 0, serving, pairs)
-            out += [lent[uid] for uid in picked if lent[uid] not in out]
+            out += [o for o in self._fraction_occupants(g, rec.uid) if o not in out]
         return out
+
+    def _fraction_occupants(self, g: int, but: str, bound: bool = False) -> list[ClaimRecord]:
+        """Under the lock: the lent claims on GPU ``g`` that serving's fractions there reclaim
+        (``shares.reclaim_for_serving``): those of every recorded claim, the serving claim ``but``
+        included, and with ``bound`` (a binding's reclaim) those of every claim allocated there and
+        being bound too. A prepare counts only recorded ones: it takes a hold only on what its own
+        fraction displaces, so a share resumes as soon as what remains fits again."""
+        serving: list[shares.Capacity] = [
+            d
+            for o in self._data.claims.values()
+            for d in o.devices
+            if d.gpu_index == g and d.role == names.ROLE_SERVING_SHARE
+        ]
+        if bound:
+            serving += [f for fs in self._binding_fractions.values() for f in fs if f.gpu == g]
+        lent = {o.uid: o for o in self._lent_on({g}, but)}
+        pairs = [(uid, d) for uid, o in lent.items() for d in o.devices if d.gpu_index == g]
+        gpu = self.gpus.get(g)
+        picked = shares.reclaim_for_serving(gpu.info.memory_bytes if gpu is not None else 0, serving, pairs)
+        return [lent[uid] for uid in picked]
 
     def _lent_on(self, gpus: Collection[int], but: str = "") -> list[ClaimRecord]:
         """The prepared lent claims (other than ``but``) on any of ``gpus``."""
@@ -884,6 +906,7 @@ class NodeDriver:
         """A serving claim is being prepared: the holds its allocation took (binding conditions)
         become the claim's own, so its unprepare releases them; under the lock."""
         self._binding.pop(claim_uid, None)
+        self._binding_fractions.pop(claim_uid, None)
         with self._bmu:
             self._binding_uids.discard(claim_uid)
         holder = BINDING_HOLDER_PREFIX + claim_uid

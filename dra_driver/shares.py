@@ -24,6 +24,7 @@ No I/O here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from dra_driver.claims import PreparedDevice
 from rose_common import names
@@ -102,13 +103,24 @@ def _over_capacity(dev: PreparedDevice, others: list[PreparedDevice], gpu_memory
     return None
 
 
+class Capacity(Protocol):
+    """What a serving fraction holds of its GPU: a prepared device's, or an allocation's being bound
+    (``binding.Fraction``)."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def compute_percent(self) -> int: ...
+
+
 def reclaim_for_serving(
     gpu_memory_bytes: int,
-    serving: Iterable[PreparedDevice],
+    serving: Iterable[Capacity],
     lent: Iterable[tuple[str, PreparedDevice]],
 ) -> list[str]:
     """Which lent claims on one GPU serving's fractions there (``serving``: every ``servingshare``
-    device of the GPU, the one being prepared included) must reclaim: every whole-GPU lendable
+    device of the GPU, the one being prepared included, and with ``--serving-wait=prebind`` the
+    fractions allocated there and being bound) must reclaim: every whole-GPU lendable
     claim, and of the RL shares (``(claim uid, device)``) the largest first — memory, then compute,
     then uid — until the rest fit beside serving in the GPU's memory and 100 % compute. A share
     already suspended counts like a running one: its claim still holds that capacity, and when a

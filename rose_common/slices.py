@@ -67,18 +67,19 @@ def share_fraction(memory_bytes: int, compute_percent: int, gpu_memory: int) -> 
     return max(memory, compute_percent / SHARE_COMPUTE_TOTAL)
 
 
-def share_device(gpu: GpuInfo, role: str = names.ROLE_SHARE) -> dict[str, Any]:
+def share_device(gpu: GpuInfo, role: str = names.ROLE_SHARE, binding_conditions: bool = False) -> dict[str, Any]:
     """The shareable device ``gpu-N-share`` of one GPU: ``allowMultipleAllocations`` with the
     consumable capacities ``memory`` (bytes, the GPU's memory) and ``compute`` (percent, 100). With
     ``role`` ``servingshare``: serving's own shareable device ``gpu-N-servingshare``, the same
     capacities, summed by the scheduler over serving's claims only (the driver fits the GPU's RL
-    shares around them by reclaiming). Pure."""
+    shares around them by reclaiming). With ``binding_conditions`` serving's device carries ROSE's
+    binding condition as the whole serving device does (:func:`gpu_devices`). Pure."""
     if role not in names.SHARE_ROLES:
         raise ValueError(f"a shareable device's role is one of {sorted(names.SHARE_ROLES)}, got {role!r}")
     memory = gpu.memory_bytes - gpu.memory_bytes % SHARE_MEMORY_STEP  # a whole number of steps
     if memory < 2 * SHARE_MEMORY_STEP:
         raise ValueError(f"GPU {gpu.index} has {gpu.memory_bytes} bytes: a shareable GPU needs at least 2 GiB")
-    return {
+    device: dict[str, Any] = {
         "name": device_name(gpu.index, role),
         "allowMultipleAllocations": True,
         "attributes": {
@@ -105,12 +106,22 @@ def share_device(gpu: GpuInfo, role: str = names.ROLE_SHARE) -> dict[str, Any]:
             },
         },
     }
+    if binding_conditions and role == names.ROLE_SERVING_SHARE:
+        _with_binding_conditions(device)
+    return device
+
+
+def _with_binding_conditions(device: dict[str, Any]) -> None:
+    """ROSE's binding condition and its failure twin (the API requires one beside the other)."""
+    device["bindingConditions"] = [names.BINDING_CONDITION_FREED]
+    device["bindingFailureConditions"] = [names.BINDING_CONDITION_FREE_FAILED]
 
 
 def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False, shares: bool = False) -> list[dict[str, Any]]:
     """The ``spec.devices`` list for these GPUs: serving devices first (first-fit allocator).
 
-    With ``binding_conditions`` every *serving* device carries ROSE's binding condition (and its
+    With ``binding_conditions`` every *serving* device (whole, and serving's fraction device
+    ``gpu-N-servingshare``) carries ROSE's binding condition (and its
     failure twin, which the API requires beside it): the scheduler then holds a serving pod in
     PreBind until the driver has freed the GPU of any lent occupant. With ``shares``
     every GPU also gets its shareable devices (:func:`share_device`: the RL share device, then
@@ -130,12 +141,11 @@ def gpu_devices(gpus: list[GpuInfo], binding_conditions: bool = False, shares: b
                 "capacity": {names.CAPACITY_MEMORY: {"value": str(gpu.memory_bytes)}},
             }
             if binding_conditions and role == names.ROLE_SERVING:
-                device["bindingConditions"] = [names.BINDING_CONDITION_FREED]
-                device["bindingFailureConditions"] = [names.BINDING_CONDITION_FREE_FAILED]
+                _with_binding_conditions(device)
             devices.append(device)
     if shares:
         for role in (names.ROLE_SHARE, names.ROLE_SERVING_SHARE):
-            devices += [share_device(g, role) for g in sorted(gpus, key=lambda g: g.index)]
+            devices += [share_device(g, role, binding_conditions) for g in sorted(gpus, key=lambda g: g.index)]
     return devices
 
 
