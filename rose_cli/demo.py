@@ -13,7 +13,8 @@ is bound; and with host memory full, suspended state spills to a disk tier and c
 bit-exact (``rose_cli/demo_spill.py``). Act 4
 applies an ElasticRLJob with kubectl: the real controller grows it on an idle forecast, shrinks
 it to its minimum and then suspends the gang (through real drivers) when serving is forecast to
-need the GPUs, and resumes and regrows it when the forecast falls. Act 5 runs two small CPU RL
+need the GPUs, and resumes and regrows it when the forecast falls; last, a job of two 0.5 GPU
+shares on one GPU, where serving's fraction arrives and the driver suspends one share first. Act 5 runs two small CPU RL
 jobs sharing one time-slice group through the orchestrator (a process over the cluster's Leases,
 switching through a real driver) and prints the group's duty cycle with and without sharing and
 the switch latency split (``rose_cli/demo_timeslice.py``). Act 6 runs example 02 (GRPO on a tiny LLM)

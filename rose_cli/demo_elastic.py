@@ -21,8 +21,12 @@ the drivers, acting on the controller's ``rose.io/suspend-request``.
 I/O: the cluster's API (kubectl and the Python client), the processes it starts, their
 ``/metrics``, a temporary directory. :func:`forecast_doc`, :func:`job_manifest`,
 :func:`summary`, :func:`side_by_side`, :func:`progress_rate`, :func:`trainer_env` and
-:func:`share_job_manifest` are pure. The drivers run with ``--gpu-shares``: last, a job of GPU
-shares (``examples/elasticrljob-gpu-share.yaml``, 0.5 GPU each) runs two workers on one GPU.
+:func:`share_job_manifest`, :func:`serving_fraction_template` and :func:`share_states_line` are pure.
+The drivers run with ``--gpu-shares``: last, a job of GPU shares (``examples/elasticrljob-gpu-share.yaml``,
+0.5 GPU each) runs two workers on one GPU; while they run, serving's fraction of that GPU (0.4: 40 GiB
++ 40 %, ``examples/serving-share-claim-template.yaml``) arrives, the driver suspends one share (its
+state into host memory, nothing evicted) and prepares serving beside the other, and when serving
+leaves the share resumes.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ DRIVER_ARGS = [
 ]  # fmt: skip
 SHARE_JOB = "grpo-share"  # examples/elasticrljob-gpu-share.yaml with a 0.5 GPU share: two workers on one GPU
 SHARE = {"memory": "60Gi", "compute": 50}
+# serving's fraction that arrives beside the two shares (0.4 GPU): 40 GiB + 40 % does not fit
+# beside both (50 + 50 + 40 % compute), fits beside one — the driver suspends one share
+SERVING_FRACTION = {"memory": "40Gi", "compute": "40"}
 PLANNER_EVENTS = frozenset({"Grow", "Shrink", "PlannedShrink", "PlannedGangSuspend"})  # the planner's decisions
 SPEC_HASH_ANNOTATION = "gpu.rose.io/spec-hash"  # a slice the driver (not the cluster's seed) published
 TRAINER = Path(__file__).resolve().parents[1] / "examples" / "01_cartpole_reinforce.py"
@@ -664,9 +671,30 @@ def share_job_manifest(ns: str, example: Mapping[str, Any], node: str) -> dict[s
     return body
 
 
+def serving_fraction_template(example: Mapping[str, Any], name: str, gpu_index: int) -> dict[str, Any]:
+    """``examples/serving-share-claim-template.yaml`` renamed, asking for :data:`SERVING_FRACTION`
+    (both choices) of GPU ``gpu_index``'s ``servingshare`` device — the GPU the shares are on (pure)."""
+    body: dict[str, Any] = json.loads(json.dumps(example))
+    body["metadata"] = {"name": name}
+    on_gpu = f'device.attributes["{names.DRIVER_NAME}"].{names.ATTR_INDEX} == {gpu_index}'
+    for sub in body["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]:
+        sub["capacity"] = {"requests": dict(SERVING_FRACTION)}
+        sub["selectors"] = [{"cel": {"expression": on_gpu}}]
+    return body
+
+
+def share_states_line(states: Mapping[str, str]) -> str:
+    """The share workers by their suspend-state: ``suspended: a; running: b`` (pure)."""
+    by: dict[str, list[str]] = {}
+    for pod, state in sorted(states.items()):
+        by.setdefault(state.lower(), []).append(pod)
+    return "; ".join(f"{state}: {', '.join(pods)}" for state, pods in sorted(by.items(), reverse=True))
+
+
 def _share_job(s: Stage, c: Checks) -> None:
     """One line's worth of GPU shares (issue 27 §3): a job of 0.5 GPU shares gets two workers, both
-    allocated on one GPU's share device and prepared there by its driver; then deleted."""
+    allocated on one GPU's share device and prepared there by its driver; a serving fraction then
+    arrives on that GPU (one share suspended, then resumed); then deleted."""
     import yaml
     from kubernetes import client
 
@@ -684,11 +712,9 @@ def _share_job(s: Stage, c: Checks) -> None:
         got = [(p, _gpus_claim(s.api, s.ns, p)) for p in pods if p.status.phase == "Running"]
         return [(p, cl) for p, cl in got if cl is not None] if len(got) == 2 and all(cl for _, cl in got) else None
 
-    pairs = wait_for("2 share workers running", allocated, timeout=30, interval=0.3)
+    pairs = sorted(wait_for("2 share workers running", allocated, timeout=30, interval=0.3), key=_pod_name)
     devices = {(p.spec.node_name, cl["status"]["allocation"]["devices"]["results"][0]["device"]) for p, cl in pairs}
     errors = [s.drivers[p.spec.node_name].kubelet.prepare(cl).error for p, cl in pairs]
-    for p, cl in pairs:
-        s.drivers[p.spec.node_name].kubelet.unprepare(cl)
 
     def share_status() -> dict[str, Any] | None:
         obj = client.CustomObjectsApi(s.api).get_namespaced_custom_object(
@@ -704,15 +730,94 @@ def _share_job(s: Stage, c: Checks) -> None:
         f"({'ok' if not any(errors) else errors}); status gpuShare {st.get('gpuShare')}, "
         f"activeShareGPUs {st.get('activeShareGPUs')}"
     )
+    one = len(devices) == 1 and next(iter(devices))[1].endswith("-share")
     c.add(
         "a job of 0.5 GPU shares: two workers on one GPU's share device, both prepared there",
-        len(devices) == 1
-        and next(iter(devices))[1].endswith("-share")
-        and not any(errors)
-        and st.get("gpuShare") == 0.5,
+        one and not any(errors) and st.get("gpuShare") == 0.5,
     )
+    try:
+        if one and not any(errors):
+            _serving_fraction(s, c, [p for p, _ in pairs], next(iter(devices))[1])
+    finally:
+        for p, cl in pairs:
+            s.drivers[p.spec.node_name].kubelet.unprepare(cl)
     kubectl(s.h, "delete", "elasticrljob", SHARE_JOB, "-n", s.ns, "--wait=true")
     s.mark(f"kubectl delete elasticrljob {SHARE_JOB}")
+
+
+def _pod_name(pair: tuple[Any, Any]) -> str:
+    name: str = pair[0].metadata.name
+    return name
+
+
+def _share_states(s: Stage, pods: list[Any]) -> dict[str, str]:
+    """Each share worker's suspend-state as its driver wrote it (``Running`` when none)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(s.api)
+    return {p.metadata.name: worker_state(core.read_namespaced_pod(p.metadata.name, s.ns)) for p in pods}
+
+
+def _serving_fraction(s: Stage, c: Checks, pods: list[Any], share_device: str) -> None:
+    """While the two shares run, serving's fraction (:data:`SERVING_FRACTION`) arrives on their
+    GPU's ``servingshare`` device: the kubelet (played) prepares it, the driver suspends one share
+    first (``reclaim_for_serving``: state into host memory, nothing evicted) and prepares serving
+    beside the other; serving leaves (unprepare), the share resumes."""
+    import yaml
+    from kubernetes import client
+
+    node, gpu = pods[0].spec.node_name, slices.parse_device_name(share_device)[0]
+    drv, core = s.drivers[node], client.CoreV1Api(s.api)
+    example = yaml.safe_load((TRAINER.parents[0] / "serving-share-claim-template.yaml").read_text())
+    create_claim_template(s.api, s.ns, serving_fraction_template(example, "serve-frac", gpu))
+    labels = {names.LABEL_ROLE: "serving"}
+    core.create_namespaced_pod(s.ns, gpu_pod("llm-serving-frac", "serve-frac", labels=labels, node_name=node))
+    try:
+        srv = wait_for(
+            "serving fraction allocated", partial(allocated_claim, s.api, s.ns, "llm-serving-frac"), timeout=60
+        )
+        dev = srv["status"]["allocation"]["devices"]["results"][0]["device"]
+        before = (_suspends(drv), drv.metric("rose_driver_serving_wait_seconds_sum"))
+        t0 = time.monotonic()
+        out = drv.kubelet.prepare(srv)
+        prepare_s = time.monotonic() - t0
+        waited = drv.metric("rose_driver_serving_wait_seconds_sum") - before[1]
+        n, held = int(_suspends(drv) - before[0]), drv.metric("rose_driver_suspended_state_bytes")
+        with contextlib.suppress(AssertionError):  # the driver writes the state on the pod: a moment
+            wait_for("a share suspended", lambda: "Suspended" in _share_states(s, pods).values(), timeout=20)
+        states = _share_states(s, pods)
+        gone = [p.metadata.name for p in pods if p.metadata.name not in {q.metadata.name for q in _live(s, pods)}]
+        s.mark(
+            f"serving fraction llm-serving-frac ({SERVING_FRACTION['memory']} + {SERVING_FRACTION['compute']} %) "
+            f"arrives on {dev}: kubelet (played) prepare {prepare_s:.2f}s, {waited:.2f}s of it waiting for "
+            f"{n} suspend(s) ({share_states_line(states)} beside serving; {held / 2**30:g} GiB held in host memory)"
+            + (f": {out.error}" if out.error else "")
+        )
+        c.add(
+            "a serving fraction arriving beside two 0.5 GPU shares: the driver suspended one share (state in "
+            "host memory, not evicted) and prepared serving beside the other",
+            out.error == "" and n == 1 and sorted(states.values()) == ["Running", "Suspended"] and not gone
+            and dev == f"gpu-{gpu}-servingshare",
+        )  # fmt: skip
+        if out.error == "":
+            assert drv.kubelet.unprepare(srv).error == "", "unprepare of the serving fraction failed"
+        with contextlib.suppress(AssertionError):
+            wait_for("the share resumed", lambda: set(_share_states(s, pods).values()) == {"Running"}, timeout=30)
+        after = _share_states(s, pods)
+        s.mark(f"serving fraction leaves (unprepare): the shares {share_states_line(after)}")
+        c.add("serving's fraction gone, the suspended share resumed", set(after.values()) == {"Running"})
+    finally:
+        core.delete_namespaced_pod("llm-serving-frac", s.ns, grace_period_seconds=0)
+        client.ResourceV1Api(s.api).delete_namespaced_resource_claim_template("serve-frac", s.ns)
+
+
+def _live(s: Stage, pods: list[Any]) -> list[Any]:
+    """Those of ``pods`` still there with the same UID (a suspended share is not evicted)."""
+    from kubernetes import client
+
+    now = client.CoreV1Api(s.api).list_namespaced_pod(s.ns).items
+    uids = {p.metadata.uid for p in pods}
+    return [p for p in now if p.metadata.uid in uids]
 
 
 def _report(s: Stage, c: Checks) -> None:
