@@ -111,8 +111,8 @@ def test_bad_spill_values_are_refused_at_render_time(tmp_path: Path) -> None:
     cases = (
         ("driver.spill.budget=lots", "/driver/spill/budget"),
         ("driver.spill.budget=-5Gi", "/driver/spill/budget"),
-        ("driver.spill.budget=0Gi", "driver.spill.budget is \"0Gi\": set the bytes the disk tier may hold"),
-        ("driver.spill.budget=0", "driver.spill.budget is \"0\""),
+        ("driver.spill.budget=0Gi", 'driver.spill.budget is "0Gi": set the bytes the disk tier may hold'),
+        ("driver.spill.budget=0", 'driver.spill.budget is "0"'),
         ("driver.spill.hostPath=spill", "/driver/spill/hostPath"),
         ("driver.spill.hostPath=/", "other than /"),
         ("driver.spill.hostPath=/var/lib/kubelet", "overlaps the driver's mount /var/lib/kubelet/plugins_registry"),
