@@ -61,6 +61,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- else }}
 {{- fail (printf "gpus.mode is %q: set it to nvidia (real GPUs) or simulated (kind, demos)" $v.gpus.mode) }}
 {{- end }}
+{{- include "rose.driverSpill" (dict "pod" $pod "env" $env "root" $root) }}
 {{- end }}
 {{- range $c := $pod.containers }}
 {{- if hasPrefix "ghcr.io/rose-project/rose:" $c.image }}
@@ -83,5 +84,40 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- else if eq $c.name "kube-scheduler" }}
 {{- $_ := set $c "image" $v.scheduler.image }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The driver's disk tier for suspended GPU state (issue 27 §4; dra_driver/README.md, "Layered memory"):
+with driver.spill.enabled the node's driver.spill.hostPath is mounted at the same path in the driver
+container (hostPath DirectoryOrCreate; the same path, because a spill file is named by its host
+path) and ROSE_DRIVER_SPILL_DIR / ROSE_DRIVER_SPILL_BUDGET_BYTES are set. A path that overlaps one
+of the driver's other mounts is refused. Disabled (the default), the DaemonSet is unchanged.
+*/}}
+{{- define "rose.driverSpill" }}
+{{- $spill := (($.root.Values.driver | default dict).spill | default dict) }}
+{{- if $spill.enabled }}
+{{- $budget := "" }}
+{{- if kindIs "float64" $spill.budget }}{{ $budget = toString (int64 $spill.budget) }}{{ else if hasKey $spill "budget" }}{{ $budget = toString $spill.budget }}{{ end }}
+{{- if not (and (regexMatch "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$" $budget) (regexMatch "[1-9]" $budget)) }}
+{{- fail (printf "driver.spill.budget is %q: set the bytes the disk tier may hold as a quantity above zero, like 200Gi" $budget) }}
+{{- end }}
+{{- $path := trimSuffix "/" (toString ($spill.hostPath | default "")) }}
+{{- if not (hasPrefix "/" $path) }}
+{{- fail (printf "driver.spill.hostPath is %q: set an absolute directory on the node other than /, like /var/lib/rose/spill" (toString ($spill.hostPath | default ""))) }}
+{{- end }}
+{{- range $c := $.pod.containers }}
+{{- if eq $c.name "driver" }}
+{{- range $m := ($c.volumeMounts | default list) }}
+{{- if or (eq $m.mountPath $path) (hasPrefix (printf "%s/" $m.mountPath) $path) (hasPrefix (printf "%s/" $path) $m.mountPath) }}
+{{- fail (printf "driver.spill.hostPath %q overlaps the driver's mount %s: choose a directory of its own, like /var/lib/rose/spill" $path $m.mountPath) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $c "volumeMounts" (append ($c.volumeMounts | default list) (dict "name" "spill" "mountPath" $path)) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $.env "ROSE_DRIVER_SPILL_DIR" $path }}
+{{- $_ := set $.env "ROSE_DRIVER_SPILL_BUDGET_BYTES" $budget }}
+{{- $_ := set $.pod "volumes" (append ($.pod.volumes | default list) (dict "name" "spill" "hostPath" (dict "path" $path "type" "DirectoryOrCreate"))) }}
 {{- end }}
 {{- end }}

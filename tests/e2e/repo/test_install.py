@@ -26,6 +26,7 @@ import yaml
 from local_cluster.binaries import pinned_versions
 from local_cluster.objects import allocated_claim
 from tests.support.cluster_fixtures import session_shaped_cluster
+from tests.support.helm import helm, helm_run
 from tests.support.k8s_helpers import delete_namespace, new_namespace, wait_for
 
 if TYPE_CHECKING:
@@ -146,37 +147,6 @@ def test_overlay_is_accepted_by_the_api_server(own_cluster: ClusterHandle, overl
         assert r.stdout.count("(server dry run)") == len(docs), r.stdout
     finally:
         uninstall(own_cluster, "manifests/cluster")
-
-
-def helm_bin() -> str:
-    """The helm hack/build-binaries.sh builds from its Go module at the pinned HELM_VERSION."""
-    from local_cluster.binaries import HACK, cache_dir
-
-    env = dict(line.split("=", 1) for line in (HACK / "versions.env").read_text().splitlines() if "=" in line)
-    path = cache_dir() / "bin" / f"helm-{os.environ.get('ROSE_HELM_VERSION', env['HELM_VERSION'])}" / "helm"
-    if not path.is_file():
-        pytest.fail(f"{path} is missing: run hack/build-binaries.sh (it builds helm from helm.sh/helm/v3)")
-    return str(path)
-
-
-def helm(tmp: Path, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
-    r = helm_run(tmp, *args, kubeconfig=kubeconfig)
-    assert r.returncode == 0, f"helm {' '.join(args)} exited {r.returncode}: {r.stderr}"
-    return r
-
-
-def helm_run(tmp: Path, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        HELM_CONFIG_HOME=str(tmp / "cfg"),
-        HELM_CACHE_HOME=str(tmp / "cache"),
-        HELM_DATA_HOME=str(tmp / "data"),
-    )
-    if kubeconfig is not None:
-        env["KUBECONFIG"] = str(kubeconfig)
-    return subprocess.run(
-        [helm_bin(), *args], text=True, capture_output=True, cwd=REPO, env=env, timeout=600, check=False
-    )
 
 
 def test_chart_lints_and_renders_what_kustomize_renders(tmp_path: Path) -> None:
