@@ -180,23 +180,71 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def reserved_port(low: int = 20000) -> int:
+RESERVED_PORTS_DIR = Path("/tmp/rose-reserved-ports")  # one file per port drawn: the drawing process's PID
+RESERVATION_MAX_AGE_S = 6 * 3600.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _claim_port(port: int, registry: Path) -> bool:
+    """Record ``port`` as drawn by this process (``O_EXCL``), unless a live process drew it; a
+    claim whose process is gone, or older than :data:`RESERVATION_MAX_AGE_S`, is taken over."""
+    registry.mkdir(mode=0o1777, exist_ok=True)
+    path = registry / str(port)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            try:
+                owner = int(path.read_text() or "0")
+                stale = not _alive(owner) or time.time() - path.stat().st_mtime > RESERVATION_MAX_AGE_S
+            except (OSError, ValueError):
+                stale = True
+            if not stale:
+                return False
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def reserved_port(low: int = 20000, registry: Path = RESERVED_PORTS_DIR) -> int:
     """A free loopback port for a server that binds it only later (the extender behind a cluster's
-    rose-scheduler profile): drawn below the kernel's ephemeral range, where no ``bind(("", 0))``
-    and no outgoing connection's source port lands meanwhile, as one from :func:`free_port` may
-    when other test runs share the machine. :func:`free_port` where that range is too small."""
+    rose-scheduler profile, a soak's driver metrics): drawn below the kernel's ephemeral range,
+    where no ``bind(("", 0))`` and no outgoing connection's source port lands meanwhile, as one from
+    :func:`free_port` may when other test runs share the machine; and claimed in ``registry`` for
+    as long as the drawing process lives, so no other draw (this process's or another run's)
+    returns it before the server binds: two CI lanes and a soak beside them drew the same port,
+    and a driver died with "Address already in use". :func:`free_port` where that range is too
+    small."""
     try:
         ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return free_port()
     draw = random.SystemRandom()
-    for _ in range(50 if ephemeral_low - low >= 1000 else 0):
+    for _ in range(200 if ephemeral_low - low >= 1000 else 0):
         port = draw.randrange(low, ephemeral_low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        try:
+            if not _claim_port(port, registry):
+                continue
+        except OSError:  # no registry here (read-only /tmp): the draw alone, as before
+            pass
         return port
     return free_port()
 
