@@ -305,8 +305,12 @@ class LocalCluster:
 
     @staticmethod
     def _alive(pid: int) -> bool:
-        if not _alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
             return False
+        except PermissionError:
+            return True
         # A zombie child of ours counts as dead, once it is a zombie as a whole: a process whose
         # main thread has exited shows "Z" while its other threads are still exiting, and those
         # still hold the process's files (a Go server's listening socket stays open meanwhile).
