@@ -398,8 +398,8 @@ class LocalCluster:
                         f"(`ss -ltnp 'sport = :{port}'`) or choose another with {flags.get(comp, 'its flag')}"
                     )
                 out[comp] = port
-            else:
-                out[comp] = free_port()
+            else:  # bound only once the component starts: below the ephemeral range, claimed
+                out[comp] = reserved_port()
         return out
 
     def _spawn(self, component: str, argv: list[str]) -> subprocess.Popen[bytes]:

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from local_cluster import binaries, pki
-from local_cluster.cluster import ClusterError, ClusterHandle, free_port, log_tail
+from local_cluster.cluster import ClusterError, ClusterHandle, log_tail, reserved_port
 from rose_common import names
 from rose_common.atomic import atomic_write
 
@@ -450,10 +450,10 @@ class RealNode:
             "current-context": "rose-local",
         }
         kc.write_text(yaml.safe_dump(doc))
-        healthz = free_port()
+        healthz = reserved_port()
         conf = self.lay.dir / "kubelet.yaml"
         ip = node_ip()
-        conf.write_text(yaml.safe_dump(kubelet_config(self.lay, p.ca_crt, ip, free_port(), healthz)))
+        conf.write_text(yaml.safe_dump(kubelet_config(self.lay, p.ca_crt, ip, reserved_port(), healthz)))
         labels = f"{names.LABEL_GPU_NODE}=true,{names.LABEL_POOL}=pool-0,rose.io/real-node=true"
         argv = [
             str(bins.kubelet),

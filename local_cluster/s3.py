@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from local_cluster import binaries
-from local_cluster.cluster import free_port, log_tail, stop_process
+from local_cluster.cluster import log_tail, reserved_port, stop_process
 
 READY_TIMEOUT_S = 60.0
 REGION = "us-east-1"
@@ -88,7 +88,7 @@ def s3_server(workdir: Path, binary: Path | None = None) -> Iterator[S3Server]:
     exe = binary or minio_binary()
     data, log = workdir / "s3-data", workdir / "s3.log"
     data.mkdir(parents=True, exist_ok=True)
-    port, console = free_port(), free_port()
+    port, console = reserved_port(), reserved_port()
     access, secret = f"rose{secrets.token_hex(6)}", secrets.token_urlsafe(24)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -198,7 +198,9 @@ def test_serving_holds_taint_keeps_new_lent_claims_off_the_gpu_until_serving_lea
     cluster: ClusterHandle, drv: DriverProcess, api: Any, ns: str
 ) -> None:
     wait_for("driver slice with binding conditions", lambda: _binding_slice(api, drv.node), timeout=60)
-    assert _serving_holds_taints(api, drv.node) == {}  # nothing held: nothing tainted
+    # nothing held: nothing tainted, once the module's earlier serving claims are gone with their
+    # namespaces (an allocated serving claim taints its GPU until it is deleted or deallocated)
+    wait_for("no serving-holds taint left", lambda: _serving_holds_taints(api, drv.node) == {}, timeout=90)
     gpu0 = ['device.attributes["gpu.rose.io"].index == 0']
     create_claim_template(api, ns, claim_template("serve", names.DEVICE_CLASS_SERVING, selectors=gpu0))
     create_claim_template(api, ns, claim_template("lent", names.DEVICE_CLASS_LENDABLE))
