@@ -202,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         service.finish()
         service.wait_drained(60)  # every connected worker told "done" before this process exits
         print(f"ROLLOUT_COUNTERS {json.dumps(service.status())}", flush=True)
+        import threading
+
+        # the worker threads end on "done": joined, not left as daemons inside torch at interpreter
+        # exit (a CI run aborted there: "terminate called without an active exception", rc -6)
+        for t in threading.enumerate():
+            if t.name.startswith("rollout") and t is not threading.current_thread():
+                t.join(timeout=60)
     torch.save(
         {
             "model": {k: v.clone() for k, v in trainer.model.state_dict().items()},
