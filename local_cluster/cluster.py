@@ -185,12 +185,13 @@ RESERVATION_MAX_AGE_S = 6 * 3600.0
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's too; a zombie too: see LocalCluster._alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -305,12 +306,8 @@ class LocalCluster:
 
     @staticmethod
     def _alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             return False
-        except PermissionError:
-            return True
         # A zombie child of ours counts as dead, once it is a zombie as a whole: a process whose
         # main thread has exited shows "Z" while its other threads are still exiting, and those
         # still hold the process's files (a Go server's listening socket stays open meanwhile).
