@@ -60,6 +60,7 @@ def test_forecast_rise_writes_planned_suspend_requests_and_counts_them() -> None
     assert sorted(api.names("request")) == ["grpo-w0", "grpo-w1", "grpo-w2", "grpo-w3"]
     assert ctl.metrics.reclaims.labels("planned")._value.get() == 4
     assert "delete" not in dict(api.calls)  # suspended, not removed
+    assert ctl.metrics.stale_targets._value.get() == 0  # each target planned for the workers it met
 
 
 def test_a_pod_of_another_job_or_label_is_ignored_and_invalid_jobs_are_skipped() -> None:

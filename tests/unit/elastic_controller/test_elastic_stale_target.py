@@ -39,18 +39,3 @@ def test_a_target_planned_before_the_last_creates_is_dropped_not_applied_on_top(
     ctl.plan_once()  # the next round plans for the 4 workers as they are: nothing to add
     drain(ctl)
     assert len(api.names("create")) == 4
-
-
-def test_a_target_planned_for_the_current_workers_is_applied() -> None:
-    ctl, api = make_controller(need=0.0)
-    ctl.on_job_list([RAW_JOB])
-    ctl.plan_once()
-    drain(ctl)
-    for i, body in enumerate(api.created):
-        ctl.on_pod_event(ADDED, running_pod(body, f"uid-{i}"))
-    drain(ctl)
-    ctl.forecasts.need = 8.0  # type: ignore[attr-defined]  # serving needs the whole pool
-    ctl.plan_once()
-    drain(ctl)
-    assert sorted(api.names("request")) == ["grpo-w0", "grpo-w1", "grpo-w2", "grpo-w3"]
-    assert ctl.metrics.stale_targets._value.get() == 0
