@@ -426,7 +426,7 @@ class Controller:
         d = desired(job, observed, target, self._clock(), self.group_lease(group, job.namespace) if group else None)
         failures = converge(self.api, job, d, self._run)
         if any(f.conflict for f in failures):
-            self._on_status_conflict(key, job, target)
+            self._on_status_conflict(key, job, target, observed)
             return
         failures += self._write_world(job, observed) + self._retry_unschedulable(job, observed)
         self._expect_changes(key, d)
@@ -446,14 +446,16 @@ class Controller:
         self.metrics.reconciles.labels("ok").inc()
         self.queue.forget(key)
 
-    def _on_status_conflict(self, key: str, job: ElasticRLJob, target: JobTarget | None) -> None:
+    def _on_status_conflict(
+        self, key: str, job: ElasticRLJob, target: JobTarget | None, observed: list[ObservedWorker]
+    ) -> None:
         """The status was refused as computed from a stale view of the job (another write landed
         since the informer's copy): nothing else was done; the planner's target goes back unless a
         newer one came meanwhile, and the key is requeued with backoff (the informer's delivery
         of the newer job queues it sooner)."""
         if target is not None:
             with self._lock:
-                self._targets.setdefault(key, (target, _uids(self._observed_locked(key))))
+                self._targets.setdefault(key, (target, _uids(observed)))  # still for the workers it was checked against
         self.metrics.status_conflicts.inc()
         self.metrics.reconciles.labels("conflict").inc()
         delay = self.queue.requeue(key)
