@@ -39,6 +39,11 @@ MPS_DIR = "mps"  # under the driver's state directory
 # The control client's query: answered by a running daemon, refused by the client when none is there
 PROBE_COMMAND = "get_server_list\n"
 QUIT_COMMAND = "quit\n"
+# How long a stop waits for the daemon to go, under the node lock (MPS keeps a daemon whose clients
+# are still connected after quit: the next try is the repair loop's), and how often the repair loop
+# checks the daemons of prepared shares (each check is one control-client call per shared GPU)
+STOP_WAIT_SECONDS = 3.0
+RECHECK_SECONDS = 30.0
 
 
 class MpsError(RuntimeError):
@@ -114,6 +119,7 @@ class MpsDaemons:
         *,
         counters: MpsCounters | None = None,
         timeout_seconds: float = 10.0,
+        stop_wait_seconds: float = STOP_WAIT_SECONDS,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         if not control:
@@ -122,9 +128,17 @@ class MpsDaemons:
             raise ValueError(f"the MPS daemon timeout must be > 0 s, got {timeout_seconds}")
         self.control, self.root, self.uuids = control, root, dict(uuids)
         self.counters = counters or MpsCounters()
-        self.timeout = timeout_seconds
+        self.timeout, self.stop_wait = timeout_seconds, stop_wait_seconds
+        self._checked = float("-inf")
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._running: set[int] = set()
+
+    def due(self, now: float) -> bool:
+        """The repair loop's check of the daemons is due (at most every :data:`RECHECK_SECONDS`)."""
+        if now - self._checked < RECHECK_SECONDS:
+            return False
+        self._checked = now
+        return True
 
     def running(self) -> frozenset[int]:
         """The GPUs whose daemon this driver started or adopted (and has not stopped)."""
@@ -231,22 +245,23 @@ class MpsDaemons:
             said = first_line(out.read())
         if rc != 0:
             raise MpsError(f"MPS control daemon for GPU {gpu} exited {rc} at start: {said or 'no output'}")
-        self._await(gpu, True, t0)
+        self._await(gpu, True, t0, self.timeout)
         log.info(
             "mps daemon started",
             extra={"gpu": gpu, "uuid": self._uuid(gpu), "pipeDir": str(d.pipe), "seconds": time.monotonic() - t0},
         )
 
-    def _await(self, gpu: int, alive: bool, t0: float) -> None:
+    def _await(self, gpu: int, alive: bool, t0: float, limit: float) -> None:
         while self.answers(gpu) != alive:
-            if time.monotonic() - t0 > self.timeout:
+            if time.monotonic() - t0 > limit:
                 what = "did not answer" if alive else "still answers"
-                when = f"within {self.timeout:g}s of its start" if alive else f"{self.timeout:g}s after quit"
+                when = f"within {limit:g}s of its start" if alive else f"{limit:g}s after quit"
                 raise MpsError(f"MPS control daemon for GPU {gpu} {what} {when} (log: {dirs(self.root, gpu).log})")
             time.sleep(0.05)
 
     def stop(self, gpu: int) -> None:
-        """``quit`` the GPU's daemon and wait until it no longer answers; MpsError (counted) when it stays."""
+        """``quit`` the GPU's daemon and wait (``stop_wait``) until it no longer answers; MpsError
+        (counted) when it stays."""
         t0 = time.monotonic()
         try:
             if self.answers(gpu):
@@ -254,7 +269,7 @@ class MpsDaemons:
                 if r.returncode != 0:
                     said = first_line(r.stderr + r.stdout) or f"exit {r.returncode}"
                     raise MpsError(f"MPS control daemon for GPU {gpu} refused quit: {said}")
-                self._await(gpu, False, t0)
+                self._await(gpu, False, t0, self.stop_wait)
         except MpsError:
             self.counters.stop_failed()
             raise

@@ -478,7 +478,8 @@ class NodeDriver:
                 ):
                     self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
             self._check_share_limits()
-            self._mps_sync(restart=True)
+            if self.mps is not None and self.mps.due(self._clock()):
+                self._mps_sync(restart=True)
 
     def _check_share_limits(self) -> None:
         """Under the lock (the repair loop): observe each running share claim's device memory (the

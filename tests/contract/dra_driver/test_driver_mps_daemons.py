@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -42,8 +43,10 @@ def root() -> Iterator[Path]:
         yield d / "mps"
     finally:
         for pidfile in d.glob("mps/gpu-*/pipe/fake-mps-control.pid"):
-            with contextlib.suppress(ValueError, ProcessLookupError):
-                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            with contextlib.suppress(ValueError, OSError):
+                pid = int(pidfile.read_text())
+                if alive(pid) and b"fake_nvidia_cuda_mps_control" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)  # still ours, still running
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -58,6 +61,15 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def kill(pid: int) -> None:
+    """SIGKILL a fake daemon and wait until it is dead (the signal is delivered asynchronously)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not alive(pid), f"fake daemon {pid} still alive 10 s after SIGKILL"
 
 
 class Counted:
@@ -109,7 +121,7 @@ def test_a_daemon_that_died_is_started_again(root: Path) -> None:
     m = manager(root)
     m.ensure([1])
     first = daemon_pid(root, 1)
-    os.kill(first, signal.SIGKILL)  # it leaves its control socket behind
+    kill(first)  # it leaves its control socket behind
     m.ensure([1])
     assert daemon_pid(root, 1) != first and alive(daemon_pid(root, 1)) and m.answers(1)
 
@@ -191,13 +203,27 @@ def test_the_driver_runs_one_daemon_per_shared_gpu_while_shares_need_it(root: Pa
     d.close()
 
 
+def test_the_repair_loop_starts_a_dead_daemon_again_for_prepared_shares(root: Path, tmp_path: Path) -> None:
+    d = gpu_driver(tmp_path, StaticClaims([share_claim("s1")]), manager(root))
+    assert not d.prepare([ref("s1")])["s1"].error
+    first = daemon_pid(root, 0)
+    kill(first)  # a share's new container would run without its limits
+    d.reconcile()
+    second = daemon_pid(root, 0)
+    assert second != first and alive(second)
+    kill(second)
+    d.reconcile()  # checked at most every 30 s: one control-client call per shared GPU each time
+    assert daemon_pid(root, 0) == second and not d.mps.answers(0)  # type: ignore[union-attr]
+    d.close()
+
+
 def test_recovery_stops_an_unneeded_daemon_and_a_whole_gpu_claim_waits_for_its_stop(root: Path, tmp_path: Path) -> None:
     stray = manager(root)
     stray.ensure([1])  # left by an earlier driver with no share recorded any more
     pid = daemon_pid(root, 1)
     counted = Counted()
     claims = StaticClaims([share_claim("s1", "gpu-1-share"), share_claim("w1", "gpu-1-lendable")])
-    d = gpu_driver(tmp_path, claims, manager(root, counted, timeout_seconds=2.0))
+    d = gpu_driver(tmp_path, claims, manager(root, counted))
     assert not alive(pid) and counted.daemons == 0  # adopted at recovery, then stopped: nothing needs it
 
     assert not d.prepare([ref("s1")])["s1"].error
@@ -207,7 +233,7 @@ def test_recovery_stops_an_unneeded_daemon_and_a_whole_gpu_claim_waits_for_its_s
     assert alive(pid) and counted.stop_failed == 1 and counted.daemons == 1
     err = d.prepare([ref("w1")])["w1"].error  # the whole GPU is not lent beside a daemon
     assert err == (
-        f"ResourceClaim {NS}/w1: MPS control daemon for GPU 1 still answers 2s after quit (log: {dirs(root, 1).log});"
+        f"ResourceClaim {NS}/w1: MPS control daemon for GPU 1 still answers 3s after quit (log: {dirs(root, 1).log});"
         " the kubelet retries"
     )
     assert counted.stop_failed == 2

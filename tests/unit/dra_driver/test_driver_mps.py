@@ -58,6 +58,11 @@ def test_only_a_whole_gpu_lent_claim_is_held_back_by_a_daemon() -> None:
     assert mps.blocking_whole_lent([dev("share", 1)], running) == []
 
 
+def test_the_repair_loops_check_is_due_every_30_seconds(tmp_path: Path) -> None:
+    m = mps.MpsDaemons("nvidia-cuda-mps-control", tmp_path, {0: "GPU-a"})
+    assert m.due(100.0) and not m.due(100.0) and not m.due(129.9) and m.due(130.0) and not m.due(131.0)
+
+
 def test_a_process_error_stays_one_line() -> None:
     assert mps.first_line("\n  \nfirst problem\nsecond\n") == "first problem"
     assert mps.first_line("x" * 500) == "x" * 200
