@@ -14,7 +14,10 @@ an MPS control daemon answers on that pipe directory. :class:`MpsDaemons` makes 
   (:func:`to_stop`); a whole-GPU lent claim is prepared only on a GPU with no daemon
   (:func:`blocking_whole_lent`): the driver stops an idle one first, and refuses when it cannot.
 
-Used only with real GPUs (``--gpu-backend nvml``); the simulated backend never starts a daemon.
+Used only with real GPUs (``--gpu-backend nvml``); the simulated backend never starts a daemon. The
+GPU's compute mode is left as it is (not ``EXCLUSIVE_PROCESS``): serving's whole device and a
+reclaimed share's GPU must stay usable by processes that do not go through MPS (serving wins), so a
+share's container that drops the CDI spec's MPS variables is not held to its limits.
 Decisions are the pure functions; :class:`MpsDaemons` is the thin process I/O around them.
 """
 
@@ -36,8 +39,9 @@ log = logging.getLogger("rose.driver")
 
 DEFAULT_CONTROL = "nvidia-cuda-mps-control"
 MPS_DIR = "mps"  # under the driver's state directory
-# The control client's query: answered by a running daemon, refused by the client when none is there
-PROBE_COMMAND = "get_server_list\n"
+# The control client's query: answered by a running daemon, the client exits non-zero when none is
+# there (the health check NVIDIA's own k8s-device-plugin MPS daemon uses)
+PROBE_COMMAND = "get_default_active_thread_percentage\n"
 QUIT_COMMAND = "quit\n"
 # How long a stop waits for the daemon to go, under the node lock (MPS keeps a daemon whose clients
 # are still connected after quit: the next try is the repair loop's), and how often the repair loop

@@ -4,12 +4,13 @@ that run the contract tier. It behaves like the real control binary where the dr
 so ``dra_driver.mps`` runs against real processes; it starts no MPS server and limits nothing.
 
 * ``-d``: daemonizes (the invoking process returns at once, as the real one does) and serves a
-  control socket ``control`` in ``CUDA_MPS_PIPE_DIRECTORY`` (the real daemon's control pipe has
+  control socket ``control`` in ``CUDA_MPS_PIPE_DIRECTORY`` (the real daemon's control socket has
   that name); its pid goes to ``fake-mps-control.pid`` there, and ``started pid=<pid>
   CUDA_VISIBLE_DEVICES=<value>`` to ``control.log`` in ``CUDA_MPS_LOG_DIRECTORY``. Refused (exit 1)
   while a daemon answers on the directory, or when either directory is missing.
 * no argument (a client): sends each line of stdin to the daemon and prints each answer;
-  ``get_server_list`` answers an empty list, ``quit`` stops the daemon. No daemon: ``Cannot find
+  ``get_server_list`` answers an empty list, ``get_default_active_thread_percentage`` 100.0, ``quit``
+  stops the daemon. No daemon: ``Cannot find
   MPS control daemon process`` on stderr, exit 1.
 
 Test knobs (environment of the ``-d`` call): ``FAKE_MPS_CONTROL_FAIL_START=<message>`` fails the
@@ -113,7 +114,8 @@ def serve(pipe: str, logs: str) -> None:
                     os.unlink(CONTROL)
                     os.unlink(PIDFILE)
                     return
-                f.write("\n" if cmd == "get_server_list" else f"unknown command {cmd}\n")
+                answers = {"get_server_list": "", "get_default_active_thread_percentage": "100.0"}
+                f.write(answers.get(cmd, f"unknown command {cmd}") + "\n")
                 f.flush()
 
 
