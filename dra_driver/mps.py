@@ -128,8 +128,8 @@ class MpsDaemons:
     ) -> None:
         if not control:
             raise ValueError("the MPS control binary must be named (--mps-control)")
-        if timeout_seconds <= 0:
-            raise ValueError(f"the MPS daemon timeout must be > 0 s, got {timeout_seconds}")
+        if timeout_seconds <= 0 or stop_wait_seconds <= 0:
+            raise ValueError(f"the MPS daemon timeouts must be > 0 s, got {timeout_seconds} and {stop_wait_seconds}")
         self.control, self.root, self.uuids = control, root, dict(uuids)
         self.counters = counters or MpsCounters()
         self.timeout, self.stop_wait = timeout_seconds, stop_wait_seconds

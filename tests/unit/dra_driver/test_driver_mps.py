@@ -72,8 +72,10 @@ def test_a_process_error_stays_one_line() -> None:
 def test_bad_manager_settings_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"the MPS control binary must be named \(--mps-control\)"):
         mps.MpsDaemons("", tmp_path, {0: "GPU-a"})
-    with pytest.raises(ValueError, match="the MPS daemon timeout must be > 0 s, got 0"):
+    with pytest.raises(ValueError, match=r"the MPS daemon timeouts must be > 0 s, got 0 and 3\.0"):
         mps.MpsDaemons("nvidia-cuda-mps-control", tmp_path, {0: "GPU-a"}, timeout_seconds=0)
+    with pytest.raises(ValueError, match=r"the MPS daemon timeouts must be > 0 s, got 10\.0 and -1"):
+        mps.MpsDaemons("nvidia-cuda-mps-control", tmp_path, {0: "GPU-a"}, stop_wait_seconds=-1)
     m = mps.MpsDaemons("nvidia-cuda-mps-control", tmp_path, {0: "GPU-a"})
     with pytest.raises(mps.MpsError, match="GPU 7 is not on this node"):
         m.env(7)
