@@ -58,13 +58,13 @@ def build_spec(
     *,
     agent_socket_dir: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
-    mps: bool = False,
+    mps_root: Path | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim. ``minors`` maps GPU index → /dev/nvidia<minor>;
     ``agent_socket_dir``: the host directory of the claim's node-agent socket, mounted when given;
     ``extra_env``: more variables for every container (e.g. ``ROSE_SIMULATED_DEVICE_MEMORY``, a
-    share's CUDA MPS settings: ``dra_driver.shares.mps_env``); ``mps``: mount the MPS daemon's pipe
-    and log directories of a share's GPU (a GPU node)."""
+    share's CUDA MPS settings: ``dra_driver.shares.mps_env``); ``mps_root``: where the node's MPS
+    daemons keep their directories (``dra_driver.mps``; a GPU node): a share's GPU's are mounted."""
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
     cdi_devices: list[dict[str, Any]] = []
@@ -86,7 +86,7 @@ def build_spec(
         common["env"] += edits["env"]
         common["mounts"] = edits["mounts"]
     common["env"] += [f"{k}={v}" for k, v in sorted((extra_env or {}).items())]
-    if mps and (mounts := shares.mps_mounts(devices)):
+    if mps_root is not None and (mounts := shares.mps_mounts(devices, mps_root)):
         common["mounts"] = [*common.get("mounts", []), *mounts]
     return {
         "cdiVersion": CDI_VERSION,

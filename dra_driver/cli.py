@@ -210,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
     )
     add(
+        "mps-control",
+        "--gpu-shares on real GPUs (nvml): the CUDA MPS control binary the driver runs, one daemon per"
+        " shared GPU (-d to start, quit to stop; pipe and log directories under <state-dir>/mps); a name"
+        " is looked up on PATH. Never used on simulated GPUs",
+        default="nvidia-cuda-mps-control",
+    )
+    add(
         "allow-serving-on-occupied-device",
         "prepare a serving claim even while a lent occupant's state is still observed on the device"
         " (counted in rose_driver_serving_on_occupied_device_total, an Event on the occupant); default:"
@@ -429,6 +436,7 @@ def build(args: argparse.Namespace) -> Wiring:
     state_dir = Path(args.state_dir or args.plugin_dir)
     agent_server = _agent_server(args, engine)
     enforcer = build_enforcer(args, gpus, engine, kube.KubeEvictor(api))
+    mps_daemons = build_mps(args, gpus, state_dir, metrics)
     driver = NodeDriver(
         node_name=args.node_name,
         gpus=gpus,
@@ -443,6 +451,7 @@ def build(args: argparse.Namespace) -> Wiring:
         workload_sockets=agent_server.claims if agent_server is not None else None,
         enforcer=enforcer,
         allow_serving_on_occupied_device=bool(args.allow_serving_on_occupied_device),
+        mps_daemons=mps_daemons,
     )
     built.append(driver)
     try:
@@ -534,6 +543,29 @@ def _disk_tier(engine: Any) -> tuple[int, int] | None:
         return None
     budget, held = usage()["disk"]
     return int(budget), int(held)
+
+
+def build_mps(args: argparse.Namespace, gpus: list[Any], state_dir: Path, metrics: Any) -> Any:
+    """GPU shares on real GPUs: the MPS control daemons (``dra_driver.mps``); None on simulated GPUs
+    or without ``--gpu-shares`` (no share is prepared there). The binary must be there at start."""
+    import shutil
+
+    from dra_driver.mps import MPS_DIR, MpsCounters, MpsDaemons
+
+    if not args.gpu_shares or all(g.simulated for g in gpus):
+        return None
+    if shutil.which(args.mps_control) is None:
+        raise StartupError(
+            f"--mps-control {args.mps_control!r}: no such executable (on PATH or at that path); GPU shares on"
+            " real GPUs need the CUDA MPS control binary"
+        )
+    counters = MpsCounters(
+        daemons=metrics.mps_daemons.set,
+        start_failed=metrics.mps_start_failures_total.inc,
+        stop_failed=metrics.mps_stop_failures_total.inc,
+    )
+    uuids = {g.info.index: g.info.uuid for g in gpus}
+    return MpsDaemons(args.mps_control, state_dir / MPS_DIR, uuids, counters=counters)
 
 
 def build_enforcer(args: argparse.Namespace, gpus: list[Any], engine: Any, evictor: Any) -> Any:

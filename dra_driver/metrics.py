@@ -178,6 +178,21 @@ class DriverMetrics:
         self.shares_over_limit = Gauge(
             "rose_driver_shares_over_limit", "Share claims now observed over their memory limit", registry=r
         )
+        self.mps_daemons = Gauge(
+            "rose_driver_mps_daemons",
+            "CUDA MPS control daemons the driver runs (started or adopted) for GPU shares, one per shared GPU",
+            registry=r,
+        )
+        self.mps_start_failures_total = Counter(
+            "rose_driver_mps_start_failures",
+            "MPS control daemons that did not start or answer (each refuses a share prepare; the kubelet retries)",
+            registry=r,
+        )
+        self.mps_stop_failures_total = Counter(
+            "rose_driver_mps_stop_failures",
+            "MPS control daemons still answering after quit (the repair loop tries again)",
+            registry=r,
+        )
         self.share_claims = Gauge(
             "rose_driver_share_claims", "Share claims prepared on each physical GPU", ["gpu"], registry=r
         )

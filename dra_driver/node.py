@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-from dra_driver import binding, cdi, evictions, fencing, refusals, shares
+from dra_driver import binding, cdi, evictions, fencing, mps, refusals, shares
 from dra_driver.checkpoint import CheckpointFile, crash_point
 from dra_driver.claims import ClaimError, ClaimRef, PodRef, PreparedDevice, reserved_pods, validate_claim
 from dra_driver.discovery import GpuDevice
@@ -86,6 +86,7 @@ EVENT_RECLAIM_ENFORCED = "ReclaimEnforced"  # the driver freed the GPU itself at
 EVENT_RECLAIM_NOT_FREED = "ReclaimNotFreed"  # still occupied after enforcement: serving not prepared
 EVENT_SERVING_ON_OCCUPIED = "ServingOnOccupiedDevice"  # the operator's override let serving in anyway
 EVENT_SHARE_OVER_LIMIT = "ShareOverLimit"  # a share holds more device memory than its claim consumed
+EVENT_MPS_DAEMON_FAILED = "MpsDaemonFailed"  # a share's GPU has no MPS daemon: the prepare is refused
 ENGINE_THREADS_MIN = 4  # the engine pool's floor (two per GPU above it)
 BACKEND_ENFORCED_CHECKPOINT = "cuda-checkpoint-enforced"  # Suspension.backend: restore its pids on resume
 _EVICTED = (CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
@@ -160,19 +161,19 @@ class NodeDriver:
         allow_serving_on_occupied_device: bool = False,
         resume_backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        mps_daemons: mps.MpsDaemons | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
         self.gpus = {g.info.index: g for g in gpus}
         self.gpu_uuids = {g.info.index: g.info.uuid for g in gpus}
         self.simulated = all(g.simulated for g in gpus)
+        self.mps = real_gpus_only(mps_daemons, self.simulated)  # GPU shares: one MPS daemon per shared GPU
         self.cdi_dir, self.state_dir, self.claims = cdi_dir, state_dir, claims
         self.engine, self.notifier, self.boot_id = engine, notifier, boot_id
         self.metrics = metrics or DriverMetrics(sorted(self.gpus))
-        self.default_grace = default_grace_seconds
-        self.grace_slack = grace_slack_seconds
-        self.copy_wait_limit = copy_wait_limit_seconds
-        self.workload_sockets = workload_sockets
+        self.default_grace, self.grace_slack = default_grace_seconds, grace_slack_seconds
+        self.copy_wait_limit, self.workload_sockets = copy_wait_limit_seconds, workload_sockets
         # None: no observation (state-machine tests only); every real driver observes (cli.build)
         self.enforcer = enforcer
         self.allow_serving_on_occupied = allow_serving_on_occupied_device
@@ -283,6 +284,8 @@ class NodeDriver:
     def recover(self) -> None:
         """Roll back or complete whatever a crash interrupted; safe to run any number of times."""
         with self._locked() as data:
+            if self.mps is not None:
+                self.mps.adopt()  # a daemon already answering on a GPU's pipe directory is not started twice
             for rec in list(data.claims.values()):
                 if rec.state in (PREPARE_STARTED, UNPREPARE_STARTED):
                     log.info("recovery: finishing interrupted claim", extra={"claim": rec.uid, "state": rec.state})
@@ -308,6 +311,7 @@ class NodeDriver:
             for uid in cdi.list_specs(self.cdi_dir):
                 if uid not in data.claims:
                     cdi.delete_spec(self.cdi_dir, uid)
+            self._mps_sync(restart=True)
 
     def _lock_busy(self, op: str, ref: ClaimRef, e: Timeout) -> str:
         log.warning("node state lock busy", extra={"claim": ref.key(), "op": op, "lock": str(e.lock_file)})
@@ -386,6 +390,7 @@ class NodeDriver:
                     self.metrics.unprepare_total.labels("error").inc()
                     log.exception("unprepare failed", extra={"claim": ref.key(), "err": repr(e)})
                 self.metrics.unprepare_seconds.observe(time.monotonic() - t0)
+            self._mps_sync()  # the last share of a GPU gone: its daemon stops
         return out
 
     def request_suspend(self, pod: PodRef, grace_seconds: float | None) -> str:
@@ -473,6 +478,8 @@ class NodeDriver:
                 ):
                     self._suspend(owner, s)  # re-occupied while held: reclaim again (enforced if need be)
             self._check_share_limits()
+            if self.mps is not None and self.mps.due(self._clock()):
+                self._mps_sync(restart=True)
 
     def _check_share_limits(self) -> None:
         """Under the lock (the repair loop): observe each running share claim's device memory (the
@@ -663,7 +670,7 @@ class NodeDriver:
             self.simulated,
             agent_socket_dir=sock,
             extra_env=env,
-            mps=not self.simulated,
+            mps_root=self.mps.root if self.mps is not None else None,
         )
 
     def _open_socket(self, rec: ClaimRecord) -> Path | None:
@@ -925,6 +932,7 @@ class NodeDriver:
         if any(d.role in names.SERVING_ROLES for d in rec.devices):
             self.metrics.serving_wait_seconds.observe(time.monotonic() - t0)
             self._gate_serving(ref, occupants)
+        self._mps_prepare(ref, rec)
         cdi.write_spec(self.cdi_dir, rec.uid, self._spec(rec))
         crash_point("prepare-cdi-written")
         rec.state = PREPARE_COMPLETED
@@ -936,6 +944,38 @@ class NodeDriver:
             extra={"claim": ref.key(), "uid": ref.uid, "devices": [d.device for d in rec.devices]},
         )
         return tuple(rec.devices)
+
+    def _mps_prepare(self, ref: ClaimRef, rec: ClaimRecord) -> None:
+        """Under the lock, before the CDI spec: a claim with a share device gets its GPU's MPS daemon
+        (started or adopted); a whole-GPU lent claim gets a GPU without one (an idle daemon is
+        stopped first). A daemon that cannot be started or stopped refuses the prepare (the kubelet
+        retries; a warning Event on the claim's pods): a share is never prepared without its limits."""
+        if self.mps is None:
+            return
+        try:
+            for gpu in mps.blocking_whole_lent(rec.devices, self.mps.running()):
+                self.mps.stop(gpu)
+            self.mps.ensure(mps.share_gpus(rec.devices))
+        except mps.MpsError as e:
+            log.warning("prepare refused: mps daemon", extra={"claim": ref.key(), "err": str(e)})
+            self._events(rec.pods, EVENT_MPS_DAEMON_FAILED, f"claim {ref.key()} not prepared: {e}")
+            raise ClaimError(f"ResourceClaim {ref.key()}: {e}; the kubelet retries") from None
+
+    def _mps_sync(self, restart: bool = False) -> None:
+        """Under the lock: stop the MPS daemons no recorded claim's share needs any more; with
+        ``restart`` (recovery, the repair loop) also start again the daemon of a GPU whose prepared
+        shares lost theirs. Failures are logged and counted, never raised: the next pass retries."""
+        if self.mps is None:
+            return
+        claims = list(self._data.claims.values())
+        if restart:
+            prepared = mps.share_gpus(d for r in claims if r.state == PREPARE_COMPLETED for d in r.devices)
+            for gpu in sorted(prepared):
+                try:
+                    self.mps.ensure([gpu])
+                except mps.MpsError as e:
+                    log.warning("mps daemon restart failed", extra={"gpu": gpu, "err": str(e)})
+        self.mps.sync(mps.share_gpus(d for r in claims for d in r.devices))
 
     def _gate_serving(self, ref: ClaimRef, occupants: list[ClaimRecord]) -> None:
         """A serving claim is never prepared while a lent occupant's state is observed on the
@@ -1499,6 +1539,13 @@ class Reclaims:
 class RanSuspend:
     res: SuspendResult
     enforced: EnforceResult | None
+
+
+def real_gpus_only(daemons: mps.MpsDaemons | None, simulated: bool) -> mps.MpsDaemons | None:
+    """The MPS daemon manager, refused on simulated GPUs (it is never chosen silently there)."""
+    if daemons is not None and simulated:
+        raise ValueError("MPS daemons run only on real GPUs (--gpu-backend nvml), not on simulated ones")
+    return daemons
 
 
 def lent_held(data: NodeStateData) -> tuple[frozenset[int], frozenset[int], frozenset[int]]:

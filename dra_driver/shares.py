@@ -24,15 +24,15 @@ No I/O here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Protocol
 
 from dra_driver.claims import PreparedDevice
 from rose_common import names
 from rose_common.slices import SHARE_COMPUTE_TOTAL
 
-# Where a GPU node's MPS control daemon for GPU N keeps its pipes (one daemon per GPU; the
-# container sees the directory at the same path through the CDI mount)
-MPS_HOST_ROOT = "/run/nvidia/mps"
+# Where a share's containers see its GPU's MPS daemon directories (CDI mounts of the host's
+# <state-dir>/mps/gpu-<N>/{pipe,log}: dra_driver.mps, one daemon per shared GPU)
 MPS_CONTAINER_PIPE_DIR = "/run/nvidia/mps/pipe"
 MPS_CONTAINER_LOG_DIR = "/run/nvidia/mps/log"
 
@@ -176,13 +176,13 @@ def mps_env(devices: Iterable[PreparedDevice]) -> dict[str, str]:
     }
 
 
-def mps_mounts(devices: Iterable[PreparedDevice]) -> list[dict[str, object]]:
-    """The host directories of the MPS daemon of the (first) shared GPU, mounted where
-    :func:`mps_env` points the client."""
+def mps_mounts(devices: Iterable[PreparedDevice], host_root: Path) -> list[dict[str, object]]:
+    """The host directories of the MPS daemon of the (first) shared GPU (``<host_root>/gpu-<N>``,
+    ``dra_driver.mps.dirs``), mounted where :func:`mps_env` points the client."""
     gpus = sorted({d.gpu_index for d in devices if d.role in names.SHARE_ROLES})
     if not gpus:
         return []
-    host = f"{MPS_HOST_ROOT}/gpu-{gpus[0]}"
+    host = f"{host_root}/gpu-{gpus[0]}"
     return [
         {"hostPath": f"{host}/pipe", "containerPath": MPS_CONTAINER_PIPE_DIR, "options": ["rbind", "rw"]},
         {"hostPath": f"{host}/log", "containerPath": MPS_CONTAINER_LOG_DIR, "options": ["rbind", "rw"]},

@@ -141,13 +141,15 @@ def test_over_limit_names_the_shares_holding_more_than_their_memory() -> None:
 # ------------------------------------------------------------------------------ CDI
 def test_cdi_spec_of_a_share_carries_the_mps_settings() -> None:
     d = dev("share", memory=20 * GiB + 5, compute=25)
-    spec = cdi.build_spec("u1", [d], {0: 0}, simulated=False, extra_env=shares.mps_env([d]), mps=True)
+    root = Path("/var/lib/kubelet/plugins/gpu.rose.io/mps")  # <state-dir>/mps: dra_driver.mps
+    spec = cdi.build_spec("u1", [d], {0: 0}, simulated=False, extra_env=shares.mps_env([d]), mps_root=root)
     env = spec["containerEdits"]["env"]
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in env  # MiB, rounded down
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
     assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps/pipe" in env
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
-    assert mounts["/run/nvidia/mps/pipe"] == "/run/nvidia/mps/gpu-0/pipe"
+    assert mounts["/run/nvidia/mps/pipe"] == f"{root}/gpu-0/pipe"
+    assert mounts["/run/nvidia/mps/log"] == f"{root}/gpu-0/log"
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
     whole = cdi.build_spec(
         "u2", [dev("lendable")], {0: 0}, simulated=False, extra_env=shares.mps_env([dev("lendable")])
