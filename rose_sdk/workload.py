@@ -66,6 +66,17 @@ from rose_sdk.checkpoint import (
 from rose_sdk.offload import CooperativeOffloader
 from rose_sdk.world import World
 
+# The node agent is on this node, behind a unix socket: after a driver restart the workload must be
+# reachable again within a second, because a reclaim that finds it unregistered cannot use its
+# grace (it is enforced). Both the stream loop's own backoff and gRPC's channel reconnect backoff
+# (gRPC's default: 1 s doubling to 120 s) are capped at RECONNECT_MAX_S; a retry costs a connect().
+RECONNECT_MAX_S = 1.0
+AGENT_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", int(RECONNECT_MAX_S * 1000)),
+)
+
 log = logging.getLogger("rose.sdk")
 
 Hook = Callable[[], None]
@@ -248,7 +259,7 @@ class Workload:
         if not self.socket_path:
             log.info("no node agent socket (ROSE_AGENT_SOCKET unset): safe points do nothing")
             return self
-        self._channel = grpc.insecure_channel(f"unix:{self.socket_path}")
+        self._channel = grpc.insecure_channel(f"unix:{self.socket_path}", options=AGENT_CHANNEL_OPTIONS)
         self._stub = pb_grpc.WorkloadAgentStub(self._channel)  # type: ignore[no-untyped-call]
         try:
             self._register()
@@ -282,7 +293,7 @@ class Workload:
                 log.warning("command stream broken; reconnecting", extra={"err": repr(e)})
             # Stream ended (agent restart, superseded session): register again, then reconnect.
             self._closing.wait(backoff)
-            backoff = min(backoff * 2, 5.0)
+            backoff = min(backoff * 2, RECONNECT_MAX_S)
             if self._closing.is_set() or self._stub is None:
                 return
             try:
