@@ -22,7 +22,9 @@ pod-level operations the NodeControl service exposes. Invariants:
   the file (``SpillStore.hand_over``), the SDK writes it, the engine verifies it from disk
   (``SpillStore.adopt``) and only then tells the SDK to free its copy; the state counts as spilled
   (its DRAM charge moves to the disk tier) only when the process's resident memory fell
-  accordingly. A workload that does not answer in ``spill_timeout_seconds`` is not spilled.
+  accordingly. A workload that does not answer in ``spill_timeout_seconds`` is not spilled. The
+  file is in the workload's claim's spill directory where its claim has one (mounted into the
+  claim's containers by its CDI spec), and the commands name it as the process sees it.
 
 I/O boundary: the backends, the evictor, the event sink, and reading the checkpoint file.
 """
@@ -87,8 +89,10 @@ from dra_driver.suspend.registry import (
     WorkloadRegistry,
 )
 from dra_driver.suspend.spill import (
+    SUFFIX,
     TIER_DISK,
     TIER_DRAM,
+    TMP_SUFFIX,
     HostCopy,
     Resident,
     SpillCorrupt,
@@ -96,6 +100,7 @@ from dra_driver.suspend.spill import (
     SpillStore,
     plan_spill,
     spill_error_kind,
+    workload_views,
 )
 from dra_driver.suspend.verify import CheckpointVerifier, Verdict, VerifyRequest
 
@@ -833,11 +838,21 @@ class NodeSuspendEngine:
         pid, uid, gid = proc
         t0 = time.monotonic()
         try:
-            h = self.spill.hand_over(o.pod_uid, uid, gid)
+            h = self.spill.hand_over(o.pod_uid, uid, gid, o.scope.claim_uid if o.scope is not None else "")
         except SpillError as e:
             return self._spill_failed(o, "failed", f"{e}; not spilled, kept in host memory")
+        views = workload_views(h.path, self.spill.root)
+        seen = coop.view_of(pid, h.path, views)
+        if seen is None:
+            self.spill.abandon(h)
+            return self._spill_failed(
+                o,
+                "failed",
+                f"its process (pid {pid}) cannot reach the spill file at {' or '.join(views)} (is the claim's"
+                " spill directory mounted into its container?); not spilled, kept in host memory",
+            )
         timeout = self.config.spill_timeout_seconds
-        ack = coop.spill(o, str(h.path), t0 + timeout, OpContext(uuid.uuid4().hex, timeout, "spill"))
+        ack = coop.spill(o, seen, t0 + timeout, OpContext(uuid.uuid4().hex, timeout, "spill"))
         if ack is None or not ack.ok:
             self.spill.abandon(h)
             if ack is None:
@@ -858,7 +873,7 @@ class NodeSuspendEngine:
         rss_before = coop.rss_bytes(pid)
         ack = coop.commit_spill(
             o,
-            str(self.spill.path(o.pod_uid)),
+            seen[: -len(TMP_SUFFIX)] + SUFFIX,
             time.monotonic() + timeout,
             OpContext(uuid.uuid4().hex, timeout, "spill"),
         )
@@ -1140,9 +1155,25 @@ class NodeSuspendEngine:
             rec.message = f"reading the spilled state back failed: {e}; state kept on disk, retry the resume"
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
             return ""
+        path = self.spill.path(w.pod_uid)
+        coop = self._backends.get(BACKEND_COOPERATIVE)
+        proc = coop.process(w) if isinstance(coop, CooperativeBackend) else None
+        seen = (
+            coop.view_of(proc[0] if proc else None, path, workload_views(path, self.spill.root))
+            if isinstance(coop, CooperativeBackend)
+            else str(path)
+        )
+        if seen is None:
+            rec.state, rec.reason = "failed", SuspendReason.FAILED
+            rec.message = (
+                f"its process cannot reach its spill file {path} under any path (is the claim's spill"
+                " directory mounted into its container?); state kept on disk, retry the resume"
+            )
+            self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
+            return ""
         self.budget.force(w.pod_uid, max(n, w.host_bytes_held))
         self._refresh_gauges()
-        return str(self.spill.path(w.pod_uid))
+        return seen
 
     def _cooperative_restored(self, w: Workload, secs: float) -> None:
         """The workload read its spill file back and resumed: the disk copy goes."""
