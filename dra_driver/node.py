@@ -187,8 +187,7 @@ class NodeDriver:
         self.default_grace = default_grace_seconds
         self.grace_slack = grace_slack_seconds
         self.copy_wait_limit = copy_wait_limit_seconds
-        self.workload_sockets = workload_sockets
-        self.spill_dirs = spill_dirs  # None: no disk tier, or workloads that see the host's files
+        self.workload_sockets, self.spill_dirs = workload_sockets, spill_dirs  # spill_dirs: None without a disk tier
         # None: no observation (state-machine tests only); every real driver observes (cli.build)
         self.enforcer = enforcer
         self.allow_serving_on_occupied = allow_serving_on_occupied_device

@@ -39,6 +39,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Protocol
 
 from dra_driver.engine_api import SuspendReason, SuspendResult
@@ -261,6 +262,13 @@ def combine_results(results: Sequence[tuple[str, SuspendResult]]) -> SuspendResu
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _unreachable(pid: int | None, path: Path) -> str:
+    return (
+        f"its process (pid {pid}) cannot reach the spill file {path.name} under any path it was looked up by"
+        " (is the claim's spill directory mounted into its container?)"
+    )
 
 
 class NodeSuspendEngine:
@@ -841,16 +849,10 @@ class NodeSuspendEngine:
             h = self.spill.hand_over(o.pod_uid, uid, gid, o.scope.claim_uid if o.scope is not None else "")
         except SpillError as e:
             return self._spill_failed(o, "failed", f"{e}; not spilled, kept in host memory")
-        views = workload_views(h.path, self.spill.root)
-        seen = coop.view_of(pid, h.path, views)
+        seen = self._workload_view(coop, pid, h.path)
         if seen is None:
             self.spill.abandon(h)
-            return self._spill_failed(
-                o,
-                "failed",
-                f"its process (pid {pid}) cannot reach the spill file at {' or '.join(views)} (is the claim's"
-                " spill directory mounted into its container?); not spilled, kept in host memory",
-            )
+            return self._spill_failed(o, "failed", f"{_unreachable(pid, h.path)}; not spilled, kept in host memory")
         timeout = self.config.spill_timeout_seconds
         ack = coop.spill(o, seen, t0 + timeout, OpContext(uuid.uuid4().hex, timeout, "spill"))
         if ack is None or not ack.ok:
@@ -1157,23 +1159,26 @@ class NodeSuspendEngine:
             return ""
         path = self.spill.path(w.pod_uid)
         coop = self._backends.get(BACKEND_COOPERATIVE)
-        proc = coop.process(w) if isinstance(coop, CooperativeBackend) else None
-        seen = (
-            coop.view_of(proc[0] if proc else None, path, workload_views(path, self.spill.root))
-            if isinstance(coop, CooperativeBackend)
-            else str(path)
-        )
+        pid: int | None = None
+        seen: str | None = str(path)
+        if isinstance(coop, CooperativeBackend):
+            proc = coop.process(w)
+            pid = proc[0] if proc else None
+            seen = self._workload_view(coop, pid, path)
         if seen is None:
             rec.state, rec.reason = "failed", SuspendReason.FAILED
-            rec.message = (
-                f"its process cannot reach its spill file {path} under any path (is the claim's spill"
-                " directory mounted into its container?); state kept on disk, retry the resume"
-            )
+            rec.message = f"{_unreachable(pid, path)}; state kept on disk, retry the resume"
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
             return ""
         self.budget.force(w.pod_uid, max(n, w.host_bytes_held))
         self._refresh_gauges()
         return seen
+
+    def _workload_view(self, coop: CooperativeBackend, pid: int | None, path: Path) -> str | None:
+        """The spill file ``path`` as the workload's process sees it (its claim's CDI mount in a
+        container, the host path for a host process); None when it cannot reach it."""
+        assert self.spill is not None
+        return coop.view_of(pid, path, workload_views(path, self.spill.root))
 
     def _cooperative_restored(self, w: Workload, secs: float) -> None:
         """The workload read its spill file back and resumed: the disk copy goes."""
