@@ -686,9 +686,15 @@ class NodeDriver:
         )
 
     def _open_spill_dir(self, rec: ClaimRecord) -> Path | None:
+        """The claim's spill directory for its CDI spec; None without a disk tier, or when it cannot
+        be made (the claim still prepares: its workload's spills are then refused, ``SpillFailed``)."""
         if self.spill_dirs is None:
             return None
-        return self.spill_dirs.open_claim(rec.uid)
+        try:
+            return self.spill_dirs.open_claim(rec.uid)
+        except Exception as e:
+            log.warning("creating the claim's spill directory failed", extra={"claim": rec.uid, "err": repr(e)})
+            return None
 
     def _close_spill_dir(self, claim_uid: str) -> None:
         if self.spill_dirs is None:

@@ -198,6 +198,14 @@ def check_key(key: str) -> str:
     return key
 
 
+def _real_dir(p: Path) -> bool:
+    """A directory itself, not a symlink to one (the claims' directories are never followed)."""
+    try:
+        return stat.S_ISDIR(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
 def _fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
@@ -284,10 +292,12 @@ class SpillStore:
         it holds a verified spill (RL state is never dropped here: the directory then goes when
         the last one is restored or removed). True when it is gone."""
         d = self.claim_dir(claim_uid)
-        try:
-            names_ = os.listdir(d)
-        except FileNotFoundError:
+        if d.is_symlink():  # not one of ours (only root writes here): the link goes, never its target
+            d.unlink()
             return True
+        if not _real_dir(d):
+            return not d.exists()
+        names_ = os.listdir(d)
         if any(n.endswith(SUFFIX) for n in names_):
             with self._lock:
                 self._closed.add(claim_uid)
@@ -306,7 +316,7 @@ class SpillStore:
     def claims(self) -> list[str]:
         """Claim UIDs with a spill directory here."""
         with contextlib.suppress(FileNotFoundError):
-            return sorted(p.name for p in (self.root / CLAIMS_DIR).iterdir() if p.is_dir())
+            return sorted(p.name for p in (self.root / CLAIMS_DIR).iterdir() if _real_dir(p))
         return []
 
     def _rmdir_if_closed(self, d: Path) -> None:
@@ -404,8 +414,8 @@ class SpillStore:
         root), created here (``O_EXCL``, ``O_NOFOLLOW``, 0600) and given to the workload's process
         owner (``uid``/``gid``, from its ``/proc`` entry: the kernel's word, never the
         workload's). The workload neither creates nor names the file."""
-        d = self.claim_dir(claim_uid) if claim_uid else self.root
-        if not d.is_dir():
+        d = self.root / CLAIMS_DIR / claim_uid if claim_uid and _KEY_RE.match(claim_uid) else self.root
+        if not _real_dir(d):
             d = self.root  # the claim was prepared without a spill directory (or by an older driver)
         tmp = d / (check_key(key) + TMP_SUFFIX)
         try:

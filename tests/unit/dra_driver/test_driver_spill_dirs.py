@@ -86,3 +86,17 @@ def test_unprepare_keeps_a_directory_holding_a_verified_spill(tmp_path: Path) ->
     d = _driver(tmp_path, again)  # the next start removes the now empty directory
     assert again.claims() == []
     d.close()
+
+
+def test_a_claim_whose_spill_directory_cannot_be_made_still_prepares_without_the_mount(tmp_path: Path) -> None:
+    store = SpillStore(tmp_path / "spill", 1 << 20)
+    (tmp_path / "spill" / "claims").mkdir()
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "f").write_text("kept")
+    (tmp_path / "spill" / "claims" / "uid-l0").symlink_to(tmp_path / "target")  # not the driver's directory
+    d = _driver(tmp_path, store)
+    assert d.prepare([_ref(L0)])["uid-l0"].error == ""
+    assert "/run/rose/spill/uid-l0" not in _mounts(tmp_path, "uid-l0")
+    assert d.unprepare([_ref(L0)]) == {"uid-l0": ""}
+    assert (tmp_path / "target" / "f").read_text() == "kept"  # the link's target untouched
+    d.close()

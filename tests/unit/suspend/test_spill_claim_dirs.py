@@ -155,3 +155,19 @@ def test_view_of_looks_through_the_processs_root(tmp_path: Path) -> None:
     (croot / "run/rose/spill" / UID).mkdir()  # something else at the mount point
     assert coop.view_of(4242, h.path, views) is None
     assert coop.view_of(None, h.path, views) == views[0]  # no process to look at: the CDI mount
+
+
+def test_a_symlink_in_place_of_a_claims_directory_is_never_followed(tmp_path: Path) -> None:
+    store = SpillStore(tmp_path / "spill", 1 << 20)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.spill.tmp").write_bytes(b"not the driver's")
+    (tmp_path / "spill" / "claims").mkdir()
+    (tmp_path / "spill" / "claims" / UID).symlink_to(elsewhere)
+    h = store.hand_over("pod-a", os.geteuid(), os.getegid(), UID)
+    assert h.path.parent == tmp_path / "spill"  # the flat root, not the link's target
+    store.abandon(h)
+    assert store.claims() == [] and store.recover() == {}
+    assert store.close_claim(UID) is True  # the link goes
+    assert not (tmp_path / "spill" / "claims" / UID).exists()
+    assert (elsewhere / "keep.spill.tmp").read_bytes() == b"not the driver's"
