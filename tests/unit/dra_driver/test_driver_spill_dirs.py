@@ -100,3 +100,23 @@ def test_a_claim_whose_spill_directory_cannot_be_made_still_prepares_without_the
     assert d.unprepare([_ref(L0)]) == {"uid-l0": ""}
     assert (tmp_path / "target" / "f").read_text() == "kept"  # the link's target untouched
     d.close()
+
+
+def test_the_driver_wires_claim_spill_directories_only_for_cooperative_workloads_with_a_tier(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from dra_driver import cli
+    from dra_driver.suspend.engine import EngineConfig
+    from dra_driver.suspend.factory import build_engine
+
+    def engine(backends: tuple[str, ...], spill: bool):  # type: ignore[no-untyped-def]
+        tier = {"spill_dir": str(tmp_path / "spill"), "spill_budget_bytes": 1 << 20} if spill else {}
+        cfg = EngineConfig(host_memory_budget_bytes=1 << 20, backends=backends, **tier)  # type: ignore[arg-type]
+        return build_engine(cfg, metrics_registry=CollectorRegistry())
+
+    agent = object()  # the node agent's server: only whether there is one matters here
+    coop = engine(("cooperative",), True)
+    assert cli._spill_dirs(coop, agent) is coop.spill
+    assert cli._spill_dirs(coop, None) is None  # no agent: no workload can be told a path
+    assert cli._spill_dirs(engine(("cooperative",), False), agent) is None  # no disk tier
+    assert cli._spill_dirs(engine(("simulated",), True), agent) is None  # the driver writes those itself
