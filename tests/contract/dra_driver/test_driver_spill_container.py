@@ -10,7 +10,8 @@ suspend spills the first workload's host copy through its mounted directory (no 
 serving leaves, that workload resumes from the file bit-exact (the digest it prints at its suspend
 equals the one after its resume); unpreparing the lent claims removes their spill directories.
 On a driver that names the host path (before per-claim directories) the workload cannot open the
-file and the second suspend falls back instead."""
+file and the second suspend falls back instead. A container without the spill mount (started
+before its claim had a spill directory) is never asked to spill: its state stays in host memory."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ from tests.support import cdi_runtime
 from tests.support.agent_fixtures import REPO, WorkloadProc, reaped, running_agent, start_workload, wait_registered
 from tests.support.driver_fixtures import NS, StaticClaims, make_claim, make_driver
 
-pytestmark = pytest.mark.skipif(not cdi_runtime.available(), reason="needs root and unshare (a mount namespace)")
+pytestmark = [
+    pytest.mark.slow,  # ~20 s: two torch workloads, a 64 MiB spill and its read-back
+    pytest.mark.skipif(not cdi_runtime.available(), reason="needs root and unshare (a mount namespace)"),
+]
 
 SCRIPT = REPO / "tests" / "support" / "spill_coop_workload.py"
 MIB = 1 << 20
@@ -59,9 +63,14 @@ def _line(w: WorkloadProc, prefix: str, timeout: float = 90.0) -> str:
     raise AssertionError(f"no {prefix!r} line from the workload; rc={w.proc.poll()}")
 
 
-def _in_container(tmp: Path, claim: dict, mib: int) -> WorkloadProc:  # type: ignore[type-arg]
-    """Start the claim's workload as its CDI spec's container would see the node."""
+def _in_container(tmp: Path, claim: dict, mib: int, without_spill_mount: bool = False) -> WorkloadProc:  # type: ignore[type-arg]
+    """Start the claim's workload as its CDI spec's container would see the node
+    (``without_spill_mount``: as a container started before the driver gave claims spill directories)."""
     spec = json.loads((tmp / "node" / "cdi" / cdi.spec_filename(_uid(claim))).read_text())
+    if without_spill_mount:
+        edits = spec["containerEdits"]
+        edits["mounts"] = [m for m in edits["mounts"] if not m["containerPath"].startswith("/run/rose/spill/")]
+        edits["env"] = [e for e in edits["env"] if not e.startswith("ROSE_SPILL_DIR=")]
     env = cdi_runtime.container_env(spec)
     pod_name, pod_uid = (claim["status"]["reservedFor"][0][k] for k in ("name", "uid"))
     return start_workload(
@@ -143,5 +152,48 @@ def test_a_workload_in_its_own_container_spills_through_its_claims_mount_and_res
             for c in (L0, L1):
                 assert driver.unprepare([_ref(c)])[_uid(c)] == ""
             assert list((spill_root / "claims").iterdir()) == []  # nothing spilled: both directories gone
+        finally:
+            driver.close()
+
+
+def test_a_container_without_the_spill_mount_is_not_spilled_and_keeps_its_state(tmp: Path) -> None:
+    """A container started before its claim had a spill directory (an upgraded driver rewrote the
+    spec; a running container's mounts do not change): the driver sees that the process cannot
+    reach the file, asks it nothing, and the state stays in host memory, resumed bit-exact."""
+    from rose_common.proto import rose_agent_v1_pb2 as pb
+
+    with running_agent(tmp, spill_dir=str(tmp / "spill"), spill_budget_bytes=1 << 30) as agent:
+        eng = agent.engine
+        driver = make_driver(
+            tmp / "node",
+            StaticClaims([L0]),
+            eng,
+            workload_sockets=agent.server.claims,  # type: ignore[attr-defined]
+            spill_dirs=eng.spill,  # type: ignore[attr-defined]
+        )
+        driver.recover()
+        try:
+            assert driver.prepare([_ref(L0)])[_uid(L0)].error == ""
+            a = _in_container(tmp, L0, 8, without_spill_mount=True)
+            with reaped(a):
+                a.wait_ready()
+                wait_registered(eng, "pod-rl-0")
+                req = pb.SuspendRequest(pod_uid="pod-rl-0", grace_seconds=60)
+                assert agent.control.Suspend(req, timeout=120).state == pb.OPERATION_STATE_SUCCEEDED  # type: ignore[attr-defined]
+                before = _line(a, "DIGEST-SUSPEND ")
+                held = eng.budget.held_bytes("pod-rl-0")  # type: ignore[attr-defined]
+                wl = eng.registry.get("pod-rl-0")  # type: ignore[attr-defined]
+                with wl.op_lock:  # what _make_room does for each state it spills
+                    err = eng.spill_workload(wl)  # type: ignore[attr-defined]
+                assert f"(pid {a.proc.pid}) cannot reach the spill file pod-rl-0.spill.tmp" in err, err
+                assert _spills(eng, "to_disk", "failed") == 1
+                assert eng.tier_of("pod-rl-0") == "dram" and eng.budget.held_bytes("pod-rl-0") == held  # type: ignore[attr-defined]
+                assert list((tmp / "spill" / "claims" / _uid(L0)).iterdir()) == []  # the hand-over went
+                op = agent.control.Resume(pb.ResumeRequest(pod_uid="pod-rl-0"), timeout=120)  # type: ignore[attr-defined]
+                assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.message
+                assert _line(a, "DIGEST-RESUME ") == before
+                assert _line(a, "DONE ").split()[1] == "0"  # never told to free its host copy
+                a.finish()
+            assert driver.unprepare([_ref(L0)])[_uid(L0)] == ""
         finally:
             driver.close()
