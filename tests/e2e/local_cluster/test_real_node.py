@@ -562,7 +562,7 @@ def _log_line(api: Any, ns: str, pod: str, prefix: str) -> str:
 
 
 def test_a_containers_state_spills_through_its_claims_cdi_mount_and_resumes_bit_exact(
-    api: Any, ns: str, real_node: RealNode, spill_driver: AgentDriver, tmp_path: Path
+    cluster: ClusterHandle, api: Any, ns: str, real_node: RealNode, spill_driver: AgentDriver, tmp_path: Path
 ) -> None:
     """Layered memory with a real container runtime: two cooperative workers (64 and 24 MiB of
     state) in containers started by the kubelet; serving on both GPUs. The second suspend does not
@@ -613,12 +613,20 @@ def test_a_containers_state_spills_through_its_claims_cdi_mount_and_resumes_bit_
         )
         pod["metadata"]["labels"] = {names.LABEL_ROLE: "serving"}
         core.create_namespaced_pod(ns, pod)
-        wait_for(
-            f"worker rl-{gpu} suspended for serving",
-            lambda: _ann(api, ns, f"rl-{gpu}").get(names.ANNOTATION_SUSPEND_STATE) == "Suspended",
-            timeout=180,
-            interval=1,
-        )
+
+        def suspended() -> bool:
+            try:
+                return _ann(api, ns, f"rl-{gpu}").get(names.ANNOTATION_SUSPEND_STATE) == "Suspended"
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+            log = (cluster.workdir / "logs" / "realnode-agent-driver.log").read_text().splitlines()
+            raise AssertionError(
+                f"rl-{gpu} is gone (evicted: its suspend fell back); the driver's log:\n"
+                + "\n".join(ln for ln in log[-400:] if "Spill" in ln or "evict" in ln)
+            )
+
+        wait_for(f"worker rl-{gpu} suspended for serving", suspended, timeout=180, interval=1)
 
     from rose_common import promtext
 
