@@ -8,7 +8,9 @@ by the kubelet's plugin watcher, its ResourceSlice, ``NodePrepareResources`` /
 containerd to the container's real environment (read from ``/proc/<pid>/environ``), the
 kubelet's ``pods/resize`` written into a container's cgroup, and serving wins with nothing
 played: the example trainer in a container through rose_sdk and its claim's CDI-mounted agent
-socket, suspended before the serving container starts, resized, resumed, bit-identical.
+socket, suspended before the serving container starts, resized, resumed, bit-identical; and the
+disk tier for containers: a worker's host copy spilled through its claim's CDI-mounted spill
+directory and resumed from it bit-exact.
 Python pods run the host's interpreter in a minimal image through read-only hostPath mounts
 (``realnode.host_python_archive``; why not ROSE's image: docs/real-node.md).
 Pods use host networking: no CNI plugin runs (the node stays ``NetworkReady=false`` and
