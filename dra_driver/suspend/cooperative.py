@@ -79,7 +79,10 @@ class CooperativeBackend:
         """Which of ``views`` names ``host_path`` for process ``pid``: the one whose directory,
         looked up from the process's root (``/proc/<pid>/root``), is ``host_path``'s directory
         (:func:`spill.pick_view`). None when the process can reach none of them."""
-        target = os.stat(host_path.parent)
+        try:
+            target = os.stat(host_path.parent)
+        except OSError:
+            return None  # the directory went meanwhile (its claim unprepared): nothing to reach
         root = self._proc / str(pid) / "root"
         seen: list[tuple[int, int] | None] = [None] * len(views)
         if pid is not None and os.access(root, os.X_OK):

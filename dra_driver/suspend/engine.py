@@ -1166,6 +1166,7 @@ class NodeSuspendEngine:
             pid = proc[0] if proc else None
             seen = self._workload_view(coop, pid, path)
         if seen is None:
+            self.metrics.spills.labels("to_dram", "failed").inc()
             rec.state, rec.reason = "failed", SuspendReason.FAILED
             rec.message = f"{_unreachable(pid, path)}; state kept on disk, retry the resume"
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")

@@ -277,6 +277,8 @@ class SpillStore:
         the file handed over to its own uid. Returns its host path (the CDI spec mounts it)."""
         d = self.claim_dir(claim_uid)
         d.parent.mkdir(mode=0o711, exist_ok=True)
+        if not _real_dir(d.parent):
+            raise SpillError(f"{d.parent} is not a directory of the driver's")
         with contextlib.suppress(FileExistsError):
             d.mkdir(mode=CLAIM_DIR_MODE)
         st = os.lstat(d)
