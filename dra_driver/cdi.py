@@ -8,7 +8,10 @@ A lent claim's spec also mounts the claim's own node-agent socket directory at
 ``/run/rose/claims/<UID>`` and sets ``ROSE_AGENT_SOCKET`` to the socket in it: the workload's
 identity is the socket it reaches, so pods need no hostPath. On simulated GPUs that directory also
 holds the claim's simulated device memory (``ROSE_SIMULATED_DEVICE_MEMORY``,
-``dra_driver.suspend.devicewatch``). I/O boundary: the CDI directory.
+``dra_driver.suspend.devicewatch``). With the driver's disk tier on, a lent claim's spec also
+mounts the claim's own spill directory at ``/run/rose/spill/<UID>`` and sets ``ROSE_SPILL_DIR``
+to it: a cooperative workload in its own container writes its spill file there (the driver
+creates the file and names it as the container sees it). I/O boundary: the CDI directory.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from dra_driver import shares
 from dra_driver.claims import CDI_CLASS, CDI_KIND, CDI_VENDOR, PreparedDevice, cdi_device_name
+from dra_driver.suspend.spill import ENV_SPILL_DIR, container_spill_dir
 from rose_common import names
 from rose_common.atomic import atomic_write
 
@@ -46,6 +50,24 @@ def agent_socket_edits(claim_uid: str, host_dir: Path) -> dict[str, Any]:
     }
 
 
+def spill_dir_edits(claim_uid: str, host_dir: Path) -> dict[str, Any]:
+    """Pure: the container edits that hand a claim's containers its spill directory (the disk
+    tier's ``claims/<UID>``): mounted at ``/run/rose/spill/<UID>``, named by ``ROSE_SPILL_DIR``."""
+    if not host_dir.is_absolute():
+        raise ValueError(f"claim {claim_uid}: the spill directory must be an absolute host path, got {host_dir}")
+    container_dir = container_spill_dir(claim_uid)
+    return {
+        "env": [f"{ENV_SPILL_DIR}={container_dir}"],
+        "mounts": [
+            {
+                "hostPath": str(host_dir),
+                "containerPath": container_dir,
+                "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
+            }
+        ],
+    }
+
+
 def spec_filename(claim_uid: str) -> str:
     return f"{SPEC_PREFIX}{claim_uid}.json"
 
@@ -59,12 +81,14 @@ def build_spec(
     agent_socket_dir: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
     mps_root: Path | None = None,
+    spill_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim. ``minors`` maps GPU index → /dev/nvidia<minor>;
     ``agent_socket_dir``: the host directory of the claim's node-agent socket, mounted when given;
     ``extra_env``: more variables for every container (e.g. ``ROSE_SIMULATED_DEVICE_MEMORY``, a
     share's CUDA MPS settings: ``dra_driver.shares.mps_env``); ``mps_root``: where the node's MPS
-    daemons keep their directories (``dra_driver.mps``; a GPU node): a share's GPU's are mounted."""
+    daemons keep their directories (``dra_driver.mps``; a GPU node): a share's GPU's are mounted;
+    ``spill_dir``: the host directory of the claim's spill directory (the disk tier), mounted when given."""
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
     cdi_devices: list[dict[str, Any]] = []
@@ -85,6 +109,10 @@ def build_spec(
         edits = agent_socket_edits(claim_uid, agent_socket_dir)
         common["env"] += edits["env"]
         common["mounts"] = edits["mounts"]
+    if spill_dir is not None:
+        edits = spill_dir_edits(claim_uid, spill_dir)
+        common["env"] += edits["env"]
+        common["mounts"] = [*common.get("mounts", []), *edits["mounts"]]
     common["env"] += [f"{k}={v}" for k, v in sorted((extra_env or {}).items())]
     if mps_root is not None and (mounts := shares.mps_mounts(devices, mps_root)):
         common["mounts"] = [*common.get("mounts", []), *mounts]

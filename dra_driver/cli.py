@@ -449,6 +449,7 @@ def build(args: argparse.Namespace) -> Wiring:
         metrics=metrics,
         default_grace_seconds=float(args.default_grace_seconds),
         workload_sockets=agent_server.claims if agent_server is not None else None,
+        spill_dirs=_spill_dirs(engine, agent_server),
         enforcer=enforcer,
         allow_serving_on_occupied_device=bool(args.allow_serving_on_occupied_device),
         mps_daemons=mps_daemons,
@@ -595,6 +596,15 @@ def build_enforcer(args: argparse.Namespace, gpus: list[Any], engine: Any, evict
     return Enforcer(
         watch, timeout_seconds=float(args.enforce_timeout_seconds), evictor=evictor, checkpointer=checkpointer
     )
+
+
+def _spill_dirs(engine: Any, agent_server: Any) -> Any:
+    """The disk tier, which gives each lent claim a spill directory its CDI spec mounts: only
+    where a cooperative workload (the one writer of its own spill file) can reach the agent."""
+    spill = getattr(engine, "spill", None)
+    if spill is None or agent_server is None or "cooperative" not in engine.config.backends:
+        return None
+    return spill
 
 
 def _agent_server(args: argparse.Namespace, engine: Any) -> Any:

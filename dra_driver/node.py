@@ -122,6 +122,20 @@ class WorkloadSockets(Protocol):
     def close_claim(self, claim_uid: str) -> None: ...
 
 
+class SpillDirs(Protocol):
+    """The disk tier's per-claim spill directories (``dra_driver.suspend.spill.SpillStore``)."""
+
+    def open_claim(self, claim_uid: str) -> Path:
+        """Create the claim's spill directory (idempotent); returns its host path."""
+        ...
+
+    def close_claim(self, claim_uid: str) -> bool:
+        """Remove it unless it holds a verified spill; True when it is gone."""
+        ...
+
+    def claims(self) -> list[str]: ...
+
+
 class NullNotifier:
     """Tells nobody: for runs without an API server (state-machine tests)."""
 
@@ -157,14 +171,14 @@ class NodeDriver:
         driver_name: str = names.DRIVER_NAME,
         copy_wait_limit_seconds: float = 300.0,
         workload_sockets: WorkloadSockets | None = None,
+        spill_dirs: SpillDirs | None = None,
         enforcer: Enforcer | None = None,
         allow_serving_on_occupied_device: bool = False,
         resume_backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
         mps_daemons: mps.MpsDaemons | None = None,
     ) -> None:
-        self.node_name = node_name
-        self.driver_name = driver_name
+        self.node_name, self.driver_name = node_name, driver_name
         self.gpus = {g.info.index: g for g in gpus}
         self.gpu_uuids = {g.info.index: g.info.uuid for g in gpus}
         self.simulated = all(g.simulated for g in gpus)
@@ -174,6 +188,7 @@ class NodeDriver:
         self.metrics = metrics or DriverMetrics(sorted(self.gpus))
         self.default_grace, self.grace_slack = default_grace_seconds, grace_slack_seconds
         self.copy_wait_limit, self.workload_sockets = copy_wait_limit_seconds, workload_sockets
+        self.spill_dirs = spill_dirs  # None without a disk tier
         # None: no observation (state-machine tests only); every real driver observes (cli.build)
         self.enforcer = enforcer
         self.allow_serving_on_occupied = allow_serving_on_occupied_device
@@ -312,6 +327,9 @@ class NodeDriver:
                 if uid not in data.claims:
                     cdi.delete_spec(self.cdi_dir, uid)
             self._mps_sync(restart=True)
+            for uid in self.spill_dirs.claims() if self.spill_dirs is not None else []:
+                if uid not in data.claims:  # unprepared while the driver was down
+                    self._close_spill_dir(uid)
 
     def _lock_busy(self, op: str, ref: ClaimRef, e: Timeout) -> str:
         log.warning("node state lock busy", extra={"claim": ref.key(), "op": op, "lock": str(e.lock_file)})
@@ -671,7 +689,30 @@ class NodeDriver:
             agent_socket_dir=sock,
             extra_env=env,
             mps_root=self.mps.root if self.mps is not None else None,
+            spill_dir=self._open_spill_dir(rec) if sock is not None else None,
         )
+
+    def _open_spill_dir(self, rec: ClaimRecord) -> Path | None:
+        """The claim's spill directory for its CDI spec; None without a disk tier, or when it cannot
+        be made (the claim still prepares: its workload's spills are then refused, ``SpillFailed``)."""
+        if self.spill_dirs is None:
+            return None
+        try:
+            return self.spill_dirs.open_claim(rec.uid)
+        except Exception as e:
+            log.warning("creating the claim's spill directory failed", extra={"claim": rec.uid, "err": repr(e)})
+            return None
+
+    def _close_spill_dir(self, claim_uid: str) -> None:
+        if self.spill_dirs is None:
+            return
+        try:
+            gone = self.spill_dirs.close_claim(claim_uid)
+        except Exception as e:
+            log.warning("removing the claim's spill directory failed", extra={"claim": claim_uid, "err": repr(e)})
+            return
+        if not gone:  # a suspended workload's verified spill: it goes when restored or its pod is forgotten
+            log.info("claim spill directory kept: it holds spilled state", extra={"claim": claim_uid})
 
     def _open_socket(self, rec: ClaimRecord) -> Path | None:
         if self.workload_sockets is None or not (names.LENT_ROLES & rec.roles()):
@@ -1050,6 +1091,7 @@ class NodeDriver:
         if rec is None:  # not prepared here (or already unprepared): not an error
             cdi.delete_spec(self.cdi_dir, ref.uid)
             self._close_socket(ref.uid)
+            self._close_spill_dir(ref.uid)
             return
         rec.state = UNPREPARE_STARTED
         self._save()
@@ -1072,6 +1114,7 @@ class NodeDriver:
         if self.enforcer is not None and bool(names.LENT_ROLES & rec.roles()):
             self.enforcer.watch.forget(rec.uid)
         self._close_socket(rec.uid)
+        self._close_spill_dir(rec.uid)
         crash_point("unprepare-completed")
 
     # ------------------------------------------------------------------ suspend / resume

@@ -10,7 +10,10 @@ process, so the engine asks it to move it: ``spill`` names a file the driver cre
 tier, the SDK writes its host copy there (``rose_common.spillfmt``) and fsyncs; the engine then
 verifies the file itself and only then sends ``spill-commit``: the SDK frees its host copy. The
 engine checks that the process's resident memory (``/proc/<pid>/status``, the PID from the pod's
-cgroup, :func:`pids.resolve_pid`) fell accordingly before it counts the state as spilled.
+cgroup, :func:`pids.resolve_pid`) fell accordingly before it counts the state as spilled. The
+path the commands name is the file as the workload's process sees it (:meth:`CooperativeBackend.
+view_of`: its claim's CDI mount in a container, the host path for a host process), looked up
+through ``/proc/<pid>/root``; it only says where to write: the driver checks the inode it created.
 I/O boundary: the workload's command queue, ``/proc``.
 """
 
@@ -24,6 +27,7 @@ from pathlib import Path
 from dra_driver.suspend.model import BACKEND_COOPERATIVE, Ack, BackendOutcome, Command, CommandKind, OpContext
 from dra_driver.suspend.pids import resolve_pid
 from dra_driver.suspend.registry import Workload
+from dra_driver.suspend.spill import NOT_THERE, pick_view
 
 PidResolver = Callable[[str, int], int | None]
 
@@ -70,6 +74,26 @@ class CooperativeBackend:
         except OSError:
             return None
         return pid, st.st_uid, st.st_gid
+
+    def view_of(self, pid: int | None, host_path: Path, views: list[str]) -> str | None:
+        """Which of ``views`` names ``host_path`` for process ``pid``: the one whose directory,
+        looked up from the process's root (``/proc/<pid>/root``), is ``host_path``'s directory
+        (:func:`spill.pick_view`). None when the process can reach none of them."""
+        try:
+            target = os.stat(host_path.parent)
+        except OSError:
+            return None  # the directory went meanwhile (its claim unprepared): nothing to reach
+        root = self._proc / str(pid) / "root"
+        seen: list[tuple[int, int] | None] = [None] * len(views)
+        if pid is not None and os.access(root, os.X_OK):
+            for i, v in enumerate(views):
+                try:
+                    st = os.stat(root / Path(v).parent.relative_to("/"))
+                except OSError:
+                    seen[i] = NOT_THERE
+                else:
+                    seen[i] = (st.st_dev, st.st_ino)
+        return pick_view(views, (target.st_dev, target.st_ino), seen)
 
     def rss_bytes(self, pid: int) -> int | None:
         try:

@@ -22,7 +22,9 @@ pod-level operations the NodeControl service exposes. Invariants:
   the file (``SpillStore.hand_over``), the SDK writes it, the engine verifies it from disk
   (``SpillStore.adopt``) and only then tells the SDK to free its copy; the state counts as spilled
   (its DRAM charge moves to the disk tier) only when the process's resident memory fell
-  accordingly. A workload that does not answer in ``spill_timeout_seconds`` is not spilled.
+  accordingly. A workload that does not answer in ``spill_timeout_seconds`` is not spilled. The
+  file is in the workload's claim's spill directory where its claim has one (mounted into the
+  claim's containers by its CDI spec), and the commands name it as the process sees it.
 
 I/O boundary: the backends, the evictor, the event sink, and reading the checkpoint file.
 """
@@ -37,6 +39,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Protocol
 
 from dra_driver.engine_api import SuspendReason, SuspendResult
@@ -87,8 +90,10 @@ from dra_driver.suspend.registry import (
     WorkloadRegistry,
 )
 from dra_driver.suspend.spill import (
+    SUFFIX,
     TIER_DISK,
     TIER_DRAM,
+    TMP_SUFFIX,
     HostCopy,
     Resident,
     SpillCorrupt,
@@ -96,6 +101,7 @@ from dra_driver.suspend.spill import (
     SpillStore,
     plan_spill,
     spill_error_kind,
+    workload_views,
 )
 from dra_driver.suspend.verify import CheckpointVerifier, Verdict, VerifyRequest
 
@@ -256,6 +262,13 @@ def combine_results(results: Sequence[tuple[str, SuspendResult]]) -> SuspendResu
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _unreachable(pid: int | None, path: Path) -> str:
+    return (
+        f"its process (pid {pid}) cannot reach the spill file {path.name} under any path it was looked up by"
+        " (is the claim's spill directory mounted into its container?)"
+    )
 
 
 class NodeSuspendEngine:
@@ -833,11 +846,15 @@ class NodeSuspendEngine:
         pid, uid, gid = proc
         t0 = time.monotonic()
         try:
-            h = self.spill.hand_over(o.pod_uid, uid, gid)
+            h = self.spill.hand_over(o.pod_uid, uid, gid, o.scope.claim_uid if o.scope is not None else "")
         except SpillError as e:
             return self._spill_failed(o, "failed", f"{e}; not spilled, kept in host memory")
+        seen = self._workload_view(coop, pid, h.path)
+        if seen is None:
+            self.spill.abandon(h)
+            return self._spill_failed(o, "failed", f"{_unreachable(pid, h.path)}; not spilled, kept in host memory")
         timeout = self.config.spill_timeout_seconds
-        ack = coop.spill(o, str(h.path), t0 + timeout, OpContext(uuid.uuid4().hex, timeout, "spill"))
+        ack = coop.spill(o, seen, t0 + timeout, OpContext(uuid.uuid4().hex, timeout, "spill"))
         if ack is None or not ack.ok:
             self.spill.abandon(h)
             if ack is None:
@@ -858,7 +875,7 @@ class NodeSuspendEngine:
         rss_before = coop.rss_bytes(pid)
         ack = coop.commit_spill(
             o,
-            str(self.spill.path(o.pod_uid)),
+            seen[: -len(TMP_SUFFIX)] + SUFFIX,
             time.monotonic() + timeout,
             OpContext(uuid.uuid4().hex, timeout, "spill"),
         )
@@ -1140,9 +1157,29 @@ class NodeSuspendEngine:
             rec.message = f"reading the spilled state back failed: {e}; state kept on disk, retry the resume"
             self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
             return ""
+        path = self.spill.path(w.pod_uid)
+        coop = self._backends.get(BACKEND_COOPERATIVE)
+        pid: int | None = None
+        seen: str | None = str(path)
+        if isinstance(coop, CooperativeBackend):
+            proc = coop.process(w)
+            pid = proc[0] if proc else None
+            seen = self._workload_view(coop, pid, path)
+        if seen is None:
+            self.metrics.spills.labels("to_dram", "failed").inc()
+            rec.state, rec.reason = "failed", SuspendReason.FAILED
+            rec.message = f"{_unreachable(pid, path)}; state kept on disk, retry the resume"
+            self._event(w, REASON_RESUME_FAILED, rec.message, "Warning")
+            return ""
         self.budget.force(w.pod_uid, max(n, w.host_bytes_held))
         self._refresh_gauges()
-        return str(self.spill.path(w.pod_uid))
+        return seen
+
+    def _workload_view(self, coop: CooperativeBackend, pid: int | None, path: Path) -> str | None:
+        """The spill file ``path`` as the workload's process sees it (its claim's CDI mount in a
+        container, the host path for a host process); None when it cannot reach it."""
+        assert self.spill is not None
+        return coop.view_of(pid, path, workload_views(path, self.spill.root))
 
     def _cooperative_restored(self, w: Workload, secs: float) -> None:
         """The workload read its spill file back and resumed: the disk copy goes."""

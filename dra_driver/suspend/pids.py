@@ -10,11 +10,20 @@ taken as is, since with hostPID a container's PID 1 is the host's init. Only a w
 registered without a pod UID and lives in the agent's own namespace (one ``NSpid`` entry) is
 taken as reported. Anything else is refused (``None``; the backend reports why): checkpointing
 a wrong PID can disturb an unrelated process.
+
+Every container of a pod has a PID namespace of its own (unless the pod shares one), so a
+workload that is its container's first process reports PID 1, and so is the pod sandbox's
+``pause`` process, in the same pod cgroup. When several processes of the pod match, the one the
+claim's CDI spec started is taken: its environment (``/proc/<pid>/environ``, set by the runtime
+at exec) names a claim (``ROSE_CLAIM_UID_*``, ``rose_common.names.claim_uid_env``); still several,
+or none: refused.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from rose_common import names
 
 
 def _nspids(status: str) -> list[int]:
@@ -31,6 +40,7 @@ def _pid_in_pod(pod_uid: str, reported_pid: int, proc: Path) -> int | None:
         entries = list(proc.iterdir())
     except OSError:
         return None
+    found: list[Path] = []
     for d in entries:
         if not d.name.isdigit():
             continue
@@ -42,8 +52,20 @@ def _pid_in_pod(pod_uid: str, reported_pid: int, proc: Path) -> int | None:
         except OSError:
             continue
         if ns and ns[-1] == reported_pid:
-            return int(d.name)
-    return None
+            found.append(d)
+    if len(found) > 1:  # several containers' first processes (the sandbox's pause among them)
+        found = [d for d in found if _names_a_claim(d)]
+    return int(found[0].name) if len(found) == 1 else None
+
+
+def _names_a_claim(d: Path) -> bool:
+    """Was this process started with a claim's CDI edits (a ``ROSE_CLAIM_UID_*`` variable)?"""
+    try:
+        env = (d / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    prefix = names.ENV_CLAIM_UID_PREFIX.encode()
+    return any(e.startswith(prefix) for e in env)
 
 
 def _pid_in_own_namespace(reported_pid: int, proc: Path) -> int | None:

@@ -13,6 +13,13 @@ resume. See README.md in this folder, *Layered memory*.
   (:meth:`SpillStore.spill` does it in that order), so a crash at any point leaves at least one
   complete copy: :meth:`SpillStore.recover` removes partial files and, where the DRAM copy still
   exists, the disk copy (the spill never finished; DRAM is what is accounted).
+* A cooperative workload in its own container writes its spill file through its claim's spill
+  directory, ``<dir>/claims/<claimUID>/`` (:meth:`SpillStore.open_claim` at prepare; the claim's
+  CDI spec mounts it at :func:`container_spill_dir`); the driver still creates, names and verifies
+  every file there. :func:`pick_view` (pure) picks the path under which the workload's process
+  sees the file (the kernel's ``/proc/<pid>/root``); :meth:`SpillStore.close_claim` removes the
+  directory at unprepare, never while it holds a verified spill. Workloads of no prepared claim
+  (host processes) keep the flat layout; :meth:`SpillStore.recover` reads both.
 * A full disk (the budget, or a real ``ENOSPC`` from the file system) is :class:`SpillFull`: the
   temporary file is removed, the DRAM copy is untouched, the caller falls back.
 * A read whose chunk fails its digest (or is short) is :class:`SpillCorrupt`: corrupt state is
@@ -56,6 +63,43 @@ MAGIC: Final = spillfmt.MAGIC
 _KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SUFFIX: Final = ".spill"
 TMP_SUFFIX: Final = ".spill.tmp"
+CLAIMS_DIR: Final = "claims"  # <dir>/claims/<claimUID>/: a claim's own spill directory
+CONTAINER_SPILL_ROOT: Final = "/run/rose/spill"  # where a claim's CDI spec mounts it: <root>/<claimUID>
+ENV_SPILL_DIR: Final = "ROSE_SPILL_DIR"  # the claim's spill directory as its containers see it
+CLAIM_DIR_MODE: Final = 0o711  # root's; others may only traverse to the file handed to them
+
+
+def container_spill_dir(claim_uid: str) -> str:
+    """Pure: the claim's spill directory as the claim's containers see it (its CDI mount)."""
+    return f"{CONTAINER_SPILL_ROOT}/{check_key(claim_uid)}"
+
+
+def workload_views(host_path: Path, root: Path) -> list[str]:
+    """Pure: the paths under which a workload may see the spill file ``host_path``, most likely
+    first: inside its claim's spill directory, the container path (its CDI mount) then the host
+    path; in the flat root, the host path only."""
+    if host_path.parent.parent == root / CLAIMS_DIR:
+        return [f"{container_spill_dir(host_path.parent.name)}/{host_path.name}", str(host_path)]
+    return [str(host_path)]
+
+
+def pick_view(views: Sequence[str], target: tuple[int, int], seen: Sequence[tuple[int, int] | None]) -> str | None:
+    """Pure: the first of ``views`` (paths of the spill file) whose directory, seen from the
+    workload's root, is the spill file's directory (``target``: its device and inode); ``seen[i]``
+    is what ``views[i]``'s directory is from there (None: it cannot be looked at). When nothing
+    could be looked at, the first view (a CDI-prepared claim's container path); None when every
+    view was looked at and none is the directory: the workload cannot reach the file."""
+    if len(views) != len(seen):
+        raise ValueError(f"{len(views)} views but {len(seen)} observations")
+    for v, s in zip(views, seen, strict=True):
+        if s == target:
+            return v
+    if views and all(s is None for s in seen):
+        return views[0]
+    return None
+
+
+NOT_THERE: Final = (-1, -1)  # pick_view's observation of a path that does not exist there
 
 
 class SpillError(RuntimeError):
@@ -154,6 +198,14 @@ def check_key(key: str) -> str:
     return key
 
 
+def _real_dir(p: Path) -> bool:
+    """A directory itself, not a symlink to one (the claims' directories are never followed)."""
+    try:
+        return stat.S_ISDIR(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
 def _fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
@@ -177,6 +229,8 @@ class SpillStore:
         self.capacity_bytes = capacity_bytes
         self.chunk_bytes = chunk_bytes
         self._held: dict[str, int] = {}
+        self._dirs: dict[str, Path] = {}  # keys whose file is in a claim's directory, not the root
+        self._closed: set[str] = set()  # claims unprepared while their directory held a spill
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ ledger
@@ -203,9 +257,79 @@ class SpillStore:
     def _release(self, key: str) -> None:
         with self._lock:
             self._held.pop(key, None)
+            d = self._dirs.pop(key, None)
+        if d is not None:
+            self._rmdir_if_closed(d)
 
     def path(self, key: str) -> Path:
-        return self.root / (check_key(key) + SUFFIX)
+        with self._lock:
+            d = self._dirs.get(key, self.root)
+        return d / (check_key(key) + SUFFIX)
+
+    # ------------------------------------------------------------------ a claim's own directory
+
+    def claim_dir(self, claim_uid: str) -> Path:
+        return self.root / CLAIMS_DIR / check_key(claim_uid)
+
+    def open_claim(self, claim_uid: str) -> Path:
+        """Create the claim's spill directory (idempotent; at prepare): owned by the driver, 0711,
+        so only the driver creates, renames or removes files there and a workload can only open
+        the file handed over to its own uid. Returns its host path (the CDI spec mounts it)."""
+        d = self.claim_dir(claim_uid)
+        d.parent.mkdir(mode=0o711, exist_ok=True)
+        if not _real_dir(d.parent):
+            raise SpillError(f"{d.parent} is not a directory of the driver's")
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=CLAIM_DIR_MODE)
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise SpillError(f"{d} is not a directory of the driver's (uid {os.geteuid()})")
+        os.chmod(d, CLAIM_DIR_MODE)  # whatever the umask or an earlier run left
+        with self._lock:
+            self._closed.discard(claim_uid)
+        return d
+
+    def close_claim(self, claim_uid: str) -> bool:
+        """At unprepare: remove the claim's directory and any unfinished hand-over in it, unless
+        it holds a verified spill (RL state is never dropped here: the directory then goes when
+        the last one is restored or removed). True when it is gone."""
+        d = self.claim_dir(claim_uid)
+        if d.is_symlink():  # not one of ours (only root writes here): the link goes, never its target
+            d.unlink()
+            return True
+        if not _real_dir(d):
+            return not d.exists()
+        names_ = os.listdir(d)
+        if any(n.endswith(SUFFIX) for n in names_):
+            with self._lock:
+                self._closed.add(claim_uid)
+            return False
+        for n in names_:
+            with contextlib.suppress(OSError):
+                (d / n).unlink()
+        try:
+            d.rmdir()
+        except OSError:
+            with self._lock:
+                self._closed.add(claim_uid)
+            return False
+        return True
+
+    def claims(self) -> list[str]:
+        """Claim UIDs with a spill directory here."""
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(p.name for p in (self.root / CLAIMS_DIR).iterdir() if _real_dir(p))
+        return []
+
+    def _rmdir_if_closed(self, d: Path) -> None:
+        if d.parent != self.root / CLAIMS_DIR:
+            return
+        with self._lock:
+            if d.name not in self._closed:
+                return
+        if self.close_claim(d.name):
+            with self._lock:
+                self._closed.discard(d.name)
 
     # ------------------------------------------------------------------ write
 
@@ -282,17 +406,20 @@ class SpillStore:
 
     def remove(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
-        self._release(key)
+        self._release(key)  # and the claim's directory, where its claim was unprepared meanwhile
 
     # ------------------------------------------------------------------ a workload writes it (cooperative)
 
-    def hand_over(self, key: str, uid: int, gid: int) -> HandOver:
+    def hand_over(self, key: str, uid: int, gid: int, claim_uid: str = "") -> HandOver:
         """Create the file a cooperative workload writes its host copy into: ``<key>.spill.tmp``
-        in the disk tier, created here (``O_EXCL``, ``O_NOFOLLOW``, 0600) and given to the
-        workload's process owner (``uid``/``gid``, from its ``/proc`` entry: the kernel's word,
-        never the workload's). The workload neither creates nor names the file."""
-        final = self.path(key)
-        tmp = final.with_name(final.name[: -len(SUFFIX)] + TMP_SUFFIX)
+        in the disk tier (in ``claim_uid``'s spill directory where the claim has one, else in the
+        root), created here (``O_EXCL``, ``O_NOFOLLOW``, 0600) and given to the workload's process
+        owner (``uid``/``gid``, from its ``/proc`` entry: the kernel's word, never the
+        workload's). The workload neither creates nor names the file."""
+        d = self.root / CLAIMS_DIR / claim_uid if claim_uid and _KEY_RE.match(claim_uid) else self.root
+        if not _real_dir(d):
+            d = self.root  # the claim was prepared without a spill directory (or by an older driver)
+        tmp = d / (check_key(key) + TMP_SUFFIX)
         try:
             tmp.unlink(missing_ok=True)  # a stale hand-over of an earlier, unfinished spill
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -317,7 +444,7 @@ class SpillStore:
         (what the workload moved into host memory at its suspend). Raises SpillFull (budget),
         SpillCorrupt (another file, a bad checksum, a wrong size) or SpillError (I/O); on any of
         them the file is removed and nothing is charged. Returns the payload bytes."""
-        final = self.path(h.key)
+        final = h.path.parent / (h.key + SUFFIX)
         if not self._reserve(h.key, max(account_bytes, expect_bytes)):
             with contextlib.suppress(OSError):
                 h.path.unlink(missing_ok=True)
@@ -336,7 +463,7 @@ class SpillStore:
                 os.close(fd)
             crash_point("spill-fsynced")
             os.replace(h.path, final)
-            _fsync_dir(self.root)
+            _fsync_dir(final.parent)
             crash_point("spill-renamed")
             _drop_cached(final)
             got = sum(len(c) for c in self._read(final))
@@ -352,6 +479,9 @@ class SpillStore:
         except BaseException:
             self._abort(h.key, h.path, final)
             raise
+        if final.parent != self.root:
+            with self._lock:
+                self._dirs[h.key] = final.parent
         return got
 
     def abandon(self, h: HandOver) -> None:
@@ -390,27 +520,37 @@ class SpillStore:
         a key, remove its disk copy (the spill did not finish; DRAM is authoritative). Returns the
         keys held on disk with their payload bytes, now in the ledger."""
         out: dict[str, int] = {}
-        for p in sorted(self.root.iterdir()):
-            name = p.name
-            if name.endswith(TMP_SUFFIX):
-                p.unlink(missing_ok=True)
-                continue
-            if not name.endswith(SUFFIX):
-                continue
-            key = name[: -len(SUFFIX)]
-            if host is not None and host.host_bytes(key) is not None:
-                p.unlink(missing_ok=True)
-                continue
-            with open(p, "rb") as f:
-                try:
-                    total = spillfmt.payload_bytes(f, name)
-                except spillfmt.FormatCorrupt:
-                    total = 0  # kept and listed: a resume reads it, fails its checksum and falls back
-            out[key] = total
-            with self._lock:
-                self._held[key] = total
-        _fsync_dir(self.root)
+        dirs = [self.root, *(self.claim_dir(c) for c in self.claims())]  # the flat layout and claims'
+        for d in dirs:
+            for p in sorted(d.iterdir()):
+                got = self._recover_file(p, host)
+                if got is None:
+                    continue
+                out[got[0]] = got[1]
+                with self._lock:
+                    self._held[got[0]] = got[1]
+                    if d != self.root:
+                        self._dirs[got[0]] = d
+            _fsync_dir(d)
         return out
+
+    def _recover_file(self, p: Path, host: HostCopy | None) -> tuple[str, int] | None:
+        name = p.name
+        if name.endswith(TMP_SUFFIX):
+            p.unlink(missing_ok=True)
+            return None
+        if not name.endswith(SUFFIX) or not p.is_file():
+            return None
+        key = name[: -len(SUFFIX)]
+        if host is not None and host.host_bytes(key) is not None:
+            p.unlink(missing_ok=True)
+            return None
+        with open(p, "rb") as f:
+            try:
+                total = spillfmt.payload_bytes(f, name)
+            except spillfmt.FormatCorrupt:
+                total = 0  # kept and listed: a resume reads it, fails its checksum and falls back
+        return key, total
 
 
 def spill_error_kind(e: SpillError) -> str:

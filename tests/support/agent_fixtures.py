@@ -52,6 +52,7 @@ def start_workload(
     namespace: str = "rl",
     script: Path = SCRIPT,
     env_extra: dict[str, str] | None = None,
+    argv_prefix: list[str] | None = None,
 ) -> WorkloadProc:
     out = tmp / f"{name}.pt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
@@ -63,7 +64,7 @@ def start_workload(
         env["ROSE_POD_NAMESPACE"] = namespace
         env["ROSE_POD_NAME"] = name
     proc = subprocess.Popen(
-        [sys.executable, str(script), "--out", str(out), *(extra or [])],
+        [*(argv_prefix or []), sys.executable, str(script), "--out", str(out), *(extra or [])],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

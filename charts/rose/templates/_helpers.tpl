@@ -90,9 +90,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/*
 The driver's disk tier for suspended GPU state (issue 27 §4; dra_driver/README.md, "Layered memory"):
 with driver.spill.enabled the node's driver.spill.hostPath is mounted at the same path in the driver
-container (hostPath DirectoryOrCreate; the same path, because a spill file is named by its host
-path) and ROSE_DRIVER_SPILL_DIR / ROSE_DRIVER_SPILL_BUDGET_BYTES are set. A path that overlaps one
-of the driver's other mounts is refused. Disabled (the default), the DaemonSet is unchanged.
+container (hostPath DirectoryOrCreate; the same path, because each lent claim's CDI spec mounts
+its spill directory <hostPath>/claims/<claimUID> by the driver's path of it) and
+ROSE_DRIVER_SPILL_DIR / ROSE_DRIVER_SPILL_BUDGET_BYTES are set; the driver gets CAP_CHOWN (it gives
+each spill file it creates to the workload process's uid, read from /proc: without it a non-root
+workload's spill is refused). A path that overlaps one of the driver's other mounts is refused.
+Disabled (the default), the DaemonSet is unchanged.
 */}}
 {{- define "rose.driverSpill" }}
 {{- $spill := (($.root.Values.driver | default dict).spill | default dict) }}
@@ -114,6 +117,11 @@ of the driver's other mounts is refused. Disabled (the default), the DaemonSet i
 {{- end }}
 {{- end }}
 {{- $_ := set $c "volumeMounts" (append ($c.volumeMounts | default list) (dict "name" "spill" "mountPath" $path)) }}
+{{- $sc := $c.securityContext | default dict }}
+{{- $caps := $sc.capabilities | default dict }}
+{{- $_ := set $caps "add" (append ($caps.add | default list) "CHOWN") }}
+{{- $_ := set $sc "capabilities" $caps }}
+{{- $_ := set $c "securityContext" $sc }}
 {{- end }}
 {{- end }}
 {{- $_ := set $.env "ROSE_DRIVER_SPILL_DIR" $path }}

@@ -71,10 +71,11 @@ def test_spill_enabled_mounts_the_node_directory_and_sets_the_driver_flags(tmp_p
                     mp.setenv(e["name"], e["value"])
             args = cli.build_parser().parse_args(["--node-name", "n"])
         assert (args.spill_dir, args.spill_budget_bytes) == (path, int(1.5 * 2**40))
-        # the pod's protections are those of the manifests: no privilege, same capabilities
+        # the pod's protections are those of the manifests (no privilege) plus CHOWN: the driver
+        # gives each spill file to the workload's uid
         sc = driver_container(pod)["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and "privileged" not in sc, sc
-        assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}, sc
+        assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH", "CHOWN"]}, sc
     # a plain number of bytes in a values file (helm reads YAML numbers as floats) stays an integer
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"driver": {"spill": {"enabled": True, "budget": 214748364800}}}))
@@ -145,5 +146,8 @@ def test_kustomize_component_adds_the_same_tier_to_an_overlay(tmp_path: Path) ->
     assert vols == [{"name": "spill", "hostPath": {"path": "/var/lib/rose/spill", "type": "DirectoryOrCreate"}}]
     assert mounts == [{"name": "spill", "mountPath": "/var/lib/rose/spill"}]
     assert env == {"ROSE_DRIVER_SPILL_DIR": "/var/lib/rose/spill", "ROSE_DRIVER_SPILL_BUDGET_BYTES": "200Gi"}
+    sc = driver_container(pod)["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH", "CHOWN"]}, sc
+    assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False, sc  # the rest merged, not replaced
     kind_env = {e["name"]: e.get("value") for e in driver_container(pod)["env"]}
     assert kind_env["ROSE_DRIVER_GPU_BACKEND"] == "simulated"  # the overlay's patch still applies

@@ -8,7 +8,9 @@ by the kubelet's plugin watcher, its ResourceSlice, ``NodePrepareResources`` /
 containerd to the container's real environment (read from ``/proc/<pid>/environ``), the
 kubelet's ``pods/resize`` written into a container's cgroup, and serving wins with nothing
 played: the example trainer in a container through rose_sdk and its claim's CDI-mounted agent
-socket, suspended before the serving container starts, resized, resumed, bit-identical.
+socket, suspended before the serving container starts, resized, resumed, bit-identical; and the
+disk tier for containers: a worker's host copy spilled through its claim's CDI-mounted spill
+directory and resumed from it bit-exact.
 Python pods run the host's interpreter in a minimal image through read-only hostPath mounts
 (``realnode.host_python_archive``; why not ROSE's image: docs/real-node.md).
 Pods use host networking: no CNI plugin runs (the node stays ``NetworkReady=false`` and
@@ -17,13 +19,14 @@ tainted ``not-ready``; the pods tolerate it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -346,6 +349,35 @@ class AgentDriver:
     proc: subprocess.Popen[bytes]
     port: int
     control_socket: Path
+    root: Path
+
+
+@contextlib.contextmanager
+def _agent_driver(
+    cluster: ClusterHandle, real_node: RealNode, gpus: int = 1, extra: Callable[[Path], list[str]] | None = None
+) -> Iterator[AgentDriver]:
+    root = Path(tempfile.mkdtemp(prefix="rose-rn-", dir="/tmp"))
+    (root / "a").mkdir()
+    port = free_port()
+    args = [
+        sys.executable, "-m", "dra_driver", "--node-name", real_node.node, "--kubeconfig", str(cluster.kubeconfig),
+        "--gpu-backend", "simulated", "--simulated-gpus", str(gpus),
+        "--plugin-dir", str(root / "p"), "--registry-dir", str(real_node.lay.plugins_registry),
+        "--cdi-dir", str(real_node.lay.cdi_dir), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+        "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
+        "--agent-socket", str(root / "a" / "workload.sock"), "--suspended-cpu", "100m",
+        "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
+        *(extra(root) if extra is not None else []),
+    ]  # fmt: skip
+    log = cluster.workdir / "logs" / "realnode-agent-driver.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield AgentDriver(proc, port, root / "a" / "control.sock", root)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -354,27 +386,8 @@ def agent_driver(cluster: ClusterHandle, real_node: RealNode) -> Iterator[AgentD
     (simulated GPU backend: this machine has no GPU); its DRA socket, the claims' workload
     sockets and the control socket under a short /tmp directory (unix socket paths <= 107 bytes),
     its registration socket in the kubelet's plugin watcher directory."""
-    root = Path(tempfile.mkdtemp(prefix="rose-rn-", dir="/tmp"))
-    (root / "a").mkdir()
-    port = free_port()
-    args = [
-        sys.executable, "-m", "dra_driver", "--node-name", real_node.node, "--kubeconfig", str(cluster.kubeconfig),
-        "--gpu-backend", "simulated", "--simulated-gpus", "1",
-        "--plugin-dir", str(root / "p"), "--registry-dir", str(real_node.lay.plugins_registry),
-        "--cdi-dir", str(real_node.lay.cdi_dir), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
-        "--suspend-engine", "node", "--suspend-backends", "cooperative", "--host-memory-budget", "1Gi",
-        "--agent-socket", str(root / "a" / "workload.sock"), "--suspended-cpu", "100m",
-        "--serving-wait", "prepare",  # the prepare-time serving wait (issue 27: prebind has its own e2e test)
-    ]  # fmt: skip
-    log = cluster.workdir / "logs" / "realnode-agent-driver.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        yield AgentDriver(proc, port, root / "a" / "control.sock")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        shutil.rmtree(root, ignore_errors=True)
+    with _agent_driver(cluster, real_node) as d:
+        yield d
 
 
 def _host_python_pod(
@@ -509,3 +522,137 @@ def _slices(api: Any, node: str) -> list[Any]:
         "resource.k8s.io", "v1", "resourceslices", field_selector=sel
     )["items"]
     return list(items)
+
+
+MIB = 1 << 20
+SPILL_SCRIPT = REPO / "tests" / "support" / "spill_coop_workload.py"
+
+
+@pytest.fixture
+def spill_driver(cluster: ClusterHandle, real_node: RealNode) -> Iterator[AgentDriver]:
+    """The agent driver with two GPUs, a DRAM budget that holds one worker's suspended state (80
+    MiB) and a disk tier under its own directory."""
+
+    def spill(root: Path) -> list[str]:
+        return [
+            "--host-memory-budget",
+            str(80 * MIB),
+            "--spill-dir",
+            str(root / "spill"),
+            "--spill-budget-bytes",
+            "1Gi",
+        ]
+
+    with _agent_driver(cluster, real_node, gpus=2, extra=spill) as d:
+        yield d
+
+
+def _log_line(api: Any, ns: str, pod: str, prefix: str) -> str:
+    """The rest of the container's first stdout line starting with ``prefix``, read from the
+    kubelet's log files (the API server cannot reach this kubelet's log endpoint: no node DNS)."""
+    uid = client.CoreV1Api(api).read_namespaced_pod(pod, ns).metadata.uid
+
+    def line() -> str | None:
+        for f in sorted(Path("/var/log/pods", f"{ns}_{pod}_{uid}", "main").glob("*.log")):
+            for ln in f.read_text(errors="replace").splitlines():  # CRI: <time> <stream> <tag> <text>
+                text = ln.split(" ", 3)[3] if ln.count(" ") >= 3 else ""
+                if text.startswith(prefix):
+                    return text[len(prefix) :].strip()
+        return None
+
+    return str(wait_for(f"{ns}/{pod} printing {prefix.strip()!r}", line, timeout=180, interval=1))
+
+
+def test_a_containers_state_spills_through_its_claims_cdi_mount_and_resumes_bit_exact(
+    cluster: ClusterHandle, api: Any, ns: str, real_node: RealNode, spill_driver: AgentDriver, tmp_path: Path
+) -> None:
+    """Layered memory with a real container runtime: two cooperative workers (64 and 24 MiB of
+    state) in containers started by the kubelet; serving on both GPUs. The second suspend does not
+    fit the DRAM budget, so the first worker's host copy spills to disk, written by the worker
+    through its claim's spill directory, which containerd mounted from the claim's CDI spec (the
+    container sees no other part of the driver's spill root); serving leaves, the worker resumes
+    from the file, and its state digest after the resume equals the one at its suspend."""
+    drv = spill_driver
+    bins = load_binaries()
+    real_node.import_archive(bins, host_python_archive(tmp_path / "host-python.tar"))
+    out = tmp_path / "out"
+    out.mkdir()
+    core = client.CoreV1Api(api)
+    for gpu in (0, 1):
+        sel = [f'device.attributes["gpu.rose.io"].index == {gpu}']
+        create_claim_template(api, ns, claim_template(f"lend-{gpu}", names.DEVICE_CLASS_LENDABLE, selectors=sel))
+        create_claim_template(api, ns, claim_template(f"serve-{gpu}", names.DEVICE_CLASS_SERVING, selectors=sel))
+    wait_for("the spill driver's ResourceSlice", lambda: _slices(api, real_node.node), timeout=60)
+    uids, pids = {}, {}
+    for gpu, mib in ((0, 64), (1, 24)):
+        w = _host_python_pod(
+            f"rl-{gpu}", real_node, out, [str(SPILL_SCRIPT), "--state-mib", str(mib)], ("200m", "1"), f"lend-{gpu}"
+        )
+        w["metadata"]["annotations"] = {names.ANNOTATION_GRACE: "120"}
+        w["metadata"]["labels"] = {names.LABEL_JOB: "job-spill"}
+        core.create_namespaced_pod(ns, w)
+    for gpu in (0, 1):
+        pids[gpu] = _running_pid(api, real_node, ns, f"rl-{gpu}")
+        uids[gpu] = core.read_namespaced_pod(f"rl-{gpu}", ns).metadata.uid
+        wait_for(
+            f"worker rl-{gpu} registered with the node agent",
+            lambda g=gpu: (w := _workload(drv.control_socket, uids[g])) is not None and w.connected,
+            timeout=180,
+            interval=1,
+        )
+    env = _environ(pids[0])
+    claim_uid = env["ROSE_SPILL_DIR"].removeprefix("/run/rose/spill/")  # the claim's CDI edits
+    claim_dir = drv.root / "spill" / "claims" / claim_uid
+    assert claim_dir.is_dir() and env["ROSE_SPILL_DIR"] == f"/run/rose/spill/{claim_uid}", env
+    view = Path(f"/proc/{pids[0]}/root")
+    assert not (view / str(drv.root).lstrip("/")).exists()  # the container sees no host spill root
+    seen, host = os.stat(view / "run/rose/spill" / claim_uid), os.stat(claim_dir)
+    assert (seen.st_dev, seen.st_ino) == (host.st_dev, host.st_ino)  # the claim's directory, mounted by containerd
+
+    def serve(gpu: int) -> None:
+        pod = _host_python_pod(
+            f"srv-{gpu}", real_node, out, ["-c", "import time; time.sleep(3600)"], ("50m", "200m"), f"serve-{gpu}"
+        )
+        pod["metadata"]["labels"] = {names.LABEL_ROLE: "serving"}
+        core.create_namespaced_pod(ns, pod)
+
+        def suspended() -> bool:
+            try:
+                return _ann(api, ns, f"rl-{gpu}").get(names.ANNOTATION_SUSPEND_STATE) == "Suspended"
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+            log = (cluster.workdir / "logs" / "realnode-agent-driver.log").read_text().splitlines()
+            raise AssertionError(
+                f"rl-{gpu} is gone (evicted: its suspend fell back); the driver's log:\n"
+                + "\n".join(ln for ln in log[-400:] if "Spill" in ln or "evict" in ln)
+            )
+
+        wait_for(f"worker rl-{gpu} suspended for serving", suspended, timeout=180, interval=1)
+
+    from rose_common import promtext
+
+    serve(0)
+    before = _log_line(api, ns, "rl-0", "DIGEST-SUSPEND ")
+    serve(1)  # does not fit beside rl-0 in DRAM: rl-0's host copy spills to disk
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{drv.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert promtext.value(text, "rose_suspend_spills_total", {"direction": "to_disk", "result": "ok"}) == 1
+    assert promtext.value(text, "rose_suspend_fallbacks_total", {"reason": "host_memory_budget"}, default=0) == 0
+    spilled = claim_dir / f"{uids[0]}.spill"
+    assert spilled.stat().st_size > 64 * MIB
+    for gpu in (1, 0):  # serving leaves: both resume, rl-0 from its spill file
+        core.delete_namespaced_pod(f"srv-{gpu}", ns, grace_period_seconds=0)
+    assert _log_line(api, ns, "rl-0", "DIGEST-RESUME ") == before  # bit-exact
+    wait_for("rl-0's spill file removed after its resume", lambda: not spilled.exists(), timeout=60, interval=1)
+    for gpu in (0, 1):
+        phase = wait_for(
+            f"worker rl-{gpu} to finish",
+            lambda g=gpu: (p := _phase(api, ns, f"rl-{g}")) in ("Succeeded", "Failed") and p,
+            timeout=300,
+            interval=2,
+        )
+        assert phase == "Succeeded", real_node.log("kubelet")
+    assert _log_line(api, ns, "rl-0", "DONE ").split()[1] == "1"  # it freed its host copy once

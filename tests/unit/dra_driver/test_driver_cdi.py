@@ -4,6 +4,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from dra_driver import cdi
 from dra_driver.claims import PreparedDevice
 
@@ -49,3 +51,30 @@ def test_a_lent_claims_spec_names_its_simulated_device_memory() -> None:
     )
     assert "ROSE_SIMULATED_DEVICE_MEMORY=/run/rose/claims/u1/device-memory" in spec["containerEdits"]["env"]
     assert spec["containerEdits"]["mounts"][0]["containerPath"] == "/run/rose/claims/u1"  # the same directory
+
+
+def test_a_lent_claims_spec_mounts_its_spill_directory_beside_its_socket() -> None:
+    spec = cdi.build_spec(
+        "u1",
+        [_dev(0, "lendable")],
+        {},
+        simulated=True,
+        agent_socket_dir=Path("/p/claims/u1"),
+        spill_dir=Path("/var/lib/rose/spill/claims/u1"),
+    )
+    edits = spec["containerEdits"]
+    assert "ROSE_SPILL_DIR=/run/rose/spill/u1" in edits["env"]
+    assert "ROSE_AGENT_SOCKET=/run/rose/claims/u1/workload.sock" in edits["env"]
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        ("/p/claims/u1", "/run/rose/claims/u1"),
+        ("/var/lib/rose/spill/claims/u1", "/run/rose/spill/u1"),
+    ]
+    assert edits["mounts"][1]["options"] == ["rbind", "rw", "nosuid", "nodev", "noexec"]
+    assert "ROSE_SPILL_DIR" not in json.dumps(cdi.build_spec("u1", [_dev(0, "lendable")], {}, simulated=True))
+
+
+def test_spill_dir_edits_refuse_a_relative_host_path() -> None:
+    with pytest.raises(ValueError, match="must be an absolute host path"):
+        cdi.spill_dir_edits("u1", Path("spill/claims/u1"))
+    with pytest.raises(ValueError, match="spill key"):
+        cdi.spill_dir_edits("../u1", Path("/s/claims/u1"))

@@ -42,3 +42,19 @@ def test_unknown_pod_uid_only_takes_a_process_of_the_agents_namespace(tmp_path: 
 
 def test_unreadable_proc_is_refused(tmp_path: Path) -> None:
     assert resolve_pid(UID, 1, tmp_path / "missing") is None
+
+
+def test_the_containers_first_process_is_told_from_the_pods_pause_by_its_claims_environment(tmp_path: Path) -> None:
+    """Each container of a pod has its own PID namespace: the sandbox's pause and the workload are
+    both PID 1 there, both in the pod's cgroup. The one the claim's CDI spec started is taken."""
+    pod = f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/cri\n"
+    fake_proc(tmp_path, 300, [300, 1], pod)  # pause: started before the workload (a lower PID)
+    (tmp_path / "300" / "environ").write_bytes(b"PATH=/usr/bin\0HOSTNAME=rl-0\0")
+    fake_proc(tmp_path, 4242, [4242, 1], pod)
+    (tmp_path / "4242" / "environ").write_bytes(b"PATH=/usr/bin\0ROSE_CLAIM_UID_AB_CD=ab-cd\0ROSE_POD_UID=x\0")
+    assert resolve_pid(UID, 1, tmp_path) == 4242
+    (tmp_path / "300" / "environ").write_bytes(b"ROSE_CLAIM_UID_EF=ef\0")  # two claimed containers: which one?
+    assert resolve_pid(UID, 1, tmp_path) is None
+    (tmp_path / "300" / "environ").unlink()
+    (tmp_path / "4242" / "environ").unlink()  # unreadable: never a guess
+    assert resolve_pid(UID, 1, tmp_path) is None
