@@ -40,13 +40,16 @@ def agent_socket_edits(claim_uid: str, host_dir: Path) -> dict[str, Any]:
     container_dir = f"{CONTAINER_SOCKET_ROOT}/{claim_uid}"
     return {
         "env": [f"{ENV_AGENT_SOCKET}={container_dir}/{AGENT_SOCKET_NAME}"],
-        "mounts": [
-            {
-                "hostPath": str(host_dir),
-                "containerPath": container_dir,
-                "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
-            }
-        ],
+        "mounts": [_dir_mount(host_dir, container_dir)],
+    }
+
+
+def _dir_mount(host_dir: Path, container_dir: str) -> dict[str, Any]:
+    """Pure: a host directory bind-mounted read-write, with no devices, setuid or executables."""
+    return {
+        "hostPath": str(host_dir),
+        "containerPath": container_dir,
+        "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
     }
 
 
@@ -56,16 +59,7 @@ def spill_dir_edits(claim_uid: str, host_dir: Path) -> dict[str, Any]:
     if not host_dir.is_absolute():
         raise ValueError(f"claim {claim_uid}: the spill directory must be an absolute host path, got {host_dir}")
     container_dir = container_spill_dir(claim_uid)
-    return {
-        "env": [f"{ENV_SPILL_DIR}={container_dir}"],
-        "mounts": [
-            {
-                "hostPath": str(host_dir),
-                "containerPath": container_dir,
-                "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
-            }
-        ],
-    }
+    return {"env": [f"{ENV_SPILL_DIR}={container_dir}"], "mounts": [_dir_mount(host_dir, container_dir)]}
 
 
 def spec_filename(claim_uid: str) -> str:

@@ -36,6 +36,18 @@ class WorkloadProc:
                 return int(line.split()[1])
         raise AssertionError(f"workload did not become ready; rc={self.proc.poll()}")
 
+    def wait_line(self, prefix: str, timeout: float = 90.0) -> str:
+        """The next stdout line starting with ``prefix`` (its remainder)."""
+        assert self.proc.stdout is not None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        raise AssertionError(f"no {prefix!r} line from the workload; rc={self.proc.poll()}")
+
     def finish(self, timeout: float = 120.0) -> str:
         out, _ = self.proc.communicate(timeout=timeout)
         assert self.proc.returncode == 0, f"workload failed rc={self.proc.returncode}: {out[-3000:]}"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,18 +48,6 @@ def _ref(c: dict) -> ClaimRef:  # type: ignore[type-arg]
 
 def _uid(c: dict) -> str:  # type: ignore[type-arg]
     return str(c["metadata"]["uid"])
-
-
-def _line(w: WorkloadProc, prefix: str, timeout: float = 90.0) -> str:
-    assert w.proc.stdout is not None
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        line = w.proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return line[len(prefix) :].strip()
-    raise AssertionError(f"no {prefix!r} line from the workload; rc={w.proc.poll()}")
 
 
 def _in_container(tmp: Path, claim: dict, mib: int, without_spill_mount: bool = False) -> WorkloadProc:  # type: ignore[type-arg]
@@ -129,7 +116,7 @@ def test_a_workload_in_its_own_container_spills_through_its_claims_mount_and_res
                 assert (view / "run/rose/spill" / _uid(L0)).is_dir()  # its claim's, where the spec mounts it
 
                 assert driver.prepare([_ref(S0)])[_uid(S0)].error == ""  # workload A suspended into DRAM
-                before = _line(a, "DIGEST-SUSPEND ")
+                before = a.wait_line("DIGEST-SUSPEND ")
                 assert eng.tier_of("pod-rl-0") == "dram"  # type: ignore[attr-defined]
 
                 # B's suspend does not fit beside A: A's host copy spills through its mounted dir.
@@ -143,10 +130,10 @@ def test_a_workload_in_its_own_container_spills_through_its_claims_mount_and_res
 
                 assert driver.unprepare([_ref(S1)])[_uid(S1)] == ""  # B resumes from DRAM
                 assert driver.unprepare([_ref(S0)])[_uid(S0)] == ""  # A resumes from its spill file
-                assert _line(a, "DIGEST-RESUME ") == before  # bit-exact
+                assert a.wait_line("DIGEST-RESUME ") == before  # bit-exact
                 assert not f.exists() and _spills(eng, "to_dram", "ok") == 1
                 assert eng.spill.held_bytes() == 0 and eng.budget.held_bytes() == 0  # type: ignore[attr-defined]
-                assert _line(a, "DONE ").split()[1] == "1"  # it freed its host copy once, after the verified spill
+                assert a.wait_line("DONE ").split()[1] == "1"  # it freed its host copy once, after the verified spill
                 a.finish()
                 b.finish()
             for c in (L0, L1):
@@ -180,7 +167,7 @@ def test_a_container_without_the_spill_mount_is_not_spilled_and_keeps_its_state(
                 wait_registered(eng, "pod-rl-0")
                 req = pb.SuspendRequest(pod_uid="pod-rl-0", grace_seconds=60)
                 assert agent.control.Suspend(req, timeout=120).state == pb.OPERATION_STATE_SUCCEEDED  # type: ignore[attr-defined]
-                before = _line(a, "DIGEST-SUSPEND ")
+                before = a.wait_line("DIGEST-SUSPEND ")
                 held = eng.budget.held_bytes("pod-rl-0")  # type: ignore[attr-defined]
                 wl = eng.registry.get("pod-rl-0")  # type: ignore[attr-defined]
                 with wl.op_lock:  # what _make_room does for each state it spills
@@ -191,8 +178,8 @@ def test_a_container_without_the_spill_mount_is_not_spilled_and_keeps_its_state(
                 assert list((tmp / "spill" / "claims" / _uid(L0)).iterdir()) == []  # the hand-over went
                 op = agent.control.Resume(pb.ResumeRequest(pod_uid="pod-rl-0"), timeout=120)  # type: ignore[attr-defined]
                 assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.message
-                assert _line(a, "DIGEST-RESUME ") == before
-                assert _line(a, "DONE ").split()[1] == "0"  # never told to free its host copy
+                assert a.wait_line("DIGEST-RESUME ") == before
+                assert a.wait_line("DONE ").split()[1] == "0"  # never told to free its host copy
                 a.finish()
             assert driver.unprepare([_ref(L0)])[_uid(L0)] == ""
         finally:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,19 +53,6 @@ def _start(agent: Agent, tmp: Path, name: str, mib: int, lie: str = "") -> tuple
     return w, uid
 
 
-def _line(w: WorkloadProc, prefix: str, timeout: float = 90.0) -> str:
-    """The next stdout line starting with ``prefix`` (its remainder)."""
-    assert w.proc.stdout is not None
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        line = w.proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return line[len(prefix) :].strip()
-    raise AssertionError(f"no {prefix!r} line from the workload; rc={w.proc.poll()}")
-
-
 def _suspend(agent: Agent, uid: str) -> object:
     from rose_common.proto import rose_agent_v1_pb2 as pb
 
@@ -97,7 +83,7 @@ def test_cooperative_workload_spills_and_resumes_bit_exact_from_disk(tmp_path: P
             wait_registered(eng, ub)
             op = _suspend(agent, ua)
             assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.message  # type: ignore[attr-defined]
-            before = _line(a, "DIGEST-SUSPEND ")
+            before = a.wait_line("DIGEST-SUSPEND ")
             held_a = eng.budget.held_bytes(ua)  # type: ignore[attr-defined]
             assert held_a >= 64 * MIB and eng.tier_of(ua) == "dram"  # type: ignore[attr-defined]
 
@@ -115,10 +101,10 @@ def test_cooperative_workload_spills_and_resumes_bit_exact_from_disk(tmp_path: P
             assert _resume(agent, ub).state == pb.OPERATION_STATE_SUCCEEDED  # type: ignore[attr-defined]
             op = _resume(agent, ua)
             assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.message  # type: ignore[attr-defined]
-            assert _line(a, "DIGEST-RESUME ") == before
+            assert a.wait_line("DIGEST-RESUME ") == before
             assert not f.exists() and eng.spill.held_bytes() == 0 and eng.budget.held_bytes() == 0  # type: ignore[attr-defined]
             assert _spills(agent, "to_dram", "ok") == 1
-            assert _line(a, "DONE ").split()[1] == "1"  # one host copy freed after a verified spill
+            assert a.wait_line("DONE ").split()[1] == "1"  # one host copy freed after a verified spill
             b.finish()
             a.finish()
 
@@ -134,7 +120,7 @@ def test_a_lying_workload_is_not_counted_as_spilled(tmp_path: Path, lie: str) ->
             w.wait_ready()
             wait_registered(eng, uid)
             assert _suspend(agent, uid).state == pb.OPERATION_STATE_SUCCEEDED  # type: ignore[attr-defined]
-            before = _line(w, "DIGEST-SUSPEND ")
+            before = w.wait_line("DIGEST-SUSPEND ")
             held = eng.budget.held_bytes(uid)  # type: ignore[attr-defined]
             wl = eng.registry.get(uid)  # type: ignore[attr-defined]
             with wl.op_lock:  # what _make_room does for each state it spills
@@ -153,7 +139,7 @@ def test_a_lying_workload_is_not_counted_as_spilled(tmp_path: Path, lie: str) ->
             assert _spills(agent, "to_disk", "ok") == 0
             op = _resume(agent, uid)
             assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.message  # type: ignore[attr-defined]
-            assert _line(w, "DIGEST-RESUME ") == before
+            assert w.wait_line("DIGEST-RESUME ") == before
             assert eng.budget.held_bytes() == 0 and eng.spill.held_bytes() == 0  # type: ignore[attr-defined]
             w.finish()
 
@@ -178,7 +164,7 @@ def test_sigkill_mid_spill_leaves_no_partial_file_and_nothing_counted(tmp_path: 
 
             t = threading.Thread(target=spill)
             t.start()
-            _line(w, "SPILLING")  # the first bytes are in the driver's file
+            w.wait_line("SPILLING")  # the first bytes are in the driver's file
             assert (tmp_path / "spill" / f"{uid}.spill.tmp").stat().st_size > 0
             os.kill(w.proc.pid, signal.SIGKILL)
             t.join(timeout=30)
