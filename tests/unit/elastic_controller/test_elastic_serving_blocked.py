@@ -28,6 +28,8 @@ from tests.support.controller_fakes import RAW_JOB, Forecasts, Recorder, drain, 
 NOW = dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.UTC)
 T = NOW.timestamp()
 HELD = frozenset({("n1", "gpu-0-lendable")})
+WHERE = "claim c0 on gpu-0-lendable of n1, held by serving"
+TAINT = {"key": names.TAINT_SERVING_HOLDS, "value": "x", "effect": "NoSchedule"}
 
 
 def pod(name: str, job: str = "grpo", claim: str = "c0", node: str = "n1", **ann: str) -> dict[str, Any]:
@@ -141,9 +143,7 @@ def test_only_a_worker_of_its_own_claim_that_never_ran_is_replaced(
 def test_a_replaced_worker_is_deleted_by_uid_with_an_event() -> None:
     job = ElasticRLJob.model_validate(RAW_JOB)
     w = worker()
-    (blocked,) = obs.with_serving(
-        [w], {w.uid: ("claim c0 on gpu-0-lendable of n1, held by serving", T - 20)}, False, T, 15
-    )
+    (blocked,) = obs.with_serving([w], {w.uid: (WHERE, T - 20)}, False, T, 15)
     d = desired(job, [blocked, worker("grpo-w1")], None, NOW)
     assert [(p.name, p.uid) for p in d.delete] == [("grpo-w0", "uid-grpo-w0")]
     (ev,) = [e for e in d.events if e.reason == EVENT_BLOCKED_REPLACED]
@@ -169,7 +169,7 @@ def test_a_group_member_waiting_for_serving_is_neither_active_nor_resumed_nor_gr
     # serving's forecast is 0 of 4 GPUs: without the wait the planner counts w0 active and grows to 2
     t = _plan([w])
     assert (t.active_gpus, len(t.add), t.waiting) == (2, 1, ())
-    (held,) = obs.with_serving([w], {w.uid: ("claim c0 on gpu-0-lendable of n1, held by serving", T)}, True, T, 15.0)
+    (held,) = obs.with_serving([w], {w.uid: (WHERE, T)}, True, T, 15.0)
     t = _plan([held])
     assert (t.active_gpus, t.add, t.resume, t.suspend, t.remove) == (0, (), (), (), ())
     assert t.waiting == ("ts-a-w0",)
@@ -190,7 +190,7 @@ def test_the_group_members_status_shows_the_wait() -> None:
     job = ElasticRLJob.model_validate(raw)
     w = obs.observe("grpo", pod("grpo-w0"))
     assert w is not None
-    (held,) = obs.with_serving([w], {w.uid: ("claim c0 on gpu-0-lendable of n1, held by serving", T)}, True, T, 15)
+    (held,) = obs.with_serving([w], {w.uid: (WHERE, T)}, True, T, 15)
     d = desired(job, [held], None, NOW)
     assert d.delete == ()  # a shared claim's member is never deleted for it
     assert (d.status.active_gpus, d.status.suspended_gpus) == (0, 1)
