@@ -242,6 +242,20 @@ def tally_driver_log(
     return out
 
 
+def fill_until_enospc(path: Path) -> None:
+    """Write zeros to ``path`` until its file system is full (ENOSPC; other errors raise)."""
+    import errno
+
+    with path.open("wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (64 << 10))
+                fh.flush()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -1559,7 +1573,6 @@ class Soak:
         written. Expected: the driver does not evict (a ``SuspendFallbackCheckpointFailed`` Event
         and ``rose_suspend_fallbacks_total``: the refusal visible), the trainer keeps its pod and
         its state; once the directory has room and the budget is back, the system converges."""
-        import errno
 
         from rose_common import promtext
 
@@ -1575,14 +1588,7 @@ class Soak:
             where = self._trainer_running()
         node, uid = where
         filler = self.ckpt_dir / "filler"
-        with filler.open("wb") as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * (64 << 10))
-                    fh.flush()
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
+        fill_until_enospc(filler)
         st = os.statvfs(self.ckpt_dir)
         rec: dict[str, Any] = {"node": node, "pod_uid": uid, "free_bytes": st.f_bavail * st.f_frsize}
         held = 0.0
@@ -1884,6 +1890,17 @@ class Soak:
                 total += promtext.value("\n".join(drv.metrics()), name, labels or {}, default=0.0)
         return total
 
+    def _disk_tier_figures(self) -> dict[str, Any]:
+        """Spills to disk (the drivers' logs), state per tier now, evictions the faults made inevitable."""
+        return {
+            "spills_to_disk": self.spills_to_disk,
+            "state_bytes_by_tier": {
+                t: self._metric_sum("rose_driver_host_state_bytes", {"tier": t}) for t in ("dram", "disk")
+            },
+            "evicted_while_every_tier_full_by_the_fault": len(self.evicted_by_fault),
+            "evicted_while_every_tier_full": self.evicted_by_fault,
+        }
+
     def _finish(self) -> dict[str, Any]:
         exact: dict[str, Any] = {}
         if self.trainer is not None:
@@ -1957,14 +1974,7 @@ class Soak:
             "checks": self.fig.checks,
             "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
             "host_memory_full": self.host_full,
-            "disk_tier": {
-                "spills_to_disk": self.spills_to_disk,
-                "state_bytes_by_tier": {
-                    t: self._metric_sum("rose_driver_host_state_bytes", {"tier": t}) for t in ("dram", "disk")
-                },
-                "evicted_while_every_tier_full_by_the_fault": len(self.evicted_by_fault),
-                "evicted_while_every_tier_full": self.evicted_by_fault,
-            },
+            "disk_tier": self._disk_tier_figures(),
             "checkpoint_dir_full": self.ckpt_full,
             "timeslice": self._timeslice_figures() if self.p.timeslice else None,
             "api_errors": self.api_errors,
