@@ -204,11 +204,14 @@ def _log_ts(rec: dict[str, Any]) -> float | None:
 def tiers_full_eviction(rec: dict[str, Any], node: str, windows: Sequence[tuple[str, float, float]]) -> bool:
     """Pure: an eviction the fault made inevitable — on a node while the fault held every tier of
     its suspended state full (``windows``: (node, start, end) Unix times), refused for room (the
-    host-memory budget) and with nothing to checkpoint to (no SDK checkpoint channel)."""
+    host-memory budget) and with nothing to checkpoint to (no SDK checkpoint channel). Never the
+    real trainer's worker (``soak/trainer-w*``): it has a checkpoint channel, and an eviction that
+    found none (a reclaim before it registered again with a restarted driver, T4) lost its state."""
     reason = str(rec.get("reason", ""))
     ts = _log_ts(rec)
     return (
         ts is not None
+        and not str(rec.get("pod", "")).startswith(f"{NS}/trainer-w")
         and "does not fit the host-memory budget" in reason
         and "fallback impossible" in reason
         and any(n == node and a <= ts <= b for n, a, b in windows)
