@@ -370,7 +370,10 @@ def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -
     """Why a time-slice group member is not settled ("" when it is; pure): the controller has seen
     the last spec, and as many workers as its planned target (``targetGPUs / gpusPerWorker``)
     exist, every one bound. Which member's state is on the devices is the orchestrator's
-    (:func:`group_converged`): a member waiting for the group is suspended at its target."""
+    (:func:`group_converged`): a member waiting for the group is suspended at its target. A worker
+    the controller plans as waiting for serving (its shared claim allocated on a GPU serving holds,
+    never prepared there: named in the job's ``ServingHoldsGPU`` condition, True) is outside the
+    target: it holds nothing until serving leaves (soak T2's remainder)."""
     st = job.get("status") or {}
     gen = job["metadata"].get("generation")
     if st.get("observedGeneration") != gen:
@@ -379,8 +382,14 @@ def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -
     if target is None:
         return "no target yet"
     want = int(target) // max(1, int(job["spec"].get("gpusPerWorker", 1)))
-    if len(workers) != want:
-        return f"{len(workers)} workers, target {want}"
+    held = next((c.get("message") or "" for c in st.get("conditions") or [] if c.get("type") == "ServingHoldsGPU"), "")
+    held_true = any(
+        c.get("type") == "ServingHoldsGPU" and c.get("status") == "True" for c in st.get("conditions") or []
+    )
+    waiting = [w["name"] for w in workers if held_true and f"{w['name']}: " in held]
+    if len(workers) != want + len(waiting):
+        extra = f" ({len(waiting)} waiting for serving)" if waiting else ""
+        return f"{len(workers)} workers, target {want}{extra}"
     unbound = [w["name"] for w in workers if not w["node"]]
     if unbound:
         return f"workers not bound: {', '.join(unbound)}"
