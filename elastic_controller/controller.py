@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -56,6 +56,7 @@ from elastic_controller.metrics import PHASES, ControllerMetrics
 from elastic_controller.observe import (
     EVICTED,
     ObservedWorker,
+    ServingBlock,
     class_priority,
     observe,
     planner_job,
@@ -272,7 +273,7 @@ class Controller:
         self.serving_held: Callable[[], frozenset[tuple[str, str]]] = frozenset  # kube.InventoryStore's
         self.lent_gpus: Callable[[str], frozenset[int] | None] = lambda node: None  # kube.InventoryStore's
         self.claims: Callable[[str, str], tuple[tuple[str, str], ...] | None] | None = None  # ClaimAllocations.get
-        self._blocked: dict[str, tuple[str, float]] = {}  # pod UID → (where serving blocks it, since)
+        self._blocked: dict[str, ServingBlock] = {}  # pod UID → where serving holds its claim's GPU, since when
         self._replaced: dict[str, None] = {}  # UIDs of blocked workers deleted (counted once), oldest first
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
@@ -390,7 +391,7 @@ class Controller:
                 if w is not None and w.node in nodes and w.claim and not w.lost
             ]
             before = dict(self._blocked)
-        found: dict[str, tuple[str, float]] = {}
+        found: dict[str, ServingBlock] = {}
         for key, w in workers:
             try:
                 allocation = self.claims(key.partition("/")[0], str(w.claim)) if self.claims is not None else None
@@ -399,11 +400,12 @@ class Controller:
                 if w.uid in before:
                     found[w.uid] = before[w.uid]
                 continue
-            where = serving_blocks(w, allocation, held, self.lent_gpus(str(w.node)))
-            if where:
-                found[w.uid] = (where, before[w.uid][1] if w.uid in before else now)
-                if w.uid not in before:
-                    log.info("worker blocked by serving", extra={"job": key, "pod": w.name, "where": where})
+            b = serving_blocks(w, allocation, held, self.lent_gpus(str(w.node)))
+            if b is None:
+                continue
+            found[w.uid] = replace(b, since=before[w.uid].since if w.uid in before else now)
+            if w.uid not in before:
+                log.info("worker blocked by serving", extra={"job": key, "pod": w.name, "where": b.where})
         self.metrics.serving_held.set(len(found))
         with self._lock:
             self._blocked = found

@@ -379,52 +379,64 @@ def lent_claim(pod: dict[str, Any]) -> str | None:
 Device = tuple[str, str]  # (the driver's pool: its node, device name) as a claim's allocation names it
 
 
+@dataclass(frozen=True)
+class ServingBlock:
+    """Serving holds the GPU a worker's lent claim is allocated on (:func:`serving_blocks`)."""
+
+    where: str  # the claim, device and node, for the Events and the condition
+    prepared: bool  # the claim is prepared there (it ran; the driver suspends it for serving), or unknown
+    since: float = 0.0  # when the controller first saw it (epoch seconds)
+
+
 def serving_blocks(
     w: ObservedWorker,
     allocation: tuple[Device, ...] | None,
     held: frozenset[Device],
     lent_gpus: frozenset[int] | None,
-) -> str:
-    """Where serving blocks the worker ("" when it does not; pure): its claim is allocated
-    (``allocation``, from the claim's ``status.allocation``) on a device whose ResourceSlice entry
-    carries the ``rose.io/serving-holds`` taint (``held``: the driver publishes it from serving's
-    allocation on) and the claim is not prepared there: the GPU is not among the node's prepared
-    lent GPUs the driver publishes (``rose.io/lent-gpus``, ``lent_gpus``; None: the node publishes
-    none, so nothing is judged). Such a claim is refused at prepare for as long as serving stays
-    (``LentPrepareRefused``); a claim prepared before serving came is the driver's to suspend."""
-    if w.lost or not w.node or allocation is None or lent_gpus is None:
-        return ""
+) -> ServingBlock | None:
+    """Whether serving holds the GPU of the worker's claim (pure): the claim is allocated
+    (``allocation``, from its ``status.allocation``) on a device whose ResourceSlice entry carries
+    the ``rose.io/serving-holds`` taint (``held``: the driver publishes it from serving's allocation
+    on, and only the driver writes its slices). Such a worker holds no lendable GPU until serving
+    leaves, whatever its pod says. ``prepared``: the GPU is among the node's prepared lent GPUs the
+    driver publishes (``rose.io/lent-gpus``, ``lent_gpus``; None: the node publishes none, counted
+    as prepared so nothing is judged never-run): a claim prepared before serving came is suspended
+    by the driver inside serving's prepare; one never prepared is refused at prepare for as long as
+    serving stays (``LentPrepareRefused``)."""
+    if w.lost or not w.node or allocation is None:
+        return None
     for pool, device in allocation:
-        if (pool, device) not in held:
+        if (pool, device) not in held or pool != w.node:
             continue
         try:
             index = slices.parse_device_name(device)[0]
         except ValueError:
             continue
-        if pool == w.node and index not in lent_gpus:
-            return f"claim {w.claim} on {device} of {pool}, held by serving"
-    return ""
+        prepared = lent_gpus is None or index in lent_gpus
+        state = "prepared there: suspended for serving" if prepared else "never prepared there"
+        return ServingBlock(f"claim {w.claim} on {device} of {pool}, held by serving ({state})", prepared)
+    return None
 
 
 def with_serving(
-    observed: list[ObservedWorker], blocked: dict[str, tuple[str, float]], grouped: bool, now: float, grace_s: float
+    observed: list[ObservedWorker], blocked: dict[str, ServingBlock], grouped: bool, now: float, grace_s: float
 ) -> list[ObservedWorker]:
-    """The workers with what serving blocks (pure; ``blocked``: pod UID → (where, since when)).
-    A worker of a time-slice group (``grouped``: its claim is shared, the suspended members' state
-    would go with it) waits (``serving_held``: the planner's ``waiting``). A worker of its own
-    claim that never ran (:attr:`ObservedWorker.ran`) and has been blocked for ``grace_s`` (the
-    driver republishes its prepared GPUs every few seconds: a claim prepared just before serving
-    came may not show yet) is replaced (``replace_blocked``: deleted by UID, recreated, and the
-    scheduler's DRA filter skips the tainted device); one that ran is never deleted: it waits."""
+    """The workers with what serving blocks (pure; ``blocked``: pod UID → its block, ``since`` the
+    first time it was seen). Each such worker waits (``serving_held``: the planner's ``waiting``,
+    the status's suspended). One of its own claim (not ``grouped``: a time-slice group's shared
+    claim would go from every member, with the suspended members' state) whose claim was never
+    prepared there, that never ran (:attr:`ObservedWorker.ran`), blocked for ``grace_s`` (the driver
+    republishes its prepared GPUs every few seconds: a claim prepared just before serving came may
+    not show yet) is replaced (``replace_blocked``: deleted by UID, recreated, and the scheduler's
+    DRA filter skips the tainted device); one that ran is never deleted."""
     out = []
     for w in observed:
-        hit = blocked.get(w.uid)
-        if hit is None:
+        b = blocked.get(w.uid)
+        if b is None:
             out.append(w)
             continue
-        where, since = hit
-        replace_it = not grouped and not w.ran and now - since >= grace_s
-        out.append(replace(w, serving_held=where, replace_blocked=replace_it))
+        replace_it = not grouped and not b.prepared and not w.ran and now - b.since >= grace_s
+        out.append(replace(w, serving_held=b.where, replace_blocked=replace_it))
     return out
 
 

@@ -28,7 +28,13 @@ from tests.support.controller_fakes import RAW_JOB, Forecasts, Recorder, drain, 
 NOW = dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.UTC)
 T = NOW.timestamp()
 HELD = frozenset({("n1", "gpu-0-lendable")})
-WHERE = "claim c0 on gpu-0-lendable of n1, held by serving"
+WHERE = "claim c0 on gpu-0-lendable of n1, held by serving (never prepared there)"
+
+
+def block(since: float = T, prepared: bool = False, where: str = WHERE) -> obs.ServingBlock:
+    return obs.ServingBlock(where, prepared, since)
+
+
 TAINT = {"key": names.TAINT_SERVING_HOLDS, "value": "x", "effect": "NoSchedule"}
 
 
@@ -64,24 +70,25 @@ def test_the_workers_claim_is_read_from_its_pod() -> None:
 
 
 BLOCK_CASES = [
-    # (allocation, lent GPUs of n1, blocked)
-    ((("n1", "gpu-0-lendable"),), frozenset(), True),  # on the held GPU, not prepared there
-    ((("n1", "gpu-0-lendable"),), frozenset({0}), False),  # prepared before serving: the driver suspends it
-    ((("n1", "gpu-1-lendable"),), frozenset(), False),  # another GPU
-    ((("n2", "gpu-0-lendable"),), frozenset(), False),  # another node's GPU 0
-    ((("n1", "gpu-0-lendable"),), None, False),  # the node publishes no facts: nothing judged
-    (None, frozenset(), False),  # not allocated (yet)
+    # (allocation, lent GPUs of n1, blocked, prepared)
+    ((("n1", "gpu-0-lendable"),), frozenset(), True, False),  # on the held GPU, never prepared there
+    ((("n1", "gpu-0-lendable"),), frozenset({0}), True, True),  # prepared before serving: suspended for it
+    ((("n1", "gpu-0-lendable"),), None, True, True),  # the node publishes no facts: counted as prepared
+    ((("n1", "gpu-1-lendable"),), frozenset(), False, False),  # another GPU
+    ((("n2", "gpu-0-lendable"),), frozenset(), False, False),  # another node's GPU 0
+    (None, frozenset(), False, False),  # not allocated (yet)
 ]
 
 
-@pytest.mark.parametrize(("allocation", "lent", "blocked"), BLOCK_CASES)
-def test_serving_blocks_a_claim_allocated_on_a_held_gpu_and_not_prepared(
-    allocation: tuple[tuple[str, str], ...] | None, lent: frozenset[int] | None, blocked: bool
+@pytest.mark.parametrize(("allocation", "lent", "blocked", "prepared"), BLOCK_CASES)
+def test_serving_blocks_a_claim_allocated_on_a_held_gpu(
+    allocation: tuple[tuple[str, str], ...] | None, lent: frozenset[int] | None, blocked: bool, prepared: bool
 ) -> None:
-    where = obs.serving_blocks(worker(), allocation, HELD, lent)
-    assert bool(where) is blocked
-    if blocked:
-        assert where == "claim c0 on gpu-0-lendable of n1, held by serving"
+    b = obs.serving_blocks(worker(), allocation, HELD, lent)
+    assert (b is not None) is blocked
+    if b is not None:
+        assert b.prepared is prepared
+        assert b.where.startswith("claim c0 on gpu-0-lendable of n1, held by serving (")
 
 
 def test_slices_and_nodes_say_which_gpus_serving_holds_and_which_are_prepared() -> None:
@@ -118,6 +125,7 @@ def test_slices_and_nodes_say_which_gpus_serving_holds_and_which_are_prepared() 
 REPLACE_CASES = [
     # (grouped, seconds blocked, the pod's annotations, replaced)
     (False, 20.0, {}, True),
+    (False, 20.0, {"prepared": "yes"}, False),  # its claim was prepared there: it ran (the driver suspends it)
     (False, 5.0, {}, False),  # within the grace: the driver republishes its prepared GPUs every 5 s
     (False, 20.0, {names.ANNOTATION_SUSPEND_STATE: "Suspended"}, False),  # the driver knew it: it ran
     (False, 20.0, {names.ANNOTATION_WORKLOAD_PHASE: "train"}, False),  # it reported: it ran
@@ -130,20 +138,21 @@ REPLACE_CASES = [
 def test_only_a_worker_of_its_own_claim_that_never_ran_is_replaced(
     grouped: bool, blocked_s: float, ann: dict[str, str], replaced: bool
 ) -> None:
+    prepared = ann.pop("prepared", "") == "yes"
     w = worker(**ann)
-    (out,) = obs.with_serving([w], {w.uid: ("there", T - blocked_s)}, grouped, T, 15.0)
+    (out,) = obs.with_serving([w], {w.uid: block(T - blocked_s, prepared, "there")}, grouped, T, 15.0)
     assert out.serving_held == "there"
     assert out.replace_blocked is replaced and out.lost is replaced
     assert obs.planner_state(out) == "suspended"  # not active: it runs nowhere
     assert obs.to_planner("rl/grpo", out) is None if replaced else obs.holding_state(out) == "waiting"
-    (other,) = obs.with_serving([worker("grpo-w1")], {w.uid: ("there", T)}, grouped, T, 15.0)
+    (other,) = obs.with_serving([worker("grpo-w1")], {w.uid: block(where="there")}, grouped, T, 15.0)
     assert other.serving_held == "" and obs.holding_state(other) == "active"
 
 
 def test_a_replaced_worker_is_deleted_by_uid_with_an_event() -> None:
     job = ElasticRLJob.model_validate(RAW_JOB)
     w = worker()
-    (blocked,) = obs.with_serving([w], {w.uid: (WHERE, T - 20)}, False, T, 15)
+    (blocked,) = obs.with_serving([w], {w.uid: block(T - 20)}, False, T, 15)
     d = desired(job, [blocked, worker("grpo-w1")], None, NOW)
     assert [(p.name, p.uid) for p in d.delete] == [("grpo-w0", "uid-grpo-w0")]
     (ev,) = [e for e in d.events if e.reason == EVENT_BLOCKED_REPLACED]
@@ -169,7 +178,7 @@ def test_a_group_member_waiting_for_serving_is_neither_active_nor_resumed_nor_gr
     # serving's forecast is 0 of 4 GPUs: without the wait the planner counts w0 active and grows to 2
     t = _plan([w])
     assert (t.active_gpus, len(t.add), t.waiting) == (2, 1, ())
-    (held,) = obs.with_serving([w], {w.uid: (WHERE, T)}, True, T, 15.0)
+    (held,) = obs.with_serving([w], {w.uid: block()}, True, T, 15.0)
     t = _plan([held])
     assert (t.active_gpus, t.add, t.resume, t.suspend, t.remove) == (0, (), (), (), ())
     assert t.waiting == ("ts-a-w0",)
@@ -180,7 +189,7 @@ def test_a_group_member_waiting_for_serving_is_neither_active_nor_resumed_nor_gr
 def test_a_waiting_worker_counts_against_max_gpus() -> None:
     w = obs.observe("ts-a", pod("ts-a-w0", job="ts-a"))
     assert w is not None
-    (held,) = obs.with_serving([w], {w.uid: ("x", T)}, True, T, 15.0)
+    (held,) = obs.with_serving([w], {w.uid: block(where="x")}, True, T, 15.0)
     t = _plan([held], min_gpus=1, max_gpus=1)
     assert (t.active_gpus, t.add) == (0, ())  # no second worker beside the one that waits
 
@@ -190,7 +199,7 @@ def test_the_group_members_status_shows_the_wait() -> None:
     job = ElasticRLJob.model_validate(raw)
     w = obs.observe("grpo", pod("grpo-w0"))
     assert w is not None
-    (held,) = obs.with_serving([w], {w.uid: (WHERE, T)}, True, T, 15)
+    (held,) = obs.with_serving([w], {w.uid: block()}, True, T, 15)
     d = desired(job, [held], None, NOW)
     assert d.delete == ()  # a shared claim's member is never deleted for it
     assert (d.status.active_gpus, d.status.suspended_gpus) == (0, 1)
@@ -204,6 +213,29 @@ def test_the_group_members_status_shows_the_wait() -> None:
     assert cond2.status == "False" and any(e.reason == f"Not{SERVING_HOLDS}" for e in d2.events)
     # a job serving never blocked has no such condition
     assert SERVING_HOLDS not in {c.type for c in desired(job, [w], None, NOW).status.conditions or []}
+
+
+def test_a_worker_the_driver_suspended_for_serving_is_in_neither_the_target_nor_the_active_gpus() -> None:
+    """Soak run g1 (groupwait): ``elastic-a-w1`` prepared, then suspended by its driver inside a
+    serving claim's prepare (no suspend request). Without a request a worker counts as holding its
+    GPU (issue 22 §6), so the target said 3 GPUs while the status counted 2 active, for as long as
+    serving stayed ("not converged"). The slice's serving-holds taint, which only the driver writes,
+    says the GPU is serving's: the worker waits, in neither count, and is never replaced (it ran)."""
+    ws = [worker(f"grpo-w{i}") for i in range(3)]
+    ws[1] = worker("grpo-w1", **{names.ANNOTATION_SUSPEND_STATE: "Suspended"})
+    ws = [obs.ObservedWorker(**{**w.__dict__, "pool": "pool-a"}) for w in ws]
+    forecast = Forecast(T - 60, 60, (1.0,) * 120)  # serving needs 1 of 4: 3 may be lent, no growth
+    job = Job("rl/grpo", 1, 3, min_useful_run_s=10)
+
+    def target_and_active(observed: list[obs.ObservedWorker]) -> tuple[int, int]:
+        planned = tuple(pw for pw in (obs.to_planner("rl/grpo", w) for w in observed) if pw is not None)
+        t = plan(PlanInput(T, (Pool("pool-a", 4, forecast),), (job,), planned)).targets["rl/grpo"]
+        return t.active_gpus, sum(1 for w in observed if obs.planner_state(w) == "active" and not w.lost)
+
+    assert target_and_active(ws) == (3, 2)  # the mismatch, as before
+    seen = obs.with_serving(ws, {ws[1].uid: block(T - 60, prepared=True)}, False, T, 15.0)
+    assert target_and_active(seen) == (2, 2)
+    assert not seen[1].replace_blocked and obs.holding_state(seen[1]) == "waiting"
 
 
 # ---------------------------------------------------------------- the controller's round
