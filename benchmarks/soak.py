@@ -107,6 +107,7 @@ OCCUPANT_GIB = 64  # a simulated occupant: 64 GiB over 55 GB/s is a 1.25 s suspe
 # copy, spill file; ``--simulated-host-copy-bytes``): the budgets see 64 GiB, the disk sees 1 MiB.
 SPILL_BUDGET = "512Gi"
 HOST_COPY = "1Mi"
+DRAM_FULL = "1"  # --host-memory-budget of a DRAM tier checkpoint-dir-full makes full (what it holds stays)
 DISK_FULL = "1"  # --spill-budget-bytes of a disk tier the fault makes full (> 0; what it holds stays)
 
 
@@ -1610,11 +1611,15 @@ class Soak:
             )
         log_path = self.driver_root / f"{node}.log"
         since = log_path.stat().st_size if log_path.exists() else 0
-        # every tier of the node full (DRAM: what it holds; disk: a budget of 1 B), so the trainer's
-        # suspend finds no room and asks for the checkpoint that cannot be written. An occupant of
-        # that node with no checkpoint channel reclaimed now is evicted by design (counted apart).
+        # every tier of the node full (DRAM and disk: budgets of 1 B, what they hold stays), so the
+        # trainer's suspend finds no room and asks for the checkpoint that cannot be written. An
+        # occupant of that node with no checkpoint channel reclaimed now is evicted by design
+        # (counted apart). A DRAM budget of "what it holds" (``held``, read from the driver's metric
+        # just before its restart) was not full: a 64 GiB suspend finishing around the read, or the
+        # restarted driver's ledger not yet charged again, left room (T7 run g5; groupwait run g2).
+        rec["held_bytes"] = int(held)
         self.tiers_full_open[node] = time.time()
-        self._set_budget(node, str(int(held)), DISK_FULL)
+        self._set_budget(node, DRAM_FULL, DISK_FULL)
         self.note(
             f"fault: checkpoint directory of trainer full ({rec['free_bytes']} B free) for "
             f"{self.p.ckpt_full_s:g}s; host-memory budget and disk tier of {node} full; reclaim of its GPU forced"
