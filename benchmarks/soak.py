@@ -1163,6 +1163,21 @@ class Soak:
                 f"{uid} is {sus.state if sus else 'not suspended'}",
             )
 
+    def _enforced_by_fault(self, node: str, uid: str) -> bool:
+        """A simulated occupant enforced on while checkpoint-dir-full holds every tier of ``node``
+        full: its suspend found no room and it has no checkpoint channel, so serving wins by design
+        (T3's corner), as for the evictions ``tiers_full_eviction`` counts apart; counted the same
+        way, never ignored. Never the real trainer's claim (it has a checkpoint channel)."""
+        if node not in self.tiers_full_open or uid == self.trainer_claim:
+            return False
+        with self.mu:
+            pod = next((r["pod"] for u, r in self.prepared.items() if u == uid), uid)
+        self.evicted_by_fault.append(
+            f"{node}: {NS}/{pod}: enforced on (killed): every tier full, no checkpoint channel"
+        )
+        self.note(f"enforced on while every tier of {node} was full by the fault: {NS}/{pod}")
+        return True
+
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
         """Invariant: the serving prepare returned → every lent claim on its GPU is suspended in
         the driver's own crash-safe node state, and the trainer's device-memory file is empty."""
@@ -1177,6 +1192,8 @@ class Soak:
         for uid in lent:
             sus = data.suspensions.get(uid)
             ok = sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
+            if sus is not None and sus.state == ENFORCED_EVICTED and self._enforced_by_fault(node, uid):
+                continue
             if sus is not None and sus.state == ENFORCED_EVICTED:
                 self.fail(f"lent claim {uid} on {node} was enforced on (killed): its RL state is lost")
             mem = drv.plugin_dir / "claims" / uid / "device-memory"
