@@ -367,6 +367,15 @@ def group_holders(workers: dict[str, Sequence[dict[str, Any]]]) -> list[str]:
     )
 
 
+def serving_waiting(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> list[str]:
+    """The job's workers the controller shows waiting for serving (pure): named in its
+    ``ServingHoldsGPU`` condition while True (their lent claim is on a GPU serving holds)."""
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ServingHoldsGPU" and c.get("status") == "True":
+            return [w["name"] for w in workers if f"{w['name']}: " in str(c.get("message") or "")]
+    return []
+
+
 def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str:
     """Why a time-slice group member is not settled ("" when it is; pure): the controller has seen
     the last spec, and as many workers as its planned target (``targetGPUs / gpusPerWorker``)
@@ -383,11 +392,7 @@ def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -
     if target is None:
         return "no target yet"
     want = int(target) // max(1, int(job["spec"].get("gpusPerWorker", 1)))
-    held = next((c.get("message") or "" for c in st.get("conditions") or [] if c.get("type") == "ServingHoldsGPU"), "")
-    held_true = any(
-        c.get("type") == "ServingHoldsGPU" and c.get("status") == "True" for c in st.get("conditions") or []
-    )
-    waiting = [w["name"] for w in workers if held_true and f"{w['name']}: " in held]
+    waiting = serving_waiting(job, workers)
     if len(workers) != want + len(waiting):
         extra = f" ({len(waiting)} waiting for serving)" if waiting else ""
         return f"{len(workers)} workers, target {want}{extra}"
@@ -1326,6 +1331,11 @@ class Soak:
             out[j["metadata"]["name"]] = (j, ws)
         return out
 
+    @staticmethod
+    def _placed(job: dict[str, Any], workers: list[dict[str, Any]]) -> bool:
+        waiting = serving_waiting(job, workers)
+        return any(w["node"] and w["prepared"] and w["name"] not in waiting for w in workers)
+
     def not_converged(self) -> str:
         """ "" once every job is at its planned target, the controller alive, and the kubelet's work done."""
         for name in ("controller", "extender", "predictor", "orchestrator"):
@@ -1359,7 +1369,8 @@ class Soak:
                 return f"{name}: {why}"
         # a member counts once a driver prepared its worker's claim: the shared claim refused on a GPU
         # serving holds leaves the group nothing to grant on (its hand-overs fail and roll back)
-        placed = sum(1 for n in TS_JOBS if any(w["node"] and w["prepared"] for w in view.get(n, ({}, []))[1]))
+        # a member whose worker waits for serving (its GPU is serving's: ServingHoldsGPU) is not placed either
+        placed = sum(1 for n in TS_JOBS if self._placed(*view.get(n, ({}, []))))
         why = group_converged(self.group_lease(), self.ts_token_before, placed) if self.p.timeslice else ""
         if why:
             return f"time-slice group {TS_GROUP}: {why}"

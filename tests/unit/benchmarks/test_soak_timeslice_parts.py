@@ -17,6 +17,7 @@ from benchmarks.soak import (
     group_holders,
     group_member_ready,
     registered_since,
+    serving_waiting,
     shared_claim_complete,
 )
 from rose_common import timeslice_lease as tl
@@ -106,6 +107,9 @@ def test_a_group_member_waiting_for_serving_is_outside_its_target() -> None:
     assert group_member_ready(job("True"), [_w("Running"), _w("Running", name="w1")]) == (
         "2 workers, target 0 (1 waiting for serving)"
     )
+    # the group's convergence counts a waiting member as not placed (nothing can be granted on it)
+    assert serving_waiting(job("True"), [_w("Running"), _w("Running", name="w1")]) == ["w0"]
+    assert serving_waiting(job("False"), [_w("Running")]) == []
 
 
 def test_the_new_fault_kinds_are_known_and_kill_orchestrator_needs_the_group(tmp_path: Path) -> None:
