@@ -102,6 +102,13 @@ SERVING_WAITS = ("prepare", "prebind")
 PREBIND_KILL_AFTER_S = 1.0  # prebind: the mid-suspend kill this long after the burst pod is created
 HOST_BUDGET = "512Gi"  # a node's host-memory budget for suspended state (eight 64 GiB occupants)
 OCCUPANT_GIB = 64  # a simulated occupant: 64 GiB over 55 GB/s is a 1.25 s suspend (a driver can die inside it)
+# The disk tier of suspended state (issue 27 §4), as a node with local NVMe runs: eight 64 GiB occupants
+# charged, while the simulated backend keeps only HOST_COPY real bytes per occupant (device file, DRAM
+# copy, spill file; ``--simulated-host-copy-bytes``): the budgets see 64 GiB, the disk sees 1 MiB.
+SPILL_BUDGET = "512Gi"
+HOST_COPY = "1Mi"
+DRAM_FULL = "1"  # --host-memory-budget of a DRAM tier checkpoint-dir-full makes full (what it holds stays)
+DISK_FULL = "1"  # --spill-budget-bytes of a disk tier the fault makes full (> 0; what it holds stays)
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -183,6 +190,74 @@ def evictions_losing_state(log_lines: Sequence[str]) -> list[str]:
         if rec.get("msg") == "evicting lent workload" and "fallback: durable checkpoint" not in reason:
             out.append(f"{rec.get('pod')}: {reason[:300]}")
     return out
+
+
+def _log_ts(rec: dict[str, Any]) -> float | None:
+    """A driver log record's ``ts`` ("2026-12-02T05:27:33.068Z") as a Unix time; None if absent."""
+    import datetime as dt
+
+    try:
+        return dt.datetime.strptime(str(rec["ts"]), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC).timestamp()
+    except (KeyError, ValueError):
+        return None
+
+
+def tiers_full_eviction(rec: dict[str, Any], node: str, windows: Sequence[tuple[str, float, float]]) -> bool:
+    """Pure: an eviction the fault made inevitable — on a node while the fault held every tier of
+    its suspended state full (``windows``: (node, start, end) Unix times), refused for room (the
+    host-memory budget) and with nothing to checkpoint to (no SDK checkpoint channel). Never the
+    real trainer's worker (``soak/trainer-w*``): it has a checkpoint channel, and an eviction that
+    found none (a reclaim before it registered again with a restarted driver, T4) lost its state."""
+    reason = str(rec.get("reason", ""))
+    ts = _log_ts(rec)
+    return (
+        ts is not None
+        and not str(rec.get("pod", "")).startswith(f"{NS}/trainer-w")
+        and "does not fit the host-memory budget" in reason
+        and "fallback impossible" in reason
+        and any(n == node and a <= ts <= b for n, a, b in windows)
+    )
+
+
+@dataclass
+class DriverLogTally:
+    """What a driver's log says about suspended state: evictions that lost it (the invariant),
+    evictions the fault made inevitable (every tier full, no checkpoint channel: reported apart),
+    and spills to the disk tier (``SuspendedStateSpilled``)."""
+
+    lost: list[str] = field(default_factory=list)
+    by_fault: list[str] = field(default_factory=list)
+    spills: int = 0
+
+
+def tally_driver_log(
+    log_lines: Sequence[str], node: str = "", windows: Sequence[tuple[str, float, float]] = ()
+) -> DriverLogTally:
+    """Pure: :class:`DriverLogTally` of one node's driver log lines (JSON; others skipped)."""
+    out = DriverLogTally()
+    for line in log_lines:
+        if '"SuspendedStateSpilled"' in line:
+            with contextlib.suppress(ValueError):
+                out.spills += json.loads(line).get("reason") == "SuspendedStateSpilled"
+            continue
+        lost = evictions_losing_state([line])
+        if lost:
+            (out.by_fault if tiers_full_eviction(json.loads(line), node, windows) else out.lost).extend(lost)
+    return out
+
+
+def fill_until_enospc(path: Path) -> None:
+    """Write zeros to ``path`` until its file system is full (ENOSPC; other errors raise)."""
+    import errno
+
+    with path.open("wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (64 << 10))
+                fh.flush()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -292,11 +367,23 @@ def group_holders(workers: dict[str, Sequence[dict[str, Any]]]) -> list[str]:
     )
 
 
+def serving_waiting(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> list[str]:
+    """The job's workers the controller shows waiting for serving (pure): named in its
+    ``ServingHoldsGPU`` condition while True (their lent claim is on a GPU serving holds)."""
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ServingHoldsGPU" and c.get("status") == "True":
+            return [w["name"] for w in workers if f"{w['name']}: " in str(c.get("message") or "")]
+    return []
+
+
 def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -> str:
     """Why a time-slice group member is not settled ("" when it is; pure): the controller has seen
     the last spec, and as many workers as its planned target (``targetGPUs / gpusPerWorker``)
     exist, every one bound. Which member's state is on the devices is the orchestrator's
-    (:func:`group_converged`): a member waiting for the group is suspended at its target."""
+    (:func:`group_converged`): a member waiting for the group is suspended at its target. A worker
+    the controller plans as waiting for serving (its shared claim allocated on a GPU serving holds,
+    never prepared there: named in the job's ``ServingHoldsGPU`` condition, True) is outside the
+    target: it holds nothing until serving leaves (soak T2's remainder)."""
     st = job.get("status") or {}
     gen = job["metadata"].get("generation")
     if st.get("observedGeneration") != gen:
@@ -305,8 +392,10 @@ def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -
     if target is None:
         return "no target yet"
     want = int(target) // max(1, int(job["spec"].get("gpusPerWorker", 1)))
-    if len(workers) != want:
-        return f"{len(workers)} workers, target {want}"
+    waiting = serving_waiting(job, workers)
+    if len(workers) != want + len(waiting):
+        extra = f" ({len(waiting)} waiting for serving)" if waiting else ""
+        return f"{len(workers)} workers, target {want}{extra}"
     unbound = [w["name"] for w in workers if not w["node"]]
     if unbound:
         return f"workers not bound: {', '.join(unbound)}"
@@ -505,6 +594,10 @@ class Soak:
         self.ckpt_full: list[dict[str, Any]] = []  # what each checkpoint-dir-full fault saw
         self.ckpt_dir: Path | None = None  # the trainer job's checkpointPath lives here (a small tmpfs)
         self.log_offsets: dict[str, int] = {}  # node -> bytes of its driver log already read
+        self.tiers_full: list[tuple[str, float, float]] = []  # (node, start, end): every tier full by a fault
+        self.tiers_full_open: dict[str, float] = {}  # node -> start of such a window still open
+        self.evicted_by_fault: list[str] = []  # evictions while every tier was full by the fault
+        self.spills_to_disk = 0  # SuspendedStateSpilled in the drivers' logs
         self.ts_token_before = -1  # the group's fencing token when the fault under judgement began
         self.ts_turns: dict[str, int] = dict.fromkeys(TS_JOBS, 0)  # grants each member's client got
         self.ts_errors: list[str] = []  # its clients' last failed calls (retried)
@@ -741,6 +834,9 @@ class Soak:
         for node in self.h.node_names:
             args = ["--suspend-engine", "node", "--suspend-backends", "simulated,cooperative",
                     "--simulated-occupant-bytes", f"{OCCUPANT_GIB}Gi", "--host-memory-budget", HOST_BUDGET,
+                    "--spill-dir", str(self.tmp / "spill" / node), "--spill-budget-bytes", SPILL_BUDGET,
+                    "--simulated-host-dir", str(self.tmp / "simulated-host" / node),
+                    "--simulated-host-copy-bytes", HOST_COPY,
                     "--default-grace-seconds", "5", "--node-facts-seconds", "1", "--suspended-cpu=",
                     "--reconcile-seconds", "2",
                     # prepare: the played kubelet's prepare reclaims; prebind: the scheduler holds
@@ -760,7 +856,11 @@ class Soak:
             self.stack.callback(drv.stop)
         for node in self.h.node_names:
             wait_until(f"driver of {node} publishing", partial(driver_slices, self.api, node), timeout=90)
-        self.say(f"drivers: {len(self.drivers)} `rose driver` processes (simulated GPUs, {OCCUPANT_GIB} GiB occupants)")
+        self.say(
+            f"drivers: {len(self.drivers)} `rose driver` processes (simulated GPUs, {OCCUPANT_GIB} GiB occupants; "
+            f"host memory {HOST_BUDGET}, disk tier {SPILL_BUDGET} under {self.tmp / 'spill'}, "
+            f"{HOST_COPY} real bytes each)"
+        )
 
     def _common(self) -> list[str]:
         return ["--forecast-backend=http", f"--predictor-url=http://127.0.0.1:{self.pred_port}", "--risk=0.05",
@@ -1068,6 +1168,21 @@ class Soak:
                 f"{uid} is {sus.state if sus else 'not suspended'}",
             )
 
+    def _enforced_by_fault(self, node: str, uid: str) -> bool:
+        """A simulated occupant enforced on while checkpoint-dir-full holds every tier of ``node``
+        full: its suspend found no room and it has no checkpoint channel, so serving wins by design
+        (T3's corner), as for the evictions ``tiers_full_eviction`` counts apart; counted the same
+        way, never ignored. Never the real trainer's claim (it has a checkpoint channel)."""
+        if node not in self.tiers_full_open or uid == self.trainer_claim:
+            return False
+        with self.mu:
+            pod = next((r["pod"] for u, r in self.prepared.items() if u == uid), uid)
+        self.evicted_by_fault.append(
+            f"{node}: {NS}/{pod}: enforced on (killed): every tier full, no checkpoint channel"
+        )
+        self.note(f"enforced on while every tier of {node} was full by the fault: {NS}/{pod}")
+        return True
+
     def _check_serving_free(self, node: str, serving: dict[str, Any]) -> None:
         """Invariant: the serving prepare returned → every lent claim on its GPU is suspended in
         the driver's own crash-safe node state, and the trainer's device-memory file is empty."""
@@ -1082,6 +1197,8 @@ class Soak:
         for uid in lent:
             sus = data.suspensions.get(uid)
             ok = sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED, ENFORCED_EVICTED)
+            if sus is not None and sus.state == ENFORCED_EVICTED and self._enforced_by_fault(node, uid):
+                continue
             if sus is not None and sus.state == ENFORCED_EVICTED:
                 self.fail(f"lent claim {uid} on {node} was enforced on (killed): its RL state is lost")
             mem = drv.plugin_dir / "claims" / uid / "device-memory"
@@ -1214,6 +1331,11 @@ class Soak:
             out[j["metadata"]["name"]] = (j, ws)
         return out
 
+    @staticmethod
+    def _placed(job: dict[str, Any], workers: list[dict[str, Any]]) -> bool:
+        waiting = serving_waiting(job, workers)
+        return any(w["node"] and w["prepared"] and w["name"] not in waiting for w in workers)
+
     def not_converged(self) -> str:
         """ "" once every job is at its planned target, the controller alive, and the kubelet's work done."""
         for name in ("controller", "extender", "predictor", "orchestrator"):
@@ -1247,7 +1369,8 @@ class Soak:
                 return f"{name}: {why}"
         # a member counts once a driver prepared its worker's claim: the shared claim refused on a GPU
         # serving holds leaves the group nothing to grant on (its hand-overs fail and roll back)
-        placed = sum(1 for n in TS_JOBS if any(w["node"] and w["prepared"] for w in view.get(n, ({}, []))[1]))
+        # a member whose worker waits for serving (its GPU is serving's: ServingHoldsGPU) is not placed either
+        placed = sum(1 for n in TS_JOBS if self._placed(*view.get(n, ({}, []))))
         why = group_converged(self.group_lease(), self.ts_token_before, placed) if self.p.timeslice else ""
         if why:
             return f"time-slice group {TS_GROUP}: {why}"
@@ -1286,7 +1409,11 @@ class Soak:
 
     def _check_driver_evictions(self) -> None:
         """Invariant: no lent worker is evicted with its state (a simulated occupant has no step
-        counter of its own: the driver's log of its evictions is where a loss shows)."""
+        counter of its own: the driver's log of its evictions is where a loss shows). Exempt, and
+        counted apart: an eviction while a fault held every tier of that node full and the workload
+        had no checkpoint channel (``tiers_full_eviction``). Also counts the spills to disk."""
+        now = time.time()
+        windows = [*self.tiers_full, *((n, a, now + 60.0) for n, a in self.tiers_full_open.items())]
         for node in self.drivers:
             path = self.driver_root / f"{node}.log"
             off = self.log_offsets.get(node, 0)
@@ -1298,8 +1425,12 @@ class Soak:
                 continue
             done = chunk.rfind(b"\n") + 1  # whole lines only
             self.log_offsets[node] = off + done
-            lost = evictions_losing_state(chunk[:done].decode(errors="replace").splitlines())
-            self.check("no lent worker evicted with its state", not lost, f"{node}: " + "; ".join(lost))
+            t = tally_driver_log(chunk[:done].decode(errors="replace").splitlines(), node, windows)
+            self.spills_to_disk += t.spills
+            if t.by_fault:
+                self.evicted_by_fault.extend(f"{node}: {x}" for x in t.by_fault)
+                self.note(f"evicted while every tier of {node} was full by the fault: " + "; ".join(t.by_fault))
+            self.check("no lent worker evicted with its state", not t.lost, f"{node}: " + "; ".join(t.lost))
 
     def _account(self, active: int) -> None:
         now = time.monotonic()
@@ -1366,11 +1497,12 @@ class Soak:
             raise ValueError(f"unknown fault {kind}")
         return time.monotonic()
 
-    def _set_budget(self, node: str, budget: str) -> None:
-        """SIGKILL ``node``'s driver and start it again (main thread) with ``--host-memory-budget budget``."""
+    def _set_budget(self, node: str, budget: str, spill: str = SPILL_BUDGET) -> None:
+        """SIGKILL ``node``'s driver and start it again (main thread) with ``--host-memory-budget
+        budget`` and ``--spill-budget-bytes spill``."""
         drv = self.drivers[node]
-        i = drv.args.index("--host-memory-budget")
-        drv.args[i + 1] = budget
+        for flag, v in (("--host-memory-budget", budget), ("--spill-budget-bytes", spill)):
+            drv.args[drv.args.index(flag) + 1] = v
         drv.kill9()
         drv.restart_if_dead()
 
@@ -1400,10 +1532,18 @@ class Soak:
             held = promtext.value(
                 "\n".join(self.drivers[node].metrics()), "rose_suspend_host_memory_held_bytes", {}, default=0.0
             )
-        self._set_budget(node, str(int(held)))
-        rec: dict[str, Any] = {"node": node, "running_lent_there": per.get(node, 0), "budget_bytes": int(held)}
+        # full: what it holds, but at least one occupant's state (a DRAM tier smaller than one state
+        # cannot take it even after spilling every other one: no node runs so; the disk tier has room)
+        budget = max(int(held), OCCUPANT_GIB << 30)
+        self._set_budget(node, str(budget))
+        rec: dict[str, Any] = {
+            "node": node,
+            "running_lent_there": per.get(node, 0),
+            "held_bytes": int(held),
+            "budget_bytes": budget,
+        }
         self.note(
-            f"fault: host-memory budget of {node} full ({int(held)} B, what it holds) for "
+            f"fault: host-memory budget of {node} full ({budget} B, what it holds, at least one state) for "
             f"{self.p.host_full_s:g}s; {per.get(node, 0)} running lent occupants there"
         )
         self.host_full.append(rec)
@@ -1425,8 +1565,18 @@ class Soak:
         rec["suspends"] = promtext.value(
             text, "rose_driver_occupant_suspend_total", {"outcome": "suspended"}, default=0.0
         )
+        # the driver was restarted as the window began: its counters are the window's
+        rec["spills_to_disk"] = promtext.value(
+            text, "rose_suspend_spills_total", {"direction": "to_disk", "result": "ok"}, default=0.0
+        )
+        rec["disk_tier_bytes"] = promtext.value(text, "rose_driver_host_state_bytes", {"tier": "disk"}, default=0.0)
         self._set_budget(node, HOST_BUDGET)
         self.note(f"host-memory budget of {node} back to {HOST_BUDGET} ({rec})")
+        self.check(
+            "host memory full: no reclaim refused for the budget (the disk tier takes the state)",
+            rec["refused_fallbacks"]["host_memory_budget"] == 0,
+            json.dumps(rec),
+        )
 
     def _trainer_running(self) -> tuple[str, str] | None:
         """(node, pod UID) of the trainer's worker when it runs un-suspended on a prepared claim."""
@@ -1464,7 +1614,6 @@ class Soak:
         written. Expected: the driver does not evict (a ``SuspendFallbackCheckpointFailed`` Event
         and ``rose_suspend_fallbacks_total``: the refusal visible), the trainer keeps its pod and
         its state; once the directory has room and the budget is back, the system converges."""
-        import errno
 
         from rose_common import promtext
 
@@ -1480,14 +1629,7 @@ class Soak:
             where = self._trainer_running()
         node, uid = where
         filler = self.ckpt_dir / "filler"
-        with filler.open("wb") as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * (64 << 10))
-                    fh.flush()
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
+        fill_until_enospc(filler)
         st = os.statvfs(self.ckpt_dir)
         rec: dict[str, Any] = {"node": node, "pod_uid": uid, "free_bytes": st.f_bavail * st.f_frsize}
         held = 0.0
@@ -1497,10 +1639,18 @@ class Soak:
             )
         log_path = self.driver_root / f"{node}.log"
         since = log_path.stat().st_size if log_path.exists() else 0
-        self._set_budget(node, str(int(held)))
+        # every tier of the node full (DRAM and disk: budgets of 1 B, what they hold stays), so the
+        # trainer's suspend finds no room and asks for the checkpoint that cannot be written. An
+        # occupant of that node with no checkpoint channel reclaimed now is evicted by design
+        # (counted apart). A DRAM budget of "what it holds" (``held``, read from the driver's metric
+        # just before its restart) was not full: a 64 GiB suspend finishing around the read, or the
+        # restarted driver's ledger not yet charged again, left room (T7 run g5; groupwait run g2).
+        rec["held_bytes"] = int(held)
+        self.tiers_full_open[node] = time.time()
+        self._set_budget(node, DRAM_FULL, DISK_FULL)
         self.note(
             f"fault: checkpoint directory of trainer full ({rec['free_bytes']} B free) for "
-            f"{self.p.ckpt_full_s:g}s; host-memory budget of {node} full; reclaim of its GPU forced"
+            f"{self.p.ckpt_full_s:g}s; host-memory budget and disk tier of {node} full; reclaim of its GPU forced"
         )
         self.ckpt_full.append(rec)
         end = time.monotonic() + self.p.ckpt_full_s
@@ -1519,7 +1669,10 @@ class Soak:
         filler.unlink()
         self._end_bursts()
         self._set_budget(node, HOST_BUDGET)
-        self.note(f"checkpoint directory has room again, budget of {node} back to {HOST_BUDGET} ({rec})")
+        self.tiers_full.append((node, self.tiers_full_open.pop(node), time.time()))
+        self.note(
+            f"checkpoint directory has room again, budgets of {node} back to {HOST_BUDGET} / {SPILL_BUDGET} ({rec})"
+        )
         self.check(
             "checkpoint dir full: the trainer keeps its worker (no eviction without a checkpoint)",
             rec["trainer_pod_kept"],
@@ -1782,6 +1935,17 @@ class Soak:
                 total += promtext.value("\n".join(drv.metrics()), name, labels or {}, default=0.0)
         return total
 
+    def _disk_tier_figures(self) -> dict[str, Any]:
+        """Spills to disk (the drivers' logs), state per tier now, evictions the faults made inevitable."""
+        return {
+            "spills_to_disk": self.spills_to_disk,
+            "state_bytes_by_tier": {
+                t: self._metric_sum("rose_driver_host_state_bytes", {"tier": t}) for t in ("dram", "disk")
+            },
+            "evicted_while_every_tier_full_by_the_fault": len(self.evicted_by_fault),
+            "evicted_while_every_tier_full": self.evicted_by_fault,
+        }
+
     def _finish(self) -> dict[str, Any]:
         exact: dict[str, Any] = {}
         if self.trainer is not None:
@@ -1855,6 +2019,7 @@ class Soak:
             "checks": self.fig.checks,
             "prepare_errors": prepare_error_summary(self.fig.prepare_errors),
             "host_memory_full": self.host_full,
+            "disk_tier": self._disk_tier_figures(),
             "checkpoint_dir_full": self.ckpt_full,
             "timeslice": self._timeslice_figures() if self.p.timeslice else None,
             "api_errors": self.api_errors,
@@ -2007,6 +2172,12 @@ def summary(r: dict[str, Any]) -> str:
             f"RL useful GPU-hours {rl['useful_gpu_hours']}; trainer {rl['trainer']}; "
             f"suspendCount by job {rl['suspend_count_by_job']}"
         )
+        if "disk_tier" in r:
+            d = r["disk_tier"]
+            lines.append(
+                f"disk tier: {d['spills_to_disk']} spills to disk; evicted while every tier was full by the fault: "
+                f"{d['evicted_while_every_tier_full_by_the_fault']}"
+            )
         lines.append(f"checks: {r['checks']}")
     return "\n".join(lines)
 

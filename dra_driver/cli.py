@@ -132,6 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
     )
     add(
+        "simulated-host-dir",
+        "simulated suspend backend with a disk tier: directory of its real bytes (device memory and "
+        "DRAM copy per workload); '' = a /dev/shm folder per node",
+        type=absolute_dir,
+        default="",
+    )
+    add(
+        "simulated-host-copy-bytes",
+        "simulated suspend backend with a disk tier: real bytes kept per workload (its device memory, "
+        "DRAM copy and spill file), while the budgets are charged its full state size; 0 = the state size",
+        type=byte_size,
+        default=0,
+    )
+    add(
         "agent-socket",
         "run the node agent, its control socket in this path's directory; workload pods get one socket"
         " per lent claim under <plugin-dir>/claims through the claim's CDI spec; empty: no agent",
@@ -279,6 +293,8 @@ def build_engine(
     return factory(
         cfg,
         simulated_host_link_bytes_per_second=gbps * 1e9,
+        simulated_host_dir=str(args.simulated_host_dir),
+        simulated_host_copy_bytes=int(args.simulated_host_copy_bytes),
         events=NotifierEventSink(notifier, claim_pods=claim_pods),
         evictor=evictor,
         metrics_registry=registry,

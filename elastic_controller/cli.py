@@ -166,6 +166,8 @@ def serve(args: argparse.Namespace, r: runner.Runner) -> int:
     ctl.device_memory = inventory.device_memory
     ctl.share_memory = inventory.smallest_device_memory
     ctl.taint_rules, ctl.lendable_devices = kube.KubeTaintRules(raw), inventory.lendable_devices
+    ctl.serving_held, ctl.lent_gpus = inventory.serving_held, inventory.lent_gpus
+    ctl.claims = kube.ClaimAllocations(raw).get
     restart = lambda kind: metrics.watch_restarts.labels(kind).inc()  # noqa: E731
     listed = Listed(("ElasticRLJobs", "Pods"))  # readiness: both listed once
     jobs = FunctionHandler(ctl.on_job_event, listed.wrap("ElasticRLJobs", ctl.on_job_list))

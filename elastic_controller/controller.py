@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -56,6 +56,7 @@ from elastic_controller.metrics import PHASES, ControllerMetrics
 from elastic_controller.observe import (
     EVICTED,
     ObservedWorker,
+    ServingBlock,
     class_priority,
     observe,
     planner_job,
@@ -63,7 +64,9 @@ from elastic_controller.observe import (
     role_planner_jobs,
     role_world_updates,
     schedule_retries,
+    serving_blocks,
     to_planner,
+    with_serving,
     workload_report,
 )
 from elastic_controller.planner import (
@@ -136,6 +139,9 @@ class ControllerSettings:
     taint_lead_s: float = 60.0
     # a worker pod Unschedulable this long is nudged back into kube-scheduler's queue (observe.schedule_retries)
     schedule_retry_s: float = 15.0
+    # a worker of its own claim blocked by serving this long (and that never ran) is replaced
+    # (observe.with_serving): the driver republishes its prepared GPUs every 5 s
+    blocked_grace_s: float = 15.0
 
     def __post_init__(self) -> None:
         if self.plan_interval_s <= 0:
@@ -263,6 +269,12 @@ class Controller:
         self.taint_rules: TaintRuleApi | None = None
         self.lendable_devices: Callable[[], dict[str, list[tuple[str, str]]]] = dict  # kube.InventoryStore's
         self._tainted: dict[str, bool] = {}  # pool → tainted, as last decided (log and metric on change)
+        # what serving blocks (observe.serving_blocks): the API server's slices, claims and node facts
+        self.serving_held: Callable[[], frozenset[tuple[str, str]]] = frozenset  # kube.InventoryStore's
+        self.lent_gpus: Callable[[str], frozenset[int] | None] = lambda node: None  # kube.InventoryStore's
+        self.claims: Callable[[str, str], tuple[tuple[str, str], ...] | None] | None = None  # ClaimAllocations.get
+        self._blocked: dict[str, ServingBlock] = {}  # pod UID → where serving holds its claim's GPU, since when
+        self._replaced: dict[str, None] = {}  # UIDs of blocked workers deleted (counted once), oldest first
         metrics.leader.set(1 if self.is_leader else 0)
         metrics.queue_depth.set_function(lambda: len(self.queue))
         metrics.queue_idle.set_function(lambda: 1 if self.queue.idle() else 0)
@@ -357,7 +369,46 @@ class Controller:
             return self._observed_locked(key)
 
     def _observed_locked(self, key: str) -> list[ObservedWorker]:
-        return [w for w in self._workers.get(key, {}).values() if w is not None]
+        out = [w for w in self._workers.get(key, {}).values() if w is not None]
+        if not self._blocked or not out:
+            return out
+        grouped = objects.spec(self._jobs.get(key) or {}).get("timesliceGroup") is not None
+        return with_serving(out, self._blocked, grouped, self._clock().timestamp(), self.settings.blocked_grace_s)
+
+    def observe_serving(self) -> None:
+        """Which workers serving blocks (``observe.serving_blocks``): only workers on a node where
+        a lendable device is tainted ``rose.io/serving-holds`` have their claim read (cached), so a
+        cluster where serving holds no lent GPU costs no request. A worker blocked since an earlier
+        round keeps its first time (the grace of :func:`with_serving`)."""
+        held = self.serving_held()
+        nodes = {pool for pool, _ in held}
+        now = self._clock().timestamp()
+        with self._lock:
+            workers = [
+                (key, w)
+                for key, ws in self._workers.items()
+                for w in ws.values()
+                if w is not None and w.node in nodes and w.claim and not w.lost
+            ]
+            before = dict(self._blocked)
+        found: dict[str, ServingBlock] = {}
+        for key, w in workers:
+            try:
+                allocation = self.claims(key.partition("/")[0], str(w.claim)) if self.claims is not None else None
+            except Exception as e:  # judged again next round; a known block stays meanwhile
+                log.warning("claim allocation not read", extra={"job": key, "claim": w.claim, "err": repr(e)})
+                if w.uid in before:
+                    found[w.uid] = before[w.uid]
+                continue
+            b = serving_blocks(w, allocation, held, self.lent_gpus(str(w.node)))
+            if b is None:
+                continue
+            found[w.uid] = replace(b, since=before[w.uid].since if w.uid in before else now)
+            if w.uid not in before:
+                log.info("worker blocked by serving", extra={"job": key, "pod": w.name, "where": b.where})
+        self.metrics.serving_held.set(len(found))
+        with self._lock:
+            self._blocked = found
 
     def _take_target(self, key: str, observed: list[ObservedWorker]) -> JobTarget | None:
         """The planner's pending target for the job, if it was planned for the workers observed now.
@@ -428,6 +479,7 @@ class Controller:
         if any(f.conflict for f in failures):
             self._on_status_conflict(key, job, target, observed)
             return
+        self._count_replaced(key, observed, failures)
         failures += self._write_world(job, observed) + self._retry_unschedulable(job, observed)
         self._expect_changes(key, d)
         self.metrics.reconcile_latency.observe(time.monotonic() - start)
@@ -445,6 +497,18 @@ class Controller:
             return
         self.metrics.reconciles.labels("ok").inc()
         self.queue.forget(key)
+
+    def _count_replaced(self, key: str, observed: list[ObservedWorker], failures: list[Failure]) -> None:
+        """``rose_controller_blocked_workers_replaced_total``: workers serving blocked before they
+        ran, whose delete went through (the planner adds them back)."""
+        failed = {f.target for f in failures if f.action == "delete_pod"}
+        for w in observed:
+            if w.replace_blocked and not w.deleting and w.name not in failed and w.uid not in self._replaced:
+                self._replaced[w.uid] = None
+                while len(self._replaced) > 1024:  # the oldest first: a deleted pod's UID never comes back
+                    del self._replaced[next(iter(self._replaced))]
+                self.metrics.blocked_replaced.inc()
+                log.info("blocked worker replaced", extra={"job": key, "pod": w.name, "where": w.serving_held})
 
     def _on_status_conflict(
         self, key: str, job: ElasticRLJob, target: JobTarget | None, observed: list[ObservedWorker]
@@ -597,7 +661,7 @@ class Controller:
         t = now.timestamp()
         with self._lock:
             jobs = dict(self._jobs)
-            observed_by_job = {k: [w for w in v.values() if w is not None] for k, v in self._workers.items()}
+            observed_by_job = {k: self._observed_locked(k) for k in self._workers}
             mono = time.monotonic()
             waiting = {k for k, e in self._expect.items() if e.deadline > mono}
         pj, workers = [], []
@@ -632,6 +696,7 @@ class Controller:
     def plan_once(self) -> Plan | None:
         if not self.is_leader:
             return None
+        self.observe_serving()
         with self._lock:  # taken before the snapshot the plan reads: see _take_target
             basis = {k: _uids(self._observed_locked(k)) for k in self._workers}
         inp, waiting = self.plan_input(self._clock())

@@ -100,6 +100,18 @@ def _requests(
     return sets, clears
 
 
+EVENT_BLOCKED_REPLACED = "BlockedWorkerReplaced"
+
+
+def _replaced(w: ObservedWorker) -> EventSpec:
+    """A worker serving blocked before it ever ran, deleted to be recreated on a free GPU."""
+    message = (
+        f"{w.name}: {w.serving_held}; it never ran (its claim was never prepared, the driver wrote no "
+        "suspend state and the workload reported nothing): deleted, recreated on a GPU serving does not hold"
+    )
+    return EventSpec(EVENT_BLOCKED_REPLACED, message, "Warning")
+
+
 def _left_to_orchestrator(job: ElasticRLJob, target: JobTarget) -> tuple[EventSpec, ...]:
     n = len(target.suspend) + len(target.resume)
     if owns_suspend_requests(job) or n == 0:
@@ -124,6 +136,7 @@ def desired(
     status, grouped = reflect(job, status, lease, now)
     transitions = [*transitions, *grouped]
     lost = tuple(PodRef(w.name, w.uid) for w in observed if w.lost and not w.deleting)
+    transitions += [_replaced(w) for w in observed if w.replace_blocked and not w.deleting]
     if job.spec.roles is not None:
         return _desired_roles(job, observed, target, now, status, tuple(transitions), lost)
     template = claim_template(job) if job.spec.timeslice_group is None else None

@@ -27,6 +27,7 @@ import datetime as dt
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import quote
@@ -291,26 +292,34 @@ class InventoryStore:
         self._sums: dict[str, int] | None = None  # None: changed since the last sum
         self._memory: dict[str, int] = {}  # slice name → its largest lendable device's memory (bytes)
         self._devices: dict[str, tuple[str, tuple[str, ...]]] = {}  # slice name → (node, lendable device names)
+        self._held: dict[str, frozenset[tuple[str, str]]] = {}  # slice name → its serving-held (pool, device)
+        self._lent: dict[str, frozenset[int] | None] = {}  # node name → GPUs with a lent claim prepared
 
     def _put(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "Node":
             self._pool_of[objects.name(obj)] = objects.labels(obj).get(names.LABEL_POOL, "")
+            self._lent[objects.name(obj)] = pools.lent_gpus(obj)
         elif (entry := pools.lendable_on(obj)) is not None:
             self._slices[objects.name(obj)] = entry
             self._memory[objects.name(obj)] = pools.lendable_memory(obj)
             self._devices[objects.name(obj)] = pools.lendable_devices(obj) or ("", ())
+            self._held[objects.name(obj)] = pools.serving_held(obj)
         else:
-            self._slices.pop(objects.name(obj), None)
-            self._memory.pop(objects.name(obj), None)
-            self._devices.pop(objects.name(obj), None)
+            self._drop_slice(objects.name(obj))
+
+    def _drop_slice(self, name: str) -> None:
+        for d in (self._slices, self._memory, self._devices, self._held):
+            d.pop(name, None)
 
     def handler(self, kind: str) -> FunctionHandler:
         def on_list(items: list[dict[str, Any]]) -> None:
             with self._lock:
-                (self._pool_of if kind == "Node" else self._slices).clear()
-                if kind != "Node":
-                    self._memory.clear()
-                    self._devices.clear()
+                if kind == "Node":
+                    self._pool_of.clear()
+                    self._lent.clear()
+                else:
+                    for d in (self._slices, self._memory, self._devices, self._held):
+                        d.clear()
                 for o in items:
                     self._put(kind, o)
                 self._synced.add(kind)
@@ -318,11 +327,11 @@ class InventoryStore:
 
         def on_event(event_type: str, obj: dict[str, Any]) -> None:
             with self._lock:
-                if event_type == "DELETED":
-                    (self._pool_of if kind == "Node" else self._slices).pop(objects.name(obj), None)
-                    if kind != "Node":
-                        self._memory.pop(objects.name(obj), None)
-                        self._devices.pop(objects.name(obj), None)
+                if event_type == "DELETED" and kind == "Node":
+                    self._pool_of.pop(objects.name(obj), None)
+                    self._lent.pop(objects.name(obj), None)
+                elif event_type == "DELETED":
+                    self._drop_slice(objects.name(obj))
                 else:
                     self._put(kind, obj)
                 self._sums = None
@@ -348,6 +357,16 @@ class InventoryStore:
                 if pool:
                     out.setdefault(pool, []).extend((node, d) for d in devs)
             return out
+
+    def serving_held(self) -> frozenset[tuple[str, str]]:
+        """Every lendable ``(pool, device)`` the driver's slices mark ``rose.io/serving-holds``."""
+        with self._lock:
+            return frozenset().union(*self._held.values())
+
+    def lent_gpus(self, node: str) -> frozenset[int] | None:
+        """The GPUs of ``node`` with a lent claim prepared, as its driver publishes them; None: unknown."""
+        with self._lock:
+            return self._lent.get(node)
 
     def device_memory(self) -> int | None:
         """The most memory one lendable GPU of the cluster has (bytes), from the driver's slices;
@@ -380,6 +399,37 @@ def inventory_informers(
         Informer(raw, nodes, store.handler("Node"), on_restart, stop),
         Informer(raw, slices, store.handler("ResourceSlice"), on_restart, stop),
     ]
+
+
+class ClaimAllocations:
+    """The devices each lent claim is allocated (``(pool, device)`` of ``status.allocation``),
+    read with one GET per claim and kept ``ttl_s`` (an allocation does not change while the claim
+    is reserved; a shared claim deallocated and allocated again shows after the TTL). Read only
+    for workers on a node where serving holds a lendable device, so a quiet cluster reads none."""
+
+    def __init__(self, raw: Raw, ttl_s: float = 30.0, clock: Callable[[], float] | None = None) -> None:
+        self.raw = raw
+        self.ttl_s = ttl_s
+        self._clock = clock or time.monotonic
+        self._cache: dict[tuple[str, str], tuple[float, tuple[tuple[str, str], ...] | None]] = {}
+
+    def get(self, namespace: str, name: str) -> tuple[tuple[str, str], ...] | None:
+        """None: not found or not allocated (yet)."""
+        now = self._clock()
+        hit = self._cache.get((namespace, name))
+        if hit is not None and now - hit[0] < self.ttl_s and hit[1] is not None:
+            return hit[1]
+        try:
+            claim = self.raw.json("GET", f"{RCT_API}/namespaces/{_q(namespace)}/resourceclaims/{_q(name)}")
+        except NotFound:
+            claim = {}
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        out = tuple((str(r.get("pool", "")), str(r.get("device", ""))) for r in results) or None
+        self._cache[(namespace, name)] = (now, out)
+        if len(self._cache) > 4096:  # claims of deleted workers: forget the oldest half
+            for key in sorted(self._cache, key=lambda k: self._cache[k][0])[:2048]:
+                del self._cache[key]
+        return out
 
 
 # ---------------------------------------------------------------------- leader election

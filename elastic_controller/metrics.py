@@ -55,6 +55,7 @@ class ControllerMetrics:
                                         "Status writes the API server refused (409): computed from a job that had "
                                         "changed since; the reconcile stopped and runs again from a fresh view.",
                                         registry=r)  # fmt: skip
+        self._serving_metrics(r)
         self.stale_targets = Counter("rose_controller_stale_targets_total", "Planner targets dropped unapplied: the "
                                      "job's workers changed after the plan's snapshot.", registry=r)  # fmt: skip
         self.forecast_fetch = Counter("rose_controller_forecast_fetch_total", "Forecast fetches by backend and result.",
@@ -101,6 +102,15 @@ class ControllerMetrics:
         for kind in INFORMER_KINDS:
             self.watch_restarts.labels(kind)
         self._backend = forecast_backend
+
+    def _serving_metrics(self, r: CollectorRegistry) -> None:
+        """Workers serving blocks (``observe.serving_blocks``, soak T2's remainder)."""
+        self.blocked_replaced = Counter("rose_controller_blocked_workers_replaced_total",
+                                        "Workers deleted to be recreated elsewhere: their own lent claim was allocated "
+                                        "on a GPU serving holds and they never ran there.", registry=r)  # fmt: skip
+        self.serving_held = Gauge("rose_controller_serving_held_workers",
+                                  "Workers whose lent claim is allocated on a GPU serving holds, never prepared "
+                                  "there (a time-slice group's wait; others are replaced).", registry=r)  # fmt: skip
 
     def on_forecast(self, forecast: Forecast) -> Forecast:
         """Count what a fetched forecast is read as (``risk``: the window bounds at ``--risk``)."""

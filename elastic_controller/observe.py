@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from elastic_controller.planner import Job, Worker, WorkerState, role_key
-from elastic_controller.workers import CONTROLLER, dedicated, worker_role_index
+from elastic_controller.workers import CLAIM_NAME, CONTROLLER, dedicated, worker_role_index
 from rose_common import names, slices
 from rose_common.elasticrljob import DEVICE_MEMORY_MAX_BYTES as DEVICE_MEMORY_MAX
 from rose_common.elasticrljob import MAX_GPUS_PER_WORKER, ElasticRLJob, ElasticRLJobSpec, Role
@@ -66,11 +66,36 @@ class ObservedWorker:
     role: Role | None = None  # "trainer" / "rollout" (a job with spec.roles, from the name), else None
     unschedulable_since: str | None = None  # PodScheduled=False, reason Unschedulable: its lastTransitionTime
     schedule_retry: str | None = None  # rose.io/schedule-retry: when the controller last nudged the scheduler
+    claim: str | None = None  # the name of its lent ResourceClaim (a template's generated claim, or a shared one)
+    fenced: bool = False  # carries rose.io/fencing-token: a time-slice hand-over involved it
+    # set by the controller from the API server (serving_blocks): where serving holds its claim's GPU
+    serving_held: str = ""
+    replace_blocked: bool = False  # serving holds its claim's GPU and it never ran: delete, recreate elsewhere
 
     @property
     def lost(self) -> bool:
-        """Gone for good: finished, failed, being deleted, or evicted to its checkpoint."""
-        return self.deleting or self.phase in ("Failed", "Succeeded") or self.suspend_state == EVICTED
+        """Gone for good: finished, failed, being deleted, evicted to its checkpoint, or blocked by
+        serving before it ever ran (:func:`with_serving`: recreated elsewhere)."""
+        return (
+            self.deleting
+            or self.phase in ("Failed", "Succeeded")
+            or self.suspend_state == EVICTED
+            or self.replace_blocked
+        )
+
+    @property
+    def ran(self) -> bool:
+        """Whether the pod shows that its workload ran on its claim: the driver wrote its
+        ``rose.io/suspend-state`` (it does so only for a prepared occupant), the workload reported
+        through the driver's node agent, or a time-slice hand-over fenced it. A worker with none of
+        these may still be judged blocked only while its claim is not prepared (:func:`serving_blocks`)."""
+        return bool(
+            self.suspend_state
+            or self.workload_phase
+            or self.reported_state_bytes is not None
+            or self.seconds_to_safe_point is not None
+            or self.fenced
+        )
 
     @property
     def ours(self) -> bool:
@@ -334,7 +359,85 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
         role=role,
         unschedulable_since=_unschedulable_since(pod),
         schedule_retry=ann.get(names.ANNOTATION_SCHEDULE_RETRY),
+        claim=lent_claim(pod),
+        fenced=names.ANNOTATION_FENCING_TOKEN in ann,
     )
+
+
+def lent_claim(pod: dict[str, Any]) -> str | None:
+    """The name of the worker's lent ResourceClaim: the shared claim it names, or the claim the
+    API server generated from its template (``status.resourceClaimStatuses``); None before that."""
+    for rc in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if rc.get("name") == CLAIM_NAME and rc.get("resourceClaimName"):
+            return str(rc["resourceClaimName"])
+    for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if st.get("name") == CLAIM_NAME and st.get("resourceClaimName"):
+            return str(st["resourceClaimName"])
+    return None
+
+
+Device = tuple[str, str]  # (the driver's pool: its node, device name) as a claim's allocation names it
+
+
+@dataclass(frozen=True)
+class ServingBlock:
+    """Serving holds the GPU a worker's lent claim is allocated on (:func:`serving_blocks`)."""
+
+    where: str  # the claim, device and node, for the Events and the condition
+    prepared: bool  # the claim is prepared there (it ran; the driver suspends it for serving), or unknown
+    since: float = 0.0  # when the controller first saw it (epoch seconds)
+
+
+def serving_blocks(
+    w: ObservedWorker,
+    allocation: tuple[Device, ...] | None,
+    held: frozenset[Device],
+    lent_gpus: frozenset[int] | None,
+) -> ServingBlock | None:
+    """Whether serving holds the GPU of the worker's claim (pure): the claim is allocated
+    (``allocation``, from its ``status.allocation``) on a device whose ResourceSlice entry carries
+    the ``rose.io/serving-holds`` taint (``held``: the driver publishes it from serving's allocation
+    on, and only the driver writes its slices). Such a worker holds no lendable GPU until serving
+    leaves, whatever its pod says. ``prepared``: the GPU is among the node's prepared lent GPUs the
+    driver publishes (``rose.io/lent-gpus``, ``lent_gpus``; None: the node publishes none, counted
+    as prepared so nothing is judged never-run): a claim prepared before serving came is suspended
+    by the driver inside serving's prepare; one never prepared is refused at prepare for as long as
+    serving stays (``LentPrepareRefused``)."""
+    if w.lost or not w.node or allocation is None:
+        return None
+    for pool, device in allocation:
+        if (pool, device) not in held or pool != w.node:
+            continue
+        try:
+            index = slices.parse_device_name(device)[0]
+        except ValueError:
+            continue
+        prepared = lent_gpus is None or index in lent_gpus
+        state = "prepared there: suspended for serving" if prepared else "never prepared there"
+        return ServingBlock(f"claim {w.claim} on {device} of {pool}, held by serving ({state})", prepared)
+    return None
+
+
+def with_serving(
+    observed: list[ObservedWorker], blocked: dict[str, ServingBlock], grouped: bool, now: float, grace_s: float
+) -> list[ObservedWorker]:
+    """The workers with what serving blocks (pure; ``blocked``: pod UID → its block, ``since`` the
+    first time it was seen). Each such worker waits (``serving_held``: the planner's ``waiting``,
+    the status's suspended). One of its own claim (not ``grouped``: a time-slice group's shared
+    claim would go from every member, with the suspended members' state) whose claim was never
+    prepared there, that never ran (:attr:`ObservedWorker.ran`), blocked for ``grace_s`` (the driver
+    republishes its prepared GPUs every few seconds: a claim prepared just before serving came may
+    not show yet) is replaced (``replace_blocked``: deleted by UID, recreated, and the scheduler's
+    DRA filter skips the tainted device); one that ran is never deleted."""
+    out = []
+    for w in observed:
+        b = blocked.get(w.uid)
+        if b is None:
+            out.append(w)
+            continue
+        replace_it = not grouped and not b.prepared and not w.ran and now - b.since >= grace_s
+        out.append(replace(w, serving_held=b.where, replace_blocked=replace_it))
+    return out
 
 
 def _unschedulable_since(pod: dict[str, Any]) -> str | None:
@@ -381,7 +484,7 @@ def _int(raw: str | None) -> int | None:
 
 
 def planner_state(w: ObservedWorker) -> WorkerState:
-    if w.suspend_state == SUSPENDED:
+    if w.suspend_state == SUSPENDED or w.serving_held:  # serving holds its GPU: it runs nowhere
         return "suspended"
     if w.request_by is not None or w.suspend_state == SUSPENDING:
         return "suspending"
@@ -400,6 +503,8 @@ def holding_state(w: ObservedWorker) -> WorkerState:
     ``Suspended`` cannot make the planner lend that GPU twice or skip its reclaim. The price is
     conservative: a worker the driver suspended for a serving pod (no request) counts as lent
     until the serving pod leaves, so the planner may give back one GPU more than needed."""
+    if w.serving_held:  # from the API server's slices, claims and node facts: not the pod's to forge
+        return "waiting"
     state = planner_state(w)
     if w.request_by is None and state in ("suspended", "suspending"):
         return "active" if w.phase == "Running" else "pending"

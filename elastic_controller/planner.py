@@ -28,6 +28,11 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   suspended worker is never removed to grow elsewhere: active + suspended stay within ``maxGPUs``,
   and a suspended worker waits for room in its own pool (its pod holds its state).
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
+- **Waiting for serving** (soak T2's remainder). A worker in state ``waiting`` (a time-slice group's
+  shared claim allocated on a GPU serving now holds, never prepared there: the driver refuses it
+  until serving leaves, and moving the claim would lose the suspended members' state) holds no
+  GPU and is not resumed; it counts against ``maxGPUs`` like a suspended worker, and its job is
+  not grown meanwhile (``JobTarget.waiting`` names it). It holds again once serving leaves.
 - **GPU shares** (issue 27 §3; ``Job.share``): a job whose workers each hold a fraction of one GPU.
   Its ``min_gpus``/``max_gpus`` count the workers' shares as fractions (min 1 with shares of 0.25:
   four workers). A pool's lent GPUs are the whole ones plus ``⌈Σ share fractions⌉`` (shares assumed
@@ -55,7 +60,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-WorkerState = Literal["active", "pending", "resuming", "suspending", "suspended"]
+# "waiting": its lent claim is allocated on a GPU serving holds and it never ran there (a time-slice
+# group's shared claim): it holds no GPU, cannot be resumed until serving leaves, and its job grows no more
+WorkerState = Literal["active", "pending", "resuming", "suspending", "suspended", "waiting"]
 HOLDING: frozenset[str] = frozenset({"active", "pending", "resuming"})  # states that hold a GPU
 ROLE_SEP = "#"  # a role's planner key: <namespace>/<name>#<role>
 ROLE_TRAINER = "trainer"
@@ -209,6 +216,7 @@ class JobTarget:
     reasons: tuple[str, ...] = ()  # one Event message per decision
     add_roles: tuple[str, ...] = ()  # a job with roles (merge_roles): the role of each new worker in ``add``
     role_workers: tuple[tuple[str, int], ...] = ()  # a job with roles: (role, workers the plan holds)
+    waiting: tuple[str, ...] = ()  # workers waiting for serving to leave their GPU (neither active nor resumed)
     active_share: float = 0.0  # a job of GPU shares: the fraction of GPUs its workers hold (active_gpus is 0)
     share: float = 0.0  # a job of GPU shares: the fraction of one GPU each worker holds (Job.share)
 
@@ -240,6 +248,7 @@ class _JobBook:
     job: Job
     holding: list[Worker]
     parked: list[Worker]  # suspended or suspending: resumable
+    waiting: list[Worker] = field(default_factory=list)  # serving holds their claim's GPU: not resumable
     suspend: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
     remove: list[str] = field(default_factory=list)
@@ -265,6 +274,7 @@ class _JobBook:
             tuple(self.remove),
             tuple(self.add),
             tuple(self.reasons),
+            waiting=tuple(w.name for w in self.waiting),
             active_share=share,
             share=self.job.share,
         )
@@ -286,7 +296,8 @@ class _Book:
             by_job.setdefault(w.job, []).append(w)
         for job in sorted(inp.jobs, key=lambda j: j.key):
             mine = sorted(by_job.get(job.key, ()), key=lambda w: w.name)
-            b = self.jobs[job.key] = _JobBook(job, [], [w for w in mine if w.state not in HOLDING])
+            parked = [w for w in mine if w.state not in HOLDING and w.state != "waiting"]
+            b = self.jobs[job.key] = _JobBook(job, [], parked, [w for w in mine if w.state == "waiting"])
             for w in mine:
                 if w.state in HOLDING:
                     self.hold(b, w)
@@ -488,7 +499,7 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
     rooms = sorted(((_room(book, b, p), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
     if not rooms or rooms[0][0] < gpw:
         return False
-    if round(b.active + gpw * (len(b.parked) + 1), 9) > b.job.max_gpus:
+    if round(b.active + gpw * (len(b.parked) + len(b.waiting) + 1), 9) > b.job.max_gpus:
         # A parked worker waits for room in its own pool: never removed to grow elsewhere (its pod
         # holds its suspended state; deleting it would lose RL work, ARCHITECTURE §6).
         return False
@@ -549,8 +560,10 @@ def _orphans(book: _Book) -> None:
 
 
 def _may_grow(b: _JobBook, now: float, dwell_s: float) -> bool:
+    """Not after a shrink this round or within the dwell; never while a worker waits for serving (a
+    time-slice group's shared claim on a GPU serving holds: the group gets no more GPUs meanwhile)."""
     last = b.job.last_shrink_at
-    return not b.shrunk and (last is None or now - last >= dwell_s)
+    return not b.shrunk and not b.waiting and (last is None or now - last >= dwell_s)
 
 
 def plan(inp: PlanInput) -> Plan:
@@ -594,6 +607,7 @@ def merge_roles(targets: dict[str, JobTarget], jobs: tuple[Job, ...]) -> dict[st
             m.reasons + t.reasons,
             m.add_roles + (job.role,) * len(t.add),
             (*m.role_workers, (job.role, t.active_gpus // job.gpus_per_worker)),
+            waiting=m.waiting + t.waiting,
         )
     return out
 

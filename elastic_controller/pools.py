@@ -71,6 +71,35 @@ def lendable_memory(sl: Mapping[str, Any]) -> int:
     return best
 
 
+def serving_held(sl: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
+    """``(pool, device)`` of each lendable device of the ROSE driver's slice ``sl`` that carries the
+    driver's ``rose.io/serving-holds`` taint (serving's claim is allocated on its GPU); empty for
+    another driver's slice. The pool is the slice's ``spec.pool.name``, as a claim's allocation names it."""
+    spec = objects.spec(sl)
+    if spec.get("driver") != names.DRIVER_NAME:
+        return frozenset()
+    pool = str((spec.get("pool") or {}).get("name") or spec.get("nodeName") or "")
+    return frozenset(
+        (pool, str(d.get("name", "")))
+        for d in spec.get("devices") or []
+        if _role(d) == names.ROLE_LENDABLE
+        and any(t.get("key") == names.TAINT_SERVING_HOLDS for t in d.get("taints") or [] if isinstance(t, Mapping))
+    )
+
+
+def lent_gpus(node: Mapping[str, Any]) -> frozenset[int] | None:
+    """The GPU indexes with a lent claim prepared on ``node``, as its driver publishes them
+    (``rose.io/lent-gpus``); None when the node carries no such annotation (no driver facts) or
+    it is unreadable: nothing can be judged unprepared there."""
+    raw = objects.annotations(node).get(names.ANNOTATION_LENT)
+    if raw is None:
+        return None
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        return None
+    return frozenset(int(p) for p in parts)
+
+
 def sum_capacities(pool_of: Mapping[str, str], per_slice: Iterable[tuple[str, int]]) -> dict[str, int]:
     """Physical GPUs per pool from each node's pool and each slice's ``(node, lendable devices)``."""
     out: Counter[str] = Counter({p: 0 for p in pool_of.values() if p})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from elastic_controller.observe import ObservedWorker, planner_state, workload_report
 from elastic_controller.planner import JobTarget
@@ -152,7 +152,7 @@ def _conditions(
             )
         )
         if changed and (before is not None or true):
-            warn = kind == "Degraded" and true
+            warn = kind in ("Degraded", SERVING_HOLDS) and true
             events.append(EventSpec(kind if true else f"Not{kind}", message, "Warning" if warn else "Normal"))
     return out, events
 
@@ -185,6 +185,24 @@ def _was(prev: ElasticRLJobStatus, kind: ConditionType) -> Condition | None:
     return next((c for c in prev.conditions or [] if c.type == kind and c.status == "True"), None)
 
 
+SERVING_HOLDS: Final[ConditionType] = "ServingHoldsGPU"
+
+
+def _serving_holds(observed: list[ObservedWorker]) -> tuple[bool, str]:
+    """The ``ServingHoldsGPU`` condition (shown once it has been True): workers whose lent claim is
+    allocated on a GPU serving holds, never prepared there (``observe.serving_blocks``). A
+    time-slice group's waits for serving to leave; a worker of its own claim that never ran is
+    recreated elsewhere."""
+    held = [w for w in observed if w.serving_held and not w.deleting]
+    if not held:
+        return False, "no worker's claim is on a GPU serving holds"
+    parts = [
+        f"{w.name}: {w.serving_held}; {'recreated elsewhere' if w.replace_blocked else 'waits until serving leaves'}"
+        for w in sorted(held, key=lambda w: w.name)
+    ]
+    return True, "; ".join(parts)
+
+
 def compute_status(
     job: ElasticRLJob,
     observed: list[ObservedWorker],
@@ -206,12 +224,11 @@ def compute_status(
         active_gpus = suspended_gpus = target_gpus = 0
     phase = _phase(job, c, wanted, active)
     was_suspended = _was(prev, "Suspended")
-    conditions, events = _conditions(
-        prev.conditions or [],
-        _wanted(c, phase, wanted, active, shares.share if shares is not None else 0.0, was_suspended is not None),
-        job.generation,
-        now,
-    )
+    want = _wanted(c, phase, wanted, active, shares.share if shares is not None else 0.0, was_suspended is not None)
+    held = _serving_holds(observed)
+    if held[0] or any(x.type == SERVING_HOLDS for x in prev.conditions or []):
+        want[SERVING_HOLDS] = held
+    conditions, events = _conditions(prev.conditions or [], want, job.generation, now)
     is_suspended = any(x.type == "Suspended" and x.status == "True" for x in conditions)
     total = prev.total_suspended_seconds or 0.0
     if was_suspended is not None and not is_suspended and was_suspended.last_transition_time is not None:

@@ -22,7 +22,7 @@ ROLES: Final[tuple[Role, ...]] = ("trainer", "rollout")
 TrainerPlacement = Literal["Dedicated", "Lent"]
 RolloutReclaim = Literal["Remove", "Suspend"]
 Phase = Literal["Pending", "Running", "Scaling", "Suspending", "Suspended", "Resuming", "Failed", "Succeeded"]
-ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded", "Resident"]
+ConditionType = Literal["Ready", "Scaling", "Suspended", "Degraded", "Resident", "ServingHoldsGPU"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 DEVICE_MEMORY_MAX_BYTES: Final = 256 << 30  # the most memory one GPU has (MI325X 256 GiB; H200 141 GB)

@@ -30,6 +30,7 @@ def build_engine(
     metrics_registry: CollectorRegistry | None = None,
     verifier: CheckpointVerifier | None = None,
     simulated_host_dir: str = "",
+    simulated_host_copy_bytes: int = 0,
     pid_resolver: PidResolver = resolve_pid,
 ) -> NodeSuspendEngine:
     """Raises CudaCheckpointUnavailable when cuda-checkpoint is enabled but libcuda cannot serve it
@@ -37,6 +38,8 @@ def build_engine(
 
     With a spill directory the engine gets its disk tier, and the simulated backend real bytes
     (``SimulatedHostMemory`` under ``simulated_host_dir``; default a /dev/shm folder per node).
+    ``simulated_host_copy_bytes`` > 0: the simulated backend keeps at most that many real bytes per
+    workload (a soak's 64 GiB occupants without 64 GiB files; the budgets still charge the state size).
     ``pid_resolver``: how the cooperative backend finds a workload's process (a cooperative spill
     hands its file to that process's owner and checks its resident memory)."""
     spill = SpillStore(config.spill_dir, config.spill_budget_bytes) if config.spill_dir else None
@@ -45,7 +48,13 @@ def build_engine(
         if name == BACKEND_COOPERATIVE:
             backends[name] = CooperativeBackend(pid_resolver)
         elif name == BACKEND_SIMULATED:
-            host = SimulatedHostMemory(simulated_host_dir or _default_host_dir(config)) if spill else None
+            host = (
+                SimulatedHostMemory(
+                    simulated_host_dir or _default_host_dir(config), copy_bytes=simulated_host_copy_bytes
+                )
+                if spill
+                else None
+            )
             backends[name] = SimulatedBackend(simulated_host_link_bytes_per_second, host=host)
         elif name == BACKEND_CUDA_CHECKPOINT:
             backends[name] = _cuda_checkpoint(libcuda_path, libnvml_path)

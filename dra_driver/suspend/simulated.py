@@ -57,10 +57,16 @@ def _overwrite(p: Path, byte: int) -> None:
 class SimulatedHostMemory:
     """Real bytes for the simulated backend: device memory and its DRAM copy as files under
     ``root`` (use a tmpfs such as /dev/shm: it is memory, and it outlives a driver crash as a
-    workload's host memory would). Implements ``spill.HostCopy`` for the disk tier."""
+    workload's host memory would). Implements ``spill.HostCopy`` for the disk tier.
 
-    def __init__(self, root: Path | str) -> None:
+    ``copy_bytes`` > 0: the real bytes per workload are at most that (its state size is still what
+    the backend reports, so the budgets charge it): a soak of 64 GiB occupants on a small disk."""
+
+    def __init__(self, root: Path | str, copy_bytes: int = 0) -> None:
+        if copy_bytes < 0:
+            raise ValueError(f"simulated host copy bytes must be >= 0, got {copy_bytes}")
         self.root = Path(root)
+        self.copy_bytes = copy_bytes
         self.device_dir = self.root / "device"
         self.dram_dir = self.root / "dram"
         for d in (self.device_dir, self.dram_dir):
@@ -75,10 +81,13 @@ class SimulatedHostMemory:
         return self.dram_dir / key
 
     def ensure_device(self, key: str, nbytes: int) -> None:
-        """The occupant's device memory: random bytes of its state size unless it exists."""
+        """The occupant's device memory: random bytes of its state size (at most ``copy_bytes``
+        when set) unless it exists."""
         p = self.device(key)
         if p.exists():
             return
+        if self.copy_bytes:
+            nbytes = min(nbytes, self.copy_bytes)
         tmp = p.with_name(p.name + ".tmp")
         with open(tmp, "wb") as f:
             for off in range(0, nbytes, _COPY_CHUNK):

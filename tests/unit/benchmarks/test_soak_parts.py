@@ -20,6 +20,7 @@ from benchmarks.soak import (
     fault_plan,
     job_converged,
     prepare_error_summary,
+    tally_driver_log,
 )
 
 
@@ -124,3 +125,44 @@ def test_evictions_losing_state_are_those_without_a_verified_durable_checkpoint(
         "does not fit the host-memory budget"
     ]
     assert evictions_losing_state([kept, other]) == []
+
+
+# the lines a driver logged in the group soak of finding T7 (rose-node-2, checkpoint-dir-full window)
+_T7_EVICTION = (
+    '{"ts": "2026-12-02T05:27:33.068Z", "level": "info", "logger": "rose.driver.kube", "msg": "evicting lent '
+    'workload", "pod": "soak/elastic-a-w1", "reason": "cooperative suspend failed (failed): suspend refused: '
+    "68719476736 B of state does not fit the host-memory budget (137438953472 of 137438953472 B held); no "
+    "suspended state in DRAM can spill to the disk tier; fallback impossible: the workload has no SDK "
+    'checkpoint channel"}'
+)
+_SPILLED = (
+    '{"ts": "2026-12-02T05:20:01.000Z", "level": "info", "logger": "rose.suspend.events", "msg": "event", '
+    '"pod": "soak/elastic-a-w0", "reason": "SuspendedStateSpilled", "detail": "suspended state spilled"}'
+)
+_T7_AT = 1796189253.068  # 2026-12-02T05:27:33.068Z
+
+
+def test_an_eviction_is_the_faults_only_on_its_node_inside_its_every_tier_full_window() -> None:
+    inside = [("rose-node-2", _T7_AT - 10, _T7_AT + 10)]
+    t = tally_driver_log([_T7_EVICTION, _SPILLED, _SPILLED, "garbage SuspendedStateSpilled"], "rose-node-2", inside)
+    assert (t.lost, t.spills) == ([], 2)
+    assert t.by_fault == ["soak/elastic-a-w1: " + str(__import__("json").loads(_T7_EVICTION)["reason"])[:300]]
+    # outside the window, on another node, or with no window: the invariant breaks
+    for node, windows in (
+        ("rose-node-2", [("rose-node-2", _T7_AT + 1, _T7_AT + 10)]),
+        ("rose-node-1", inside),
+        ("rose-node-2", []),
+    ):
+        t = tally_driver_log([_T7_EVICTION], node, windows)
+        assert len(t.lost) == 1 and t.by_fault == [], (node, windows)
+
+
+def test_an_eviction_with_a_checkpoint_channel_or_not_for_room_is_never_the_faults() -> None:
+    inside = [("n", _T7_AT - 10, _T7_AT + 10)]
+    enforced = _T7_EVICTION.replace("does not fit the host-memory budget", "did not free the GPU in time")
+    channel = _T7_EVICTION.replace("fallback impossible", "durable checkpoint not confirmed")
+    no_ts = _T7_EVICTION.replace('"ts": "2026-12-02T05:27:33.068Z", ', "")
+    trainer = _T7_EVICTION.replace("soak/elastic-a-w1", "soak/trainer-w0")  # T4: it has a channel, not yet registered
+    for line in (enforced, channel, no_ts, trainer):
+        t = tally_driver_log([line], "n", inside)
+        assert len(t.lost) == 1 and t.by_fault == [], line

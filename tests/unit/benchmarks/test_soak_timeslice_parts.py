@@ -17,6 +17,7 @@ from benchmarks.soak import (
     group_holders,
     group_member_ready,
     registered_since,
+    serving_waiting,
     shared_claim_complete,
 )
 from rose_common import timeslice_lease as tl
@@ -89,6 +90,26 @@ def test_group_member_ready_follows_its_target_not_which_member_runs() -> None:
     assert group_member_ready(job(1, seen=1), [_w("Running")]) == "status at generation 1, spec at 2"
     assert group_member_ready(job(None), []) == "no target yet"
     assert group_member_ready(job(1), [_w("Running", node="")]) == "workers not bound: w0"
+
+
+def test_a_group_member_waiting_for_serving_is_outside_its_target() -> None:
+    """Soak T2's remainder: the controller plans a member whose shared claim serving blocks as
+    waiting (target 0) and names it in the ``ServingHoldsGPU`` condition."""
+
+    def job(status: str, message: str = "w0: claim ts-g-w0-gpus on gpu-0-lendable of n, held by serving") -> Any:
+        cond = {"type": "ServingHoldsGPU", "status": status, "message": message}
+        st = {"observedGeneration": 2, "targetGPUs": 0, "activeGPUs": 0, "conditions": [cond]}
+        return {"metadata": {"generation": 2}, "spec": {"gpusPerWorker": 1}, "status": st}
+
+    assert group_member_ready(job("True"), [_w("Running")]) == ""
+    assert group_member_ready(job("False"), [_w("Running")]) == "1 workers, target 0"  # serving left: not waiting
+    assert group_member_ready(job("True", "w1: ..."), [_w("Running")]) == "1 workers, target 0"  # another worker
+    assert group_member_ready(job("True"), [_w("Running"), _w("Running", name="w1")]) == (
+        "2 workers, target 0 (1 waiting for serving)"
+    )
+    # the group's convergence counts a waiting member as not placed (nothing can be granted on it)
+    assert serving_waiting(job("True"), [_w("Running"), _w("Running", name="w1")]) == ["w0"]
+    assert serving_waiting(job("False"), [_w("Running")]) == []
 
 
 def test_the_new_fault_kinds_are_known_and_kill_orchestrator_needs_the_group(tmp_path: Path) -> None:

@@ -339,3 +339,48 @@ def test_dram_full_of_unspillable_state_falls_back_saying_why(tmp_path: Path) ->
     assert eng.suspend_pod("pod-a", 30).state == "succeeded"
     rec = eng.suspend_pod("pod-b", 30)
     assert rec.fallback == "checkpoint-evict" and "no suspended state in DRAM can spill" in rec.message
+
+
+def test_simulated_host_copy_bytes_keeps_files_small_and_charges_the_state_size(tmp_path: Path) -> None:
+    """``--simulated-host-copy-bytes``: a soak's large simulated occupants spill without files of
+    their size; the DRAM and disk budgets still charge the whole state."""
+    from dra_driver import cli
+    from dra_driver.suspend.engine import EngineConfig
+    from dra_driver.suspend.events import RecordingEventSink
+    from dra_driver.suspend.factory import build_engine
+
+    a = cli.build_parser().parse_args(
+        [
+            "--node-name",
+            "n1",
+            "--gpu-backend",
+            "simulated",
+            "--simulated-host-dir",
+            str(tmp_path / "host"),
+            "--simulated-host-copy-bytes",
+            "1Mi",
+        ]
+    )
+    assert (a.simulated_host_dir, a.simulated_host_copy_bytes) == (str(tmp_path / "host"), MiB)
+    state = 64 * MiB
+    cfg = EngineConfig(
+        host_memory_budget_bytes=state,  # holds one state, not two
+        backends=("simulated",),
+        spill_dir=str(tmp_path / "spill"),
+        spill_budget_bytes=4 * state,
+    )
+    eng = build_engine(
+        cfg,
+        events=RecordingEventSink(),
+        simulated_host_dir=a.simulated_host_dir,
+        simulated_host_copy_bytes=a.simulated_host_copy_bytes,
+    )
+    for uid in ("pod-a", "pod-b"):
+        eng.register(reg(uid, state))
+        assert eng.suspend_pod(uid, 30).state == "succeeded"
+    assert eng.tier_of("pod-a") == "disk" and eng.tier_usage() == {"dram": (state, state), "disk": (4 * state, state)}
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert files and max(p.stat().st_size for p in files) < 2 * MiB, [(p, p.stat().st_size) for p in files]
+    assert eng.resume_pod("pod-a").state == "succeeded"
+    with pytest.raises(ValueError, match="must be >= 0"):
+        SimulatedHostMemory(tmp_path / "x", copy_bytes=-1)
