@@ -35,6 +35,10 @@ class ControllerMetrics:
                                ["pool", "state"], registry=r)  # fmt: skip
         self.pool_capacity = Gauge("rose_controller_pool_capacity_gpus", "Physical GPUs per pool.", ["pool"],
                                    registry=r)  # fmt: skip
+        self.pool_claimed = Gauge("rose_controller_pool_claimed_gpus",
+                                  "GPUs per pool a new lent worker cannot have: those lent claims hold, whatever "
+                                  "their worker's state (running, suspended, waiting for serving), as the last plan "
+                                  "left them (rose_common.lending).", ["pool"], registry=r)  # fmt: skip
         self.reclaims = Counter("rose_controller_reclaims_total",
                                 "Workers given back: planned (by the planner before serving needs the GPU), "
                                 "unplanned (a suspend request by another owner, e.g. the extender), "

@@ -518,4 +518,5 @@ def to_planner(job_key: str, w: ObservedWorker) -> Worker | None:
     if w.lost:
         return None
     claim = f"{job_key.partition('/')[0]}/{w.claim}" if w.claim else None
-    return Worker(w.name, role_key(job_key, w.role), holding_state(w), w.pool, claim)
+    state = holding_state(w)
+    return Worker(w.name, role_key(job_key, w.role), state, w.pool, claim, bound=state != "pending" or bool(w.node))

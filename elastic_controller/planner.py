@@ -34,7 +34,11 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   size, the claimed GPUs being every live worker's there (a time-slice group's shared claim once,
   :attr:`Worker.claim`); growing a job with a suspended worker resumes it in place, where only the
   GPUs held count (serving may take a suspended worker's GPU at once, so planned reclaims count
-  only holding workers too). ``Plan.claimed`` reports the count per pool.
+  only holding workers too). ``Plan.claimed`` reports the count per pool. A granted worker the
+  scheduler has not placed yet (``Worker.bound`` False) is still a new claim: each round, where the
+  rule no longer leaves it room (serving's forecast rose, a worker was suspended in place), it is
+  removed (``Shrink: ... removed before it was scheduled``), never kept as a target the extender
+  refuses (group soak ``suspalloc`` g1: ``elastic-b-w2`` Pending for 90 s).
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
 - **Waiting for serving** (soak T2's remainder). A worker in state ``waiting`` (a time-slice group's
   shared claim allocated on a GPU serving now holds, never prepared there: the driver refuses it
@@ -202,6 +206,9 @@ class Worker:
     # its lent ResourceClaim ("namespace/name"; a time-slice group's members share one), None: unknown
     # or not created yet; a claim counts once among the GPUs taken for new workers (rose_common.lending)
     claim: str | None = None
+    # False: a pending worker the scheduler has not placed yet (its claim allocated nothing): still a
+    # NEW lent claim, held to rose_common.lending's rule every round (:func:`_unplaceable`)
+    bound: bool = True
 
 
 @dataclass(frozen=True)
@@ -552,6 +559,30 @@ def _reclaim(book: _Book) -> None:
             _reclaim_one(book, pool, why, cheapest)
 
 
+def _unplaceable(book: _Book) -> None:
+    """Granted workers not placed yet are new lent claims: in each pool they are taken back and
+    held again one by one (grow order) while :func:`_room` leaves a new claim room; the rest are
+    removed (rose_common.lending's rule, as the extender's filter applies it to them)."""
+    for pool in sorted(book.pools):
+        if book.frozen(pool):
+            continue
+        unplaced = [(b, w) for b in book.jobs.values() for w in b.holding if w.pool == pool and not w.bound]
+        for b, w in unplaced:
+            book.release(b, w)
+        for b, w in sorted(unplaced, key=lambda x: (x[0].job.grow_order(), x[1].name)):
+            if _room(book, b, pool, new=True) >= b.job.size:
+                book.hold(b, w)
+                continue
+            b.remove.append(w.name)
+            b.shrunk = True
+            b.reasons.append(
+                f"Shrink: {_who(b, w)} removed before it was scheduled: {pool} has no GPU for a new lent "
+                f"claim (serving {book.pools[pool].forecast.quantile} needs {book.need(pool, book.lead(pool)):g} "
+                f"of {book.pools[pool].capacity} GPUs, {book.claimed(pool)} held by lent claims, suspended "
+                "workers' included)"
+            )
+
+
 def _room(book: _Book, b: _JobBook, pool: str, new: bool = False) -> float:
     """Room in ``pool`` for resuming a parked worker of ``b`` in place, or (``new``) for a new one."""
     if book.frozen(pool):
@@ -648,6 +679,7 @@ def plan(inp: PlanInput) -> Plan:
     book = _Book(inp)
     _enforce_max(book)
     _reclaim(book)
+    _unplaceable(book)
     for b in sorted(book.jobs.values(), key=lambda x: x.job.grow_order()):
         if _may_grow(b, inp.now, inp.settings.dwell_s) and _requirement_met(book, b):
             _grow(book, b)

@@ -72,3 +72,34 @@ def test_a_gang_resume_undone_leaves_its_claims_taken() -> None:
     result = plan(PlanInput(NOW, (pool(capacity=6, need=3),), jobs, workers, Settings(dwell_s=300)))
     assert result.targets["rl/g"].resume == () and result.targets["rl/g"].add == ()
     assert result.claimed == {"p": 4}
+
+
+def test_a_granted_worker_not_yet_scheduled_is_removed_when_the_rule_leaves_it_no_room() -> None:
+    """g1 on this branch: a's third worker was granted, then b's worker was suspended in place; the
+    pending, unplaced worker (what the extender refuses) is removed, not kept as a target; one the
+    scheduler already placed (its claim allocated) stays."""
+    base = (
+        Worker("a-w0", "rl/a", "active", "p", "rl/a-w0-gpus"),
+        Worker("a-w1", "rl/a", "active", "p", "rl/a-w1-gpus"),
+        Worker("b-w0", "rl/b", "suspended", "p", "rl/b-w0-gpus"),
+    )
+    jobs = (job("rl/a", 1, 3), job("rl/b", 1, 1, shrunk=NOW - 10))
+    unplaced = Worker("a-w2", "rl/a", "pending", "p", "rl/a-w2-gpus", bound=False)
+    result = plan(PlanInput(NOW, (pool(),), jobs, (*base, unplaced), Settings(dwell_s=300)))
+    target = result.targets["rl/a"]
+    assert target.remove == ("a-w2",) and target.active_gpus == 2
+    assert any(r.startswith("Shrink: a-w2 removed before it was scheduled: p has no GPU") for r in target.reasons)
+    placed = Worker("a-w2", "rl/a", "pending", "p", "rl/a-w2-gpus", bound=True)
+    result = plan(PlanInput(NOW, (pool(),), jobs, (*base, placed), Settings(dwell_s=300)))
+    assert result.targets["rl/a"].remove == () and result.targets["rl/a"].active_gpus == 3
+
+
+def test_a_granted_worker_not_yet_scheduled_stays_while_the_rule_leaves_it_room() -> None:
+    workers = (
+        Worker("a-w0", "rl/a", "active", "p", "rl/a-w0-gpus"),
+        Worker("a-w1", "rl/a", "pending", "p", "rl/a-w1-gpus", bound=False),
+        Worker("b-w0", "rl/b", "suspended", "p", "rl/b-w0-gpus"),
+    )
+    jobs = (job("rl/a", 1, 2), job("rl/b", 1, 1, shrunk=NOW - 10))
+    result = plan(PlanInput(NOW, (pool(),), jobs, workers, Settings(dwell_s=300)))
+    assert result.targets["rl/a"].remove == () and result.targets["rl/a"].active_gpus == 2
