@@ -34,7 +34,9 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   size, the claimed GPUs being every live worker's there (a time-slice group's shared claim once,
   :attr:`Worker.claim`); growing a job with a suspended worker resumes it in place, where only the
   GPUs held count (serving may take a suspended worker's GPU at once, so planned reclaims count
-  only holding workers too). ``Plan.claimed`` reports the count per pool. A granted worker the
+  only holding workers too). ``Plan.claimed`` reports the count per pool. A claim's GPU is lent
+  once however many workers hold it: a time-slice group's member resumes onto the shared claim
+  another member holds without room of its own (which member runs is the orchestrator's). A granted worker the
   scheduler has not placed yet (``Worker.bound`` False) is still a new claim: each round, where the
   rule no longer leaves it room (serving's forecast rose, a worker was suspended in place), it is
   removed (``Shrink: ... removed before it was scheduled``), never kept as a target the extender
@@ -364,16 +366,25 @@ class _Book:
         else:
             self._lent[pool] += sign * job.gpus_per_worker
 
+    @staticmethod
+    def _key(w: Worker) -> str:
+        return w.claim or f"worker:{w.job}/{w.name}"
+
     def mark(self, b: _JobBook, w: Worker, held: int = 0, idle: int = 0) -> None:
         """Count ``w``'s claim as held or idle (not holding its GPU) in its pool's :class:`_Claimed`."""
         if w.pool in self._claimed:
-            key = w.claim or f"worker:{w.job}/{w.name}"
-            self._claimed[w.pool].change(key, b.job.size, b.job.share > 0, held, idle)
+            self._claimed[w.pool].change(self._key(w), b.job.size, b.job.share > 0, held, idle)
+
+    def claim_held(self, w: Worker) -> bool:
+        """Another holding worker holds ``w``'s claim (a time-slice group's shared claim, another
+        member resident): ``w`` holding too takes no other GPU."""
+        return w.claim is not None and w.pool in self._claimed and self._claimed[w.pool].held[w.claim] > 0
 
     def hold(self, b: _JobBook, w: Worker) -> None:
         b.holding.append(w)
         if w.pool in self._lent:
-            self._count(b.job, w.pool, 1)
+            if not self.claim_held(w):  # a shared claim's GPU is lent once, however many members hold it
+                self._count(b.job, w.pool, 1)
             self._in[w.pool][b.job.key] = self._in[w.pool].get(b.job.key, 0) + 1
             self.mark(b, w, held=1)
 
@@ -381,7 +392,8 @@ class _Book:
         b.holding.remove(w)
         if w.pool in self._lent:
             self.mark(b, w, held=-1)
-            self._count(b.job, w.pool, -1)
+            if not self.claim_held(w):
+                self._count(b.job, w.pool, -1)
             self._in[w.pool][b.job.key] -= 1
             if not self._in[w.pool][b.job.key]:
                 del self._in[w.pool][b.job.key]
@@ -595,7 +607,7 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
     """Resume one parked worker where its pool has room, else add one in the pool with most room."""
     gpw = b.job.size
     for w in b.parked:
-        if w.pool is not None and w.pool in book.pools and _room(book, b, w.pool) >= gpw:
+        if w.pool is not None and w.pool in book.pools and (book.claim_held(w) or _room(book, b, w.pool) >= gpw):
             b.parked.remove(w)
             book.mark(b, w, idle=-1)
             book.hold(b, replace(w, state="resuming"))

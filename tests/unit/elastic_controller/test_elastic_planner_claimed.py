@@ -103,3 +103,30 @@ def test_a_granted_worker_not_yet_scheduled_stays_while_the_rule_leaves_it_room(
     jobs = (job("rl/a", 1, 2), job("rl/b", 1, 1, shrunk=NOW - 10))
     result = plan(PlanInput(NOW, (pool(),), jobs, workers, Settings(dwell_s=300)))
     assert result.targets["rl/a"].remove == () and result.targets["rl/a"].active_gpus == 2
+
+
+def test_a_group_member_resumes_onto_the_shared_claim_another_member_holds() -> None:
+    """Group soak suspalloc g2/g3: with no spare GPU in the pool, the member just handed away from
+    was planned 0 (its resume counted as a second GPU) and 1 once it held again, never both at
+    target. The shared claim's GPU is one GPU: both members are planned on it, it is lent once."""
+    workers = (
+        Worker("ts-a-w0", "rl/ts-a", "active", "p", "rl/ts-tsg-w0-gpus"),
+        Worker("ts-b-w0", "rl/ts-b", "suspended", "p", "rl/ts-tsg-w0-gpus"),
+        Worker("a-w0", "rl/a", "active", "p", "rl/a-w0-gpus"),
+        Worker("a-w1", "rl/a", "active", "p", "rl/a-w1-gpus"),
+    )
+    jobs = (job("rl/ts-a", 1, 1), job("rl/ts-b", 1, 1), job("rl/a", 1, 2))
+    result = plan(PlanInput(NOW, (pool(capacity=6, need=3),), jobs, workers, Settings(dwell_s=300)))
+    assert result.targets["rl/ts-b"].active_gpus == 1 and result.targets["rl/ts-a"].active_gpus == 1
+    assert result.lent == {"p": 3} and result.claimed == {"p": 3} and not result.reclaims
+
+
+def test_serving_reclaims_a_shared_claims_gpu_from_every_member() -> None:
+    workers = (
+        Worker("ts-a-w0", "rl/ts-a", "active", "p", "rl/ts-tsg-w0-gpus"),
+        Worker("ts-b-w0", "rl/ts-b", "active", "p", "rl/ts-tsg-w0-gpus"),
+    )
+    jobs = (job("rl/ts-a", 1, 1), job("rl/ts-b", 1, 1))
+    result = plan(PlanInput(NOW, (pool(capacity=2, need=2),), jobs, workers, Settings(dwell_s=300)))
+    assert result.lent == {"p": 0}
+    assert {r.job for r in result.reclaims} == {"rl/ts-a", "rl/ts-b"}
