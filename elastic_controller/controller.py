@@ -712,6 +712,8 @@ class Controller:
         for key in self._store_targets(merge_roles(result.targets, inp.jobs), waiting, basis):
             self.queue.add(key)
         self._gauges(inp.workers)
+        for pool, n in result.claimed.items():
+            self.metrics.pool_claimed.labels(pool).set(n)
         self._role_gauges(inp.jobs, result)
         self._report_stale(inp)
         self._taint(inp, result)

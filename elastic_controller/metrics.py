@@ -104,13 +104,18 @@ class ControllerMetrics:
         self._backend = forecast_backend
 
     def _serving_metrics(self, r: CollectorRegistry) -> None:
-        """Workers serving blocks (``observe.serving_blocks``, soak T2's remainder)."""
+        """Workers serving blocks (``observe.serving_blocks``, soak T2's remainder) and the GPUs lent claims
+        hold per pool (``rose_common.lending``)."""
         self.blocked_replaced = Counter("rose_controller_blocked_workers_replaced_total",
                                         "Workers deleted to be recreated elsewhere: their own lent claim was allocated "
                                         "on a GPU serving holds and they never ran there.", registry=r)  # fmt: skip
         self.serving_held = Gauge("rose_controller_serving_held_workers",
                                   "Workers whose lent claim is allocated on a GPU serving holds, never prepared "
                                   "there (a time-slice group's wait; others are replaced).", registry=r)  # fmt: skip
+        self.pool_claimed = Gauge("rose_controller_pool_claimed_gpus",
+                                  "GPUs per pool a new lent worker cannot have: those lent claims hold, whatever "
+                                  "their worker's state (running, suspended, waiting for serving), as the last plan "
+                                  "left them (rose_common.lending).", ["pool"], registry=r)  # fmt: skip
 
     def on_forecast(self, forecast: Forecast) -> Forecast:
         """Count what a fetched forecast is read as (``risk``: the window bounds at ``--risk``)."""

@@ -512,5 +512,11 @@ def holding_state(w: ObservedWorker) -> WorkerState:
 
 
 def to_planner(job_key: str, w: ObservedWorker) -> Worker | None:
-    """The planner's view (:func:`holding_state`); a lost worker holds nothing and is not planned for."""
-    return None if w.lost else Worker(w.name, role_key(job_key, w.role), holding_state(w), w.pool)
+    """The planner's view (:func:`holding_state`); a lost worker holds nothing and is not planned for.
+    Its lent claim (``namespace/name``) lets the planner count a time-slice group's shared claim once
+    among the GPUs taken for new workers (``rose_common.lending``)."""
+    if w.lost:
+        return None
+    claim = f"{job_key.partition('/')[0]}/{w.claim}" if w.claim else None
+    state = holding_state(w)
+    return Worker(w.name, role_key(job_key, w.role), state, w.pool, claim, bound=state != "pending" or bool(w.node))

@@ -27,6 +27,20 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   after its lead time; never above ``maxGPUs``; from zero, ``minGPUs`` at once or nothing. A
   suspended worker is never removed to grow elsewhere: active + suspended stay within ``maxGPUs``,
   and a suspended worker waits for room in its own pool (its pod holds its state).
+- **A lent claim's GPU is taken for new workers, whatever its worker's state**
+  (``rose_common.lending``, the extender's rule too; issue 25, group soak g6). A suspended,
+  suspending or waiting worker keeps its claim allocated (DRA gives that device to no other claim),
+  so a NEW worker fits in a pool only where ``capacity - serving's need - GPUs claimed`` leaves its
+  size, the claimed GPUs being every live worker's there (a time-slice group's shared claim once,
+  :attr:`Worker.claim`); growing a job with a suspended worker resumes it in place, where only the
+  GPUs held count (serving may take a suspended worker's GPU at once, so planned reclaims count
+  only holding workers too). ``Plan.claimed`` reports the count per pool. A claim's GPU is lent
+  once however many workers hold it: a time-slice group's member resumes onto the shared claim
+  another member holds without room of its own (which member runs is the orchestrator's). A granted worker the
+  scheduler has not placed yet (``Worker.bound`` False) is still a new claim: each round, where the
+  rule no longer leaves it room (serving's forecast rose, a worker was suspended in place), it is
+  removed (``Shrink: ... removed before it was scheduled``), never kept as a target the extender
+  refuses (group soak ``suspalloc`` g1: ``elastic-b-w2`` Pending for 90 s).
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
 - **Waiting for serving** (soak T2's remainder). A worker in state ``waiting`` (a time-slice group's
   shared claim allocated on a GPU serving now holds, never prepared there: the driver refuses it
@@ -57,8 +71,11 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Literal
+
+from rose_common import lending
 
 # "waiting": its lent claim is allocated on a GPU serving holds and it never ran there (a time-slice
 # group's shared claim): it holds no GPU, cannot be resumed until serving leaves, and its job grows no more
@@ -188,6 +205,12 @@ class Worker:
     job: str
     state: WorkerState
     pool: str | None = None  # None: pending and not placed in a known pool
+    # its lent ResourceClaim ("namespace/name"; a time-slice group's members share one), None: unknown
+    # or not created yet; a claim counts once among the GPUs taken for new workers (rose_common.lending)
+    claim: str | None = None
+    # False: a pending worker the scheduler has not placed yet (its claim allocated nothing): still a
+    # NEW lent claim, held to rose_common.lending's rule every round (:func:`_unplaceable`)
+    bound: bool = True
 
 
 @dataclass(frozen=True)
@@ -241,6 +264,9 @@ class Plan:
     reclaims: tuple[Reclaim, ...]
     lent: dict[str, int]  # GPUs lent per pool once the plan is carried out (a GPU with shares counts whole)
     lent_shares: dict[str, float] = field(default_factory=dict)  # of which: fractions lent in shares, per pool
+    # GPUs lent claims take per pool for a new worker once the plan is carried out: the lent ones and
+    # those of suspended, suspending and waiting workers (rose_common.lending)
+    claimed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -280,6 +306,34 @@ class _JobBook:
         )
 
 
+class _Claimed:
+    """One pool's GPUs that lent claims of workers NOT holding their GPU take for a new worker
+    (suspended, suspending, waiting: rose_common.lending's rule): each claim once, and none that a
+    holding worker's claim (a time-slice group member's) already counts. O(1) per change."""
+
+    def __init__(self) -> None:
+        self.held: Counter[str] = Counter()
+        self.idle: Counter[str] = Counter()
+        self.size: dict[str, tuple[float, bool]] = {}  # claim -> (GPUs or share fraction, is a share)
+        self.whole = 0.0
+        self.share = 0.0
+
+    def _add(self, key: str, sign: int) -> None:
+        size, is_share = self.size[key]
+        if self.idle[key] > 0 and self.held[key] == 0:
+            if is_share:
+                self.share = round(self.share + sign * size, 9)
+            else:
+                self.whole += sign * size
+
+    def change(self, key: str, size: float, is_share: bool, held: int = 0, idle: int = 0) -> None:
+        self.size.setdefault(key, (size, is_share))
+        self._add(key, -1)
+        self.held[key] += held
+        self.idle[key] += idle
+        self._add(key, 1)
+
+
 class _Book:
     """The plan under construction: who holds which pool's GPUs."""
 
@@ -291,6 +345,7 @@ class _Book:
         self._lent: dict[str, int] = dict.fromkeys(self.pools, 0)  # GPUs lent whole
         self._share: dict[str, float] = dict.fromkeys(self.pools, 0.0)  # fractions lent in shares
         self._in: dict[str, dict[str, int]] = {p: {} for p in self.pools}
+        self._claimed: dict[str, _Claimed] = {p: _Claimed() for p in self.pools}
         by_job: dict[str, list[Worker]] = {}
         for w in inp.workers:  # one pass: the plan stays linear in workers (controller_scale benchmark)
             by_job.setdefault(w.job, []).append(w)
@@ -301,6 +356,8 @@ class _Book:
             for w in mine:
                 if w.state in HOLDING:
                     self.hold(b, w)
+                else:
+                    self.mark(b, w, idle=1)
         self.reclaims: list[Reclaim] = []
 
     def _count(self, job: Job, pool: str, sign: int) -> None:
@@ -309,16 +366,34 @@ class _Book:
         else:
             self._lent[pool] += sign * job.gpus_per_worker
 
+    @staticmethod
+    def _key(w: Worker) -> str:
+        return w.claim or f"worker:{w.job}/{w.name}"
+
+    def mark(self, b: _JobBook, w: Worker, held: int = 0, idle: int = 0) -> None:
+        """Count ``w``'s claim as held or idle (not holding its GPU) in its pool's :class:`_Claimed`."""
+        if w.pool in self._claimed:
+            self._claimed[w.pool].change(self._key(w), b.job.size, b.job.share > 0, held, idle)
+
+    def claim_held(self, w: Worker) -> bool:
+        """Another holding worker holds ``w``'s claim (a time-slice group's shared claim, another
+        member resident): ``w`` holding too takes no other GPU."""
+        return w.claim is not None and w.pool in self._claimed and self._claimed[w.pool].held[w.claim] > 0
+
     def hold(self, b: _JobBook, w: Worker) -> None:
         b.holding.append(w)
         if w.pool in self._lent:
-            self._count(b.job, w.pool, 1)
+            if not self.claim_held(w):  # a shared claim's GPU is lent once, however many members hold it
+                self._count(b.job, w.pool, 1)
             self._in[w.pool][b.job.key] = self._in[w.pool].get(b.job.key, 0) + 1
+            self.mark(b, w, held=1)
 
     def release(self, b: _JobBook, w: Worker) -> None:
         b.holding.remove(w)
         if w.pool in self._lent:
-            self._count(b.job, w.pool, -1)
+            self.mark(b, w, held=-1)
+            if not self.claim_held(w):
+                self._count(b.job, w.pool, -1)
             self._in[w.pool][b.job.key] -= 1
             if not self._in[w.pool][b.job.key]:
                 del self._in[w.pool][b.job.key]
@@ -327,6 +402,13 @@ class _Book:
         """GPUs lent in ``pool``: whole ones plus the GPUs its shares take, assumed packed
         (⌈Σ fractions⌉); with ``extra_share`` more of a GPU in shares."""
         return self._lent[pool] + math.ceil(self._share[pool] + extra_share - 1e-9)
+
+    def claimed(self, pool: str, extra_share: float = 0.0) -> int:
+        """GPUs a new lent claim cannot have in ``pool`` (rose_common.lending): the lent ones
+        (:meth:`lent`) and those the claims of its suspended, suspending and waiting workers hold."""
+        c = self._claimed[pool]
+        shares = self._share[pool] + c.share + extra_share
+        return self._lent[pool] + math.ceil(c.whole - 1e-9) + math.ceil(shares - 1e-9)
 
     def shares(self, pool: str) -> float:
         return self._share[pool]
@@ -360,13 +442,19 @@ class _Book:
         """GPUs serving leaves unused over ``[now, now + seconds]``, minus those already lent."""
         return self.pools[pool].capacity - self.need(pool, seconds) - self.lent(pool)
 
-    def room(self, pool: str, seconds: float, job: Job) -> float:
+    def room(self, pool: str, seconds: float, job: Job, new: bool = False) -> float:
         """What serving leaves over ``[now, now + seconds]`` for one more worker of ``job``, in its
         size: GPUs free for a whole worker; for a share, the fraction left once it is packed (so a GPU
-        partly lent in shares takes another share where no whole GPU is free). ≥ ``job.size``: fits."""
+        partly lent in shares takes another share where no whole GPU is free). ≥ ``job.size``: fits.
+        A ``new`` worker (a new lent claim) cannot have a GPU any lent claim holds, whatever its
+        worker's state (:meth:`claimed`, ``rose_common.lending``); a resume in place only needs
+        serving's room among the GPUs not held."""
+        capacity, need = self.pools[pool].capacity, self.need(pool, seconds)
+        extra = job.share if job.share > 0 else 0.0
+        taken = self.claimed(pool, extra) if new else self.lent(pool, extra)
+        spare = lending.spare_for_new_claim(capacity, need, taken) if new else capacity - need - taken
         if job.share <= 0:
-            return self.free(pool, seconds)
-        spare = self.pools[pool].capacity - self.need(pool, seconds) - self.lent(pool, job.share)
+            return spare
         return job.share if spare >= 0 else spare
 
     def drop(self, b: _JobBook, w: Worker, why: str, shrink: bool = False) -> None:
@@ -378,6 +466,7 @@ class _Book:
         else:
             b.suspend.append(w.name)
             b.parked.append(w)
+            self.mark(b, w, idle=1)  # suspended, its claim keeps its GPU for new workers
         b.shrunk = True
         b.reasons.append(why)
 
@@ -392,6 +481,7 @@ def _enforce_max(book: _Book) -> None:
             b.reasons.append(f"Shrink: {w.name} removed, maxGPUs is {b.job.max_gpus}")
         while b.parked and round(b.active + b.job.size * len(b.parked), 9) > b.job.max_gpus:
             w = b.parked.pop()
+            book.mark(b, w, idle=-1)  # removed: its claim goes with its pod
             b.remove.append(w.name)
             b.reasons.append(f"Shrink: suspended {w.name} removed, maxGPUs is {b.job.max_gpus}")
 
@@ -481,22 +571,49 @@ def _reclaim(book: _Book) -> None:
             _reclaim_one(book, pool, why, cheapest)
 
 
-def _room(book: _Book, b: _JobBook, pool: str) -> float:
+def _unplaceable(book: _Book) -> None:
+    """Granted workers not placed yet are new lent claims: in each pool they are taken back and
+    held again one by one (grow order) while :func:`_room` leaves a new claim room; the rest are
+    removed (rose_common.lending's rule, as the extender's filter applies it to them)."""
+    for pool in sorted(book.pools):
+        if book.frozen(pool):
+            continue
+        unplaced = [(b, w) for b in book.jobs.values() for w in b.holding if w.pool == pool and not w.bound]
+        for b, w in unplaced:
+            book.release(b, w)
+        for b, w in sorted(unplaced, key=lambda x: (x[0].job.grow_order(), x[1].name)):
+            if _room(book, b, pool, new=True) >= b.job.size:
+                book.hold(b, w)
+                continue
+            b.remove.append(w.name)
+            b.shrunk = True
+            b.reasons.append(
+                f"Shrink: {_who(b, w)} removed before it was scheduled: {pool} has no GPU for a new lent "
+                f"claim (serving {book.pools[pool].forecast.quantile} needs {book.need(pool, book.lead(pool)):g} "
+                f"of {book.pools[pool].capacity} GPUs, {book.claimed(pool)} held by lent claims, suspended "
+                "workers' included)"
+            )
+
+
+def _room(book: _Book, b: _JobBook, pool: str, new: bool = False) -> float:
+    """Room in ``pool`` for resuming a parked worker of ``b`` in place, or (``new``) for a new one."""
     if book.frozen(pool):
         return -math.inf
-    return book.room(pool, max(book.interval + b.job.lead_s + b.job.min_useful_run_s, book.lead(pool)), b.job)
+    seconds = max(book.interval + b.job.lead_s + b.job.min_useful_run_s, book.lead(pool))
+    return book.room(pool, seconds, b.job, new)
 
 
 def _grow_step(book: _Book, b: _JobBook) -> bool:
     """Resume one parked worker where its pool has room, else add one in the pool with most room."""
     gpw = b.job.size
     for w in b.parked:
-        if w.pool is not None and w.pool in book.pools and _room(book, b, w.pool) >= gpw:
+        if w.pool is not None and w.pool in book.pools and (book.claim_held(w) or _room(book, b, w.pool) >= gpw):
             b.parked.remove(w)
-            book.hold(b, Worker(w.name, w.job, "resuming", w.pool))
+            book.mark(b, w, idle=-1)
+            book.hold(b, replace(w, state="resuming"))
             b.resume.append(w.name)
             return True
-    rooms = sorted(((_room(book, b, p), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
+    rooms = sorted(((_room(book, b, p, new=True), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
     if not rooms or rooms[0][0] < gpw:
         return False
     if round(b.active + gpw * (len(b.parked) + len(b.waiting) + 1), 9) > b.job.max_gpus:
@@ -521,6 +638,9 @@ def _grow(book: _Book, b: _JobBook) -> None:
     if b.active < b.job.min_gpus:  # the gang does not fit: undo
         for w in b.holding[len(before[0]) :]:
             book.release(b, w)
+        for w in before[1]:
+            if w not in b.parked:  # resumed by this attempt: suspended again, its claim idle again
+                book.mark(b, w, idle=1)
         b.parked = before[1]
         del b.resume[before[2] :], b.add[before[3] :], b.remove[before[4] :]
         return
@@ -571,6 +691,7 @@ def plan(inp: PlanInput) -> Plan:
     book = _Book(inp)
     _enforce_max(book)
     _reclaim(book)
+    _unplaceable(book)
     for b in sorted(book.jobs.values(), key=lambda x: x.job.grow_order()):
         if _may_grow(b, inp.now, inp.settings.dwell_s) and _requirement_met(book, b):
             _grow(book, b)
@@ -582,6 +703,7 @@ def plan(inp: PlanInput) -> Plan:
         tuple(book.reclaims),
         {p: book.lent(p) for p in sorted(book.pools)},
         {p: book.shares(p) for p in sorted(book.pools) if book.shares(p)},
+        {p: book.claimed(p) for p in sorted(book.pools)},
     )
 
 

@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rose_common import extender_names, names
+from rose_common import extender_names, lending, names
 from rose_common.timefmt import parse_rfc3339
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
 from scheduler_extender.wire import MAX_EXTENDER_PRIORITY, MIN_EXTENDER_PRIORITY
@@ -160,8 +160,10 @@ def idle_window_s(pool: PoolState, forecast: PoolForecast | None, need: int, cfg
     even now). Without one: the conservative rule — ``fallback_window_s`` only when at least
     ``fallback_headroom`` of the pool stays free after placing the pod, else 0.
     """
-    lent = pool.lent + pool.shared_gpus  # a GPU lent in shares cannot be lent whole
-    free_now = pool.capacity - pool.serving_used - lent
+    # every GPU a lent claim is allocated on, whatever its worker's state (rose_common.lending's rule);
+    # a GPU lent in shares cannot be lent whole
+    lent = pool.lent + pool.shared_gpus
+    free_now = lending.spare_for_new_claim(pool.capacity, pool.serving_used, lent)
     points = () if forecast is None else forecast.points
     return window_over(pool.capacity, free_now, lent, points, need, cfg)
 
@@ -178,7 +180,7 @@ def window_over(
         return 0.0, False
     window = 0.0
     for horizon, demand in points:
-        if capacity - demand - lent >= need:
+        if lending.spare_for_new_claim(capacity, demand, lent) >= need:
             window = float(horizon)
         else:
             break
@@ -203,9 +205,9 @@ def pool_outlook(pool: PoolState, forecast: PoolForecast | None, need: int, cfg:
     """Idle window and spare-GPU profile of one pool for a pod needing ``need`` GPUs."""
     window, fallback = idle_window_s(pool, forecast, need, cfg)
     lent = pool.lent + pool.shared_gpus
-    spare_now = float(pool.capacity - pool.serving_used - lent - need)
+    spare_now = float(lending.spare_for_new_claim(pool.capacity, pool.serving_used, lent) - need)
     points = () if forecast is None else forecast.points
-    spare = tuple((h, pool.capacity - demand - lent - need) for h, demand in points)
+    spare = tuple((h, lending.spare_for_new_claim(pool.capacity, demand, lent) - need) for h, demand in points)
     basis = "quantile" if forecast is None else forecast.basis
     return PoolOutlook(window, pool.capacity, spare_now, spare, fallback, basis)
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from rose_common import names, slices
+from rose_common import lending, names, slices
 from rose_common.quantity import QuantityError, parse_quantity
 from rose_common.slices import SHARE_COMPUTE_STEP, SHARE_COMPUTE_TOTAL, SHARE_MEMORY_STEP
 from scheduler_extender.model import NodeState, PodInfo, PoolForecast, PoolState, ShareRequest, Snapshot
@@ -158,10 +158,10 @@ def share_outlook(pool: PoolState, forecast: PoolForecast | None, need: float, c
     """Idle window and spare profile of one pool for shares totalling ``need`` of a GPU: lent =
     GPUs lent whole + the fractions lent in shares; serving in whole GPUs (:func:`serving_gpus`)."""
     lent = pool.lent + pool.share_lent
-    free_now = pool.capacity - pool.serving_used - lent
+    free_now = lending.spare_for_new_claim(pool.capacity, pool.serving_used, lent)
     points = () if forecast is None else tuple((h, float(serving_gpus(d))) for h, d in forecast.points)
     window, fallback = window_over(pool.capacity, free_now, lent, points, need, cfg)
-    spare = tuple((h, pool.capacity - d - lent - need) for h, d in points)
+    spare = tuple((h, lending.spare_for_new_claim(pool.capacity, d, lent) - need) for h, d in points)
     basis = "quantile" if forecast is None else forecast.basis
     return PoolOutlook(window, pool.capacity, free_now - need, spare, fallback, basis)
 
