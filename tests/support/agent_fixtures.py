@@ -26,15 +26,8 @@ class WorkloadProc:
     out: Path
 
     def wait_ready(self, timeout: float = 60.0) -> int:
-        assert self.proc.stdout is not None
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("READY "):
-                return int(line.split()[1])
-        raise AssertionError(f"workload did not become ready; rc={self.proc.poll()}")
+        """The step of the workload's ``READY <step>`` line."""
+        return int(self.wait_line("READY ", timeout).split()[0])
 
     def wait_line(self, prefix: str, timeout: float = 90.0) -> str:
         """The next stdout line starting with ``prefix`` (its remainder)."""
