@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import log
-from local_cluster.cluster import _die_with_parent as die_with_parent
+from local_cluster.cluster import dying_with_parent
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINER = REPO / "examples" / "01_cartpole_reinforce.py"
@@ -462,10 +462,11 @@ class Proc:
 
     def start(self) -> None:
         """Started from the main thread only: the child dies with it (PDEATHSIG follows the thread)."""
+        argv, preexec = dying_with_parent(self.argv)
         with self.log_path.open("ab") as f:
-            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=REPO, env=self.env or {**os.environ, "PYTHONPATH": str(REPO)},
-                                         preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
+                                         preexec_fn=preexec)  # fmt: skip  # noqa: PLW1509
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -1245,20 +1246,21 @@ class Soak:
         # outlasted the drain once its updates ran unhindered)
         until = time.time() + max(2.0, 0.8 * self.duration_s - (time.monotonic() - self.t_start))
         self.trainer_args = ["--updates", str(self.p.trainer_updates), "--seed", "3"]
+        argv, preexec = dying_with_parent([sys.executable, str(TRAINER), "--out", str(self.tmp / "trainer.pt"),
+                                           *self.trainer_args, "--linger-until", f"{until:.0f}"])  # fmt: skip
         with (self.tmp / "trainer.log").open("ab") as f:
-            self.trainer = subprocess.Popen([sys.executable, str(TRAINER), "--out", str(self.tmp / "trainer.pt"),
-                                             *self.trainer_args, "--linger-until", f"{until:.0f}"],
-                                            env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
+            self.trainer = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            preexec_fn=preexec)  # fmt: skip  # noqa: PLW1509
         self.note(f"trainer: examples/{TRAINER.name} on {pod.metadata.name} ({node}), agent socket of its claim")
 
     def _reference(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_")}
         env["PYTHONPATH"] = str(REPO)
-        return subprocess.Popen(["nice", sys.executable, str(TRAINER), "--out", str(self.tmp / "reference.pt"),
-                                 "--updates", str(self.p.trainer_updates), "--seed", "3"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                preexec_fn=die_with_parent)  # fmt: skip  # noqa: PLW1509
+        out = str(self.tmp / "reference.pt")
+        argv, preexec = dying_with_parent(["nice", sys.executable, str(TRAINER), "--out", out,
+                                           "--updates", str(self.p.trainer_updates), "--seed", "3"])  # fmt: skip
+        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                preexec_fn=preexec)  # fmt: skip  # noqa: PLW1509
 
     def _bit_exact(self) -> dict[str, Any]:
         import torch

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import ssl
@@ -21,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -401,6 +402,9 @@ class LocalCluster:
 
     def _spawn(self, component: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{component}.log", "ab")  # noqa: SIM115 - handed to the child
+        preexec = None
+        if self.cfg.die_with_parent:
+            argv, preexec = dying_with_parent(argv)
         proc = subprocess.Popen(
             argv,
             stdout=log,
@@ -408,7 +412,7 @@ class LocalCluster:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=self.dir,
-            preexec_fn=_die_with_parent if self.cfg.die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=preexec,  # noqa: PLW1509 - only without setpriv
         )
         log.close()
         (self.pids / f"{component}.pid").write_text(str(proc.pid))
@@ -646,11 +650,29 @@ class LocalCluster:
 
 
 def _die_with_parent() -> None:
-    """In the child between fork and exec: ask Linux for SIGKILL when the parent dies."""
+    """In the child between fork and exec: ask Linux for SIGKILL when the parent dies.
+
+    Only where util-linux's ``setpriv`` is missing (:func:`dying_with_parent`): Python code run
+    between fork and exec forces a real ``fork()``, whose atfork handlers (gRPC's among them, in a
+    process that has gRPC threads) run in the child; a restarted kube-apiserver once aborted there
+    (exit -6, gRPC's "epoll_wait error: Bad file descriptor" its only line)."""
     import ctypes
 
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def dying_with_parent(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """``(argv, preexec_fn)`` for a child that gets SIGKILL when the thread that started it exits.
+
+    With ``setpriv`` (util-linux, in every Debian base) the death signal is set by ``setpriv
+    --pdeathsig KILL`` just before it execs ``argv``: no Python runs in the forked child, so
+    ``subprocess`` can use ``vfork`` and no atfork handler runs there. Without it, the ctypes
+    ``prctl`` in a ``preexec_fn`` (the old way)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return list(argv), _die_with_parent
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv], None
 
 
 def control_plane_commands(

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import grpc
 
-from local_cluster.cluster import _die_with_parent, stop_process
+from local_cluster.cluster import dying_with_parent, stop_process
 from rose_common import names, promtext
 from rose_common.proto import k8s_dra_v1_pb2 as dra_v1
 from rose_common.proto import k8s_pluginregistration_pb2 as reg
@@ -111,13 +111,14 @@ class DriverProcess:
         self.kubelet = KubeletDRA(self.registry_dir)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        argv, preexec = dying_with_parent(self.args) if self.die_with_parent else (self.args, None)
         return subprocess.Popen(
-            self.args,
+            argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=dict(os.environ),
-            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=preexec,  # noqa: PLW1509 - only without setpriv
         )
 
     def prepare(self, claim: dict[str, Any]) -> Any:
