@@ -65,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -1294,6 +1295,12 @@ class Soak:
 
         from rose_common import names
 
+        # the claims a driver has prepared (the played kubelet's record of its answers), read BEFORE the
+        # pods: a driver writes what it did at a prepare (a standing suspend request acted on) before
+        # the prepare returns, so pods listed after the record show it; listed before, a pod could look
+        # un-suspended on a claim recorded prepared a moment later (group_holders would count it)
+        with self.mu:
+            prepared = {(r["node"], r["claim"]["metadata"]["name"]) for r in self.prepared.values()}
         objs = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
             names.GROUP, names.VERSION, NS, names.PLURAL, _request_timeout=10
         )["items"]
@@ -1303,8 +1310,6 @@ class Soak:
             .items
         )
         out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
-        with self.mu:  # the claims a driver has prepared (the played kubelet's record of its answers)
-            prepared = {(r["node"], r["claim"]["metadata"]["name"]) for r in self.prepared.values()}
         for j in objs:
             ws = []
             for p in pods:
@@ -1873,6 +1878,7 @@ class Soak:
             )
             return
         why = "?"
+        seen: Counter[str] = Counter()  # every reason judged while waiting: which job kept it from converging
         settle = time.monotonic() + 2.0  # let the fault's effect be seen before judging convergence
         while not self.stop.is_set():
             self.tick()
@@ -1884,6 +1890,7 @@ class Soak:
                 why = self.not_converged()
             except Exception as e:
                 why = f"API: {type(e).__name__}"
+            seen[why or "bursts"] += 1
             if not why and not self.bursts:
                 took = time.monotonic() - t_from
                 self.fig.faults.append(
@@ -1906,9 +1913,11 @@ class Soak:
                         "converged_s": None,
                         "survived": False,
                         "last": why,
+                        "reasons": dict(seen.most_common(8)),
                     }
                 )
-                self.fail(f"not converged within {self.p.converge_bound_s:g}s after {f.kind}: {why}")
+                top = "; ".join(f"{n}x {r}" for r, n in seen.most_common(4))
+                self.fail(f"not converged within {self.p.converge_bound_s:g}s after {f.kind}: {why} (judged: {top})")
                 return
 
     def _timeslice_figures(self) -> dict[str, Any]:

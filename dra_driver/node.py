@@ -222,6 +222,13 @@ class NodeDriver:
         # the waits of an occupant the driver stopped end at once (engine_api.Abandoner).
         workers = max(ENGINE_THREADS_MIN, 2 * len(self.gpus) + 2)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine")
+        self._init_hooks()
+        # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
+        self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
+        self._resume_retry: dict[str, tuple[int, float]] = {}
+
+    def _init_hooks(self) -> None:
+        """What the driver's neighbours (the pod watcher, the slice publisher) plug in; none at first."""
         # The time-slice groups with a pod on this node (the pod watcher's view): their fences are
         # never dropped to make room in the bounded book (dra_driver/fencing.py).
         self.fence_groups_in_use: Callable[[], Collection[str]] = frozenset
@@ -235,9 +242,6 @@ class NodeDriver:
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
         # GPU shares: called with lent_held's (in shares, lent whole, serving fractions) after every locked section
         self.on_lent_holds: Callable[[frozenset[int], frozenset[int], frozenset[int]], None] | None = None
-        # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
-        self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
-        self._resume_retry: dict[str, tuple[int, float]] = {}
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager

@@ -194,7 +194,10 @@ class PodWatcher:
             try:
                 pod = self.driver.claims.get_pod(ref.namespace, ref.name)
             except Exception as e:
-                log.warning("reading a prepared claim's pod failed", extra={"pod": f"{ref.namespace}/{ref.name}", "err": repr(e)})
+                log.warning(
+                    "reading a prepared claim's pod failed",
+                    extra={"pod": f"{ref.namespace}/{ref.name}", "err": repr(e)},
+                )
                 continue
             if pod is not None and objects.uid(pod) == ref.uid and not objects.deleting(pod):
                 found.append(pod)
