@@ -381,7 +381,9 @@ def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -
     """Why a time-slice group member is not settled ("" when it is; pure): the controller has seen
     the last spec, and as many workers as its planned target (``targetGPUs / gpusPerWorker``)
     exist, every one bound. Which member's state is on the devices is the orchestrator's
-    (:func:`group_converged`): a member waiting for the group is suspended at its target. A worker
+    (:func:`group_converged`): a member waiting for the group is suspended at its target, and so is
+    one suspended by a hand-over in flight (the controller plans it on the shared claim the group
+    still holds: ``Worker.handed``), so a hand-over instant is a converged snapshot. A worker
     the controller plans as waiting for serving (its shared claim allocated on a GPU serving holds,
     never prepared there: named in the job's ``ServingHoldsGPU`` condition, True) is outside the
     target: it holds nothing until serving leaves (soak T2's remainder)."""
