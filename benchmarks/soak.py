@@ -606,6 +606,10 @@ class Soak:
         self.ts_errors: list[str] = []  # its clients' last failed calls (retried)
         self.ts_error_count = 0
         self.ts_max_holders = 0
+        # observe rounds, and those in which a member was not at its planned target (group_member_ready):
+        # how often a snapshot of the group could not count as converged (soak g2/g3/g5's symptom)
+        self.ts_rounds = 0
+        self.ts_not_at_target: dict[str, int] = dict.fromkeys(TS_JOBS, 0)
 
     # -------------------------------------------------------------- helpers
     def note(self, what: str) -> None:
@@ -1402,6 +1406,11 @@ class Soak:
             active += int(st.get("activeGPUs") or 0)
         holders = group_holders({n: ws for n, (_j, ws) in view.items() if n in TS_JOBS})
         self.ts_max_holders = max(self.ts_max_holders, len(holders))
+        if self.p.timeslice:
+            self.ts_rounds += 1
+            for member in TS_JOBS:
+                if member in view and group_member_ready(*view[member]):
+                    self.ts_not_at_target[member] += 1
         self.check(
             "no two members of the time-slice group hold its devices at once",
             len(holders) <= 1,
@@ -1932,6 +1941,8 @@ class Soak:
             "fencing_token_end": token,
             "turns_by_member": dict(self.ts_turns),
             "most_holders_seen": self.ts_max_holders,
+            "rounds": self.ts_rounds,
+            "rounds_member_not_at_target": dict(self.ts_not_at_target),
             "fencing_rejections": self._metric_sum("rose_driver_fencing_rejections_total"),
             "client_errors": self.ts_error_count,
             "client_errors_last": self.ts_errors[-5:],
