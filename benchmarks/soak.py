@@ -65,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -380,7 +381,9 @@ def group_member_ready(job: dict[str, Any], workers: Sequence[dict[str, Any]]) -
     """Why a time-slice group member is not settled ("" when it is; pure): the controller has seen
     the last spec, and as many workers as its planned target (``targetGPUs / gpusPerWorker``)
     exist, every one bound. Which member's state is on the devices is the orchestrator's
-    (:func:`group_converged`): a member waiting for the group is suspended at its target. A worker
+    (:func:`group_converged`): a member waiting for the group is suspended at its target, and so is
+    one suspended by a hand-over in flight (the controller plans it on the shared claim the group
+    still holds: ``Worker.handed``), so a hand-over instant is a converged snapshot. A worker
     the controller plans as waiting for serving (its shared claim allocated on a GPU serving holds,
     never prepared there: named in the job's ``ServingHoldsGPU`` condition, True) is outside the
     target: it holds nothing until serving leaves (soak T2's remainder)."""
@@ -604,6 +607,10 @@ class Soak:
         self.ts_errors: list[str] = []  # its clients' last failed calls (retried)
         self.ts_error_count = 0
         self.ts_max_holders = 0
+        # observe rounds, and those in which a member was not at its planned target (group_member_ready):
+        # how often a snapshot of the group could not count as converged (soak g2/g3/g5's symptom)
+        self.ts_rounds = 0
+        self.ts_not_at_target: dict[str, int] = dict.fromkeys(TS_JOBS, 0)
 
     # -------------------------------------------------------------- helpers
     def note(self, what: str) -> None:
@@ -1296,6 +1303,12 @@ class Soak:
 
         from rose_common import names
 
+        # the claims a driver has prepared (the played kubelet's record of its answers), read BEFORE the
+        # pods: a driver writes what it did at a prepare (a standing suspend request acted on) before
+        # the prepare returns, so pods listed after the record show it; listed before, a pod could look
+        # un-suspended on a claim recorded prepared a moment later (group_holders would count it)
+        with self.mu:
+            prepared = {(r["node"], r["claim"]["metadata"]["name"]) for r in self.prepared.values()}
         objs = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
             names.GROUP, names.VERSION, NS, names.PLURAL, _request_timeout=10
         )["items"]
@@ -1305,8 +1318,6 @@ class Soak:
             .items
         )
         out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
-        with self.mu:  # the claims a driver has prepared (the played kubelet's record of its answers)
-            prepared = {(r["node"], r["claim"]["metadata"]["name"]) for r in self.prepared.values()}
         for j in objs:
             ws = []
             for p in pods:
@@ -1397,6 +1408,11 @@ class Soak:
             active += int(st.get("activeGPUs") or 0)
         holders = group_holders({n: ws for n, (_j, ws) in view.items() if n in TS_JOBS})
         self.ts_max_holders = max(self.ts_max_holders, len(holders))
+        if self.p.timeslice:
+            self.ts_rounds += 1
+            for member in TS_JOBS:
+                if member in view and group_member_ready(*view[member]):
+                    self.ts_not_at_target[member] += 1
         self.check(
             "no two members of the time-slice group hold its devices at once",
             len(holders) <= 1,
@@ -1875,6 +1891,7 @@ class Soak:
             )
             return
         why = "?"
+        seen: Counter[str] = Counter()  # every reason judged while waiting: which job kept it from converging
         settle = time.monotonic() + 2.0  # let the fault's effect be seen before judging convergence
         while not self.stop.is_set():
             self.tick()
@@ -1886,6 +1903,7 @@ class Soak:
                 why = self.not_converged()
             except Exception as e:
                 why = f"API: {type(e).__name__}"
+            seen[why or "bursts"] += 1
             if not why and not self.bursts:
                 took = time.monotonic() - t_from
                 self.fig.faults.append(
@@ -1908,9 +1926,11 @@ class Soak:
                         "converged_s": None,
                         "survived": False,
                         "last": why,
+                        "reasons": dict(seen.most_common(8)),
                     }
                 )
-                self.fail(f"not converged within {self.p.converge_bound_s:g}s after {f.kind}: {why}")
+                top = "; ".join(f"{n}x {r}" for r, n in seen.most_common(4))
+                self.fail(f"not converged within {self.p.converge_bound_s:g}s after {f.kind}: {why} (judged: {top})")
                 return
 
     def _timeslice_figures(self) -> dict[str, Any]:
@@ -1923,6 +1943,8 @@ class Soak:
             "fencing_token_end": token,
             "turns_by_member": dict(self.ts_turns),
             "most_holders_seen": self.ts_max_holders,
+            "rounds": self.ts_rounds,
+            "rounds_member_not_at_target": dict(self.ts_not_at_target),
             "fencing_rejections": self._metric_sum("rose_driver_fencing_rejections_total"),
             "client_errors": self.ts_error_count,
             "client_errors_last": self.ts_errors[-5:],

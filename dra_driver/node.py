@@ -222,17 +222,26 @@ class NodeDriver:
         # the waits of an occupant the driver stopped end at once (engine_api.Abandoner).
         workers = max(ENGINE_THREADS_MIN, 2 * len(self.gpus) + 2)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine")
+        self._init_hooks()
+        # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
+        self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
+        self._resume_retry: dict[str, tuple[int, float]] = {}
+
+    def _init_hooks(self) -> None:
+        """What the driver's neighbours (the pod watcher, the slice publisher) plug in; none at first."""
         # The time-slice groups with a pod on this node (the pod watcher's view): their fences are
         # never dropped to make room in the bounded book (dra_driver/fencing.py).
         self.fence_groups_in_use: Callable[[], Collection[str]] = frozenset
+        # Called (without the node lock) with the pods of a lent claim this driver has just prepared,
+        # before the prepare returns to the kubelet: the pod watcher acts on the suspend requests they
+        # already carry (PodWatcher.recheck; soak g6). Lent claims prepared since the last call: uid -> pods.
+        self.on_lent_prepared: Callable[[list[PodRef]], None] = lambda pods: None
+        self._fresh_lent: dict[str, list[PodRef]] = {}
         # Hears the GPUs serving holds here (serving_held) after every locked section, under the node
         # lock (so it must not block): the slice publisher taints their lendable devices.
         self.on_serving_holds: Callable[[frozenset[int]], None] | None = None
         # GPU shares: called with lent_held's (in shares, lent whole, serving fractions) after every locked section
         self.on_lent_holds: Callable[[frozenset[int], frozenset[int], frozenset[int]], None] | None = None
-        # unheld failed resumes: occupant UID -> (failures, next try), see _resume_failed
-        self.resume_backoff, self._clock = resume_backoff or Backoff(initial_s=2.0, max_s=60.0), clock
-        self._resume_retry: dict[str, tuple[int, float]] = {}
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -345,7 +354,9 @@ class NodeDriver:
         for ref in refs:
             t0 = time.monotonic()
             try:
-                out[ref.uid] = PrepareOutcome(devices=self._prepare_claim(ref))
+                devices = self._prepare_claim(ref)
+                self._lent_prepared(ref)
+                out[ref.uid] = PrepareOutcome(devices=devices)
                 self.metrics.prepare_total.labels("ok").inc()
                 with self._rmu:
                     self._refused.forget(ref.uid)
@@ -366,6 +377,20 @@ class NodeDriver:
                 log.exception("prepare failed", extra={"claim": ref.key(), "err": repr(e)})
             self.metrics.prepare_seconds.observe(time.monotonic() - t0)
         return out
+
+    def _lent_prepared(self, ref: ClaimRef) -> None:
+        """A lent claim prepared by this call: its pods' standing suspend requests are acted on now,
+        before the kubelet may start them. A request written while the claim was not prepared here
+        (refused: ``no-claim``, e.g. a time-slice group's shared claim refused while serving held its
+        GPU) brings no pod event again, so without this a member its orchestrator had parked would
+        run on the shared claim beside the holder (soak g6)."""
+        pods = self._fresh_lent.pop(ref.uid, None)
+        if not pods:
+            return
+        try:
+            self.on_lent_prepared(pods)
+        except Exception as e:  # the prepare stands; the pods' next events are acted on as ever
+            log.warning("standing suspend requests not checked", extra={"claim": ref.key(), "err": repr(e)})
 
     def _serving_holds_refusal(self, ref: ClaimRef, e: refusals.ServingHoldsError) -> None:
         """A lent claim refused because serving holds its GPU: counted every time, logged, and told
@@ -980,6 +1005,8 @@ class NodeDriver:
         self._save()
         crash_point("prepare-completed")
         self._bind(rec)
+        if names.LENT_ROLES & rec.roles():
+            self._fresh_lent[rec.uid] = list(rec.pods)
         log.info(
             "claim prepared",
             extra={"claim": ref.key(), "uid": ref.uid, "devices": [d.device for d in rec.devices]},

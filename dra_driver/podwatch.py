@@ -102,6 +102,15 @@ def decide(pod: dict[str, Any], held: set[str]) -> Action | None:
     return None
 
 
+def _token_order(pod: dict[str, Any]) -> int:
+    """A pod's fencing token (0: none or unreadable; :func:`decide` refuses the unreadable one)."""
+    try:
+        raw = parse_fence(pod)
+        return 0 if raw is None else fencing.parse(raw)[1]
+    except (BadSuspendRequestError, ValueError):
+        return 0
+
+
 class PodWatcher:
     """The node's pods, listed then watched (one :class:`Informer`): each pod goes to the
     observers and to :func:`decide`; a deleted pod is forgotten by the suspend engine."""
@@ -120,6 +129,7 @@ class PodWatcher:
         self._groups: dict[str, str] = {}
         self._groups_mu = threading.Lock()
         driver.fence_groups_in_use = self.groups_in_use
+        driver.on_lent_prepared = self.recheck
         restarts = driver.metrics.watch_restarts_total
         self.informer = Informer(
             api, api.settings, self, on_restart=on_restart or (lambda kind: restarts.labels(kind).inc())
@@ -171,6 +181,30 @@ class PodWatcher:
                 observe(pod)
             except Exception as e:
                 log.warning("pod observer failed", extra={"pod": objects.namespaced_name(pod), "err": repr(e)})
+        self._act(pod)
+
+    def recheck(self, pods: Sequence[PodRef]) -> None:
+        """A lent claim was just prepared for ``pods`` (the driver calls this before its prepare
+        returns, so before the kubelet starts them): act on the suspend requests they already carry,
+        read from the API server. A request the driver refused while the claim was not prepared here
+        (``no-claim``) comes with no new pod event. Time-slice hand-overs are replayed in the order
+        the orchestrator issued them (their fencing tokens, oldest first), so none is refused as stale."""
+        found = []
+        for ref in pods:
+            try:
+                pod = self.driver.claims.get_pod(ref.namespace, ref.name)
+            except Exception as e:
+                log.warning(
+                    "reading a prepared claim's pod failed",
+                    extra={"pod": f"{ref.namespace}/{ref.name}", "err": repr(e)},
+                )
+                continue
+            if pod is not None and objects.uid(pod) == ref.uid and not objects.deleting(pod):
+                found.append(pod)
+        for pod in sorted(found, key=_token_order):
+            self._act(pod)
+
+    def _act(self, pod: dict[str, Any]) -> None:
         try:
             action = decide(pod, self.driver.held_pods())
         except BadSuspendRequestError as e:

@@ -689,7 +689,8 @@ class Controller:
                     share_memory,
                 )
             )
-            workers += [pw for pw in (to_planner(key, w) for w in observed) if pw is not None]
+            grouped = job.spec.timeslice_group is not None
+            workers += [pw for pw in (to_planner(key, w, grouped) for w in observed) if pw is not None]
         settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
         return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting
 

@@ -511,12 +511,22 @@ def holding_state(w: ObservedWorker) -> WorkerState:
     return state
 
 
-def to_planner(job_key: str, w: ObservedWorker) -> Worker | None:
+def handed(w: ObservedWorker, grouped: bool) -> bool:
+    """Whether ``w``, a worker of a job in a time-slice group (``grouped``), is suspended by its
+    orchestrator's hand-over (its ``rose.io/suspend-request`` is the orchestrator's) on a shared
+    claim serving does not hold (pure): the group still holds that GPU (planner ``Worker.handed``).
+    A forged owner on a pod only makes the planner count one GPU more as lent (conservative)."""
+    return grouped and w.request_by == names.SUSPEND_BY_TIMESLICE and w.claim is not None and not w.serving_held
+
+
+def to_planner(job_key: str, w: ObservedWorker, grouped: bool = False) -> Worker | None:
     """The planner's view (:func:`holding_state`); a lost worker holds nothing and is not planned for.
     Its lent claim (``namespace/name``) lets the planner count a time-slice group's shared claim once
-    among the GPUs taken for new workers (``rose_common.lending``)."""
+    among the GPUs taken for new workers (``rose_common.lending``); a member of a time-slice group
+    (``grouped``) parked by its orchestrator's hand-over is marked :func:`handed`."""
     if w.lost:
         return None
     claim = f"{job_key.partition('/')[0]}/{w.claim}" if w.claim else None
     state = holding_state(w)
-    return Worker(w.name, role_key(job_key, w.role), state, w.pool, claim, bound=state != "pending" or bool(w.node))
+    bound = state != "pending" or bool(w.node)
+    return Worker(w.name, role_key(job_key, w.role), state, w.pool, claim, bound=bound, handed=handed(w, grouped))

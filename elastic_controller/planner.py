@@ -36,7 +36,12 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   GPUs held count (serving may take a suspended worker's GPU at once, so planned reclaims count
   only holding workers too). ``Plan.claimed`` reports the count per pool. A claim's GPU is lent
   once however many workers hold it: a time-slice group's member resumes onto the shared claim
-  another member holds without room of its own (which member runs is the orchestrator's). A granted worker the
+  another member holds without room of its own (which member runs is the orchestrator's), and a
+  member the orchestrator's hand-over suspends (``Worker.handed``: its suspend request is the
+  orchestrator's, its shared claim on a GPU serving does not hold) still holds the group's GPU: a
+  hand-over is not a reclaim, so at the instant when the old holder is suspending and the new one is
+  not yet resumed both members keep their target (serving's planned reclaim still takes the GPU
+  from every member, as from a holding one). A granted worker the
   scheduler has not placed yet (``Worker.bound`` False) is still a new claim: each round, where the
   rule no longer leaves it room (serving's forecast rose, a worker was suspended in place), it is
   removed (``Shrink: ... removed before it was scheduled``), never kept as a target the extender
@@ -211,6 +216,10 @@ class Worker:
     # False: a pending worker the scheduler has not placed yet (its claim allocated nothing): still a
     # NEW lent claim, held to rose_common.lending's rule every round (:func:`_unplaceable`)
     bound: bool = True
+    # a time-slice group member suspended (or being suspended) by its orchestrator's hand-over, on
+    # the group's shared claim serving does not hold: the group still holds that GPU, so the planner
+    # counts the member as holding it (:class:`_Book`), as it counts the member another one hands to
+    handed: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,6 +343,14 @@ class _Claimed:
         self._add(key, 1)
 
 
+def _holds(w: Worker) -> bool:
+    """Whether ``w`` holds its GPU at the start of the plan: a holding state, or a time-slice group
+    member parked by its orchestrator's hand-over (:attr:`Worker.handed`: a hand-over is not a
+    reclaim; the shared claim's GPU stays the group's, so neither member's target flips to 0 at the
+    instant when one member is suspending and the other not yet resumed; soak g2/g3/g5)."""
+    return w.state in HOLDING or (w.handed and w.state in ("suspending", "suspended") and w.claim is not None)
+
+
 class _Book:
     """The plan under construction: who holds which pool's GPUs."""
 
@@ -351,10 +368,10 @@ class _Book:
             by_job.setdefault(w.job, []).append(w)
         for job in sorted(inp.jobs, key=lambda j: j.key):
             mine = sorted(by_job.get(job.key, ()), key=lambda w: w.name)
-            parked = [w for w in mine if w.state not in HOLDING and w.state != "waiting"]
+            parked = [w for w in mine if not _holds(w) and w.state != "waiting"]
             b = self.jobs[job.key] = _JobBook(job, [], parked, [w for w in mine if w.state == "waiting"])
             for w in mine:
-                if w.state in HOLDING:
+                if _holds(w):
                     self.hold(b, w)
                 else:
                     self.mark(b, w, idle=1)

@@ -103,6 +103,9 @@ SCHEDULER_NAME: Final = "rose-scheduler"
 # ANNOTATION_SUSPEND_STATE. Value of the request: JSON {"by", "reason", "graceSeconds", "at"}.
 ANNOTATION_SUSPEND_REQUEST: Final = f"{LABEL_PREFIX}/suspend-request"
 ANNOTATION_SUSPEND_STATE: Final = f"{LABEL_PREFIX}/suspend-state"
+# The request's "by" when the time-slice orchestrator's hand-over wrote it (timeslice/handover.py):
+# the elastic controller counts such a member as still holding its group's shared claim
+SUSPEND_BY_TIMESLICE: Final = "timeslice"
 
 # Elastic metadata of an RL worker pod. The controller writes ANNOTATION_WORLD ("active/total":
 # the job's active workers and all its workers); the node agent pushes it to the workload. The

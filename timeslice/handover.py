@@ -123,7 +123,9 @@ def state_bytes(pods: Iterable[dict[str, Any]]) -> int:
 
 
 def suspend_request(token: int, at: str) -> str:
-    return json.dumps({"by": "timeslice", "reason": f"time-slice hand-over {token}", "at": at}, sort_keys=True)
+    return json.dumps(
+        {"by": names.SUSPEND_BY_TIMESLICE, "reason": f"time-slice hand-over {token}", "at": at}, sort_keys=True
+    )
 
 
 def _patches(pods: list[dict[str, Any]], group: str, token: int, request: str | None) -> tuple[PodPatch, ...]:
