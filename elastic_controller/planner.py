@@ -103,6 +103,10 @@ class Forecast:
     step: float
     upper: tuple[float, ...]
     quantile: str = "p90"
+    # the reply's own points, (horizon s from ``start``, GPUs serving may need), as the extender reads
+    # them: a new lent claim is judged on these by rose_common.lending's one reading (empty: a
+    # forecast built without a reply, judged on ``upper``)
+    points: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.step <= 0:
@@ -447,12 +451,17 @@ class _Book:
         size: GPUs free for a whole worker; for a share, the fraction left once it is packed (so a GPU
         partly lent in shares takes another share where no whole GPU is free). ≥ ``job.size``: fits.
         A ``new`` worker (a new lent claim) cannot have a GPU any lent claim holds, whatever its
-        worker's state (:meth:`claimed`, ``rose_common.lending``); a resume in place only needs
-        serving's room among the GPUs not held."""
-        capacity, need = self.pools[pool].capacity, self.need(pool, seconds)
+        worker's state (:meth:`claimed`, ``rose_common.lending``), and is judged on the reply's own
+        points as the extender judges it (``lending.new_claim_room``: every point ahead up to the
+        first reaching the run's end, horizons from the reply's time); a resume in place only needs
+        serving's room among the GPUs not held, on the step function."""
+        capacity, forecast = self.pools[pool].capacity, self.pools[pool].forecast
         extra = job.share if job.share > 0 else 0.0
         taken = self.claimed(pool, extra) if new else self.lent(pool, extra)
-        spare = lending.spare_for_new_claim(capacity, need, taken) if new else capacity - need - taken
+        if new and forecast.points:  # the extender's reading of the same reply (rose_common.lending)
+            spare = lending.new_claim_room(capacity, taken, forecast.points, seconds, self.now - forecast.start)
+        else:
+            spare = capacity - self.need(pool, seconds) - taken
         if job.share <= 0:
             return spare
         return job.share if spare >= 0 else spare

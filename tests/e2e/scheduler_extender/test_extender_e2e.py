@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -66,10 +67,13 @@ def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
     tmp = tmp_path_factory.mktemp("extender")
     quiet, busy = _pools(cluster)
     capacity = {p: sum(cluster.gpus_per_node for n in cluster.pools if cluster.pools[n] == p) for p in (quiet, busy)}
+    now = datetime.now(UTC)  # the extender counts the horizons from the reply's time
     items = [
-        json.loads(forecast(quiet, {600: 0, 1800: 0, 3600: 0}).model_dump_json()),
+        json.loads(forecast(quiet, {600: 0, 1800: 0, 3600: 0}, generated_at=now).model_dump_json()),
         # busy: serving needs the whole pool from 30 minutes on → idle window 10 minutes
-        json.loads(forecast(busy, {600: 0, 1800: capacity[busy], 3600: capacity[busy]}).model_dump_json()),
+        json.loads(
+            forecast(busy, {600: 0, 1800: capacity[busy], 3600: capacity[busy]}, generated_at=now).model_dump_json()
+        ),
     ]
     (tmp / "forecasts.json").write_text(json.dumps({"forecasts": items}))
     url = urlparse(cluster.extender_url)
