@@ -276,7 +276,10 @@ def _rl_group_reason(
     if window < min_run:
         outlook = outlooks.get(pool)
         at = "" if outlook is None or outlook.basis == "quantile" else f" (at {outlook.basis})"
-        return f"serving forecast{at} needs pool {pool!r} within {window:.0f}s < min useful run {min_run:.0f}s"
+        return (
+            f"{extender_names.REFUSAL_SERVING_FORECAST}{at} needs pool {pool!r} within {window:.0f}s "
+            f"< min useful run {min_run:.0f}s"
+        )
     return None
 
 
