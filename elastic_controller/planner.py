@@ -614,16 +614,17 @@ def _unplaceable(book: _Book) -> None:
         for b, w in unplaced:
             book.release(b, w)
         for b, w in sorted(unplaced, key=lambda x: (x[0].job.grow_order(), x[1].name)):
-            if _room(book, b, pool, new=True) >= b.job.size:
+            room = _room(book, b, pool, new=True)
+            if room >= b.job.size:
                 book.hold(b, w)
                 continue
             b.remove.append(w.name)
             b.shrunk = True
             b.reasons.append(
                 f"Shrink: {_who(b, w)} removed before it was scheduled: {pool} has no GPU for a new lent "
-                f"claim (serving {book.pools[pool].forecast.quantile} needs {book.need(pool, book.lead(pool)):g} "
-                f"of {book.pools[pool].capacity} GPUs, {book.claimed(pool)} held by lent claims, suspended "
-                "workers' included)"
+                f"claim ({max(room, 0.0):g} of {book.pools[pool].capacity} GPUs left by serving's "
+                f"{book.pools[pool].forecast.quantile} forecast over the worker's run, {book.claimed(pool)} held "
+                "by lent claims, suspended workers' included)"
             )
 
 
