@@ -51,16 +51,19 @@ def worker_pod(job: str, index: int, node_name: str, suspended: bool = False) ->
     return p
 
 
-def cluster() -> list[tuple[str, dict[str, Any]]]:
-    """g6's pool-b: (kind, object) as the API server holds them."""
+def cluster(with_b: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """g6's pool-b: (kind, object) as the API server holds them (without job b's suspended worker:
+    2 GPUs claimed, not 3)."""
     objs: list[tuple[str, dict[str, Any]]] = [
         ("ResourceClaim", claim("serve", "s1", "n1", ["gpu-0-serving"])),
         ("ResourceClaim", claim("serve", "s3", "n3", ["gpu-0-serving"])),
         ("ResourceClaim", claim("rl", "a-w0-gpus", "n3", ["gpu-2-lendable"])),
         ("ResourceClaim", claim("rl", "a-w2-gpus", "n3", ["gpu-1-lendable"])),
-        ("ResourceClaim", claim("rl", "b-w1-gpus", "n1", ["gpu-1-lendable"])),  # suspended, still allocated
     ]
-    pods = [worker_pod("a", 0, "n3"), worker_pod("a", 2, "n3"), worker_pod("b", 1, "n1", suspended=True)]
+    pods = [worker_pod("a", 0, "n3"), worker_pod("a", 2, "n3")]
+    if with_b:
+        objs.append(("ResourceClaim", claim("rl", "b-w1-gpus", "n1", ["gpu-1-lendable"])))  # suspended, allocated
+        pods.append(worker_pod("b", 1, "n1", suspended=True))
     return objs + [("Pod", p) for p in pods]
 
 
@@ -69,7 +72,12 @@ def flat(demand: float) -> ForecastResponse:
 
 
 def planner_grants(
-    demand: float | ForecastResponse, grace_s: float = 5, risk: str = "", settings: Settings | None = None
+    demand: float | ForecastResponse,
+    grace_s: float = 5,
+    risk: str = "",
+    settings: Settings | None = None,
+    now: float = NOW,
+    with_b: bool = True,
 ) -> list[str]:
     """The pools the planner adds a worker of job ``a`` to, from the cluster as the controller reads it."""
     reply = flat(demand) if isinstance(demand, float) else demand
@@ -77,7 +85,7 @@ def planner_grants(
     capacity = pools.capacities(nodes, [slice_for(n, 3) for n in NODES])[POOL]
     fc = pools.to_forecast(reply, "0.9", risk=risk)
     workers: list[Worker] = []
-    for kind, obj in cluster():
+    for kind, obj in cluster(with_b):
         job = obj["metadata"].get("labels", {}).get(names.LABEL_JOB) if kind == "Pod" else None
         seen = observe.observe(job, obj, node_pool=POOL) if job else None
         w = observe.to_planner(f"rl/{job}", seen) if seen is not None else None
@@ -86,18 +94,20 @@ def planner_grants(
     jobs = (
         Job("rl/a", 1, 3, grace_s=grace_s, min_useful_run_s=MIN_RUN),
         # b shrank 10 s ago: within its dwell it does not grow, so its suspended worker stays suspended
-        Job("rl/b", 1, 2, grace_s=5, min_useful_run_s=MIN_RUN, last_shrink_at=NOW - 10),
+        Job("rl/b", 1, 2, grace_s=5, min_useful_run_s=MIN_RUN, last_shrink_at=now - 10),
     )
     settings = settings or Settings(dwell_s=300)
-    result = plan(PlanInput(NOW, (Pool(POOL, capacity, fc),), jobs, tuple(workers), settings))
+    result = plan(PlanInput(now, (Pool(POOL, capacity, fc),), jobs, tuple(workers), settings))
     assert not result.reclaims, "serving's forecast never exceeds what the running workers leave"
     return list(result.targets["rl/a"].add)
 
 
-def extender_passes(demand: float | ForecastResponse, risk: str = "") -> list[str]:
-    """The nodes the extender's filter passes for a new worker of job ``a``, at ``NOW``."""
+def extender_passes(
+    demand: float | ForecastResponse, risk: str = "", now: float = NOW, with_b: bool = True
+) -> list[str]:
+    """The nodes the extender's filter passes for a new worker of job ``a``, at ``now``."""
     reply = flat(demand) if isinstance(demand, float) else demand
-    cache = cluster_cache({POOL: list(NODES)}, gpus=3, objects=cluster())
+    cache = cluster_cache({POOL: list(NODES)}, gpus=3, objects=cluster(with_b))
     snap = cache.snapshot()
     new = policy.pod_info(
         namespace="rl",
@@ -109,7 +119,7 @@ def extender_passes(demand: float | ForecastResponse, risk: str = "") -> list[st
     )
     fc = reduce(reply, "0.9", risk=risk)
     cfg = policy.PolicyConfig()
-    looks, _ = policy.pool_outlooks(snap, {POOL: fc}, new.gpus, cfg, now=NOW)
+    looks, _ = policy.pool_outlooks(snap, {POOL: fc}, new.gpus, cfg, now=now)
     return policy.filter_nodes(new, list(NODES), snap, looks, cfg).passed
 
 
@@ -219,3 +229,38 @@ def test_room_and_window_are_one_rule() -> None:
         assert (room >= need) == (window >= run), (points, age, claimed, need, run, room, window)
         checked += room >= need
     assert 0 < checked < 4000  # both outcomes occur
+
+
+# A reply of the soak's predictor for pool-b, recorded verbatim during the group soak run f1 on this
+# branch (docs/bench/soak.md; GET /v1/forecast?pool=pool-b&horizon=6s,19s,38s at 10:55:20 UTC): the
+# 6-s window's bound at risk 0.05 is 3.003 GPUs, so 4 needed; the 19- and 38-s windows' 3.0000000000000853,
+# so 3. Of 173 replies recorded in that run, 20 had a shorter window needing more than a longer one.
+RECORDED = (
+    '{"pool":"pool-b","unit":"gpus","model_version":"pool-b-20261202T105458-4a402de0","generated_at":"202'
+    '6-12-02T10:55:20.247052Z","last_observation_at":"2026-12-02T10:55:20Z","data_age_seconds":0.24705171'
+    '585083008,"stale":false,"current":2.0,"points":[{"horizon_seconds":6,"timestamp":"2026-12-02T10:55:2'
+    '6Z","quantiles":{"0.5":2.0,"0.9":3.1349541912727994},"window_max":{"0.05":3.0030646881926457},"gpus_'
+    'needed":{"0.05":4}},{"horizon_seconds":19,"timestamp":"2026-12-02T10:55:39Z","quantiles":{"0.5":2.0,'
+    '"0.9":3.6737113846150478},"window_max":{"0.05":3.0000000000000853},"gpus_needed":{"0.05":3}},{"horiz'
+    'on_seconds":38,"timestamp":"2026-12-02T10:55:58Z","quantiles":{"0.5":2.0,"0.9":3.371542277462805},"w'
+    'indow_max":{"0.05":3.0000000000000853},"gpus_needed":{"0.05":3}}]}'
+)
+
+
+def test_a_recorded_soak_reply_is_read_the_same_by_the_planner_and_the_extender() -> None:
+    """The recorded reply one second after it was generated, pool-b with job a's 2 workers claimed
+    (6 - 2 = 4 GPUs for serving and a new worker): the 6-s window needs 4, so neither side gives job a
+    a third worker. On the previous planner its 60 s step 0 held the 38-s window's 3 GPUs: it granted
+    the worker ("adds ['pool-b']") that the extender refused ("within 0s"): g7."""
+    reply = ForecastResponse.model_validate_json(RECORDED)
+    now = reply.generated_at.timestamp() + 1
+    grants = planner_grants(reply, grace_s=0, risk=RISK, now=now, with_b=False)
+    passed = extender_passes(reply, risk=RISK, now=now, with_b=False)
+    assert bool(grants) == bool(passed), (
+        f"the planner adds {grants or 'nothing'}, the extender passes {passed or 'no node'}"
+    )
+    assert not passed
+    # not vacuous: with the 6-s point past (7 s later), the 19-s window's 3 GPUs leave job a its worker
+    later = reply.generated_at.timestamp() + 7
+    assert planner_grants(reply, grace_s=0, risk=RISK, now=later, with_b=False) == [POOL]
+    assert extender_passes(reply, risk=RISK, now=later, with_b=False)
