@@ -70,9 +70,10 @@ def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
     now = datetime.now(UTC)  # the extender counts the horizons from the reply's time
     items = [
         json.loads(forecast(quiet, {600: 0, 1800: 0, 3600: 0}, generated_at=now).model_dump_json()),
-        # busy: serving needs the whole pool from 30 minutes on → idle window 10 minutes
+        # busy: serving needs the whole pool from 30 minutes on → idle window 15 minutes from the reply's time
+        # (the extender counts horizons from generated_at: the window shrinks as this file ages)
         json.loads(
-            forecast(busy, {600: 0, 1800: capacity[busy], 3600: capacity[busy]}, generated_at=now).model_dump_json()
+            forecast(busy, {900: 0, 1800: capacity[busy], 3600: capacity[busy]}, generated_at=now).model_dump_json()
         ),
     ]
     (tmp / "forecasts.json").write_text(json.dumps({"forecasts": items}))
@@ -167,7 +168,7 @@ def _rl_pod(
 def test_rl_workers_land_on_the_pool_forecast_idle_longest(
     cluster: ClusterHandle, extender: dict[str, Any], api: Any, ns: str
 ) -> None:
-    """Pool ``quiet`` is forecast idle for the full hour; pool ``busy`` only for 10 minutes.
+    """Pool ``quiet`` is forecast idle for the full hour; pool ``busy`` only for 15 minutes.
     Four 1-GPU workers (as many as the quiet pool has lendable GPUs) all land in the quiet pool;
     a fifth that needs 20 minutes of uninterrupted run finds no node: the quiet pool has no
     lendable GPU left and the busy pool's window is too short (FailedAndUnresolvableNodes)."""
