@@ -885,6 +885,10 @@ class Soak:
                                         f"--plan-interval={self.p.plan_interval_s:g}", f"--dwell={dwell}",
                                         "--lease-namespace=default",
                                         "--lease-name=rose-soak", "--lease-duration=6", "--lease-renew=2",
+                                        # a worker the scheduler keeps refusing for serving's forecast goes
+                                        # well within the 90 s convergence bound; its pool cools down for
+                                        # a simulated ~1.6 h at 96x (group soak g7)
+                                        "--refused-after=20", "--refused-cooldown=60",
                                         f"--metrics-listen=127.0.0.1:{self.ctl_port}"],
                                         self.tmp / "controller.log")  # fmt: skip
         self.stack.callback(self.procs["controller"].stop)

@@ -79,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a worker pod may stay Unschedulable before the controller nudges kube-scheduler to "
         "try it again (an extender's refusal on a forecast since changed is not a cluster event)",
     )
+    p.flag(
+        "--refused-after",
+        default=60.0,
+        type=duration,
+        help="seconds a granted worker may stay Unschedulable with the ROSE extender's serving-forecast "
+        "refusal before the planner removes it as not fitting (the two fetch the predictor apart)",
+    )
+    p.flag(
+        "--refused-cooldown",
+        default=300.0,
+        type=duration,
+        help="seconds a job gets no new worker in a pool after one was removed there by --refused-after",
+    )
     p.flag("--log-level", default="info", help="debug, info, warning or error")
     return p
 
@@ -131,6 +144,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
             write_concurrency=args.write_concurrency,
             taint_lead_s=args.taint_lead,
             schedule_retry_s=args.schedule_retry,
+            refused_after_s=args.refused_after,
+            refused_cooldown_s=args.refused_cooldown,
         )
     except ValueError as e:
         raise SystemExit(f"rose controller: {e}") from None

@@ -139,6 +139,11 @@ class ControllerSettings:
     taint_lead_s: float = 60.0
     # a worker pod Unschedulable this long is nudged back into kube-scheduler's queue (observe.schedule_retries)
     schedule_retry_s: float = 15.0
+    # a granted worker the scheduler keeps refusing for serving's forecast (the extender's reason in its
+    # PodScheduled condition) this long is removed, and its job gets no new worker in that pool for the
+    # cool-down (planner._refused; issue 25, group soak g7)
+    refused_after_s: float = 60.0
+    refused_cooldown_s: float = 300.0
     # a worker of its own claim blocked by serving this long (and that never ran) is replaced
     # (observe.with_serving): the driver republishes its prepared GPUs every 5 s
     blocked_grace_s: float = 15.0
@@ -150,6 +155,11 @@ class ControllerSettings:
             raise ValueError(f"write concurrency must be >= 1, got {self.write_concurrency}")
         if self.resync_s <= 0:
             raise ValueError(f"resync period must be > 0 seconds, got {self.resync_s}")
+        if self.refused_after_s <= 0 or self.refused_cooldown_s < 0:
+            raise ValueError(
+                "--refused-after must be > 0 and --refused-cooldown >= 0 seconds, got "
+                f"{self.refused_after_s} and {self.refused_cooldown_s}"
+            )
         if not 0 < self.lease_renew_s < self.lease_duration_s:
             raise ValueError(
                 "lease renew period must be > 0 and shorter than the lease duration "
@@ -247,6 +257,7 @@ class Controller:
         self._pods: dict[str, dict[str, dict[str, Any]]] = {}
         # job key → (the planner's target, the UIDs of the workers it was planned for)
         self._targets: dict[str, tuple[JobTarget, frozenset[str]]] = {}
+        self._cooldowns: dict[tuple[str, str], float] = {}  # (planner job key, pool) → until (planner._refused)
         self._expect: dict[str, _Expect] = {}
         self._deleted: dict[str, str] = {}  # job key → UID of the job deleted, until its pods are gone
         self._bad: dict[str, str] = {}  # job key → the resourceVersion already reported invalid
@@ -691,8 +702,12 @@ class Controller:
             )
             grouped = job.spec.timeslice_group is not None
             workers += [pw for pw in (to_planner(key, w, grouped) for w in observed) if pw is not None]
-        settings = Settings(dwell_s=self.settings.dwell_s, interval_s=self.settings.plan_interval_s)
-        return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings), waiting
+        c = self.settings
+        settings = Settings(c.dwell_s, c.plan_interval_s, c.refused_after_s, c.refused_cooldown_s)
+        with self._lock:
+            self._cooldowns = {k: until for k, until in self._cooldowns.items() if until > t}
+            cooldowns = tuple((job, pool, until) for (job, pool), until in sorted(self._cooldowns.items()))
+        return PlanInput(t, self._pools(t), tuple(pj), tuple(workers), settings, cooldowns), waiting
 
     def plan_once(self) -> Plan | None:
         if not self.is_leader:
@@ -710,6 +725,7 @@ class Controller:
         self.metrics.plan_latency.observe(time.monotonic() - start)
         for r in result.reclaims:
             self.metrics.reclaims.labels("planned").inc(len(r.workers))
+        self._cool_down(inp, result)
         for key in self._store_targets(merge_roles(result.targets, inp.jobs), waiting, basis):
             self.queue.add(key)
         self._gauges(inp.workers)
@@ -720,6 +736,17 @@ class Controller:
         self._taint(inp, result)
         self.last_plan = result
         return result
+
+    def _cool_down(self, inp: PlanInput, result: Plan) -> None:
+        """Start the cool-down of each (job, pool) whose worker the plan removed because the scheduler
+        kept refusing it there for serving's forecast (kept in memory: a restarted controller starts
+        without, and at worst grants there once more, removed again after the bound)."""
+        until = inp.now + inp.settings.refused_cooldown_s
+        for job, pool in result.refused:
+            self.metrics.forecast_refused.labels(pool).inc()
+            log.info("refused worker removed", extra={"job": job, "pool": pool, "coolDownUntil": until})
+            with self._lock:
+                self._cooldowns[(job, pool)] = until
 
     def _taint(self, inp: PlanInput, result: Plan) -> None:
         """Make the owned DeviceTaintRules match :func:`taints.decide` (failures: logged, counted,

@@ -104,8 +104,8 @@ class ControllerMetrics:
         self._backend = forecast_backend
 
     def _serving_metrics(self, r: CollectorRegistry) -> None:
-        """Workers serving blocks (``observe.serving_blocks``, soak T2's remainder) and the GPUs lent claims
-        hold per pool (``rose_common.lending``)."""
+        """Workers serving blocks (``observe.serving_blocks``, soak T2's remainder), the GPUs lent claims
+        hold per pool (``rose_common.lending``), workers removed for the scheduler's forecast refusal."""
         self.blocked_replaced = Counter("rose_controller_blocked_workers_replaced_total",
                                         "Workers deleted to be recreated elsewhere: their own lent claim was allocated "
                                         "on a GPU serving holds and they never ran there.", registry=r)  # fmt: skip
@@ -116,6 +116,10 @@ class ControllerMetrics:
                                   "GPUs per pool a new lent worker cannot have: those lent claims hold, whatever "
                                   "their worker's state (running, suspended, waiting for serving), as the last plan "
                                   "left them (rose_common.lending).", ["pool"], registry=r)  # fmt: skip
+        self.forecast_refused = Counter("rose_controller_forecast_refused_workers_total",
+                                        "Granted workers removed because kube-scheduler kept them Unschedulable "
+                                        "for the extender's serving-forecast refusal, by pool (each starts that "
+                                        "job's cool-down there).", ["pool"], registry=r)  # fmt: skip
 
     def on_forecast(self, forecast: Forecast) -> Forecast:
         """Count what a fetched forecast is read as (``risk``: the window bounds at ``--risk``)."""

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from elastic_controller.planner import Job, Worker, WorkerState, role_key
 from elastic_controller.workers import CLAIM_NAME, CONTROLLER, dedicated, worker_role_index
-from rose_common import names, slices
+from rose_common import extender_names, names, slices
 from rose_common.elasticrljob import DEVICE_MEMORY_MAX_BYTES as DEVICE_MEMORY_MAX
 from rose_common.elasticrljob import MAX_GPUS_PER_WORKER, ElasticRLJob, ElasticRLJobSpec, Role
 from rose_common.timefmt import parse_rfc3339
@@ -65,6 +65,8 @@ class ObservedWorker:
     pod_priority: int | None = None  # spec.priority, resolved by the API server from the PriorityClass
     role: Role | None = None  # "trainer" / "rollout" (a job with spec.roles, from the name), else None
     unschedulable_since: str | None = None  # PodScheduled=False, reason Unschedulable: its lastTransitionTime
+    # that condition's message carries the ROSE extender's serving-forecast refusal (the scheduler's word)
+    forecast_refused: bool = False
     schedule_retry: str | None = None  # rose.io/schedule-retry: when the controller last nudged the scheduler
     claim: str | None = None  # the name of its lent ResourceClaim (a template's generated claim, or a shared one)
     fenced: bool = False  # carries rose.io/fencing-token: a time-slice hand-over involved it
@@ -358,6 +360,7 @@ def observe(job: str, pod: dict[str, Any], node_pool: str | None = None) -> Obse
         pod_priority=spec.get("priority") if isinstance(spec.get("priority"), int) else None,
         role=role,
         unschedulable_since=_unschedulable_since(pod),
+        forecast_refused=_forecast_refused(pod),
         schedule_retry=ann.get(names.ANNOTATION_SCHEDULE_RETRY),
         claim=lent_claim(pod),
         fenced=names.ANNOTATION_FENCING_TOKEN in ann,
@@ -447,6 +450,24 @@ def _unschedulable_since(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def _forecast_refused(pod: dict[str, Any]) -> bool:
+    """kube-scheduler's PodScheduled=False (Unschedulable) condition names the ROSE extender's
+    serving-forecast refusal (its filter reason, copied into the message for the nodes it failed)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return extender_names.REFUSAL_SERVING_FORECAST in str(c.get("message") or "")
+    return False
+
+
+def refused_since(w: ObservedWorker) -> float | None:
+    """Since when (epoch s) the scheduler has kept an unbound worker Unschedulable with the extender's
+    serving-forecast refusal (the condition's lastTransitionTime); None when it does not, or unreadable."""
+    if w.node or not w.forecast_refused or not w.unschedulable_since:
+        return None
+    since = _parse_time(w.unschedulable_since)
+    return None if since is None else since.timestamp()
+
+
 def schedule_retries(observed: list[ObservedWorker], now: dt.datetime, after_s: float) -> list[ObservedWorker]:
     """The workers to nudge back into kube-scheduler's queue (pure): unbound, not being deleted,
     Unschedulable for at least ``after_s`` and not nudged within the last ``after_s``. A pod an
@@ -529,4 +550,6 @@ def to_planner(job_key: str, w: ObservedWorker, grouped: bool = False) -> Worker
     claim = f"{job_key.partition('/')[0]}/{w.claim}" if w.claim else None
     state = holding_state(w)
     bound = state != "pending" or bool(w.node)
-    return Worker(w.name, role_key(job_key, w.role), state, w.pool, claim, bound=bound, handed=handed(w, grouped))
+    refused = None if bound else refused_since(w)
+    return Worker(w.name, role_key(job_key, w.role), state, w.pool, claim, bound=bound, handed=handed(w, grouped),
+                  refused_since=refused)  # fmt: skip

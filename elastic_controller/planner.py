@@ -46,6 +46,13 @@ Rules (issue 10 §2; issue 22 §4-§6 for what one job's inputs may do to the ot
   rule no longer leaves it room (serving's forecast rose, a worker was suspended in place), it is
   removed (``Shrink: ... removed before it was scheduled``), never kept as a target the extender
   refuses (group soak ``suspalloc`` g1: ``elastic-b-w2`` Pending for 90 s).
+- **The scheduler's refusal settles it** (group soak g7). The planner and the extender read a
+  reply by one rule (``rose_common.lending``), but each fetches the predictor on its own; a granted
+  worker kube-scheduler keeps Unschedulable with the ROSE extender's serving-forecast refusal
+  (:attr:`Worker.refused_since`, from the pod's PodScheduled condition) for
+  ``Settings.refused_after_s`` is removed (``Shrink: ... removed before it was scheduled:
+  kube-scheduler has refused it ...``), and its job gets no new worker in that pool for
+  ``Settings.refused_cooldown_s`` (:attr:`Plan.refused` out, :attr:`PlanInput.cooldowns` in).
 - **Hysteresis.** A job that shrank or was suspended less than ``dwell_s`` ago does not grow.
 - **Waiting for serving** (soak T2's remainder). A worker in state ``waiting`` (a time-slice group's
   shared claim allocated on a GPU serving now holds, never prepared there: the driver refuses it
@@ -108,6 +115,10 @@ class Forecast:
     step: float
     upper: tuple[float, ...]
     quantile: str = "p90"
+    # the reply's own points, (horizon s from ``start``, GPUs serving may need), as the extender reads
+    # them: a new lent claim is judged on these by rose_common.lending's one reading (empty: a
+    # forecast built without a reply, judged on ``upper``)
+    points: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.step <= 0:
@@ -220,12 +231,20 @@ class Worker:
     # the group's shared claim serving does not hold: the group still holds that GPU, so the planner
     # counts the member as holding it (:class:`_Book`), as it counts the member another one hands to
     handed: bool = False
+    # an unbound worker kube-scheduler marks Unschedulable (PodScheduled False) with the rose extender's
+    # serving-forecast refusal in its message: since when (epoch s, the condition's lastTransitionTime;
+    # the scheduler writes it through the API server); None: not so refused (:func:`_refused`)
+    refused_since: float | None = None
 
 
 @dataclass(frozen=True)
 class Settings:
     dwell_s: float = 300.0
     interval_s: float = 0.0  # time to the next plan: a reclaim decided then must still be in time
+    # a worker the scheduler has refused for serving's forecast this long is removed (:func:`_refused`),
+    # and its job gets no new worker in that pool for ``refused_cooldown_s`` (PlanInput.cooldowns)
+    refused_after_s: float = 60.0
+    refused_cooldown_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -235,6 +254,9 @@ class PlanInput:
     jobs: tuple[Job, ...]
     workers: tuple[Worker, ...]
     settings: Settings = Settings()
+    # (job key, pool, until epoch s): the job gets no new worker in that pool before ``until`` (the
+    # caller keeps what :attr:`Plan.refused` reported, ``Settings.refused_cooldown_s`` long)
+    cooldowns: tuple[tuple[str, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -276,6 +298,9 @@ class Plan:
     # GPUs lent claims take per pool for a new worker once the plan is carried out: the lent ones and
     # those of suspended, suspending and waiting workers (rose_common.lending)
     claimed: dict[str, int] = field(default_factory=dict)
+    # (job key, pool): a worker removed this round because the scheduler kept refusing it there for
+    # serving's forecast (:func:`_refused`): the caller starts that job's cool-down in that pool
+    refused: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -376,6 +401,8 @@ class _Book:
                 else:
                     self.mark(b, w, idle=1)
         self.reclaims: list[Reclaim] = []
+        self.refused: list[tuple[str, str]] = []
+        self.cool: set[tuple[str, str]] = {(j, p) for j, p, until in inp.cooldowns if until > inp.now}
 
     def _count(self, job: Job, pool: str, sign: int) -> None:
         if job.share > 0:
@@ -464,12 +491,17 @@ class _Book:
         size: GPUs free for a whole worker; for a share, the fraction left once it is packed (so a GPU
         partly lent in shares takes another share where no whole GPU is free). ≥ ``job.size``: fits.
         A ``new`` worker (a new lent claim) cannot have a GPU any lent claim holds, whatever its
-        worker's state (:meth:`claimed`, ``rose_common.lending``); a resume in place only needs
-        serving's room among the GPUs not held."""
-        capacity, need = self.pools[pool].capacity, self.need(pool, seconds)
+        worker's state (:meth:`claimed`, ``rose_common.lending``), and is judged on the reply's own
+        points as the extender judges it (``lending.new_claim_room``: every point ahead up to the
+        first reaching the run's end, horizons from the reply's time); a resume in place only needs
+        serving's room among the GPUs not held, on the step function."""
+        capacity, forecast = self.pools[pool].capacity, self.pools[pool].forecast
         extra = job.share if job.share > 0 else 0.0
         taken = self.claimed(pool, extra) if new else self.lent(pool, extra)
-        spare = lending.spare_for_new_claim(capacity, need, taken) if new else capacity - need - taken
+        if new and forecast.points:  # the extender's reading of the same reply (rose_common.lending)
+            spare = lending.new_claim_room(capacity, taken, forecast.points, seconds, self.now - forecast.start)
+        else:
+            spare = capacity - self.need(pool, seconds) - taken
         if job.share <= 0:
             return spare
         return job.share if spare >= 0 else spare
@@ -599,16 +631,43 @@ def _unplaceable(book: _Book) -> None:
         for b, w in unplaced:
             book.release(b, w)
         for b, w in sorted(unplaced, key=lambda x: (x[0].job.grow_order(), x[1].name)):
-            if _room(book, b, pool, new=True) >= b.job.size:
+            room = _room(book, b, pool, new=True)
+            if room >= b.job.size:
                 book.hold(b, w)
                 continue
             b.remove.append(w.name)
             b.shrunk = True
             b.reasons.append(
                 f"Shrink: {_who(b, w)} removed before it was scheduled: {pool} has no GPU for a new lent "
-                f"claim (serving {book.pools[pool].forecast.quantile} needs {book.need(pool, book.lead(pool)):g} "
-                f"of {book.pools[pool].capacity} GPUs, {book.claimed(pool)} held by lent claims, suspended "
-                "workers' included)"
+                f"claim ({max(room, 0.0):g} of {book.pools[pool].capacity} GPUs left by serving's "
+                f"{book.pools[pool].forecast.quantile} forecast over the worker's run, {book.claimed(pool)} held "
+                "by lent claims, suspended workers' included)"
+            )
+
+
+def _refused(book: _Book, settings: Settings) -> None:
+    """Workers kube-scheduler has kept Unschedulable for serving's forecast (the rose extender's
+    refusal, :attr:`Worker.refused_since`) for ``refused_after_s`` are removed: the planner and the
+    extender each fetch the predictor on their own, so they may still judge a pool apart for a
+    while; the API server's word (the scheduler's condition) settles it. The job gets no new worker
+    in that pool this round, nor, through :attr:`Plan.refused`, for ``refused_cooldown_s``."""
+    for b in book.jobs.values():
+        for w in list(b.holding):
+            if w.bound or w.refused_since is None or w.pool is None:
+                continue
+            held = book.now - w.refused_since
+            if held < settings.refused_after_s:
+                continue
+            book.release(b, w)
+            b.remove.append(w.name)
+            b.shrunk = True
+            book.refused.append((b.job.key, w.pool))
+            book.cool.add((b.job.key, w.pool))
+            b.reasons.append(
+                f"Shrink: {_who(b, w)} removed before it was scheduled: kube-scheduler has refused it in "
+                f"{w.pool} for serving's forecast for {held:.0f}s (PodScheduled Unschedulable, the ROSE "
+                f"extender's refusal; bound {settings.refused_after_s:g}s); no new worker of this job in "
+                f"{w.pool} for {settings.refused_cooldown_s:g}s"
             )
 
 
@@ -630,7 +689,8 @@ def _grow_step(book: _Book, b: _JobBook) -> bool:
             book.hold(b, replace(w, state="resuming"))
             b.resume.append(w.name)
             return True
-    rooms = sorted(((_room(book, b, p, new=True), p) for p in book.pools), key=lambda r: (-r[0], r[1]))
+    pools = [p for p in book.pools if (b.job.key, p) not in book.cool]  # a refused pool cools down
+    rooms = sorted(((_room(book, b, p, new=True), p) for p in pools), key=lambda r: (-r[0], r[1]))
     if not rooms or rooms[0][0] < gpw:
         return False
     if round(b.active + gpw * (len(b.parked) + len(b.waiting) + 1), 9) > b.job.max_gpus:
@@ -708,6 +768,7 @@ def plan(inp: PlanInput) -> Plan:
     book = _Book(inp)
     _enforce_max(book)
     _reclaim(book)
+    _refused(book, inp.settings)
     _unplaceable(book)
     for b in sorted(book.jobs.values(), key=lambda x: x.job.grow_order()):
         if _may_grow(b, inp.now, inp.settings.dwell_s) and _requirement_met(book, b):
@@ -721,6 +782,7 @@ def plan(inp: PlanInput) -> Plan:
         {p: book.lent(p) for p in sorted(book.pools)},
         {p: book.shares(p) for p in sorted(book.pools) if book.shares(p)},
         {p: book.claimed(p) for p in sorted(book.pools)},
+        tuple(book.refused),
     )
 
 

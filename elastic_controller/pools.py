@@ -10,7 +10,10 @@ GPUs serving may need over each window at that risk (``gpus_needed``, issue 14 Â
 point carries it: a window bound covers everything from now to its horizon, so each step holds
 the tightest window that covers it. :func:`no_forecast` is what a pool without a fresh forecast
 gets: an empty horizon; the controller also marks such a pool ``frozen``, and the planner makes no
-grants and no planned reclaims where the forecast does not cover the next plan interval.
+grants and no planned reclaims where the forecast does not cover the next plan interval. The
+:class:`Forecast` also keeps the reply's own points, reduced as the extender reduces them
+(``rose_common.forecast_risk.serving_points``): the planner judges a new lent claim on those, by the
+extender's reading (``rose_common.lending``), so the two agree on it.
 """
 
 from __future__ import annotations
@@ -147,9 +150,11 @@ def to_forecast(resp: ForecastResponse, quantile: str, step_s: float = STEP_S, r
     of the two (``current`` counts as horizon 0); a reply without the quantile raises
     ``KeyError`` naming the quantiles it has."""
     start = resp.generated_at.timestamp()
+    # the reply's points as the extender reduces them: a new lent claim is judged on these (rose_common.lending)
+    own = tuple((float(h), v) for h, v in forecast_risk.serving_points(resp, quantile, risk)[0])
     windows = forecast_risk.at_risk(resp, risk)
     if windows:
-        return Forecast(start, step_s, _window_steps(windows, step_s), quantile=f"at risk {risk}")
+        return Forecast(start, step_s, _window_steps(windows, step_s), quantile=f"at risk {risk}", points=own)
     points = sorted((p.horizon_seconds, _value(p.quantiles, quantile)) for p in resp.points)
     if resp.current is not None:
         points.insert(0, (0, float(resp.current)))
@@ -163,4 +168,4 @@ def to_forecast(resp: ForecastResponse, quantile: str, step_s: float = STEP_S, r
         after = [v for h, v in points if h >= t1] or [points[-1][1]]
         inside = [v for h, v in points if t0 < h < t1]
         upper.append(max(([before[-1]] if before else []) + [after[0]] + inside))
-    return Forecast(start=start, step=step_s, upper=tuple(upper), quantile=f"p{float(quantile) * 100:g}")
+    return Forecast(start=start, step=step_s, upper=tuple(upper), quantile=f"p{float(quantile) * 100:g}", points=own)

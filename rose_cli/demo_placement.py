@@ -15,6 +15,7 @@ starts and that process's ``/metrics``; :func:`forecasts` is pure (no clock, no 
 
 from __future__ import annotations
 
+import datetime as dt
 import http.client
 import json
 import tempfile
@@ -140,7 +141,10 @@ def act_lend_by_forecast(h: ClusterHandle, api: Any, say: Callable[[str], None])
     quiet = show_forecasts(fcs, capacities(h.pools, h.gpus_per_node), say)
 
     tmp = Path(tempfile.mkdtemp(prefix="rose-demo-ext-"))
-    (tmp / "forecasts.json").write_text(json.dumps({"forecasts": [json.loads(f.model_dump_json()) for f in fcs]}))
+    # the forecast is from now on: the extender counts a reply's horizons from its generated_at
+    now = dt.datetime.now(dt.UTC)
+    fresh = [f.model_copy(update={"generated_at": now}) for f in fcs]
+    (tmp / "forecasts.json").write_text(json.dumps({"forecasts": [json.loads(f.model_dump_json()) for f in fresh]}))
     url = urlparse(h.extender_url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
     args = [

@@ -21,3 +21,8 @@ ANNOTATION_GPUS: Final = f"{LABEL_PREFIX}/gpus"
 # Event reason recorded on an RL pod whose preemption the extender turned into a suspend request.
 EVENT_REASON_SUSPEND_REQUESTED: Final = "SuspendRequested"
 EXTENDER_COMPONENT: Final = "rose-scheduler-extender"
+# How the extender's filter reason for a pool whose forecast does not cover a worker's minimum useful
+# run begins ("serving forecast (at risk 0.05) needs pool 'p' within 0s < min useful run 10s");
+# kube-scheduler copies it into the pod's PodScheduled=False (Unschedulable) condition message, where
+# the controller reads it (elastic_controller.observe: a granted worker refused this long is removed).
+REFUSAL_SERVING_FORECAST: Final = "serving forecast"

@@ -11,10 +11,11 @@ serving other risks): backward compatible.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from rose_common.forecast_api import ForecastPoint, ForecastResponse
 
-__all__ = ["at_risk", "risk_key"]
+__all__ = ["at_risk", "risk_key", "serving_points", "upper_demand"]
 
 
 def risk_key(text: str) -> str:
@@ -65,3 +66,35 @@ def at_risk(resp: ForecastResponse, risk: str) -> tuple[tuple[int, float], ...] 
             return None
         out.append((point.horizon_seconds, value))
     return tuple(sorted(out))
+
+
+def upper_demand(quantiles: Mapping[str, float], wanted: str) -> float | None:
+    """The wanted quantile, else the highest one given (the conservative side)."""
+    if wanted in quantiles:
+        return quantiles[wanted]
+    best: tuple[float, float] | None = None
+    for level, value in quantiles.items():
+        try:
+            q = float(level)
+        except ValueError:
+            continue
+        if best is None or q > best[0]:
+            best = (q, value)
+    return None if best is None else best[1]
+
+
+def serving_points(resp: ForecastResponse, quantile: str, risk: str = "") -> tuple[tuple[tuple[int, float], ...], str]:
+    """``((horizon s, GPUs serving may need), ...)`` sorted by horizon, and what they are: the window
+    bounds at ``risk`` when every point carries them (basis ``"risk R"``), else each point's
+    ``quantile`` (:func:`upper_demand`; basis ``"quantile"``). The one reduction of a reply that the
+    extender's filter and the planner's grants both judge a new lent claim on
+    (``rose_common.lending.new_claim_room`` / ``idle_window``)."""
+    windows = at_risk(resp, risk)
+    if windows:
+        return windows, f"risk {risk}"
+    points = []
+    for point in resp.points:
+        demand = upper_demand(point.quantiles, quantile)
+        if demand is not None:
+            points.append((point.horizon_seconds, float(demand)))
+    return tuple(sorted(points)), "quantile"

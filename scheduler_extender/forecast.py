@@ -17,23 +17,18 @@ from typing import Any
 from rose_common import forecast_client, forecast_risk
 from rose_common.forecast_api import ForecastResponse
 from scheduler_extender.model import PoolForecast
-from scheduler_extender.policy import upper_demand
 
 
 def reduce(resp: ForecastResponse, quantile: str, risk: str = "") -> PoolForecast:
-    """Keep (horizon, what serving may need) per point, sorted by horizon: the window bound at
-    ``risk`` when every point carries it (a bound over [now, now + horizon], which is what the idle
-    window checks), else the upper-quantile demand."""
-    windows = forecast_risk.at_risk(resp, risk)
-    if windows:
-        return PoolForecast(pool=resp.pool, points=windows, stale=resp.stale, basis=f"risk {risk}")
-    points: list[tuple[int, float]] = []
-    for point in resp.points:
-        demand = upper_demand(point.quantiles, quantile)
-        if demand is not None:
-            points.append((point.horizon_seconds, demand))
-    points.sort()
-    return PoolForecast(pool=resp.pool, points=tuple(points), stale=resp.stale)
+    """Keep (horizon, what serving may need) per point, sorted by horizon
+    (:func:`rose_common.forecast_risk.serving_points`, the planner's reduction too): the window bound
+    at ``risk`` when every point carries it (a bound over [generated_at, generated_at + horizon],
+    which is what the idle window checks), else the upper-quantile demand; with the reply's time, so
+    horizons count from it."""
+    points, basis = forecast_risk.serving_points(resp, quantile, risk)
+    return PoolForecast(
+        pool=resp.pool, points=points, stale=resp.stale, basis=basis, generated_at=resp.generated_at.timestamp()
+    )
 
 
 class ForecastCache(forecast_client.ForecastCache[PoolForecast]):

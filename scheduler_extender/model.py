@@ -96,6 +96,8 @@ class PoolForecast:
     points: tuple[tuple[int, float], ...]
     stale: bool = False
     basis: str = "quantile"
+    # the reply's generated_at (epoch s): horizons count from it (rose_common.lending); None: from now
+    generated_at: float | None = None
 
 
 @dataclass(frozen=True)

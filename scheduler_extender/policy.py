@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rose_common import extender_names, lending, names
+from rose_common import extender_names, forecast_risk, lending, names
 from rose_common.timefmt import parse_rfc3339
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
 from scheduler_extender.wire import MAX_EXTENDER_PRIORITY, MIN_EXTENDER_PRIORITY
@@ -137,26 +137,24 @@ def reclaim_cost_s(occupants: Iterable[PodInfo], cfg: PolicyConfig) -> float:
 # Forecast → idle window
 
 
-def upper_demand(quantiles: Mapping[str, float], wanted: str) -> float | None:
-    """The wanted quantile, else the highest one given (the conservative side)."""
-    if wanted in quantiles:
-        return quantiles[wanted]
-    best: tuple[float, float] | None = None
-    for level, value in quantiles.items():
-        try:
-            q = float(level)
-        except ValueError:
-            continue
-        if best is None or q > best[0]:
-            best = (q, value)
-    return None if best is None else best[1]
+upper_demand = forecast_risk.upper_demand  # the wanted quantile, else the highest given
 
 
-def idle_window_s(pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig) -> tuple[float, bool]:
+def forecast_age(forecast: PoolForecast | None, now: float | None) -> float:
+    """Seconds since the reply was generated (its horizons count from then); 0 when either is unknown."""
+    if forecast is None or forecast.generated_at is None or now is None:
+        return 0.0
+    return now - forecast.generated_at
+
+
+def idle_window_s(
+    pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig, now: float | None = None
+) -> tuple[float, bool]:
     """How long ``need`` more GPUs of the pool are predicted to stay free of serving.
 
-    Returns ``(seconds, fallback_used)``. With a forecast: the longest horizon up to which, at
-    every forecast point, capacity - upper-quantile demand - GPUs already lent ≥ need (0 if not
+    Returns ``(seconds, fallback_used)``. With a forecast: ``rose_common.lending.idle_window``, the
+    planner's reading of the same reply (every point ahead, horizons from the reply's time when
+    ``now`` is given, must leave capacity - serving's need - GPUs already claimed ≥ need; 0 if not
     even now). Without one: the conservative rule — ``fallback_window_s`` only when at least
     ``fallback_headroom`` of the pool stays free after placing the pod, else 0.
     """
@@ -165,26 +163,27 @@ def idle_window_s(pool: PoolState, forecast: PoolForecast | None, need: int, cfg
     lent = pool.lent + pool.shared_gpus
     free_now = lending.spare_for_new_claim(pool.capacity, pool.serving_used, lent)
     points = () if forecast is None else forecast.points
-    return window_over(pool.capacity, free_now, lent, points, need, cfg)
+    return window_over(pool.capacity, free_now, lent, points, need, cfg, forecast_age(forecast, now))
 
 
 def window_over(
-    capacity: int, free_now: float, lent: float, points: Sequence[tuple[int, float]], need: float, cfg: PolicyConfig
+    capacity: int,
+    free_now: float,
+    lent: float,
+    points: Sequence[tuple[int, float]],
+    need: float,
+    cfg: PolicyConfig,
+    age_s: float = 0.0,
 ) -> tuple[float, bool]:
     """:func:`idle_window_s` on plain numbers (GPU shares use it with fractions): ``free_now`` GPUs
-    free now, ``lent`` GPUs lent, serving's forecast ``points`` as (horizon s, GPUs)."""
+    free now, ``lent`` GPUs lent, serving's forecast ``points`` as (horizon s, GPUs) from a reply
+    ``age_s`` old."""
     if not points:
         ok = free_now - need >= cfg.fallback_headroom * capacity
         return (cfg.fallback_window_s if ok and free_now >= need else 0.0), True
     if free_now < need:
         return 0.0, False
-    window = 0.0
-    for horizon, demand in points:
-        if lending.spare_for_new_claim(capacity, demand, lent) >= need:
-            window = float(horizon)
-        else:
-            break
-    return window, False
+    return lending.idle_window(capacity, lent, points, need, age_s), False
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +200,12 @@ class PoolOutlook:
     basis: str = "quantile"  # what the forecast points are: PoolForecast.basis
 
 
-def pool_outlook(pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig) -> PoolOutlook:
-    """Idle window and spare-GPU profile of one pool for a pod needing ``need`` GPUs."""
-    window, fallback = idle_window_s(pool, forecast, need, cfg)
+def pool_outlook(
+    pool: PoolState, forecast: PoolForecast | None, need: int, cfg: PolicyConfig, now: float | None = None
+) -> PoolOutlook:
+    """Idle window and spare-GPU profile of one pool for a pod needing ``need`` GPUs (``now``: the
+    wall clock, so a reply's horizons count from its time; None: from now)."""
+    window, fallback = idle_window_s(pool, forecast, need, cfg, now)
     lent = pool.lent + pool.shared_gpus
     spare_now = float(lending.spare_for_new_claim(pool.capacity, pool.serving_used, lent) - need)
     points = () if forecast is None else forecast.points
@@ -235,13 +237,14 @@ def pool_outlooks(
     forecasts: Mapping[str, PoolForecast | None],
     need: int,
     cfg: PolicyConfig,
+    now: float | None = None,
 ) -> tuple[dict[str, PoolOutlook], list[str]]:
     """:class:`PoolOutlook` per pool for a pod needing ``need`` GPUs, and the pools that used the
     fallback (no usable forecast). O(pools x forecast points) per call."""
     outlooks: dict[str, PoolOutlook] = {}
     fallbacks: list[str] = []
     for pool_name, pool in snapshot.pools.items():
-        outlook = pool_outlook(pool, forecasts.get(pool_name), need, cfg)
+        outlook = pool_outlook(pool, forecasts.get(pool_name), need, cfg, now)
         outlooks[pool_name] = outlook
         if outlook.fallback:
             fallbacks.append(pool_name)
@@ -273,7 +276,10 @@ def _rl_group_reason(
     if window < min_run:
         outlook = outlooks.get(pool)
         at = "" if outlook is None or outlook.basis == "quantile" else f" (at {outlook.basis})"
-        return f"serving forecast{at} needs pool {pool!r} within {window:.0f}s < min useful run {min_run:.0f}s"
+        return (
+            f"{extender_names.REFUSAL_SERVING_FORECAST}{at} needs pool {pool!r} within {window:.0f}s "
+            f"< min useful run {min_run:.0f}s"
+        )
     return None
 
 

@@ -144,8 +144,10 @@ class Extender:
         ready: Callable[[], bool] | None = None,
         capture_dir: Path | None = None,
         capture_limit: int = 20,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
+        self._clock = clock  # wall clock: a forecast reply's horizons count from its generated_at
         self.forecasts: ForecastLookup = forecasts or NoForecasts()
         self.suspender = suspender
         self.preemptors = preemptors
@@ -165,11 +167,12 @@ class Extender:
 
     def _windows(self, pod: PodInfo, snapshot: Snapshot) -> dict[str, policy.PoolOutlook]:
         lookups = {p: self.forecasts.get(p) for p in snapshot.pools}
+        now = self._clock()  # a reply's horizons count from its generated_at (rose_common.lending)
         if pod.shares:
             self.metrics.share_calls.inc()
-            windows, fallbacks = shares.share_outlooks(snapshot, lookups, pod.shares, self.cfg)
+            windows, fallbacks = shares.share_outlooks(snapshot, lookups, pod.shares, self.cfg, now)
         else:
-            windows, fallbacks = policy.pool_outlooks(snapshot, lookups, pod.gpus, self.cfg)
+            windows, fallbacks = policy.pool_outlooks(snapshot, lookups, pod.gpus, self.cfg, now)
         if fallbacks:
             self.metrics.forecast_fallback.inc(len(fallbacks))
         return windows

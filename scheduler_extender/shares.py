@@ -42,6 +42,7 @@ from scheduler_extender.policy import (
     FilterDecision,
     PolicyConfig,
     PoolOutlook,
+    forecast_age,
     pool_points,
     window_over,
 )
@@ -154,13 +155,15 @@ def describe(requests: Sequence[ShareRequest]) -> str:
 # Pools
 
 
-def share_outlook(pool: PoolState, forecast: PoolForecast | None, need: float, cfg: PolicyConfig) -> PoolOutlook:
+def share_outlook(
+    pool: PoolState, forecast: PoolForecast | None, need: float, cfg: PolicyConfig, now: float | None = None
+) -> PoolOutlook:
     """Idle window and spare profile of one pool for shares totalling ``need`` of a GPU: lent =
     GPUs lent whole + the fractions lent in shares; serving in whole GPUs (:func:`serving_gpus`)."""
     lent = pool.lent + pool.share_lent
     free_now = lending.spare_for_new_claim(pool.capacity, pool.serving_used, lent)
     points = () if forecast is None else tuple((h, float(serving_gpus(d))) for h, d in forecast.points)
-    window, fallback = window_over(pool.capacity, free_now, lent, points, need, cfg)
+    window, fallback = window_over(pool.capacity, free_now, lent, points, need, cfg, forecast_age(forecast, now))
     spare = tuple((h, lending.spare_for_new_claim(pool.capacity, d, lent) - need) for h, d in points)
     basis = "quantile" if forecast is None else forecast.basis
     return PoolOutlook(window, pool.capacity, free_now - need, spare, fallback, basis)
@@ -176,13 +179,14 @@ def share_outlooks(
     forecasts: Mapping[str, PoolForecast | None],
     requests: Sequence[ShareRequest],
     cfg: PolicyConfig,
+    now: float | None = None,
 ) -> tuple[dict[str, PoolOutlook], list[str]]:
     """:func:`share_outlook` per pool, and the pools that used the fallback (no usable forecast)."""
     needs = pool_needs(snapshot, requests)
     outlooks: dict[str, PoolOutlook] = {}
     fallbacks: list[str] = []
     for name, pool in snapshot.pools.items():
-        outlooks[name] = share_outlook(pool, forecasts.get(name), needs[name], cfg)
+        outlooks[name] = share_outlook(pool, forecasts.get(name), needs[name], cfg, now)
         if outlooks[name].fallback:
             fallbacks.append(name)
     return outlooks, fallbacks

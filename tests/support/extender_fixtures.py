@@ -97,20 +97,25 @@ def pod(
     }
 
 
-def forecast(pool: str, demands: dict[int, float], capacity_quantile: str = "0.9") -> ForecastResponse:
-    """A ForecastResponse with the given upper-quantile demand per horizon (seconds)."""
+def forecast(
+    pool: str, demands: dict[int, float], capacity_quantile: str = "0.9", generated_at: datetime | None = None
+) -> ForecastResponse:
+    """A ForecastResponse with the given upper-quantile demand per horizon (seconds), generated at
+    ``generated_at`` (default ``T0``; a reply an extender server reads on its wall clock needs now:
+    its horizons count from then)."""
+    at = generated_at or T0
     return ForecastResponse(
         pool=pool,
         model_version="test",
-        generated_at=T0,
-        last_observation_at=T0,
+        generated_at=at,
+        last_observation_at=at,
         data_age_seconds=0.0,
         stale=False,
         current=None,
         points=[
             ForecastPoint(
                 horizon_seconds=h,
-                timestamp=T0,
+                timestamp=at,
                 quantiles={"0.5": d / 2, capacity_quantile: d},
             )
             for h, d in sorted(demands.items())

@@ -19,7 +19,7 @@ from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.model import PodInfo, PodKind
 from scheduler_extender.server import METRICS_ROUTES, Extender, ExtenderServer
-from tests.support.extender_fixtures import Recorder, args_body, cluster_cache, forecast, pod, preempt_body
+from tests.support.extender_fixtures import T0, Recorder, args_body, cluster_cache, forecast, pod, preempt_body
 
 
 class PendingPods:
@@ -233,7 +233,7 @@ def test_static_file_backend_steers_rl_workers_to_the_long_idle_pool(tmp_path: P
     fc.want(["busy", "quiet"])
     fc.refresh_once()
     cache = cluster_cache({"busy": ["b1", "b2"], "quiet": ["q1", "q2"]}, gpus=4)
-    ext = Extender(cache, forecasts=fc, cfg=policy.PolicyConfig(default_min_run_s=600))
+    ext = Extender(cache, forecasts=fc, cfg=policy.PolicyConfig(default_min_run_s=600), clock=T0.timestamp)
     srv = ExtenderServer(ext, "127.0.0.1", 0).start()
     try:
         conn = connect(srv.port)

@@ -13,7 +13,7 @@ from rose_common.forecast_client import StaticFileForecastSource
 from scheduler_extender import policy
 from scheduler_extender.forecast import ForecastCache
 from scheduler_extender.server import METRICS_ROUTES, Extender, ExtenderServer
-from tests.support.extender_fixtures import args_body, claim, forecast, pod, share_cache, share_claim, share_pod
+from tests.support.extender_fixtures import T0, args_body, claim, forecast, pod, share_cache, share_claim, share_pod
 
 GIB = 2**30
 
@@ -43,7 +43,7 @@ def test_share_worker_judged_in_shares_over_http(tmp_path: Path) -> None:
         ("ResourceClaim", share_claim("ns", "w-gpu-abc", "20Gi", "25")),  # the pending worker's, unallocated
     ]
     cache = share_cache({"p": ["n1", "n2"], "busy": ["b1"]}, gpus=2, objects=objects)
-    ext = Extender(cache, forecasts=fc, cfg=policy.PolicyConfig(default_min_run_s=600))
+    ext = Extender(cache, forecasts=fc, cfg=policy.PolicyConfig(default_min_run_s=600), clock=T0.timestamp)
     srv = ExtenderServer(ext, "127.0.0.1", 0).start()
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
     try:

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -66,10 +67,14 @@ def extender(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
     tmp = tmp_path_factory.mktemp("extender")
     quiet, busy = _pools(cluster)
     capacity = {p: sum(cluster.gpus_per_node for n in cluster.pools if cluster.pools[n] == p) for p in (quiet, busy)}
+    now = datetime.now(UTC)  # the extender counts the horizons from the reply's time
     items = [
-        json.loads(forecast(quiet, {600: 0, 1800: 0, 3600: 0}).model_dump_json()),
-        # busy: serving needs the whole pool from 30 minutes on → idle window 10 minutes
-        json.loads(forecast(busy, {600: 0, 1800: capacity[busy], 3600: capacity[busy]}).model_dump_json()),
+        json.loads(forecast(quiet, {600: 0, 1800: 0, 3600: 0}, generated_at=now).model_dump_json()),
+        # busy: serving needs the whole pool from 30 minutes on → idle window 15 minutes from the reply's time
+        # (the extender counts horizons from generated_at: the window shrinks as this file ages)
+        json.loads(
+            forecast(busy, {900: 0, 1800: capacity[busy], 3600: capacity[busy]}, generated_at=now).model_dump_json()
+        ),
     ]
     (tmp / "forecasts.json").write_text(json.dumps({"forecasts": items}))
     url = urlparse(cluster.extender_url)
@@ -163,7 +168,7 @@ def _rl_pod(
 def test_rl_workers_land_on_the_pool_forecast_idle_longest(
     cluster: ClusterHandle, extender: dict[str, Any], api: Any, ns: str
 ) -> None:
-    """Pool ``quiet`` is forecast idle for the full hour; pool ``busy`` only for 10 minutes.
+    """Pool ``quiet`` is forecast idle for the full hour; pool ``busy`` only for 15 minutes.
     Four 1-GPU workers (as many as the quiet pool has lendable GPUs) all land in the quiet pool;
     a fifth that needs 20 minutes of uninterrupted run finds no node: the quiet pool has no
     lendable GPU left and the busy pool's window is too short (FailedAndUnresolvableNodes)."""

@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -37,11 +38,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _write_forecasts(path: Path, cluster: ClusterHandle, busy_pool: str | None) -> None:
     """Every pool quiet, but ``busy_pool``: serving needs all of it for the whole hour."""
+    now = datetime.now(UTC)  # the extender counts the horizons from the reply's time
     items = []
     for pool in sorted(set(cluster.pools.values())):
         gpus = cluster.gpus_per_node * sum(1 for p in cluster.pools.values() if p == pool)
         level = gpus if pool == busy_pool else 0
-        items.append(json.loads(forecast(pool, {600: level, 1800: level, 3600: level}).model_dump_json()))
+        items.append(
+            json.loads(forecast(pool, {600: level, 1800: level, 3600: level}, generated_at=now).model_dump_json())
+        )
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"forecasts": items}))
     tmp.replace(path)

@@ -50,7 +50,11 @@ def test_act_two_is_the_same_at_any_hour_and_prefers_the_roomier_pool(monkeypatc
     by_pool: dict[str, list[str]] = {}
     for node, pool in POOLS.items():
         by_pool.setdefault(pool, []).append(node)
-    ext = Extender(cluster_cache(by_pool, gpus=GPUS_PER_NODE), forecasts=_Forecasts(fcs))
+    ext = Extender(
+        cluster_cache(by_pool, gpus=GPUS_PER_NODE),
+        forecasts=_Forecasts(fcs),
+        clock=lambda: float(demo_placement.ORIGIN),
+    )
     worker = pod("grpo-worker-0", "u-0", ns="demo", job="grpo")
     nodes = sorted(POOLS)
     _, body = ext.handle("filter", args_body(worker, nodes))

@@ -13,7 +13,7 @@ from scheduler_extender import policy
 from scheduler_extender.forecast import reduce
 from scheduler_extender.model import NodeState, PodInfo, PodKind, PoolForecast, PoolState, Snapshot
 from scheduler_extender.server import Extender
-from tests.support.extender_fixtures import args_body, claim, cluster_cache, forecast, pod
+from tests.support.extender_fixtures import T0, args_body, claim, cluster_cache, forecast, pod
 
 CFG = policy.PolicyConfig()
 
@@ -197,7 +197,7 @@ def test_rl_worker_prefers_the_roomier_pool_when_both_fit_the_whole_horizon() ->
     headroom over the minimum useful run must score strictly higher — the demo put all four
     workers in the pool with 1 GPU to spare. Goes through the extender's HTTP handler, the
     path kube-scheduler calls."""
-    ext = Extender(cluster_cache(DEMO_POOLS, gpus=8), forecasts=_Forecasts(DEMO_P90))
+    ext = Extender(cluster_cache(DEMO_POOLS, gpus=8), forecasts=_Forecasts(DEMO_P90), clock=T0.timestamp)
     nodes = [n for ns in DEMO_POOLS.values() for n in ns]
     worker = pod("grpo-worker-0", "u-0", ns="demo", job="grpo")
     code, body = ext.handle("filter", args_body(worker, nodes))

@@ -16,7 +16,7 @@ from scheduler_extender import wire
 from scheduler_extender.forecast import reduce
 from scheduler_extender.model import PodInfo, PodKind, PoolForecast
 from scheduler_extender.server import Extender
-from tests.support.extender_fixtures import claim, cluster_cache, forecast, pod
+from tests.support.extender_fixtures import T0, claim, cluster_cache, forecast, pod
 
 GOLDEN = Path(__file__).resolve().parents[2] / "support" / "extender_golden"
 
@@ -64,7 +64,7 @@ def golden_extender() -> tuple[Extender, Recorder]:
         "short": reduce(forecast("short", {600: 2, 1800: 8, 3600: 8}), "0.9"),
     }
     rec = Recorder()
-    return Extender(cache, forecasts=Forecasts(fcs), suspender=rec, preemptors=PendingPods()), rec
+    return Extender(cache, forecasts=Forecasts(fcs), suspender=rec, preemptors=PendingPods(), clock=T0.timestamp), rec
 
 
 def expected(name: str) -> bytes:
@@ -201,7 +201,7 @@ def test_captured_filter_is_answered_byte_for_byte_like_in_the_e2e_run() -> None
         "pool-a": reduce(forecast("pool-a", {600: 0, 1800: 0, 3600: 0}), "0.9"),
         "pool-b": reduce(forecast("pool-b", {600: 0, 1800: 4, 3600: 4}), "0.9"),
     }
-    ext = Extender(cache, forecasts=Forecasts(fcs), suspender=Recorder())
+    ext = Extender(cache, forecasts=Forecasts(fcs), suspender=Recorder(), clock=T0.timestamp)
     code, body = ext.handle("filter", (GOLDEN / "captured-filter-004-request.json").read_bytes())
     assert code == 200
     assert body == (GOLDEN / "captured-filter-004-reply-200.json").read_bytes().strip()

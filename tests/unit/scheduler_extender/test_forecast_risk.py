@@ -117,7 +117,7 @@ class _Forecasts:
 
 
 def _filter(risk: str) -> dict[str, object]:
-    ext = Extender(cluster_cache({"pool-a": ["n0", "n1"]}, gpus=4), forecasts=_Forecasts(risk))
+    ext = Extender(cluster_cache({"pool-a": ["n0", "n1"]}, gpus=4), forecasts=_Forecasts(risk), clock=T0.timestamp)
     worker = pod("w0", "u-0", ns="demo", job="grpo", annotations={extender_names.ANNOTATION_MIN_RUN: "1200"})
     code, body = ext.handle("filter", args_body(worker, ["n0", "n1"]))
     assert code == 200
