@@ -473,6 +473,11 @@ class ClusterCache:
         memory = min(self._pool_memory.get(pool) or {0: 0})
         return PoolState(acc[0], acc[1], acc[2], int(shared), round(lent, 9), memory)
 
+    def claims_allocated(self, namespace: str, claims: list[str]) -> bool:
+        """Whether the named ResourceClaims (at least one) are all allocated devices of the ROSE driver."""
+        with self._lock:
+            return bool(claims) and all(f"{namespace}/{name}" in self._claims for name in claims)
+
     def share_requests(self, namespace: str, claims: list[str]) -> tuple[ShareRequest, ...]:
         """The GPU shares the named ResourceClaims of a pod request (claims not cached yet: none)."""
         with self._lock:

@@ -49,6 +49,9 @@ class PodInfo:
     terminating: bool = False
     # GPU shares its claims request (empty: the pod claims whole lendable GPUs, ``gpus``)
     shares: tuple[ShareRequest, ...] = ()
+    # every lent claim it uses is allocated already (a time-slice group's shared claim): it asks for
+    # no new device, so rose_common.lending's rule for a new claim does not apply to it
+    claims_allocated: bool = False
 
     @property
     def key(self) -> str:

@@ -309,7 +309,9 @@ def filter_nodes(
     outlooks: Mapping[str, PoolOutlook],
     cfg: PolicyConfig,
 ) -> FilterDecision:
-    """Serving and other pods pass every node (ROSE never blocks them). RL workers need:
+    """Serving and other pods pass every node (ROSE never blocks them), and so does an RL worker
+    whose lent claims are all allocated already (``PodInfo.claims_allocated``: it takes no new
+    device). Other RL workers need:
 
     - a node the cache knows (else ``FailedNodes``: the cache may catch up; resolvable),
     - ``gpus`` free lendable GPUs, a pool whose idle window covers the minimum useful run, and
@@ -320,7 +322,9 @@ def filter_nodes(
 
     Decisions are computed once per (pool, free lendable GPUs) group, then looked up per node.
     """
-    if pod.kind is not PodKind.RL:
+    if pod.kind is not PodKind.RL or pod.claims_allocated:
+        # an RL worker whose lent claims are all allocated (a time-slice group's shared claim) asks for
+        # no new device: DRA holds it to the claim's node, and the new-claim rule does not apply
         return FilterDecision(passed=list(node_names))
     need = pod.gpus
     min_run = pod.min_run_s if pod.min_run_s is not None else cfg.default_min_run_s

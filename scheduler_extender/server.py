@@ -106,9 +106,12 @@ def _pod_info(pod: wire.V1Pod, cfg: policy.PolicyConfig, cache: ClusterCache | N
     """The pod as the policy sees it; an RL pod's GPU shares come from its claims in ``cache``."""
     info = _pod_fields(pod, cfg)
     if cache is not None and info.kind is PodKind.RL:
-        requested = cache.share_requests(info.namespace, _claim_names(pod))
+        claims = _claim_names(pod)
+        requested = cache.share_requests(info.namespace, claims)
         if requested:
             return replace(info, shares=requested)
+        if cache.claims_allocated(info.namespace, claims):
+            return replace(info, claims_allocated=True)
     return info
 
 

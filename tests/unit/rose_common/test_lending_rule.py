@@ -264,3 +264,31 @@ def test_a_recorded_soak_reply_is_read_the_same_by_the_planner_and_the_extender(
     later = reply.generated_at.timestamp() + 7
     assert planner_grants(reply, grace_s=0, risk=RISK, now=later, with_b=False) == [POOL]
     assert extender_passes(reply, risk=RISK, now=later, with_b=False)
+
+
+class _Fc:
+    def __init__(self, demand: float) -> None:
+        self.fc = reduce(forecast(POOL, {60: demand, 600: demand, 1800: demand, 3600: demand}), "0.9")
+
+    def get(self, pool: str) -> object:
+        return self.fc if pool == POOL else None
+
+
+def test_a_pod_on_an_allocated_shared_claim_is_not_a_new_claim() -> None:
+    """Group soak suspalloc g4: a time-slice member's pod names the group's shared claim, already
+    allocated on n1; it asks for no new device, so the extender does not hold it to the new-claim
+    rule (it refused it "within 0s" for 90 s, the member never bound). A pod on a claim not allocated
+    yet still is."""
+    from scheduler_extender.server import Extender
+    from tests.support.extender_fixtures import args_body
+
+    shared = claim("rl", "ts-tsg-w0-gpus", "n1", ["gpu-2-lendable"])
+    ext = Extender(cluster_cache({POOL: list(NODES)}, gpus=3, objects=[*cluster(), ("ResourceClaim", shared)]),
+                   forecasts=_Fc(3.0))  # fmt: skip
+    member = pod("ts-b-w0", "uid-ts-b", ns="rl", job="ts-b", annotations={extender_names.ANNOTATION_MIN_RUN: "10"})
+    member["spec"]["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimName": "ts-tsg-w0-gpus"}]
+    reply = json.loads(ext.filter(args_body(member, list(NODES))))
+    assert reply["NodeNames"] == list(NODES), reply
+    member["spec"]["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimName": "not-allocated-yet"}]
+    reply = json.loads(ext.filter(args_body(member, list(NODES))))
+    assert reply["NodeNames"] == [], reply
