@@ -353,6 +353,21 @@ TS_HOLD_S, TS_OFF_S = 2.0, 1.0  # each member's phase on the group, and off it, 
 HOLDING_STATES = ("Running", "Requested")  # a bound worker in one of these holds its device state
 
 
+def freed_for_serving(state: str | None, resident: int, trainer: bool) -> bool:
+    """Whether the driver's own node state says a lent claim has left its GPU to serving (pure): it
+    is suspended or checkpointed, or enforced on (a kill: whether that lost state is judged apart,
+    by "serving never on a lent occupant's state" and the eviction log), or it is the real trainer,
+    whose suspend was refused with its device observed free (0 B resident). That last case is T3's
+    corner: host memory and checkpoint storage both full, where the driver serves by its rule while
+    the trainer keeps its state in its own process. "Not suspended" (``None``) and a suspend in
+    flight are not freed."""
+    from dra_driver.state import CHECKPOINTED_EVICTED, ENFORCED_EVICTED, SUSPEND_FAILED, SUSPENDED
+
+    if state in (SUSPENDED, CHECKPOINTED_EVICTED, ENFORCED_EVICTED):
+        return True
+    return state == SUSPEND_FAILED and trainer and resident == 0
+
+
 def group_holders(workers: dict[str, Sequence[dict[str, Any]]]) -> list[str]:
     """The group members that hold the group's devices by the driver's own word (pure): a member
     holds when one of its workers has its claim prepared by its node's driver (``prepared``), took
@@ -1164,20 +1179,24 @@ class Soak:
         """prebind: the scheduler bound the serving pod only after the driver freed its GPU, so its
         prepare has nothing to suspend: every lent claim on that GPU is already suspended (or
         checkpointed) in the driver's own node state before the played kubelet calls prepare."""
-        from dra_driver.state import CHECKPOINTED_EVICTED, SUSPENDED, decode
+        from dra_driver.state import decode
 
         index = self._gpu_index(serving)
         lent = self._lent_on(node, index)
         if not lent:  # nothing lent on that GPU (and a driver that prepared nothing yet has no node state)
             return
-        data = decode((self.drivers[node].plugin_dir / "checkpoint.json").read_bytes())
+        drv = self.drivers[node]
+        data = decode((drv.plugin_dir / "checkpoint.json").read_bytes())
         for uid in lent:
             sus = data.suspensions.get(uid)
+            mem = drv.plugin_dir / "claims" / uid / "device-memory"
+            resident = mem.stat().st_blocks * 512 if mem.exists() else 0
+            state = sus.state if sus else None
             self.check(
                 "prebind: a serving pod reaches its prepare with its GPU freed",
-                sus is not None and sus.state in (SUSPENDED, CHECKPOINTED_EVICTED),
+                freed_for_serving(state, resident, uid == self.trainer_claim),
                 f"serving claim {serving['metadata']['name']} bound to {node} GPU {index} while lent claim "
-                f"{uid} is {sus.state if sus else 'not suspended'}",
+                f"{uid} is {state or 'not suspended'} ({resident} B resident)",
             )
 
     def _enforced_by_fault(self, node: str, uid: str) -> bool:

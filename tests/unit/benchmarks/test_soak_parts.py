@@ -166,3 +166,27 @@ def test_an_eviction_with_a_checkpoint_channel_or_not_for_room_is_never_the_faul
     for line in (enforced, channel, no_ts, trainer):
         t = tally_driver_log([line], "n", inside)
         assert len(t.lost) == 1 and t.by_fault == [], line
+
+
+def test_freed_for_serving_reads_the_drivers_node_state() -> None:
+    """The prebind check: a serving pod reaches its prepare only once every lent claim on its GPU has
+    left it. Suspended, checkpointed and enforced (judged apart as a loss) have; the real trainer's
+    refused suspend with its device observed free is T3's corner (the prebind day of 2 Dec failed
+    on it while the prepare-mode check counted it); a refused suspend of anyone else, one with device
+    memory still resident, a suspend in flight, or no record at all has not."""
+    from benchmarks.soak import freed_for_serving
+    from dra_driver.state import (
+        CHECKPOINTED_EVICTED,
+        ENFORCED_EVICTED,
+        SUSPEND_FAILED,
+        SUSPEND_STARTED,
+        SUSPENDED,
+    )
+
+    for state in (SUSPENDED, CHECKPOINTED_EVICTED, ENFORCED_EVICTED):
+        assert freed_for_serving(state, 0, trainer=False)
+    assert freed_for_serving(SUSPEND_FAILED, 0, trainer=True)
+    assert not freed_for_serving(SUSPEND_FAILED, 0, trainer=False)
+    assert not freed_for_serving(SUSPEND_FAILED, 4096, trainer=True)
+    assert not freed_for_serving(SUSPEND_STARTED, 0, trainer=True)
+    assert not freed_for_serving(None, 0, trainer=True)
