@@ -443,20 +443,24 @@ def with_serving(
     return out
 
 
-def _unschedulable_since(pod: dict[str, Any]) -> str | None:
+def _unschedulable(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """kube-scheduler's PodScheduled=False condition with reason Unschedulable, if the pod has one."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-            return str(c.get("lastTransitionTime") or "") or None
+            return dict(c)
     return None
 
 
+def _unschedulable_since(pod: dict[str, Any]) -> str | None:
+    c = _unschedulable(pod)
+    return None if c is None else str(c.get("lastTransitionTime") or "") or None
+
+
 def _forecast_refused(pod: dict[str, Any]) -> bool:
-    """kube-scheduler's PodScheduled=False (Unschedulable) condition names the ROSE extender's
-    serving-forecast refusal (its filter reason, copied into the message for the nodes it failed)."""
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-            return extender_names.REFUSAL_SERVING_FORECAST in str(c.get("message") or "")
-    return False
+    """The Unschedulable condition names the ROSE extender's serving-forecast refusal (its filter
+    reason, copied into the message for the nodes it failed)."""
+    c = _unschedulable(pod)
+    return c is not None and extender_names.REFUSAL_SERVING_FORECAST in str(c.get("message") or "")
 
 
 def refused_since(w: ObservedWorker) -> float | None:
